@@ -1,0 +1,63 @@
+//! Reconstruction backends: the CPU reference and, behind the same trait, the GPU.
+//! A backend takes a batch of validated frames of one workload and returns one verdict per
+//! frame; the pipeline around it owns deadlines, accounting and sinks.
+
+use crate::frame::FrameView;
+
+/// Which implementation produced a verdict (the decision record's `backend` field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    Cpu,
+    Gpu,
+}
+
+impl BackendKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Gpu => "gpu",
+        }
+    }
+}
+
+/// Workload-specific fields a verdict carries into the decision record.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum Detail {
+    #[default]
+    None,
+    /// Hit multiplicity trigger: hits and distinct planes seen.
+    Multiplicity { n_hits: u32, n_planes: u32 },
+    /// Tracking: tracks found and fitted, best momentum.
+    Tracking { n_tracks: u32, max_p_gev: f32 },
+    /// EEG: region-of-interest statistic and the peak source.
+    Eeg { statistic: f64, peak_source: u32, peak_pos_mm: [f32; 3] },
+}
+
+/// The result of reconstructing and triggering one frame.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Verdict {
+    pub accept: bool,
+    /// Bit i set = trigger line i fired (names come from the trigger configuration).
+    pub lines_fired: u64,
+    pub detail: Detail,
+}
+
+/// Error from a backend for a whole batch; the pipeline fails the batch over to the CPU.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("frame {index} of the batch is not a {expected} frame")]
+    WrongKind { index: usize, expected: &'static str },
+    #[error("reconstruction failed: {0}")]
+    Failed(String),
+    #[error("device error: {0}")]
+    Device(String),
+}
+
+/// A reconstruction backend for one workload.
+pub trait Backend: Send {
+    fn kind(&self) -> BackendKind;
+    /// Names of the trigger lines, in bit order of [`Verdict::lines_fired`].
+    fn line_names(&self) -> &[String];
+    /// Reconstructs `batch` and pushes exactly `batch.len()` verdicts onto `out`, in order.
+    fn process(&mut self, batch: &[FrameView<'_>], out: &mut Vec<Verdict>) -> Result<(), BackendError>;
+}

@@ -1,0 +1,6 @@
+//! EEG source estimation: inputs (lead field, source positions, noise covariance, channel
+//! names), the inverse operator as MNE-Python builds it, EDF/BDF input, online filtering,
+//! and the region-of-interest trigger. A library of its own: it does not depend on the
+//! runtime.
+
+pub mod kernel;

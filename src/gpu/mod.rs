@@ -1,0 +1,1 @@
+//! The GPU backend: device discovery, NVRTC-compiled kernels, device memory and streams.

@@ -1,0 +1,5 @@
+//! Tracking for particle detectors with planar layers: detector and field description,
+//! simulation with truth, cellular-automaton track finding, Kalman fitting, evaluation and
+//! trigger lines. A library of its own: it does not depend on the runtime.
+
+pub mod geometry;
