@@ -12,3 +12,4 @@ pub mod eeg;
 pub mod frame;
 pub mod gpu;
 pub mod tracking;
+pub mod decision;
