@@ -3,3 +3,4 @@
 //! trigger lines. A library of its own: it does not depend on the runtime.
 
 pub mod geometry;
+pub mod track;

@@ -1,0 +1,49 @@
+//! Reconstructed tracks: the finder's hits and the fitter's state, the contract between
+//! track finding, fitting, evaluation, trigger lines and the GPU path.
+
+/// Track parameters at a plane: position, slopes and charge over momentum.
+/// `tx = dx/dz`, `ty = dy/dz`, `qop = q/p` in units of e/(GeV/c).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct TrackState {
+    pub z_mm: f32,
+    pub x_mm: f32,
+    pub y_mm: f32,
+    pub tx: f32,
+    pub ty: f32,
+    pub qop: f32,
+}
+
+impl TrackState {
+    /// Momentum magnitude, GeV/c (infinite for qop = 0).
+    pub fn p_gev(&self) -> f32 {
+        1.0 / self.qop.abs()
+    }
+}
+
+/// A found and fitted track.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Track {
+    /// Indices into the event's hit slice, ordered by plane (upstream first).
+    pub hits: Vec<u32>,
+    /// Fitted state at the z of the most upstream hit.
+    pub state: TrackState,
+    /// Covariance of (x, y, tx, ty, qop), lower triangle row by row (15 values).
+    pub cov: [f32; 15],
+    pub chi2: f32,
+    pub ndf: u16,
+}
+
+impl Track {
+    /// Chi-square per degree of freedom (infinite if ndf = 0).
+    pub fn chi2_ndf(&self) -> f32 {
+        if self.ndf == 0 {
+            f32::INFINITY
+        } else {
+            self.chi2 / self.ndf as f32
+        }
+    }
+    /// Variance of parameter `i` (0 = x, 1 = y, 2 = tx, 3 = ty, 4 = qop).
+    pub fn var(&self, i: usize) -> f32 {
+        self.cov[i * (i + 1) / 2 + i]
+    }
+}
