@@ -17,7 +17,13 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 5] = [Self::Accept, Self::Reject, Self::Timeout, Self::Dropped, Self::Malformed];
+    pub const ALL: [Outcome; 5] = [
+        Self::Accept,
+        Self::Reject,
+        Self::Timeout,
+        Self::Dropped,
+        Self::Malformed,
+    ];
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Accept => "accept",
@@ -90,7 +96,10 @@ pub struct Names {
 
 impl Names {
     pub fn source(&self, i: u16) -> &str {
-        self.sources.get(i as usize).map(String::as_str).unwrap_or("?")
+        self.sources
+            .get(i as usize)
+            .map(String::as_str)
+            .unwrap_or("?")
     }
     /// Names of the lines set in `mask`, in line order.
     pub fn lines_of(&self, mask: u64) -> impl Iterator<Item = &str> {

@@ -249,7 +249,8 @@ pub fn parse(bytes: &[u8]) -> Result<FrameView<'_>, FrameError> {
             actual: crc,
         });
     }
-    let kind = FrameKind::from_u16(header.kind.get()).ok_or(FrameError::BadKind(header.kind.get()))?;
+    let kind =
+        FrameKind::from_u16(header.kind.get()).ok_or(FrameError::BadKind(header.kind.get()))?;
     let payload = match kind {
         FrameKind::HitEvent => Payload::Hits(parse_hits(payload)?),
         FrameKind::EegBlock => Payload::Eeg(parse_eeg(payload)?),
@@ -258,8 +259,12 @@ pub fn parse(bytes: &[u8]) -> Result<FrameView<'_>, FrameError> {
 }
 
 fn parse_hits(payload: &[u8]) -> Result<&[Hit], FrameError> {
-    let (eh, rest) = HitEventHeader::ref_from_prefix(payload)
-        .map_err(|_| FrameError::Payload(format!("hit event payload of {} bytes has no 8-byte count", payload.len())))?;
+    let (eh, rest) = HitEventHeader::ref_from_prefix(payload).map_err(|_| {
+        FrameError::Payload(format!(
+            "hit event payload of {} bytes has no 8-byte count",
+            payload.len()
+        ))
+    })?;
     if eh.reserved.get() != 0 {
         return Err(FrameError::Reserved(eh.reserved.get()));
     }
@@ -275,10 +280,15 @@ fn parse_hits(payload: &[u8]) -> Result<&[Hit], FrameError> {
         .map_err(|_| FrameError::Payload("hit array is not a whole number of hits".into()))?;
     for (i, h) in hits.iter().enumerate() {
         if !(h.x_mm.get().is_finite() && h.y_mm.get().is_finite() && h.z_mm.get().is_finite()) {
-            return Err(FrameError::NonFinite(format!("hit {i} (hit_id {})", h.hit_id.get())));
+            return Err(FrameError::NonFinite(format!(
+                "hit {i} (hit_id {})",
+                h.hit_id.get()
+            )));
         }
         if h.reserved.get() != 0 {
-            return Err(FrameError::Payload(format!("hit {i}: reserved field is not zero")));
+            return Err(FrameError::Payload(format!(
+                "hit {i}: reserved field is not zero"
+            )));
         }
     }
     Ok(hits)
@@ -286,7 +296,10 @@ fn parse_hits(payload: &[u8]) -> Result<&[Hit], FrameError> {
 
 fn parse_eeg(payload: &[u8]) -> Result<EegBlockView<'_>, FrameError> {
     let (eh, rest) = EegBlockHeader::ref_from_prefix(payload).map_err(|_| {
-        FrameError::Payload(format!("EEG payload of {} bytes has no 24-byte block header", payload.len()))
+        FrameError::Payload(format!(
+            "EEG payload of {} bytes has no 24-byte block header",
+            payload.len()
+        ))
     })?;
     if eh.reserved.get() != 0 {
         return Err(FrameError::Reserved(eh.reserved.get() as u32));
@@ -294,14 +307,18 @@ fn parse_eeg(payload: &[u8]) -> Result<EegBlockView<'_>, FrameError> {
     let c = eh.n_channels.get() as usize;
     let t = eh.n_samples.get() as usize;
     if c == 0 || c > MAX_EEG_CHANNELS {
-        return Err(FrameError::Payload(format!("EEG block has {c} channels, expected 1..={MAX_EEG_CHANNELS}")));
+        return Err(FrameError::Payload(format!(
+            "EEG block has {c} channels, expected 1..={MAX_EEG_CHANNELS}"
+        )));
     }
     if t == 0 {
         return Err(FrameError::Payload("EEG block has 0 samples".into()));
     }
     let fs = eh.sample_rate_hz.get();
     if !(fs.is_finite() && fs > 0.0) {
-        return Err(FrameError::Payload(format!("EEG sample rate {fs} Hz is not positive")));
+        return Err(FrameError::Payload(format!(
+            "EEG sample rate {fs} Hz is not positive"
+        )));
     }
     let want = c.checked_mul(t).and_then(|n| n.checked_mul(4));
     if want != Some(rest.len()) {
@@ -313,9 +330,16 @@ fn parse_eeg(payload: &[u8]) -> Result<EegBlockView<'_>, FrameError> {
     let samples = <[F32]>::ref_from_bytes(rest)
         .map_err(|_| FrameError::Payload("sample array is not a whole number of f32".into()))?;
     if let Some(i) = samples.iter().position(|v| !v.get().is_finite()) {
-        return Err(FrameError::NonFinite(format!("channel {} sample {}", i / t, i % t)));
+        return Err(FrameError::NonFinite(format!(
+            "channel {} sample {}",
+            i / t,
+            i % t
+        )));
     }
-    Ok(EegBlockView { header: eh, samples })
+    Ok(EegBlockView {
+        header: eh,
+        samples,
+    })
 }
 
 /// Identity of a frame as a producer stamps it.
@@ -389,7 +413,10 @@ pub fn encode_eeg_block(
     first_sample: u64,
     samples: &[f32],
 ) {
-    assert!(n_channels > 0 && samples.len() % n_channels == 0, "samples must be channel-major");
+    assert!(
+        n_channels > 0 && samples.len() % n_channels == 0,
+        "samples must be channel-major"
+    );
     let n_samples = samples.len() / n_channels;
     let mut payload = Vec::with_capacity(EEG_HEADER_LEN + samples.len() * 4);
     payload.extend_from_slice(
@@ -413,14 +440,30 @@ mod tests {
     use super::*;
 
     fn stamp() -> Stamp {
-        Stamp { source_id: 7, sequence: 42, timestamp_ns: 1_700_000_000_000_000_000 }
+        Stamp {
+            source_id: 7,
+            sequence: 42,
+            timestamp_ns: 1_700_000_000_000_000_000,
+        }
     }
 
     #[test]
     fn hit_event_round_trips() {
         let hits = [
-            HitRecord { x_mm: 1.5, y_mm: -2.0, z_mm: 300.0, plane: 0, hit_id: 1 },
-            HitRecord { x_mm: 3.0, y_mm: 4.0, z_mm: 400.0, plane: 1, hit_id: 2 },
+            HitRecord {
+                x_mm: 1.5,
+                y_mm: -2.0,
+                z_mm: 300.0,
+                plane: 0,
+                hit_id: 1,
+            },
+            HitRecord {
+                x_mm: 3.0,
+                y_mm: 4.0,
+                z_mm: 400.0,
+                plane: 1,
+                hit_id: 2,
+            },
         ];
         let mut buf = Vec::new();
         encode_hit_event(&mut buf, stamp(), &hits);
@@ -428,7 +471,9 @@ mod tests {
         let f = parse(&buf).unwrap();
         assert_eq!(f.sequence(), 42);
         assert_eq!(f.source_id(), 7);
-        let Payload::Hits(h) = f.payload else { panic!("not hits") };
+        let Payload::Hits(h) = f.payload else {
+            panic!("not hits")
+        };
         assert_eq!(h.len(), 2);
         assert_eq!(h[1].z_mm.get(), 400.0);
         assert_eq!(h[1].plane.get(), 1);
@@ -441,7 +486,9 @@ mod tests {
         let mut buf = Vec::new();
         encode_eeg_block(&mut buf, stamp(), 3, 512.0, 1024, &samples);
         let f = parse(&buf).unwrap();
-        let Payload::Eeg(b) = f.payload else { panic!("not eeg") };
+        let Payload::Eeg(b) = f.payload else {
+            panic!("not eeg")
+        };
         assert_eq!((b.n_channels(), b.n_samples()), (3, 4));
         assert_eq!(b.at(2, 1), samples[9]);
         assert_eq!(b.header.first_sample.get(), 1024);
@@ -450,7 +497,17 @@ mod tests {
     #[test]
     fn every_corruption_is_refused_with_its_reason() {
         let mut good = Vec::new();
-        encode_hit_event(&mut good, stamp(), &[HitRecord { x_mm: 0.0, y_mm: 0.0, z_mm: 1.0, plane: 0, hit_id: 9 }]);
+        encode_hit_event(
+            &mut good,
+            stamp(),
+            &[HitRecord {
+                x_mm: 0.0,
+                y_mm: 0.0,
+                z_mm: 1.0,
+                plane: 0,
+                hit_id: 9,
+            }],
+        );
         let cases: Vec<(Box<dyn Fn(&mut Vec<u8>)>, &str)> = vec![
             (Box::new(|b| b.truncate(10)), "too_short"),
             (Box::new(|b| b[0] = b'X'), "bad_magic"),
@@ -458,7 +515,13 @@ mod tests {
             (Box::new(|b| b[6] = 9), "bad_crc"), // kind is not covered by the CRC but checked after it
             (Box::new(|b| b[36] = 1), "reserved_nonzero"),
             (Box::new(|b| b.push(0)), "length_mismatch"),
-            (Box::new(|b| { let n = b.len(); b[n - 1] ^= 1 }), "bad_crc"),
+            (
+                Box::new(|b| {
+                    let n = b.len();
+                    b[n - 1] ^= 1
+                }),
+                "bad_crc",
+            ),
         ];
         for (corrupt, reason) in cases {
             let mut b = good.clone();
@@ -475,7 +538,17 @@ mod tests {
     #[test]
     fn non_finite_hit_is_refused() {
         let mut b = Vec::new();
-        encode_hit_event(&mut b, stamp(), &[HitRecord { x_mm: f32::NAN, y_mm: 0.0, z_mm: 1.0, plane: 0, hit_id: 9 }]);
+        encode_hit_event(
+            &mut b,
+            stamp(),
+            &[HitRecord {
+                x_mm: f32::NAN,
+                y_mm: 0.0,
+                z_mm: 1.0,
+                plane: 0,
+                hit_id: 9,
+            }],
+        );
         assert_eq!(parse(&b).unwrap_err().reason(), "non_finite");
     }
 

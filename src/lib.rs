@@ -8,8 +8,14 @@
 
 pub mod backend;
 pub mod cli;
+pub mod config;
+pub mod decision;
 pub mod eeg;
 pub mod frame;
 pub mod gpu;
+pub mod pipeline;
+pub mod recording;
+pub mod ring;
+pub mod sinks;
+pub mod sources;
 pub mod tracking;
-pub mod decision;

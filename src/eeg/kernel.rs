@@ -27,7 +27,11 @@ impl InverseKernel {
                 let mut sq = 0.0;
                 for j in 0..3 {
                     let row = &self.kernel[(3 * s + j) * c..(3 * s + j + 1) * c];
-                    let v: f64 = row.iter().enumerate().map(|(ch, k)| k * data[ch * n_times + t]).sum();
+                    let v: f64 = row
+                        .iter()
+                        .enumerate()
+                        .map(|(ch, k)| k * data[ch * n_times + t])
+                        .sum();
                     sq += v * v;
                 }
                 out[s * n_times + t] = self.source_scale[s] * sq.sqrt();

@@ -30,7 +30,11 @@ pub enum Detail {
     /// Tracking: tracks found and fitted, best momentum.
     Tracking { n_tracks: u32, max_p_gev: f32 },
     /// EEG: region-of-interest statistic and the peak source.
-    Eeg { statistic: f64, peak_source: u32, peak_pos_mm: [f32; 3] },
+    Eeg {
+        statistic: f64,
+        peak_source: u32,
+        peak_pos_mm: [f32; 3],
+    },
 }
 
 /// The result of reconstructing and triggering one frame.
@@ -46,7 +50,10 @@ pub struct Verdict {
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     #[error("frame {index} of the batch is not a {expected} frame")]
-    WrongKind { index: usize, expected: &'static str },
+    WrongKind {
+        index: usize,
+        expected: &'static str,
+    },
     #[error("reconstruction failed: {0}")]
     Failed(String),
     #[error("device error: {0}")]
@@ -59,5 +66,13 @@ pub trait Backend: Send {
     /// Names of the trigger lines, in bit order of [`Verdict::lines_fired`].
     fn line_names(&self) -> &[String];
     /// Reconstructs `batch` and pushes exactly `batch.len()` verdicts onto `out`, in order.
-    fn process(&mut self, batch: &[FrameView<'_>], out: &mut Vec<Verdict>) -> Result<(), BackendError>;
+    fn process(
+        &mut self,
+        batch: &[FrameView<'_>],
+        out: &mut Vec<Verdict>,
+    ) -> Result<(), BackendError>;
+    /// Applies new trigger thresholds (SIGHUP) between batches, without losing state or frames.
+    fn reload(&mut self, cfg: &crate::config::Config) -> Result<(), String>;
 }
+
+pub mod multiplicity;

@@ -1,0 +1,369 @@
+//! Configuration: one TOML file (`trigd run --config FILE`), validated at start with errors
+//! that name the file and the field, overlaid by the command-line flags a first run needs.
+//! `deploy/trigd.toml` is the annotated example.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Everything trigd reads at start (and re-reads on SIGHUP for trigger thresholds).
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub daemon: DaemonConfig,
+    /// The inputs, one source thread each (`[[input]]`).
+    #[serde(default, rename = "input")]
+    pub inputs: Vec<InputConfig>,
+    #[serde(default)]
+    pub output: OutputConfig,
+    /// The hit-multiplicity trigger line (always available for hit events).
+    #[serde(default)]
+    pub multiplicity: MultiplicityConfig,
+    /// Tracking workload settings (`[tracking]`), read by the tracking backend.
+    #[serde(default)]
+    pub tracking: Option<toml::Table>,
+    /// EEG workload settings (`[eeg]`), read by the EEG backend.
+    #[serde(default)]
+    pub eeg: Option<toml::Table>,
+    /// Where this configuration came from (for error messages and SIGHUP reloads).
+    #[serde(skip)]
+    pub path: Option<PathBuf>,
+}
+
+/// What the frames are reconstructed as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkloadKind {
+    /// Hit events, decided by the hit-multiplicity line alone.
+    #[default]
+    Multiplicity,
+    /// Hit events: track finding, fitting, trigger lines.
+    Tracking,
+    /// EEG blocks: inverse estimate, region-of-interest trigger.
+    Eeg,
+}
+
+impl WorkloadKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Multiplicity => "multiplicity",
+            Self::Tracking => "tracking",
+            Self::Eeg => "eeg",
+        }
+    }
+}
+
+/// What a frame whose deadline passed before reconstruction is recorded as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum TimeoutPolicy {
+    Accept,
+    #[default]
+    Reject,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DaemonConfig {
+    /// Prometheus endpoint address; loopback unless you mean otherwise.
+    pub metrics_addr: SocketAddr,
+    pub workload: WorkloadKind,
+    /// `auto`, `gpu` or `cpu`.
+    pub backend: String,
+    /// Time from a frame's arrival to its decision deadline.
+    pub budget_ms: f64,
+    pub timeout_policy: TimeoutPolicy,
+    /// Largest batch handed to a backend at once.
+    pub batch_max: usize,
+    /// Longest a worker waits for a batch to fill after its first frame.
+    pub batch_wait_us: u64,
+    /// Frame slots per input (frames in flight per source).
+    pub ring_slots: usize,
+    /// Initial capacity of each slot; a larger frame grows its slot once.
+    pub slot_bytes: usize,
+    /// CPU reconstruction workers (the EEG workload keeps state across blocks: always 1).
+    pub workers: usize,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        Self {
+            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 9187)),
+            workload: WorkloadKind::Multiplicity,
+            backend: "auto".into(),
+            budget_ms: 10.0,
+            timeout_policy: TimeoutPolicy::Reject,
+            batch_max: 64,
+            batch_wait_us: 200,
+            ring_slots: 1024,
+            slot_bytes: 64 * 1024,
+            workers: 1,
+        }
+    }
+}
+
+impl DaemonConfig {
+    pub fn budget(&self) -> Duration {
+        Duration::from_secs_f64(self.budget_ms / 1e3)
+    }
+}
+
+/// Replay pace: the recorded timestamps scaled by a factor, or as fast as possible.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Speed {
+    Max,
+    Factor(f64),
+}
+
+impl std::str::FromStr for Speed {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "max" {
+            return Ok(Speed::Max);
+        }
+        match s.parse::<f64>() {
+            Ok(f) if f.is_finite() && f > 0.0 => Ok(Speed::Factor(f)),
+            _ => Err(format!(
+                "speed {s:?} is neither `max` nor a positive factor such as 1.0 or 2.0"
+            )),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Speed {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            S(String),
+            F(f64),
+        }
+        match Raw::deserialize(d)? {
+            Raw::S(s) => s.parse().map_err(serde::de::Error::custom),
+            Raw::F(f) => f.to_string().parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// One input: a socket (`listen = "udp://..."`) or a file (`file = "..."`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputConfig {
+    /// Name used in metrics and decision records; defaults to the address or file.
+    pub name: Option<String>,
+    /// `udp://HOST:PORT` or `tcp://HOST:PORT`.
+    pub listen: Option<String>,
+    /// A native recording, a TrackML-style CSV directory, or an EDF/BDF file.
+    pub file: Option<PathBuf>,
+    /// File pace: `"max"` or a factor of the recorded pace.
+    pub speed: Option<Speed>,
+}
+
+impl InputConfig {
+    pub fn display_name(&self) -> String {
+        if let Some(n) = &self.name {
+            return n.clone();
+        }
+        match (&self.listen, &self.file) {
+            (Some(l), _) => l.clone(),
+            (_, Some(f)) => f.display().to_string(),
+            _ => "input".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutputConfig {
+    /// JSON lines, one decision per line.
+    pub decisions_jsonl: Option<PathBuf>,
+    /// Compact binary decision log.
+    pub decisions_binlog: Option<PathBuf>,
+    /// UDP decision stream target `HOST:PORT`.
+    pub decisions_udp: Option<SocketAddr>,
+    /// A recording of the accepted frames (replayable).
+    pub accepted_recording: Option<PathBuf>,
+    /// fsync policy of written recordings: `never`, `always`, `every:N`, `interval:100ms`.
+    pub fsync: Option<String>,
+}
+
+/// Accept an event with at least `min_hits` hits on at least `min_planes` distinct planes.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MultiplicityConfig {
+    pub min_hits: u32,
+    pub min_planes: u32,
+}
+
+impl Default for MultiplicityConfig {
+    fn default() -> Self {
+        Self {
+            min_hits: 8,
+            min_planes: 4,
+        }
+    }
+}
+
+/// A configuration error that names the file and the field.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {message}")]
+pub struct ConfigError {
+    pub file: String,
+    pub message: String,
+}
+
+impl Config {
+    /// Reads and validates `path`.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            message: format!("cannot read: {e}"),
+        })?;
+        let mut cfg = Self::from_str_named(&text, &file)?;
+        cfg.path = Some(path.to_path_buf());
+        Ok(cfg)
+    }
+
+    /// Parses and validates TOML text; `file` names it in errors.
+    pub fn from_str_named(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError {
+            file: file.to_string(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
+        cfg.validate().map_err(|message| ConfigError {
+            file: file.to_string(),
+            message,
+        })?;
+        Ok(cfg)
+    }
+
+    /// Checks what serde cannot: ranges and combinations. Errors name the field.
+    pub fn validate(&self) -> Result<(), String> {
+        let d = &self.daemon;
+        if !(d.budget_ms.is_finite() && d.budget_ms > 0.0) {
+            return Err(format!(
+                "daemon.budget_ms = {} must be a positive number of milliseconds",
+                d.budget_ms
+            ));
+        }
+        if d.batch_max == 0 || d.batch_max > 65536 {
+            return Err(format!(
+                "daemon.batch_max = {} must be in 1..=65536",
+                d.batch_max
+            ));
+        }
+        if d.ring_slots < 2 || d.ring_slots > 1 << 20 {
+            return Err(format!(
+                "daemon.ring_slots = {} must be in 2..=1048576",
+                d.ring_slots
+            ));
+        }
+        if d.slot_bytes < crate::frame::HEADER_LEN || d.slot_bytes > crate::frame::MAX_FRAME_LEN {
+            return Err(format!(
+                "daemon.slot_bytes = {} must be in 40..={}",
+                d.slot_bytes,
+                crate::frame::MAX_FRAME_LEN
+            ));
+        }
+        if d.workers == 0 || d.workers > 256 {
+            return Err(format!("daemon.workers = {} must be in 1..=256", d.workers));
+        }
+        if d.batch_wait_us > 1_000_000 {
+            return Err(format!(
+                "daemon.batch_wait_us = {} must be at most 1000000",
+                d.batch_wait_us
+            ));
+        }
+        if !matches!(d.backend.as_str(), "auto" | "gpu" | "cpu") {
+            return Err(format!(
+                "daemon.backend = {:?} must be one of auto, gpu, cpu",
+                d.backend
+            ));
+        }
+        if self.inputs.len() > u16::MAX as usize {
+            return Err("too many [[input]] entries".into());
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, input) in self.inputs.iter().enumerate() {
+            match (&input.listen, &input.file) {
+                (Some(l), None) => {
+                    l.parse::<crate::sources::Endpoint>()
+                        .map_err(|e| format!("input[{i}].listen: {e}"))?;
+                    if input.speed.is_some() {
+                        return Err(format!("input[{i}].speed applies to files only"));
+                    }
+                }
+                (None, Some(_)) => {}
+                _ => {
+                    return Err(format!(
+                        "input[{i}] needs exactly one of `listen` or `file`"
+                    ))
+                }
+            }
+            if !names.insert(input.display_name()) {
+                return Err(format!(
+                    "input[{i}].name {:?} is used twice",
+                    input.display_name()
+                ));
+            }
+        }
+        if let Some(f) = &self.output.fsync {
+            f.parse::<crate::recording::FsyncPolicy>()
+                .map_err(|e| format!("output.fsync: {e}"))?;
+        }
+        if self.multiplicity.min_hits == 0 && self.multiplicity.min_planes == 0 {
+            // Accept-everything is legitimate but usually a mistake: say so in the log.
+            tracing::warn!(
+                "multiplicity.min_hits and min_planes are both 0: every event is accepted"
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_loopback() {
+        let cfg = Config::from_str_named("", "empty.toml").unwrap();
+        assert_eq!(cfg.daemon.metrics_addr.to_string(), "127.0.0.1:9187");
+        assert_eq!(cfg.daemon.workload, WorkloadKind::Multiplicity);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_field() {
+        let e = Config::from_str_named("[daemon]\nbudget_ms = -1\n", "a.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("a.toml: daemon.budget_ms"), "{e}");
+        let e = Config::from_str_named("[daemon]\nbudget_msx = 1\n", "b.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("b.toml") && e.contains("budget_msx"), "{e}");
+        let e = Config::from_str_named("[[input]]\nlisten = \"http://x\"\n", "c.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("input[0].listen"), "{e}");
+        let e = Config::from_str_named("[[input]]\nname=\"a\"\n", "d.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("exactly one of"), "{e}");
+    }
+
+    #[test]
+    fn speed_parses() {
+        assert_eq!("max".parse::<Speed>().unwrap(), Speed::Max);
+        assert_eq!("2.0".parse::<Speed>().unwrap(), Speed::Factor(2.0));
+        assert!("0".parse::<Speed>().is_err());
+        assert!("fast".parse::<Speed>().is_err());
+        let cfg =
+            Config::from_str_named("[[input]]\nfile = \"x\"\nspeed = 1.5\n", "e.toml").unwrap();
+        assert_eq!(cfg.inputs[0].speed, Some(Speed::Factor(1.5)));
+    }
+}

@@ -1,0 +1,1400 @@
+//! The runtime: sources -> rings -> workers (batch, deadline, backend) -> decision thread
+//! (sinks, metrics, accounting). Every frame taken in leaves as exactly one [`Decision`].
+//!
+//! Threads and ownership (all queues bounded, all buffers allocated here at start-up):
+//! - one thread per input. It validates each frame (`frame::parse`), tracks sequence
+//!   numbers, copies the frame into a free slot of its own pool and pushes the slot to a
+//!   worker ring. A socket source never waits: no free slot or a full ring makes the frame
+//!   `dropped` (`ring_full`). A file source waits instead (a file can be paused, hardware
+//!   cannot), so replay never drops.
+//! - `workers` reconstruction threads. Each drains its rings into a batch (bounded by
+//!   `batch_max`; it waits up to `batch_wait_us` after the first frame for more), gives frames
+//!   whose deadline already passed the `timeout` outcome, hands the rest to its backend and
+//!   passes (decision, slot) to the decision thread. A backend error fails the batch over to
+//!   the CPU fallback backend when there is one.
+//! - one decision thread. It writes every sink, feeds the observer (metrics), keeps the
+//!   accounting and returns each slot to its source's pool.
+//!
+//! Malformed and dropped frames never occupy a slot: their small records travel to the
+//! decision thread on a bounded control channel.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use zerocopy::FromBytes;
+
+use crate::backend::{Backend, BackendKind, Detail, Verdict};
+use crate::config::{Config, DaemonConfig, Speed, TimeoutPolicy};
+use crate::decision::{Decision, Names, Outcome, Workload};
+use crate::frame::{self, FrameKind, FrameView};
+use crate::ring::{self, Fill, Rx, Slot, Tx};
+use crate::sinks::Sink;
+
+/// Pipeline stages timed for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Arrival to the start of the frame's batch.
+    Queue,
+    /// Batch formation (waiting for more frames).
+    Batch,
+    /// The backend's reconstruction and trigger, per batch.
+    Reconstruct,
+    /// Reconstruction end to the decision record.
+    Decide,
+    /// Writing one decision to every sink.
+    Sink,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 5] = [
+        Stage::Queue,
+        Stage::Batch,
+        Stage::Reconstruct,
+        Stage::Decide,
+        Stage::Sink,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Queue => "queue",
+            Stage::Batch => "batch",
+            Stage::Reconstruct => "reconstruct",
+            Stage::Decide => "decide",
+            Stage::Sink => "sink",
+        }
+    }
+}
+
+/// What the runtime reports as it goes; the metrics layer implements it.
+pub trait Observe: Send + Sync {
+    fn received(&self, _source: u16) {}
+    fn decided(&self, _d: &Decision, _names: &Names) {}
+    fn stage(&self, _stage: Stage, _seconds: f64) {}
+    fn batch(&self, _backend: BackendKind, _size: usize) {}
+    fn sequence_gap(&self, _source: u16, _missing: u64) {}
+    fn sequence_repeat(&self, _source: u16) {}
+    fn failover(&self) {}
+    fn sink_error(&self, _error: &std::io::Error) {}
+    fn ring_fill(&self, _ring: &str, _fill: &Fill) {}
+    fn accounting(&self, _source: u16, _balanced: bool) {}
+}
+
+/// An observer that records nothing.
+pub struct NoObserver;
+impl Observe for NoObserver {}
+
+/// Why a file feed could not produce a frame.
+#[derive(Debug, Clone)]
+pub struct FeedError {
+    pub reason: &'static str,
+    pub detail: String,
+}
+
+/// Frames from a file (recording, CSV directory, EDF): one frame at a time into a buffer.
+pub trait FrameFeed: Send {
+    /// Clears `buf` and writes the next complete frame into it; `None` at the end.
+    fn next_frame(&mut self, buf: &mut Vec<u8>) -> Option<Result<(), FeedError>>;
+    /// Number of frames, if known (for progress).
+    fn total(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// A datagram or stream source: the blocking loop of `crate::sources`, handing each frame
+/// (or a framing error) with its arrival time to the closure, until `stop` is set.
+pub type SocketLoop = Box<
+    dyn FnOnce(&AtomicBool, &mut dyn FnMut(Received<'_>, Instant)) -> std::io::Result<()> + Send,
+>;
+
+/// What a socket source hands over.
+pub enum Received<'a> {
+    Frame(&'a [u8]),
+    Malformed {
+        reason: &'static str,
+        detail: String,
+    },
+}
+
+/// One input of the pipeline.
+pub enum InputKind {
+    Socket(SocketLoop),
+    File(Box<dyn FrameFeed>, Speed),
+}
+
+pub struct Input {
+    pub name: String,
+    pub kind: InputKind,
+}
+
+/// Per-input totals at the end.
+#[derive(Debug, Clone, Default)]
+pub struct SourceTotals {
+    pub name: String,
+    pub frames_in: u64,
+    /// Indexed by `Outcome as usize`.
+    pub outcomes: [u64; 5],
+    pub sequence_gaps: u64,
+    pub sequence_repeats: u64,
+}
+
+impl SourceTotals {
+    pub fn decided(&self) -> u64 {
+        self.outcomes.iter().sum()
+    }
+    pub fn balanced(&self) -> bool {
+        self.decided() == self.frames_in
+    }
+}
+
+/// Log-bucketed latency histogram for the end-of-run summary (1 us .. ~1000 s, 8 buckets
+/// per octave, so a quantile is within 9%); fixed size, no allocation per record.
+#[derive(Clone)]
+pub struct LatencyHistogram {
+    counts: Vec<u64>,
+    max_ns: u64,
+    n: u64,
+}
+
+const SUB: usize = 8;
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        Self {
+            counts: vec![0; 64 * SUB],
+            max_ns: 0,
+            n: 0,
+        }
+    }
+}
+
+impl LatencyHistogram {
+    fn bucket(ns: u64) -> usize {
+        let v = ns.max(1);
+        let octave = 63 - v.leading_zeros() as usize;
+        let frac = if octave >= 3 {
+            ((v >> (octave - 3)) & 7) as usize
+        } else {
+            0
+        };
+        (octave * SUB + frac).min(64 * SUB - 1)
+    }
+    fn bucket_upper_ns(b: usize) -> u64 {
+        let octave = b / SUB;
+        let frac = (b % SUB) as u64;
+        if octave >= 3 {
+            ((8 + frac + 1) << (octave - 3)).saturating_sub(1)
+        } else {
+            (1u64 << (octave + 1)) - 1
+        }
+    }
+    pub fn record(&mut self, ns: u64) {
+        self.counts[Self::bucket(ns)] += 1;
+        self.max_ns = self.max_ns.max(ns);
+        self.n += 1;
+    }
+    pub fn count(&self) -> u64 {
+        self.n
+    }
+    pub fn max_ns(&self) -> u64 {
+        self.max_ns
+    }
+    /// Upper edge of the bucket holding quantile `q` (0..=1), capped by the maximum seen.
+    pub fn quantile_ns(&self, q: f64) -> u64 {
+        if self.n == 0 {
+            return 0;
+        }
+        let rank = ((q * self.n as f64).ceil() as u64).clamp(1, self.n);
+        let mut seen = 0;
+        for (b, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Self::bucket_upper_ns(b).min(self.max_ns);
+            }
+        }
+        self.max_ns
+    }
+}
+
+/// What a run reports when it ends.
+#[derive(Clone, Default)]
+pub struct Summary {
+    pub sources: Vec<SourceTotals>,
+    pub latency: LatencyHistogram,
+    pub elapsed: Duration,
+    /// Frames decided per backend kind (cpu, gpu).
+    pub by_backend: [u64; 2],
+    pub failovers: u64,
+    pub sink_errors: u64,
+}
+
+impl Summary {
+    pub fn frames_in(&self) -> u64 {
+        self.sources.iter().map(|s| s.frames_in).sum()
+    }
+    pub fn outcome(&self, o: Outcome) -> u64 {
+        self.sources.iter().map(|s| s.outcomes[o as usize]).sum()
+    }
+    pub fn balanced(&self) -> bool {
+        self.sources.iter().all(SourceTotals::balanced)
+    }
+}
+
+/// Builds a backend for worker `i` (each worker owns one).
+pub type BackendFactory<'a> = &'a (dyn Fn(usize) -> anyhow::Result<Box<dyn Backend>> + Sync);
+
+/// Everything a run needs besides its inputs.
+pub struct Runtime {
+    pub daemon: DaemonConfig,
+    pub workload: Workload,
+    /// Deadlines apply (live sources, paced replay); off for `--speed max` throughput replay.
+    pub deadlines: bool,
+    pub sinks: Vec<Box<dyn Sink>>,
+    /// Receives the bytes of every accepted frame (the accepted-frame recording).
+    pub accepted: Option<Box<dyn FnMut(&[u8]) -> std::io::Result<()> + Send>>,
+    pub observer: Arc<dyn Observe>,
+    pub stop: Arc<AtomicBool>,
+    /// New configurations to apply (SIGHUP).
+    pub reload: Option<Receiver<Arc<Config>>>,
+    /// Set when the pipeline is running (for `/readyz`).
+    pub ready: Option<Arc<AtomicBool>>,
+    /// Called with the running count of decided frames (progress bars).
+    pub progress: Option<Box<dyn Fn(u64) + Send>>,
+}
+
+struct SideRecord {
+    source: u16,
+    source_id: u32,
+    seq: u64,
+    timestamp_ns: u64,
+    outcome: Outcome,
+    reason: &'static str,
+    arrival: Instant,
+}
+
+struct Done {
+    decision: Decision,
+    slot: Box<Slot>,
+}
+
+struct SourceShared {
+    frames_in: AtomicU64,
+    gaps: AtomicU64,
+    repeats: AtomicU64,
+}
+
+/// Runs the pipeline until every input has ended (files) or `stop` is set (sockets), and
+/// every frame taken in has its decision. Returns the accounting.
+pub fn run(
+    mut rt: Runtime,
+    inputs: Vec<Input>,
+    make_backend: BackendFactory<'_>,
+    fallback: Option<BackendFactory<'_>>,
+) -> anyhow::Result<Summary> {
+    let started = Instant::now();
+    let n_inputs = inputs.len();
+    anyhow::ensure!(
+        n_inputs > 0,
+        "no inputs configured: give --listen or an input file"
+    );
+    let workers = rt.daemon.workers.max(1);
+    let slots = rt.daemon.ring_slots;
+
+    // Backends first: a backend that cannot start stops the run before any socket opens.
+    let mut backends = Vec::with_capacity(workers);
+    let mut fallbacks = Vec::with_capacity(workers);
+    for w in 0..workers {
+        backends.push(make_backend(w)?);
+        fallbacks.push(match fallback {
+            Some(f) => Some(f(w)?),
+            None => None,
+        });
+    }
+    let mut names = Names {
+        sources: inputs.iter().map(|i| i.name.clone()).collect(),
+        lines: Vec::new(),
+    };
+    names.lines = backends[0].line_names().to_vec();
+    let names = Arc::new(names);
+
+    // Rings: per input, a free-slot ring (decision thread -> source) and one work ring per
+    // worker (source -> worker); per worker, a done ring (worker -> decision thread) large
+    // enough for every slot in existence, so it can never be full.
+    let mut free_tx = Vec::new();
+    let mut source_ends = Vec::new();
+    let mut worker_rx: Vec<Vec<Rx<Box<Slot>>>> = (0..workers).map(|_| Vec::new()).collect();
+    let mut fills = Vec::new();
+    for (i, _) in inputs.iter().enumerate() {
+        let (mut ftx, frx, _) = ring::channel::<Box<Slot>>(slots);
+        for _ in 0..slots {
+            let ok = ftx
+                .try_push(Slot::with_capacity(rt.daemon.slot_bytes, i as u16))
+                .is_ok();
+            debug_assert!(ok, "free ring sized for the pool");
+        }
+        free_tx.push(ftx);
+        let mut txs = Vec::new();
+        for (w, rxs) in worker_rx.iter_mut().enumerate() {
+            let (tx, rx, fill) = ring::channel::<Box<Slot>>(slots);
+            txs.push(tx);
+            rxs.push(rx);
+            fills.push((format!("{}->w{}", names.source(i as u16), w), fill));
+        }
+        source_ends.push((frx, txs));
+    }
+    let total_slots = slots * n_inputs;
+    let mut done_rx = Vec::new();
+    let mut done_tx = Vec::new();
+    for w in 0..workers {
+        let (tx, rx, fill) = ring::channel::<Done>(total_slots);
+        done_tx.push(tx);
+        done_rx.push(rx);
+        fills.push((format!("w{w}->decide"), fill));
+    }
+    let (side_tx, side_rx) = crossbeam_channel::bounded::<SideRecord>(65536.max(total_slots));
+
+    let shared: Arc<Vec<SourceShared>> = Arc::new(
+        (0..n_inputs)
+            .map(|_| SourceShared {
+                frames_in: AtomicU64::new(0),
+                gaps: AtomicU64::new(0),
+                repeats: AtomicU64::new(0),
+            })
+            .collect(),
+    );
+    let sources_live = Arc::new(AtomicUsize::new(n_inputs));
+    let workers_live = Arc::new(AtomicUsize::new(workers));
+    let failovers = Arc::new(AtomicU64::new(0));
+    let mut reloads: Vec<Sender<Arc<Config>>> = Vec::new();
+
+    let observer = rt.observer.clone();
+    let stop = rt.stop.clone();
+    let summary = std::thread::scope(|scope| -> anyhow::Result<Summary> {
+        // Sources.
+        let mut source_handles = Vec::new();
+        for ((i, input), (frx, txs)) in inputs.into_iter().enumerate().zip(source_ends) {
+            let ctx = SourceCtx {
+                index: i as u16,
+                free: frx,
+                work: txs,
+                next_worker: 0,
+                side: side_tx.clone(),
+                shared: shared.clone(),
+                observer: observer.clone(),
+                tracker: SequenceTracker::default(),
+                spare: None,
+            };
+            let stop = stop.clone();
+            let live = sources_live.clone();
+            let name = input.name.clone();
+            source_handles.push(
+                std::thread::Builder::new()
+                    .name(format!("src-{i}"))
+                    .spawn_scoped(scope, move || {
+                        let r = run_source(ctx, input.kind, &stop);
+                        live.fetch_sub(1, Ordering::AcqRel);
+                        if let Err(e) = &r {
+                            tracing::error!(input = %name, "source stopped: {e}");
+                        }
+                        r
+                    })?,
+            );
+        }
+        drop(side_tx);
+
+        // Workers.
+        let mut worker_handles = Vec::new();
+        for (w, ((rxs, dtx), (backend, fb))) in worker_rx
+            .into_iter()
+            .zip(done_tx)
+            .zip(backends.into_iter().zip(fallbacks))
+            .enumerate()
+        {
+            let (rtx, rrx) = crossbeam_channel::bounded::<Arc<Config>>(4);
+            reloads.push(rtx);
+            let wctx = WorkerCtx {
+                rings: rxs,
+                done: dtx,
+                backend,
+                fallback: fb,
+                daemon: rt.daemon.clone(),
+                workload: rt.workload,
+                deadlines: rt.deadlines,
+                observer: observer.clone(),
+                sources_live: sources_live.clone(),
+                reload: rrx,
+                failovers: failovers.clone(),
+            };
+            let live = workers_live.clone();
+            worker_handles.push(
+                std::thread::Builder::new()
+                    .name(format!("worker-{w}"))
+                    .spawn_scoped(scope, move || {
+                        run_worker(wctx);
+                        live.fetch_sub(1, Ordering::AcqRel);
+                    })?,
+            );
+        }
+
+        // Reload fan-out (SIGHUP): one control thread forwarding to every worker.
+        if let Some(rx) = rt.reload.take() {
+            let live = workers_live.clone();
+            scope.spawn(move || loop {
+                match rx.recv_timeout(Duration::from_millis(50)) {
+                    Ok(cfg) => {
+                        for tx in &reloads {
+                            let _ = tx.send(cfg.clone());
+                        }
+                    }
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                        if live.load(Ordering::Acquire) == 0 {
+                            break;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            });
+        } else {
+            drop(reloads);
+        }
+        if let Some(r) = &rt.ready {
+            r.store(true, Ordering::Release);
+        }
+
+        // The decision thread is this one.
+        let mut summary = decide_loop(
+            &mut rt,
+            &names,
+            done_rx,
+            side_rx,
+            free_tx,
+            &workers_live,
+            &shared,
+            &fills,
+        );
+        for h in source_handles {
+            match h.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(e.context("a source failed")),
+                Err(_) => anyhow::bail!("a source thread panicked"),
+            }
+        }
+        for h in worker_handles {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("a worker thread panicked"))?;
+        }
+        summary.failovers = failovers.load(Ordering::Relaxed);
+        Ok(summary)
+    })?;
+    if let Some(r) = &rt.ready {
+        r.store(false, Ordering::Release);
+    }
+    let mut summary = summary;
+    summary.elapsed = started.elapsed();
+    for (i, s) in summary.sources.iter_mut().enumerate() {
+        s.name = names.source(i as u16).to_string();
+        s.frames_in = shared[i].frames_in.load(Ordering::Acquire);
+        s.sequence_gaps = shared[i].gaps.load(Ordering::Relaxed);
+        s.sequence_repeats = shared[i].repeats.load(Ordering::Relaxed);
+        rt.observer.accounting(i as u16, s.balanced());
+    }
+    Ok(summary)
+}
+
+/// Per producer `source_id`: the last sequence number seen, to count gaps and repeats.
+#[derive(Default)]
+pub struct SequenceTracker {
+    last: Vec<(u32, u64)>,
+}
+
+/// What one sequence number says about the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqEvent {
+    First,
+    InOrder,
+    Gap(u64),
+    Repeat,
+}
+
+impl SequenceTracker {
+    /// Producers per input are few; a linear scan over them is faster than hashing.
+    pub fn observe(&mut self, source_id: u32, seq: u64) -> SeqEvent {
+        match self.last.iter_mut().find(|(id, _)| *id == source_id) {
+            None => {
+                if self.last.len() < 1024 {
+                    self.last.push((source_id, seq));
+                }
+                SeqEvent::First
+            }
+            Some((_, last)) => {
+                if seq <= *last {
+                    SeqEvent::Repeat
+                } else {
+                    let missing = seq - *last - 1;
+                    *last = seq;
+                    if missing == 0 {
+                        SeqEvent::InOrder
+                    } else {
+                        SeqEvent::Gap(missing)
+                    }
+                }
+            }
+        }
+    }
+}
+
+struct SourceCtx {
+    index: u16,
+    free: Rx<Box<Slot>>,
+    work: Vec<Tx<Box<Slot>>>,
+    next_worker: usize,
+    side: Sender<SideRecord>,
+    shared: Arc<Vec<SourceShared>>,
+    observer: Arc<dyn Observe>,
+    tracker: SequenceTracker,
+    spare: Option<Box<Slot>>,
+}
+
+impl SourceCtx {
+    fn side(&self, bytes: &[u8], outcome: Outcome, reason: &'static str, arrival: Instant) {
+        let (source_id, seq, timestamp_ns) = match frame::FrameHeader::read_from_prefix(bytes) {
+            Ok((h, _)) if h.magic == frame::MAGIC => {
+                (h.source_id.get(), h.sequence.get(), h.timestamp_ns.get())
+            }
+            _ => (0, 0, 0),
+        };
+        let rec = SideRecord {
+            source: self.index,
+            source_id,
+            seq,
+            timestamp_ns,
+            outcome,
+            reason,
+            arrival,
+        };
+        // The channel is larger than the slot pool; if the decision thread is that far
+        // behind, the source waits rather than lose the record.
+        if self.side.send(rec).is_err() {
+            tracing::error!("decision thread gone; a record is lost");
+        }
+    }
+
+    fn observe_sequence(&mut self, view: &FrameView<'_>) {
+        match self.tracker.observe(view.source_id(), view.sequence()) {
+            SeqEvent::Gap(n) => {
+                self.shared[self.index as usize]
+                    .gaps
+                    .fetch_add(n, Ordering::Relaxed);
+                self.observer.sequence_gap(self.index, n);
+            }
+            SeqEvent::Repeat => {
+                self.shared[self.index as usize]
+                    .repeats
+                    .fetch_add(1, Ordering::Relaxed);
+                self.observer.sequence_repeat(self.index);
+            }
+            _ => {}
+        }
+    }
+
+    fn count_in(&self) {
+        self.shared[self.index as usize]
+            .frames_in
+            .fetch_add(1, Ordering::Release);
+        self.observer.received(self.index);
+    }
+
+    /// Takes in one frame from a socket: validate, slot, ring; never waits.
+    fn admit(&mut self, bytes: &[u8], arrival: Instant) {
+        self.count_in();
+        let view = match frame::parse(bytes) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::debug!(source = self.index, "malformed frame: {e}");
+                self.side(bytes, Outcome::Malformed, e.reason(), arrival);
+                return;
+            }
+        };
+        self.observe_sequence(&view);
+        let Some(mut slot) = self.spare.take().or_else(|| self.free.try_pop()) else {
+            self.side(bytes, Outcome::Dropped, "ring_full", arrival);
+            return;
+        };
+        slot.fill(bytes, arrival);
+        if let Err(slot) = self.push(slot) {
+            self.side(&slot.bytes, Outcome::Dropped, "ring_full", arrival);
+            self.spare = Some(slot);
+        }
+    }
+
+    /// Round-robin over the workers' rings; a full ring passes the frame to the next one.
+    fn push(&mut self, mut slot: Box<Slot>) -> Result<(), Box<Slot>> {
+        let n = self.work.len();
+        for k in 0..n {
+            let w = (self.next_worker + k) % n;
+            match self.work[w].try_push(slot) {
+                Ok(()) => {
+                    self.next_worker = (w + 1) % n;
+                    return Ok(());
+                }
+                Err(back) => slot = back,
+            }
+        }
+        Err(slot)
+    }
+}
+
+fn run_source(mut ctx: SourceCtx, kind: InputKind, stop: &AtomicBool) -> anyhow::Result<()> {
+    match kind {
+        InputKind::Socket(run) => {
+            let mut on = |r: Received<'_>, arrival: Instant| match r {
+                Received::Frame(bytes) => ctx.admit(bytes, arrival),
+                Received::Malformed { reason, detail } => {
+                    ctx.count_in();
+                    tracing::warn!(source = ctx.index, reason, "malformed input: {detail}");
+                    ctx.side(&[], Outcome::Malformed, reason, arrival);
+                }
+            };
+            run(stop, &mut on)?;
+            Ok(())
+        }
+        InputKind::File(mut feed, speed) => {
+            let mut pacer = Pacer::new(speed);
+            loop {
+                if stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+                // A file waits for a free slot instead of dropping.
+                let mut slot = loop {
+                    if let Some(s) = ctx.spare.take().or_else(|| ctx.free.try_pop()) {
+                        break s;
+                    }
+                    if stop.load(Ordering::Relaxed) {
+                        return Ok(());
+                    }
+                    std::thread::yield_now();
+                };
+                let next = feed.next_frame(&mut slot.bytes);
+                let Some(next) = next else {
+                    ctx.spare = Some(slot);
+                    return Ok(());
+                };
+                if let Ok((h, _)) = frame::FrameHeader::read_from_prefix(&slot.bytes) {
+                    pacer.wait(h.timestamp_ns.get(), stop);
+                }
+                let arrival = Instant::now();
+                ctx.count_in();
+                if let Err(e) = next {
+                    tracing::warn!(
+                        source = ctx.index,
+                        reason = e.reason,
+                        "input file: {}",
+                        e.detail
+                    );
+                    ctx.side(&[], Outcome::Malformed, e.reason, arrival);
+                    ctx.spare = Some(slot);
+                    continue;
+                }
+                match frame::parse(&slot.bytes) {
+                    Ok(view) => {
+                        let view: FrameView<'_> = view;
+                        let (sid, seq) = (view.source_id(), view.sequence());
+                        let _ = view;
+                        match ctx.tracker.observe(sid, seq) {
+                            SeqEvent::Gap(n) => {
+                                ctx.shared[ctx.index as usize]
+                                    .gaps
+                                    .fetch_add(n, Ordering::Relaxed);
+                                ctx.observer.sequence_gap(ctx.index, n);
+                            }
+                            SeqEvent::Repeat => {
+                                ctx.shared[ctx.index as usize]
+                                    .repeats
+                                    .fetch_add(1, Ordering::Relaxed);
+                                ctx.observer.sequence_repeat(ctx.index);
+                            }
+                            _ => {}
+                        }
+                    }
+                    Err(e) => {
+                        ctx.side(&slot.bytes, Outcome::Malformed, e.reason(), arrival);
+                        ctx.spare = Some(slot);
+                        continue;
+                    }
+                }
+                slot.arrival = arrival;
+                let mut pending = slot;
+                loop {
+                    match ctx.push(pending) {
+                        Ok(()) => break,
+                        Err(back) => {
+                            pending = back;
+                            if stop.load(Ordering::Relaxed) {
+                                // Taken in but not handed over: it still gets its decision.
+                                ctx.side(&pending.bytes, Outcome::Dropped, "shutdown", arrival);
+                                ctx.spare = Some(pending);
+                                return Ok(());
+                            }
+                            std::thread::yield_now();
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Replays recorded timestamps at a pace: frame i goes out at start + (t_i - t_0) / speed,
+/// an absolute schedule so sleeps do not accumulate drift.
+struct Pacer {
+    factor: Option<f64>,
+    origin: Option<(u64, Instant)>,
+}
+
+impl Pacer {
+    fn new(speed: Speed) -> Self {
+        Self {
+            factor: match speed {
+                Speed::Max => None,
+                Speed::Factor(f) => Some(f),
+            },
+            origin: None,
+        }
+    }
+    fn wait(&mut self, ts_ns: u64, stop: &AtomicBool) {
+        let Some(f) = self.factor else { return };
+        let (t0, start) = *self.origin.get_or_insert((ts_ns, Instant::now()));
+        let offset = Duration::from_secs_f64(ts_ns.saturating_sub(t0) as f64 / 1e9 / f);
+        let due = start + offset;
+        loop {
+            let now = Instant::now();
+            if now >= due || stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let left = due - now;
+            if left > Duration::from_micros(200) {
+                std::thread::sleep(
+                    (left - Duration::from_micros(100)).min(Duration::from_millis(50)),
+                );
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+struct WorkerCtx {
+    rings: Vec<Rx<Box<Slot>>>,
+    done: Tx<Done>,
+    backend: Box<dyn Backend>,
+    fallback: Option<Box<dyn Backend>>,
+    daemon: DaemonConfig,
+    workload: Workload,
+    deadlines: bool,
+    observer: Arc<dyn Observe>,
+    sources_live: Arc<AtomicUsize>,
+    reload: Receiver<Arc<Config>>,
+    failovers: Arc<AtomicU64>,
+}
+
+fn expected_kind(w: Workload) -> FrameKind {
+    match w {
+        Workload::Multiplicity | Workload::Tracking => FrameKind::HitEvent,
+        Workload::Eeg => FrameKind::EegBlock,
+    }
+}
+
+fn run_worker(mut ctx: WorkerCtx) {
+    let batch_max = ctx.daemon.batch_max;
+    let batch_wait = Duration::from_micros(ctx.daemon.batch_wait_us);
+    let budget = ctx.daemon.budget();
+    let mut batch: Vec<Box<Slot>> = Vec::with_capacity(batch_max);
+    let mut verdicts: Vec<Verdict> = Vec::with_capacity(batch_max);
+    let mut live_idx: Vec<usize> = Vec::with_capacity(batch_max);
+    let mut next_ring = 0usize;
+    let mut idle_spins = 0u32;
+    loop {
+        match ctx.reload.try_recv() {
+            Ok(cfg) => {
+                for b in std::iter::once(&mut ctx.backend).chain(ctx.fallback.as_mut()) {
+                    match b.reload(&cfg) {
+                        Ok(()) => tracing::info!("trigger thresholds reloaded"),
+                        Err(e) => {
+                            tracing::error!("reload refused, keeping the previous thresholds: {e}")
+                        }
+                    }
+                }
+            }
+            Err(TryRecvError::Empty) | Err(TryRecvError::Disconnected) => {}
+        }
+        // Gather a batch.
+        let mut first_at: Option<Instant> = None;
+        loop {
+            let n = ctx.rings.len();
+            let mut got = false;
+            for k in 0..n {
+                let r = (next_ring + k) % n;
+                if let Some(s) = ctx.rings[r].try_pop() {
+                    batch.push(s);
+                    got = true;
+                    next_ring = (r + 1) % n;
+                    break;
+                }
+            }
+            if got {
+                first_at.get_or_insert_with(Instant::now);
+                if batch.len() >= batch_max {
+                    break;
+                }
+                continue;
+            }
+            match first_at {
+                Some(t) if t.elapsed() >= batch_wait => break,
+                Some(_) => std::hint::spin_loop(),
+                None => break,
+            }
+        }
+        if batch.is_empty() {
+            let sources_done = ctx.sources_live.load(Ordering::Acquire) == 0;
+            if sources_done && ctx.rings.iter().all(Rx::is_empty) {
+                return;
+            }
+            idle_spins += 1;
+            if idle_spins < 64 {
+                std::hint::spin_loop();
+            } else if idle_spins < 256 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            continue;
+        }
+        idle_spins = 0;
+        process_batch(
+            &mut ctx,
+            &mut batch,
+            &mut verdicts,
+            &mut live_idx,
+            budget,
+            first_at,
+        );
+    }
+}
+
+fn process_batch(
+    ctx: &mut WorkerCtx,
+    batch: &mut Vec<Box<Slot>>,
+    verdicts: &mut Vec<Verdict>,
+    live_idx: &mut Vec<usize>,
+    budget: Duration,
+    first_at: Option<Instant>,
+) {
+    let start = Instant::now();
+    if let Some(t) = first_at {
+        ctx.observer.stage(Stage::Batch, (start - t).as_secs_f64());
+    }
+    let want = expected_kind(ctx.workload);
+    // Triage: deadline passed, wrong kind, or to be reconstructed.
+    let mut triage: Vec<Option<(Outcome, &'static str)>> = Vec::new();
+    triage.resize(batch.len(), None);
+    live_idx.clear();
+    for (i, s) in batch.iter().enumerate() {
+        ctx.observer.stage(
+            Stage::Queue,
+            start.saturating_duration_since(s.arrival).as_secs_f64(),
+        );
+        let view = frame::parse(&s.bytes).expect("slots hold frames validated by their source");
+        if view.kind() != want {
+            triage[i] = Some((Outcome::Malformed, "wrong_kind"));
+        } else if ctx.deadlines && start > s.arrival + budget {
+            triage[i] = Some((Outcome::Timeout, "deadline"));
+        } else {
+            live_idx.push(i);
+        }
+    }
+    verdicts.clear();
+    let mut backend_kind = ctx.backend.kind();
+    let mut failed_reason: Option<&'static str> = None;
+    if !live_idx.is_empty() {
+        let views: Vec<FrameView<'_>> = live_idx
+            .iter()
+            .map(|&i| frame::parse(&batch[i].bytes).expect("validated"))
+            .collect();
+        let t0 = Instant::now();
+        let r = ctx.backend.process(&views, verdicts);
+        match r {
+            Ok(()) if verdicts.len() == views.len() => {}
+            other => {
+                let msg = match other {
+                    Err(e) => e.to_string(),
+                    Ok(()) => format!(
+                        "backend returned {} verdicts for {} frames",
+                        verdicts.len(),
+                        views.len()
+                    ),
+                };
+                verdicts.clear();
+                if let Some(fb) = ctx.fallback.as_mut() {
+                    tracing::warn!(
+                        "{} backend failed a batch of {}, failing over: {msg}",
+                        backend_kind.as_str(),
+                        views.len()
+                    );
+                    ctx.failovers.fetch_add(1, Ordering::Relaxed);
+                    ctx.observer.failover();
+                    backend_kind = fb.kind();
+                    if let Err(e) = fb.process(&views, verdicts) {
+                        tracing::error!("fallback backend failed too: {e}");
+                        verdicts.clear();
+                        failed_reason = Some("backend_error");
+                    }
+                } else {
+                    tracing::error!("backend failed a batch of {}: {msg}", views.len());
+                    failed_reason = Some("backend_error");
+                }
+            }
+        }
+        ctx.observer
+            .stage(Stage::Reconstruct, t0.elapsed().as_secs_f64());
+        ctx.observer.batch(backend_kind, views.len());
+    }
+    let decided_at = Instant::now();
+    let mut vi = 0usize;
+    for (i, slot) in batch.drain(..).enumerate() {
+        let view = frame::parse(&slot.bytes).expect("validated");
+        let (outcome, accepted, reason, lines, detail, backend) = match triage[i] {
+            Some((Outcome::Timeout, reason)) => {
+                let acc = ctx.daemon.timeout_policy == TimeoutPolicy::Accept;
+                (Outcome::Timeout, acc, reason, 0, Detail::None, None)
+            }
+            Some((o, reason)) => (o, false, reason, 0, Detail::None, None),
+            None => match failed_reason {
+                Some(reason) => (Outcome::Dropped, false, reason, 0, Detail::None, None),
+                None => {
+                    let v = std::mem::take(&mut verdicts[vi]);
+                    vi += 1;
+                    let o = if v.accept {
+                        Outcome::Accept
+                    } else {
+                        Outcome::Reject
+                    };
+                    (o, v.accept, "", v.lines_fired, v.detail, Some(backend_kind))
+                }
+            },
+        };
+        let d = Decision {
+            source: slot.source,
+            source_id: view.source_id(),
+            seq: view.sequence(),
+            timestamp_ns: view.timestamp_ns(),
+            workload: ctx.workload,
+            outcome,
+            accepted,
+            reason,
+            lines_fired: lines,
+            latency_ns: decided_at
+                .saturating_duration_since(slot.arrival)
+                .as_nanos() as u64,
+            backend,
+            detail,
+        };
+        let mut item = Done { decision: d, slot };
+        // The done ring holds every slot in existence, so this cannot stay full.
+        loop {
+            match ctx.done.try_push(item) {
+                Ok(()) => break,
+                Err(back) => {
+                    item = back;
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+    ctx.observer
+        .stage(Stage::Decide, decided_at.elapsed().as_secs_f64());
+}
+
+#[allow(clippy::too_many_arguments)]
+fn decide_loop(
+    rt: &mut Runtime,
+    names: &Names,
+    mut done: Vec<Rx<Done>>,
+    side: Receiver<SideRecord>,
+    mut free: Vec<Tx<Box<Slot>>>,
+    workers_live: &AtomicUsize,
+    _shared: &[SourceShared],
+    fills: &[(String, Fill)],
+) -> Summary {
+    let mut summary = Summary {
+        sources: (0..free.len()).map(|_| SourceTotals::default()).collect(),
+        ..Default::default()
+    };
+    let mut decided = 0u64;
+    let mut idle = 0u32;
+    let mut last_fill = Instant::now();
+    let mut side_open = true;
+    loop {
+        let mut any = false;
+        for rx in done.iter_mut() {
+            // Bounded per pass so side records and other workers are served too.
+            for _ in 0..256 {
+                let Some(Done { decision, mut slot }) = rx.try_pop() else {
+                    break;
+                };
+                any = true;
+                if decision.accepted {
+                    if let Some(acc) = rt.accepted.as_mut() {
+                        if let Err(e) = acc(&slot.bytes) {
+                            summary.sink_errors += 1;
+                            rt.observer.sink_error(&e);
+                        }
+                    }
+                }
+                record(rt, names, &mut summary, &decision);
+                decided += 1;
+                let src = slot.source as usize;
+                slot.bytes.clear();
+                if free[src].try_push(slot).is_err() {
+                    unreachable!("free ring holds the whole pool");
+                }
+            }
+        }
+        if side_open {
+            for _ in 0..256 {
+                match side.try_recv() {
+                    Ok(s) => {
+                        any = true;
+                        let d = Decision {
+                            source: s.source,
+                            source_id: s.source_id,
+                            seq: s.seq,
+                            timestamp_ns: s.timestamp_ns,
+                            workload: rt.workload,
+                            outcome: s.outcome,
+                            accepted: false,
+                            reason: s.reason,
+                            lines_fired: 0,
+                            latency_ns: s.arrival.elapsed().as_nanos() as u64,
+                            backend: None,
+                            detail: Detail::None,
+                        };
+                        record(rt, names, &mut summary, &d);
+                        decided += 1;
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        side_open = false;
+                        break;
+                    }
+                }
+            }
+        }
+        if any {
+            idle = 0;
+            if let Some(p) = &rt.progress {
+                p(decided);
+            }
+        } else {
+            let workers_done = workers_live.load(Ordering::Acquire) == 0;
+            if workers_done && !side_open && done.iter().all(Rx::is_empty) {
+                break;
+            }
+            idle += 1;
+            if idle < 64 {
+                std::hint::spin_loop();
+            } else if idle < 256 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        if last_fill.elapsed() > Duration::from_millis(250) {
+            last_fill = Instant::now();
+            for (name, fill) in fills {
+                rt.observer.ring_fill(name, fill);
+            }
+            flush_sinks(rt, &mut summary);
+        }
+    }
+    flush_sinks(rt, &mut summary);
+    if let Some(p) = &rt.progress {
+        p(decided);
+    }
+    summary
+}
+
+fn flush_sinks(rt: &mut Runtime, summary: &mut Summary) {
+    for s in rt.sinks.iter_mut() {
+        if let Err(e) = s.flush() {
+            summary.sink_errors += 1;
+            rt.observer.sink_error(&e);
+        }
+    }
+}
+
+fn record(rt: &mut Runtime, names: &Names, summary: &mut Summary, d: &Decision) {
+    let t0 = Instant::now();
+    for s in rt.sinks.iter_mut() {
+        if let Err(e) = s.write(d, names) {
+            summary.sink_errors += 1;
+            rt.observer.sink_error(&e);
+        }
+    }
+    rt.observer.stage(Stage::Sink, t0.elapsed().as_secs_f64());
+    rt.observer.decided(d, names);
+    summary.sources[d.source as usize].outcomes[d.outcome as usize] += 1;
+    summary.latency.record(d.latency_ns);
+    match d.backend {
+        Some(BackendKind::Cpu) => summary.by_backend[0] += 1,
+        Some(BackendKind::Gpu) => summary.by_backend[1] += 1,
+        None => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::multiplicity::CpuMultiplicity;
+    use crate::config::MultiplicityConfig;
+    use crate::frame::{encode_hit_event, HitRecord, Stamp};
+
+    struct VecFeed {
+        frames: Vec<Vec<u8>>,
+        next: usize,
+    }
+    impl FrameFeed for VecFeed {
+        fn next_frame(&mut self, buf: &mut Vec<u8>) -> Option<Result<(), FeedError>> {
+            let f = self.frames.get(self.next)?;
+            self.next += 1;
+            buf.clear();
+            buf.extend_from_slice(f);
+            Some(Ok(()))
+        }
+    }
+
+    fn frames(n: usize) -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|i| {
+                let hits: Vec<HitRecord> = (0..(i % 12) as u16)
+                    .map(|p| HitRecord {
+                        x_mm: 0.0,
+                        y_mm: 0.0,
+                        z_mm: p as f32,
+                        plane: p,
+                        hit_id: p as u32,
+                    })
+                    .collect();
+                let mut b = Vec::new();
+                encode_hit_event(
+                    &mut b,
+                    Stamp {
+                        source_id: 1,
+                        sequence: i as u64,
+                        timestamp_ns: i as u64 * 1000,
+                    },
+                    &hits,
+                );
+                if i % 97 == 13 {
+                    b[20] ^= 0xff; // corrupt the sequence field: CRC still fine, but...
+                    let n = b.len();
+                    b[n - 1] ^= 0x01; // ...and the payload: bad_crc
+                }
+                b
+            })
+            .collect()
+    }
+
+    struct Collect(std::sync::Arc<std::sync::Mutex<Vec<Decision>>>);
+    impl Sink for Collect {
+        fn write(&mut self, d: &Decision, _: &Names) -> std::io::Result<()> {
+            self.0.lock().unwrap().push(d.clone());
+            Ok(())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn runtime(sink: Collect, workers: usize) -> Runtime {
+        Runtime {
+            daemon: DaemonConfig {
+                workers,
+                ring_slots: 16,
+                batch_max: 8,
+                ..Default::default()
+            },
+            workload: Workload::Multiplicity,
+            deadlines: false,
+            sinks: vec![Box::new(sink)],
+            accepted: None,
+            observer: Arc::new(NoObserver),
+            stop: Arc::new(AtomicBool::new(false)),
+            reload: None,
+            ready: None,
+            progress: None,
+        }
+    }
+
+    #[test]
+    fn replay_decides_every_frame_exactly_once() {
+        for workers in [1, 3] {
+            let out = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let rt = runtime(Collect(out.clone()), workers);
+            let fs = frames(2000);
+            let input = Input {
+                name: "file".into(),
+                kind: InputKind::File(
+                    Box::new(VecFeed {
+                        frames: fs,
+                        next: 0,
+                    }),
+                    Speed::Max,
+                ),
+            };
+            let cfg = MultiplicityConfig {
+                min_hits: 8,
+                min_planes: 8,
+            };
+            let s = run(
+                rt,
+                vec![input],
+                &|_| Ok(Box::new(CpuMultiplicity::new(cfg)) as Box<dyn Backend>),
+                None,
+            )
+            .unwrap();
+            assert!(s.balanced());
+            assert_eq!(s.frames_in(), 2000);
+            let ds = out.lock().unwrap();
+            assert_eq!(ds.len(), 2000);
+            let malformed = ds
+                .iter()
+                .filter(|d| d.outcome == Outcome::Malformed)
+                .count();
+            assert_eq!(malformed, (0..2000).filter(|i| i % 97 == 13).count());
+            let mut seqs: Vec<u64> = ds
+                .iter()
+                .filter(|d| d.outcome != Outcome::Malformed)
+                .map(|d| d.seq)
+                .collect();
+            seqs.sort_unstable();
+            seqs.dedup();
+            assert_eq!(
+                seqs.len(),
+                2000 - malformed,
+                "each valid frame decided once"
+            );
+            for d in ds
+                .iter()
+                .filter(|d| d.outcome == Outcome::Accept || d.outcome == Outcome::Reject)
+            {
+                let n = (d.seq % 12) as u32;
+                assert_eq!(d.outcome == Outcome::Accept, n >= 8, "seq {}", d.seq);
+            }
+        }
+    }
+
+    #[test]
+    fn expired_frames_time_out_by_policy() {
+        let out = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut rt = runtime(Collect(out.clone()), 1);
+        rt.deadlines = true;
+        rt.daemon.budget_ms = 1e-6; // every frame is late
+        rt.daemon.timeout_policy = TimeoutPolicy::Accept;
+        let input = Input {
+            name: "f".into(),
+            kind: InputKind::File(
+                Box::new(VecFeed {
+                    frames: frames(50),
+                    next: 0,
+                }),
+                Speed::Max,
+            ),
+        };
+        let s = run(
+            rt,
+            vec![input],
+            &|_| Ok(Box::new(CpuMultiplicity::new(Default::default())) as Box<dyn Backend>),
+            None,
+        )
+        .unwrap();
+        assert!(s.balanced());
+        let ds = out.lock().unwrap();
+        assert!(ds
+            .iter()
+            .filter(|d| d.outcome != Outcome::Malformed)
+            .all(|d| d.outcome == Outcome::Timeout && d.accepted));
+    }
+
+    struct Failing;
+    impl Backend for Failing {
+        fn kind(&self) -> BackendKind {
+            BackendKind::Gpu
+        }
+        fn line_names(&self) -> &[String] {
+            &[]
+        }
+        fn process(
+            &mut self,
+            _: &[FrameView<'_>],
+            _: &mut Vec<Verdict>,
+        ) -> Result<(), crate::backend::BackendError> {
+            Err(crate::backend::BackendError::Device("injected".into()))
+        }
+        fn reload(&mut self, _: &Config) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn failed_batches_fail_over_and_lose_nothing() {
+        let out = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let rt = runtime(Collect(out.clone()), 1);
+        let input = Input {
+            name: "f".into(),
+            kind: InputKind::File(
+                Box::new(VecFeed {
+                    frames: frames(300),
+                    next: 0,
+                }),
+                Speed::Max,
+            ),
+        };
+        let fb = |_| Ok(Box::new(CpuMultiplicity::new(Default::default())) as Box<dyn Backend>);
+        let s = run(
+            rt,
+            vec![input],
+            &|_| Ok(Box::new(Failing) as Box<dyn Backend>),
+            Some(&fb),
+        )
+        .unwrap();
+        assert!(s.balanced());
+        assert!(s.failovers > 0);
+        let ds = out.lock().unwrap();
+        assert_eq!(ds.len(), 300);
+        assert!(ds
+            .iter()
+            .filter(|d| d.outcome != Outcome::Malformed)
+            .all(|d| d.backend == Some(BackendKind::Cpu)));
+    }
+
+    #[test]
+    fn sequence_tracker_counts_gaps_and_repeats() {
+        let mut t = SequenceTracker::default();
+        assert_eq!(t.observe(1, 10), SeqEvent::First);
+        assert_eq!(t.observe(1, 11), SeqEvent::InOrder);
+        assert_eq!(t.observe(1, 15), SeqEvent::Gap(3));
+        assert_eq!(t.observe(1, 15), SeqEvent::Repeat);
+        assert_eq!(t.observe(2, 0), SeqEvent::First);
+    }
+
+    #[test]
+    fn latency_quantiles_are_within_a_bucket() {
+        let mut h = LatencyHistogram::default();
+        for i in 1..=10_000u64 {
+            h.record(i * 1000);
+        }
+        let p50 = h.quantile_ns(0.5) as f64;
+        assert!((p50 / 5e6 - 1.0).abs() < 0.13, "{p50}");
+        assert_eq!(h.quantile_ns(1.0), 10_000_000);
+    }
+}
