@@ -69,7 +69,6 @@ impl Stage {
 /// What the runtime reports as it goes; the metrics layer implements it.
 pub trait Observe: Send + Sync {
     fn received(&self, _source: u16) {}
-    fn decided(&self, _d: &Decision, _names: &Names) {}
     fn stage(&self, _stage: Stage, _seconds: f64) {}
     fn batch(&self, _backend: BackendKind, _size: usize) {}
     fn sequence_gap(&self, _source: u16, _missing: u64) {}
@@ -244,12 +243,15 @@ impl Summary {
 pub type BackendFactory<'a> = &'a (dyn Fn(usize) -> anyhow::Result<Box<dyn Backend>> + Sync);
 
 /// Everything a run needs besides its inputs.
-pub struct Runtime {
+pub struct Runtime<'a> {
     pub daemon: DaemonConfig,
     pub workload: Workload,
     /// Deadlines apply (live sources, paced replay); off for `--speed max` throughput replay.
     pub deadlines: bool,
-    pub sinks: Vec<Box<dyn Sink>>,
+    /// Builds the sinks once the names (sources, trigger lines) are known.
+    pub make_sinks: Box<dyn FnOnce(&Names) -> anyhow::Result<Vec<Box<dyn Sink>>> + Send + 'a>,
+    /// Sees every decision (metrics), on the decision thread.
+    pub on_decision: Box<dyn FnMut(&Decision, &Names) + Send + 'a>,
     /// Receives the bytes of every accepted frame (the accepted-frame recording).
     pub accepted: Option<Box<dyn FnMut(&[u8]) -> std::io::Result<()> + Send>>,
     pub observer: Arc<dyn Observe>,
@@ -260,6 +262,16 @@ pub struct Runtime {
     pub ready: Option<Arc<AtomicBool>>,
     /// Called with the running count of decided frames (progress bars).
     pub progress: Option<Box<dyn Fn(u64) + Send>>,
+}
+
+/// What the decision thread owns.
+struct DecideCtx<'a> {
+    sinks: Vec<Box<dyn Sink>>,
+    on_decision: Box<dyn FnMut(&Decision, &Names) + Send + 'a>,
+    accepted: Option<Box<dyn FnMut(&[u8]) -> std::io::Result<()> + Send>>,
+    observer: Arc<dyn Observe>,
+    progress: Option<Box<dyn Fn(u64) + Send>>,
+    workload: Workload,
 }
 
 struct SideRecord {
@@ -286,7 +298,7 @@ struct SourceShared {
 /// Runs the pipeline until every input has ended (files) or `stop` is set (sockets), and
 /// every frame taken in has its decision. Returns the accounting.
 pub fn run(
-    mut rt: Runtime,
+    rt: Runtime<'_>,
     inputs: Vec<Input>,
     make_backend: BackendFactory<'_>,
     fallback: Option<BackendFactory<'_>>,
@@ -297,8 +309,21 @@ pub fn run(
         n_inputs > 0,
         "no inputs configured: give --listen or an input file"
     );
-    let workers = rt.daemon.workers.max(1);
-    let slots = rt.daemon.ring_slots;
+    let Runtime {
+        daemon,
+        workload,
+        deadlines,
+        make_sinks,
+        on_decision,
+        accepted,
+        observer,
+        stop,
+        reload,
+        ready,
+        progress,
+    } = rt;
+    let workers = daemon.workers.max(1);
+    let slots = daemon.ring_slots;
 
     // Backends first: a backend that cannot start stops the run before any socket opens.
     let mut backends = Vec::with_capacity(workers);
@@ -316,6 +341,14 @@ pub fn run(
     };
     names.lines = backends[0].line_names().to_vec();
     let names = Arc::new(names);
+    let mut dctx = DecideCtx {
+        sinks: make_sinks(&names)?,
+        on_decision,
+        accepted,
+        observer: observer.clone(),
+        progress,
+        workload,
+    };
 
     // Rings: per input, a free-slot ring (decision thread -> source) and one work ring per
     // worker (source -> worker); per worker, a done ring (worker -> decision thread) large
@@ -328,7 +361,7 @@ pub fn run(
         let (mut ftx, frx, _) = ring::channel::<Box<Slot>>(slots);
         for _ in 0..slots {
             let ok = ftx
-                .try_push(Slot::with_capacity(rt.daemon.slot_bytes, i as u16))
+                .try_push(Slot::with_capacity(daemon.slot_bytes, i as u16))
                 .is_ok();
             debug_assert!(ok, "free ring sized for the pool");
         }
@@ -367,8 +400,6 @@ pub fn run(
     let failovers = Arc::new(AtomicU64::new(0));
     let mut reloads: Vec<Sender<Arc<Config>>> = Vec::new();
 
-    let observer = rt.observer.clone();
-    let stop = rt.stop.clone();
     let summary = std::thread::scope(|scope| -> anyhow::Result<Summary> {
         // Sources.
         let mut source_handles = Vec::new();
@@ -417,9 +448,9 @@ pub fn run(
                 done: dtx,
                 backend,
                 fallback: fb,
-                daemon: rt.daemon.clone(),
-                workload: rt.workload,
-                deadlines: rt.deadlines,
+                daemon: daemon.clone(),
+                workload,
+                deadlines,
                 observer: observer.clone(),
                 sources_live: sources_live.clone(),
                 reload: rrx,
@@ -437,7 +468,7 @@ pub fn run(
         }
 
         // Reload fan-out (SIGHUP): one control thread forwarding to every worker.
-        if let Some(rx) = rt.reload.take() {
+        if let Some(rx) = reload {
             let live = workers_live.clone();
             scope.spawn(move || loop {
                 match rx.recv_timeout(Duration::from_millis(50)) {
@@ -457,13 +488,13 @@ pub fn run(
         } else {
             drop(reloads);
         }
-        if let Some(r) = &rt.ready {
+        if let Some(r) = &ready {
             r.store(true, Ordering::Release);
         }
 
         // The decision thread is this one.
         let mut summary = decide_loop(
-            &mut rt,
+            &mut dctx,
             &names,
             done_rx,
             side_rx,
@@ -486,7 +517,7 @@ pub fn run(
         summary.failovers = failovers.load(Ordering::Relaxed);
         Ok(summary)
     })?;
-    if let Some(r) = &rt.ready {
+    if let Some(r) = &ready {
         r.store(false, Ordering::Release);
     }
     let mut summary = summary;
@@ -496,7 +527,7 @@ pub fn run(
         s.frames_in = shared[i].frames_in.load(Ordering::Acquire);
         s.sequence_gaps = shared[i].gaps.load(Ordering::Relaxed);
         s.sequence_repeats = shared[i].repeats.load(Ordering::Relaxed);
-        rt.observer.accounting(i as u16, s.balanced());
+        observer.accounting(i as u16, s.balanced());
     }
     Ok(summary)
 }
@@ -857,6 +888,11 @@ fn run_worker(mut ctx: WorkerCtx) {
         if batch.is_empty() {
             let sources_done = ctx.sources_live.load(Ordering::Acquire) == 0;
             if sources_done && ctx.rings.iter().all(Rx::is_empty) {
+                for b in std::iter::once(&mut ctx.backend).chain(ctx.fallback.as_mut()) {
+                    if let Err(e) = b.finish() {
+                        tracing::error!("{} backend could not finish: {e}", b.kind().as_str());
+                    }
+                }
                 return;
             }
             idle_spins += 1;
@@ -973,12 +1009,20 @@ fn process_batch(
                 None => {
                     let v = std::mem::take(&mut verdicts[vi]);
                     vi += 1;
-                    let o = if v.accept {
-                        Outcome::Accept
-                    } else {
-                        Outcome::Reject
+                    let o = match (v.malformed, v.accept) {
+                        (Some(_), _) => Outcome::Malformed,
+                        (None, true) => Outcome::Accept,
+                        (None, false) => Outcome::Reject,
                     };
-                    (o, v.accept, "", v.lines_fired, v.detail, Some(backend_kind))
+                    let accepted = o == Outcome::Accept;
+                    (
+                        o,
+                        accepted,
+                        v.malformed.unwrap_or(""),
+                        v.lines_fired,
+                        v.detail,
+                        Some(backend_kind),
+                    )
                 }
             },
         };
@@ -1016,7 +1060,7 @@ fn process_batch(
 
 #[allow(clippy::too_many_arguments)]
 fn decide_loop(
-    rt: &mut Runtime,
+    rt: &mut DecideCtx<'_>,
     names: &Names,
     mut done: Vec<Rx<Done>>,
     side: Receiver<SideRecord>,
@@ -1123,7 +1167,7 @@ fn decide_loop(
     summary
 }
 
-fn flush_sinks(rt: &mut Runtime, summary: &mut Summary) {
+fn flush_sinks(rt: &mut DecideCtx<'_>, summary: &mut Summary) {
     for s in rt.sinks.iter_mut() {
         if let Err(e) = s.flush() {
             summary.sink_errors += 1;
@@ -1132,7 +1176,7 @@ fn flush_sinks(rt: &mut Runtime, summary: &mut Summary) {
     }
 }
 
-fn record(rt: &mut Runtime, names: &Names, summary: &mut Summary, d: &Decision) {
+fn record(rt: &mut DecideCtx<'_>, names: &Names, summary: &mut Summary, d: &Decision) {
     let t0 = Instant::now();
     for s in rt.sinks.iter_mut() {
         if let Err(e) = s.write(d, names) {
@@ -1141,7 +1185,7 @@ fn record(rt: &mut Runtime, names: &Names, summary: &mut Summary, d: &Decision) 
         }
     }
     rt.observer.stage(Stage::Sink, t0.elapsed().as_secs_f64());
-    rt.observer.decided(d, names);
+    (rt.on_decision)(d, names);
     summary.sources[d.source as usize].outcomes[d.outcome as usize] += 1;
     summary.latency.record(d.latency_ns);
     match d.backend {
@@ -1215,7 +1259,7 @@ mod tests {
         }
     }
 
-    fn runtime(sink: Collect, workers: usize) -> Runtime {
+    fn runtime(sink: Collect, workers: usize) -> Runtime<'static> {
         Runtime {
             daemon: DaemonConfig {
                 workers,
@@ -1225,7 +1269,8 @@ mod tests {
             },
             workload: Workload::Multiplicity,
             deadlines: false,
-            sinks: vec![Box::new(sink)],
+            make_sinks: Box::new(move |_| Ok(vec![Box::new(sink) as Box<dyn Sink>])),
+            on_decision: Box::new(|_, _| {}),
             accepted: None,
             observer: Arc::new(NoObserver),
             stop: Arc::new(AtomicBool::new(false)),

@@ -44,6 +44,10 @@ pub struct Verdict {
     /// Bit i set = trigger line i fired (names come from the trigger configuration).
     pub lines_fired: u64,
     pub detail: Detail,
+    /// Set when the frame cannot be reconstructed as its workload needs (for example an EEG
+    /// block whose channel count differs from the operator's): the frame's outcome is
+    /// `malformed` with this reason instead of accept/reject.
+    pub malformed: Option<&'static str>,
 }
 
 /// Error from a backend for a whole batch; the pipeline fails the batch over to the CPU.
@@ -73,6 +77,10 @@ pub trait Backend: Send {
     ) -> Result<(), BackendError>;
     /// Applies new trigger thresholds (SIGHUP) between batches, without losing state or frames.
     fn reload(&mut self, cfg: &crate::config::Config) -> Result<(), String>;
+    /// Called once when the worker stops: write workload outputs, release the device.
+    fn finish(&mut self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 pub mod multiplicity;

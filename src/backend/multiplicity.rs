@@ -65,6 +65,7 @@ impl Backend for CpuMultiplicity {
                 accept: fired,
                 lines_fired: fired as u64,
                 detail: Detail::Multiplicity { n_hits, n_planes },
+                malformed: None,
             });
         }
         Ok(())

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One-command set-up for trigd on a Debian/Ubuntu machine with a Rust toolchain:
+#   ./setup.sh            build trigd and install what the tests need (Prometheus)
+#   ./setup.sh --python   also the Python packages that regenerate fixtures and run the
+#                         MNE-Python / SciPy comparisons (fixtures/requirements.txt)
+# It is idempotent: run it again after pulling.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+need_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    echo "setup: need root (or sudo) to run: $*" >&2; return 1; fi
+}
+
+if ! command -v cargo >/dev/null; then
+  echo "setup: cargo not found; install Rust from https://rustup.rs first" >&2
+  exit 1
+fi
+
+# The integration tests scrape trigd with a real Prometheus server and check the alert
+# rules with promtool.
+if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
+  echo "setup: installing Prometheus (Debian package 'prometheus')"
+  need_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  need_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  # The package starts a system service we do not need.
+  need_root systemctl disable --now prometheus >/dev/null 2>&1 || true
+fi
+
+if [ "${1:-}" = "--python" ]; then
+  python3 -m pip install -q -r fixtures/requirements.txt
+fi
+
+cargo build --release
+echo "setup: done. Try: ./target/release/trigd --help"

@@ -1,0 +1,332 @@
+//! Wires a configuration into a running pipeline: inputs, backends, sinks, the metrics
+//! endpoint and signals. `trigd run` and `trigd replay` both come through [`execute`]; they
+//! differ only in their inputs and in whether deadlines apply.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::Context;
+
+use crate::backend::{Backend, BackendKind};
+use crate::config::{Config, WorkloadKind};
+use crate::decision::{Decision, Names, Outcome, Workload};
+use crate::metrics::{BackendMetrics, Metrics, RingMetrics, SourceMetrics};
+use crate::pipeline::{self, Input, Observe, Runtime, Stage, Summary};
+use crate::ring::Fill;
+use crate::sinks::Sink;
+use crate::workload;
+
+/// How a run differs between the daemon and a replay.
+pub struct Options {
+    pub config: Config,
+    /// Deadlines apply (live sources, paced replay).
+    pub deadlines: bool,
+    /// Serve `/metrics` on `config.daemon.metrics_addr`.
+    pub serve_metrics: bool,
+    /// Handle SIGHUP (reload thresholds) in addition to SIGINT/SIGTERM.
+    pub reload_on_hup: bool,
+    /// Show a progress bar for this many frames (a terminal replay).
+    pub progress_total: Option<u64>,
+    /// Workload outputs.
+    pub outputs: workload::Outputs,
+}
+
+/// Runs the pipeline over `inputs` until they end or a signal stops it. Returns the summary;
+/// the caller turns an unbalanced accounting into a non-zero exit code.
+pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
+    let cfg = Arc::new(opts.config);
+    let metrics = Arc::new(Metrics::new().context("creating metrics")?);
+    let stop = Arc::new(AtomicBool::new(false));
+    let ready = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    let reload = if opts.reload_on_hup { Some(spawn_reloader(cfg.clone(), stop.clone())?) } else { None };
+
+    let http = if opts.serve_metrics {
+        let server = crate::http::HttpServer::start(cfg.daemon.metrics_addr, metrics.clone(), ready.clone())
+            .with_context(|| format!("serving metrics on {}", cfg.daemon.metrics_addr))?;
+        tracing::info!(addr = %server.local_addr(), "metrics at http://{}/metrics", server.local_addr());
+        Some(server)
+    } else {
+        None
+    };
+
+    let workload = match cfg.daemon.workload {
+        WorkloadKind::Multiplicity => Workload::Multiplicity,
+        WorkloadKind::Tracking => Workload::Tracking,
+        WorkloadKind::Eeg => Workload::Eeg,
+    };
+    let plan = workload::plan(&cfg, &opts.outputs).context("setting up the workload")?;
+    let active = plan.primary_kind();
+    for kind in [BackendKind::Cpu, BackendKind::Gpu] {
+        metrics.backend(kind).set_active(kind == active);
+    }
+    tracing::info!(workload = workload.as_str(), backend = active.as_str(), "reconstruction backend");
+
+    let names_for_sinks = Mutex::new(None::<Names>);
+    let source_names: Vec<String> = inputs.iter().map(|i| i.name.clone()).collect();
+    let source_metrics: Vec<SourceMetrics> = source_names.iter().map(|n| metrics.source(n)).collect();
+    let observer = Arc::new(MetricsObserver {
+        metrics: metrics.clone(),
+        sources: source_metrics,
+        backends: [metrics.backend(BackendKind::Cpu), metrics.backend(BackendKind::Gpu)],
+        stages: metrics.stages(),
+        rings: Mutex::new(Vec::new()),
+    });
+
+    let progress = opts.progress_total.map(|total| {
+        let bar = indicatif::ProgressBar::new(total);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} frames {per_sec} eta {eta}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar
+    });
+    let progress_cb = progress.clone().map(|bar| {
+        Box::new(move |n: u64| {
+            if n % 4096 == 0 {
+                bar.set_position(n)
+            }
+        }) as Box<dyn Fn(u64) + Send>
+    });
+
+    let output = cfg.output.clone();
+    let fsync = match &output.fsync {
+        Some(f) => f.parse().map_err(|e| anyhow::anyhow!("output.fsync: {e}"))?,
+        None => crate::recording::FsyncPolicy::Never,
+    };
+    let accepted = match &output.accepted_recording {
+        Some(path) => {
+            let mut w = crate::recording::RecordingWriter::create(path, fsync)
+                .with_context(|| format!("creating the accepted-frame recording {}", path.display()))?;
+            let w2 = Arc::new(Mutex::new(None::<crate::recording::RecordingWriter>));
+            let _ = &mut w;
+            *w2.lock().expect("fresh mutex") = Some(w);
+            Some(w2)
+        }
+        None => None,
+    };
+    let accepted_cb = accepted.clone().map(|w| {
+        Box::new(move |bytes: &[u8]| -> std::io::Result<()> {
+            let mut g = w.lock().map_err(|_| std::io::Error::other("accepted recording poisoned"))?;
+            match g.as_mut() {
+                Some(w) => w.append(bytes).map(|_| ()).map_err(std::io::Error::other),
+                None => Ok(()),
+            }
+        }) as Box<dyn FnMut(&[u8]) -> std::io::Result<()> + Send>
+    });
+
+    let mut decisions = None::<crate::metrics::DecisionMetrics>;
+    let metrics_for_decisions = metrics.clone();
+    let make_sinks = |names: &Names| -> anyhow::Result<Vec<Box<dyn Sink>>> {
+        *names_for_sinks.lock().expect("fresh mutex") = Some(names.clone());
+        build_sinks(&output, names)
+    };
+    let on_decision = {
+        let m = metrics_for_decisions;
+        move |d: &Decision, names: &Names| {
+            let dm = decisions.get_or_insert_with(|| m.decisions(names));
+            dm.record(d);
+        }
+    };
+
+    let rt = Runtime {
+        daemon: cfg.daemon.clone(),
+        workload,
+        deadlines: opts.deadlines,
+        make_sinks: Box::new(make_sinks),
+        on_decision: Box::new(on_decision),
+        accepted: accepted_cb,
+        observer: observer.clone(),
+        stop: stop.clone(),
+        reload,
+        ready: Some(ready.clone()),
+        progress: progress_cb,
+    };
+    let started = Instant::now();
+    let result = pipeline::run(rt, inputs, &|w| plan.make(w), plan.fallback_factory());
+    if let Some(bar) = &progress {
+        bar.finish_and_clear();
+    }
+    let summary = result?;
+    if let Some(w) = accepted {
+        if let Some(w) = w.lock().map_err(|_| anyhow::anyhow!("accepted recording poisoned"))?.take() {
+            w.finish().context("finishing the accepted-frame recording")?;
+        }
+    }
+    plan.finish().context("writing workload outputs")?;
+    for (i, s) in summary.sources.iter().enumerate() {
+        if !s.balanced() {
+            tracing::error!(
+                source = %source_names[i],
+                frames_in = s.frames_in,
+                decided = s.decided(),
+                "accounting violated: frames in != sum of outcomes"
+            );
+        }
+    }
+    tracing::info!(elapsed_s = started.elapsed().as_secs_f64(), frames = summary.frames_in(), "run ended");
+    if let Some(h) = http {
+        h.shutdown();
+    }
+    Ok(summary)
+}
+
+fn build_sinks(output: &crate::config::OutputConfig, names: &Names) -> anyhow::Result<Vec<Box<dyn Sink>>> {
+    let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
+    if let Some(p) = &output.decisions_jsonl {
+        sinks.push(Box::new(
+            crate::sinks::jsonl::JsonlSink::create(p).with_context(|| format!("creating {}", p.display()))?,
+        ));
+    }
+    if let Some(p) = &output.decisions_binlog {
+        sinks.push(Box::new(
+            crate::sinks::binlog::BinlogSink::create(p, names).with_context(|| format!("creating {}", p.display()))?,
+        ));
+    }
+    if let Some(a) = &output.decisions_udp {
+        sinks.push(Box::new(
+            crate::sinks::udp::UdpSink::connect(*a, names).with_context(|| format!("decision stream to {a}"))?,
+        ));
+    }
+    Ok(sinks)
+}
+
+/// SIGHUP: re-read the configuration file and hand it to the workers.
+fn spawn_reloader(
+    cfg: Arc<Config>,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<crossbeam_channel::Receiver<Arc<Config>>> {
+    let (tx, rx) = crossbeam_channel::bounded(4);
+    let mut signals =
+        signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP]).context("installing the SIGHUP handler")?;
+    let handle = signals.handle();
+    std::thread::Builder::new().name("reload".into()).spawn(move || {
+        for _ in signals.forever() {
+            let Some(path) = cfg.path.clone() else {
+                tracing::warn!("SIGHUP: no configuration file to reload (started without --config)");
+                continue;
+            };
+            match reload_config(&path, &cfg) {
+                Ok(new) => {
+                    tracing::info!(file = %path.display(), "SIGHUP: reloading trigger thresholds");
+                    if tx.send(Arc::new(new)).is_err() {
+                        break;
+                    }
+                }
+                Err(e) => tracing::error!("SIGHUP: keeping the running configuration: {e:#}"),
+            }
+        }
+    })?;
+    std::thread::Builder::new().name("reload-stop".into()).spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        handle.close();
+    })?;
+    Ok(rx)
+}
+
+/// Reads `path` again; only trigger thresholds may change while running.
+fn reload_config(path: &Path, running: &Config) -> anyhow::Result<Config> {
+    let mut new = Config::from_file(path)?;
+    if new.daemon.workload != running.daemon.workload {
+        anyhow::bail!("daemon.workload cannot change without a restart");
+    }
+    // Keep everything but the thresholds as running: inputs, outputs and the daemon section
+    // need a restart.
+    new.inputs = running.inputs.clone();
+    new.output = running.output.clone();
+    new.daemon = running.daemon.clone();
+    Ok(new)
+}
+
+/// Feeds the pipeline's observations into Prometheus.
+struct MetricsObserver {
+    metrics: Arc<Metrics>,
+    sources: Vec<SourceMetrics>,
+    backends: [BackendMetrics; 2],
+    stages: [prometheus::Histogram; 5],
+    rings: Mutex<Vec<(String, RingMetrics)>>,
+}
+
+impl Observe for MetricsObserver {
+    fn received(&self, source: u16) {
+        if let Some(s) = self.sources.get(source as usize) {
+            s.received();
+        }
+    }
+    fn stage(&self, stage: Stage, seconds: f64) {
+        let i = Stage::ALL.iter().position(|s| *s == stage).unwrap_or(0);
+        self.stages[i].observe(seconds);
+    }
+    fn batch(&self, backend: BackendKind, size: usize) {
+        self.backends[backend as usize].observe_batch(size);
+    }
+    fn sequence_gap(&self, source: u16, missing: u64) {
+        if let Some(s) = self.sources.get(source as usize) {
+            s.sequence_gap(missing);
+        }
+    }
+    fn sequence_repeat(&self, source: u16) {
+        if let Some(s) = self.sources.get(source as usize) {
+            s.sequence_repeat();
+        }
+    }
+    fn failover(&self) {
+        self.metrics.failovers().inc();
+    }
+    fn ring_fill(&self, ring: &str, fill: &Fill) {
+        let mut rings = match self.rings.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if let Some((_, m)) = rings.iter().find(|(n, _)| n == ring) {
+            m.set_fill(fill.len());
+        } else {
+            let m = self.metrics.ring(ring, fill.capacity());
+            m.set_fill(fill.len());
+            rings.push((ring.to_string(), m));
+        }
+    }
+    fn accounting(&self, source: u16, balanced: bool) {
+        if let Some(s) = self.sources.get(source as usize) {
+            let _ = (s, balanced);
+        }
+    }
+}
+
+/// Prints the end-of-run summary: frames/s, outcomes, latency quantiles.
+pub fn print_summary(summary: &Summary, out: &mut dyn std::io::Write) -> std::io::Result<()> {
+    let secs = summary.elapsed.as_secs_f64().max(1e-9);
+    let n = summary.frames_in();
+    writeln!(out, "frames      {n} in {secs:.3} s = {:.0} frames/s", n as f64 / secs)?;
+    let outcomes: Vec<String> =
+        Outcome::ALL.iter().map(|o| format!("{} {}", o.as_str(), summary.outcome(*o))).collect();
+    writeln!(out, "outcomes    {}", outcomes.join(", "))?;
+    let l = &summary.latency;
+    writeln!(
+        out,
+        "latency     p50 {:.1} us, p99 {:.1} us, max {:.1} us (arrival to decision)",
+        l.quantile_ns(0.5) as f64 / 1e3,
+        l.quantile_ns(0.99) as f64 / 1e3,
+        l.max_ns() as f64 / 1e3
+    )?;
+    writeln!(out, "backend     cpu {} gpu {} (failovers {})", summary.by_backend[0], summary.by_backend[1], summary.failovers)?;
+    for s in &summary.sources {
+        if s.sequence_gaps + s.sequence_repeats > 0 {
+            writeln!(out, "sequence    {}: {} missing, {} repeated", s.name, s.sequence_gaps, s.sequence_repeats)?;
+        }
+    }
+    let balanced = summary.balanced();
+    writeln!(out, "accounting  {}", if balanced { "balanced" } else { "VIOLATED: frames in != decisions" })?;
+    Ok(())
+}
+
+/// Output path helper: `None` when not requested.
+pub fn opt_path(p: &Option<PathBuf>) -> Option<&Path> {
+    p.as_deref()
+}
