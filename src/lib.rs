@@ -13,3 +13,7 @@ pub mod frame;
 pub mod gpu;
 pub mod tracking;
 pub mod decision;
+pub mod record;
+pub mod recording;
+pub mod send;
+pub mod sources;
