@@ -31,6 +31,7 @@ use crate::decision::{Decision, Names, Outcome, Workload};
 use crate::frame::{self, FrameKind, FrameView};
 use crate::ring::{self, Fill, Rx, Slot, Tx};
 use crate::sinks::Sink;
+use crate::sources::{Received, SeqEvent, SequenceTracker};
 
 /// Pipeline stages timed for metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,24 +101,10 @@ pub trait FrameFeed: Send {
     }
 }
 
-/// A datagram or stream source: the blocking loop of `crate::sources`, handing each frame
-/// (or a framing error) with its arrival time to the closure, until `stop` is set.
-pub type SocketLoop = Box<
-    dyn FnOnce(&AtomicBool, &mut dyn FnMut(Received<'_>, Instant)) -> std::io::Result<()> + Send,
->;
-
-/// What a socket source hands over.
-pub enum Received<'a> {
-    Frame(&'a [u8]),
-    Malformed {
-        reason: &'static str,
-        detail: String,
-    },
-}
-
 /// One input of the pipeline.
 pub enum InputKind {
-    Socket(SocketLoop),
+    /// A bound UDP socket or TCP listener; never waits for the pipeline.
+    Socket(crate::sources::BoundSource),
     File(Box<dyn FrameFeed>, Speed),
 }
 
@@ -532,48 +519,6 @@ pub fn run(
     Ok(summary)
 }
 
-/// Per producer `source_id`: the last sequence number seen, to count gaps and repeats.
-#[derive(Default)]
-pub struct SequenceTracker {
-    last: Vec<(u32, u64)>,
-}
-
-/// What one sequence number says about the stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SeqEvent {
-    First,
-    InOrder,
-    Gap(u64),
-    Repeat,
-}
-
-impl SequenceTracker {
-    /// Producers per input are few; a linear scan over them is faster than hashing.
-    pub fn observe(&mut self, source_id: u32, seq: u64) -> SeqEvent {
-        match self.last.iter_mut().find(|(id, _)| *id == source_id) {
-            None => {
-                if self.last.len() < 1024 {
-                    self.last.push((source_id, seq));
-                }
-                SeqEvent::First
-            }
-            Some((_, last)) => {
-                if seq <= *last {
-                    SeqEvent::Repeat
-                } else {
-                    let missing = seq - *last - 1;
-                    *last = seq;
-                    if missing == 0 {
-                        SeqEvent::InOrder
-                    } else {
-                        SeqEvent::Gap(missing)
-                    }
-                }
-            }
-        }
-    }
-}
-
 struct SourceCtx {
     index: u16,
     free: Rx<Box<Slot>>,
@@ -677,16 +622,25 @@ impl SourceCtx {
 
 fn run_source(mut ctx: SourceCtx, kind: InputKind, stop: &AtomicBool) -> anyhow::Result<()> {
     match kind {
-        InputKind::Socket(run) => {
-            let mut on = |r: Received<'_>, arrival: Instant| match r {
-                Received::Frame(bytes) => ctx.admit(bytes, arrival),
-                Received::Malformed { reason, detail } => {
-                    ctx.count_in();
-                    tracing::warn!(source = ctx.index, reason, "malformed input: {detail}");
-                    ctx.side(&[], Outcome::Malformed, reason, arrival);
+        InputKind::Socket(source) => {
+            let on = |r: Received<'_>, arrival: Instant| {
+                match r {
+                    Received::Frame(bytes) => ctx.admit(bytes, arrival),
+                    Received::Malformed { reason, detail } => {
+                        ctx.count_in();
+                        tracing::warn!(source = ctx.index, reason, "malformed input: {detail}");
+                        ctx.side(&[], Outcome::Malformed, reason, arrival);
+                    }
                 }
+                std::ops::ControlFlow::Continue(())
             };
-            run(stop, &mut on)?;
+            let stats = source.run(stop, on)?;
+            tracing::info!(
+                source = ctx.index,
+                frames = stats.frames,
+                malformed = stats.malformed,
+                "source stopped"
+            );
             Ok(())
         }
         InputKind::File(mut feed, speed) => {
@@ -1420,16 +1374,6 @@ mod tests {
             .iter()
             .filter(|d| d.outcome != Outcome::Malformed)
             .all(|d| d.backend == Some(BackendKind::Cpu)));
-    }
-
-    #[test]
-    fn sequence_tracker_counts_gaps_and_repeats() {
-        let mut t = SequenceTracker::default();
-        assert_eq!(t.observe(1, 10), SeqEvent::First);
-        assert_eq!(t.observe(1, 11), SeqEvent::InOrder);
-        assert_eq!(t.observe(1, 15), SeqEvent::Gap(3));
-        assert_eq!(t.observe(1, 15), SeqEvent::Repeat);
-        assert_eq!(t.observe(2, 0), SeqEvent::First);
     }
 
     #[test]
