@@ -4,3 +4,8 @@
 
 pub mod geometry;
 pub mod track;
+pub mod ca;
+pub mod kalman;
+pub mod lines;
+pub mod propagate;
+pub mod reco;
