@@ -4,3 +4,8 @@
 
 pub mod geometry;
 pub mod track;
+pub mod field;
+pub mod simulate;
+pub mod trackml;
+pub mod eval;
+pub mod cli;
