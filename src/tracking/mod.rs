@@ -4,6 +4,11 @@
 
 pub mod geometry;
 pub mod track;
+pub mod field;
+pub mod simulate;
+pub mod trackml;
+pub mod eval;
+pub mod cli;
 pub mod ca;
 pub mod kalman;
 pub mod lines;
