@@ -4,3 +4,13 @@
 
 pub mod geometry;
 pub mod track;
+pub mod field;
+pub mod simulate;
+pub mod trackml;
+pub mod eval;
+pub mod cli;
+pub mod ca;
+pub mod kalman;
+pub mod lines;
+pub mod propagate;
+pub mod reco;

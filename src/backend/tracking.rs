@@ -1,0 +1,224 @@
+//! The tracking workload on the CPU: cellular-automaton track finding and Kalman fitting
+//! of every event, then the trigger lines over the fitted tracks (and the hit-multiplicity
+//! line when it is configured). Optionally writes every event's track assignment in the
+//! TrackML submission format.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::Deserialize;
+
+use super::{Backend, BackendError, BackendKind, Detail, Verdict};
+use crate::config::{Config, MultiplicityConfig};
+use crate::frame::{FrameView, HitRecord, Payload};
+use crate::tracking::geometry::Detector;
+use crate::tracking::lines::{self, LineConfig};
+use crate::tracking::reco::{FinderConfig, FinderOverrides, Reconstructor};
+use crate::tracking::track::Track;
+
+/// The `[tracking]` table of the configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrackingConfig {
+    /// Detector geometry TOML (relative paths: to the working directory).
+    pub geometry: PathBuf,
+    /// Minimum momentum the finder is built for, GeV/c (windows derive from it).
+    #[serde(default = "default_min_p")]
+    pub min_p_gev: f64,
+    /// Overrides of the cuts derived from the geometry.
+    #[serde(default)]
+    pub finder: FinderOverrides,
+    /// Trigger lines (`[[tracking.line]]`); default: one line `track` firing on any track.
+    #[serde(default, rename = "line")]
+    pub lines: Vec<LineConfig>,
+}
+
+fn default_min_p() -> f64 {
+    0.5
+}
+
+impl TrackingConfig {
+    /// Reads `[tracking]` from `cfg`; errors name the field.
+    pub fn from_config(cfg: &Config) -> anyhow::Result<TrackingConfig> {
+        let table = cfg
+            .tracking
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("the tracking workload needs a geometry: --geometry FILE or [tracking] geometry = ..."))?;
+        let mut tc: TrackingConfig = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e| anyhow::anyhow!("[tracking]: {e}"))?;
+        if tc.lines.is_empty() {
+            tc.lines.push(LineConfig {
+                name: "track".into(),
+                min_tracks: 1,
+                min_p_gev: 0.0,
+                max_p_gev: f64::INFINITY,
+                max_chi2_ndf: f64::INFINITY,
+                min_hits: 0,
+                max_slope: f64::INFINITY,
+                charge: None,
+            });
+        }
+        lines::validate(&tc.lines).map_err(|e| anyhow::anyhow!("[[tracking.line]]: {e}"))?;
+        Ok(tc)
+    }
+}
+
+/// Everything the tracking backends share, built once.
+pub struct TrackingSetup {
+    pub detector: Detector,
+    pub finder: FinderConfig,
+    pub config: TrackingConfig,
+    pub multiplicity: Option<MultiplicityConfig>,
+    pub tracks_out: Option<Arc<Mutex<TracksWriter>>>,
+}
+
+impl TrackingSetup {
+    pub fn new(cfg: &Config, tracks_out: Option<&Path>) -> anyhow::Result<Self> {
+        let config = TrackingConfig::from_config(cfg)?;
+        let detector = Detector::from_toml_file(&config.geometry)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let finder = FinderConfig::from_detector_with(&detector, config.min_p_gev, &config.finder);
+        finder.validate(&detector).map_err(|e| anyhow::anyhow!("[tracking.finder]: {e}"))?;
+        let tracks_out = match tracks_out {
+            Some(p) => Some(Arc::new(Mutex::new(TracksWriter::create(p)?))),
+            None => None,
+        };
+        Ok(Self { detector, finder, config, multiplicity: cfg.multiplicity, tracks_out })
+    }
+
+    /// Names of the lines in bit order: `multiplicity` first when configured.
+    pub fn line_names(&self) -> Vec<String> {
+        self.multiplicity
+            .iter()
+            .map(|_| super::multiplicity::LINE_NAME.to_string())
+            .chain(self.config.lines.iter().map(|l| l.name.clone()))
+            .collect()
+    }
+}
+
+/// TrackML submission rows `event_id,hit_id,track_id` (track 0: hit on no track).
+pub struct TracksWriter {
+    out: std::io::BufWriter<std::fs::File>,
+    path: PathBuf,
+}
+
+impl TracksWriter {
+    pub fn create(path: &Path) -> anyhow::Result<Self> {
+        let f = std::fs::File::create(path).map_err(|e| anyhow::anyhow!("creating {}: {e}", path.display()))?;
+        let mut out = std::io::BufWriter::new(f);
+        writeln!(out, "event_id,hit_id,track_id")?;
+        Ok(Self { out, path: path.to_path_buf() })
+    }
+    fn write_event(&mut self, event_id: u64, hits: &[HitRecord], track_of_hit: &[u32]) -> std::io::Result<()> {
+        for (h, t) in hits.iter().zip(track_of_hit) {
+            writeln!(self.out, "{event_id},{},{t}", h.hit_id)?;
+        }
+        Ok(())
+    }
+    pub fn finish(&mut self) -> anyhow::Result<()> {
+        self.out.flush().map_err(|e| anyhow::anyhow!("writing {}: {e}", self.path.display()))
+    }
+}
+
+/// CPU tracking backend of one worker.
+pub struct CpuTracking {
+    reco: Reconstructor,
+    lines: Vec<LineConfig>,
+    multiplicity: Option<MultiplicityConfig>,
+    names: Vec<String>,
+    hits: Vec<HitRecord>,
+    tracks: Vec<Track>,
+    track_of_hit: Vec<u32>,
+    tracks_out: Option<Arc<Mutex<TracksWriter>>>,
+}
+
+impl CpuTracking {
+    pub fn new(setup: &TrackingSetup) -> Self {
+        Self {
+            reco: Reconstructor::new(&setup.detector, setup.finder.clone()),
+            lines: setup.config.lines.clone(),
+            multiplicity: setup.multiplicity,
+            names: setup.line_names(),
+            hits: Vec::with_capacity(4096),
+            tracks: Vec::with_capacity(2048),
+            track_of_hit: Vec::with_capacity(4096),
+            tracks_out: setup.tracks_out.clone(),
+        }
+    }
+}
+
+impl Backend for CpuTracking {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cpu
+    }
+    fn line_names(&self) -> &[String] {
+        &self.names
+    }
+    fn process(&mut self, batch: &[FrameView<'_>], out: &mut Vec<Verdict>) -> Result<(), BackendError> {
+        for (index, f) in batch.iter().enumerate() {
+            let Payload::Hits(hits) = f.payload else {
+                return Err(BackendError::WrongKind { index, expected: "hit_event" });
+            };
+            self.hits.clear();
+            self.hits.extend(hits.iter().map(|h| HitRecord {
+                x_mm: h.x_mm.get(),
+                y_mm: h.y_mm.get(),
+                z_mm: h.z_mm.get(),
+                plane: h.plane.get(),
+                hit_id: h.hit_id.get(),
+            }));
+            self.tracks.clear();
+            self.reco.reconstruct(&self.hits, &mut self.tracks);
+            let mut mask = 0u64;
+            let mut shift = 0;
+            if let Some(m) = &self.multiplicity {
+                let (n_hits, n_planes) = super::multiplicity::count(hits);
+                mask |= super::multiplicity::fires(m, n_hits, n_planes) as u64;
+                shift = 1;
+            }
+            mask |= lines::evaluate(&self.lines, &self.tracks) << shift;
+            let max_p_gev = self.tracks.iter().map(|t| t.state.p_gev()).filter(|p| p.is_finite()).fold(0.0f32, f32::max);
+            if let Some(w) = &self.tracks_out {
+                self.track_of_hit.clear();
+                self.track_of_hit.resize(self.hits.len(), 0);
+                for (k, t) in self.tracks.iter().enumerate() {
+                    for &h in &t.hits {
+                        if let Some(slot) = self.track_of_hit.get_mut(h as usize) {
+                            *slot = k as u32 + 1;
+                        }
+                    }
+                }
+                let mut w = w.lock().map_err(|_| BackendError::Failed("tracks writer poisoned".into()))?;
+                w.write_event(f.sequence(), &self.hits, &self.track_of_hit)
+                    .map_err(|e| BackendError::Failed(format!("writing tracks: {e}")))?;
+            }
+            out.push(Verdict {
+                accept: mask != 0,
+                lines_fired: mask,
+                detail: Detail::Tracking { n_tracks: self.tracks.len() as u32, max_p_gev },
+                malformed: None,
+            });
+        }
+        Ok(())
+    }
+    fn reload(&mut self, cfg: &Config) -> Result<(), String> {
+        let tc = TrackingConfig::from_config(cfg).map_err(|e| format!("{e:#}"))?;
+        let new_names: Vec<String> =
+            cfg.multiplicity.iter().map(|_| super::multiplicity::LINE_NAME.to_string()).chain(tc.lines.iter().map(|l| l.name.clone())).collect();
+        if new_names != self.names {
+            return Err("trigger line names or order changed; only thresholds reload without a restart".into());
+        }
+        self.lines = tc.lines;
+        self.multiplicity = cfg.multiplicity;
+        Ok(())
+    }
+    fn finish(&mut self) -> Result<(), String> {
+        if let Some(w) = &self.tracks_out {
+            let mut w = w.lock().map_err(|_| "tracks writer poisoned".to_string())?;
+            w.finish().map_err(|e| format!("{e:#}"))?;
+        }
+        Ok(())
+    }
+}

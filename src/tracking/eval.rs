@@ -1,0 +1,840 @@
+//! Physics performance of a reconstruction against simulation truth: efficiency (overall
+//! and versus momentum), ghost and clone rates, the TrackML double-majority score,
+//! momentum resolution and the pulls of the five track parameters; with JSON, markdown
+//! and plots (SVG and PNG).
+//!
+//! Definitions:
+//! - A particle is *reconstructable* when it has hits on at least `min_planes` distinct
+//!   planes and momentum at least `min_p_gev` (at the vertex when the particles file is
+//!   there, else at its first hit).
+//! - A track is *matched* to the particle that owns most of its hits when that particle owns
+//!   at least `match_fraction` of them (default 70 %); otherwise it is a *ghost*.
+//! - Efficiency: reconstructable particles with at least one matched track over all
+//!   reconstructable particles. Ghost rate: ghosts over all tracks. Clone rate: matched
+//!   tracks beyond the first of each particle over all matched tracks.
+//! - TrackML score: each hit goes to the first track that holds it (the submission format
+//!   allows one track per hit); a track counts when more than half of its hits belong to one
+//!   particle and it holds more than half of that particle's hits; the event score is the
+//!   summed truth weight of those shared hits over the event's total weight; the reported
+//!   score is the mean over events. Weights come from the truth file (uniform over particle
+//!   hits when it has none).
+//! - Pulls: `(fitted - true) / sqrt(variance)` for x, y, tx, ty, q/p at the track's z, the
+//!   truth state taken from the matched particle's truth hit at that z (transported with the
+//!   detector's field when the particle has no hit there and a detector is given). Only
+//!   tracks with a positive, finite covariance diagonal are used (a submission file carries
+//!   no fit, so it gives no pulls or resolution).
+//! - Mean and width of pulls and resolutions are robust: start from the median and
+//!   1.4826 × MAD, then iterate mean and standard deviation over the values within 3 widths
+//!   until the selection no longer changes; the width is divided by 0.9866 (the standard
+//!   deviation of a unit Gaussian truncated at ±3) so a Gaussian gives its sigma.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::geometry::Detector;
+use super::simulate::{self, HitTruth, Particle, StateVector};
+use super::track::Track;
+use crate::frame::HitRecord;
+
+/// Evaluation settings.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvalConfig {
+    /// Distinct planes with hits a particle needs to be reconstructable.
+    pub min_planes: usize,
+    /// Momentum a particle needs to be reconstructable, GeV/c.
+    pub min_p_gev: f64,
+    /// Fraction of a track's hits that must belong to one particle to match it.
+    pub match_fraction: f64,
+    /// Edges of the momentum bins for efficiency and resolution, GeV/c, increasing.
+    pub p_bin_edges_gev: Vec<f64>,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        EvalConfig {
+            min_planes: simulate::RECONSTRUCTABLE_MIN_PLANES,
+            min_p_gev: 1.0,
+            match_fraction: 0.7,
+            p_bin_edges_gev: vec![0.2, 0.5, 1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0],
+        }
+    }
+}
+
+/// Why an event could not be evaluated.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EvalError {
+    #[error("event {event_id}: {n_truth} truth rows for {n_hits} hits")]
+    TruthLength { event_id: u64, n_hits: usize, n_truth: usize },
+    #[error("event {event_id}: track {track} refers to hit index {index}, but the event has {n_hits} hits")]
+    HitIndex { event_id: u64, track: usize, index: u32, n_hits: usize },
+}
+
+/// Robust mean and width of a distribution (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Default)]
+pub struct RobustStat {
+    pub mean: f64,
+    pub width: f64,
+    /// Values inside the final ±3 width window.
+    pub n_used: usize,
+    pub n_total: usize,
+}
+
+/// Robust mean and width of `values` (non-finite values are ignored).
+pub fn robust_stat(values: &[f64]) -> RobustStat {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    let n_total = v.len();
+    if v.is_empty() {
+        return RobustStat { n_total: values.len(), ..Default::default() };
+    }
+    v.sort_by(f64::total_cmp);
+    let median = v[v.len() / 2];
+    let mut dev: Vec<f64> = v.iter().map(|x| (x - median).abs()).collect();
+    dev.sort_by(f64::total_cmp);
+    let mut mean = median;
+    let mut width = 1.4826 * dev[dev.len() / 2];
+    let mut used = (0, v.len());
+    for _ in 0..50 {
+        let (lo, hi) = if width > 0.0 {
+            (v.partition_point(|x| *x < mean - 3.0 * width), v.partition_point(|x| *x <= mean + 3.0 * width))
+        } else {
+            (0, v.len())
+        };
+        let sel = &v[lo..hi];
+        if sel.is_empty() {
+            break;
+        }
+        let m = sel.iter().sum::<f64>() / sel.len() as f64;
+        let var = sel.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / sel.len() as f64;
+        let w = var.sqrt() / 0.9866;
+        let converged = (lo, hi) == used;
+        mean = m;
+        width = w;
+        used = (lo, hi);
+        if converged || w == 0.0 {
+            break;
+        }
+    }
+    RobustStat { mean, width, n_used: used.1 - used.0, n_total }
+}
+
+/// One momentum bin of the efficiency and resolution.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MomentumBin {
+    pub p_lo_gev: f64,
+    pub p_hi_gev: f64,
+    /// Particles with hits on enough planes (whatever their momentum) in this bin.
+    pub n_particles: usize,
+    pub n_found: usize,
+    pub efficiency: f64,
+    /// Binomial standard error.
+    pub efficiency_error: f64,
+    /// (p_fit - p_true) / p_true in this bin.
+    pub resolution: RobustStat,
+}
+
+/// Pull of one track parameter.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Pull {
+    pub parameter: &'static str,
+    pub stat: RobustStat,
+    /// Histogram over [`PULL_RANGE`] in [`PULL_BINS`] bins (values outside are not counted).
+    pub histogram: Vec<u32>,
+}
+
+pub const PULL_RANGE: (f64, f64) = (-5.0, 5.0);
+pub const PULL_BINS: usize = 40;
+const PARAMETERS: [&str; 5] = ["x", "y", "tx", "ty", "qop"];
+
+/// The result of an evaluation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvalReport {
+    pub config: EvalConfig,
+    pub n_events: usize,
+    pub n_tracks: usize,
+    pub n_reconstructable: usize,
+    pub n_reconstructed: usize,
+    pub efficiency: f64,
+    pub efficiency_error: f64,
+    pub n_ghosts: usize,
+    pub ghost_rate: f64,
+    pub n_matched_tracks: usize,
+    pub n_clones: usize,
+    pub clone_rate: f64,
+    /// Mean over events of the TrackML double-majority score.
+    pub trackml_score: f64,
+    pub efficiency_vs_p: Vec<MomentumBin>,
+    /// (p_fit - p_true) / p_true over all matched fitted tracks.
+    pub momentum_resolution: RobustStat,
+    pub pulls: Vec<Pull>,
+}
+
+struct ParticleInfo {
+    planes: Vec<u16>,
+    n_hits: usize,
+    p_gev: f64,
+    q: f64,
+}
+
+/// Collects events and produces an [`EvalReport`].
+pub struct Evaluator<'d> {
+    cfg: EvalConfig,
+    detector: Option<&'d Detector>,
+    n_events: usize,
+    n_tracks: usize,
+    n_reconstructable: usize,
+    n_reconstructed: usize,
+    n_ghosts: usize,
+    n_matched: usize,
+    n_clones: usize,
+    score_sum: f64,
+    bins_total: Vec<usize>,
+    bins_found: Vec<usize>,
+    resolution: Vec<f64>,
+    resolution_bins: Vec<Vec<f64>>,
+    pulls: [Vec<f64>; 5],
+}
+
+impl<'d> Evaluator<'d> {
+    /// `detector` (optional) is used to transport the truth to a track's z when the matched
+    /// particle has no hit there.
+    pub fn new(cfg: EvalConfig, detector: Option<&'d Detector>) -> Self {
+        let n_bins = cfg.p_bin_edges_gev.len().saturating_sub(1);
+        Evaluator {
+            cfg,
+            detector,
+            n_events: 0,
+            n_tracks: 0,
+            n_reconstructable: 0,
+            n_reconstructed: 0,
+            n_ghosts: 0,
+            n_matched: 0,
+            n_clones: 0,
+            score_sum: 0.0,
+            bins_total: vec![0; n_bins],
+            bins_found: vec![0; n_bins],
+            resolution: Vec::new(),
+            resolution_bins: vec![Vec::new(); n_bins],
+            pulls: Default::default(),
+        }
+    }
+
+    fn bin_of(&self, p_gev: f64) -> Option<usize> {
+        let e = &self.cfg.p_bin_edges_gev;
+        if e.len() < 2 || !(p_gev >= e[0] && p_gev < e[e.len() - 1]) {
+            return None;
+        }
+        Some(e.partition_point(|&edge| edge <= p_gev) - 1)
+    }
+
+    /// Adds one event. `truth` is aligned with `hits`; `particles` (optional) gives vertex
+    /// momenta and charges; `tracks` hold indices into `hits`.
+    pub fn add_event(
+        &mut self,
+        event_id: u64,
+        hits: &[HitRecord],
+        truth: &[HitTruth],
+        particles: Option<&[Particle]>,
+        tracks: &[Track],
+    ) -> Result<(), EvalError> {
+        if truth.len() != hits.len() {
+            return Err(EvalError::TruthLength { event_id, n_hits: hits.len(), n_truth: truth.len() });
+        }
+        for (t, track) in tracks.iter().enumerate() {
+            if let Some(&index) = track.hits.iter().find(|&&i| i as usize >= hits.len()) {
+                return Err(EvalError::HitIndex { event_id, track: t, index, n_hits: hits.len() });
+            }
+        }
+        // Particle summaries from the truth hits (first hit = most upstream plane).
+        let mut info: HashMap<u64, ParticleInfo> = HashMap::new();
+        let mut first_hit: HashMap<u64, usize> = HashMap::new();
+        for (i, (h, t)) in hits.iter().zip(truth).enumerate() {
+            if t.particle_id == 0 {
+                continue;
+            }
+            let e = info.entry(t.particle_id).or_insert_with(|| ParticleInfo { planes: Vec::new(), n_hits: 0, p_gev: 0.0, q: 0.0 });
+            e.planes.push(h.plane);
+            e.n_hits += 1;
+            let f = first_hit.entry(t.particle_id).or_insert(i);
+            if hits[*f].z_mm > h.z_mm {
+                *f = i;
+            }
+        }
+        let vertex: HashMap<u64, &Particle> = particles.unwrap_or(&[]).iter().map(|p| (p.id, p)).collect();
+        for (id, e) in info.iter_mut() {
+            e.planes.sort_unstable();
+            e.planes.dedup();
+            match vertex.get(id) {
+                Some(p) => {
+                    e.p_gev = p.p_gev();
+                    e.q = p.q as f64;
+                }
+                None => {
+                    let m = truth[first_hit[id]].momentum_gev;
+                    e.p_gev = (m[0] * m[0] + m[1] * m[1] + m[2] * m[2]).sqrt();
+                }
+            }
+        }
+
+        // Matching.
+        let mut matches: HashMap<u64, usize> = HashMap::new();
+        for track in tracks {
+            self.n_tracks += 1;
+            let mut counts: HashMap<u64, usize> = HashMap::new();
+            for &i in &track.hits {
+                *counts.entry(truth[i as usize].particle_id).or_default() += 1;
+            }
+            let best = counts.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0))).map(|(&id, &n)| (id, n));
+            let matched = match best {
+                Some((id, n)) if id != 0 && n as f64 >= self.cfg.match_fraction * track.hits.len() as f64 => Some(id),
+                _ => None,
+            };
+            let Some(id) = matched else {
+                self.n_ghosts += 1;
+                continue;
+            };
+            self.n_matched += 1;
+            let k = matches.entry(id).or_default();
+            *k += 1;
+            if *k > 1 {
+                self.n_clones += 1;
+            }
+            self.add_fit_quality(track, id, info.get(&id).map(|e| e.q), hits, truth);
+        }
+
+        // Efficiency.
+        for (id, e) in &info {
+            if e.planes.len() < self.cfg.min_planes {
+                continue;
+            }
+            let found = matches.contains_key(id);
+            if let Some(b) = self.bin_of(e.p_gev) {
+                self.bins_total[b] += 1;
+                self.bins_found[b] += found as usize;
+            }
+            if e.p_gev >= self.cfg.min_p_gev {
+                self.n_reconstructable += 1;
+                self.n_reconstructed += found as usize;
+            }
+        }
+
+        self.score_sum += trackml_score(hits.len(), truth, tracks, &info);
+        self.n_events += 1;
+        Ok(())
+    }
+
+    fn add_fit_quality(&mut self, track: &Track, id: u64, q: Option<f64>, hits: &[HitRecord], truth: &[HitTruth]) {
+        let var: [f64; 5] = std::array::from_fn(|i| track.var(i) as f64);
+        if var.iter().any(|v| !(v.is_finite() && *v > 0.0)) {
+            return;
+        }
+        let z = track.state.z_mm as f64;
+        let Some((i, _)) = truth
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.particle_id == id)
+            .min_by(|a, b| (a.1.pos_mm[2] - z).abs().total_cmp(&(b.1.pos_mm[2] - z).abs()))
+        else {
+            return;
+        };
+        let t = &truth[i];
+        let _ = hits;
+        // Charge: from the particles file, else from the fitted sign (only the magnitude of
+        // q/p is then checked).
+        let q = match q {
+            Some(q) if q != 0.0 => q,
+            _ => (track.state.qop as f64).signum(),
+        };
+        if q == 0.0 || t.momentum_gev[2] <= 0.0 {
+            return;
+        }
+        let mut s = StateVector::from_momentum(t.pos_mm, t.momentum_gev, q);
+        if (s.z_mm - z).abs() > 1e-3 {
+            let Some(det) = self.detector else { return };
+            if simulate::propagate(&det.field, &mut s, z, 5.0).is_err() {
+                return;
+            }
+        }
+        let fit = [
+            track.state.x_mm as f64,
+            track.state.y_mm as f64,
+            track.state.tx as f64,
+            track.state.ty as f64,
+            track.state.qop as f64,
+        ];
+        let truth_v = [s.x_mm, s.y_mm, s.tx, s.ty, s.qop];
+        for k in 0..5 {
+            self.pulls[k].push((fit[k] - truth_v[k]) / var[k].sqrt());
+        }
+        if fit[4] != 0.0 {
+            let p_true = 1.0 / s.qop.abs();
+            let r = (1.0 / fit[4].abs() - p_true) / p_true;
+            self.resolution.push(r);
+            if let Some(b) = self.bin_of(p_true) {
+                self.resolution_bins[b].push(r);
+            }
+        }
+    }
+
+    /// The report over all events added.
+    pub fn finish(&self) -> EvalReport {
+        let ratio = |a: usize, b: usize| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        let binomial = |k: usize, n: usize| {
+            if n == 0 {
+                0.0
+            } else {
+                let e = k as f64 / n as f64;
+                (e * (1.0 - e) / n as f64).sqrt()
+            }
+        };
+        let edges = &self.cfg.p_bin_edges_gev;
+        let efficiency_vs_p = (0..self.bins_total.len())
+            .map(|b| MomentumBin {
+                p_lo_gev: edges[b],
+                p_hi_gev: edges[b + 1],
+                n_particles: self.bins_total[b],
+                n_found: self.bins_found[b],
+                efficiency: ratio(self.bins_found[b], self.bins_total[b]),
+                efficiency_error: binomial(self.bins_found[b], self.bins_total[b]),
+                resolution: robust_stat(&self.resolution_bins[b]),
+            })
+            .collect();
+        let pulls = (0..5)
+            .map(|k| {
+                let mut histogram = vec![0u32; PULL_BINS];
+                let (lo, hi) = PULL_RANGE;
+                for &v in &self.pulls[k] {
+                    if v >= lo && v < hi {
+                        let b = (((v - lo) / (hi - lo)) * PULL_BINS as f64) as usize;
+                        histogram[b.min(PULL_BINS - 1)] += 1;
+                    }
+                }
+                Pull { parameter: PARAMETERS[k], stat: robust_stat(&self.pulls[k]), histogram }
+            })
+            .collect();
+        EvalReport {
+            config: self.cfg.clone(),
+            n_events: self.n_events,
+            n_tracks: self.n_tracks,
+            n_reconstructable: self.n_reconstructable,
+            n_reconstructed: self.n_reconstructed,
+            efficiency: ratio(self.n_reconstructed, self.n_reconstructable),
+            efficiency_error: binomial(self.n_reconstructed, self.n_reconstructable),
+            n_ghosts: self.n_ghosts,
+            ghost_rate: ratio(self.n_ghosts, self.n_tracks),
+            n_matched_tracks: self.n_matched,
+            n_clones: self.n_clones,
+            clone_rate: ratio(self.n_clones, self.n_matched),
+            trackml_score: if self.n_events == 0 { 0.0 } else { self.score_sum / self.n_events as f64 },
+            efficiency_vs_p,
+            momentum_resolution: robust_stat(&self.resolution),
+            pulls,
+        }
+    }
+}
+
+/// TrackML double-majority score of one event (see the module documentation).
+fn trackml_score(n_hits: usize, truth: &[HitTruth], tracks: &[Track], info: &HashMap<u64, ParticleInfo>) -> f64 {
+    let total_weight: f64 = truth.iter().map(|t| t.weight).sum();
+    if total_weight <= 0.0 {
+        return 0.0;
+    }
+    // One track per hit: the first that holds it.
+    let mut owner = vec![usize::MAX; n_hits];
+    for (t, track) in tracks.iter().enumerate() {
+        for &i in &track.hits {
+            if owner[i as usize] == usize::MAX {
+                owner[i as usize] = t;
+            }
+        }
+    }
+    let mut members: Vec<Vec<usize>> = vec![Vec::new(); tracks.len()];
+    for (i, &t) in owner.iter().enumerate() {
+        if t != usize::MAX {
+            members[t].push(i);
+        }
+    }
+    let mut score = 0.0;
+    for hits in members.iter().filter(|m| !m.is_empty()) {
+        let mut counts: HashMap<u64, (usize, f64)> = HashMap::new();
+        for &i in hits {
+            let e = counts.entry(truth[i].particle_id).or_default();
+            e.0 += 1;
+            e.1 += truth[i].weight;
+        }
+        let Some((&id, &(n, w))) = counts.iter().max_by(|a, b| a.1 .0.cmp(&b.1 .0).then(b.0.cmp(a.0))) else { continue };
+        if id == 0 {
+            continue;
+        }
+        let n_particle = info.get(&id).map_or(0, |e| e.n_hits);
+        if 2 * n > hits.len() && 2 * n > n_particle {
+            score += w;
+        }
+    }
+    score / total_weight
+}
+
+impl EvalReport {
+    /// A markdown summary (tables of the headline numbers, bins and pulls).
+    pub fn to_markdown(&self) -> String {
+        use std::fmt::Write as _;
+        let mut s = String::new();
+        let c = &self.config;
+        let _ = writeln!(s, "## Tracking performance\n");
+        let _ = writeln!(
+            s,
+            "{} events, {} tracks. Reconstructable: hits on >= {} planes and p >= {} GeV/c; match: >= {:.0} % of a track's hits from one particle.\n",
+            self.n_events,
+            self.n_tracks,
+            c.min_planes,
+            c.min_p_gev,
+            100.0 * c.match_fraction
+        );
+        let _ = writeln!(s, "| quantity | value |\n| --- | --- |");
+        let _ = writeln!(
+            s,
+            "| efficiency | {:.4} ± {:.4} ({} / {}) |",
+            self.efficiency, self.efficiency_error, self.n_reconstructed, self.n_reconstructable
+        );
+        let _ = writeln!(s, "| ghost rate | {:.4} ({} / {}) |", self.ghost_rate, self.n_ghosts, self.n_tracks);
+        let _ = writeln!(s, "| clone rate | {:.4} ({} / {}) |", self.clone_rate, self.n_clones, self.n_matched_tracks);
+        let _ = writeln!(s, "| TrackML score | {:.4} |", self.trackml_score);
+        let r = &self.momentum_resolution;
+        let _ = writeln!(s, "| dp/p (mean, width) | {:.2e}, {:.2e} (n = {}) |\n", r.mean, r.width, r.n_total);
+        let _ = writeln!(s, "| p bin (GeV/c) | particles | found | efficiency | dp/p width |\n| --- | --- | --- | --- | --- |");
+        for b in &self.efficiency_vs_p {
+            let _ = writeln!(
+                s,
+                "| {}–{} | {} | {} | {:.3} ± {:.3} | {:.2e} |",
+                b.p_lo_gev, b.p_hi_gev, b.n_particles, b.n_found, b.efficiency, b.efficiency_error, b.resolution.width
+            );
+        }
+        let _ = writeln!(s, "\n| pull | mean | width | n |\n| --- | --- | --- | --- |");
+        for p in &self.pulls {
+            let _ = writeln!(s, "| {} | {:.3} | {:.3} | {} |", p.parameter, p.stat.mean, p.stat.width, p.stat.n_total);
+        }
+        s
+    }
+}
+
+/// Writes `efficiency_vs_p.{svg,png}` and `pulls.{svg,png}` into `dir`. Text needs a
+/// TrueType font: `TRIGD_FONT` (a .ttf path) or DejaVu Sans / Liberation Sans from the
+/// usual system paths; without one the plots are drawn without text (the markdown and
+/// JSON carry the numbers).
+pub fn write_plots(report: &EvalReport, dir: &Path) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    use plotters::prelude::*;
+    std::fs::create_dir_all(dir)?;
+    let text = plot::ensure_font();
+    let err = |e: Box<dyn std::error::Error>| -> Box<dyn std::error::Error + Send + Sync> { e.to_string().into() };
+    let size = (800, 500);
+    plot::efficiency(SVGBackend::new(&dir.join("efficiency_vs_p.svg"), size).into_drawing_area(), report, text).map_err(err)?;
+    plot::efficiency(BitMapBackend::new(&dir.join("efficiency_vs_p.png"), size).into_drawing_area(), report, text).map_err(err)?;
+    let size = (1200, 700);
+    plot::pulls(SVGBackend::new(&dir.join("pulls.svg"), size).into_drawing_area(), report, text).map_err(err)?;
+    plot::pulls(BitMapBackend::new(&dir.join("pulls.png"), size).into_drawing_area(), report, text).map_err(err)?;
+    Ok(())
+}
+
+mod plot {
+    use super::{EvalReport, PULL_BINS, PULL_RANGE};
+    use plotters::coord::Shift;
+    use plotters::prelude::*;
+    use std::error::Error;
+    use std::sync::OnceLock;
+
+    const FONT_PATHS: [&str; 4] = [
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/TTF/DejaVuSans.ttf",
+        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    ];
+
+    /// Registers a sans-serif font once; whether text can be drawn.
+    pub fn ensure_font() -> bool {
+        static FONT: OnceLock<bool> = OnceLock::new();
+        *FONT.get_or_init(|| {
+            let candidates = std::env::var("TRIGD_FONT").ok().into_iter().chain(FONT_PATHS.iter().map(|s| s.to_string()));
+            for path in candidates {
+                if let Ok(bytes) = std::fs::read(&path) {
+                    // Registered for the life of the process: plotters wants 'static bytes.
+                    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                    if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
+                        return true;
+                    }
+                }
+            }
+            false
+        })
+    }
+
+    pub fn efficiency<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &EvalReport, text: bool) -> Result<(), Box<dyn Error>>
+    where
+        DB::ErrorType: 'static,
+    {
+        root.fill(&WHITE)?;
+        let lo = r.efficiency_vs_p.first().map_or(0.1, |b| b.p_lo_gev.max(0.05));
+        let hi = r.efficiency_vs_p.last().map_or(100.0, |b| b.p_hi_gev.max(lo * 2.0));
+        let mut builder = ChartBuilder::on(&root);
+        builder.margin(20);
+        if text {
+            builder
+                .caption(format!("Tracking efficiency (overall {:.3})", r.efficiency), ("sans-serif", 24))
+                .x_label_area_size(45)
+                .y_label_area_size(60);
+        }
+        let mut chart = builder.build_cartesian_2d((lo..hi).log_scale(), 0.0..1.05)?;
+        if text {
+            chart.configure_mesh().x_desc("p (GeV/c)").y_desc("efficiency").draw()?;
+        } else {
+            chart.configure_mesh().disable_x_mesh().disable_y_mesh().x_labels(0).y_labels(0).draw()?;
+        }
+        let points: Vec<(f64, f64, f64)> = r
+            .efficiency_vs_p
+            .iter()
+            .filter(|b| b.n_particles > 0)
+            .map(|b| ((b.p_lo_gev.max(lo) * b.p_hi_gev).sqrt(), b.efficiency, b.efficiency_error))
+            .collect();
+        chart.draw_series(points.iter().map(|&(x, y, e)| ErrorBar::new_vertical(x, (y - e).max(0.0), y, (y + e).min(1.05), BLUE.filled(), 6)))?;
+        chart.draw_series(points.iter().map(|&(x, y, _)| Circle::new((x, y), 4, BLUE.filled())))?;
+        let threshold = r.config.min_p_gev;
+        if threshold > lo && threshold < hi {
+            chart.draw_series(LineSeries::new([(threshold, 0.0), (threshold, 1.05)], RED.stroke_width(1)))?;
+        }
+        root.present()?;
+        Ok(())
+    }
+
+    pub fn pulls<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &EvalReport, text: bool) -> Result<(), Box<dyn Error>>
+    where
+        DB::ErrorType: 'static,
+    {
+        root.fill(&WHITE)?;
+        let panels = root.split_evenly((2, 3));
+        let (lo, hi) = PULL_RANGE;
+        let bin_w = (hi - lo) / PULL_BINS as f64;
+        for (panel, pull) in panels.iter().zip(&r.pulls) {
+            let max = pull.histogram.iter().copied().max().unwrap_or(0).max(1) as f64 * 1.15;
+            let mut builder = ChartBuilder::on(panel);
+            builder.margin(12);
+            if text {
+                builder
+                    .caption(
+                        format!("pull {}: mean {:.2}, width {:.2} (n {})", pull.parameter, pull.stat.mean, pull.stat.width, pull.stat.n_total),
+                        ("sans-serif", 16),
+                    )
+                    .x_label_area_size(30)
+                    .y_label_area_size(45);
+            }
+            let mut chart = builder.build_cartesian_2d(lo..hi, 0.0..max)?;
+            if text {
+                chart.configure_mesh().x_desc(format!("pull {}", pull.parameter)).draw()?;
+            } else {
+                chart.configure_mesh().disable_x_mesh().disable_y_mesh().x_labels(0).y_labels(0).draw()?;
+            }
+            chart.draw_series(pull.histogram.iter().enumerate().map(|(b, &n)| {
+                let x0 = lo + b as f64 * bin_w;
+                Rectangle::new([(x0, 0.0), (x0 + bin_w, n as f64)], BLUE.mix(0.5).filled())
+            }))?;
+            // The Gaussian with the robust mean and width, normalised to the histogram.
+            let (m, w) = (pull.stat.mean, pull.stat.width);
+            if w > 0.0 {
+                let norm = pull.stat.n_total as f64 * bin_w / (w * (2.0 * std::f64::consts::PI).sqrt());
+                let curve = (0..=200).map(|i| {
+                    let x = lo + (hi - lo) * i as f64 / 200.0;
+                    (x, norm * (-0.5 * ((x - m) / w).powi(2)).exp())
+                });
+                chart.draw_series(LineSeries::new(curve, RED.stroke_width(2)))?;
+            }
+        }
+        root.present()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tracking::simulate::{event_rng, simulate_event, Preset, SimConfig};
+    use crate::tracking::track::TrackState;
+
+    fn detector() -> Detector {
+        Detector::from_toml_file(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/detector.toml")).unwrap()
+    }
+
+    fn event() -> simulate::SimEvent {
+        simulate_event(&detector(), &SimConfig::preset(Preset::Minbias), &mut event_rng(21, 0))
+    }
+
+    /// Perfect tracks: every particle with hits on >= 4 planes, its hits, exact truth state
+    /// at its first hit and a unit covariance scaled per parameter.
+    fn perfect_tracks(ev: &simulate::SimEvent) -> Vec<Track> {
+        let mut by_particle: HashMap<u64, Vec<u32>> = HashMap::new();
+        for (i, t) in ev.truth.iter().enumerate() {
+            if t.particle_id != 0 {
+                by_particle.entry(t.particle_id).or_default().push(i as u32);
+            }
+        }
+        let mut ids: Vec<u64> = by_particle.keys().copied().filter(|id| by_particle[id].len() >= 4).collect();
+        ids.sort_unstable();
+        ids.iter()
+            .map(|id| {
+                let hits = by_particle[id].clone();
+                let t = &ev.truth[hits[0] as usize];
+                let q = ev.particles[(*id - 1) as usize].q as f64;
+                let s = StateVector::from_momentum(t.pos_mm, t.momentum_gev, q);
+                let mut cov = [0f32; 15];
+                for (k, v) in [1e-4f32, 1e-4, 1e-8, 1e-8, 1e-6].iter().enumerate() {
+                    cov[k * (k + 1) / 2 + k] = *v;
+                }
+                Track {
+                    hits,
+                    state: TrackState {
+                        z_mm: s.z_mm as f32,
+                        x_mm: s.x_mm as f32,
+                        y_mm: s.y_mm as f32,
+                        tx: s.tx as f32,
+                        ty: s.ty as f32,
+                        qop: s.qop as f32,
+                    },
+                    cov,
+                    chi2: 0.0,
+                    ndf: 5,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn perfect_reconstruction_scores_one() {
+        let ev = event();
+        let tracks = perfect_tracks(&ev);
+        assert!(tracks.len() > 5);
+        let mut e = Evaluator::new(EvalConfig::default(), None);
+        e.add_event(0, &ev.hits, &ev.truth, Some(&ev.particles), &tracks).unwrap();
+        let r = e.finish();
+        assert!(r.n_reconstructable > 0);
+        assert_eq!(r.efficiency, 1.0);
+        assert_eq!((r.n_ghosts, r.ghost_rate, r.n_clones), (0, 0.0, 0));
+        assert!((r.trackml_score - 1.0).abs() < 1e-12, "{}", r.trackml_score);
+        // States equal the truth up to f32 rounding: pulls are tiny.
+        for p in &r.pulls {
+            assert!(p.stat.n_total == tracks.len() && p.stat.mean.abs() < 0.05 && p.stat.width < 0.05, "{p:?}");
+        }
+        assert!(r.momentum_resolution.width < 1e-5);
+    }
+
+    #[test]
+    fn split_track_is_a_clone_and_random_hits_are_a_ghost() {
+        let ev = event();
+        let mut tracks = perfect_tracks(&ev);
+        let n_perfect = tracks.len();
+        // Split the first track with 8 hits into two halves of 4.
+        let k = tracks.iter().position(|t| t.hits.len() == 8).expect("a track with 8 hits");
+        let second_half = tracks[k].hits.split_off(4);
+        tracks.push(Track { hits: second_half, ..tracks[k].clone() });
+        // A track of hits from four different particles.
+        let ghost: Vec<u32> = (0..4).map(|j| tracks[j].hits[0]).collect();
+        tracks.push(Track { hits: ghost, ..Track::default() });
+        let mut e = Evaluator::new(EvalConfig::default(), None);
+        e.add_event(0, &ev.hits, &ev.truth, Some(&ev.particles), &tracks).unwrap();
+        let r = e.finish();
+        assert_eq!(r.efficiency, 1.0);
+        assert_eq!(r.n_clones, 1);
+        assert_eq!(r.n_ghosts, 1);
+        assert!((r.ghost_rate - 1.0 / (n_perfect + 2) as f64).abs() < 1e-12);
+        assert!((r.clone_rate - 1.0 / (n_perfect + 1) as f64).abs() < 1e-12);
+        // Half of a track is not a majority of the particle's hits: the score drops.
+        assert!(r.trackml_score < 1.0 && r.trackml_score > 0.5);
+    }
+
+    #[test]
+    fn no_tracks_means_no_efficiency_and_zero_score() {
+        let ev = event();
+        let mut e = Evaluator::new(EvalConfig::default(), None);
+        e.add_event(0, &ev.hits, &ev.truth, Some(&ev.particles), &[]).unwrap();
+        let r = e.finish();
+        assert!(r.n_reconstructable > 0);
+        assert_eq!((r.efficiency, r.trackml_score, r.ghost_rate), (0.0, 0.0, 0.0));
+    }
+
+    #[test]
+    fn impure_track_below_70_percent_is_a_ghost() {
+        let ev = event();
+        let mut tracks = perfect_tracks(&ev);
+        let k = tracks.iter().position(|t| t.hits.len() >= 6).unwrap();
+        let other = tracks[(k + 1) % tracks.len()].hits.clone();
+        // 6 own hits + 3 foreign: 67 % < 70 %.
+        tracks[k].hits.truncate(6);
+        tracks[k].hits.extend_from_slice(&other[..3]);
+        let mut e = Evaluator::new(EvalConfig::default(), None);
+        e.add_event(0, &ev.hits, &ev.truth, Some(&ev.particles), &tracks).unwrap();
+        assert_eq!(e.finish().n_ghosts, 1);
+    }
+
+    #[test]
+    fn out_of_range_hit_index_is_an_error() {
+        let ev = event();
+        let bad = Track { hits: vec![ev.hits.len() as u32], ..Track::default() };
+        let mut e = Evaluator::new(EvalConfig::default(), None);
+        let err = e.add_event(3, &ev.hits, &ev.truth, None, &[bad]).unwrap_err();
+        assert!(matches!(err, EvalError::HitIndex { event_id: 3, .. }));
+    }
+
+    #[test]
+    fn pulls_of_a_known_gaussian_error_have_unit_width() {
+        // Shift each perfect state by a Gaussian of the stated sigma: pulls ~ N(0, 1).
+        use rand_distr::{Distribution, StandardNormal};
+        let det = detector();
+        let mut rng = event_rng(99, 0);
+        let mut e = Evaluator::new(EvalConfig::default(), Some(&det));
+        for i in 0..30 {
+            let ev = simulate_event(&det, &SimConfig::preset(Preset::Minbias), &mut event_rng(500, i));
+            let mut tracks = perfect_tracks(&ev);
+            for t in &mut tracks {
+                let g = |rng: &mut rand_chacha::ChaCha8Rng| <StandardNormal as Distribution<f64>>::sample(&StandardNormal, rng) as f32;
+                t.state.x_mm += 1e-2 * g(&mut rng);
+                t.state.y_mm += 1e-2 * g(&mut rng);
+                t.state.tx += 1e-4 * g(&mut rng);
+                t.state.ty += 1e-4 * g(&mut rng);
+                t.state.qop += 1e-3 * g(&mut rng);
+            }
+            e.add_event(i, &ev.hits, &ev.truth, Some(&ev.particles), &tracks).unwrap();
+        }
+        let r = e.finish();
+        for p in &r.pulls {
+            assert!(p.stat.n_total > 200);
+            let tol = 5.0 / (p.stat.n_total as f64).sqrt();
+            assert!(p.stat.mean.abs() < tol && (p.stat.width - 1.0).abs() < 1.5 * tol, "{p:?}");
+        }
+    }
+
+    #[test]
+    fn robust_stat_of_gaussian_with_outliers() {
+        use rand_distr::{Distribution, Normal};
+        let mut rng = event_rng(4, 0);
+        let n = Normal::new(2.0, 0.5).unwrap();
+        let mut v: Vec<f64> = (0..10_000).map(|_| n.sample(&mut rng)).collect();
+        v.extend([1e3, -1e4, 5e2, f64::NAN]);
+        let s = robust_stat(&v);
+        assert!((s.mean - 2.0).abs() < 0.02 && (s.width - 0.5).abs() < 0.015, "{s:?}");
+        assert_eq!(s.n_total, 10_003);
+    }
+
+    #[test]
+    fn plots_and_summaries_are_written() {
+        let ev = event();
+        let mut e = Evaluator::new(EvalConfig::default(), None);
+        e.add_event(0, &ev.hits, &ev.truth, Some(&ev.particles), &perfect_tracks(&ev)).unwrap();
+        let r = e.finish();
+        let dir = tempfile::tempdir().unwrap();
+        write_plots(&r, dir.path()).unwrap();
+        for f in ["efficiency_vs_p.svg", "efficiency_vs_p.png", "pulls.svg", "pulls.png"] {
+            let len = std::fs::metadata(dir.path().join(f)).unwrap().len();
+            assert!(len > 1000, "{f} has {len} bytes");
+        }
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["efficiency"], 1.0);
+        assert!(r.to_markdown().contains("| efficiency | 1.0000"));
+    }
+}

@@ -1,0 +1,164 @@
+//! Magnetic field maps on a regular grid: loading from NPY (float32, shape `[nx, ny, nz, 3]`,
+//! tesla) and trilinear interpolation.
+//!
+//! Outside the grid the field is that of the nearest point of the grid box (each coordinate
+//! is clamped to the box before interpolating). Clamping keeps the field continuous, which
+//! the Runge-Kutta transport needs; a map should therefore extend to where the field has
+//! fallen to (near) zero, as measured dipole maps do.
+
+use std::path::Path;
+
+/// A field map on a regular grid. Node `(ix, iy, iz)` sits at
+/// `origin_mm + (ix, iy, iz) * step_mm` and holds `(bx, by, bz)` in tesla.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldMap {
+    /// Number of nodes along x, y, z (each at least 2).
+    pub dims: [usize; 3],
+    pub origin_mm: [f64; 3],
+    pub step_mm: [f64; 3],
+    /// Node values, C order of `[nx, ny, nz]`: index `(ix * ny + iy) * nz + iz`.
+    pub nodes_tesla: Vec<[f32; 3]>,
+    inv_step_mm: [f64; 3],
+}
+
+/// Why a field map was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FieldMapError {
+    #[error("grid needs at least 2 nodes along each axis, got {0:?}")]
+    TooFewNodes([usize; 3]),
+    #[error("step_mm[{axis}] = {value} must be positive and finite")]
+    BadStep { axis: usize, value: f64 },
+    #[error("origin_mm[{axis}] = {value} is not finite")]
+    BadOrigin { axis: usize, value: f64 },
+    #[error("{got} node values for a {dims:?} grid (expected {expected})")]
+    WrongLength { dims: [usize; 3], got: usize, expected: usize },
+    #[error("node {index} (ix {ix}, iy {iy}, iz {iz}) has a non-finite value")]
+    NonFinite { index: usize, ix: usize, iy: usize, iz: usize },
+    #[error("cannot read NPY: {0}")]
+    Npy(String),
+    #[error("NPY dtype is {0}, expected float32 ('<f4')")]
+    WrongDtype(String),
+    #[error("NPY shape is {0:?}, expected [nx, ny, nz, 3]")]
+    WrongShape(Vec<u64>),
+    #[error("NPY array is in Fortran order, expected C order")]
+    FortranOrder,
+}
+
+impl FieldMap {
+    /// Builds a map, checking sizes and that every value is finite.
+    pub fn new(
+        dims: [usize; 3],
+        origin_mm: [f64; 3],
+        step_mm: [f64; 3],
+        nodes_tesla: Vec<[f32; 3]>,
+    ) -> Result<Self, FieldMapError> {
+        if dims.iter().any(|&n| n < 2) {
+            return Err(FieldMapError::TooFewNodes(dims));
+        }
+        for axis in 0..3 {
+            let s = step_mm[axis];
+            if !(s.is_finite() && s > 0.0) {
+                return Err(FieldMapError::BadStep { axis, value: s });
+            }
+            if !origin_mm[axis].is_finite() {
+                return Err(FieldMapError::BadOrigin { axis, value: origin_mm[axis] });
+            }
+        }
+        let expected = dims[0] * dims[1] * dims[2];
+        if nodes_tesla.len() != expected {
+            return Err(FieldMapError::WrongLength { dims, got: nodes_tesla.len(), expected });
+        }
+        if let Some(index) = nodes_tesla.iter().position(|b| b.iter().any(|v| !v.is_finite())) {
+            let iz = index % dims[2];
+            let iy = (index / dims[2]) % dims[1];
+            let ix = index / (dims[1] * dims[2]);
+            return Err(FieldMapError::NonFinite { index, ix, iy, iz });
+        }
+        let inv_step_mm = [1.0 / step_mm[0], 1.0 / step_mm[1], 1.0 / step_mm[2]];
+        Ok(Self { dims, origin_mm, step_mm, nodes_tesla, inv_step_mm })
+    }
+
+    /// Reads a float32 NPY of shape `[nx, ny, nz, 3]` (tesla).
+    pub fn from_npy_bytes(
+        bytes: &[u8],
+        origin_mm: [f64; 3],
+        step_mm: [f64; 3],
+    ) -> Result<Self, FieldMapError> {
+        use npyz::{DType, Order, TypeChar};
+        let npy = npyz::NpyFile::new(bytes).map_err(|e| FieldMapError::Npy(e.to_string()))?;
+        match npy.dtype() {
+            DType::Plain(ts) if ts.type_char() == TypeChar::Float && ts.size_field() == 4 => {}
+            other => return Err(FieldMapError::WrongDtype(other.descr())),
+        }
+        let shape = npy.shape().to_vec();
+        if shape.len() != 4 || shape[3] != 3 {
+            return Err(FieldMapError::WrongShape(shape));
+        }
+        if npy.order() == Order::Fortran {
+            return Err(FieldMapError::FortranOrder);
+        }
+        let to_usize = |v: u64| usize::try_from(v).map_err(|_| FieldMapError::WrongShape(shape.clone()));
+        let dims = [to_usize(shape[0])?, to_usize(shape[1])?, to_usize(shape[2])?];
+        // Refuse before allocating from a header that promises more than the bytes hold.
+        let n_values = dims
+            .iter()
+            .try_fold(3usize, |acc, &n| acc.checked_mul(n))
+            .ok_or_else(|| FieldMapError::WrongShape(shape.clone()))?;
+        if n_values.saturating_mul(4) > bytes.len() {
+            return Err(FieldMapError::Npy(format!(
+                "header declares {n_values} values but the file has {} bytes",
+                bytes.len()
+            )));
+        }
+        let flat: Vec<f32> = npy.into_vec().map_err(|e| FieldMapError::Npy(e.to_string()))?;
+        let nodes = flat.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect();
+        Self::new(dims, origin_mm, step_mm, nodes)
+    }
+
+    /// Reads a field map file (see [`FieldMap::from_npy_bytes`]).
+    pub fn from_npy_file(
+        path: &Path,
+        origin_mm: [f64; 3],
+        step_mm: [f64; 3],
+    ) -> Result<Self, FieldMapError> {
+        let bytes = std::fs::read(path).map_err(|e| FieldMapError::Npy(e.to_string()))?;
+        Self::from_npy_bytes(&bytes, origin_mm, step_mm)
+    }
+
+    #[inline]
+    fn node(&self, ix: usize, iy: usize, iz: usize) -> [f32; 3] {
+        self.nodes_tesla[(ix * self.dims[1] + iy) * self.dims[2] + iz]
+    }
+
+    /// Cell index and fractional position along one axis, clamped to the grid.
+    #[inline]
+    fn locate(&self, axis: usize, pos_mm: f64) -> (usize, f64) {
+        let n = self.dims[axis];
+        let u = (pos_mm - self.origin_mm[axis]) * self.inv_step_mm[axis];
+        // NaN positions land on the first cell rather than indexing out of bounds.
+        let u = if u.is_nan() { 0.0 } else { u.clamp(0.0, (n - 1) as f64) };
+        let i = (u.floor() as usize).min(n - 2);
+        (i, u - i as f64)
+    }
+
+    /// Field at `pos_mm` in tesla, trilinear between the eight surrounding nodes.
+    #[inline]
+    pub fn at(&self, pos_mm: [f64; 3]) -> [f64; 3] {
+        let (ix, fx) = self.locate(0, pos_mm[0]);
+        let (iy, fy) = self.locate(1, pos_mm[1]);
+        let (iz, fz) = self.locate(2, pos_mm[2]);
+        let mut b = [0.0f64; 3];
+        for (dx, wx) in [(0, 1.0 - fx), (1, fx)] {
+            for (dy, wy) in [(0, 1.0 - fy), (1, fy)] {
+                for (dz, wz) in [(0, 1.0 - fz), (1, fz)] {
+                    let w = wx * wy * wz;
+                    let v = self.node(ix + dx, iy + dy, iz + dz);
+                    b[0] += w * v[0] as f64;
+                    b[1] += w * v[1] as f64;
+                    b[2] += w * v[2] as f64;
+                }
+            }
+        }
+        b
+    }
+}

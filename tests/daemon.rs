@@ -1,0 +1,226 @@
+//! The real binary end to end: frames over real UDP and TCP sockets on loopback, metrics
+//! scraped over HTTP, decision files read back, accounting checked, signals.
+
+mod common;
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::net::{TcpStream, UdpSocket};
+use std::time::Duration;
+
+use common::*;
+
+const T: Duration = Duration::from_secs(30);
+
+/// Waits until `cond(metrics text)` holds.
+fn wait_metrics(addr: std::net::SocketAddr, cond: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + T;
+    loop {
+        let (status, body) = http_get(addr, "/metrics");
+        assert_eq!(status, 200);
+        if cond(&body) {
+            return body;
+        }
+        assert!(std::time::Instant::now() < deadline, "metrics never satisfied the condition:\n{body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn udp_frames_get_one_decision_each_and_metrics_count_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let decisions = dir.path().join("d.jsonl");
+    let mut d = Daemon::spawn(&[
+        "run",
+        "--listen",
+        "udp://127.0.0.1:0",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--decisions",
+        decisions.to_str().unwrap(),
+    ]);
+    let udp = d.addr_from_log("listening");
+    let metrics = d.addr_from_log("metrics at");
+    let deadline = std::time::Instant::now() + T;
+    while http_get(metrics, "/readyz").0 != 200 {
+        assert!(std::time::Instant::now() < deadline, "never ready");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(http_get(metrics, "/healthz").0, 200);
+
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let n = 300u64;
+    let mut expect_accept = 0;
+    for seq in 0..n {
+        // Default line: >= 8 hits on >= 4 planes.
+        let hits = (seq % 16) as usize;
+        if hits >= 8 {
+            expect_accept += 1;
+        }
+        sock.send_to(&hit_frame(9, seq, hits, 6), udp).unwrap();
+        if seq % 50 == 0 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    // Malformed: garbage, a bad CRC.
+    sock.send_to(b"not a frame at all, clearly", udp).unwrap();
+    let mut bad = hit_frame(9, n, 10, 6);
+    let last = bad.len() - 1;
+    bad[last] ^= 0x55;
+    sock.send_to(&bad, udp).unwrap();
+
+    let body = wait_metrics(metrics, |b| metric_sum(b, "trigd_frames_total", &[]) >= (n + 2) as f64);
+    assert_eq!(metric_sum(&body, "trigd_frames_total", &[("outcome", "accept")]), expect_accept as f64);
+    assert_eq!(metric_sum(&body, "trigd_frames_total", &[("outcome", "reject")]), (n - expect_accept) as f64);
+    assert_eq!(metric_sum(&body, "trigd_frames_total", &[("outcome", "malformed"), ("reason", "bad_crc")]), 1.0);
+    assert_eq!(metric_sum(&body, "trigd_frames_total", &[("outcome", "malformed"), ("reason", "bad_magic")]), 1.0);
+    assert_eq!(metric_sum(&body, "trigd_frames_received_total", &[]), (n + 2) as f64);
+    // A real histogram, in seconds.
+    assert!(body.contains("trigd_decision_latency_seconds_bucket{"), "{body}");
+    assert!(metric_sum(&body, "trigd_decision_latency_seconds_count", &[]) >= n as f64);
+    assert!(body.contains("trigd_build_info{"));
+    assert_eq!(metric_sum(&body, "trigd_backend_active", &[("backend", "cpu")]), 1.0);
+
+    d.signal("TERM");
+    let (code, stdout, _) = d.wait(T);
+    assert_eq!(code, 0, "{stdout}");
+    let recs = read_jsonl(&decisions);
+    assert_eq!(recs.len() as u64, n + 2);
+    let seqs: HashSet<u64> =
+        recs.iter().filter(|r| r["outcome"] != "malformed").map(|r| r["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs.len() as u64, n, "every valid frame decided exactly once");
+    for r in &recs {
+        assert!(r["latency_us"].as_f64().unwrap() >= 0.0);
+        if r["outcome"] == "accept" {
+            assert_eq!(r["lines"], serde_json::json!(["multiplicity"]));
+            assert_eq!(r["backend"], "cpu");
+            assert!(r["n_hits"].as_u64().unwrap() >= 8);
+        }
+    }
+    assert!(stdout.contains("accounting  balanced"), "{stdout}");
+}
+
+#[test]
+fn tcp_carries_events_larger_than_a_datagram() {
+    let dir = tempfile::tempdir().unwrap();
+    let decisions = dir.path().join("d.jsonl");
+    let mut d = Daemon::spawn(&[
+        "run",
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--decisions",
+        decisions.to_str().unwrap(),
+    ]);
+    let tcp = d.addr_from_log("listening");
+    let metrics = d.addr_from_log("metrics at");
+    let mut s = TcpStream::connect(tcp).unwrap();
+    let big = hit_frame(3, 0, 20_000, 10); // 400 kB
+    assert!(big.len() > 65_507);
+    s.write_all(&big).unwrap();
+    for seq in 1..50 {
+        s.write_all(&hit_frame(3, seq, 12, 5)).unwrap();
+    }
+    s.flush().unwrap();
+    wait_metrics(metrics, |b| metric_sum(b, "trigd_frames_total", &[]) >= 50.0);
+    drop(s);
+    d.signal("INT");
+    let (code, stdout, _) = d.wait(T);
+    assert_eq!(code, 0, "{stdout}");
+    let recs = read_jsonl(&decisions);
+    assert_eq!(recs.len(), 50);
+    let first = recs.iter().find(|r| r["seq"] == 0).expect("the large event");
+    assert_eq!(first["outcome"], "accept");
+    assert_eq!(first["n_hits"], 20_000);
+}
+
+#[test]
+fn sigterm_with_frames_in_flight_loses_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let decisions = dir.path().join("d.jsonl");
+    let mut d = Daemon::spawn(&[
+        "run",
+        "--listen",
+        "udp://127.0.0.1:0",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--decisions",
+        decisions.to_str().unwrap(),
+    ]);
+    let udp = d.addr_from_log("listening");
+    let metrics = d.addr_from_log("metrics at");
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.send_to(&hit_frame(1, 0, 10, 5), udp).unwrap();
+    wait_metrics(metrics, |b| metric_sum(b, "trigd_frames_total", &[]) >= 1.0);
+    // A burst, and SIGTERM while it is still arriving.
+    let sender = std::thread::spawn(move || {
+        for seq in 1..20_000u64 {
+            let _ = sock.send_to(&hit_frame(1, seq, 10, 5), udp);
+        }
+    });
+    std::thread::sleep(Duration::from_millis(5));
+    d.signal("TERM");
+    sender.join().unwrap();
+    let (code, stdout, _) = d.wait(T);
+    assert_eq!(code, 0, "{stdout}");
+    let taken_in = summary_count(&stdout, "frames");
+    let recs = read_jsonl(&decisions);
+    assert_eq!(recs.len() as u64, taken_in, "every frame taken in has its decision");
+    assert!(taken_in >= 1);
+    assert!(stdout.contains("accounting  balanced"), "{stdout}");
+}
+
+#[test]
+fn sighup_reloads_thresholds_without_dropping_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg_path = dir.path().join("trigd.toml");
+    let decisions = dir.path().join("d.jsonl");
+    let write_cfg = |min_hits: u32| {
+        std::fs::write(
+            &cfg_path,
+            format!(
+                "[daemon]\nmetrics_addr = \"127.0.0.1:0\"\n[[input]]\nlisten = \"udp://127.0.0.1:0\"\n[output]\ndecisions_jsonl = {:?}\n[multiplicity]\nmin_hits = {min_hits}\nmin_planes = 1\n",
+                decisions.to_str().unwrap()
+            ),
+        )
+        .unwrap();
+    };
+    write_cfg(1000);
+    let mut d = Daemon::spawn(&["run", "--config", cfg_path.to_str().unwrap()]);
+    let udp = d.addr_from_log("listening");
+    let metrics = d.addr_from_log("metrics at");
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    for seq in 0..20 {
+        sock.send_to(&hit_frame(1, seq, 10, 5), udp).unwrap();
+    }
+    wait_metrics(metrics, |b| metric_sum(b, "trigd_frames_total", &[]) >= 20.0);
+    write_cfg(5);
+    d.signal("HUP");
+    d.wait_for("reloaded", T);
+    for seq in 20..40 {
+        sock.send_to(&hit_frame(1, seq, 10, 5), udp).unwrap();
+    }
+    wait_metrics(metrics, |b| metric_sum(b, "trigd_frames_total", &[]) >= 40.0);
+    d.signal("TERM");
+    let (code, stdout, _) = d.wait(T);
+    assert_eq!(code, 0, "{stdout}");
+    let recs = read_jsonl(&decisions);
+    assert_eq!(recs.len(), 40);
+    for r in &recs {
+        let seq = r["seq"].as_u64().unwrap();
+        let want = if seq < 20 { "reject" } else { "accept" };
+        assert_eq!(r["outcome"], want, "seq {seq}");
+    }
+}
+
+#[test]
+fn bad_configuration_names_the_file_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(&cfg, "[daemon]\nbatch_max = 0\n[[input]]\nlisten = \"udp://127.0.0.1:0\"\n").unwrap();
+    let out = std::process::Command::new(trigd_bin()).args(["run", "--config", cfg.to_str().unwrap()]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.toml") && err.contains("daemon.batch_max"), "{err}");
+}
