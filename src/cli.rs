@@ -1,7 +1,376 @@
-//! The command line: `trigd run | replay | send | record | convert | simulate | eval`.
+//! The command line: `trigd run | replay | send | record | convert | simulate | eval | check`.
+//! Parsing and flag-to-configuration overlay live here; the work is in the library.
 
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{Config, InputConfig, Speed, WorkloadKind};
+use crate::daemon::{self, Options};
+use crate::pipeline::{Input, InputKind};
+use crate::sources::replay::{InputFormat, RecordingFeed};
+use crate::sources::Endpoint;
+use crate::workload::Outputs;
+
+#[derive(Parser, Debug)]
+#[command(name = "trigd", version, about = "GPU trigger daemon: a decision for every detector event or EEG block, under a deadline")]
+struct Cli {
+    /// Log filter (also RUST_LOG), e.g. `info`, `trigd=debug`.
+    #[arg(long, global = true, default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the daemon: take frames from the configured inputs until SIGINT/SIGTERM.
+    Run(RunArgs),
+    /// Decide every frame of a recording, a TrackML-style CSV directory or an EDF/BDF file.
+    Replay(ReplayArgs),
+    /// Play a recording to a daemon, as acquisition hardware would.
+    Send(SendArgs),
+    /// Write the frames arriving on a socket to a recording.
+    Record(RecordArgs),
+    /// Convert a TrackML-style CSV directory or an EDF/BDF file to a native recording.
+    Convert(ConvertArgs),
+    /// Check a configuration file and exit.
+    Check(CheckArgs),
+}
+
+/// Settings shared by `run` and `replay` that override the configuration file.
+#[derive(Args, Debug, Default)]
+struct CommonArgs {
+    /// Configuration file (TOML); flags override its values.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Workload: multiplicity, tracking or eeg.
+    #[arg(long, value_enum)]
+    workload: Option<WorkloadKind>,
+    /// Backend: auto, gpu or cpu.
+    #[arg(long)]
+    backend: Option<String>,
+    /// Detector geometry TOML (tracking).
+    #[arg(long)]
+    geometry: Option<PathBuf>,
+    /// Decision log, JSON lines.
+    #[arg(long)]
+    decisions: Option<PathBuf>,
+    /// Decision log, compact binary.
+    #[arg(long)]
+    decisions_bin: Option<PathBuf>,
+    /// Recording of the accepted frames.
+    #[arg(long)]
+    accepted_out: Option<PathBuf>,
+    /// Per-frame deadline in milliseconds from arrival.
+    #[arg(long)]
+    budget_ms: Option<f64>,
+    /// Reconstruction workers.
+    #[arg(long)]
+    workers: Option<usize>,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Input socket `udp://HOST:PORT` or `tcp://HOST:PORT` (repeatable); adds to the file's inputs.
+    #[arg(long)]
+    listen: Vec<String>,
+    /// Prometheus endpoint address (default 127.0.0.1:9187).
+    #[arg(long)]
+    metrics_addr: Option<std::net::SocketAddr>,
+}
+
+#[derive(Args, Debug)]
+struct ReplayArgs {
+    /// A native recording, a TrackML-style CSV directory, or an EDF/BDF file.
+    input: PathBuf,
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Pace: `max` (as fast as possible, no deadlines) or a factor of the recorded pace.
+    #[arg(long, default_value = "max")]
+    speed: Speed,
+    /// Tracking: write tracks in TrackML submission format (event_id,hit_id,track_id).
+    #[arg(long)]
+    tracks_out: Option<PathBuf>,
+    /// EEG: write source amplitudes as NPY [n_sources, n_samples] float32.
+    #[arg(long)]
+    sources_out: Option<PathBuf>,
+    /// Also serve metrics during the replay on this address.
+    #[arg(long)]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// Never show a progress bar.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+#[derive(Args, Debug)]
+struct SendArgs {
+    /// Recording to play.
+    recording: PathBuf,
+    /// Target `udp://HOST:PORT` or `tcp://HOST:PORT`.
+    #[arg(long)]
+    to: String,
+    /// Frames per second (default: as fast as possible).
+    #[arg(long)]
+    rate: Option<f64>,
+}
+
+#[derive(Args, Debug)]
+struct RecordArgs {
+    /// Socket to listen on, `udp://HOST:PORT` or `tcp://HOST:PORT`.
+    #[arg(long)]
+    listen: String,
+    /// Recording to write (must not exist).
+    #[arg(long)]
+    out: PathBuf,
+    /// fsync policy: never, always, every:N, interval:DURATION.
+    #[arg(long, default_value = "interval:1s")]
+    fsync: String,
+}
+
+#[derive(Args, Debug)]
+struct ConvertArgs {
+    /// A TrackML-style CSV directory or an EDF/BDF file.
+    input: PathBuf,
+    /// Recording to write.
+    #[arg(long)]
+    out: PathBuf,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[derive(Args, Debug)]
+struct CheckArgs {
+    /// Configuration file to validate.
+    #[arg(long)]
+    config: PathBuf,
+}
+
+/// Entry point of the binary.
 pub fn main() -> ExitCode {
-    ExitCode::SUCCESS
+    let cli = Cli::parse();
+    init_logging(&cli.log);
+    match dispatch(cli.command) {
+        Ok(code) => code,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("trigd: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
+    match cmd {
+        Command::Run(a) => cmd_run(a),
+        Command::Replay(a) => cmd_replay(a),
+        Command::Send(a) => cmd_send(a),
+        Command::Record(a) => cmd_record(a),
+        Command::Convert(a) => cmd_convert(a),
+        Command::Check(a) => {
+            let cfg = Config::from_file(&a.config)?;
+            println!("{}: ok ({} inputs, workload {})", a.config.display(), cfg.inputs.len(), cfg.daemon.workload.as_str());
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Reads the configuration file (if any) and overlays the flags.
+fn load_config(common: &CommonArgs) -> anyhow::Result<Config> {
+    let mut cfg = match &common.config {
+        Some(p) => Config::from_file(p)?,
+        None => Config::default(),
+    };
+    if let Some(w) = common.workload {
+        cfg.daemon.workload = w;
+    }
+    if let Some(b) = &common.backend {
+        cfg.daemon.backend = b.clone();
+    }
+    if let Some(b) = common.budget_ms {
+        cfg.daemon.budget_ms = b;
+    }
+    if let Some(w) = common.workers {
+        cfg.daemon.workers = w;
+    }
+    if let Some(g) = &common.geometry {
+        let t = cfg.tracking.get_or_insert_with(toml::Table::new);
+        t.insert("geometry".into(), toml::Value::String(g.display().to_string()));
+    }
+    if let Some(p) = &common.decisions {
+        cfg.output.decisions_jsonl = Some(p.clone());
+    }
+    if let Some(p) = &common.decisions_bin {
+        cfg.output.decisions_binlog = Some(p.clone());
+    }
+    if let Some(p) = &common.accepted_out {
+        cfg.output.accepted_recording = Some(p.clone());
+    }
+    Ok(cfg)
+}
+
+fn validated(cfg: Config) -> anyhow::Result<Config> {
+    let name = cfg.path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "command line".into());
+    cfg.validate().map_err(|m| anyhow::anyhow!("{name}: {m}"))?;
+    Ok(cfg)
+}
+
+fn exit_code(summary: &crate::pipeline::Summary) -> ExitCode {
+    if summary.balanced() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    }
+}
+
+fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
+    let mut cfg = load_config(&a.common)?;
+    for l in &a.listen {
+        cfg.inputs.push(InputConfig { name: None, listen: Some(l.clone()), file: None, speed: None });
+    }
+    if let Some(m) = a.metrics_addr {
+        cfg.daemon.metrics_addr = m;
+    }
+    let cfg = validated(cfg)?;
+    anyhow::ensure!(!cfg.inputs.is_empty(), "no inputs: give --listen udp://HOST:PORT or [[input]] in --config");
+    let inputs = open_inputs(&cfg)?;
+    let summary = daemon::execute(
+        Options {
+            config: cfg,
+            deadlines: true,
+            serve_metrics: true,
+            reload_on_hup: true,
+            progress_total: None,
+            outputs: Outputs::default(),
+        },
+        inputs,
+    )?;
+    daemon::print_summary(&summary, &mut std::io::stdout())?;
+    Ok(exit_code(&summary))
+}
+
+/// Opens every configured input: binds sockets, opens files.
+fn open_inputs(cfg: &Config) -> anyhow::Result<Vec<Input>> {
+    let mut inputs = Vec::new();
+    for ic in &cfg.inputs {
+        let name = ic.display_name();
+        let kind = match (&ic.listen, &ic.file) {
+            (Some(l), _) => {
+                let ep: Endpoint = l.parse().map_err(|e| anyhow::anyhow!("input {name}: {e}"))?;
+                let bound = ep.bind().with_context(|| format!("input {name}: binding {ep}"))?;
+                tracing::info!(input = %name, addr = %bound.local_addr()?, "listening");
+                InputKind::Socket(bound)
+            }
+            (None, Some(f)) => InputKind::File(open_feed(f, cfg)?, ic.speed.unwrap_or(Speed::Max)),
+            (None, None) => anyhow::bail!("input {name} has neither listen nor file"),
+        };
+        inputs.push(Input { name, kind });
+    }
+    Ok(inputs)
+}
+
+fn open_feed(path: &Path, cfg: &Config) -> anyhow::Result<Box<dyn crate::pipeline::FrameFeed>> {
+    let _ = cfg;
+    match InputFormat::of(path) {
+        InputFormat::Recording => Ok(Box::new(RecordingFeed::open(path)?)),
+        InputFormat::TrackmlCsv => anyhow::bail!("{}: TrackML CSV input is not available in this build", path.display()),
+        InputFormat::Edf => anyhow::bail!("{}: EDF/BDF input is not available in this build", path.display()),
+    }
+}
+
+fn cmd_replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
+    let mut cfg = load_config(&a.common)?;
+    cfg.inputs = vec![InputConfig {
+        name: Some(a.input.display().to_string()),
+        listen: None,
+        file: Some(a.input.clone()),
+        speed: Some(a.speed),
+    }];
+    if let Some(m) = a.metrics_addr {
+        cfg.daemon.metrics_addr = m;
+    }
+    let cfg = validated(cfg)?;
+    let inputs = open_inputs(&cfg)?;
+    let total = match &inputs[0].kind {
+        InputKind::File(f, _) => f.total(),
+        InputKind::Socket(_) => None,
+    };
+    let show_progress = !a.no_progress && std::io::stderr().is_terminal();
+    let summary = daemon::execute(
+        Options {
+            config: cfg,
+            // Throughput replay decides every frame; a paced replay behaves as live input.
+            deadlines: a.speed != Speed::Max,
+            serve_metrics: a.metrics_addr.is_some(),
+            reload_on_hup: false,
+            progress_total: if show_progress { total } else { None },
+            outputs: Outputs { tracks_out: a.tracks_out, sources_out: a.sources_out },
+        },
+        inputs,
+    )?;
+    daemon::print_summary(&summary, &mut std::io::stdout())?;
+    Ok(exit_code(&summary))
+}
+
+fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    Ok(stop)
+}
+
+fn cmd_send(a: SendArgs) -> anyhow::Result<ExitCode> {
+    let to: Endpoint = a.to.parse().map_err(|e| anyhow::anyhow!("--to: {e}"))?;
+    let rec = crate::recording::Recording::open(&a.recording).with_context(|| format!("opening {}", a.recording.display()))?;
+    let stop = stop_on_signals()?;
+    let s = crate::send::send(&rec, &to, a.rate, &stop)?;
+    println!("sent {} frames to {to} in {:.3} s ({:.0} frames/s)", s.frames_sent, s.elapsed.as_secs_f64(), s.rate_hz());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_record(a: RecordArgs) -> anyhow::Result<ExitCode> {
+    let listen: Endpoint = a.listen.parse().map_err(|e| anyhow::anyhow!("--listen: {e}"))?;
+    let fsync = a.fsync.parse().map_err(|e| anyhow::anyhow!("--fsync: {e}"))?;
+    let stop = stop_on_signals()?;
+    let s = crate::record::record(&listen, &a.out, fsync, &stop)?;
+    println!("{s}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_convert(a: ConvertArgs) -> anyhow::Result<ExitCode> {
+    let cfg = load_config(&a.common)?;
+    let mut feed = match InputFormat::of(&a.input) {
+        InputFormat::Recording => anyhow::bail!("{} is already a native recording", a.input.display()),
+        _ => open_feed(&a.input, &cfg)?,
+    };
+    let mut w = crate::recording::RecordingWriter::create(&a.out, crate::recording::FsyncPolicy::Never)
+        .with_context(|| format!("creating {}", a.out.display()))?;
+    let mut buf = Vec::new();
+    let mut n = 0u64;
+    while let Some(r) = feed.next_frame(&mut buf) {
+        r.map_err(|e| anyhow::anyhow!("{}: {} ({})", a.input.display(), e.detail, e.reason))?;
+        w.append(&buf)?;
+        n += 1;
+    }
+    w.finish()?;
+    println!("wrote {n} frames to {}", a.out.display());
+    Ok(ExitCode::SUCCESS)
 }

@@ -19,9 +19,10 @@ pub struct Config {
     pub inputs: Vec<InputConfig>,
     #[serde(default)]
     pub output: OutputConfig,
-    /// The hit-multiplicity trigger line (always available for hit events).
+    /// The hit-multiplicity trigger line: the multiplicity workload's only line (defaults
+    /// apply when absent); for tracking, an extra line when this table is present.
     #[serde(default)]
-    pub multiplicity: MultiplicityConfig,
+    pub multiplicity: Option<MultiplicityConfig>,
     /// Tracking workload settings (`[tracking]`), read by the tracking backend.
     #[serde(default)]
     pub tracking: Option<toml::Table>,
@@ -315,7 +316,7 @@ impl Config {
             f.parse::<crate::recording::FsyncPolicy>()
                 .map_err(|e| format!("output.fsync: {e}"))?;
         }
-        if self.multiplicity.min_hits == 0 && self.multiplicity.min_planes == 0 {
+        if self.multiplicity.is_some_and(|m| m.min_hits == 0 && m.min_planes == 0) {
             // Accept-everything is legitimate but usually a mistake: say so in the log.
             tracing::warn!(
                 "multiplicity.min_hits and min_planes are both 0: every event is accepted"

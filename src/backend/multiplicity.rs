@@ -71,7 +71,7 @@ impl Backend for CpuMultiplicity {
         Ok(())
     }
     fn reload(&mut self, cfg: &Config) -> Result<(), String> {
-        self.cfg = cfg.multiplicity;
+        self.cfg = cfg.multiplicity.unwrap_or_default();
         Ok(())
     }
 }

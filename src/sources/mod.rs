@@ -10,6 +10,7 @@
 //! Both loops stop within about [`POLL_INTERVAL`] of the shared stop flag being set, or as
 //! soon as the closure returns [`ControlFlow::Break`].
 
+pub mod replay;
 pub mod tcp;
 pub mod udp;
 

@@ -1,0 +1,361 @@
+//! The EEG workload on the CPU: per block, the optional causal filter (state carried across
+//! blocks), the inverse kernel (MNE, dSPM, sLORETA or eLORETA, built once as MNE-Python
+//! builds it), the region-of-interest statistics and the sliding-window trigger. The GPU
+//! backend shares the set-up and everything after the per-block statistics.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::Deserialize;
+
+use super::{Backend, BackendError, BackendKind, Detail, Verdict};
+use crate::config::Config;
+use crate::eeg::filter::{BlockFilter, FilterConfig};
+use crate::eeg::inputs::{EegInputPaths, EegInputs};
+use crate::eeg::inverse::Method;
+use crate::eeg::kernel::{InverseKernel, InverseKernelF32};
+use crate::eeg::roi::{block_stats, BlockStats, RoiConfig, RoiMask, RoiTrigger};
+use crate::frame::{EegBlockView, FrameView, Payload};
+
+/// Name of the region-of-interest line.
+pub const LINE_NAME: &str = "roi";
+
+/// Arithmetic of the CPU path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    F32,
+    F64,
+}
+
+/// The `[eeg]` table of the configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EegConfig {
+    /// Lead field NPY `[n_channels, 3 n_sources]`.
+    pub leadfield: PathBuf,
+    /// Source positions NPY `[n_sources, 3]`, metres.
+    pub src: PathBuf,
+    /// Noise covariance NPY `[n_channels, n_channels]`.
+    pub noise_cov: PathBuf,
+    /// Channel names, one per line: the order of the channels in every frame.
+    pub channels: PathBuf,
+    /// `MNE`, `dSPM`, `sLORETA` or `eLORETA`.
+    #[serde(default = "default_method")]
+    pub method: String,
+    /// Regularisation, MNE's `lambda2` (1/SNR^2; 1/9 is MNE's default for evoked data).
+    #[serde(default = "default_lambda2")]
+    pub lambda2: f64,
+    #[serde(default)]
+    pub precision: Precision,
+    /// Inverse kernel cache file (rebuilt when the inputs or method change).
+    pub cache: Option<PathBuf>,
+    /// Samples per frame when EDF/BDF files are replayed or converted.
+    #[serde(default = "default_block_samples")]
+    pub block_samples: usize,
+    #[serde(default)]
+    pub filter: FilterConfig,
+    /// The region of interest and its trigger; without one nothing is accepted.
+    pub roi: Option<RoiConfig>,
+}
+
+fn default_method() -> String {
+    "sLORETA".into()
+}
+fn default_lambda2() -> f64 {
+    1.0 / 9.0
+}
+fn default_block_samples() -> usize {
+    32
+}
+
+/// Parses MNE's method names.
+pub fn parse_method(s: &str) -> anyhow::Result<Method> {
+    Method::ALL
+        .into_iter()
+        .find(|m| m.as_str().eq_ignore_ascii_case(s))
+        .ok_or_else(|| anyhow::anyhow!("eeg.method {s:?} must be one of MNE, dSPM, sLORETA, eLORETA"))
+}
+
+impl EegConfig {
+    pub fn from_config(cfg: &Config) -> anyhow::Result<EegConfig> {
+        let table = cfg.eeg.clone().ok_or_else(|| {
+            anyhow::anyhow!("the eeg workload needs [eeg] leadfield, src, noise_cov and channels (or --leadfield, --src, --noise-cov, --channels)")
+        })?;
+        let ec: EegConfig =
+            toml::Value::Table(table).try_into().map_err(|e| anyhow::anyhow!("[eeg]: {e}"))?;
+        parse_method(&ec.method)?;
+        if !(ec.lambda2.is_finite() && ec.lambda2 > 0.0) {
+            anyhow::bail!("eeg.lambda2 = {} must be positive", ec.lambda2);
+        }
+        if ec.block_samples == 0 || ec.block_samples > 1 << 20 {
+            anyhow::bail!("eeg.block_samples = {} must be in 1..=1048576", ec.block_samples);
+        }
+        if let Some(r) = &ec.roi {
+            r.validate().map_err(|e| anyhow::anyhow!("[eeg.roi]: {e}"))?;
+        }
+        Ok(ec)
+    }
+}
+
+/// Everything the EEG backends share, built once at start.
+pub struct EegSetup {
+    pub config: EegConfig,
+    pub inputs: EegInputs,
+    pub kernel: Arc<InverseKernel>,
+    pub kernel_f32: Arc<InverseKernelF32>,
+    pub positions_m: Vec<[f64; 3]>,
+    pub roi: RoiMask,
+    pub sources_out: Option<Arc<Mutex<SourcesOut>>>,
+}
+
+impl EegSetup {
+    pub fn new(cfg: &Config, sources_out: Option<&Path>) -> anyhow::Result<Self> {
+        let config = EegConfig::from_config(cfg)?;
+        let inputs = EegInputs::load(&EegInputPaths {
+            lead_field: config.leadfield.clone(),
+            source_positions: config.src.clone(),
+            noise_covariance: config.noise_cov.clone(),
+            channel_names: config.channels.clone(),
+        })?;
+        let method = parse_method(&config.method)?;
+        let t0 = std::time::Instant::now();
+        let kernel = match &config.cache {
+            Some(cache) => {
+                let (k, outcome) = InverseKernel::load_or_build(cache, &inputs, method, config.lambda2)?;
+                tracing::info!(cache = %cache.display(), ?outcome, "inverse kernel");
+                k
+            }
+            None => InverseKernel::build(&inputs, method, config.lambda2)?,
+        };
+        tracing::info!(
+            method = method.as_str(),
+            channels = kernel.n_channels,
+            sources = kernel.n_sources,
+            seconds = t0.elapsed().as_secs_f64(),
+            "inverse operator ready"
+        );
+        let positions_m: Vec<[f64; 3]> =
+            inputs.source_positions_m.chunks_exact(3).map(|p| [p[0], p[1], p[2]]).collect();
+        let roi = match &config.roi {
+            Some(r) => r.resolve(&positions_m).map_err(|e| anyhow::anyhow!("[eeg.roi]: {e}"))?,
+            None => {
+                tracing::warn!("no [eeg.roi]: the statistic covers every source and nothing is accepted");
+                RoiMask::from_mask(vec![true; kernel.n_sources])
+            }
+        };
+        let sources_out = sources_out.map(|p| Arc::new(Mutex::new(SourcesOut::new(p, kernel.n_sources))));
+        let kernel_f32 = Arc::new(kernel.to_f32());
+        Ok(Self { config, inputs, kernel: Arc::new(kernel), kernel_f32, positions_m, roi, sources_out })
+    }
+
+    /// The trigger for a stream at `fs_hz`.
+    pub fn trigger(&self, fs_hz: f64) -> Result<RoiTrigger, String> {
+        match &self.config.roi {
+            Some(r) => r.trigger(fs_hz).map_err(|e| e.to_string()),
+            None => Ok(RoiTrigger::new(1, f64::INFINITY, 0)),
+        }
+    }
+}
+
+/// Source amplitudes of the whole run, for `--sources-out` (NPY `[n_sources, n_samples]`
+/// float32, as MNE's `stc.data`).
+pub struct SourcesOut {
+    path: PathBuf,
+    rows: Vec<Vec<f32>>,
+}
+
+/// Refuse to hold more than this in memory for `--sources-out`.
+const SOURCES_OUT_MAX_BYTES: usize = 8 << 30;
+
+impl SourcesOut {
+    fn new(path: &Path, n_sources: usize) -> Self {
+        Self { path: path.to_path_buf(), rows: vec![Vec::new(); n_sources] }
+    }
+    /// Appends a block `[n_sources, n_times]`.
+    pub fn push_block<A: Copy + Into<f64>>(&mut self, amplitudes: &[A], n_times: usize) -> Result<(), String> {
+        let have = self.rows.first().map_or(0, Vec::len);
+        if (have + n_times) * self.rows.len() * 4 > SOURCES_OUT_MAX_BYTES {
+            return Err(format!("--sources-out would exceed {} GiB; replay a shorter file", SOURCES_OUT_MAX_BYTES >> 30));
+        }
+        for (s, row) in self.rows.iter_mut().enumerate() {
+            row.extend(amplitudes[s * n_times..(s + 1) * n_times].iter().map(|&a| a.into() as f32));
+        }
+        Ok(())
+    }
+    pub fn write(&mut self) -> anyhow::Result<()> {
+        let n_times = self.rows.first().map_or(0, Vec::len);
+        let shape = [self.rows.len() as u64, n_times as u64];
+        let f = std::fs::File::create(&self.path).map_err(|e| anyhow::anyhow!("creating {}: {e}", self.path.display()))?;
+        let mut w = npyz::WriteOptions::new()
+            .default_dtype()
+            .shape(&shape)
+            .writer(std::io::BufWriter::new(f))
+            .begin_nd()?;
+        for row in &self.rows {
+            w.extend(row.iter().copied())?;
+        }
+        w.finish()?;
+        tracing::info!(path = %self.path.display(), sources = shape[0], samples = shape[1], "source estimates written");
+        Ok(())
+    }
+}
+
+/// Per-stream state after the product: filter, trigger, statistics. Shared by the CPU and
+/// GPU backends.
+pub struct EegStream {
+    pub filter: Option<BlockFilter>,
+    pub trigger: Option<RoiTrigger>,
+    pub sample_rate_hz: f64,
+    pub stats: BlockStats,
+}
+
+impl EegStream {
+    pub fn new() -> Self {
+        Self { filter: None, trigger: None, sample_rate_hz: 0.0, stats: BlockStats::with_capacity(1024) }
+    }
+
+    /// Checks a block against the stream (channels, sample rate) and sets the stream up on
+    /// the first block. Returns the reason to call the frame malformed, if any.
+    pub fn admit(&mut self, setup: &EegSetup, b: &EegBlockView<'_>) -> Result<(), &'static str> {
+        if b.n_channels() != setup.kernel.n_channels {
+            return Err("channel_count");
+        }
+        let fs = b.header.sample_rate_hz.get();
+        if self.trigger.is_none() {
+            self.trigger = Some(setup.trigger(fs).map_err(|e| {
+                tracing::error!("EEG trigger: {e}");
+                "sample_rate"
+            })?);
+            self.filter = BlockFilter::from_config(&setup.config.filter, fs, b.n_channels()).map_err(|e| {
+                tracing::error!("EEG filter at {fs} Hz: {e}");
+                "sample_rate"
+            })?;
+            self.sample_rate_hz = fs;
+        } else if fs != self.sample_rate_hz {
+            return Err("sample_rate");
+        }
+        Ok(())
+    }
+
+    /// The verdict from `self.stats` (filled by the backend for this block).
+    pub fn decide(&mut self, setup: &EegSetup, first_sample: u64) -> Verdict {
+        let trigger = self.trigger.as_mut().expect("admit sets the trigger up");
+        let d = trigger.push_block(&self.stats.roi_power, first_sample);
+        let peak = self.stats.peak_source as usize;
+        let p = setup.positions_m.get(peak).copied().unwrap_or([0.0; 3]);
+        Verdict {
+            accept: d.fired,
+            lines_fired: d.fired as u64,
+            detail: Detail::Eeg {
+                statistic: if d.peak_statistic.is_finite() { d.peak_statistic } else { 0.0 },
+                peak_source: self.stats.peak_source,
+                peak_pos_mm: [(p[0] * 1e3) as f32, (p[1] * 1e3) as f32, (p[2] * 1e3) as f32],
+            },
+            malformed: None,
+        }
+    }
+}
+
+impl Default for EegStream {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The CPU EEG backend (one per stream: it keeps filter and window state across blocks).
+pub struct CpuEeg {
+    setup: Arc<EegSetup>,
+    stream: EegStream,
+    names: Vec<String>,
+    data32: Vec<f32>,
+    data64: Vec<f64>,
+    amp32: Vec<f32>,
+    amp64: Vec<f64>,
+}
+
+impl CpuEeg {
+    pub fn new(setup: Arc<EegSetup>) -> Self {
+        Self {
+            setup,
+            stream: EegStream::new(),
+            names: vec![LINE_NAME.to_string()],
+            data32: Vec::new(),
+            data64: Vec::new(),
+            amp32: Vec::new(),
+            amp64: Vec::new(),
+        }
+    }
+}
+
+impl Backend for CpuEeg {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cpu
+    }
+    fn line_names(&self) -> &[String] {
+        &self.names
+    }
+    fn process(&mut self, batch: &[FrameView<'_>], out: &mut Vec<Verdict>) -> Result<(), BackendError> {
+        for (index, f) in batch.iter().enumerate() {
+            let Payload::Eeg(b) = f.payload else {
+                return Err(BackendError::WrongKind { index, expected: "eeg_block" });
+            };
+            if let Err(reason) = self.stream.admit(&self.setup, &b) {
+                out.push(Verdict { malformed: Some(reason), ..Default::default() });
+                continue;
+            }
+            let n_t = b.n_samples();
+            let n_s = self.setup.kernel.n_sources;
+            match self.setup.config.precision {
+                Precision::F32 => {
+                    self.data32.clear();
+                    self.data32.extend(b.samples.iter().map(|v| v.get()));
+                    if let Some(fl) = self.stream.filter.as_mut() {
+                        fl.process_f32(&mut self.data32, n_t);
+                    }
+                    self.amp32.resize(n_s * n_t, 0.0);
+                    self.setup
+                        .kernel_f32
+                        .try_apply_f32(&self.data32, n_t, &mut self.amp32)
+                        .map_err(|e| BackendError::Failed(e.to_string()))?;
+                    block_stats(&self.amp32, n_t, &self.setup.roi, &mut self.stream.stats);
+                    if let Some(so) = &self.setup.sources_out {
+                        let mut so = so.lock().map_err(|_| BackendError::Failed("sources-out poisoned".into()))?;
+                        so.push_block(&self.amp32, n_t).map_err(BackendError::Failed)?;
+                    }
+                }
+                Precision::F64 => {
+                    self.data64.clear();
+                    self.data64.extend(b.samples.iter().map(|v| f64::from(v.get())));
+                    if let Some(fl) = self.stream.filter.as_mut() {
+                        fl.process_f64(&mut self.data64, n_t);
+                    }
+                    self.amp64.resize(n_s * n_t, 0.0);
+                    self.setup
+                        .kernel
+                        .try_apply_f64(&self.data64, n_t, &mut self.amp64)
+                        .map_err(|e| BackendError::Failed(e.to_string()))?;
+                    block_stats(&self.amp64, n_t, &self.setup.roi, &mut self.stream.stats);
+                    if let Some(so) = &self.setup.sources_out {
+                        let mut so = so.lock().map_err(|_| BackendError::Failed("sources-out poisoned".into()))?;
+                        so.push_block(&self.amp64, n_t).map_err(BackendError::Failed)?;
+                    }
+                }
+            }
+            out.push(self.stream.decide(&self.setup, b.header.first_sample.get()));
+        }
+        Ok(())
+    }
+    fn reload(&mut self, cfg: &Config) -> Result<(), String> {
+        let ec = EegConfig::from_config(cfg).map_err(|e| format!("{e:#}"))?;
+        match (&ec.roi, self.stream.sample_rate_hz) {
+            (Some(r), fs) if fs > 0.0 => {
+                // Only the threshold and timing: the region itself needs a restart.
+                self.stream.trigger = Some(r.trigger(fs).map_err(|e| e.to_string())?);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
