@@ -13,3 +13,6 @@ pub mod frame;
 pub mod gpu;
 pub mod tracking;
 pub mod decision;
+pub mod http;
+pub mod metrics;
+pub mod sinks;
