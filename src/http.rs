@@ -180,8 +180,8 @@ fn respond(req: Request, metrics: &Metrics, ready: &AtomicBool) {
     }
 }
 
-/// Minimal HTTP/1.1 GET used by tests and `trigd` health checks: returns (status, headers,
-/// body). Not a general client: no redirects, no chunked encoding.
+/// Minimal HTTP GET used by tests and health checks: returns (status, headers, body).
+/// Speaks HTTP/1.0 so that servers answer without chunked encoding; no redirects.
 pub fn http_get(
     addr: SocketAddr,
     path: &str,
@@ -191,10 +191,7 @@ pub fn http_get(
     let mut s = std::net::TcpStream::connect_timeout(&addr, timeout)?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
     let mut raw = Vec::new();
     s.read_to_end(&mut raw)?;
     let raw = String::from_utf8_lossy(&raw);

@@ -160,7 +160,7 @@ fn real_prometheus_scrapes_the_metrics_endpoint() {
     let _prom = Killed(child);
 
     let deadline = Instant::now() + Duration::from_secs(30);
-    let mut last = String::new();
+    let mut last;
     let accepted = loop {
         match query(prom_addr, r#"trigd_frames_total{outcome="accept"}"#) {
             Ok(r) if !r.is_empty() => break r,

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
 use zerocopy::little_endian::{F32, F64, U16, U32, U64};
-use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout, Unaligned};
 
 use super::Sink;
 use crate::backend::{BackendKind, Detail};
@@ -43,7 +43,7 @@ pub const LINES_MAX: usize = 64;
 const INTERNED_REASONS_MAX: usize = 1024;
 
 /// Reasons the pipeline produces; reading maps these to the same static strings.
-pub const KNOWN_REASONS: &[&str] = &[
+pub static KNOWN_REASONS: &[&str] = &[
     "ring_full",
     "deadline",
     "other",
@@ -480,6 +480,16 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     Ok(got)
 }
 
+/// Appends `n` bytes of `input` to `header`; a short read is a truncated header.
+fn take(input: &mut impl Read, n: usize, header: &mut Vec<u8>) -> Result<(), BinlogError> {
+    let start = header.len();
+    header.resize(start + n, 0);
+    if read_full(input, &mut header[start..])? < n {
+        return Err(BinlogError::TruncatedHeader);
+    }
+    Ok(())
+}
+
 /// Streams decisions out of a binary log.
 pub struct BinlogReader<R: Read> {
     input: R,
@@ -503,14 +513,6 @@ impl<R: Read> BinlogReader<R> {
     /// Reads and checks the header.
     pub fn new(mut input: R) -> Result<Self, BinlogError> {
         let mut header = Vec::with_capacity(64);
-        let mut take = |input: &mut R, n: usize, header: &mut Vec<u8>| -> Result<(), BinlogError> {
-            let start = header.len();
-            header.resize(start + n, 0);
-            if read_full(input, &mut header[start..])? < n {
-                return Err(BinlogError::TruncatedHeader);
-            }
-            Ok(())
-        };
         take(&mut input, 20, &mut header)?;
         let magic: [u8; 8] = header[0..8].try_into().unwrap_or_default();
         if magic != FILE_MAGIC {
