@@ -13,6 +13,8 @@ pub mod decision;
 pub mod eeg;
 pub mod frame;
 pub mod gpu;
+pub mod http;
+pub mod metrics;
 pub mod pipeline;
 pub mod record;
 pub mod recording;
