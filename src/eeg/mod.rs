@@ -4,3 +4,6 @@
 //! runtime.
 
 pub mod kernel;
+pub mod eloreta;
+pub mod inputs;
+pub mod inverse;
