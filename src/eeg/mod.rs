@@ -4,3 +4,8 @@
 //! runtime.
 
 pub mod kernel;
+pub mod cli;
+pub mod edf;
+pub mod filter;
+pub mod roi;
+pub mod simulate;
