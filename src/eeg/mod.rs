@@ -3,7 +3,12 @@
 //! and the region-of-interest trigger. A library of its own: it does not depend on the
 //! runtime.
 
-pub mod kernel;
+pub mod cli;
+pub mod edf;
 pub mod eloreta;
+pub mod filter;
 pub mod inputs;
 pub mod inverse;
+pub mod kernel;
+pub mod roi;
+pub mod simulate;
