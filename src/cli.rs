@@ -13,12 +13,16 @@ use clap::{Args, Parser, Subcommand};
 use crate::config::{Config, InputConfig, Speed, WorkloadKind};
 use crate::daemon::{self, Options};
 use crate::pipeline::{Input, InputKind};
-use crate::sources::replay::{InputFormat, RecordingFeed};
+use crate::sources::replay::{EdfFeed, InputFormat, RecordingFeed, TrackmlFeed};
 use crate::sources::Endpoint;
 use crate::workload::Outputs;
 
 #[derive(Parser, Debug)]
-#[command(name = "trigd", version, about = "GPU trigger daemon: a decision for every detector event or EEG block, under a deadline")]
+#[command(
+    name = "trigd",
+    version,
+    about = "GPU trigger daemon: a decision for every detector event or EEG block, under a deadline"
+)]
 struct Cli {
     /// Log filter (also RUST_LOG), e.g. `info`, `trigd=debug`.
     #[arg(long, global = true, default_value = "info")]
@@ -39,8 +43,37 @@ enum Command {
     Record(RecordArgs),
     /// Convert a TrackML-style CSV directory or an EDF/BDF file to a native recording.
     Convert(ConvertArgs),
+    /// Generate data with truth.
+    #[command(subcommand)]
+    Simulate(SimulateCmd),
+    /// Physics performance against truth.
+    #[command(subcommand)]
+    Eval(EvalCmd),
     /// Check a configuration file and exit.
     Check(CheckArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum SimulateCmd {
+    /// Detector events from a target through the field, with truth (TrackML CSV and/or a recording).
+    Tracking(crate::tracking::cli::SimulateTrackingArgs),
+    /// EEG recordings (EDF/BDF) with a dipole at a chosen place and sensor noise.
+    Eeg(crate::eeg::cli::SimulateEegArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum EvalCmd {
+    /// Efficiency, ghost and clone rates, TrackML score, resolution and pulls.
+    Tracking(EvalTracking),
+}
+
+#[derive(Args, Debug)]
+struct EvalTracking {
+    #[command(flatten)]
+    args: crate::tracking::cli::EvalTrackingArgs,
+    /// Configuration with a [tracking] table (finder overrides); default: derived from the geometry.
+    #[arg(long = "config")]
+    config: Option<PathBuf>,
 }
 
 /// Settings shared by `run` and `replay` that override the configuration file.
@@ -67,6 +100,30 @@ struct CommonArgs {
     /// Recording of the accepted frames.
     #[arg(long)]
     accepted_out: Option<PathBuf>,
+    /// EEG: lead field NPY [n_channels, 3 n_sources].
+    #[arg(long)]
+    leadfield: Option<PathBuf>,
+    /// EEG: source positions NPY [n_sources, 3], metres.
+    #[arg(long)]
+    src: Option<PathBuf>,
+    /// EEG: noise covariance NPY [n_channels, n_channels].
+    #[arg(long)]
+    noise_cov: Option<PathBuf>,
+    /// EEG: channel names, one per line.
+    #[arg(long)]
+    channels: Option<PathBuf>,
+    /// EEG: MNE, dSPM, sLORETA or eLORETA.
+    #[arg(long)]
+    method: Option<String>,
+    /// EEG: regularisation lambda2.
+    #[arg(long)]
+    lambda2: Option<f64>,
+    /// EEG: float32 (default) or float64 arithmetic on the CPU.
+    #[arg(long)]
+    precision: Option<String>,
+    /// EEG: samples per frame when replaying EDF/BDF.
+    #[arg(long)]
+    block_samples: Option<usize>,
     /// Per-frame deadline in milliseconds from arrival.
     #[arg(long)]
     budget_ms: Option<f64>,
@@ -184,9 +241,78 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
         Command::Send(a) => cmd_send(a),
         Command::Record(a) => cmd_record(a),
         Command::Convert(a) => cmd_convert(a),
+        Command::Simulate(SimulateCmd::Tracking(a)) => {
+            let mut writer = match &a.recording {
+                Some(p) => Some(
+                    crate::recording::RecordingWriter::create(
+                        p,
+                        crate::recording::FsyncPolicy::Never,
+                    )
+                    .with_context(|| format!("creating {}", p.display()))?,
+                ),
+                None => None,
+            };
+            let s = crate::tracking::cli::run_simulate(&a, |frame| match writer.as_mut() {
+                Some(w) => w.append(frame).map(|_| ()).map_err(anyhow::Error::from),
+                None => Ok(()),
+            })?;
+            if let Some(w) = writer {
+                w.finish()?;
+            }
+            println!(
+                "simulated {} events: {} hits, {} particles ({} reconstructable)",
+                s.n_events, s.n_hits, s.n_particles, s.n_reconstructable
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Simulate(SimulateCmd::Eeg(a)) => {
+            crate::eeg::cli::run_simulate(&a)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Eval(EvalCmd::Tracking(e)) => {
+            let overrides = match &e.config {
+                Some(p) => {
+                    let cfg = Config::from_file(p)?;
+                    match cfg.tracking {
+                        Some(mut t) => {
+                            t.entry("geometry").or_insert_with(|| {
+                                toml::Value::String(e.args.geometry.display().to_string())
+                            });
+                            let cfg = Config {
+                                tracking: Some(t),
+                                ..Config::default()
+                            };
+                            let tc = crate::backend::tracking::TrackingConfig::from_config(&cfg)?;
+                            Some((tc.min_p_gev, tc.finder))
+                        }
+                        None => None,
+                    }
+                }
+                None => None,
+            };
+            let mut reco: Option<crate::tracking::reco::Reconstructor> = None;
+            crate::tracking::cli::run_eval(&e.args, |det, hits| {
+                let r = reco.get_or_insert_with(|| {
+                    let (min_p, ov) = overrides.clone().unwrap_or((0.5, Default::default()));
+                    crate::tracking::reco::Reconstructor::new(
+                        det,
+                        crate::tracking::reco::FinderConfig::from_detector_with(det, min_p, &ov),
+                    )
+                });
+                let mut tracks = Vec::new();
+                r.reconstruct(hits, &mut tracks);
+                Ok(tracks)
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Check(a) => {
             let cfg = Config::from_file(&a.config)?;
-            println!("{}: ok ({} inputs, workload {})", a.config.display(), cfg.inputs.len(), cfg.daemon.workload.as_str());
+            println!(
+                "{}: ok ({} inputs, workload {})",
+                a.config.display(),
+                cfg.inputs.len(),
+                cfg.daemon.workload.as_str()
+            );
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -212,7 +338,57 @@ fn load_config(common: &CommonArgs) -> anyhow::Result<Config> {
     }
     if let Some(g) = &common.geometry {
         let t = cfg.tracking.get_or_insert_with(toml::Table::new);
-        t.insert("geometry".into(), toml::Value::String(g.display().to_string()));
+        t.insert(
+            "geometry".into(),
+            toml::Value::String(g.display().to_string()),
+        );
+    }
+    let eeg_flags: [(&str, Option<toml::Value>); 8] = [
+        (
+            "leadfield",
+            common
+                .leadfield
+                .as_ref()
+                .map(|p| toml::Value::String(p.display().to_string())),
+        ),
+        (
+            "src",
+            common
+                .src
+                .as_ref()
+                .map(|p| toml::Value::String(p.display().to_string())),
+        ),
+        (
+            "noise_cov",
+            common
+                .noise_cov
+                .as_ref()
+                .map(|p| toml::Value::String(p.display().to_string())),
+        ),
+        (
+            "channels",
+            common
+                .channels
+                .as_ref()
+                .map(|p| toml::Value::String(p.display().to_string())),
+        ),
+        ("method", common.method.clone().map(toml::Value::String)),
+        ("lambda2", common.lambda2.map(toml::Value::Float)),
+        (
+            "precision",
+            common.precision.clone().map(toml::Value::String),
+        ),
+        (
+            "block_samples",
+            common.block_samples.map(|n| toml::Value::Integer(n as i64)),
+        ),
+    ];
+    for (key, value) in eeg_flags {
+        if let Some(v) = value {
+            cfg.eeg
+                .get_or_insert_with(toml::Table::new)
+                .insert(key.into(), v);
+        }
     }
     if let Some(p) = &common.decisions {
         cfg.output.decisions_jsonl = Some(p.clone());
@@ -227,7 +403,11 @@ fn load_config(common: &CommonArgs) -> anyhow::Result<Config> {
 }
 
 fn validated(cfg: Config) -> anyhow::Result<Config> {
-    let name = cfg.path.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "command line".into());
+    let name = cfg
+        .path
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "command line".into());
     cfg.validate().map_err(|m| anyhow::anyhow!("{name}: {m}"))?;
     Ok(cfg)
 }
@@ -243,13 +423,21 @@ fn exit_code(summary: &crate::pipeline::Summary) -> ExitCode {
 fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
     let mut cfg = load_config(&a.common)?;
     for l in &a.listen {
-        cfg.inputs.push(InputConfig { name: None, listen: Some(l.clone()), file: None, speed: None });
+        cfg.inputs.push(InputConfig {
+            name: None,
+            listen: Some(l.clone()),
+            file: None,
+            speed: None,
+        });
     }
     if let Some(m) = a.metrics_addr {
         cfg.daemon.metrics_addr = m;
     }
     let cfg = validated(cfg)?;
-    anyhow::ensure!(!cfg.inputs.is_empty(), "no inputs: give --listen udp://HOST:PORT or [[input]] in --config");
+    anyhow::ensure!(
+        !cfg.inputs.is_empty(),
+        "no inputs: give --listen udp://HOST:PORT or [[input]] in --config"
+    );
     let inputs = open_inputs(&cfg)?;
     let summary = daemon::execute(
         Options {
@@ -273,8 +461,12 @@ fn open_inputs(cfg: &Config) -> anyhow::Result<Vec<Input>> {
         let name = ic.display_name();
         let kind = match (&ic.listen, &ic.file) {
             (Some(l), _) => {
-                let ep: Endpoint = l.parse().map_err(|e| anyhow::anyhow!("input {name}: {e}"))?;
-                let bound = ep.bind().with_context(|| format!("input {name}: binding {ep}"))?;
+                let ep: Endpoint = l
+                    .parse()
+                    .map_err(|e| anyhow::anyhow!("input {name}: {e}"))?;
+                let bound = ep
+                    .bind()
+                    .with_context(|| format!("input {name}: binding {ep}"))?;
                 tracing::info!(input = %name, addr = %bound.local_addr()?, "listening");
                 InputKind::Socket(bound)
             }
@@ -287,11 +479,26 @@ fn open_inputs(cfg: &Config) -> anyhow::Result<Vec<Input>> {
 }
 
 fn open_feed(path: &Path, cfg: &Config) -> anyhow::Result<Box<dyn crate::pipeline::FrameFeed>> {
-    let _ = cfg;
     match InputFormat::of(path) {
         InputFormat::Recording => Ok(Box::new(RecordingFeed::open(path)?)),
-        InputFormat::TrackmlCsv => anyhow::bail!("{}: TrackML CSV input is not available in this build", path.display()),
-        InputFormat::Edf => anyhow::bail!("{}: EDF/BDF input is not available in this build", path.display()),
+        InputFormat::TrackmlCsv => Ok(Box::new(TrackmlFeed::open(path)?)),
+        InputFormat::Edf => {
+            let eeg = cfg.eeg.as_ref();
+            let channels = eeg
+                .and_then(|t| t.get("channels"))
+                .and_then(|v| v.as_str())
+                .context("an EDF/BDF input needs the EEG channel list (--channels FILE or [eeg] channels)")?;
+            let block = match eeg.and_then(|t| t.get("block_samples")) {
+                Some(v) => v
+                    .as_integer()
+                    .filter(|n| (1..=1 << 20).contains(n))
+                    .context("eeg.block_samples must be an integer in 1..=1048576")?
+                    as usize,
+                None => 32,
+            };
+            let channels = crate::eeg::cli::read_channel_names(Path::new(channels))?;
+            Ok(Box::new(EdfFeed::open(path, &channels, block)?))
+        }
     }
 }
 
@@ -321,7 +528,10 @@ fn cmd_replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
             serve_metrics: a.metrics_addr.is_some(),
             reload_on_hup: false,
             progress_total: if show_progress { total } else { None },
-            outputs: Outputs { tracks_out: a.tracks_out, sources_out: a.sources_out },
+            outputs: Outputs {
+                tracks_out: a.tracks_out,
+                sources_out: a.sources_out,
+            },
         },
         inputs,
     )?;
@@ -339,30 +549,54 @@ fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
 
 fn cmd_send(a: SendArgs) -> anyhow::Result<ExitCode> {
     let to: Endpoint = a.to.parse().map_err(|e| anyhow::anyhow!("--to: {e}"))?;
-    let rec = crate::recording::Recording::open(&a.recording).with_context(|| format!("opening {}", a.recording.display()))?;
+    let rec = crate::recording::Recording::open(&a.recording)
+        .with_context(|| format!("opening {}", a.recording.display()))?;
     let stop = stop_on_signals()?;
     let s = crate::send::send(&rec, &to, a.rate, &stop)?;
-    println!("sent {} frames to {to} in {:.3} s ({:.0} frames/s)", s.frames_sent, s.elapsed.as_secs_f64(), s.rate_hz());
+    println!(
+        "sent {} frames to {to} in {:.3} s ({:.0} frames/s)",
+        s.frames_sent,
+        s.elapsed.as_secs_f64(),
+        s.rate_hz()
+    );
     Ok(ExitCode::SUCCESS)
 }
 
 fn cmd_record(a: RecordArgs) -> anyhow::Result<ExitCode> {
-    let listen: Endpoint = a.listen.parse().map_err(|e| anyhow::anyhow!("--listen: {e}"))?;
-    let fsync = a.fsync.parse().map_err(|e| anyhow::anyhow!("--fsync: {e}"))?;
+    let listen: Endpoint = a
+        .listen
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--listen: {e}"))?;
+    let fsync = a
+        .fsync
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--fsync: {e}"))?;
     let stop = stop_on_signals()?;
     let s = crate::record::record(&listen, &a.out, fsync, &stop)?;
-    println!("{s}");
+    println!(
+        "recorded {} frames to {} ({} bytes); malformed {}; sequence gaps {} ({} missing), repeats {}",
+        s.frames_written,
+        s.path.display(),
+        s.file_len_bytes,
+        s.malformed_total(),
+        s.sequence_gaps,
+        s.sequence_missing,
+        s.sequence_repeats
+    );
     Ok(ExitCode::SUCCESS)
 }
 
 fn cmd_convert(a: ConvertArgs) -> anyhow::Result<ExitCode> {
     let cfg = load_config(&a.common)?;
     let mut feed = match InputFormat::of(&a.input) {
-        InputFormat::Recording => anyhow::bail!("{} is already a native recording", a.input.display()),
+        InputFormat::Recording => {
+            anyhow::bail!("{} is already a native recording", a.input.display())
+        }
         _ => open_feed(&a.input, &cfg)?,
     };
-    let mut w = crate::recording::RecordingWriter::create(&a.out, crate::recording::FsyncPolicy::Never)
-        .with_context(|| format!("creating {}", a.out.display()))?;
+    let mut w =
+        crate::recording::RecordingWriter::create(&a.out, crate::recording::FsyncPolicy::Never)
+            .with_context(|| format!("creating {}", a.out.display()))?;
     let mut buf = Vec::new();
     let mut n = 0u64;
     while let Some(r) = feed.next_frame(&mut buf) {

@@ -316,7 +316,10 @@ impl Config {
             f.parse::<crate::recording::FsyncPolicy>()
                 .map_err(|e| format!("output.fsync: {e}"))?;
         }
-        if self.multiplicity.is_some_and(|m| m.min_hits == 0 && m.min_planes == 0) {
+        if self
+            .multiplicity
+            .is_some_and(|m| m.min_hits == 0 && m.min_planes == 0)
+        {
             // Accept-everything is legitimate but usually a mistake: say so in the log.
             tracing::warn!(
                 "multiplicity.min_hits and min_planes are both 0: every event is accepted"

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 
-use crate::backend::{Backend, BackendKind};
+use crate::backend::BackendKind;
 use crate::config::{Config, WorkloadKind};
 use crate::decision::{Decision, Names, Outcome, Workload};
 use crate::metrics::{BackendMetrics, Metrics, RingMetrics, SourceMetrics};
@@ -43,11 +43,19 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
-    let reload = if opts.reload_on_hup { Some(spawn_reloader(cfg.clone(), stop.clone())?) } else { None };
+    let reload = if opts.reload_on_hup {
+        Some(spawn_reloader(cfg.clone(), stop.clone())?)
+    } else {
+        None
+    };
 
     let http = if opts.serve_metrics {
-        let server = crate::http::HttpServer::start(cfg.daemon.metrics_addr, metrics.clone(), ready.clone())
-            .with_context(|| format!("serving metrics on {}", cfg.daemon.metrics_addr))?;
+        let server = crate::http::HttpServer::start(
+            &cfg.daemon.metrics_addr.to_string(),
+            metrics.clone(),
+            ready.clone(),
+        )
+        .with_context(|| format!("serving metrics on {}", cfg.daemon.metrics_addr))?;
         tracing::info!(addr = %server.local_addr(), "metrics at http://{}/metrics", server.local_addr());
         Some(server)
     } else {
@@ -64,15 +72,23 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
     for kind in [BackendKind::Cpu, BackendKind::Gpu] {
         metrics.backend(kind).set_active(kind == active);
     }
-    tracing::info!(workload = workload.as_str(), backend = active.as_str(), "reconstruction backend");
+    tracing::info!(
+        workload = workload.as_str(),
+        backend = active.as_str(),
+        "reconstruction backend"
+    );
 
     let names_for_sinks = Mutex::new(None::<Names>);
     let source_names: Vec<String> = inputs.iter().map(|i| i.name.clone()).collect();
-    let source_metrics: Vec<SourceMetrics> = source_names.iter().map(|n| metrics.source(n)).collect();
+    let source_metrics: Vec<SourceMetrics> =
+        source_names.iter().map(|n| metrics.source(n)).collect();
     let observer = Arc::new(MetricsObserver {
         metrics: metrics.clone(),
         sources: source_metrics,
-        backends: [metrics.backend(BackendKind::Cpu), metrics.backend(BackendKind::Gpu)],
+        backends: [
+            metrics.backend(BackendKind::Cpu),
+            metrics.backend(BackendKind::Gpu),
+        ],
         stages: metrics.stages(),
         rings: Mutex::new(Vec::new()),
     });
@@ -80,8 +96,10 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
     let progress = opts.progress_total.map(|total| {
         let bar = indicatif::ProgressBar::new(total);
         bar.set_style(
-            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} frames {per_sec} eta {eta}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} frames {per_sec} eta {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
         bar
     });
@@ -95,13 +113,17 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
 
     let output = cfg.output.clone();
     let fsync = match &output.fsync {
-        Some(f) => f.parse().map_err(|e| anyhow::anyhow!("output.fsync: {e}"))?,
+        Some(f) => f
+            .parse()
+            .map_err(|e| anyhow::anyhow!("output.fsync: {e}"))?,
         None => crate::recording::FsyncPolicy::Never,
     };
     let accepted = match &output.accepted_recording {
         Some(path) => {
-            let mut w = crate::recording::RecordingWriter::create(path, fsync)
-                .with_context(|| format!("creating the accepted-frame recording {}", path.display()))?;
+            let mut w =
+                crate::recording::RecordingWriter::create(path, fsync).with_context(|| {
+                    format!("creating the accepted-frame recording {}", path.display())
+                })?;
             let w2 = Arc::new(Mutex::new(None::<crate::recording::RecordingWriter>));
             let _ = &mut w;
             *w2.lock().expect("fresh mutex") = Some(w);
@@ -111,7 +133,9 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
     };
     let accepted_cb = accepted.clone().map(|w| {
         Box::new(move |bytes: &[u8]| -> std::io::Result<()> {
-            let mut g = w.lock().map_err(|_| std::io::Error::other("accepted recording poisoned"))?;
+            let mut g = w
+                .lock()
+                .map_err(|_| std::io::Error::other("accepted recording poisoned"))?;
             match g.as_mut() {
                 Some(w) => w.append(bytes).map(|_| ()).map_err(std::io::Error::other),
                 None => Ok(()),
@@ -133,8 +157,10 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
         }
     };
 
+    let mut daemon_cfg = cfg.daemon.clone();
+    daemon_cfg.workers = plan.workers();
     let rt = Runtime {
-        daemon: cfg.daemon.clone(),
+        daemon: daemon_cfg,
         workload,
         deadlines: opts.deadlines,
         make_sinks: Box::new(make_sinks),
@@ -147,14 +173,26 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
         progress: progress_cb,
     };
     let started = Instant::now();
-    let result = pipeline::run(rt, inputs, &|w| plan.make(w), plan.fallback_factory());
+    let make = |w: usize| plan.make(w);
+    let make_fallback = |w: usize| plan.make_fallback(w);
+    let fallback: Option<pipeline::BackendFactory<'_>> = if plan.has_fallback() {
+        Some(&make_fallback)
+    } else {
+        None
+    };
+    let result = pipeline::run(rt, inputs, &make, fallback);
     if let Some(bar) = &progress {
         bar.finish_and_clear();
     }
     let summary = result?;
     if let Some(w) = accepted {
-        if let Some(w) = w.lock().map_err(|_| anyhow::anyhow!("accepted recording poisoned"))?.take() {
-            w.finish().context("finishing the accepted-frame recording")?;
+        if let Some(w) = w
+            .lock()
+            .map_err(|_| anyhow::anyhow!("accepted recording poisoned"))?
+            .take()
+        {
+            w.finish()
+                .context("finishing the accepted-frame recording")?;
         }
     }
     plan.finish().context("writing workload outputs")?;
@@ -168,28 +206,38 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
             );
         }
     }
-    tracing::info!(elapsed_s = started.elapsed().as_secs_f64(), frames = summary.frames_in(), "run ended");
+    tracing::info!(
+        elapsed_s = started.elapsed().as_secs_f64(),
+        frames = summary.frames_in(),
+        "run ended"
+    );
     if let Some(h) = http {
         h.shutdown();
     }
     Ok(summary)
 }
 
-fn build_sinks(output: &crate::config::OutputConfig, names: &Names) -> anyhow::Result<Vec<Box<dyn Sink>>> {
+fn build_sinks(
+    output: &crate::config::OutputConfig,
+    names: &Names,
+) -> anyhow::Result<Vec<Box<dyn Sink>>> {
     let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
     if let Some(p) = &output.decisions_jsonl {
         sinks.push(Box::new(
-            crate::sinks::jsonl::JsonlSink::create(p).with_context(|| format!("creating {}", p.display()))?,
+            crate::sinks::jsonl::JsonlSink::create(p)
+                .with_context(|| format!("creating {}", p.display()))?,
         ));
     }
     if let Some(p) = &output.decisions_binlog {
         sinks.push(Box::new(
-            crate::sinks::binlog::BinlogSink::create(p, names).with_context(|| format!("creating {}", p.display()))?,
+            crate::sinks::binlog::BinlogSink::create(p, names)
+                .with_context(|| format!("creating {}", p.display()))?,
         ));
     }
     if let Some(a) = &output.decisions_udp {
         sinks.push(Box::new(
-            crate::sinks::udp::UdpSink::connect(*a, names).with_context(|| format!("decision stream to {a}"))?,
+            crate::sinks::udp::UdpSink::connect(&a.to_string())
+                .with_context(|| format!("decision stream to {a}"))?,
         ));
     }
     Ok(sinks)
@@ -201,8 +249,8 @@ fn spawn_reloader(
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<crossbeam_channel::Receiver<Arc<Config>>> {
     let (tx, rx) = crossbeam_channel::bounded(4);
-    let mut signals =
-        signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP]).context("installing the SIGHUP handler")?;
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])
+        .context("installing the SIGHUP handler")?;
     let handle = signals.handle();
     std::thread::Builder::new().name("reload".into()).spawn(move || {
         for _ in signals.forever() {
@@ -221,12 +269,14 @@ fn spawn_reloader(
             }
         }
     })?;
-    std::thread::Builder::new().name("reload-stop".into()).spawn(move || {
-        while !stop.load(Ordering::Relaxed) {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        handle.close();
-    })?;
+    std::thread::Builder::new()
+        .name("reload-stop".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            handle.close();
+        })?;
     Ok(rx)
 }
 
@@ -303,9 +353,15 @@ impl Observe for MetricsObserver {
 pub fn print_summary(summary: &Summary, out: &mut dyn std::io::Write) -> std::io::Result<()> {
     let secs = summary.elapsed.as_secs_f64().max(1e-9);
     let n = summary.frames_in();
-    writeln!(out, "frames      {n} in {secs:.3} s = {:.0} frames/s", n as f64 / secs)?;
-    let outcomes: Vec<String> =
-        Outcome::ALL.iter().map(|o| format!("{} {}", o.as_str(), summary.outcome(*o))).collect();
+    writeln!(
+        out,
+        "frames      {n} in {secs:.3} s = {:.0} frames/s",
+        n as f64 / secs
+    )?;
+    let outcomes: Vec<String> = Outcome::ALL
+        .iter()
+        .map(|o| format!("{} {}", o.as_str(), summary.outcome(*o)))
+        .collect();
     writeln!(out, "outcomes    {}", outcomes.join(", "))?;
     let l = &summary.latency;
     writeln!(
@@ -315,14 +371,30 @@ pub fn print_summary(summary: &Summary, out: &mut dyn std::io::Write) -> std::io
         l.quantile_ns(0.99) as f64 / 1e3,
         l.max_ns() as f64 / 1e3
     )?;
-    writeln!(out, "backend     cpu {} gpu {} (failovers {})", summary.by_backend[0], summary.by_backend[1], summary.failovers)?;
+    writeln!(
+        out,
+        "backend     cpu {} gpu {} (failovers {})",
+        summary.by_backend[0], summary.by_backend[1], summary.failovers
+    )?;
     for s in &summary.sources {
         if s.sequence_gaps + s.sequence_repeats > 0 {
-            writeln!(out, "sequence    {}: {} missing, {} repeated", s.name, s.sequence_gaps, s.sequence_repeats)?;
+            writeln!(
+                out,
+                "sequence    {}: {} missing, {} repeated",
+                s.name, s.sequence_gaps, s.sequence_repeats
+            )?;
         }
     }
     let balanced = summary.balanced();
-    writeln!(out, "accounting  {}", if balanced { "balanced" } else { "VIOLATED: frames in != decisions" })?;
+    writeln!(
+        out,
+        "accounting  {}",
+        if balanced {
+            "balanced"
+        } else {
+            "VIOLATED: frames in != decisions"
+        }
+    )?;
     Ok(())
 }
 

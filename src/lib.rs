@@ -9,6 +9,7 @@
 pub mod backend;
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod decision;
 pub mod eeg;
 pub mod frame;
@@ -23,3 +24,4 @@ pub mod send;
 pub mod sinks;
 pub mod sources;
 pub mod tracking;
+pub mod workload;

@@ -5,7 +5,9 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::backend::eeg::{CpuEeg, EegSetup};
 use crate::backend::multiplicity::CpuMultiplicity;
+use crate::backend::tracking::{CpuTracking, TrackingSetup};
 use crate::backend::{Backend, BackendKind};
 use crate::config::{Config, WorkloadKind};
 
@@ -23,6 +25,8 @@ pub struct Outputs {
 pub struct Plan {
     cfg: Arc<Config>,
     kind: BackendKind,
+    tracking: Option<TrackingSetup>,
+    eeg: Option<Arc<EegSetup>>,
 }
 
 /// Builds the plan for `cfg`'s workload.
@@ -30,14 +34,53 @@ pub fn plan(cfg: &Arc<Config>, outputs: &Outputs) -> anyhow::Result<Plan> {
     match cfg.daemon.workload {
         WorkloadKind::Multiplicity => {
             if outputs.tracks_out.is_some() || outputs.sources_out.is_some() {
-                anyhow::bail!("--tracks-out needs --workload tracking and --sources-out needs --workload eeg");
+                anyhow::bail!(
+                    "--tracks-out needs --workload tracking and --sources-out needs --workload eeg"
+                );
             }
             if cfg.daemon.backend == "gpu" {
-                anyhow::bail!("the multiplicity workload runs on the CPU only; use --backend cpu or auto");
+                anyhow::bail!(
+                    "the multiplicity workload runs on the CPU only; use --backend cpu or auto"
+                );
             }
-            Ok(Plan { cfg: cfg.clone(), kind: BackendKind::Cpu })
+            Ok(Plan {
+                cfg: cfg.clone(),
+                kind: BackendKind::Cpu,
+                tracking: None,
+                eeg: None,
+            })
         }
-        other => anyhow::bail!("workload {} is not available in this build", other.as_str()),
+        WorkloadKind::Tracking => {
+            if outputs.sources_out.is_some() {
+                anyhow::bail!("--sources-out needs --workload eeg");
+            }
+            if cfg.daemon.backend == "gpu" {
+                anyhow::bail!("tracking runs on the CPU in this build; use --backend cpu or auto");
+            }
+            let setup = TrackingSetup::new(cfg, outputs.tracks_out.as_deref())?;
+            Ok(Plan {
+                cfg: cfg.clone(),
+                kind: BackendKind::Cpu,
+                tracking: Some(setup),
+                eeg: None,
+            })
+        }
+        WorkloadKind::Eeg => {
+            if outputs.tracks_out.is_some() {
+                anyhow::bail!("--tracks-out needs --workload tracking");
+            }
+            if cfg.daemon.workers != 1 {
+                tracing::warn!("the EEG workload keeps state across blocks: running one worker");
+            }
+            let setup = Arc::new(EegSetup::new(cfg, outputs.sources_out.as_deref())?);
+            let kind = crate::backend::gpu_eeg::eeg_backend_kind(&cfg.daemon.backend)?;
+            Ok(Plan {
+                cfg: cfg.clone(),
+                kind,
+                tracking: None,
+                eeg: Some(setup),
+            })
+        }
     }
 }
 
@@ -48,10 +91,25 @@ impl Plan {
     }
 
     /// The backend of worker `w`.
-    pub fn make(&self, _w: usize) -> anyhow::Result<Box<dyn Backend>> {
-        match self.cfg.daemon.workload {
-            WorkloadKind::Multiplicity => Ok(Box::new(CpuMultiplicity::new(self.cfg.multiplicity.unwrap_or_default()))),
-            other => anyhow::bail!("workload {} is not available in this build", other.as_str()),
+    pub fn make(&self, w: usize) -> anyhow::Result<Box<dyn Backend>> {
+        match (&self.tracking, &self.eeg) {
+            (Some(t), _) => Ok(Box::new(CpuTracking::new(t))),
+            (_, Some(e)) if self.kind == BackendKind::Gpu => {
+                crate::backend::gpu_eeg::make_eeg_backend(e.clone(), w)
+            }
+            (_, Some(e)) => Ok(Box::new(CpuEeg::new(e.clone()))),
+            (None, None) => Ok(Box::new(CpuMultiplicity::new(
+                self.cfg.multiplicity.unwrap_or_default(),
+            ))),
+        }
+    }
+
+    /// Reconstruction workers this workload can use (EEG keeps stream state: one).
+    pub fn workers(&self) -> usize {
+        if self.eeg.is_some() {
+            1
+        } else {
+            self.cfg.daemon.workers
         }
     }
 
@@ -63,11 +121,19 @@ impl Plan {
     /// The CPU backend of worker `w` that takes the batches its GPU backend failed.
     pub fn make_fallback(&self, w: usize) -> anyhow::Result<Box<dyn Backend>> {
         let _ = w;
-        anyhow::bail!("no fallback backend for this workload")
+        match &self.eeg {
+            Some(e) => Ok(Box::new(CpuEeg::new(e.clone()))),
+            None => anyhow::bail!("no fallback backend for this workload"),
+        }
     }
 
     /// Writes the workload's outputs after the last frame.
     pub fn finish(&self) -> anyhow::Result<()> {
+        if let Some(so) = self.eeg.as_ref().and_then(|e| e.sources_out.as_ref()) {
+            so.lock()
+                .map_err(|_| anyhow::anyhow!("sources-out poisoned"))?
+                .write()?;
+        }
         Ok(())
     }
 }

@@ -21,7 +21,10 @@ fn wait_metrics(addr: std::net::SocketAddr, cond: impl Fn(&str) -> bool) -> Stri
         if cond(&body) {
             return body;
         }
-        assert!(std::time::Instant::now() < deadline, "metrics never satisfied the condition:\n{body}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "metrics never satisfied the condition:\n{body}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -69,26 +72,64 @@ fn udp_frames_get_one_decision_each_and_metrics_count_them() {
     bad[last] ^= 0x55;
     sock.send_to(&bad, udp).unwrap();
 
-    let body = wait_metrics(metrics, |b| metric_sum(b, "trigd_frames_total", &[]) >= (n + 2) as f64);
-    assert_eq!(metric_sum(&body, "trigd_frames_total", &[("outcome", "accept")]), expect_accept as f64);
-    assert_eq!(metric_sum(&body, "trigd_frames_total", &[("outcome", "reject")]), (n - expect_accept) as f64);
-    assert_eq!(metric_sum(&body, "trigd_frames_total", &[("outcome", "malformed"), ("reason", "bad_crc")]), 1.0);
-    assert_eq!(metric_sum(&body, "trigd_frames_total", &[("outcome", "malformed"), ("reason", "bad_magic")]), 1.0);
-    assert_eq!(metric_sum(&body, "trigd_frames_received_total", &[]), (n + 2) as f64);
+    let body = wait_metrics(metrics, |b| {
+        metric_sum(b, "trigd_frames_total", &[]) >= (n + 2) as f64
+    });
+    assert_eq!(
+        metric_sum(&body, "trigd_frames_total", &[("outcome", "accept")]),
+        expect_accept as f64
+    );
+    assert_eq!(
+        metric_sum(&body, "trigd_frames_total", &[("outcome", "reject")]),
+        (n - expect_accept) as f64
+    );
+    assert_eq!(
+        metric_sum(
+            &body,
+            "trigd_frames_total",
+            &[("outcome", "malformed"), ("reason", "bad_crc")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(
+            &body,
+            "trigd_frames_total",
+            &[("outcome", "malformed"), ("reason", "bad_magic")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(&body, "trigd_frames_received_total", &[]),
+        (n + 2) as f64
+    );
     // A real histogram, in seconds.
-    assert!(body.contains("trigd_decision_latency_seconds_bucket{"), "{body}");
+    assert!(
+        body.contains("trigd_decision_latency_seconds_bucket{"),
+        "{body}"
+    );
     assert!(metric_sum(&body, "trigd_decision_latency_seconds_count", &[]) >= n as f64);
     assert!(body.contains("trigd_build_info{"));
-    assert_eq!(metric_sum(&body, "trigd_backend_active", &[("backend", "cpu")]), 1.0);
+    assert_eq!(
+        metric_sum(&body, "trigd_backend_active", &[("backend", "cpu")]),
+        1.0
+    );
 
     d.signal("TERM");
     let (code, stdout, _) = d.wait(T);
     assert_eq!(code, 0, "{stdout}");
     let recs = read_jsonl(&decisions);
     assert_eq!(recs.len() as u64, n + 2);
-    let seqs: HashSet<u64> =
-        recs.iter().filter(|r| r["outcome"] != "malformed").map(|r| r["seq"].as_u64().unwrap()).collect();
-    assert_eq!(seqs.len() as u64, n, "every valid frame decided exactly once");
+    let seqs: HashSet<u64> = recs
+        .iter()
+        .filter(|r| r["outcome"] != "malformed")
+        .map(|r| r["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        seqs.len() as u64,
+        n,
+        "every valid frame decided exactly once"
+    );
     for r in &recs {
         assert!(r["latency_us"].as_f64().unwrap() >= 0.0);
         if r["outcome"] == "accept" {
@@ -123,14 +164,19 @@ fn tcp_carries_events_larger_than_a_datagram() {
         s.write_all(&hit_frame(3, seq, 12, 5)).unwrap();
     }
     s.flush().unwrap();
-    wait_metrics(metrics, |b| metric_sum(b, "trigd_frames_total", &[]) >= 50.0);
+    wait_metrics(metrics, |b| {
+        metric_sum(b, "trigd_frames_total", &[]) >= 50.0
+    });
     drop(s);
     d.signal("INT");
     let (code, stdout, _) = d.wait(T);
     assert_eq!(code, 0, "{stdout}");
     let recs = read_jsonl(&decisions);
     assert_eq!(recs.len(), 50);
-    let first = recs.iter().find(|r| r["seq"] == 0).expect("the large event");
+    let first = recs
+        .iter()
+        .find(|r| r["seq"] == 0)
+        .expect("the large event");
     assert_eq!(first["outcome"], "accept");
     assert_eq!(first["n_hits"], 20_000);
 }
@@ -166,7 +212,11 @@ fn sigterm_with_frames_in_flight_loses_none() {
     assert_eq!(code, 0, "{stdout}");
     let taken_in = summary_count(&stdout, "frames");
     let recs = read_jsonl(&decisions);
-    assert_eq!(recs.len() as u64, taken_in, "every frame taken in has its decision");
+    assert_eq!(
+        recs.len() as u64,
+        taken_in,
+        "every frame taken in has its decision"
+    );
     assert!(taken_in >= 1);
     assert!(stdout.contains("accounting  balanced"), "{stdout}");
 }
@@ -194,14 +244,18 @@ fn sighup_reloads_thresholds_without_dropping_frames() {
     for seq in 0..20 {
         sock.send_to(&hit_frame(1, seq, 10, 5), udp).unwrap();
     }
-    wait_metrics(metrics, |b| metric_sum(b, "trigd_frames_total", &[]) >= 20.0);
+    wait_metrics(metrics, |b| {
+        metric_sum(b, "trigd_frames_total", &[]) >= 20.0
+    });
     write_cfg(5);
     d.signal("HUP");
     d.wait_for("reloaded", T);
     for seq in 20..40 {
         sock.send_to(&hit_frame(1, seq, 10, 5), udp).unwrap();
     }
-    wait_metrics(metrics, |b| metric_sum(b, "trigd_frames_total", &[]) >= 40.0);
+    wait_metrics(metrics, |b| {
+        metric_sum(b, "trigd_frames_total", &[]) >= 40.0
+    });
     d.signal("TERM");
     let (code, stdout, _) = d.wait(T);
     assert_eq!(code, 0, "{stdout}");
@@ -218,9 +272,19 @@ fn sighup_reloads_thresholds_without_dropping_frames() {
 fn bad_configuration_names_the_file_and_field() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("bad.toml");
-    std::fs::write(&cfg, "[daemon]\nbatch_max = 0\n[[input]]\nlisten = \"udp://127.0.0.1:0\"\n").unwrap();
-    let out = std::process::Command::new(trigd_bin()).args(["run", "--config", cfg.to_str().unwrap()]).output().unwrap();
+    std::fs::write(
+        &cfg,
+        "[daemon]\nbatch_max = 0\n[[input]]\nlisten = \"udp://127.0.0.1:0\"\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(trigd_bin())
+        .args(["run", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("bad.toml") && err.contains("daemon.batch_max"), "{err}");
+    assert!(
+        err.contains("bad.toml") && err.contains("daemon.batch_max"),
+        "{err}"
+    );
 }

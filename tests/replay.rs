@@ -13,7 +13,13 @@ const T: Duration = Duration::from_secs(60);
 fn write_recording(path: &std::path::Path, n: u64) {
     let mut w = RecordingWriter::create(path, FsyncPolicy::Never).unwrap();
     for seq in 0..n {
-        w.append(&hit_frame(4, seq, (seq % 13) as usize, (seq % 7) as u16 + 1)).unwrap();
+        w.append(&hit_frame(
+            4,
+            seq,
+            (seq % 13) as usize,
+            (seq % 7) as u16 + 1,
+        ))
+        .unwrap();
     }
     w.finish().unwrap();
 }
@@ -36,18 +42,31 @@ fn replaying_a_recording_twice_gives_identical_decisions() {
     let mut runs = Vec::new();
     for k in 0..2 {
         let out = dir.path().join(format!("d{k}.jsonl"));
-        let (code, stdout, _) = replay(&["replay", rec.to_str().unwrap(), "--decisions", out.to_str().unwrap(), "--workers", "2"]);
+        let (code, stdout, _) = replay(&[
+            "replay",
+            rec.to_str().unwrap(),
+            "--decisions",
+            out.to_str().unwrap(),
+            "--workers",
+            "2",
+        ]);
         assert_eq!(code, 0, "{stdout}");
         assert_eq!(summary_count(&stdout, "frames"), 5000);
-        assert!(stdout.contains("frames/s") && stdout.contains("p99"), "{stdout}");
-        let mut recs: Vec<serde_json::Value> = read_jsonl(&out).into_iter().map(strip_latency).collect();
+        assert!(
+            stdout.contains("frames/s") && stdout.contains("p99"),
+            "{stdout}"
+        );
+        let mut recs: Vec<serde_json::Value> =
+            read_jsonl(&out).into_iter().map(strip_latency).collect();
         recs.sort_by_key(|r| r["seq"].as_u64().unwrap());
         runs.push(recs);
     }
     assert_eq!(runs[0].len(), 5000);
     assert_eq!(runs[0], runs[1]);
     let accepts = runs[0].iter().filter(|r| r["outcome"] == "accept").count();
-    let expect = (0..5000u64).filter(|s| s % 13 >= 8 && (s % 7 + 1).min(s % 13) >= 4).count();
+    let expect = (0..5000u64)
+        .filter(|s| s % 13 >= 8 && (s % 7 + 1).min(s % 13) >= 4)
+        .count();
     assert_eq!(accepts, expect);
 }
 
@@ -67,9 +86,18 @@ fn a_torn_tail_replays_the_complete_prefix_with_a_warning() {
     let f = std::fs::OpenOptions::new().write(true).open(&rec).unwrap();
     f.set_len(len - 30).unwrap();
     let out = dir.path().join("d.jsonl");
-    let (code, stdout, log) = replay(&["replay", rec.to_str().unwrap(), "--decisions", out.to_str().unwrap()]);
+    let (code, stdout, log) = replay(&[
+        "replay",
+        rec.to_str().unwrap(),
+        "--decisions",
+        out.to_str().unwrap(),
+    ]);
     assert_eq!(code, 0, "{stdout}");
-    assert!(log.iter().any(|l| l.contains("WARN") && l.contains("torn")), "{}", log.join("\n"));
+    assert!(
+        log.iter().any(|l| l.contains("WARN") && l.contains("torn")),
+        "{}",
+        log.join("\n")
+    );
     assert_eq!(summary_count(&stdout, "frames"), 99);
     assert_eq!(read_jsonl(&out).len(), 99);
 }
@@ -80,13 +108,22 @@ fn accepted_frames_form_a_replayable_recording() {
     let rec = dir.path().join("in.trgr");
     write_recording(&rec, 1000);
     let acc = dir.path().join("acc.trgr");
-    let (code, stdout, _) = replay(&["replay", rec.to_str().unwrap(), "--accepted-out", acc.to_str().unwrap()]);
+    let (code, stdout, _) = replay(&[
+        "replay",
+        rec.to_str().unwrap(),
+        "--accepted-out",
+        acc.to_str().unwrap(),
+    ]);
     assert_eq!(code, 0);
     let accepted = summary_count(&stdout, "accept ");
     let (code, stdout2, _) = replay(&["replay", acc.to_str().unwrap()]);
     assert_eq!(code, 0);
     assert_eq!(summary_count(&stdout2, "frames"), accepted);
-    assert_eq!(summary_count(&stdout2, "accept "), accepted, "accepted frames are accepted again");
+    assert_eq!(
+        summary_count(&stdout2, "accept "),
+        accepted,
+        "accepted frames are accepted again"
+    );
 }
 
 #[test]
@@ -95,10 +132,25 @@ fn send_plays_a_recording_into_a_running_daemon() {
     let rec = dir.path().join("in.trgr");
     write_recording(&rec, 500);
     let out = dir.path().join("d.jsonl");
-    let mut d = Daemon::spawn(&["run", "--listen", "tcp://127.0.0.1:0", "--metrics-addr", "127.0.0.1:0", "--decisions", out.to_str().unwrap()]);
+    let mut d = Daemon::spawn(&[
+        "run",
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--decisions",
+        out.to_str().unwrap(),
+    ]);
     let tcp = d.addr_from_log("listening");
     let st = std::process::Command::new(trigd_bin())
-        .args(["send", rec.to_str().unwrap(), "--to", &format!("tcp://{tcp}"), "--rate", "20000"])
+        .args([
+            "send",
+            rec.to_str().unwrap(),
+            "--to",
+            &format!("tcp://{tcp}"),
+            "--rate",
+            "20000",
+        ])
         .status()
         .unwrap();
     assert!(st.success());

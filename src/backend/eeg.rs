@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use npyz::WriterBuilder;
 use serde::Deserialize;
 
 use super::{Backend, BackendError, BackendKind, Detail, Verdict};
@@ -75,7 +76,9 @@ pub fn parse_method(s: &str) -> anyhow::Result<Method> {
     Method::ALL
         .into_iter()
         .find(|m| m.as_str().eq_ignore_ascii_case(s))
-        .ok_or_else(|| anyhow::anyhow!("eeg.method {s:?} must be one of MNE, dSPM, sLORETA, eLORETA"))
+        .ok_or_else(|| {
+            anyhow::anyhow!("eeg.method {s:?} must be one of MNE, dSPM, sLORETA, eLORETA")
+        })
 }
 
 impl EegConfig {
@@ -83,17 +86,22 @@ impl EegConfig {
         let table = cfg.eeg.clone().ok_or_else(|| {
             anyhow::anyhow!("the eeg workload needs [eeg] leadfield, src, noise_cov and channels (or --leadfield, --src, --noise-cov, --channels)")
         })?;
-        let ec: EegConfig =
-            toml::Value::Table(table).try_into().map_err(|e| anyhow::anyhow!("[eeg]: {e}"))?;
+        let ec: EegConfig = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e| anyhow::anyhow!("[eeg]: {e}"))?;
         parse_method(&ec.method)?;
         if !(ec.lambda2.is_finite() && ec.lambda2 > 0.0) {
             anyhow::bail!("eeg.lambda2 = {} must be positive", ec.lambda2);
         }
         if ec.block_samples == 0 || ec.block_samples > 1 << 20 {
-            anyhow::bail!("eeg.block_samples = {} must be in 1..=1048576", ec.block_samples);
+            anyhow::bail!(
+                "eeg.block_samples = {} must be in 1..=1048576",
+                ec.block_samples
+            );
         }
         if let Some(r) = &ec.roi {
-            r.validate().map_err(|e| anyhow::anyhow!("[eeg.roi]: {e}"))?;
+            r.validate()
+                .map_err(|e| anyhow::anyhow!("[eeg.roi]: {e}"))?;
         }
         Ok(ec)
     }
@@ -123,7 +131,8 @@ impl EegSetup {
         let t0 = std::time::Instant::now();
         let kernel = match &config.cache {
             Some(cache) => {
-                let (k, outcome) = InverseKernel::load_or_build(cache, &inputs, method, config.lambda2)?;
+                let (k, outcome) =
+                    InverseKernel::load_or_build(cache, &inputs, method, config.lambda2)?;
                 tracing::info!(cache = %cache.display(), ?outcome, "inverse kernel");
                 k
             }
@@ -136,18 +145,42 @@ impl EegSetup {
             seconds = t0.elapsed().as_secs_f64(),
             "inverse operator ready"
         );
-        let positions_m: Vec<[f64; 3]> =
-            inputs.source_positions_m.chunks_exact(3).map(|p| [p[0], p[1], p[2]]).collect();
+        let positions_m: Vec<[f64; 3]> = inputs
+            .source_positions_m
+            .chunks_exact(3)
+            .map(|p| [p[0], p[1], p[2]])
+            .collect();
         let roi = match &config.roi {
-            Some(r) => r.resolve(&positions_m).map_err(|e| anyhow::anyhow!("[eeg.roi]: {e}"))?,
+            Some(r) => r
+                .resolve(&positions_m)
+                .map_err(|e| anyhow::anyhow!("[eeg.roi]: {e}"))?,
             None => {
-                tracing::warn!("no [eeg.roi]: the statistic covers every source and nothing is accepted");
-                RoiMask::from_mask(vec![true; kernel.n_sources])
+                tracing::warn!(
+                    "no [eeg.roi]: the statistic covers every source and nothing is accepted"
+                );
+                let all = RoiConfig {
+                    sphere: None,
+                    sources: Some((0..kernel.n_sources as u32).collect()),
+                    window_ms: 1.0,
+                    threshold: f64::INFINITY,
+                    refractory_ms: 0.0,
+                };
+                all.resolve(&positions_m)
+                    .map_err(|e| anyhow::anyhow!("{e}"))?
             }
         };
-        let sources_out = sources_out.map(|p| Arc::new(Mutex::new(SourcesOut::new(p, kernel.n_sources))));
+        let sources_out =
+            sources_out.map(|p| Arc::new(Mutex::new(SourcesOut::new(p, kernel.n_sources))));
         let kernel_f32 = Arc::new(kernel.to_f32());
-        Ok(Self { config, inputs, kernel: Arc::new(kernel), kernel_f32, positions_m, roi, sources_out })
+        Ok(Self {
+            config,
+            inputs,
+            kernel: Arc::new(kernel),
+            kernel_f32,
+            positions_m,
+            roi,
+            sources_out,
+        })
     }
 
     /// The trigger for a stream at `fs_hz`.
@@ -171,24 +204,39 @@ const SOURCES_OUT_MAX_BYTES: usize = 8 << 30;
 
 impl SourcesOut {
     fn new(path: &Path, n_sources: usize) -> Self {
-        Self { path: path.to_path_buf(), rows: vec![Vec::new(); n_sources] }
+        Self {
+            path: path.to_path_buf(),
+            rows: vec![Vec::new(); n_sources],
+        }
     }
     /// Appends a block `[n_sources, n_times]`.
-    pub fn push_block<A: Copy + Into<f64>>(&mut self, amplitudes: &[A], n_times: usize) -> Result<(), String> {
+    pub fn push_block<A: Copy + Into<f64>>(
+        &mut self,
+        amplitudes: &[A],
+        n_times: usize,
+    ) -> Result<(), String> {
         let have = self.rows.first().map_or(0, Vec::len);
         if (have + n_times) * self.rows.len() * 4 > SOURCES_OUT_MAX_BYTES {
-            return Err(format!("--sources-out would exceed {} GiB; replay a shorter file", SOURCES_OUT_MAX_BYTES >> 30));
+            return Err(format!(
+                "--sources-out would exceed {} GiB; replay a shorter file",
+                SOURCES_OUT_MAX_BYTES >> 30
+            ));
         }
         for (s, row) in self.rows.iter_mut().enumerate() {
-            row.extend(amplitudes[s * n_times..(s + 1) * n_times].iter().map(|&a| a.into() as f32));
+            row.extend(
+                amplitudes[s * n_times..(s + 1) * n_times]
+                    .iter()
+                    .map(|&a| a.into() as f32),
+            );
         }
         Ok(())
     }
     pub fn write(&mut self) -> anyhow::Result<()> {
         let n_times = self.rows.first().map_or(0, Vec::len);
         let shape = [self.rows.len() as u64, n_times as u64];
-        let f = std::fs::File::create(&self.path).map_err(|e| anyhow::anyhow!("creating {}: {e}", self.path.display()))?;
-        let mut w = npyz::WriteOptions::new()
+        let f = std::fs::File::create(&self.path)
+            .map_err(|e| anyhow::anyhow!("creating {}: {e}", self.path.display()))?;
+        let mut w = npyz::WriteOptions::<f32>::new()
             .default_dtype()
             .shape(&shape)
             .writer(std::io::BufWriter::new(f))
@@ -213,7 +261,12 @@ pub struct EegStream {
 
 impl EegStream {
     pub fn new() -> Self {
-        Self { filter: None, trigger: None, sample_rate_hz: 0.0, stats: BlockStats::with_capacity(1024) }
+        Self {
+            filter: None,
+            trigger: None,
+            sample_rate_hz: 0.0,
+            stats: BlockStats::with_capacity(1024),
+        }
     }
 
     /// Checks a block against the stream (channels, sample rate) and sets the stream up on
@@ -228,10 +281,11 @@ impl EegStream {
                 tracing::error!("EEG trigger: {e}");
                 "sample_rate"
             })?);
-            self.filter = BlockFilter::from_config(&setup.config.filter, fs, b.n_channels()).map_err(|e| {
-                tracing::error!("EEG filter at {fs} Hz: {e}");
-                "sample_rate"
-            })?;
+            self.filter = BlockFilter::from_config(&setup.config.filter, fs, b.n_channels())
+                .map_err(|e| {
+                    tracing::error!("EEG filter at {fs} Hz: {e}");
+                    "sample_rate"
+                })?;
             self.sample_rate_hz = fs;
         } else if fs != self.sample_rate_hz {
             return Err("sample_rate");
@@ -249,9 +303,17 @@ impl EegStream {
             accept: d.fired,
             lines_fired: d.fired as u64,
             detail: Detail::Eeg {
-                statistic: if d.peak_statistic.is_finite() { d.peak_statistic } else { 0.0 },
+                statistic: if d.peak_statistic.is_finite() {
+                    d.peak_statistic
+                } else {
+                    0.0
+                },
                 peak_source: self.stats.peak_source,
-                peak_pos_mm: [(p[0] * 1e3) as f32, (p[1] * 1e3) as f32, (p[2] * 1e3) as f32],
+                peak_pos_mm: [
+                    (p[0] * 1e3) as f32,
+                    (p[1] * 1e3) as f32,
+                    (p[2] * 1e3) as f32,
+                ],
             },
             malformed: None,
         }
@@ -296,13 +358,23 @@ impl Backend for CpuEeg {
     fn line_names(&self) -> &[String] {
         &self.names
     }
-    fn process(&mut self, batch: &[FrameView<'_>], out: &mut Vec<Verdict>) -> Result<(), BackendError> {
+    fn process(
+        &mut self,
+        batch: &[FrameView<'_>],
+        out: &mut Vec<Verdict>,
+    ) -> Result<(), BackendError> {
         for (index, f) in batch.iter().enumerate() {
             let Payload::Eeg(b) = f.payload else {
-                return Err(BackendError::WrongKind { index, expected: "eeg_block" });
+                return Err(BackendError::WrongKind {
+                    index,
+                    expected: "eeg_block",
+                });
             };
             if let Err(reason) = self.stream.admit(&self.setup, &b) {
-                out.push(Verdict { malformed: Some(reason), ..Default::default() });
+                out.push(Verdict {
+                    malformed: Some(reason),
+                    ..Default::default()
+                });
                 continue;
             }
             let n_t = b.n_samples();
@@ -321,13 +393,17 @@ impl Backend for CpuEeg {
                         .map_err(|e| BackendError::Failed(e.to_string()))?;
                     block_stats(&self.amp32, n_t, &self.setup.roi, &mut self.stream.stats);
                     if let Some(so) = &self.setup.sources_out {
-                        let mut so = so.lock().map_err(|_| BackendError::Failed("sources-out poisoned".into()))?;
-                        so.push_block(&self.amp32, n_t).map_err(BackendError::Failed)?;
+                        let mut so = so
+                            .lock()
+                            .map_err(|_| BackendError::Failed("sources-out poisoned".into()))?;
+                        so.push_block(&self.amp32, n_t)
+                            .map_err(BackendError::Failed)?;
                     }
                 }
                 Precision::F64 => {
                     self.data64.clear();
-                    self.data64.extend(b.samples.iter().map(|v| f64::from(v.get())));
+                    self.data64
+                        .extend(b.samples.iter().map(|v| f64::from(v.get())));
                     if let Some(fl) = self.stream.filter.as_mut() {
                         fl.process_f64(&mut self.data64, n_t);
                     }
@@ -338,8 +414,11 @@ impl Backend for CpuEeg {
                         .map_err(|e| BackendError::Failed(e.to_string()))?;
                     block_stats(&self.amp64, n_t, &self.setup.roi, &mut self.stream.stats);
                     if let Some(so) = &self.setup.sources_out {
-                        let mut so = so.lock().map_err(|_| BackendError::Failed("sources-out poisoned".into()))?;
-                        so.push_block(&self.amp64, n_t).map_err(BackendError::Failed)?;
+                        let mut so = so
+                            .lock()
+                            .map_err(|_| BackendError::Failed("sources-out poisoned".into()))?;
+                        so.push_block(&self.amp64, n_t)
+                            .map_err(BackendError::Failed)?;
                     }
                 }
             }

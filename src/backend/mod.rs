@@ -83,4 +83,7 @@ pub trait Backend: Send {
     }
 }
 
+pub mod eeg;
+pub mod gpu_eeg;
 pub mod multiplicity;
+pub mod tracking;

@@ -77,15 +77,23 @@ pub struct TrackingSetup {
 impl TrackingSetup {
     pub fn new(cfg: &Config, tracks_out: Option<&Path>) -> anyhow::Result<Self> {
         let config = TrackingConfig::from_config(cfg)?;
-        let detector = Detector::from_toml_file(&config.geometry)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let detector =
+            Detector::from_toml_file(&config.geometry).map_err(|e| anyhow::anyhow!("{e}"))?;
         let finder = FinderConfig::from_detector_with(&detector, config.min_p_gev, &config.finder);
-        finder.validate(&detector).map_err(|e| anyhow::anyhow!("[tracking.finder]: {e}"))?;
+        finder
+            .validate(&detector)
+            .map_err(|e| anyhow::anyhow!("[tracking.finder]: {e}"))?;
         let tracks_out = match tracks_out {
             Some(p) => Some(Arc::new(Mutex::new(TracksWriter::create(p)?))),
             None => None,
         };
-        Ok(Self { detector, finder, config, multiplicity: cfg.multiplicity, tracks_out })
+        Ok(Self {
+            detector,
+            finder,
+            config,
+            multiplicity: cfg.multiplicity,
+            tracks_out,
+        })
     }
 
     /// Names of the lines in bit order: `multiplicity` first when configured.
@@ -106,19 +114,30 @@ pub struct TracksWriter {
 
 impl TracksWriter {
     pub fn create(path: &Path) -> anyhow::Result<Self> {
-        let f = std::fs::File::create(path).map_err(|e| anyhow::anyhow!("creating {}: {e}", path.display()))?;
+        let f = std::fs::File::create(path)
+            .map_err(|e| anyhow::anyhow!("creating {}: {e}", path.display()))?;
         let mut out = std::io::BufWriter::new(f);
         writeln!(out, "event_id,hit_id,track_id")?;
-        Ok(Self { out, path: path.to_path_buf() })
+        Ok(Self {
+            out,
+            path: path.to_path_buf(),
+        })
     }
-    fn write_event(&mut self, event_id: u64, hits: &[HitRecord], track_of_hit: &[u32]) -> std::io::Result<()> {
+    fn write_event(
+        &mut self,
+        event_id: u64,
+        hits: &[HitRecord],
+        track_of_hit: &[u32],
+    ) -> std::io::Result<()> {
         for (h, t) in hits.iter().zip(track_of_hit) {
             writeln!(self.out, "{event_id},{},{t}", h.hit_id)?;
         }
         Ok(())
     }
     pub fn finish(&mut self) -> anyhow::Result<()> {
-        self.out.flush().map_err(|e| anyhow::anyhow!("writing {}: {e}", self.path.display()))
+        self.out
+            .flush()
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", self.path.display()))
     }
 }
 
@@ -156,10 +175,17 @@ impl Backend for CpuTracking {
     fn line_names(&self) -> &[String] {
         &self.names
     }
-    fn process(&mut self, batch: &[FrameView<'_>], out: &mut Vec<Verdict>) -> Result<(), BackendError> {
+    fn process(
+        &mut self,
+        batch: &[FrameView<'_>],
+        out: &mut Vec<Verdict>,
+    ) -> Result<(), BackendError> {
         for (index, f) in batch.iter().enumerate() {
             let Payload::Hits(hits) = f.payload else {
-                return Err(BackendError::WrongKind { index, expected: "hit_event" });
+                return Err(BackendError::WrongKind {
+                    index,
+                    expected: "hit_event",
+                });
             };
             self.hits.clear();
             self.hits.extend(hits.iter().map(|h| HitRecord {
@@ -179,7 +205,12 @@ impl Backend for CpuTracking {
                 shift = 1;
             }
             mask |= lines::evaluate(&self.lines, &self.tracks) << shift;
-            let max_p_gev = self.tracks.iter().map(|t| t.state.p_gev()).filter(|p| p.is_finite()).fold(0.0f32, f32::max);
+            let max_p_gev = self
+                .tracks
+                .iter()
+                .map(|t| t.state.p_gev())
+                .filter(|p| p.is_finite())
+                .fold(0.0f32, f32::max);
             if let Some(w) = &self.tracks_out {
                 self.track_of_hit.clear();
                 self.track_of_hit.resize(self.hits.len(), 0);
@@ -190,14 +221,19 @@ impl Backend for CpuTracking {
                         }
                     }
                 }
-                let mut w = w.lock().map_err(|_| BackendError::Failed("tracks writer poisoned".into()))?;
+                let mut w = w
+                    .lock()
+                    .map_err(|_| BackendError::Failed("tracks writer poisoned".into()))?;
                 w.write_event(f.sequence(), &self.hits, &self.track_of_hit)
                     .map_err(|e| BackendError::Failed(format!("writing tracks: {e}")))?;
             }
             out.push(Verdict {
                 accept: mask != 0,
                 lines_fired: mask,
-                detail: Detail::Tracking { n_tracks: self.tracks.len() as u32, max_p_gev },
+                detail: Detail::Tracking {
+                    n_tracks: self.tracks.len() as u32,
+                    max_p_gev,
+                },
                 malformed: None,
             });
         }
@@ -205,10 +241,17 @@ impl Backend for CpuTracking {
     }
     fn reload(&mut self, cfg: &Config) -> Result<(), String> {
         let tc = TrackingConfig::from_config(cfg).map_err(|e| format!("{e:#}"))?;
-        let new_names: Vec<String> =
-            cfg.multiplicity.iter().map(|_| super::multiplicity::LINE_NAME.to_string()).chain(tc.lines.iter().map(|l| l.name.clone())).collect();
+        let new_names: Vec<String> = cfg
+            .multiplicity
+            .iter()
+            .map(|_| super::multiplicity::LINE_NAME.to_string())
+            .chain(tc.lines.iter().map(|l| l.name.clone()))
+            .collect();
         if new_names != self.names {
-            return Err("trigger line names or order changed; only thresholds reload without a restart".into());
+            return Err(
+                "trigger line names or order changed; only thresholds reload without a restart"
+                    .into(),
+            );
         }
         self.lines = tc.lines;
         self.multiplicity = cfg.multiplicity;

@@ -185,11 +185,11 @@ pub(crate) fn depth_prior(
     for s in 0..n_sources {
         let gk = gain.subcols(3 * s, 3);
         let gtg = gk.transpose() * gk;
-        let eig = gtg
-            .self_adjoint_eigenvalues(Side::Lower)
-            .map_err(|_| InverseError::Decomposition {
-                what: "depth prior 3x3 eigenvalues",
-            })?;
+        let eig =
+            gtg.self_adjoint_eigenvalues(Side::Lower)
+                .map_err(|_| InverseError::Decomposition {
+                    what: "depth prior 3x3 eigenvalues",
+                })?;
         let d = eig.iter().fold(0.0f64, |m, &v| m.max(v.abs()));
         w.push(1.0 / d);
     }
@@ -202,8 +202,7 @@ pub(crate) fn depth_prior(
             lim = v;
         }
     }
-    Ok(w
-        .into_iter()
+    Ok(w.into_iter()
         .map(|v| (v / lim).min(1.0).powf(exponent))
         .collect())
 }

@@ -1,23 +1,23 @@
-//! (placeholder, replaced by the sinks module)
-pub mod binlog;
-pub mod jsonl;
-pub mod udp;
-use crate::decision::{Decision, Names};
-pub trait Sink: Send {
-    fn write(&mut self, d: &Decision, names: &Names) -> std::io::Result<()>;
-    fn flush(&mut self) -> std::io::Result<()>;
 //! Decision sinks: where every [`Decision`] goes after the trigger. Each sink writes the
 //! same record in its own form: JSON lines for people and scripts ([`jsonl`]), a compact
 //! binary log for tools and replays ([`binlog`]), a UDP datagram stream for downstream
 //! DAQ ([`udp`]). The decision thread owns the sinks and calls them in order.
+
 use std::io;
+
 use crate::decision::{Decision, Names};
+
+pub mod binlog;
+pub mod jsonl;
+pub mod udp;
+
 /// A destination for decision records. `write` is called once per decision, in decision
 /// order, from the decision thread; `flush` at the end of a batch and at shutdown.
 pub trait Sink: Send {
     fn write(&mut self, d: &Decision, names: &Names) -> io::Result<()>;
     fn flush(&mut self) -> io::Result<()>;
 }
+
 /// Several sinks fed the same decisions. Every sink sees every decision even when an
 /// earlier one fails; the first error is returned.
 impl Sink for Vec<Box<dyn Sink>> {
@@ -42,16 +42,19 @@ impl Sink for Vec<Box<dyn Sink>> {
         first
     }
 }
+
 #[cfg(test)]
 pub(crate) mod testdata {
     use crate::backend::{BackendKind, Detail};
     use crate::decision::{Decision, Names, Outcome, Workload};
+
     pub fn names() -> Names {
         Names {
             sources: vec!["udp0".into(), "replay \"quoted\"\\path\n".into()],
             lines: vec!["two_tracks".into(), "high_pt".into(), "roi_power".into()],
         }
     }
+
     /// One decision of every kind the pipeline makes.
     pub fn decisions() -> Vec<Decision> {
         let base = Decision {

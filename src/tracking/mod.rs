@@ -2,15 +2,15 @@
 //! simulation with truth, cellular-automaton track finding, Kalman fitting, evaluation and
 //! trigger lines. A library of its own: it does not depend on the runtime.
 
-pub mod geometry;
-pub mod track;
-pub mod field;
-pub mod simulate;
-pub mod trackml;
-pub mod eval;
-pub mod cli;
 pub mod ca;
+pub mod cli;
+pub mod eval;
+pub mod field;
+pub mod geometry;
 pub mod kalman;
 pub mod lines;
 pub mod propagate;
 pub mod reco;
+pub mod simulate;
+pub mod track;
+pub mod trackml;

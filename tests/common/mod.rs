@@ -18,7 +18,9 @@ pub fn trigd_bin() -> PathBuf {
 
 /// The crate root (fixtures live under it).
 pub fn root() -> PathBuf {
-    std::env::var_os("TRIGD_ROOT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+    std::env::var_os("TRIGD_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
 /// A running daemon with its log lines streamed to a channel.
@@ -49,7 +51,12 @@ impl Daemon {
             }
         });
         let stdout = child.stdout.take();
-        Daemon { child, log: rx, lines: Vec::new(), stdout }
+        Daemon {
+            child,
+            log: rx,
+            lines: Vec::new(),
+            stdout,
+        }
     }
 
     /// Waits for a log line containing `needle`; returns it.
@@ -67,7 +74,10 @@ impl Daemon {
                         return l;
                     }
                 }
-                Err(_) => panic!("no log line with {needle:?} within {timeout:?}; log so far:\n{}", self.lines.join("\n")),
+                Err(_) => panic!(
+                    "no log line with {needle:?} within {timeout:?}; log so far:\n{}",
+                    self.lines.join("\n")
+                ),
             }
         }
     }
@@ -75,14 +85,22 @@ impl Daemon {
     /// The address in the first log line containing `needle` (after `addr=`).
     pub fn addr_from_log(&mut self, needle: &str) -> SocketAddr {
         let line = self.wait_for(needle, Duration::from_secs(20));
-        let at = line.find("addr=").unwrap_or_else(|| panic!("no addr= in {line}"));
+        let at = line
+            .find("addr=")
+            .unwrap_or_else(|| panic!("no addr= in {line}"));
         let rest = &line[at + 5..];
         let end = rest.find(|c: char| c.is_whitespace()).unwrap_or(rest.len());
-        rest[..end].trim_matches('"').parse().unwrap_or_else(|e| panic!("{e}: {line}"))
+        rest[..end]
+            .trim_matches('"')
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}: {line}"))
     }
 
     pub fn signal(&self, sig: &str) {
-        let st = Command::new("kill").args(["-s", sig, &self.child.id().to_string()]).status().unwrap();
+        let st = Command::new("kill")
+            .args(["-s", sig, &self.child.id().to_string()])
+            .status()
+            .unwrap();
         assert!(st.success());
     }
 
@@ -102,7 +120,10 @@ impl Daemon {
             }
             if Instant::now() > deadline {
                 let _ = self.child.kill();
-                panic!("trigd did not exit within {timeout:?}; log:\n{}", self.lines.join("\n"));
+                panic!(
+                    "trigd did not exit within {timeout:?}; log:\n{}",
+                    self.lines.join("\n")
+                );
             }
             while let Ok(l) = self.log.try_recv() {
                 self.lines.push(l);
@@ -130,7 +151,15 @@ pub fn hit_frame(source_id: u32, seq: u64, n_hits: usize, n_planes: u16) -> Vec<
         })
         .collect();
     let mut b = Vec::new();
-    encode_hit_event(&mut b, Stamp { source_id, sequence: seq, timestamp_ns: 1_000_000 * seq }, &hits);
+    encode_hit_event(
+        &mut b,
+        Stamp {
+            source_id,
+            sequence: seq,
+            timestamp_ns: 1_000_000 * seq,
+        },
+        &hits,
+    );
     b
 }
 
@@ -138,11 +167,22 @@ pub fn hit_frame(source_id: u32, seq: u64, n_hits: usize, n_planes: u16) -> Vec<
 pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut resp = String::new();
     s.read_to_string(&mut resp).unwrap();
-    let status = resp.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let status = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     (status, body)
 }
 
@@ -150,8 +190,15 @@ pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
 pub fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     text.lines()
         .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(name) && (l[name.len()..].starts_with('{') || l[name.len()..].starts_with(' ')))
-        .filter(|l| labels.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\""))))
+        .filter(|l| {
+            l.starts_with(name)
+                && (l[name.len()..].starts_with('{') || l[name.len()..].starts_with(' '))
+        })
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
@@ -167,7 +214,9 @@ pub fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
 
 /// The integer after `label` in a summary printed by trigd (e.g. "accept 12").
 pub fn summary_count(stdout: &str, label: &str) -> u64 {
-    let at = stdout.find(label).unwrap_or_else(|| panic!("{label} not in summary:\n{stdout}"));
+    let at = stdout
+        .find(label)
+        .unwrap_or_else(|| panic!("{label} not in summary:\n{stdout}"));
     stdout[at + label.len()..]
         .split(|c: char| !c.is_ascii_digit())
         .find(|s| !s.is_empty())
