@@ -41,6 +41,9 @@ fn udp_frames_get_one_decision_each_and_metrics_count_them() {
         "127.0.0.1:0",
         "--decisions",
         decisions.to_str().unwrap(),
+        // A generous deadline: this shared test machine must not turn frames into timeouts.
+        "--budget-ms",
+        "5000",
     ]);
     let udp = d.addr_from_log("listening");
     let metrics = d.addr_from_log("metrics at");
@@ -66,7 +69,11 @@ fn udp_frames_get_one_decision_each_and_metrics_count_them() {
         }
     }
     // Malformed: garbage, a bad CRC.
-    sock.send_to(b"not a frame at all, clearly", udp).unwrap();
+    sock.send_to(
+        b"not a frame at all, clearly: just some bytes from a broken board",
+        udp,
+    )
+    .unwrap();
     let mut bad = hit_frame(9, n, 10, 6);
     let last = bad.len() - 1;
     bad[last] ^= 0x55;
@@ -153,6 +160,9 @@ fn tcp_carries_events_larger_than_a_datagram() {
         "127.0.0.1:0",
         "--decisions",
         decisions.to_str().unwrap(),
+        // A generous deadline: this shared test machine must not turn frames into timeouts.
+        "--budget-ms",
+        "5000",
     ]);
     let tcp = d.addr_from_log("listening");
     let metrics = d.addr_from_log("metrics at");
@@ -193,6 +203,9 @@ fn sigterm_with_frames_in_flight_loses_none() {
         "127.0.0.1:0",
         "--decisions",
         decisions.to_str().unwrap(),
+        // A generous deadline: this shared test machine must not turn frames into timeouts.
+        "--budget-ms",
+        "5000",
     ]);
     let udp = d.addr_from_log("listening");
     let metrics = d.addr_from_log("metrics at");

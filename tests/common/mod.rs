@@ -116,7 +116,11 @@ impl Daemon {
                 while let Ok(l) = self.log.recv_timeout(Duration::from_millis(200)) {
                     self.lines.push(l);
                 }
-                return (st.code().unwrap_or(-1), out, self.lines);
+                return (
+                    st.code().unwrap_or(-1),
+                    out,
+                    std::mem::take(&mut self.lines),
+                );
             }
             if Instant::now() > deadline {
                 let _ = self.child.kill();
@@ -167,11 +171,7 @@ pub fn hit_frame(source_id: u32, seq: u64, n_hits: usize, n_planes: u16) -> Vec<
 pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
     let mut resp = String::new();
     s.read_to_string(&mut resp).unwrap();
     let status = resp
