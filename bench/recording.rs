@@ -54,7 +54,15 @@ fn main() {
         .collect();
     // Pre-encode a few distinct frames (sequence/timestamp are patched per frame below).
     let mut proto = Vec::new();
-    encode_hit_event(&mut proto, Stamp { source_id: 1, sequence: 0, timestamp_ns: 0 }, &hits);
+    encode_hit_event(
+        &mut proto,
+        Stamp {
+            source_id: 1,
+            sequence: 0,
+            timestamp_ns: 0,
+        },
+        &hits,
+    );
     let frame_len = proto.len();
     let frames_bytes = (n * frame_len) as u64;
     println!("# {n} hit frames of {frame_len} bytes ({n_hits} hits)");
@@ -101,7 +109,10 @@ fn main() {
 
     let (seek_best, found) = best_of(3, || {
         (0..100_000u64)
-            .map(|i| rec.index_at_or_after_timestamp((i * 7_919) % (1_000 * n as u64)).unwrap_or(0))
+            .map(|i| {
+                rec.index_at_or_after_timestamp((i * 7_919) % (1_000 * n as u64))
+                    .unwrap_or(0)
+            })
             .sum::<usize>()
     });
     assert!(found > 0);

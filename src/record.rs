@@ -93,7 +93,10 @@ pub fn record_from(
         if *n <= MALFORMED_LOGGED_PER_REASON {
             tracing::warn!(reason, "skipping malformed frame: {detail}");
             if *n == MALFORMED_LOGGED_PER_REASON {
-                tracing::warn!(reason, "further malformed frames of this reason are only counted");
+                tracing::warn!(
+                    reason,
+                    "further malformed frames of this reason are only counted"
+                );
             }
         }
     };
@@ -159,20 +162,55 @@ mod tests {
     use std::time::Duration;
 
     fn hit_frame(seq: u64) -> Vec<u8> {
-        let hits = vec![HitRecord { x_mm: 1.0, y_mm: 2.0, z_mm: 3.0, plane: 1, hit_id: 5 }; (seq % 4) as usize];
+        let hits = vec![
+            HitRecord {
+                x_mm: 1.0,
+                y_mm: 2.0,
+                z_mm: 3.0,
+                plane: 1,
+                hit_id: 5
+            };
+            (seq % 4) as usize
+        ];
         let mut b = Vec::new();
-        encode_hit_event(&mut b, Stamp { source_id: 2, sequence: seq, timestamp_ns: 10 * seq }, &hits);
+        encode_hit_event(
+            &mut b,
+            Stamp {
+                source_id: 2,
+                sequence: seq,
+                timestamp_ns: 10 * seq,
+            },
+            &hits,
+        );
         b
     }
 
+    /// Sets the flag when dropped, so a failing test stops its source thread instead of
+    /// hanging the scope that waits for it.
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Records on `scheme` while `drive` sends to it; returns the summary and the file.
-    fn capture(scheme: &str, dir: &Path, drive: impl FnOnce(Endpoint)) -> (RecordSummary, Recording) {
-        let source = format!("{scheme}://127.0.0.1:0").parse::<Endpoint>().unwrap().bind().unwrap();
+    fn capture(
+        scheme: &str,
+        dir: &Path,
+        drive: impl FnOnce(Endpoint),
+    ) -> (RecordSummary, Recording) {
+        let source = format!("{scheme}://127.0.0.1:0")
+            .parse::<Endpoint>()
+            .unwrap()
+            .bind()
+            .unwrap();
         let to = source.endpoint().unwrap();
         let out = dir.join(format!("{scheme}.trgd"));
         let stop = AtomicBool::new(false);
         let summary = std::thread::scope(|s| {
             let rx = s.spawn(|| record_from(&source, &out, FsyncPolicy::EveryFrames(16), &stop));
+            let _stop_on_panic = StopOnDrop(&stop);
             drive(to);
             std::thread::sleep(Duration::from_millis(300));
             stop.store(true, Ordering::Relaxed);
@@ -200,12 +238,25 @@ mod tests {
                 }
             }
         });
-        let seqs: Vec<u64> = rec.iter().map(|f| frame::parse(f).unwrap().sequence()).collect();
+        let seqs: Vec<u64> = rec
+            .iter()
+            .map(|f| frame::parse(f).unwrap().sequence())
+            .collect();
         assert_eq!(seqs, [0, 1, 2, 5, 6, 3]);
         assert_eq!(rec.frame(3), &hit_frame(5)[..]);
         assert_eq!(summary.frames_written, 6);
-        assert_eq!(summary.malformed, BTreeMap::from([("bad_crc", 1), ("too_short", 1)]));
-        assert_eq!((summary.sequence_gaps, summary.sequence_missing, summary.sequence_repeats), (1, 2, 1));
+        assert_eq!(
+            summary.malformed,
+            BTreeMap::from([("bad_crc", 1), ("too_short", 1)])
+        );
+        assert_eq!(
+            (
+                summary.sequence_gaps,
+                summary.sequence_missing,
+                summary.sequence_repeats
+            ),
+            (1, 2, 1)
+        );
         assert_eq!(summary.source.frames, 8);
     }
 
@@ -223,7 +274,7 @@ mod tests {
             send(&original, &to, None, &AtomicBool::new(false)).unwrap();
             // A second producer that dies mid-frame: counted, the capture goes on.
             let mut s = TcpStream::connect(to.addr()).unwrap();
-            s.write_all(&hit_frame(1000)[..50]).unwrap();
+            s.write_all(&hit_frame(1003)[..50]).unwrap();
         });
         assert_eq!(copy.len(), 300);
         assert!(copy.iter().eq(original.iter()));
@@ -236,13 +287,26 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let listen = Endpoint::Tcp(taken.local_addr().unwrap());
-        let e = record(&listen, &dir.path().join("x.trgd"), FsyncPolicy::Never, &AtomicBool::new(true))
-            .unwrap_err();
-        assert!(e.to_string().contains("cannot listen on tcp://127.0.0.1:"), "{e}");
+        let e = record(
+            &listen,
+            &dir.path().join("x.trgd"),
+            FsyncPolicy::Never,
+            &AtomicBool::new(true),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("cannot listen on tcp://127.0.0.1:"),
+            "{e}"
+        );
         let existing = dir.path().join("exists.trgd");
         std::fs::write(&existing, b"keep me").unwrap();
-        let e = record(&"udp://127.0.0.1:0".parse().unwrap(), &existing, FsyncPolicy::Never, &AtomicBool::new(true))
-            .unwrap_err();
+        let e = record(
+            &"udp://127.0.0.1:0".parse().unwrap(),
+            &existing,
+            FsyncPolicy::Never,
+            &AtomicBool::new(true),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("refusing to overwrite"), "{e}");
         assert_eq!(std::fs::read(&existing).unwrap(), b"keep me");
     }

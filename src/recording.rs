@@ -133,7 +133,7 @@ pub enum RecordingError {
     CorruptRecord { offset: u64, detail: String },
     #[error("corrupt index or trailer at byte offset {offset}: {detail}")]
     CorruptFooter { offset: u64, detail: String },
-    #[error("refusing to record a malformed frame ({}): {0}", .0.reason())]
+    #[error("refusing to record a malformed frame ({reason}): {0}", reason = .0.reason())]
     InvalidFrame(#[source] FrameError),
 }
 
@@ -184,7 +184,10 @@ impl FromStr for FsyncPolicy {
             _ => {}
         }
         if let Some(n) = t.strip_prefix("every:") {
-            let n: u64 = n.trim().parse().map_err(|_| err("N is not a whole number"))?;
+            let n: u64 = n
+                .trim()
+                .parse()
+                .map_err(|_| err("N is not a whole number"))?;
             if n == 0 {
                 return Err(err("N must be at least 1"));
             }
@@ -293,7 +296,11 @@ impl RecordingWriter {
         flags: u32,
     ) -> Result<Self, RecordingError> {
         let path = path.as_ref().to_path_buf();
-        assert_eq!(flags & !KNOWN_FLAGS, 0, "unknown recording flags {flags:#x}");
+        assert_eq!(
+            flags & !KNOWN_FLAGS,
+            0,
+            "unknown recording flags {flags:#x}"
+        );
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -930,7 +937,23 @@ fn scan(bytes: &[u8]) -> Result<(Vec<IndexEntry>, TornTail), RecordingError> {
         if (HEADER_LEN..=MAX_FRAME_LEN).contains(&declared)
             && rest.len() < RECORD_HEADER_LEN + declared
         {
-            break TornCause::PartialRecord { offset };
+            // Runs past the end: a torn last record, unless the frame header that follows
+            // (when it is all there) disagrees with the record's length; then the length
+            // itself is damaged and the "tail" would hide the rest of the file.
+            let frame_start = &rest[RECORD_HEADER_LEN..];
+            let agrees = match frame::peek_header(frame_start) {
+                Ok(h) => HEADER_LEN + h.payload_len.get() as usize == declared,
+                Err(_) => frame_start.len() < HEADER_LEN,
+            };
+            if agrees {
+                break TornCause::PartialRecord { offset };
+            }
+            return Err(RecordingError::CorruptRecord {
+                offset,
+                detail: format!(
+                    "record declares a {declared}-byte frame running past the end of the file, but the frame there does not match that length"
+                ),
+            });
         }
         let e = check_record(bytes, pos, len)?;
         pos += RECORD_HEADER_LEN + e.frame_len.get() as usize;
@@ -1028,7 +1051,12 @@ mod tests {
             let v = frame::parse(rec.frame(i)).unwrap();
             let e = rec.entry(i);
             assert_eq!(
-                (e.sequence, e.timestamp_ns, e.source_id, e.len_bytes as usize),
+                (
+                    e.sequence,
+                    e.timestamp_ns,
+                    e.source_id,
+                    e.len_bytes as usize
+                ),
                 (v.sequence(), v.timestamp_ns(), v.source_id(), f.len())
             );
         }
@@ -1114,18 +1142,35 @@ mod tests {
             ("never", FsyncPolicy::Never),
             ("always", FsyncPolicy::Always),
             ("every:1000", FsyncPolicy::EveryFrames(1000)),
-            ("interval:100ms", FsyncPolicy::Interval(Duration::from_millis(100))),
+            (
+                "interval:100ms",
+                FsyncPolicy::Interval(Duration::from_millis(100)),
+            ),
             ("interval:2s", FsyncPolicy::Interval(Duration::from_secs(2))),
-            ("interval:250us", FsyncPolicy::Interval(Duration::from_micros(250))),
-            ("interval:7ns", FsyncPolicy::Interval(Duration::from_nanos(7))),
+            (
+                "interval:250us",
+                FsyncPolicy::Interval(Duration::from_micros(250)),
+            ),
+            (
+                "interval:7ns",
+                FsyncPolicy::Interval(Duration::from_nanos(7)),
+            ),
         ];
         for (s, p) in cases {
             assert_eq!(s.parse::<FsyncPolicy>().unwrap(), p);
             assert_eq!(p.to_string(), s);
         }
         for bad in [
-            "", "sometimes", "every:", "every:0", "every:-3", "interval:", "interval:10",
-            "interval:0ms", "interval:5min", "interval:ms",
+            "",
+            "sometimes",
+            "every:",
+            "every:0",
+            "every:-3",
+            "interval:",
+            "interval:10",
+            "interval:0ms",
+            "interval:5min",
+            "interval:ms",
         ] {
             let e = bad.parse::<FsyncPolicy>().unwrap_err();
             assert!(e.to_string().contains("expected never, always"), "{e}");
@@ -1144,7 +1189,11 @@ mod tests {
         assert_eq!(rec.index_at_or_after_timestamp(1_491), None);
         assert_eq!(rec.frame(33), &fs[33][..]);
         // Interleaved producers: timestamps out of order, the first in file order wins.
-        let mixed = vec![hit_frame(0, 500, 1), hit_frame(1, 100, 1), hit_frame(2, 300, 1)];
+        let mixed = vec![
+            hit_frame(0, 500, 1),
+            hit_frame(1, 100, 1),
+            hit_frame(2, 300, 1),
+        ];
         let rec = Recording::from_bytes(recording_bytes(&mixed, false)).unwrap();
         assert_eq!(rec.index_at_or_after_timestamp(200), Some(0));
         assert_eq!(rec.index_at_or_after_timestamp(501), None);
@@ -1156,7 +1205,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cases: Vec<(Vec<u8>, &str)> = vec![
             (vec![], "shorter than the 32-byte recording header"),
-            (b"hello world, this is not a recording file".to_vec(), "not a trigd recording"),
+            (
+                b"hello world, this is not a recording file".to_vec(),
+                "not a trigd recording",
+            ),
             (hit_frame(0, 0, 3), "raw frames need a recording header"),
         ];
         for (i, (bytes, msg)) in cases.into_iter().enumerate() {
@@ -1165,7 +1217,9 @@ mod tests {
             let e = Recording::open(&p).unwrap_err().to_string();
             assert!(e.contains(msg), "{e}");
         }
-        let e = Recording::open(dir.path().join("missing")).unwrap_err().to_string();
+        let e = Recording::open(dir.path().join("missing"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("opening recording"), "{e}");
         let good = recording_bytes(&frames(3), true);
         let mut v = good.clone();
@@ -1176,7 +1230,10 @@ mod tests {
         ));
         let mut v = good.clone();
         v[20] ^= 1; // creation time, covered by the header CRC
-        assert!(matches!(Recording::from_bytes(v), Err(RecordingError::BadHeader(_))));
+        assert!(matches!(
+            Recording::from_bytes(v),
+            Err(RecordingError::BadHeader(_))
+        ));
     }
 
     #[test]
@@ -1194,13 +1251,19 @@ mod tests {
                 matches!(e, RecordingError::CorruptRecord { offset, .. } if offset == record_offset),
                 "{e}"
             );
-            assert!(e.to_string().contains(&format!("byte offset {record_offset}")));
+            assert!(e
+                .to_string()
+                .contains(&format!("byte offset {record_offset}")));
             // A record length that runs into the next records.
             let mut v = good.clone();
             v[record_offset as usize] = 0xff;
             v[record_offset as usize + 1] = 0xff;
             let e = Recording::from_bytes(v).unwrap_err();
-            assert!(e.to_string().contains(&format!("byte offset {record_offset}")), "{e}");
+            assert!(
+                e.to_string()
+                    .contains(&format!("byte offset {record_offset}")),
+                "{e}"
+            );
         }
     }
 
@@ -1208,11 +1271,17 @@ mod tests {
     fn corrupt_index_is_an_error() {
         let good = recording_bytes(&frames(4), true);
         let len = good.len();
-        for at in [len - TRAILER_LEN - 5, len - TRAILER_LEN - 4 * INDEX_ENTRY_LEN] {
+        for at in [
+            len - TRAILER_LEN - 5,
+            len - TRAILER_LEN - 4 * INDEX_ENTRY_LEN,
+        ] {
             let mut v = good.clone();
             v[at] ^= 0x01;
             let e = Recording::from_bytes(v).unwrap_err();
-            assert!(matches!(e, RecordingError::CorruptFooter { .. }), "at {at}: {e}");
+            assert!(
+                matches!(e, RecordingError::CorruptFooter { .. }),
+                "at {at}: {e}"
+            );
         }
     }
 
@@ -1228,7 +1297,9 @@ mod tests {
         assert_eq!(rec.len(), 4);
         assert_eq!(
             rec.torn_tail().unwrap().cause,
-            TornCause::PartialFooter { offset: records_end }
+            TornCause::PartialFooter {
+                offset: records_end
+            }
         );
     }
 
@@ -1241,7 +1312,12 @@ mod tests {
         let rec = Recording::from_bytes(v).unwrap();
         assert_eq!(rec.len(), 3);
         let t = rec.torn_tail().unwrap();
-        assert_eq!(t.cause, TornCause::ZeroFilled { offset: usable as u64 });
+        assert_eq!(
+            t.cause,
+            TornCause::ZeroFilled {
+                offset: usable as u64
+            }
+        );
         assert_eq!(t.usable_len_bytes, usable as u64);
     }
 

@@ -281,6 +281,9 @@ mod tests {
         assert_eq!(t.observe(2, 3), SeqEvent::Gap(1));
         assert_eq!(t.observe(3, u64::MAX), SeqEvent::First);
         assert_eq!(t.observe(3, u64::MAX), SeqEvent::Repeat);
-        assert_eq!((t.gaps(), t.missing(), t.repeats(), t.producers()), (2, 4, 3, 3));
+        assert_eq!(
+            (t.gaps(), t.missing(), t.repeats(), t.producers()),
+            (2, 4, 3, 3)
+        );
     }
 }

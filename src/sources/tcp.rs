@@ -201,7 +201,11 @@ fn extract(
                     },
                     arrival,
                 );
-                return if flow.is_break() { After::Break } else { After::Close };
+                return if flow.is_break() {
+                    After::Break
+                } else {
+                    After::Close
+                };
             }
         };
         if c.end - c.start < total {
@@ -274,9 +278,26 @@ mod tests {
     use std::time::Duration;
 
     fn hit_frame(source_id: u32, seq: u64, n: usize) -> Vec<u8> {
-        let hits = vec![HitRecord { x_mm: 1.0, y_mm: 2.0, z_mm: 3.0, plane: 1, hit_id: 5 }; n];
+        let hits = vec![
+            HitRecord {
+                x_mm: 1.0,
+                y_mm: 2.0,
+                z_mm: 3.0,
+                plane: 1,
+                hit_id: 5
+            };
+            n
+        ];
         let mut b = Vec::new();
-        encode_hit_event(&mut b, Stamp { source_id, sequence: seq, timestamp_ns: seq }, &hits);
+        encode_hit_event(
+            &mut b,
+            Stamp {
+                source_id,
+                sequence: seq,
+                timestamp_ns: seq,
+            },
+            &hits,
+        );
         b
     }
 
@@ -286,9 +307,22 @@ mod tests {
         Malformed(&'static str),
     }
 
+    /// Sets the flag when dropped, so a failing test stops the source thread instead of
+    /// hanging the scope that waits for it.
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Runs a TCP source on a loopback port while `drive` talks to it, then stops it.
     fn with_source(drive: impl FnOnce(SocketAddr)) -> (Vec<Got>, SourceStats) {
-        let bound = "tcp://127.0.0.1:0".parse::<Endpoint>().unwrap().bind().unwrap();
+        let bound = "tcp://127.0.0.1:0"
+            .parse::<Endpoint>()
+            .unwrap()
+            .bind()
+            .unwrap();
         let addr = bound.local_addr().unwrap();
         let stop = AtomicBool::new(false);
         std::thread::scope(|s| {
@@ -305,6 +339,7 @@ mod tests {
                     .unwrap();
                 (got, stats)
             });
+            let _stop_on_panic = StopOnDrop(&stop);
             drive(addr);
             std::thread::sleep(Duration::from_millis(300));
             stop.store(true, Ordering::Relaxed);
@@ -332,7 +367,10 @@ mod tests {
         });
         let want: Vec<Got> = frames.into_iter().map(Got::Frame).collect();
         assert_eq!(got, want);
-        assert_eq!((stats.frames, stats.malformed, stats.connections), (4, 0, 1));
+        assert_eq!(
+            (stats.frames, stats.malformed, stats.connections),
+            (4, 0, 1)
+        );
     }
 
     #[test]
@@ -406,7 +444,10 @@ mod tests {
             });
             assert_eq!(
                 got,
-                vec![Got::Frame(hit_frame(1, 0, 2)), Got::Malformed(REASON_TRUNCATED)],
+                vec![
+                    Got::Frame(hit_frame(1, 0, 2)),
+                    Got::Malformed(REASON_TRUNCATED)
+                ],
                 "cut at {cut}"
             );
             assert_eq!(stats.malformed, 1);

@@ -85,7 +85,11 @@ pub(crate) fn enlarge_recv_buffer(socket: &UdpSocket) {
     if set != 0 || get != 0 {
         tracing::warn!(error = %io::Error::last_os_error(), "could not enlarge the UDP receive buffer");
     } else {
-        tracing::debug!(requested_bytes = want, granted_bytes = got, "UDP receive buffer");
+        tracing::debug!(
+            requested_bytes = want,
+            granted_bytes = got,
+            "UDP receive buffer"
+        );
     }
 }
 
@@ -98,14 +102,35 @@ mod tests {
 
     #[test]
     fn datagrams_arrive_whole_and_stop_is_prompt() {
-        let bound = "udp://127.0.0.1:0".parse::<Endpoint>().unwrap().bind().unwrap();
+        let bound = "udp://127.0.0.1:0"
+            .parse::<Endpoint>()
+            .unwrap()
+            .bind()
+            .unwrap();
         let to = bound.local_addr().unwrap();
         let stop = AtomicBool::new(false);
         let mut frames = Vec::new();
         for seq in 0..20u64 {
             let mut b = Vec::new();
-            let hits = vec![HitRecord { x_mm: 1.0, y_mm: 2.0, z_mm: 3.0, plane: 1, hit_id: 5 }; seq as usize];
-            encode_hit_event(&mut b, Stamp { source_id: 1, sequence: seq, timestamp_ns: seq }, &hits);
+            let hits = vec![
+                HitRecord {
+                    x_mm: 1.0,
+                    y_mm: 2.0,
+                    z_mm: 3.0,
+                    plane: 1,
+                    hit_id: 5
+                };
+                seq as usize
+            ];
+            encode_hit_event(
+                &mut b,
+                Stamp {
+                    source_id: 1,
+                    sequence: seq,
+                    timestamp_ns: seq,
+                },
+                &hits,
+            );
             frames.push(b);
         }
         let mut big = vec![0xabu8; 60_000];
@@ -115,7 +140,9 @@ mod tests {
                 let mut got: Vec<Vec<u8>> = Vec::new();
                 let stats = bound
                     .run(&stop, |r, _at| {
-                        let Received::Frame(b) = r else { panic!("UDP never reports malformed") };
+                        let Received::Frame(b) = r else {
+                            panic!("UDP never reports malformed")
+                        };
                         got.push(b.to_vec());
                         ControlFlow::Continue(())
                     })
@@ -131,12 +158,19 @@ mod tests {
             let t = Instant::now();
             stop.store(true, Ordering::Relaxed);
             let (got, stats) = rx.join().unwrap();
-            assert!(t.elapsed() < Duration::from_millis(500), "stop took {:?}", t.elapsed());
+            assert!(
+                t.elapsed() < Duration::from_millis(500),
+                "stop took {:?}",
+                t.elapsed()
+            );
             assert_eq!(got.len(), 21);
             assert_eq!(&got[..20], &frames[..]);
             assert_eq!(got[20], big);
             assert_eq!(stats.frames, 21);
-            assert_eq!(stats.bytes, frames.iter().map(|f| f.len() as u64).sum::<u64>() + 60_000);
+            assert_eq!(
+                stats.bytes,
+                frames.iter().map(|f| f.len() as u64).sum::<u64>() + 60_000
+            );
         });
     }
 
