@@ -640,7 +640,10 @@ impl Recording {
     /// The exact wire bytes of frame `i` (header + payload), borrowed from the map.
     /// Panics if `i >= len()`, like slice indexing; see [`Recording::get`].
     pub fn frame(&self, i: usize) -> &[u8] {
-        let e = &self.entries()[i];
+        self.frame_of(&self.entries()[i])
+    }
+
+    fn frame_of(&self, e: &IndexEntry) -> &[u8] {
         let start = e.record_offset.get() as usize + RECORD_HEADER_LEN;
         &self.bytes[start..start + e.frame_len.get() as usize]
     }
@@ -664,7 +667,7 @@ impl Recording {
 
     /// All frames in file (= arrival) order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = &[u8]> + '_ {
-        (0..self.len()).map(move |i| self.frame(i))
+        self.entries().iter().map(move |e| self.frame_of(e))
     }
 
     /// Index of the first frame, in file order, whose timestamp is `>= ns`; `None` if there
