@@ -185,6 +185,15 @@ mod tests {
         b
     }
 
+    /// Sets the flag when dropped, so a failing test stops its source thread instead of
+    /// hanging the scope that waits for it.
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Records on `scheme` while `drive` sends to it; returns the summary and the file.
     fn capture(
         scheme: &str,
@@ -201,6 +210,7 @@ mod tests {
         let stop = AtomicBool::new(false);
         let summary = std::thread::scope(|s| {
             let rx = s.spawn(|| record_from(&source, &out, FsyncPolicy::EveryFrames(16), &stop));
+            let _stop_on_panic = StopOnDrop(&stop);
             drive(to);
             std::thread::sleep(Duration::from_millis(300));
             stop.store(true, Ordering::Relaxed);
@@ -264,7 +274,7 @@ mod tests {
             send(&original, &to, None, &AtomicBool::new(false)).unwrap();
             // A second producer that dies mid-frame: counted, the capture goes on.
             let mut s = TcpStream::connect(to.addr()).unwrap();
-            s.write_all(&hit_frame(1000)[..50]).unwrap();
+            s.write_all(&hit_frame(1003)[..50]).unwrap();
         });
         assert_eq!(copy.len(), 300);
         assert!(copy.iter().eq(original.iter()));

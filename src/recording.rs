@@ -640,7 +640,10 @@ impl Recording {
     /// The exact wire bytes of frame `i` (header + payload), borrowed from the map.
     /// Panics if `i >= len()`, like slice indexing; see [`Recording::get`].
     pub fn frame(&self, i: usize) -> &[u8] {
-        let e = &self.entries()[i];
+        self.frame_of(&self.entries()[i])
+    }
+
+    fn frame_of(&self, e: &IndexEntry) -> &[u8] {
         let start = e.record_offset.get() as usize + RECORD_HEADER_LEN;
         &self.bytes[start..start + e.frame_len.get() as usize]
     }
@@ -664,7 +667,7 @@ impl Recording {
 
     /// All frames in file (= arrival) order.
     pub fn iter(&self) -> impl ExactSizeIterator<Item = &[u8]> + '_ {
-        (0..self.len()).map(move |i| self.frame(i))
+        self.entries().iter().map(move |e| self.frame_of(e))
     }
 
     /// Index of the first frame, in file order, whose timestamp is `>= ns`; `None` if there
@@ -937,7 +940,23 @@ fn scan(bytes: &[u8]) -> Result<(Vec<IndexEntry>, TornTail), RecordingError> {
         if (HEADER_LEN..=MAX_FRAME_LEN).contains(&declared)
             && rest.len() < RECORD_HEADER_LEN + declared
         {
-            break TornCause::PartialRecord { offset };
+            // Runs past the end: a torn last record, unless the frame header that follows
+            // (when it is all there) disagrees with the record's length; then the length
+            // itself is damaged and the "tail" would hide the rest of the file.
+            let frame_start = &rest[RECORD_HEADER_LEN..];
+            let agrees = match frame::peek_header(frame_start) {
+                Ok(h) => HEADER_LEN + h.payload_len.get() as usize == declared,
+                Err(_) => frame_start.len() < HEADER_LEN,
+            };
+            if agrees {
+                break TornCause::PartialRecord { offset };
+            }
+            return Err(RecordingError::CorruptRecord {
+                offset,
+                detail: format!(
+                    "record declares a {declared}-byte frame running past the end of the file, but the frame there does not match that length"
+                ),
+            });
         }
         let e = check_record(bytes, pos, len)?;
         pos += RECORD_HEADER_LEN + e.frame_len.get() as usize;

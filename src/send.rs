@@ -327,10 +327,11 @@ mod tests {
                     .unwrap();
                 got
             });
-            let summary = send(rec, &to, rate_hz, &AtomicBool::new(false)).unwrap();
+            let summary = send(rec, &to, rate_hz, &AtomicBool::new(false));
             std::thread::sleep(Duration::from_millis(200));
             stop_rx.store(true, Ordering::Relaxed);
             let got = rx.join().unwrap();
+            let summary = summary.unwrap();
             assert_eq!(got.len(), rec.len(), "{scheme}");
             for (i, (b, _)) in got.iter().enumerate() {
                 assert_eq!(&b[..], rec.frame(i));

@@ -307,6 +307,15 @@ mod tests {
         Malformed(&'static str),
     }
 
+    /// Sets the flag when dropped, so a failing test stops the source thread instead of
+    /// hanging the scope that waits for it.
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Runs a TCP source on a loopback port while `drive` talks to it, then stops it.
     fn with_source(drive: impl FnOnce(SocketAddr)) -> (Vec<Got>, SourceStats) {
         let bound = "tcp://127.0.0.1:0"
@@ -330,6 +339,7 @@ mod tests {
                     .unwrap();
                 (got, stats)
             });
+            let _stop_on_panic = StopOnDrop(&stop);
             drive(addr);
             std::thread::sleep(Duration::from_millis(300));
             stop.store(true, Ordering::Relaxed);
