@@ -778,7 +778,19 @@ mod tests {
         assert_eq!(sample(&t, le4), Some(2.0));
         let count = r#"trigd_decision_latency_seconds_count{backend="cpu",workload="tracking"}"#;
         assert_eq!(sample(&t, count), Some(3.0));
-        assert!(t.contains("trigd_build_info{"));
+        let build = t
+            .lines()
+            .find(|l| l.starts_with("trigd_build_info{"))
+            .unwrap();
+        assert!(
+            build.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))),
+            "{build}"
+        );
+        assert!(
+            build.contains("rustc=\"rustc 1."),
+            "build.rs passes the rustc version: {build}"
+        );
+        assert!(build.ends_with("} 1"), "{build}");
         assert!(sample(&t, "trigd_start_time_seconds").unwrap() > 1.7e9);
     }
 
