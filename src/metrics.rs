@@ -608,8 +608,10 @@ impl Metrics {
         Stage::ALL.map(|s| self.stage(s))
     }
 
-    /// Handle for ring `name` of `capacity_slots` slots; sets `trigd_ring_capacity{ring}`.
+    /// Handle for ring `name` of `capacity_slots` slots; sets `trigd_ring_capacity{ring}` and
+    /// adds the slots to the frames the accounting check allows in flight. Call once per ring.
     pub fn ring(&self, name: &str, capacity_slots: usize) -> RingMetrics {
+        self.add_in_flight_frames(capacity_slots as u64);
         self.ring_capacity
             .with_label_values(&[name])
             .set(i64::try_from(capacity_slots).unwrap_or(i64::MAX));
@@ -640,10 +642,17 @@ impl Metrics {
         self.udp_send_errors.clone()
     }
 
-    /// Frames that may legitimately be between arrival and decision (ring slots + batch
-    /// slots); `trigd_accounting_balanced` tolerates this many. 0 (default) = exact.
+    /// Sets how many frames may legitimately be between arrival and decision;
+    /// `trigd_accounting_balanced` tolerates this many. Starts at 0 (exact) and grows with
+    /// every [`Metrics::ring`]; add batch and worker slots with [`Metrics::add_in_flight_frames`].
     pub fn set_in_flight_max_frames(&self, frames: u64) {
         self.in_flight_max_frames.store(frames, Ordering::Relaxed);
+    }
+
+    /// Adds `frames` to the in-flight bound (batch slots, frames held by workers).
+    pub fn add_in_flight_frames(&self, frames: u64) {
+        self.in_flight_max_frames
+            .fetch_add(frames, Ordering::Relaxed);
     }
 
     /// Recomputes `trigd_accounting_balanced{source}` for every source. `in_flight_max`
@@ -769,7 +778,19 @@ mod tests {
         assert_eq!(sample(&t, le4), Some(2.0));
         let count = r#"trigd_decision_latency_seconds_count{backend="cpu",workload="tracking"}"#;
         assert_eq!(sample(&t, count), Some(3.0));
-        assert!(t.contains("trigd_build_info{"));
+        let build = t
+            .lines()
+            .find(|l| l.starts_with("trigd_build_info{"))
+            .unwrap();
+        assert!(
+            build.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))),
+            "{build}"
+        );
+        assert!(
+            build.contains("rustc=\"rustc 1."),
+            "build.rs passes the rustc version: {build}"
+        );
+        assert!(build.ends_with("} 1"), "{build}");
         assert!(sample(&t, "trigd_start_time_seconds").unwrap() > 1.7e9);
     }
 
@@ -798,6 +819,29 @@ mod tests {
         assert_eq!(
             sample(&t, r#"trigd_accounting_balanced{source="tcp"}"#),
             Some(0.0)
+        );
+    }
+
+    #[test]
+    fn frames_in_rings_count_as_in_flight() {
+        let m = Metrics::new().unwrap();
+        let s = m.source("udp0");
+        for _ in 0..5 {
+            s.received();
+        }
+        assert_eq!(m.check_accounting(None).len(), 1);
+        let _ring = m.ring("udp0", 4);
+        assert_eq!(
+            m.check_accounting(None).len(),
+            1,
+            "5 undecided frames > 4 ring slots"
+        );
+        m.add_in_flight_frames(1);
+        assert!(m.check_accounting(None).is_empty());
+        assert_eq!(
+            m.check_accounting(Some(0)).len(),
+            1,
+            "after draining, exact"
         );
     }
 

@@ -344,6 +344,14 @@ impl DecisionRecord {
     }
 }
 
+/// Encodes one record to its [`RECORD_SIZE`] bytes (what the UDP stream sends).
+pub fn encode_record(d: &Decision) -> Result<[u8; RECORD_SIZE], RecordError> {
+    let r = DecisionRecord::from_decision(d)?;
+    let mut out = [0u8; RECORD_SIZE];
+    out.copy_from_slice(r.as_bytes());
+    Ok(out)
+}
+
 /// Decodes one record from exactly [`RECORD_SIZE`] bytes (a UDP datagram, say).
 pub fn decode_record(bytes: &[u8]) -> Result<Decision, RecordError> {
     let r = DecisionRecord::read_from_bytes(bytes).map_err(|_| RecordError::Size(bytes.len()))?;
