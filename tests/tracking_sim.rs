@@ -11,7 +11,9 @@ use trigd::tracking::track::Track;
 use trigd::tracking::trackml;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name)
 }
 
 /// Tracks made of the true hit sets (no fit): what a perfect finder returns.
@@ -22,12 +24,23 @@ fn truth_tracks(truth: &[trigd::tracking::simulate::HitTruth]) -> Vec<Track> {
             by_particle.entry(t.particle_id).or_default().push(i as u32);
         }
     }
-    by_particle.into_values().filter(|h| h.len() >= 3).map(|hits| Track { hits, ..Track::default() }).collect()
+    by_particle
+        .into_values()
+        .filter(|h| h.len() >= 3)
+        .map(|hits| Track {
+            hits,
+            ..Track::default()
+        })
+        .collect()
 }
 
 #[test]
 fn every_detector_fixture_simulates_and_round_trips() {
-    for name in ["detector.toml", "telescope.toml", "tracking/dipole/detector_dipole.toml"] {
+    for name in [
+        "detector.toml",
+        "telescope.toml",
+        "tracking/dipole/detector_dipole.toml",
+    ] {
         let det = Detector::from_toml_file(fixture(name)).unwrap_or_else(|e| panic!("{e}"));
         let cfg = SimConfig::preset(Preset::Minbias);
         let events: Vec<_> = simulate_events(&det, &cfg, 77, 0, 4).collect();
@@ -35,18 +48,36 @@ fn every_detector_fixture_simulates_and_round_trips() {
         for ev in &events {
             trackml::write_event(dir.path(), ev).unwrap();
         }
-        let mut evaluator = Evaluator::new(EvalConfig { min_p_gev: 0.0, ..EvalConfig::default() }, Some(&det));
+        let mut evaluator = Evaluator::new(
+            EvalConfig {
+                min_p_gev: 0.0,
+                ..EvalConfig::default()
+            },
+            Some(&det),
+        );
         for (read, ev) in trackml::read_trackml_dir(dir.path()).unwrap().zip(&events) {
             let read = read.unwrap();
             assert_eq!(read.hits, ev.hits, "{name}");
             let truth = read.truth.unwrap();
-            evaluator.add_event(read.event_id, &read.hits, &truth, read.particles.as_deref(), &truth_tracks(&truth)).unwrap();
+            evaluator
+                .add_event(
+                    read.event_id,
+                    &read.hits,
+                    &truth,
+                    read.particles.as_deref(),
+                    &truth_tracks(&truth),
+                )
+                .unwrap();
         }
         let report = evaluator.finish();
         assert_eq!(report.n_ghosts, 0, "{name}");
         if report.n_reconstructable > 0 {
             assert_eq!(report.efficiency, 1.0, "{name}");
-            assert!((report.trackml_score - 1.0).abs() < 1e-9, "{name}: {}", report.trackml_score);
+            assert!(
+                (report.trackml_score - 1.0).abs() < 1e-9,
+                "{name}: {}",
+                report.trackml_score
+            );
         }
     }
 }
@@ -54,7 +85,9 @@ fn every_detector_fixture_simulates_and_round_trips() {
 #[test]
 fn central_events_have_over_a_thousand_reconstructable_particles() {
     let det = Detector::from_toml_file(fixture("detector.toml")).unwrap();
-    let ev = simulate_events(&det, &SimConfig::preset(Preset::Central), 1, 0, 1).next().unwrap();
+    let ev = simulate_events(&det, &SimConfig::preset(Preset::Central), 1, 0, 1)
+        .next()
+        .unwrap();
     let n = ev.particles.iter().filter(|p| p.n_hits >= 4).count();
     assert!(n > 1000, "{n} particles with hits on >= 4 planes");
 }

@@ -80,7 +80,10 @@ pub fn run_simulate(
     let det = Detector::from_toml_file(&args.geometry)?;
     let mut cfg = SimConfig::preset(args.preset);
     if let Some(n) = args.noise_per_plane {
-        anyhow::ensure!(n.is_finite() && n >= 0.0, "--noise-per-plane {n} must be >= 0");
+        anyhow::ensure!(
+            n.is_finite() && n >= 0.0,
+            "--noise-per-plane {n} must be >= 0"
+        );
         cfg.noise_hits_per_plane = n;
     }
     if let Some(m) = args.multiplicity {
@@ -90,9 +93,17 @@ pub fn run_simulate(
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let t0_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let t0_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
     let interval_ns = (1e9 / args.rate_hz) as u64;
-    let mut summary = SimulateSummary { n_events: 0, n_hits: 0, n_particles: 0, n_reconstructable: 0 };
+    let mut summary = SimulateSummary {
+        n_events: 0,
+        n_hits: 0,
+        n_particles: 0,
+        n_reconstructable: 0,
+    };
     for ev in simulate::simulate_events(&det, &cfg, args.seed, args.first_event, args.events) {
         if let Some(dir) = &args.out {
             trackml::write_event(dir, &ev)?;
@@ -103,13 +114,17 @@ pub fn run_simulate(
                 sequence: ev.event_id,
                 timestamp_ns: t0_ns + (ev.event_id - args.first_event) * interval_ns,
             };
-            write_frame(&simulate::encode_event_frame(&ev, stamp)).with_context(|| format!("writing event {}", ev.event_id))?;
+            write_frame(&simulate::encode_event_frame(&ev, stamp))
+                .with_context(|| format!("writing event {}", ev.event_id))?;
         }
         summary.n_events += 1;
         summary.n_hits += ev.hits.len() as u64;
         summary.n_particles += ev.particles.len() as u64;
-        summary.n_reconstructable +=
-            ev.particles.iter().filter(|p| p.n_hits as usize >= simulate::RECONSTRUCTABLE_MIN_PLANES).count() as u64;
+        summary.n_reconstructable += ev
+            .particles
+            .iter()
+            .filter(|p| p.n_hits as usize >= simulate::RECONSTRUCTABLE_MIN_PLANES)
+            .count() as u64;
     }
     Ok(summary)
 }
@@ -146,23 +161,41 @@ pub struct EvalTrackingArgs {
 }
 
 /// Groups submission rows into per-event tracks (indices into the event's hits).
-fn submission_tracks(path: &Path) -> anyhow::Result<std::collections::HashMap<u64, Vec<(u32, u64)>>> {
+fn submission_tracks(
+    path: &Path,
+) -> anyhow::Result<std::collections::HashMap<u64, Vec<(u32, u64)>>> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let rows = trackml::parse_submission_csv(&bytes, &path.display().to_string())?;
-    let mut by_event: std::collections::HashMap<u64, Vec<(u32, u64)>> = std::collections::HashMap::new();
+    let mut by_event: std::collections::HashMap<u64, Vec<(u32, u64)>> =
+        std::collections::HashMap::new();
     for (event_id, hit_id, track_id) in rows {
-        by_event.entry(event_id).or_default().push((hit_id, track_id));
+        by_event
+            .entry(event_id)
+            .or_default()
+            .push((hit_id, track_id));
     }
     Ok(by_event)
 }
 
-fn tracks_from_submission(event_id: u64, hits: &[HitRecord], rows: &[(u32, u64)], origin: &Path) -> anyhow::Result<Vec<Track>> {
-    let index: std::collections::HashMap<u32, u32> = hits.iter().enumerate().map(|(i, h)| (h.hit_id, i as u32)).collect();
+fn tracks_from_submission(
+    event_id: u64,
+    hits: &[HitRecord],
+    rows: &[(u32, u64)],
+    origin: &Path,
+) -> anyhow::Result<Vec<Track>> {
+    let index: std::collections::HashMap<u32, u32> = hits
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (h.hit_id, i as u32))
+        .collect();
     let mut by_track: std::collections::BTreeMap<u64, Vec<u32>> = std::collections::BTreeMap::new();
     for &(hit_id, track_id) in rows {
-        let &i = index
-            .get(&hit_id)
-            .with_context(|| format!("{}: event {event_id}: hit_id {hit_id} is not in the event", origin.display()))?;
+        let &i = index.get(&hit_id).with_context(|| {
+            format!(
+                "{}: event {event_id}: hit_id {hit_id} is not in the event",
+                origin.display()
+            )
+        })?;
         if track_id != 0 {
             by_track.entry(track_id).or_default().push(i);
         }
@@ -171,7 +204,10 @@ fn tracks_from_submission(event_id: u64, hits: &[HitRecord], rows: &[(u32, u64)]
         .into_values()
         .map(|mut hits_of| {
             hits_of.sort_by(|&a, &b| hits[a as usize].z_mm.total_cmp(&hits[b as usize].z_mm));
-            Track { hits: hits_of, ..Track::default() }
+            Track {
+                hits: hits_of,
+                ..Track::default()
+            }
         })
         .collect())
 }
@@ -184,23 +220,45 @@ pub fn run_eval(
     mut reconstruct: impl FnMut(&Detector, &[HitRecord]) -> anyhow::Result<Vec<Track>>,
 ) -> anyhow::Result<EvalReport> {
     let det = Detector::from_toml_file(&args.geometry)?;
-    anyhow::ensure!(args.min_p.is_finite() && args.min_p >= 0.0, "--min-p {} must be >= 0", args.min_p);
-    let cfg = EvalConfig { min_p_gev: args.min_p, min_planes: args.min_planes, ..EvalConfig::default() };
+    anyhow::ensure!(
+        args.min_p.is_finite() && args.min_p >= 0.0,
+        "--min-p {} must be >= 0",
+        args.min_p
+    );
+    let cfg = EvalConfig {
+        min_p_gev: args.min_p,
+        min_planes: args.min_planes,
+        ..EvalConfig::default()
+    };
     let submission = args.tracks.as_deref().map(submission_tracks).transpose()?;
     let mut evaluator = Evaluator::new(cfg, Some(&det));
     let limit = args.max_events.unwrap_or(usize::MAX);
     for ev in trackml::read_trackml_dir(&args.events)?.take(limit) {
         let ev = ev?;
         let truth = ev.truth.as_ref().with_context(|| {
-            format!("{}: event {} has no truth file: evaluation needs eventNNNNNNNNN-truth.csv", args.events.display(), ev.event_id)
+            format!(
+                "{}: event {} has no truth file: evaluation needs eventNNNNNNNNN-truth.csv",
+                args.events.display(),
+                ev.event_id
+            )
         })?;
         let tracks = match (&submission, &args.tracks) {
-            (Some(rows), Some(path)) => {
-                tracks_from_submission(ev.event_id, &ev.hits, rows.get(&ev.event_id).map_or(&[][..], |r| r.as_slice()), path)?
-            }
-            _ => reconstruct(&det, &ev.hits).with_context(|| format!("reconstructing event {}", ev.event_id))?,
+            (Some(rows), Some(path)) => tracks_from_submission(
+                ev.event_id,
+                &ev.hits,
+                rows.get(&ev.event_id).map_or(&[][..], |r| r.as_slice()),
+                path,
+            )?,
+            _ => reconstruct(&det, &ev.hits)
+                .with_context(|| format!("reconstructing event {}", ev.event_id))?,
         };
-        evaluator.add_event(ev.event_id, &ev.hits, truth, ev.particles.as_deref(), &tracks)?;
+        evaluator.add_event(
+            ev.event_id,
+            &ev.hits,
+            truth,
+            ev.particles.as_deref(),
+            &tracks,
+        )?;
     }
     let report = evaluator.finish();
     let markdown = report.to_markdown();
@@ -214,7 +272,8 @@ pub fn run_eval(
         std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(dir) = &args.plots {
-        super::eval::write_plots(&report, dir).map_err(|e| anyhow::anyhow!("writing plots to {}: {e}", dir.display()))?;
+        super::eval::write_plots(&report, dir)
+            .map_err(|e| anyhow::anyhow!("writing plots to {}: {e}", dir.display()))?;
     }
     Ok(report)
 }
@@ -276,16 +335,26 @@ mod tests {
             min_planes: 4,
             max_events: None,
         };
-        let report = run_eval(&eval_args, |_, _| panic!("must not reconstruct with --tracks")).unwrap();
+        let report = run_eval(&eval_args, |_, _| {
+            panic!("must not reconstruct with --tracks")
+        })
+        .unwrap();
         assert_eq!(report.n_events, 3);
         assert_eq!(report.efficiency, 1.0);
         assert!((report.trackml_score - 1.0).abs() < 1e-9);
         assert!(dir.path().join("plots/pulls.svg").exists());
-        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("report.json")).unwrap()).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("report.json")).unwrap())
+                .unwrap();
         assert_eq!(json["n_events"], 3);
 
         // The reconstruction hook: no tracks at all gives zero efficiency.
-        let eval_args = EvalTrackingArgs { tracks: None, plots: None, json: None, ..eval_args };
+        let eval_args = EvalTrackingArgs {
+            tracks: None,
+            plots: None,
+            json: None,
+            ..eval_args
+        };
         let report = run_eval(&eval_args, |_, _| Ok(Vec::new())).unwrap();
         assert_eq!((report.efficiency, report.n_tracks), (0.0, 0));
     }

@@ -57,7 +57,9 @@ impl Default for EvalConfig {
             min_planes: simulate::RECONSTRUCTABLE_MIN_PLANES,
             min_p_gev: 1.0,
             match_fraction: 0.7,
-            p_bin_edges_gev: vec![0.2, 0.5, 1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0],
+            p_bin_edges_gev: vec![
+                0.2, 0.5, 1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0,
+            ],
         }
     }
 }
@@ -66,9 +68,18 @@ impl Default for EvalConfig {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum EvalError {
     #[error("event {event_id}: {n_truth} truth rows for {n_hits} hits")]
-    TruthLength { event_id: u64, n_hits: usize, n_truth: usize },
+    TruthLength {
+        event_id: u64,
+        n_hits: usize,
+        n_truth: usize,
+    },
     #[error("event {event_id}: track {track} refers to hit index {index}, but the event has {n_hits} hits")]
-    HitIndex { event_id: u64, track: usize, index: u32, n_hits: usize },
+    HitIndex {
+        event_id: u64,
+        track: usize,
+        index: u32,
+        n_hits: usize,
+    },
 }
 
 /// Robust mean and width of a distribution (see the module documentation).
@@ -86,7 +97,10 @@ pub fn robust_stat(values: &[f64]) -> RobustStat {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
     let n_total = v.len();
     if v.is_empty() {
-        return RobustStat { n_total: values.len(), ..Default::default() };
+        return RobustStat {
+            n_total: values.len(),
+            ..Default::default()
+        };
     }
     v.sort_by(f64::total_cmp);
     let median = v[v.len() / 2];
@@ -97,7 +111,10 @@ pub fn robust_stat(values: &[f64]) -> RobustStat {
     let mut used = (0, v.len());
     for _ in 0..50 {
         let (lo, hi) = if width > 0.0 {
-            (v.partition_point(|x| *x < mean - 3.0 * width), v.partition_point(|x| *x <= mean + 3.0 * width))
+            (
+                v.partition_point(|x| *x < mean - 3.0 * width),
+                v.partition_point(|x| *x <= mean + 3.0 * width),
+            )
         } else {
             (0, v.len())
         };
@@ -116,7 +133,12 @@ pub fn robust_stat(values: &[f64]) -> RobustStat {
             break;
         }
     }
-    RobustStat { mean, width, n_used: used.1 - used.0, n_total }
+    RobustStat {
+        mean,
+        width,
+        n_used: used.1 - used.0,
+        n_total,
+    }
 }
 
 /// One momentum bin of the efficiency and resolution.
@@ -239,11 +261,20 @@ impl<'d> Evaluator<'d> {
         tracks: &[Track],
     ) -> Result<(), EvalError> {
         if truth.len() != hits.len() {
-            return Err(EvalError::TruthLength { event_id, n_hits: hits.len(), n_truth: truth.len() });
+            return Err(EvalError::TruthLength {
+                event_id,
+                n_hits: hits.len(),
+                n_truth: truth.len(),
+            });
         }
         for (t, track) in tracks.iter().enumerate() {
             if let Some(&index) = track.hits.iter().find(|&&i| i as usize >= hits.len()) {
-                return Err(EvalError::HitIndex { event_id, track: t, index, n_hits: hits.len() });
+                return Err(EvalError::HitIndex {
+                    event_id,
+                    track: t,
+                    index,
+                    n_hits: hits.len(),
+                });
             }
         }
         // Particle summaries from the truth hits (first hit = most upstream plane).
@@ -253,7 +284,12 @@ impl<'d> Evaluator<'d> {
             if t.particle_id == 0 {
                 continue;
             }
-            let e = info.entry(t.particle_id).or_insert_with(|| ParticleInfo { planes: Vec::new(), n_hits: 0, p_gev: 0.0, q: 0.0 });
+            let e = info.entry(t.particle_id).or_insert_with(|| ParticleInfo {
+                planes: Vec::new(),
+                n_hits: 0,
+                p_gev: 0.0,
+                q: 0.0,
+            });
             e.planes.push(h.plane);
             e.n_hits += 1;
             let f = first_hit.entry(t.particle_id).or_insert(i);
@@ -261,7 +297,8 @@ impl<'d> Evaluator<'d> {
                 *f = i;
             }
         }
-        let vertex: HashMap<u64, &Particle> = particles.unwrap_or(&[]).iter().map(|p| (p.id, p)).collect();
+        let vertex: HashMap<u64, &Particle> =
+            particles.unwrap_or(&[]).iter().map(|p| (p.id, p)).collect();
         for (id, e) in info.iter_mut() {
             e.planes.sort_unstable();
             e.planes.dedup();
@@ -285,9 +322,16 @@ impl<'d> Evaluator<'d> {
             for &i in &track.hits {
                 *counts.entry(truth[i as usize].particle_id).or_default() += 1;
             }
-            let best = counts.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0))).map(|(&id, &n)| (id, n));
+            let best = counts
+                .iter()
+                .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+                .map(|(&id, &n)| (id, n));
             let matched = match best {
-                Some((id, n)) if id != 0 && n as f64 >= self.cfg.match_fraction * track.hits.len() as f64 => Some(id),
+                Some((id, n))
+                    if id != 0 && n as f64 >= self.cfg.match_fraction * track.hits.len() as f64 =>
+                {
+                    Some(id)
+                }
                 _ => None,
             };
             let Some(id) = matched else {
@@ -324,7 +368,14 @@ impl<'d> Evaluator<'d> {
         Ok(())
     }
 
-    fn add_fit_quality(&mut self, track: &Track, id: u64, q: Option<f64>, hits: &[HitRecord], truth: &[HitTruth]) {
+    fn add_fit_quality(
+        &mut self,
+        track: &Track,
+        id: u64,
+        q: Option<f64>,
+        hits: &[HitRecord],
+        truth: &[HitTruth],
+    ) {
         let var: [f64; 5] = std::array::from_fn(|i| track.var(i) as f64);
         if var.iter().any(|v| !(v.is_finite() && *v > 0.0)) {
             return;
@@ -334,7 +385,11 @@ impl<'d> Evaluator<'d> {
             .iter()
             .enumerate()
             .filter(|(_, t)| t.particle_id == id)
-            .min_by(|a, b| (a.1.pos_mm[2] - z).abs().total_cmp(&(b.1.pos_mm[2] - z).abs()))
+            .min_by(|a, b| {
+                (a.1.pos_mm[2] - z)
+                    .abs()
+                    .total_cmp(&(b.1.pos_mm[2] - z).abs())
+            })
         else {
             return;
         };
@@ -410,7 +465,11 @@ impl<'d> Evaluator<'d> {
                         histogram[b.min(PULL_BINS - 1)] += 1;
                     }
                 }
-                Pull { parameter: PARAMETERS[k], stat: robust_stat(&self.pulls[k]), histogram }
+                Pull {
+                    parameter: PARAMETERS[k],
+                    stat: robust_stat(&self.pulls[k]),
+                    histogram,
+                }
             })
             .collect();
         EvalReport {
@@ -426,7 +485,11 @@ impl<'d> Evaluator<'d> {
             n_matched_tracks: self.n_matched,
             n_clones: self.n_clones,
             clone_rate: ratio(self.n_clones, self.n_matched),
-            trackml_score: if self.n_events == 0 { 0.0 } else { self.score_sum / self.n_events as f64 },
+            trackml_score: if self.n_events == 0 {
+                0.0
+            } else {
+                self.score_sum / self.n_events as f64
+            },
             efficiency_vs_p,
             momentum_resolution: robust_stat(&self.resolution),
             pulls,
@@ -435,7 +498,12 @@ impl<'d> Evaluator<'d> {
 }
 
 /// TrackML double-majority score of one event (see the module documentation).
-fn trackml_score(n_hits: usize, truth: &[HitTruth], tracks: &[Track], info: &HashMap<u64, ParticleInfo>) -> f64 {
+fn trackml_score(
+    n_hits: usize,
+    truth: &[HitTruth],
+    tracks: &[Track],
+    info: &HashMap<u64, ParticleInfo>,
+) -> f64 {
     let total_weight: f64 = truth.iter().map(|t| t.weight).sum();
     if total_weight <= 0.0 {
         return 0.0;
@@ -463,7 +531,12 @@ fn trackml_score(n_hits: usize, truth: &[HitTruth], tracks: &[Track], info: &Has
             e.0 += 1;
             e.1 += truth[i].weight;
         }
-        let Some((&id, &(n, w))) = counts.iter().max_by(|a, b| a.1 .0.cmp(&b.1 .0).then(b.0.cmp(a.0))) else { continue };
+        let Some((&id, &(n, w))) = counts
+            .iter()
+            .max_by(|a, b| a.1 .0.cmp(&b.1 .0).then(b.0.cmp(a.0)))
+        else {
+            continue;
+        };
         if id == 0 {
             continue;
         }
@@ -497,22 +570,47 @@ impl EvalReport {
             "| efficiency | {:.4} ± {:.4} ({} / {}) |",
             self.efficiency, self.efficiency_error, self.n_reconstructed, self.n_reconstructable
         );
-        let _ = writeln!(s, "| ghost rate | {:.4} ({} / {}) |", self.ghost_rate, self.n_ghosts, self.n_tracks);
-        let _ = writeln!(s, "| clone rate | {:.4} ({} / {}) |", self.clone_rate, self.n_clones, self.n_matched_tracks);
+        let _ = writeln!(
+            s,
+            "| ghost rate | {:.4} ({} / {}) |",
+            self.ghost_rate, self.n_ghosts, self.n_tracks
+        );
+        let _ = writeln!(
+            s,
+            "| clone rate | {:.4} ({} / {}) |",
+            self.clone_rate, self.n_clones, self.n_matched_tracks
+        );
         let _ = writeln!(s, "| TrackML score | {:.4} |", self.trackml_score);
         let r = &self.momentum_resolution;
-        let _ = writeln!(s, "| dp/p (mean, width) | {:.2e}, {:.2e} (n = {}) |\n", r.mean, r.width, r.n_total);
+        let _ = writeln!(
+            s,
+            "| dp/p (mean, width) | {:.2e}, {:.2e} (n = {}) |\n",
+            r.mean, r.width, r.n_total
+        );
         let _ = writeln!(s, "| p bin (GeV/c) | particles | found | efficiency | dp/p width |\n| --- | --- | --- | --- | --- |");
         for b in &self.efficiency_vs_p {
             let _ = writeln!(
                 s,
                 "| {}–{} | {} | {} | {:.3} ± {:.3} | {:.2e} |",
-                b.p_lo_gev, b.p_hi_gev, b.n_particles, b.n_found, b.efficiency, b.efficiency_error, b.resolution.width
+                b.p_lo_gev,
+                b.p_hi_gev,
+                b.n_particles,
+                b.n_found,
+                b.efficiency,
+                b.efficiency_error,
+                b.resolution.width
             );
         }
-        let _ = writeln!(s, "\n| pull | mean | width | n |\n| --- | --- | --- | --- |");
+        let _ = writeln!(
+            s,
+            "\n| pull | mean | width | n |\n| --- | --- | --- | --- |"
+        );
         for p in &self.pulls {
-            let _ = writeln!(s, "| {} | {:.3} | {:.3} | {} |", p.parameter, p.stat.mean, p.stat.width, p.stat.n_total);
+            let _ = writeln!(
+                s,
+                "| {} | {:.3} | {:.3} | {} |",
+                p.parameter, p.stat.mean, p.stat.width, p.stat.n_total
+            );
         }
         s
     }
@@ -522,17 +620,42 @@ impl EvalReport {
 /// TrueType font: `TRIGD_FONT` (a .ttf path) or DejaVu Sans / Liberation Sans from the
 /// usual system paths; without one the plots are drawn without text (the markdown and
 /// JSON carry the numbers).
-pub fn write_plots(report: &EvalReport, dir: &Path) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+pub fn write_plots(
+    report: &EvalReport,
+    dir: &Path,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     use plotters::prelude::*;
     std::fs::create_dir_all(dir)?;
     let text = plot::ensure_font();
-    let err = |e: Box<dyn std::error::Error>| -> Box<dyn std::error::Error + Send + Sync> { e.to_string().into() };
+    let err = |e: Box<dyn std::error::Error>| -> Box<dyn std::error::Error + Send + Sync> {
+        e.to_string().into()
+    };
     let size = (800, 500);
-    plot::efficiency(SVGBackend::new(&dir.join("efficiency_vs_p.svg"), size).into_drawing_area(), report, text).map_err(err)?;
-    plot::efficiency(BitMapBackend::new(&dir.join("efficiency_vs_p.png"), size).into_drawing_area(), report, text).map_err(err)?;
+    plot::efficiency(
+        SVGBackend::new(&dir.join("efficiency_vs_p.svg"), size).into_drawing_area(),
+        report,
+        text,
+    )
+    .map_err(err)?;
+    plot::efficiency(
+        BitMapBackend::new(&dir.join("efficiency_vs_p.png"), size).into_drawing_area(),
+        report,
+        text,
+    )
+    .map_err(err)?;
     let size = (1200, 700);
-    plot::pulls(SVGBackend::new(&dir.join("pulls.svg"), size).into_drawing_area(), report, text).map_err(err)?;
-    plot::pulls(BitMapBackend::new(&dir.join("pulls.png"), size).into_drawing_area(), report, text).map_err(err)?;
+    plot::pulls(
+        SVGBackend::new(&dir.join("pulls.svg"), size).into_drawing_area(),
+        report,
+        text,
+    )
+    .map_err(err)?;
+    plot::pulls(
+        BitMapBackend::new(&dir.join("pulls.png"), size).into_drawing_area(),
+        report,
+        text,
+    )
+    .map_err(err)?;
     Ok(())
 }
 
@@ -554,12 +677,17 @@ mod plot {
     pub fn ensure_font() -> bool {
         static FONT: OnceLock<bool> = OnceLock::new();
         *FONT.get_or_init(|| {
-            let candidates = std::env::var("TRIGD_FONT").ok().into_iter().chain(FONT_PATHS.iter().map(|s| s.to_string()));
+            let candidates = std::env::var("TRIGD_FONT")
+                .ok()
+                .into_iter()
+                .chain(FONT_PATHS.iter().map(|s| s.to_string()));
             for path in candidates {
                 if let Ok(bytes) = std::fs::read(&path) {
                     // Registered for the life of the process: plotters wants 'static bytes.
                     let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-                    if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
+                    if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+                        .is_ok()
+                    {
                         return true;
                     }
                 }
@@ -568,44 +696,89 @@ mod plot {
         })
     }
 
-    pub fn efficiency<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &EvalReport, text: bool) -> Result<(), Box<dyn Error>>
+    pub fn efficiency<DB: DrawingBackend>(
+        root: DrawingArea<DB, Shift>,
+        r: &EvalReport,
+        text: bool,
+    ) -> Result<(), Box<dyn Error>>
     where
         DB::ErrorType: 'static,
     {
         root.fill(&WHITE)?;
-        let lo = r.efficiency_vs_p.first().map_or(0.1, |b| b.p_lo_gev.max(0.05));
-        let hi = r.efficiency_vs_p.last().map_or(100.0, |b| b.p_hi_gev.max(lo * 2.0));
+        let lo = r
+            .efficiency_vs_p
+            .first()
+            .map_or(0.1, |b| b.p_lo_gev.max(0.05));
+        let hi = r
+            .efficiency_vs_p
+            .last()
+            .map_or(100.0, |b| b.p_hi_gev.max(lo * 2.0));
         let mut builder = ChartBuilder::on(&root);
         builder.margin(20);
         if text {
             builder
-                .caption(format!("Tracking efficiency (overall {:.3})", r.efficiency), ("sans-serif", 24))
+                .caption(
+                    format!("Tracking efficiency (overall {:.3})", r.efficiency),
+                    ("sans-serif", 24),
+                )
                 .x_label_area_size(45)
                 .y_label_area_size(60);
         }
         let mut chart = builder.build_cartesian_2d((lo..hi).log_scale(), 0.0..1.05)?;
         if text {
-            chart.configure_mesh().x_desc("p (GeV/c)").y_desc("efficiency").draw()?;
+            chart
+                .configure_mesh()
+                .x_desc("p (GeV/c)")
+                .y_desc("efficiency")
+                .draw()?;
         } else {
-            chart.configure_mesh().disable_x_mesh().disable_y_mesh().x_labels(0).y_labels(0).draw()?;
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .disable_y_mesh()
+                .x_labels(0)
+                .y_labels(0)
+                .draw()?;
         }
         let points: Vec<(f64, f64, f64)> = r
             .efficiency_vs_p
             .iter()
             .filter(|b| b.n_particles > 0)
-            .map(|b| ((b.p_lo_gev.max(lo) * b.p_hi_gev).sqrt(), b.efficiency, b.efficiency_error))
+            .map(|b| {
+                (
+                    (b.p_lo_gev.max(lo) * b.p_hi_gev).sqrt(),
+                    b.efficiency,
+                    b.efficiency_error,
+                )
+            })
             .collect();
-        chart.draw_series(points.iter().map(|&(x, y, e)| ErrorBar::new_vertical(x, (y - e).max(0.0), y, (y + e).min(1.05), BLUE.filled(), 6)))?;
-        chart.draw_series(points.iter().map(|&(x, y, _)| Circle::new((x, y), 4, BLUE.filled())))?;
+        chart.draw_series(points.iter().map(|&(x, y, e)| {
+            PathElement::new(
+                vec![(x, (y - e).max(0.0)), (x, (y + e).min(1.05))],
+                BLUE.stroke_width(2),
+            )
+        }))?;
+        chart.draw_series(
+            points
+                .iter()
+                .map(|&(x, y, _)| Circle::new((x, y), 4, BLUE.filled())),
+        )?;
         let threshold = r.config.min_p_gev;
         if threshold > lo && threshold < hi {
-            chart.draw_series(LineSeries::new([(threshold, 0.0), (threshold, 1.05)], RED.stroke_width(1)))?;
+            chart.draw_series(LineSeries::new(
+                [(threshold, 0.0), (threshold, 1.05)],
+                RED.stroke_width(1),
+            ))?;
         }
         root.present()?;
         Ok(())
     }
 
-    pub fn pulls<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &EvalReport, text: bool) -> Result<(), Box<dyn Error>>
+    pub fn pulls<DB: DrawingBackend>(
+        root: DrawingArea<DB, Shift>,
+        r: &EvalReport,
+        text: bool,
+    ) -> Result<(), Box<dyn Error>>
     where
         DB::ErrorType: 'static,
     {
@@ -620,7 +793,10 @@ mod plot {
             if text {
                 builder
                     .caption(
-                        format!("pull {}: mean {:.2}, width {:.2} (n {})", pull.parameter, pull.stat.mean, pull.stat.width, pull.stat.n_total),
+                        format!(
+                            "pull {}: mean {:.2}, width {:.2} (n {})",
+                            pull.parameter, pull.stat.mean, pull.stat.width, pull.stat.n_total
+                        ),
                         ("sans-serif", 16),
                     )
                     .x_label_area_size(30)
@@ -628,9 +804,18 @@ mod plot {
             }
             let mut chart = builder.build_cartesian_2d(lo..hi, 0.0..max)?;
             if text {
-                chart.configure_mesh().x_desc(format!("pull {}", pull.parameter)).draw()?;
+                chart
+                    .configure_mesh()
+                    .x_desc(format!("pull {}", pull.parameter))
+                    .draw()?;
             } else {
-                chart.configure_mesh().disable_x_mesh().disable_y_mesh().x_labels(0).y_labels(0).draw()?;
+                chart
+                    .configure_mesh()
+                    .disable_x_mesh()
+                    .disable_y_mesh()
+                    .x_labels(0)
+                    .y_labels(0)
+                    .draw()?;
             }
             chart.draw_series(pull.histogram.iter().enumerate().map(|(b, &n)| {
                 let x0 = lo + b as f64 * bin_w;
@@ -639,7 +824,8 @@ mod plot {
             // The Gaussian with the robust mean and width, normalised to the histogram.
             let (m, w) = (pull.stat.mean, pull.stat.width);
             if w > 0.0 {
-                let norm = pull.stat.n_total as f64 * bin_w / (w * (2.0 * std::f64::consts::PI).sqrt());
+                let norm =
+                    pull.stat.n_total as f64 * bin_w / (w * (2.0 * std::f64::consts::PI).sqrt());
                 let curve = (0..=200).map(|i| {
                     let x = lo + (hi - lo) * i as f64 / 200.0;
                     (x, norm * (-0.5 * ((x - m) / w).powi(2)).exp())
@@ -659,11 +845,19 @@ mod tests {
     use crate::tracking::track::TrackState;
 
     fn detector() -> Detector {
-        Detector::from_toml_file(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/detector.toml")).unwrap()
+        Detector::from_toml_file(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fixtures/detector.toml"
+        ))
+        .unwrap()
     }
 
     fn event() -> simulate::SimEvent {
-        simulate_event(&detector(), &SimConfig::preset(Preset::Minbias), &mut event_rng(21, 0))
+        simulate_event(
+            &detector(),
+            &SimConfig::preset(Preset::Minbias),
+            &mut event_rng(21, 0),
+        )
     }
 
     /// Perfect tracks: every particle with hits on >= 4 planes, its hits, exact truth state
@@ -675,7 +869,11 @@ mod tests {
                 by_particle.entry(t.particle_id).or_default().push(i as u32);
             }
         }
-        let mut ids: Vec<u64> = by_particle.keys().copied().filter(|id| by_particle[id].len() >= 4).collect();
+        let mut ids: Vec<u64> = by_particle
+            .keys()
+            .copied()
+            .filter(|id| by_particle[id].len() >= 4)
+            .collect();
         ids.sort_unstable();
         ids.iter()
             .map(|id| {
@@ -711,7 +909,8 @@ mod tests {
         let tracks = perfect_tracks(&ev);
         assert!(tracks.len() > 5);
         let mut e = Evaluator::new(EvalConfig::default(), None);
-        e.add_event(0, &ev.hits, &ev.truth, Some(&ev.particles), &tracks).unwrap();
+        e.add_event(0, &ev.hits, &ev.truth, Some(&ev.particles), &tracks)
+            .unwrap();
         let r = e.finish();
         assert!(r.n_reconstructable > 0);
         assert_eq!(r.efficiency, 1.0);
@@ -719,7 +918,10 @@ mod tests {
         assert!((r.trackml_score - 1.0).abs() < 1e-12, "{}", r.trackml_score);
         // States equal the truth up to f32 rounding: pulls are tiny.
         for p in &r.pulls {
-            assert!(p.stat.n_total == tracks.len() && p.stat.mean.abs() < 0.05 && p.stat.width < 0.05, "{p:?}");
+            assert!(
+                p.stat.n_total == tracks.len() && p.stat.mean.abs() < 0.05 && p.stat.width < 0.05,
+                "{p:?}"
+            );
         }
         assert!(r.momentum_resolution.width < 1e-5);
     }
@@ -730,14 +932,24 @@ mod tests {
         let mut tracks = perfect_tracks(&ev);
         let n_perfect = tracks.len();
         // Split the first track with 8 hits into two halves of 4.
-        let k = tracks.iter().position(|t| t.hits.len() == 8).expect("a track with 8 hits");
+        let k = tracks
+            .iter()
+            .position(|t| t.hits.len() == 8)
+            .expect("a track with 8 hits");
         let second_half = tracks[k].hits.split_off(4);
-        tracks.push(Track { hits: second_half, ..tracks[k].clone() });
+        tracks.push(Track {
+            hits: second_half,
+            ..tracks[k].clone()
+        });
         // A track of hits from four different particles.
         let ghost: Vec<u32> = (0..4).map(|j| tracks[j].hits[0]).collect();
-        tracks.push(Track { hits: ghost, ..Track::default() });
+        tracks.push(Track {
+            hits: ghost,
+            ..Track::default()
+        });
         let mut e = Evaluator::new(EvalConfig::default(), None);
-        e.add_event(0, &ev.hits, &ev.truth, Some(&ev.particles), &tracks).unwrap();
+        e.add_event(0, &ev.hits, &ev.truth, Some(&ev.particles), &tracks)
+            .unwrap();
         let r = e.finish();
         assert_eq!(r.efficiency, 1.0);
         assert_eq!(r.n_clones, 1);
@@ -752,10 +964,14 @@ mod tests {
     fn no_tracks_means_no_efficiency_and_zero_score() {
         let ev = event();
         let mut e = Evaluator::new(EvalConfig::default(), None);
-        e.add_event(0, &ev.hits, &ev.truth, Some(&ev.particles), &[]).unwrap();
+        e.add_event(0, &ev.hits, &ev.truth, Some(&ev.particles), &[])
+            .unwrap();
         let r = e.finish();
         assert!(r.n_reconstructable > 0);
-        assert_eq!((r.efficiency, r.trackml_score, r.ghost_rate), (0.0, 0.0, 0.0));
+        assert_eq!(
+            (r.efficiency, r.trackml_score, r.ghost_rate),
+            (0.0, 0.0, 0.0)
+        );
     }
 
     #[test]
@@ -768,16 +984,22 @@ mod tests {
         tracks[k].hits.truncate(6);
         tracks[k].hits.extend_from_slice(&other[..3]);
         let mut e = Evaluator::new(EvalConfig::default(), None);
-        e.add_event(0, &ev.hits, &ev.truth, Some(&ev.particles), &tracks).unwrap();
+        e.add_event(0, &ev.hits, &ev.truth, Some(&ev.particles), &tracks)
+            .unwrap();
         assert_eq!(e.finish().n_ghosts, 1);
     }
 
     #[test]
     fn out_of_range_hit_index_is_an_error() {
         let ev = event();
-        let bad = Track { hits: vec![ev.hits.len() as u32], ..Track::default() };
+        let bad = Track {
+            hits: vec![ev.hits.len() as u32],
+            ..Track::default()
+        };
         let mut e = Evaluator::new(EvalConfig::default(), None);
-        let err = e.add_event(3, &ev.hits, &ev.truth, None, &[bad]).unwrap_err();
+        let err = e
+            .add_event(3, &ev.hits, &ev.truth, None, &[bad])
+            .unwrap_err();
         assert!(matches!(err, EvalError::HitIndex { event_id: 3, .. }));
     }
 
@@ -789,23 +1011,33 @@ mod tests {
         let mut rng = event_rng(99, 0);
         let mut e = Evaluator::new(EvalConfig::default(), Some(&det));
         for i in 0..30 {
-            let ev = simulate_event(&det, &SimConfig::preset(Preset::Minbias), &mut event_rng(500, i));
+            let ev = simulate_event(
+                &det,
+                &SimConfig::preset(Preset::Minbias),
+                &mut event_rng(500, i),
+            );
             let mut tracks = perfect_tracks(&ev);
             for t in &mut tracks {
-                let g = |rng: &mut rand_chacha::ChaCha8Rng| <StandardNormal as Distribution<f64>>::sample(&StandardNormal, rng) as f32;
+                let g = |rng: &mut rand_chacha::ChaCha8Rng| {
+                    <StandardNormal as Distribution<f64>>::sample(&StandardNormal, rng) as f32
+                };
                 t.state.x_mm += 1e-2 * g(&mut rng);
                 t.state.y_mm += 1e-2 * g(&mut rng);
                 t.state.tx += 1e-4 * g(&mut rng);
                 t.state.ty += 1e-4 * g(&mut rng);
                 t.state.qop += 1e-3 * g(&mut rng);
             }
-            e.add_event(i, &ev.hits, &ev.truth, Some(&ev.particles), &tracks).unwrap();
+            e.add_event(i, &ev.hits, &ev.truth, Some(&ev.particles), &tracks)
+                .unwrap();
         }
         let r = e.finish();
         for p in &r.pulls {
             assert!(p.stat.n_total > 200);
             let tol = 5.0 / (p.stat.n_total as f64).sqrt();
-            assert!(p.stat.mean.abs() < tol && (p.stat.width - 1.0).abs() < 1.5 * tol, "{p:?}");
+            assert!(
+                p.stat.mean.abs() < tol && (p.stat.width - 1.0).abs() < 1.5 * tol,
+                "{p:?}"
+            );
         }
     }
 
@@ -817,7 +1049,10 @@ mod tests {
         let mut v: Vec<f64> = (0..10_000).map(|_| n.sample(&mut rng)).collect();
         v.extend([1e3, -1e4, 5e2, f64::NAN]);
         let s = robust_stat(&v);
-        assert!((s.mean - 2.0).abs() < 0.02 && (s.width - 0.5).abs() < 0.015, "{s:?}");
+        assert!(
+            (s.mean - 2.0).abs() < 0.02 && (s.width - 0.5).abs() < 0.015,
+            "{s:?}"
+        );
         assert_eq!(s.n_total, 10_003);
     }
 
@@ -825,11 +1060,23 @@ mod tests {
     fn plots_and_summaries_are_written() {
         let ev = event();
         let mut e = Evaluator::new(EvalConfig::default(), None);
-        e.add_event(0, &ev.hits, &ev.truth, Some(&ev.particles), &perfect_tracks(&ev)).unwrap();
+        e.add_event(
+            0,
+            &ev.hits,
+            &ev.truth,
+            Some(&ev.particles),
+            &perfect_tracks(&ev),
+        )
+        .unwrap();
         let r = e.finish();
         let dir = tempfile::tempdir().unwrap();
         write_plots(&r, dir.path()).unwrap();
-        for f in ["efficiency_vs_p.svg", "efficiency_vs_p.png", "pulls.svg", "pulls.png"] {
+        for f in [
+            "efficiency_vs_p.svg",
+            "efficiency_vs_p.png",
+            "pulls.svg",
+            "pulls.png",
+        ] {
             let len = std::fs::metadata(dir.path().join(f)).unwrap().len();
             assert!(len > 1000, "{f} has {len} bytes");
         }

@@ -31,9 +31,18 @@ pub enum FieldMapError {
     #[error("origin_mm[{axis}] = {value} is not finite")]
     BadOrigin { axis: usize, value: f64 },
     #[error("{got} node values for a {dims:?} grid (expected {expected})")]
-    WrongLength { dims: [usize; 3], got: usize, expected: usize },
+    WrongLength {
+        dims: [usize; 3],
+        got: usize,
+        expected: usize,
+    },
     #[error("node {index} (ix {ix}, iy {iy}, iz {iz}) has a non-finite value")]
-    NonFinite { index: usize, ix: usize, iy: usize, iz: usize },
+    NonFinite {
+        index: usize,
+        ix: usize,
+        iy: usize,
+        iz: usize,
+    },
     #[error("cannot read NPY: {0}")]
     Npy(String),
     #[error("NPY dtype is {0}, expected float32 ('<f4')")]
@@ -61,21 +70,37 @@ impl FieldMap {
                 return Err(FieldMapError::BadStep { axis, value: s });
             }
             if !origin_mm[axis].is_finite() {
-                return Err(FieldMapError::BadOrigin { axis, value: origin_mm[axis] });
+                return Err(FieldMapError::BadOrigin {
+                    axis,
+                    value: origin_mm[axis],
+                });
             }
         }
         let expected = dims[0] * dims[1] * dims[2];
         if nodes_tesla.len() != expected {
-            return Err(FieldMapError::WrongLength { dims, got: nodes_tesla.len(), expected });
+            return Err(FieldMapError::WrongLength {
+                dims,
+                got: nodes_tesla.len(),
+                expected,
+            });
         }
-        if let Some(index) = nodes_tesla.iter().position(|b| b.iter().any(|v| !v.is_finite())) {
+        if let Some(index) = nodes_tesla
+            .iter()
+            .position(|b| b.iter().any(|v| !v.is_finite()))
+        {
             let iz = index % dims[2];
             let iy = (index / dims[2]) % dims[1];
             let ix = index / (dims[1] * dims[2]);
             return Err(FieldMapError::NonFinite { index, ix, iy, iz });
         }
         let inv_step_mm = [1.0 / step_mm[0], 1.0 / step_mm[1], 1.0 / step_mm[2]];
-        Ok(Self { dims, origin_mm, step_mm, nodes_tesla, inv_step_mm })
+        Ok(Self {
+            dims,
+            origin_mm,
+            step_mm,
+            nodes_tesla,
+            inv_step_mm,
+        })
     }
 
     /// Reads a float32 NPY of shape `[nx, ny, nz, 3]` (tesla).
@@ -97,8 +122,13 @@ impl FieldMap {
         if npy.order() == Order::Fortran {
             return Err(FieldMapError::FortranOrder);
         }
-        let to_usize = |v: u64| usize::try_from(v).map_err(|_| FieldMapError::WrongShape(shape.clone()));
-        let dims = [to_usize(shape[0])?, to_usize(shape[1])?, to_usize(shape[2])?];
+        let to_usize =
+            |v: u64| usize::try_from(v).map_err(|_| FieldMapError::WrongShape(shape.clone()));
+        let dims = [
+            to_usize(shape[0])?,
+            to_usize(shape[1])?,
+            to_usize(shape[2])?,
+        ];
         // Refuse before allocating from a header that promises more than the bytes hold.
         let n_values = dims
             .iter()
@@ -110,7 +140,9 @@ impl FieldMap {
                 bytes.len()
             )));
         }
-        let flat: Vec<f32> = npy.into_vec().map_err(|e| FieldMapError::Npy(e.to_string()))?;
+        let flat: Vec<f32> = npy
+            .into_vec()
+            .map_err(|e| FieldMapError::Npy(e.to_string()))?;
         let nodes = flat.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect();
         Self::new(dims, origin_mm, step_mm, nodes)
     }
@@ -136,7 +168,11 @@ impl FieldMap {
         let n = self.dims[axis];
         let u = (pos_mm - self.origin_mm[axis]) * self.inv_step_mm[axis];
         // NaN positions land on the first cell rather than indexing out of bounds.
-        let u = if u.is_nan() { 0.0 } else { u.clamp(0.0, (n - 1) as f64) };
+        let u = if u.is_nan() {
+            0.0
+        } else {
+            u.clamp(0.0, (n - 1) as f64)
+        };
         let i = (u.floor() as usize).min(n - 2);
         (i, u - i as f64)
     }

@@ -38,7 +38,9 @@ impl Plane {
 /// Magnetic field in tesla as a function of position in millimetres.
 #[derive(Debug, Clone)]
 pub enum Field {
-    Uniform { b_tesla: [f64; 3] },
+    Uniform {
+        b_tesla: [f64; 3],
+    },
     /// A map on a regular grid, trilinear; outside the grid, the field of the nearest point
     /// of the grid box (see [`FieldMap`]).
     Grid(FieldMap),
@@ -87,7 +89,11 @@ pub enum GeometryError {
     #[error("{origin}: {message}")]
     Syntax { origin: String, message: String },
     #[error("{origin}: {location}: {reason}")]
-    Invalid { origin: String, location: String, reason: String },
+    Invalid {
+        origin: String,
+        location: String,
+        reason: String,
+    },
     #[error("{origin}: field file {}: {source}", path.display())]
     FieldFile {
         origin: String,
@@ -133,8 +139,10 @@ impl Detector {
     pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Self, GeometryError> {
         let path = path.as_ref();
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| GeometryError::Io { origin: origin.clone(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| GeometryError::Io {
+            origin: origin.clone(),
+            source,
+        })?;
         let base = path.parent().unwrap_or(Path::new("."));
         Self::from_toml_str_in(&text, &origin, base)
     }
@@ -147,17 +155,26 @@ impl Detector {
     }
 
     /// As [`Detector::from_toml_str`], with relative field files resolved against `base_dir`.
-    pub fn from_toml_str_in(s: &str, origin_name: &str, base_dir: &Path) -> Result<Self, GeometryError> {
+    pub fn from_toml_str_in(
+        s: &str,
+        origin_name: &str,
+        base_dir: &Path,
+    ) -> Result<Self, GeometryError> {
         let origin = origin_name.to_string();
-        let raw: RawDetector = toml::from_str(s)
-            .map_err(|e| GeometryError::Syntax { origin: origin.clone(), message: e.to_string().trim_end().to_string() })?;
+        let raw: RawDetector = toml::from_str(s).map_err(|e| GeometryError::Syntax {
+            origin: origin.clone(),
+            message: e.to_string().trim_end().to_string(),
+        })?;
         let invalid = |location: String, reason: String| GeometryError::Invalid {
             origin: origin.clone(),
             location,
             reason,
         };
         if raw.plane.is_empty() {
-            return Err(invalid("[[plane]]".into(), "no planes: a detector needs at least one [[plane]]".into()));
+            return Err(invalid(
+                "[[plane]]".into(),
+                "no planes: a detector needs at least one [[plane]]".into(),
+            ));
         }
         let mut planes = Vec::with_capacity(raw.plane.len());
         for (i, p) in raw.plane.iter().enumerate() {
@@ -187,10 +204,16 @@ impl Detector {
                 }
             }
             if p.x0_fraction < 0.0 {
-                return Err(invalid(loc("x0_fraction"), format!("{} must not be negative", p.x0_fraction)));
+                return Err(invalid(
+                    loc("x0_fraction"),
+                    format!("{} must not be negative", p.x0_fraction),
+                ));
             }
             if !(p.efficiency > 0.0 && p.efficiency <= 1.0) {
-                return Err(invalid(loc("efficiency"), format!("{} must be in (0, 1]", p.efficiency)));
+                return Err(invalid(
+                    loc("efficiency"),
+                    format!("{} must be in (0, 1]", p.efficiency),
+                ));
             }
             if let Some(prev) = planes.last().map(|q: &Plane| q.z_mm) {
                 if p.z_mm <= prev {
@@ -217,43 +240,86 @@ impl Detector {
         let f = &raw.field;
         let finite3 = |key: &str, v: [f64; 3]| -> Result<[f64; 3], GeometryError> {
             match v.iter().position(|x| !x.is_finite()) {
-                Some(i) => Err(invalid(format!("field {key}[{i}]"), format!("{} is not a finite number", v[i]))),
+                Some(i) => Err(invalid(
+                    format!("field {key}[{i}]"),
+                    format!("{} is not a finite number", v[i]),
+                )),
                 None => Ok(v),
             }
         };
         let field = match f.kind.as_str() {
             "uniform" => {
-                for (key, present) in [("file", f.file.is_some()), ("origin_mm", f.origin_mm.is_some()), ("step_mm", f.step_mm.is_some())] {
+                for (key, present) in [
+                    ("file", f.file.is_some()),
+                    ("origin_mm", f.origin_mm.is_some()),
+                    ("step_mm", f.step_mm.is_some()),
+                ] {
                     if present {
-                        return Err(invalid(format!("field {key}"), "only used with kind = \"grid\"".into()));
+                        return Err(invalid(
+                            format!("field {key}"),
+                            "only used with kind = \"grid\"".into(),
+                        ));
                     }
                 }
-                let b = f.b_tesla.ok_or_else(|| invalid("field b_tesla".into(), "missing (kind = \"uniform\" needs b_tesla = [bx, by, bz])".into()))?;
-                Field::Uniform { b_tesla: finite3("b_tesla", b)? }
+                let b = f.b_tesla.ok_or_else(|| {
+                    invalid(
+                        "field b_tesla".into(),
+                        "missing (kind = \"uniform\" needs b_tesla = [bx, by, bz])".into(),
+                    )
+                })?;
+                Field::Uniform {
+                    b_tesla: finite3("b_tesla", b)?,
+                }
             }
             "grid" => {
                 if f.b_tesla.is_some() {
-                    return Err(invalid("field b_tesla".into(), "only used with kind = \"uniform\"".into()));
+                    return Err(invalid(
+                        "field b_tesla".into(),
+                        "only used with kind = \"uniform\"".into(),
+                    ));
                 }
-                let file = f.file.as_ref().ok_or_else(|| invalid("field file".into(), "missing (kind = \"grid\" needs file = \"map.npy\")".into()))?;
+                let file = f.file.as_ref().ok_or_else(|| {
+                    invalid(
+                        "field file".into(),
+                        "missing (kind = \"grid\" needs file = \"map.npy\")".into(),
+                    )
+                })?;
                 let origin_mm = finite3(
                     "origin_mm",
-                    f.origin_mm.ok_or_else(|| invalid("field origin_mm".into(), "missing for kind = \"grid\"".into()))?,
+                    f.origin_mm.ok_or_else(|| {
+                        invalid(
+                            "field origin_mm".into(),
+                            "missing for kind = \"grid\"".into(),
+                        )
+                    })?,
                 )?;
                 let step_mm = finite3(
                     "step_mm",
-                    f.step_mm.ok_or_else(|| invalid("field step_mm".into(), "missing for kind = \"grid\"".into()))?,
+                    f.step_mm.ok_or_else(|| {
+                        invalid("field step_mm".into(), "missing for kind = \"grid\"".into())
+                    })?,
                 )?;
                 if let Some(i) = step_mm.iter().position(|&s| s <= 0.0) {
-                    return Err(invalid(format!("field step_mm[{i}]"), format!("{} must be positive", step_mm[i])));
+                    return Err(invalid(
+                        format!("field step_mm[{i}]"),
+                        format!("{} must be positive", step_mm[i]),
+                    ));
                 }
                 let path = base_dir.join(file);
-                let map = FieldMap::from_npy_file(&path, origin_mm, step_mm)
-                    .map_err(|source| GeometryError::FieldFile { origin: origin.clone(), path: path.clone(), source })?;
+                let map = FieldMap::from_npy_file(&path, origin_mm, step_mm).map_err(|source| {
+                    GeometryError::FieldFile {
+                        origin: origin.clone(),
+                        path: path.clone(),
+                        source,
+                    }
+                })?;
                 Field::Grid(map)
             }
             other => {
-                return Err(invalid("field kind".into(), format!("\"{other}\" is not a field kind: use \"uniform\" or \"grid\"")));
+                return Err(invalid(
+                    "field kind".into(),
+                    format!("\"{other}\" is not a field kind: use \"uniform\" or \"grid\""),
+                ));
             }
         };
         Ok(Detector { planes, field })
@@ -261,7 +327,9 @@ impl Detector {
 
     /// Index of the plane at `z_mm` (within 1 µm), if any.
     pub fn plane_at_z(&self, z_mm: f64) -> Option<usize> {
-        self.planes.iter().position(|p| (p.z_mm - z_mm).abs() < 1e-3)
+        self.planes
+            .iter()
+            .position(|p| (p.z_mm - z_mm).abs() < 1e-3)
     }
 }
 
@@ -299,7 +367,10 @@ b_tesla = [0.0, 1.0, 0.0]
             Ok(_) => panic!("accepted invalid geometry:\n{text}"),
             Err(e) => {
                 let msg = e.to_string();
-                assert!(msg.starts_with("test.toml"), "error does not name the file: {msg}");
+                assert!(
+                    msg.starts_with("test.toml"),
+                    "error does not name the file: {msg}"
+                );
                 msg
             }
         }
@@ -328,8 +399,16 @@ b_tesla = [0.0, 1.0, 0.0]
         for (from, to, loc) in [
             ("half_x_mm = 60.0", "half_x_mm = 0.0", "plane 1 half_x_mm"),
             ("half_y_mm = 40.0", "half_y_mm = -1.0", "plane 0 half_y_mm"),
-            ("sigma_x_mm = 0.01\nsigma_y_mm = 0.012\nx0_fraction = 0.0", "sigma_x_mm = 0.0\nsigma_y_mm = 0.012\nx0_fraction = 0.0", "plane 1 sigma_x_mm"),
-            ("sigma_y_mm = 0.012\nx0_fraction = 0.004", "sigma_y_mm = -0.012\nx0_fraction = 0.004", "plane 0 sigma_y_mm"),
+            (
+                "sigma_x_mm = 0.01\nsigma_y_mm = 0.012\nx0_fraction = 0.0\n",
+                "sigma_x_mm = 0.0\nsigma_y_mm = 0.012\nx0_fraction = 0.0\n",
+                "plane 1 sigma_x_mm",
+            ),
+            (
+                "sigma_y_mm = 0.012\nx0_fraction = 0.004",
+                "sigma_y_mm = -0.012\nx0_fraction = 0.004",
+                "plane 0 sigma_y_mm",
+            ),
         ] {
             let text = GOOD.replacen(from, to, 1);
             assert_ne!(text, GOOD, "replacement {from} did not apply");
@@ -364,7 +443,8 @@ b_tesla = [0.0, 1.0, 0.0]
 
     #[test]
     fn unknown_keys_are_refused() {
-        let msg = refuse(&GOOD.replace("efficiency = 0.99", "efficiency = 0.99\nthickness_mm = 0.3"));
+        let msg =
+            refuse(&GOOD.replace("efficiency = 0.99", "efficiency = 0.99\nthickness_mm = 0.3"));
         assert!(msg.contains("thickness_mm"), "{msg}");
         let msg = refuse(&GOOD.replace("kind = \"uniform\"", "kind = \"uniform\"\nscale = 2.0"));
         assert!(msg.contains("scale"), "{msg}");
@@ -423,22 +503,41 @@ b_tesla = [0.0, 1.0, 0.0]
         for ix in 0..dims[0] {
             for iy in 0..dims[1] {
                 for iz in 0..dims[2] {
-                    let p = [-10.0 + 10.0 * ix as f64, -20.0 + 20.0 * iy as f64, 50.0 * iz as f64];
+                    let p = [
+                        -10.0 + 10.0 * ix as f64,
+                        -20.0 + 20.0 * iy as f64,
+                        50.0 * iz as f64,
+                    ];
                     values.extend(linear_field(p).map(|v| v as f32));
                 }
             }
         }
-        write_npy(&dir.path().join("map.npy"), &[dims[0], dims[1], dims[2], 3], &values);
+        write_npy(
+            &dir.path().join("map.npy"),
+            &[dims[0], dims[1], dims[2], 3],
+            &values,
+        );
         let toml_path = dir.path().join("det.toml");
         std::fs::write(&toml_path, grid_toml("map.npy")).unwrap();
         let det = Detector::from_toml_file(&toml_path).unwrap();
         assert!(!det.field.is_uniform());
-        for p in [[-3.3, 7.1, 12.5], [0.0, 0.0, 0.0], [9.99, 39.0, 199.0], [-10.0, -20.0, 0.0], [4.0, -13.0, 111.0]] {
+        for p in [
+            [-3.3, 7.1, 12.5],
+            [0.0, 0.0, 0.0],
+            [9.99, 39.0, 199.0],
+            [-10.0, -20.0, 0.0],
+            [4.0, -13.0, 111.0],
+        ] {
             let got = det.field.at(p);
             let want = linear_field(p);
             for k in 0..3 {
                 // Node values are f32: the interpolation is exact up to their rounding.
-                assert!((got[k] - want[k]).abs() < 1e-6, "at {p:?} component {k}: {} vs {}", got[k], want[k]);
+                assert!(
+                    (got[k] - want[k]).abs() < 1e-6,
+                    "at {p:?} component {k}: {} vs {}",
+                    got[k],
+                    want[k]
+                );
             }
         }
         // Outside the grid: the field of the nearest point of the grid box.
@@ -459,45 +558,72 @@ b_tesla = [0.0, 1.0, 0.0]
         let npy = dir.path().join("map.npy");
 
         write_npy(&npy, &[2, 2, 2, 2], &[0.0; 16]);
-        let msg = Detector::from_toml_file(&toml_path).unwrap_err().to_string();
-        assert!(msg.contains("det.toml") && msg.contains("map.npy") && msg.contains("shape"), "{msg}");
+        let msg = Detector::from_toml_file(&toml_path)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("det.toml") && msg.contains("map.npy") && msg.contains("shape"),
+            "{msg}"
+        );
 
         write_npy(&npy, &[1, 2, 2, 3], &[0.0; 12]);
-        let msg = Detector::from_toml_file(&toml_path).unwrap_err().to_string();
+        let msg = Detector::from_toml_file(&toml_path)
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("at least 2 nodes"), "{msg}");
 
         let mut out = Vec::new();
         {
-            let mut w = npyz::WriteOptions::<f64>::new().default_dtype().shape(&[2, 2, 2, 3]).writer(&mut out).begin_nd().unwrap();
+            let mut w = npyz::WriteOptions::<f64>::new()
+                .default_dtype()
+                .shape(&[2, 2, 2, 3])
+                .writer(&mut out)
+                .begin_nd()
+                .unwrap();
             w.extend([0.0f64; 24]).unwrap();
             w.finish().unwrap();
         }
         std::fs::write(&npy, out).unwrap();
-        let msg = Detector::from_toml_file(&toml_path).unwrap_err().to_string();
+        let msg = Detector::from_toml_file(&toml_path)
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("dtype"), "{msg}");
 
         let mut vals = vec![0.0f32; 24];
         vals[7] = f32::NAN;
         write_npy(&npy, &[2, 2, 2, 3], &vals);
-        let msg = Detector::from_toml_file(&toml_path).unwrap_err().to_string();
+        let msg = Detector::from_toml_file(&toml_path)
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("non-finite"), "{msg}");
 
         std::fs::write(&npy, b"not an npy file").unwrap();
         assert!(Detector::from_toml_file(&toml_path).is_err());
         std::fs::remove_file(&npy).unwrap();
-        let msg = Detector::from_toml_file(&toml_path).unwrap_err().to_string();
+        let msg = Detector::from_toml_file(&toml_path)
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("map.npy"), "{msg}");
 
-        let bad_step = grid_toml("map.npy").replace("step_mm = [10.0, 20.0, 50.0]", "step_mm = [10.0, 0.0, 50.0]");
+        let bad_step = grid_toml("map.npy").replace(
+            "step_mm = [10.0, 20.0, 50.0]",
+            "step_mm = [10.0, 0.0, 50.0]",
+        );
         std::fs::write(&toml_path, bad_step).unwrap();
-        let msg = Detector::from_toml_file(&toml_path).unwrap_err().to_string();
+        let msg = Detector::from_toml_file(&toml_path)
+            .unwrap_err()
+            .to_string();
         assert!(msg.contains("field step_mm[1]"), "{msg}");
     }
 
     #[test]
     fn committed_fixtures_load() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        for name in ["fixtures/detector.toml", "fixtures/telescope.toml", "fixtures/tracking/dipole/detector_dipole.toml"] {
+        for name in [
+            "fixtures/detector.toml",
+            "fixtures/telescope.toml",
+            "fixtures/tracking/dipole/detector_dipole.toml",
+        ] {
             let d = Detector::from_toml_file(root.join(name)).unwrap_or_else(|e| panic!("{e}"));
             assert!(d.planes.len() >= 6, "{name}");
         }

@@ -81,7 +81,9 @@ impl StateVector {
 /// Why transport stopped before the requested z.
 #[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
 pub enum TransportError {
-    #[error("slope exceeded {MAX_SLOPE} at z = {z_mm} mm: the particle curls away from the detector")]
+    #[error(
+        "slope exceeded {MAX_SLOPE} at z = {z_mm} mm: the particle curls away from the detector"
+    )]
     Curled { z_mm: f64 },
     #[error("non-finite state at z = {z_mm} mm")]
     NonFinite { z_mm: f64 },
@@ -102,12 +104,20 @@ fn derivatives(field: &Field, z_mm: f64, s: [f64; 4], qop: f64) -> [f64; 4] {
 
 /// Transports `state` to `z_to_mm` through `field` with classical RK4 in equal steps of at
 /// most `max_step_mm` (forward or backward). On error `state` holds the last good step.
-pub fn propagate(field: &Field, state: &mut StateVector, z_to_mm: f64, max_step_mm: f64) -> Result<(), TransportError> {
+pub fn propagate(
+    field: &Field,
+    state: &mut StateVector,
+    z_to_mm: f64,
+    max_step_mm: f64,
+) -> Result<(), TransportError> {
     let dz = z_to_mm - state.z_mm;
     if dz == 0.0 {
         return Ok(());
     }
-    if let Field::Uniform { b_tesla: [0.0, 0.0, 0.0] } = field {
+    if let Field::Uniform {
+        b_tesla: [0.0, 0.0, 0.0],
+    } = field
+    {
         state.x_mm += state.tx * dz;
         state.y_mm += state.ty * dz;
         state.z_mm = z_to_mm;
@@ -127,7 +137,8 @@ pub fn propagate(field: &Field, state: &mut StateVector, z_to_mm: f64, max_step_
         let k3 = derivatives(field, z + 0.5 * h, s3, qop);
         let s4 = std::array::from_fn(|j| s[j] + h * k3[j]);
         let k4 = derivatives(field, z + h, s4, qop);
-        let next: [f64; 4] = std::array::from_fn(|j| s[j] + h / 6.0 * (k1[j] + 2.0 * k2[j] + 2.0 * k3[j] + k4[j]));
+        let next: [f64; 4] =
+            std::array::from_fn(|j| s[j] + h / 6.0 * (k1[j] + 2.0 * k2[j] + 2.0 * k3[j] + k4[j]));
         let z_next = if i + 1 == n_steps { z_to_mm } else { z + h };
         if next.iter().any(|v| !v.is_finite()) {
             return Err(TransportError::NonFinite { z_mm: z_next });
@@ -157,7 +168,9 @@ pub fn highland_theta0(p_gev: f64, beta: f64, x_over_x0: f64) -> f64 {
 /// Applies two independent projected scattering angles of width `theta0` (perpendicular to
 /// the direction of flight) to the slopes of `state`.
 pub fn scatter(state: &mut StateVector, theta0: f64, rng: &mut impl Rng) {
-    let Ok(normal) = Normal::new(0.0, theta0) else { return };
+    let Ok(normal) = Normal::new(0.0, theta0) else {
+        return;
+    };
     if theta0 <= 0.0 {
         return;
     }
@@ -168,7 +181,11 @@ pub fn scatter(state: &mut StateVector, theta0: f64, rng: &mut impl Rng) {
     let nu = (1.0 + tx * tx).sqrt();
     let u = [1.0 / nu, 0.0, -tx / nu];
     // v = d x u
-    let v = [d[1] * u[2] - d[2] * u[1], d[2] * u[0] - d[0] * u[2], d[0] * u[1] - d[1] * u[0]];
+    let v = [
+        d[1] * u[2] - d[2] * u[1],
+        d[2] * u[0] - d[0] * u[2],
+        d[0] * u[1] - d[1] * u[0],
+    ];
     let e: [f64; 3] = std::array::from_fn(|k| d[k] + a * u[k] + b * v[k]);
     if e[2] > 0.0 {
         state.tx = e[0] / e[2];
@@ -302,7 +319,11 @@ impl SimConfig {
         };
         match preset {
             Preset::Minbias => base,
-            Preset::Central => SimConfig { multiplicity_mean: 2500.0, noise_hits_per_plane: 50.0, ..base },
+            Preset::Central => SimConfig {
+                multiplicity_mean: 2500.0,
+                noise_hits_per_plane: 50.0,
+                ..base
+            },
         }
     }
 }
@@ -356,19 +377,27 @@ fn draw_species(cfg: &SimConfig, rng: &mut impl Rng) -> Species {
 /// Simulates one event (its `event_id` is 0: callers number events).
 pub fn simulate_event(det: &Detector, cfg: &SimConfig, rng: &mut impl Rng) -> SimEvent {
     let n_particles = if cfg.multiplicity_mean > 0.0 {
-        Poisson::new(cfg.multiplicity_mean).map(|d| d.sample(rng) as usize).unwrap_or(0)
+        Poisson::new(cfg.multiplicity_mean)
+            .map(|d| d.sample(rng) as usize)
+            .unwrap_or(0)
     } else {
         0
     };
-    let pt_law = Gamma::new(2.0, (cfg.pt_mean_gev / 2.0).max(1e-6)).expect("positive Gamma parameters");
-    let rapidity = Normal::new(cfg.rapidity_mean, cfg.rapidity_sigma.max(0.0)).expect("finite rapidity law");
+    let pt_law =
+        Gamma::new(2.0, (cfg.pt_mean_gev / 2.0).max(1e-6)).expect("positive Gamma parameters");
+    let rapidity =
+        Normal::new(cfg.rapidity_mean, cfg.rapidity_sigma.max(0.0)).expect("finite rapidity law");
     let beam = Normal::new(0.0, cfg.beam_sigma_xy_mm.max(0.0)).expect("finite beam spot");
 
     let mut particles = Vec::with_capacity(n_particles);
     let mut pending: Vec<PendingHit> = Vec::with_capacity(n_particles * det.planes.len() / 2 + 16);
     for i in 0..n_particles {
         let species = draw_species(cfg, rng);
-        let q: i32 = if species == Species::Proton || rng.random::<bool>() { 1 } else { -1 };
+        let q: i32 = if species == Species::Proton || rng.random::<bool>() {
+            1
+        } else {
+            -1
+        };
         let mass = species.mass_gev();
         let pt = pt_law.sample(rng);
         let y = rapidity.sample(rng);
@@ -397,7 +426,9 @@ pub fn simulate_event(det: &Detector, cfg: &SimConfig, rng: &mut impl Rng) -> Si
 
     for (index, plane) in det.planes.iter().enumerate() {
         let n_noise = if cfg.noise_hits_per_plane > 0.0 {
-            Poisson::new(cfg.noise_hits_per_plane).map(|d| d.sample(rng) as usize).unwrap_or(0)
+            Poisson::new(cfg.noise_hits_per_plane)
+                .map(|d| d.sample(rng) as usize)
+                .unwrap_or(0)
         } else {
             0
         };
@@ -408,7 +439,12 @@ pub fn simulate_event(det: &Detector, cfg: &SimConfig, rng: &mut impl Rng) -> Si
                 plane: index as u16,
                 x_mm: x,
                 y_mm: y,
-                truth: HitTruth { particle_id: 0, pos_mm: [x, y, plane.z_mm], momentum_gev: [0.0; 3], weight: 0.0 },
+                truth: HitTruth {
+                    particle_id: 0,
+                    pos_mm: [x, y, plane.z_mm],
+                    momentum_gev: [0.0; 3],
+                    weight: 0.0,
+                },
             });
         }
     }
@@ -420,12 +456,18 @@ pub fn simulate_event(det: &Detector, cfg: &SimConfig, rng: &mut impl Rng) -> Si
         .filter(|p| p.n_hits as usize >= RECONSTRUCTABLE_MIN_PLANES)
         .map(|p| p.n_hits as usize)
         .sum();
-    let weight_per_hit = if n_weighted > 0 { 1.0 / n_weighted as f64 } else { 0.0 };
+    let weight_per_hit = if n_weighted > 0 {
+        1.0 / n_weighted as f64
+    } else {
+        0.0
+    };
     let mut hits = Vec::with_capacity(pending.len());
     let mut truth = Vec::with_capacity(pending.len());
     for (i, h) in pending.into_iter().enumerate() {
         let mut t = h.truth;
-        if t.particle_id != 0 && particles[(t.particle_id - 1) as usize].n_hits as usize >= RECONSTRUCTABLE_MIN_PLANES {
+        if t.particle_id != 0
+            && particles[(t.particle_id - 1) as usize].n_hits as usize >= RECONSTRUCTABLE_MIN_PLANES
+        {
             t.weight = weight_per_hit;
         }
         hits.push(HitRecord {
@@ -437,7 +479,12 @@ pub fn simulate_event(det: &Detector, cfg: &SimConfig, rng: &mut impl Rng) -> Si
         });
         truth.push(t);
     }
-    SimEvent { event_id: 0, hits, truth, particles }
+    SimEvent {
+        event_id: 0,
+        hits,
+        truth,
+        particles,
+    }
 }
 
 /// Transports one particle plane by plane, appending its hits; returns how many it left.
@@ -448,7 +495,8 @@ fn transport_particle(
     rng: &mut impl Rng,
     out: &mut Vec<PendingHit>,
 ) -> u32 {
-    let mut state = StateVector::from_momentum(particle.vertex_mm, particle.momentum_gev, particle.q as f64);
+    let mut state =
+        StateVector::from_momentum(particle.vertex_mm, particle.momentum_gev, particle.q as f64);
     let p = particle.p_gev();
     let beta = p / (p * p + particle.mass_gev * particle.mass_gev).sqrt();
     let mut n_hits = 0;
@@ -489,7 +537,13 @@ fn transport_particle(
     n_hits
 }
 
-fn scatter_in_plane(plane: &Plane, state: &mut StateVector, p_gev: f64, beta: f64, rng: &mut impl Rng) {
+fn scatter_in_plane(
+    plane: &Plane,
+    state: &mut StateVector,
+    p_gev: f64,
+    beta: f64,
+    rng: &mut impl Rng,
+) {
     let path = plane.x0_fraction * (1.0 + state.tx * state.tx + state.ty * state.ty).sqrt();
     scatter(state, highland_theta0(p_gev, beta, path), rng);
 }
@@ -532,15 +586,29 @@ mod tests {
 
     #[test]
     fn runge_kutta_matches_the_analytic_helix() {
-        for (p, q, b_y) in [([0.3, 0.1, 2.0], 1.0, 1.0), ([-0.2, -0.15, 0.8], -1.0, 0.8), ([0.05, 0.02, 20.0], 1.0, 1.5)] {
+        for (p, q, b_y) in [
+            ([0.3, 0.1, 2.0], 1.0, 1.0),
+            ([-0.2, -0.15, 0.8], -1.0, 0.8),
+            ([0.05, 0.02, 20.0], 1.0, 1.5),
+        ] {
             let start = StateVector::from_momentum([1.0, -2.0, 0.0], p, q);
             let mut s = start;
             propagate(&uniform([0.0, b_y, 0.0]), &mut s, 1000.0, 10.0).unwrap();
             let want = analytic_helix(start, b_y, 1000.0);
             let rel = |a: f64, b: f64, scale: f64| (a - b).abs() / scale;
             // Relative to the quantity's scale (x, y: distance travelled; slopes: 1).
-            assert!(rel(s.x_mm, want.x_mm, 1000.0) < 1e-6, "x {} vs {}", s.x_mm, want.x_mm);
-            assert!(rel(s.y_mm, want.y_mm, 1000.0) < 1e-6, "y {} vs {}", s.y_mm, want.y_mm);
+            assert!(
+                rel(s.x_mm, want.x_mm, 1000.0) < 1e-6,
+                "x {} vs {}",
+                s.x_mm,
+                want.x_mm
+            );
+            assert!(
+                rel(s.y_mm, want.y_mm, 1000.0) < 1e-6,
+                "y {} vs {}",
+                s.y_mm,
+                want.y_mm
+            );
             assert!(rel(s.tx, want.tx, 1.0) < 1e-6, "tx {} vs {}", s.tx, want.tx);
             assert!(rel(s.ty, want.ty, 1.0) < 1e-6, "ty {} vs {}", s.ty, want.ty);
             assert_eq!(s.z_mm, 1000.0);
@@ -588,7 +656,14 @@ mod tests {
         let n = 20_000;
         let (mut sum_x, mut sum_y, mut sum_xx, mut sum_yy) = (0.0, 0.0, 0.0, 0.0);
         for _ in 0..n {
-            let mut s = StateVector { z_mm: 0.0, x_mm: 0.0, y_mm: 0.0, tx: 0.0, ty: 0.0, qop: 0.5 };
+            let mut s = StateVector {
+                z_mm: 0.0,
+                x_mm: 0.0,
+                y_mm: 0.0,
+                tx: 0.0,
+                ty: 0.0,
+                qop: 0.5,
+            };
             scatter(&mut s, theta0, &mut rng);
             sum_x += s.tx;
             sum_y += s.ty;
@@ -600,13 +675,20 @@ mod tests {
             let mean = sum / n;
             let width = (sum_sq / n - mean * mean).sqrt();
             // Standard error of a width from 20000 samples is 0.5 %: allow 3 %.
-            assert!((width / theta0 - 1.0).abs() < 0.03, "width {width} vs theta0 {theta0}");
+            assert!(
+                (width / theta0 - 1.0).abs() < 0.03,
+                "width {width} vs theta0 {theta0}"
+            );
             assert!(mean.abs() < 4.0 * theta0 / n.sqrt());
         }
     }
 
     fn detector() -> Detector {
-        Detector::from_toml_file(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/detector.toml")).unwrap()
+        Detector::from_toml_file(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fixtures/detector.toml"
+        ))
+        .unwrap()
     }
 
     #[test]
@@ -660,7 +742,10 @@ mod tests {
                 }
             }
         }
-        assert!(below_1gev > 0 && above_1gev > 0, "{below_1gev} below and {above_1gev} above 1 GeV/c");
+        assert!(
+            below_1gev > 0 && above_1gev > 0,
+            "{below_1gev} below and {above_1gev} above 1 GeV/c"
+        );
     }
 
     #[test]
@@ -674,9 +759,18 @@ mod tests {
             ..SimConfig::preset(Preset::Minbias)
         };
         let ev = simulate_event(&det, &cfg, &mut event_rng(3, 0));
-        let p = ev.particles.iter().find(|p| p.n_hits as usize == det.planes.len()).expect("a particle through all planes");
+        let p = ev
+            .particles
+            .iter()
+            .find(|p| p.n_hits as usize == det.planes.len())
+            .expect("a particle through all planes");
         let mut s = StateVector::from_momentum(p.vertex_mm, p.momentum_gev, p.q as f64);
-        for (h, t) in ev.hits.iter().zip(&ev.truth).filter(|(_, t)| t.particle_id == p.id) {
+        for (h, t) in ev
+            .hits
+            .iter()
+            .zip(&ev.truth)
+            .filter(|(_, t)| t.particle_id == p.id)
+        {
             propagate(&det.field, &mut s, h.z_mm as f64, 1.0).unwrap();
             assert!((s.x_mm - t.pos_mm[0]).abs() < 1e-6 && (s.y_mm - t.pos_mm[1]).abs() < 1e-6);
             assert!((h.x_mm as f64 - t.pos_mm[0]).abs() < 1e-4);
@@ -686,13 +780,29 @@ mod tests {
     #[test]
     fn frames_decode_to_the_same_hits() {
         let det = detector();
-        let ev = simulate_event(&det, &SimConfig::preset(Preset::Minbias), &mut event_rng(5, 0));
-        let bytes = encode_event_frame(&ev, Stamp { source_id: 1, sequence: 9, timestamp_ns: 0 });
+        let ev = simulate_event(
+            &det,
+            &SimConfig::preset(Preset::Minbias),
+            &mut event_rng(5, 0),
+        );
+        let bytes = encode_event_frame(
+            &ev,
+            Stamp {
+                source_id: 1,
+                sequence: 9,
+                timestamp_ns: 0,
+            },
+        );
         let view = frame::parse(&bytes).unwrap();
-        let frame::Payload::Hits(hits) = view.payload else { panic!("not a hit event") };
+        let frame::Payload::Hits(hits) = view.payload else {
+            panic!("not a hit event")
+        };
         assert_eq!(hits.len(), ev.hits.len());
         for (a, b) in hits.iter().zip(&ev.hits) {
-            assert_eq!((a.x_mm.get(), a.plane.get(), a.hit_id.get()), (b.x_mm, b.plane, b.hit_id));
+            assert_eq!(
+                (a.x_mm.get(), a.plane.get(), a.hit_id.get()),
+                (b.x_mm, b.plane, b.hit_id)
+            );
         }
     }
 }

@@ -21,7 +21,8 @@ use crate::frame::{self, HitRecord};
 use super::simulate::{HitTruth, Particle, SimEvent};
 
 /// Most hits one event may have: what fits into one native frame.
-pub const MAX_HITS_PER_EVENT: usize = (frame::MAX_FRAME_LEN - frame::HEADER_LEN - 8) / frame::HIT_LEN;
+pub const MAX_HITS_PER_EVENT: usize =
+    (frame::MAX_FRAME_LEN - frame::HEADER_LEN - 8) / frame::HIT_LEN;
 
 /// Why reading or writing CSV events failed.
 #[derive(Debug, thiserror::Error)]
@@ -33,7 +34,11 @@ pub enum TrackmlError {
         source: std::io::Error,
     },
     #[error("{origin}: line {line}: {reason}")]
-    Row { origin: String, line: u64, reason: String },
+    Row {
+        origin: String,
+        line: u64,
+        reason: String,
+    },
     #[error("{origin}: {reason}")]
     File { origin: String, reason: String },
 }
@@ -53,7 +58,10 @@ fn file_name(dir: &Path, event_id: u64, kind: &str) -> PathBuf {
 }
 
 fn write_file(path: &Path, text: &str) -> Result<(), TrackmlError> {
-    let io = |source| TrackmlError::Io { path: path.to_path_buf(), source };
+    let io = |source| TrackmlError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
     let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
     f.write_all(text.as_bytes()).map_err(io)?;
     f.flush().map_err(io)
@@ -65,7 +73,11 @@ pub fn write_event(dir: &Path, event: &SimEvent) -> Result<(), TrackmlError> {
     use std::fmt::Write as _;
     let mut hits = String::from("hit_id,x,y,z,volume_id,layer_id,module_id\n");
     for h in &event.hits {
-        let _ = writeln!(hits, "{},{},{},{},0,{},0", h.hit_id, h.x_mm, h.y_mm, h.z_mm, h.plane);
+        let _ = writeln!(
+            hits,
+            "{},{},{},{},0,{},0",
+            h.hit_id, h.x_mm, h.y_mm, h.z_mm, h.plane
+        );
     }
     let mut truth = String::from("hit_id,particle_id,tx,ty,tz,tpx,tpy,tpz,weight\n");
     for (h, t) in event.hits.iter().zip(&event.truth) {
@@ -113,37 +125,68 @@ struct Table<'a> {
 
 impl<'a> Table<'a> {
     fn new(bytes: &'a [u8], origin: &'a str, wanted: &[&str]) -> Result<Self, TrackmlError> {
-        let mut reader = csv::ReaderBuilder::new().has_headers(true).trim(csv::Trim::All).flexible(false).from_reader(bytes);
+        let mut reader = csv::ReaderBuilder::new()
+            .has_headers(true)
+            .trim(csv::Trim::All)
+            .flexible(false)
+            .from_reader(bytes);
         let header = reader
             .headers()
-            .map_err(|e| TrackmlError::Row { origin: origin.into(), line: 1, reason: format!("bad header: {e}") })?
+            .map_err(|e| TrackmlError::Row {
+                origin: origin.into(),
+                line: 1,
+                reason: format!("bad header: {e}"),
+            })?
             .clone();
         let mut columns = Vec::with_capacity(wanted.len());
         for w in wanted {
-            let i = header.iter().position(|h| h == *w).ok_or_else(|| TrackmlError::File {
-                origin: origin.into(),
-                reason: format!("missing column \"{w}\" (header has: {})", header.iter().collect::<Vec<_>>().join(",")),
-            })?;
+            let i = header
+                .iter()
+                .position(|h| h == *w)
+                .ok_or_else(|| TrackmlError::File {
+                    origin: origin.into(),
+                    reason: format!(
+                        "missing column \"{w}\" (header has: {})",
+                        header.iter().collect::<Vec<_>>().join(",")
+                    ),
+                })?;
             columns.push(i);
         }
-        Ok(Table { origin, reader, columns })
+        Ok(Table {
+            origin,
+            reader,
+            columns,
+        })
     }
 
     /// Calls `row` with the wanted columns of each data row, in order.
-    fn for_each(&mut self, mut row: impl FnMut(&Fields<'_>) -> Result<(), String>) -> Result<(), TrackmlError> {
+    fn for_each(
+        &mut self,
+        mut row: impl FnMut(&Fields<'_>) -> Result<(), String>,
+    ) -> Result<(), TrackmlError> {
         let mut record = csv::StringRecord::new();
         loop {
-            let more = self.reader.read_record(&mut record).map_err(|e| TrackmlError::Row {
-                origin: self.origin.into(),
-                line: e.position().map(|p| p.line()).unwrap_or(0),
-                reason: e.to_string(),
-            })?;
+            let more = self
+                .reader
+                .read_record(&mut record)
+                .map_err(|e| TrackmlError::Row {
+                    origin: self.origin.into(),
+                    line: e.position().map(|p| p.line()).unwrap_or(0),
+                    reason: e.to_string(),
+                })?;
             if !more {
                 return Ok(());
             }
             let line = record.position().map(|p| p.line()).unwrap_or(0);
-            let fields = Fields { record: &record, columns: &self.columns };
-            row(&fields).map_err(|reason| TrackmlError::Row { origin: self.origin.into(), line, reason })?;
+            let fields = Fields {
+                record: &record,
+                columns: &self.columns,
+            };
+            row(&fields).map_err(|reason| TrackmlError::Row {
+                origin: self.origin.into(),
+                line,
+                reason,
+            })?;
         }
     }
 }
@@ -156,7 +199,12 @@ struct Fields<'a> {
 impl Fields<'_> {
     fn get<T: std::str::FromStr>(&self, i: usize, name: &str) -> Result<T, String> {
         let text = self.record.get(self.columns[i]).unwrap_or("");
-        text.parse::<T>().map_err(|_| format!("column {name}: \"{text}\" is not a valid {}", std::any::type_name::<T>()))
+        text.parse::<T>().map_err(|_| {
+            format!(
+                "column {name}: \"{text}\" is not a valid {}",
+                std::any::type_name::<T>()
+            )
+        })
     }
     fn finite(&self, i: usize, name: &str) -> Result<f64, String> {
         let v: f64 = self.get(i, name)?;
@@ -176,7 +224,9 @@ pub fn parse_hits_csv(bytes: &[u8], origin: &str) -> Result<Vec<HitRecord>, Trac
     let mut seen = std::collections::HashSet::new();
     table.for_each(|f| {
         if hits.len() >= MAX_HITS_PER_EVENT {
-            return Err(format!("more than {MAX_HITS_PER_EVENT} hits: an event must fit into one frame"));
+            return Err(format!(
+                "more than {MAX_HITS_PER_EVENT} hits: an event must fit into one frame"
+            ));
         }
         let hit_id: u32 = f.get(0, "hit_id")?;
         if !seen.insert(hit_id) {
@@ -212,7 +262,16 @@ pub fn parse_truth_csv(bytes: &[u8], origin: &str) -> Result<Vec<(u32, HitTruth)
         .headers()
         .map(|h| h.iter().any(|c| c == "weight"))
         .unwrap_or(false);
-    let mut wanted = vec!["hit_id", "particle_id", "tx", "ty", "tz", "tpx", "tpy", "tpz"];
+    let mut wanted = vec![
+        "hit_id",
+        "particle_id",
+        "tx",
+        "ty",
+        "tz",
+        "tpx",
+        "tpy",
+        "tpz",
+    ];
     if has_weight {
         wanted.push("weight");
     }
@@ -225,7 +284,11 @@ pub fn parse_truth_csv(bytes: &[u8], origin: &str) -> Result<Vec<(u32, HitTruth)
         let hit_id: u32 = f.get(0, "hit_id")?;
         let particle_id: u64 = f.get(1, "particle_id")?;
         let pos_mm = [f.finite(2, "tx")?, f.finite(3, "ty")?, f.finite(4, "tz")?];
-        let momentum_gev = [f.finite(5, "tpx")?, f.finite(6, "tpy")?, f.finite(7, "tpz")?];
+        let momentum_gev = [
+            f.finite(5, "tpx")?,
+            f.finite(6, "tpy")?,
+            f.finite(7, "tpz")?,
+        ];
         let weight = if has_weight {
             let w = f.finite(8, "weight")?;
             if w < 0.0 {
@@ -237,7 +300,15 @@ pub fn parse_truth_csv(bytes: &[u8], origin: &str) -> Result<Vec<(u32, HitTruth)
         } else {
             1.0
         };
-        rows.push((hit_id, HitTruth { particle_id, pos_mm, momentum_gev, weight }));
+        rows.push((
+            hit_id,
+            HitTruth {
+                particle_id,
+                pos_mm,
+                momentum_gev,
+                weight,
+            },
+        ));
         Ok(())
     })?;
     Ok(rows)
@@ -245,7 +316,21 @@ pub fn parse_truth_csv(bytes: &[u8], origin: &str) -> Result<Vec<(u32, HitTruth)
 
 /// Parses a particles file.
 pub fn parse_particles_csv(bytes: &[u8], origin: &str) -> Result<Vec<Particle>, TrackmlError> {
-    let mut table = Table::new(bytes, origin, &["particle_id", "vx", "vy", "vz", "px", "py", "pz", "q", "nhits"])?;
+    let mut table = Table::new(
+        bytes,
+        origin,
+        &[
+            "particle_id",
+            "vx",
+            "vy",
+            "vz",
+            "px",
+            "py",
+            "pz",
+            "q",
+            "nhits",
+        ],
+    )?;
     let mut particles = Vec::new();
     let mut seen = std::collections::HashSet::new();
     table.for_each(|f| {
@@ -276,11 +361,18 @@ pub fn parse_particles_csv(bytes: &[u8], origin: &str) -> Result<Vec<Particle>, 
 }
 
 /// Parses a submission file (`event_id,hit_id,track_id`) into rows.
-pub fn parse_submission_csv(bytes: &[u8], origin: &str) -> Result<Vec<(u64, u32, u64)>, TrackmlError> {
+pub fn parse_submission_csv(
+    bytes: &[u8],
+    origin: &str,
+) -> Result<Vec<(u64, u32, u64)>, TrackmlError> {
     let mut table = Table::new(bytes, origin, &["event_id", "hit_id", "track_id"])?;
     let mut rows = Vec::new();
     table.for_each(|f| {
-        rows.push((f.get(0, "event_id")?, f.get(1, "hit_id")?, f.get(2, "track_id")?));
+        rows.push((
+            f.get(0, "event_id")?,
+            f.get(1, "hit_id")?,
+            f.get(2, "track_id")?,
+        ));
         Ok(())
     })?;
     Ok(rows)
@@ -311,11 +403,18 @@ pub fn write_submission_rows(
 }
 
 /// Pairs truth rows with hits by `hit_id`: every hit needs exactly one truth row.
-pub fn align_truth(hits: &[HitRecord], rows: Vec<(u32, HitTruth)>, origin: &str) -> Result<Vec<HitTruth>, TrackmlError> {
+pub fn align_truth(
+    hits: &[HitRecord],
+    rows: Vec<(u32, HitTruth)>,
+    origin: &str,
+) -> Result<Vec<HitTruth>, TrackmlError> {
     let mut by_id: HashMap<u32, HitTruth> = HashMap::with_capacity(rows.len());
     for (hit_id, t) in rows {
         if by_id.insert(hit_id, t).is_some() {
-            return Err(TrackmlError::File { origin: origin.into(), reason: format!("hit_id {hit_id} has two truth rows") });
+            return Err(TrackmlError::File {
+                origin: origin.into(),
+                reason: format!("hit_id {hit_id} has two truth rows"),
+            });
         }
     }
     let mut truth = Vec::with_capacity(hits.len());
@@ -357,13 +456,19 @@ impl TrackmlDir {
 /// Lists the events in `dir` (files `eventNNN-hits.csv`); refuses a directory with none.
 pub fn read_trackml_dir(dir: impl AsRef<Path>) -> Result<TrackmlDir, TrackmlError> {
     let dir = dir.as_ref().to_path_buf();
-    let io = |source| TrackmlError::Io { path: dir.clone(), source };
+    let io = |source| TrackmlError::Io {
+        path: dir.clone(),
+        source,
+    };
     let mut ids = Vec::new();
     for entry in std::fs::read_dir(&dir).map_err(io)? {
         let entry = entry.map_err(io)?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if let Some(digits) = name.strip_prefix("event").and_then(|r| r.strip_suffix("-hits.csv")) {
+        if let Some(digits) = name
+            .strip_prefix("event")
+            .and_then(|r| r.strip_suffix("-hits.csv"))
+        {
             if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
                 let id = digits.parse::<u64>().map_err(|_| TrackmlError::File {
                     origin: dir.join(name).display().to_string(),
@@ -381,7 +486,10 @@ pub fn read_trackml_dir(dir: impl AsRef<Path>) -> Result<TrackmlDir, TrackmlErro
     }
     ids.sort_unstable();
     ids.dedup();
-    Ok(TrackmlDir { dir, event_ids: ids.into_iter() })
+    Ok(TrackmlDir {
+        dir,
+        event_ids: ids.into_iter(),
+    })
 }
 
 fn find_event_file(dir: &Path, event_id: u64, kind: &str) -> Option<PathBuf> {
@@ -395,7 +503,10 @@ fn find_event_file(dir: &Path, event_id: u64, kind: &str) -> Option<PathBuf> {
 }
 
 fn read_bytes(path: &Path) -> Result<Vec<u8>, TrackmlError> {
-    std::fs::read(path).map_err(|source| TrackmlError::Io { path: path.to_path_buf(), source })
+    std::fs::read(path).map_err(|source| TrackmlError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Reads one event of `dir`.
@@ -415,10 +526,18 @@ pub fn read_event(dir: &Path, event_id: u64) -> Result<TrackmlEvent, TrackmlErro
         None => None,
     };
     let particles = match find_event_file(dir, event_id, "particles") {
-        Some(path) => Some(parse_particles_csv(&read_bytes(&path)?, &path.display().to_string())?),
+        Some(path) => Some(parse_particles_csv(
+            &read_bytes(&path)?,
+            &path.display().to_string(),
+        )?),
         None => None,
     };
-    Ok(TrackmlEvent { event_id, hits, truth, particles })
+    Ok(TrackmlEvent {
+        event_id,
+        hits,
+        truth,
+        particles,
+    })
 }
 
 impl Iterator for TrackmlDir {
@@ -447,13 +566,18 @@ mod tests {
     use crate::tracking::simulate::{simulate_events, Preset, SimConfig};
 
     fn detector() -> Detector {
-        Detector::from_toml_file(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/detector.toml")).unwrap()
+        Detector::from_toml_file(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fixtures/detector.toml"
+        ))
+        .unwrap()
     }
 
     #[test]
     fn simulated_events_round_trip_through_csv() {
         let det = detector();
-        let events: Vec<SimEvent> = simulate_events(&det, &SimConfig::preset(Preset::Minbias), 11, 5, 3).collect();
+        let events: Vec<SimEvent> =
+            simulate_events(&det, &SimConfig::preset(Preset::Minbias), 11, 5, 3).collect();
         let dir = tempfile::tempdir().unwrap();
         for ev in &events {
             write_event(dir.path(), ev).unwrap();
@@ -468,7 +592,10 @@ mod tests {
             let particles = read.particles.unwrap();
             assert_eq!(particles.len(), ev.particles.len());
             for (a, b) in particles.iter().zip(&ev.particles) {
-                assert_eq!((a.id, a.q, a.vertex_mm, a.momentum_gev, a.n_hits), (b.id, b.q, b.vertex_mm, b.momentum_gev, b.n_hits));
+                assert_eq!(
+                    (a.id, a.q, a.vertex_mm, a.momentum_gev, a.n_hits),
+                    (b.id, b.q, b.vertex_mm, b.momentum_gev, b.n_hits)
+                );
             }
         }
     }
@@ -482,40 +609,93 @@ mod tests {
         assert_eq!(events.len(), 1);
         let ev = events.into_iter().next().unwrap().unwrap();
         assert_eq!(ev.event_id, 1);
-        assert_eq!(ev.hits[1], HitRecord { x_mm: 1.5, y_mm: 2.0, z_mm: 400.0, plane: 1, hit_id: 2 });
+        assert_eq!(
+            ev.hits[1],
+            HitRecord {
+                x_mm: 1.5,
+                y_mm: 2.0,
+                z_mm: 400.0,
+                plane: 1,
+                hit_id: 2
+            }
+        );
         assert!(ev.truth.is_none() && ev.particles.is_none());
     }
 
     #[test]
     fn bad_csv_is_refused_with_file_and_line() {
-        let err = parse_hits_csv(b"hit_id,x,y,z,layer_id\n1,0,0,300,0\n2,abc,0,300,0\n", "e-hits.csv").unwrap_err().to_string();
+        let err = parse_hits_csv(
+            b"hit_id,x,y,z,layer_id\n1,0,0,300,0\n2,abc,0,300,0\n",
+            "e-hits.csv",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.starts_with("e-hits.csv: line 3: column x"), "{err}");
-        let err = parse_hits_csv(b"hit_id,x,y,z,layer_id\n1,0,0,300,0\n1,0,0,400,1\n", "e-hits.csv").unwrap_err().to_string();
+        let err = parse_hits_csv(
+            b"hit_id,x,y,z,layer_id\n1,0,0,300,0\n1,0,0,400,1\n",
+            "e-hits.csv",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("line 3") && err.contains("twice"), "{err}");
-        let err = parse_hits_csv(b"hit_id,x,y,z,layer_id\n1,0,nan,300,0\n", "e-hits.csv").unwrap_err().to_string();
-        assert!(err.contains("line 2") && err.contains("not finite"), "{err}");
-        let err = parse_hits_csv(b"hit_id,x,y,z,layer_id\n1,0,0,300,70000\n", "e-hits.csv").unwrap_err().to_string();
+        let err = parse_hits_csv(b"hit_id,x,y,z,layer_id\n1,0,nan,300,0\n", "e-hits.csv")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("line 2") && err.contains("not finite"),
+            "{err}"
+        );
+        let err = parse_hits_csv(b"hit_id,x,y,z,layer_id\n1,0,0,300,70000\n", "e-hits.csv")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("layer_id"), "{err}");
-        let err = parse_hits_csv(b"hit_id,x,y,layer_id\n1,0,0,0\n", "e-hits.csv").unwrap_err().to_string();
+        let err = parse_hits_csv(b"hit_id,x,y,layer_id\n1,0,0,0\n", "e-hits.csv")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("missing column \"z\""), "{err}");
-        let err = parse_hits_csv(b"hit_id,x,y,z,layer_id\n1,0,0,300\n", "e-hits.csv").unwrap_err().to_string();
+        let err = parse_hits_csv(b"hit_id,x,y,z,layer_id\n1,0,0,300\n", "e-hits.csv")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("line 2"), "{err}");
-        let err = parse_particles_csv(b"particle_id,vx,vy,vz,px,py,pz,q,nhits\n1,0,0,0,0,0,1,0.5,3\n", "p.csv").unwrap_err().to_string();
+        let err = parse_particles_csv(
+            b"particle_id,vx,vy,vz,px,py,pz,q,nhits\n1,0,0,0,0,0,1,0.5,3\n",
+            "p.csv",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("line 2") && err.contains("column q"), "{err}");
         let hits = parse_hits_csv(b"hit_id,x,y,z,layer_id\n1,0,0,300,0\n", "h.csv").unwrap();
-        let rows = parse_truth_csv(b"hit_id,particle_id,tx,ty,tz,tpx,tpy,tpz\n2,1,0,0,300,0,0,1\n", "t.csv").unwrap();
+        let rows = parse_truth_csv(
+            b"hit_id,particle_id,tx,ty,tz,tpx,tpy,tpz\n2,1,0,0,300,0,0,1\n",
+            "t.csv",
+        )
+        .unwrap();
         let err = align_truth(&hits, rows, "t.csv").unwrap_err().to_string();
         assert!(err.contains("no truth row for hit_id 1"), "{err}");
     }
 
     #[test]
     fn submission_rows_round_trip() {
-        let hits: Vec<HitRecord> = (0..5).map(|i| HitRecord { x_mm: 0.0, y_mm: 0.0, z_mm: i as f32, plane: i, hit_id: 10 + i as u32 }).collect();
+        let hits: Vec<HitRecord> = (0..5)
+            .map(|i| HitRecord {
+                x_mm: 0.0,
+                y_mm: 0.0,
+                z_mm: i as f32,
+                plane: i,
+                hit_id: 10 + i as u32,
+            })
+            .collect();
         let mut out = Vec::new();
         write_submission_rows(&mut out, 7, &hits, &[vec![0, 2], vec![3]]).unwrap();
-        let text = format!("event_id,hit_id,track_id\n{}", String::from_utf8(out).unwrap());
+        let text = format!(
+            "event_id,hit_id,track_id\n{}",
+            String::from_utf8(out).unwrap()
+        );
         let rows = parse_submission_csv(text.as_bytes(), "s.csv").unwrap();
-        assert_eq!(rows, vec![(7, 10, 1), (7, 11, 0), (7, 12, 1), (7, 13, 2), (7, 14, 0)]);
+        assert_eq!(
+            rows,
+            vec![(7, 10, 1), (7, 11, 0), (7, 12, 1), (7, 13, 2), (7, 14, 0)]
+        );
     }
 
     #[test]
