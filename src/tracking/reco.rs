@@ -505,7 +505,7 @@ impl Reconstructor {
         let t5 = Instant::now();
         ca::candidates::extract_candidates(&self.cfg, &mut self.buf);
         let t6 = Instant::now();
-        ca::candidates::fit_candidates(&self.fitter, &mut self.buf);
+        ca::candidates::fit_candidates(&self.cfg, &self.fitter, &mut self.buf);
         let t7 = Instant::now();
         ca::candidates::select_candidates(&self.cfg, &mut self.buf);
         let t8 = Instant::now();

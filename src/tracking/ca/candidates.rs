@@ -71,10 +71,50 @@ pub fn extract_candidates(cfg: &FinderConfig, buf: &mut CaBuffers) {
     }
 }
 
-/// Fits every candidate (single-precision lanes) into `buf.fits`.
-pub fn fit_candidates(fitter: &KalmanFitter, buf: &mut CaBuffers) {
+/// Fits every candidate (single-precision lanes) into `buf.fits`; a candidate whose fit
+/// fails the `max_chi2_ndf` cut is given a second chance without its last hit and without
+/// its first hit (a chain extended by a noise hit or another particle's hit at one end),
+/// when that leaves `min_hits`.
+pub fn fit_candidates(cfg: &FinderConfig, fitter: &KalmanFitter, buf: &mut CaBuffers) {
     buf.fit_hits.clear();
-    for &h in &buf.candidate_hits {
+    buf.fits.clear();
+    fit_range(fitter, buf, 0);
+    let n0 = buf.candidates.len();
+    for k in 0..n0 {
+        let c = buf.candidates[k];
+        let good = c.ndf > 0 && (c.chi2 / c.ndf as f32) as f64 <= cfg.max_chi2_ndf;
+        if good || (c.len as usize) <= cfg.min_hits.max(3) {
+            continue;
+        }
+        for (skip_first, skip_last) in [(0usize, 1usize), (1, 0)] {
+            if buf.candidates.len() == cfg.limits.max_candidates
+                || buf.candidate_hits.len() + c.len as usize > buf.candidate_hits.capacity()
+            {
+                buf.overflow.candidates += 1;
+                continue;
+            }
+            let start = buf.candidate_hits.len();
+            let (s, e) = (
+                c.start as usize + skip_first,
+                c.start as usize + c.len as usize - skip_last,
+            );
+            buf.candidate_hits.extend_from_within(s..e);
+            buf.candidates.push(Candidate {
+                start: start as u32,
+                len: (e - s) as u16,
+                chi2: 0.0,
+                ndf: 0,
+                fit: 0,
+            });
+        }
+    }
+    fit_range(fitter, buf, n0);
+}
+
+/// Fits candidates `from..` (appending to `buf.fit_hits` and `buf.fits`).
+fn fit_range(fitter: &KalmanFitter, buf: &mut CaBuffers, from: usize) {
+    let hits_from = buf.fit_hits.len();
+    for &h in &buf.candidate_hits[hits_from..] {
         let h = h as usize;
         buf.fit_hits.push(FitHit {
             plane: buf.hits.plane[h],
@@ -83,9 +123,8 @@ pub fn fit_candidates(fitter: &KalmanFitter, buf: &mut CaBuffers) {
         });
     }
     let n = buf.candidates.len();
-    buf.fits.clear();
     buf.fits.resize(n, FitOutput::default());
-    let mut i = 0;
+    let mut i = from;
     while i < n {
         let m = (n - i).min(LANES);
         let empty: &[FitHit] = &[];
@@ -97,8 +136,9 @@ pub fn fit_candidates(fitter: &KalmanFitter, buf: &mut CaBuffers) {
         fitter.fit_lanes::<f32, LANES>(&slices[..m], &mut buf.fits[i..i + m]);
         i += m;
     }
-    for (k, c) in buf.candidates.iter_mut().enumerate() {
+    for k in from..n {
         let f = &buf.fits[k];
+        let c = &mut buf.candidates[k];
         c.fit = k as u32;
         c.ndf = f.ndf;
         c.chi2 = if f.ok && f.ndf > 0 {

@@ -245,7 +245,7 @@ impl CaBuffers {
         b.level.reserve(limits.max_triplets);
         b.left.reserve(limits.max_neighbours);
         b.candidates.reserve(limits.max_candidates);
-        b.candidate_hits.reserve(limits.max_candidates * 8);
+        b.candidate_hits.reserve(limits.max_candidates * 16);
         b.fits.reserve(limits.max_candidates);
         b.accepted.reserve(limits.max_tracks);
         b.end_start.reserve(limits.max_doublets + 1);
