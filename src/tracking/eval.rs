@@ -753,7 +753,10 @@ mod plot {
             })
             .collect();
         chart.draw_series(points.iter().map(|&(x, y, e)| {
-            ErrorBar::new_vertical(x, (y - e).max(0.0), y, (y + e).min(1.05), BLUE.filled(), 6)
+            PathElement::new(
+                vec![(x, (y - e).max(0.0)), (x, (y + e).min(1.05))],
+                BLUE.stroke_width(2),
+            )
         }))?;
         chart.draw_series(
             points

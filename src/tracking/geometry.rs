@@ -400,8 +400,8 @@ b_tesla = [0.0, 1.0, 0.0]
             ("half_x_mm = 60.0", "half_x_mm = 0.0", "plane 1 half_x_mm"),
             ("half_y_mm = 40.0", "half_y_mm = -1.0", "plane 0 half_y_mm"),
             (
-                "sigma_x_mm = 0.01\nsigma_y_mm = 0.012\nx0_fraction = 0.0",
-                "sigma_x_mm = 0.0\nsigma_y_mm = 0.012\nx0_fraction = 0.0",
+                "sigma_x_mm = 0.01\nsigma_y_mm = 0.012\nx0_fraction = 0.0\n",
+                "sigma_x_mm = 0.0\nsigma_y_mm = 0.012\nx0_fraction = 0.0\n",
                 "plane 1 sigma_x_mm",
             ),
             (

@@ -30,6 +30,18 @@ pub fn find_doublets(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuffe
             buf.dbl_start[a] = buf.doublets.len() as u32;
             let xa = sh.x_mm[a] as f64;
             let ya = sh.y_mm[a] as f64;
+            // Curvature bound for the direction this hit is seen from the origin (the
+            // configured bound is for the largest slopes).
+            let (kx, ky) = if pointing {
+                let (tx, ty) = ((xa / lever_a).abs() + 0.05, (ya / lever_a).abs() + 0.05);
+                let (cx, cy) = geo.curvature_bound(tx.min(cfg.max_tx), ty.min(cfg.max_ty), cfg);
+                (
+                    cx.min(cfg.max_curvature_x_per_mm),
+                    cy.min(cfg.max_curvature_y_per_mm),
+                )
+            } else {
+                (cfg.max_curvature_x_per_mm, cfg.max_curvature_y_per_mm)
+            };
             for j in (i + 1)..(i + 1 + reach).min(n_planes) {
                 let gj = &geo.planes[j];
                 let dz = gj.z_mm - gi.z_mm;
@@ -48,8 +60,8 @@ pub fn find_doublets(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuffe
                         * ((gi.var_y * lever_b * lever_b + gj.var_y * lever_a * lever_a).sqrt()
                             / dz);
                     let ms = cfg.n_sigma * gi.ms_origin_mm * cfg.slope_factor;
-                    let wx = cfg.origin_half_x_mm + bend * cfg.max_curvature_x_per_mm + ms + meas_x;
-                    let wy = cfg.origin_half_y_mm + bend * cfg.max_curvature_y_per_mm + ms + meas_y;
+                    let wx = cfg.origin_half_x_mm + bend * kx + ms + meas_x;
+                    let wy = cfg.origin_half_y_mm + bend * ky + ms + meas_y;
                     tx0 = tx0.max((xa - wx) / lever_a);
                     tx1 = tx1.min((xa + wx) / lever_a);
                     ty0 = ty0.max((ya - wy) / lever_a);
@@ -94,5 +106,13 @@ pub fn find_doublets(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuffe
         .unwrap_or(0);
     for h in last_plane_end..=n_hits {
         buf.dbl_start[h] = total;
+    }
+    // Each hit's outgoing doublets by increasing slope tx, so the triplet step finds the
+    // continuations of a doublet by binary search.
+    for h in 0..n_hits {
+        let (s, e) = (buf.dbl_start[h] as usize, buf.dbl_start[h + 1] as usize);
+        if e - s > 1 {
+            buf.doublets[s..e].sort_unstable_by(|p, q| p.tx.total_cmp(&q.tx));
+        }
     }
 }

@@ -120,6 +120,8 @@ pub struct FinderGeometry {
     pub planes: Vec<PlaneGeometry>,
     pub n_bins: usize,
     pub field: crate::tracking::geometry::Field,
+    /// Largest |B| components along the detector axis, tesla.
+    pub b_max_tesla: [f64; 3],
 }
 
 impl FinderGeometry {
@@ -157,11 +159,34 @@ impl FinderGeometry {
             });
             offset += bins_x * bins_y;
         }
+        let mut b_max_tesla = [0.0f64; 3];
+        if let (Some(a), Some(b)) = (det.planes.first(), det.planes.last()) {
+            for i in 0..=32 {
+                let z = a.z_mm + (b.z_mm - a.z_mm) * i as f64 / 32.0;
+                let f = det.field.at([0.0, 0.0, z]);
+                for k in 0..3 {
+                    b_max_tesla[k] = b_max_tesla[k].max(f[k].abs());
+                }
+            }
+        }
         FinderGeometry {
             planes,
             n_bins: offset,
             field: det.field.clone(),
+            b_max_tesla,
         }
+    }
+
+    /// Largest |d2x/dz2|, |d2y/dz2| (1/mm) of a track above the cut momentum with slopes
+    /// up to `(tx, ty)` in magnitude.
+    #[inline]
+    pub fn curvature_bound(&self, tx: f64, ty: f64, cfg: &FinderConfig) -> (f64, f64) {
+        let b = self.b_max_tesla;
+        let n = (1.0 + tx * tx + ty * ty).sqrt();
+        let ax = tx * ty * b[0] + (1.0 + tx * tx) * b[1] + ty * b[2];
+        let ay = (1.0 + ty * ty) * b[0] + tx * ty * b[1] + tx * b[2];
+        let k = K_GEV_PER_T_MM * cfg.qop_max() * n;
+        (k * ax, k * ay)
     }
 
     /// Global bin of `(x, y)` on plane `p` (clamped to the plane's grid).
@@ -245,12 +270,12 @@ impl CaBuffers {
         b.level.reserve(limits.max_triplets);
         b.left.reserve(limits.max_neighbours);
         b.candidates.reserve(limits.max_candidates);
-        b.candidate_hits.reserve(limits.max_candidates * 8);
+        b.candidate_hits.reserve(limits.max_candidates * 16);
         b.fits.reserve(limits.max_candidates);
         b.accepted.reserve(limits.max_tracks);
         b.end_start.reserve(limits.max_doublets + 1);
         b.ending.reserve(limits.max_triplets);
-        b.order.reserve(limits.max_candidates);
+        b.order.reserve(limits.max_triplets);
         b.scratch_u32.reserve(limits.max_triplets.max(n_bins + 1));
         b
     }

@@ -39,8 +39,67 @@ pub fn find_triplets(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuffe
             Some(v) => v,
             None => geo.field.at([sh.x_mm[b] as f64, sh.y_mm[b] as f64, zb]),
         };
-        for d2 in s..e {
+        // Window on the slope tx of the continuation (b, c): from the parabola through the
+        // origin, a and b (pointing), or from the curvature bound alone.
+        let pointing = cfg.origin_half_x_mm.is_finite()
+            && cfg.origin_half_y_mm.is_finite()
+            && za - cfg.origin_z_mm > 1.0;
+        let (za_o, zb_o) = (za - cfg.origin_z_mm, zb - cfg.origin_z_mm);
+        let xa = sh.x_mm[l.a as usize] as f64;
+        let ya = sh.y_mm[l.a as usize] as f64;
+        let (kappa_x, kappa_y) = if pointing {
+            (
+                2.0 * (l.tx as f64 - xa / za_o) / zb_o,
+                2.0 * (l.ty as f64 - ya / za_o) / zb_o,
+            )
+        } else {
+            (0.0, 0.0)
+        };
+        let kink = cfg.n_sigma
+            * (geo.planes[pb].theta2_min_p * cfg.momentum_slack * cfg.momentum_slack).sqrt()
+            * cfg.slope_factor
+            + cfg.n_sigma * 4.0 * geo.planes[pb].var_x.max(geo.planes[pb].var_y).sqrt() / dz1;
+        let (wx_per_dz, wy_per_dz) = if pointing {
+            let o = (cfg.origin_half_x_mm
+                + cfg.n_sigma * geo.planes[pa].ms_origin_mm * cfg.slope_factor)
+                / (za_o * zb_o);
+            let oy = (cfg.origin_half_y_mm
+                + cfg.n_sigma * geo.planes[pa].ms_origin_mm * cfg.slope_factor)
+                / (za_o * zb_o);
+            (o, oy)
+        } else {
+            (
+                0.5 * cfg.max_curvature_x_per_mm,
+                0.5 * cfg.max_curvature_y_per_mm,
+            )
+        };
+        // Both possible planes of c (next, or one skipped).
+        let mut lo = f64::INFINITY;
+        let mut hi = f64::NEG_INFINITY;
+        for pc in (pb + 1)..(pb + 3).min(geo.planes.len()) {
+            let dzc = geo.planes[pc].z_mm - za;
+            let pred = l.tx as f64 + 0.5 * kappa_x * dzc;
+            let w = wx_per_dz * dzc + kink;
+            lo = lo.min(pred - w);
+            hi = hi.max(pred + w);
+        }
+        let first = s + buf.doublets[s..e].partition_point(|d| (d.tx as f64) < lo);
+        for d2 in first..e {
             let r = buf.doublets[d2];
+            if r.tx as f64 > hi {
+                break;
+            }
+            {
+                let pc = sh.plane[r.b as usize] as usize;
+                let dzc = geo.planes[pc].z_mm - za;
+                let pred_x = l.tx as f64 + 0.5 * kappa_x * dzc;
+                let pred_y = l.ty as f64 + 0.5 * kappa_y * dzc;
+                if (r.tx as f64 - pred_x).abs() > wx_per_dz * dzc + kink
+                    || (r.ty as f64 - pred_y).abs() > wy_per_dz * dzc + kink
+                {
+                    continue;
+                }
+            }
             let pc = sh.plane[r.b as usize] as usize;
             let zc = geo.planes[pc].z_mm;
             let dz2 = zc - zb;
