@@ -67,7 +67,7 @@ fn normalize_weights(gw: MatRef<'_, f64>, r: &mut Weights, n_nzero: usize) -> Ma
     // R G^T: [3 n_sources, n]
     let rgt = Mat::from_fn(3 * r.len(), n, |row, c| {
         let (s, i) = (row / 3, row % 3);
-        (0..3).map(|j| r[s][i * 3 + j] * gw[(c, 3 * s + j)]).sum()
+        (0..3).map(|j| r[s][i * 3 + j] * gw[(c, 3 * s + j)]).sum::<f64>()
     });
     let mut grgt = gw * &rgt;
     let norm = (0..n).map(|i| grgt[(i, i)]).sum::<f64>() / n_nzero as f64;
@@ -160,7 +160,7 @@ pub(crate) fn eloreta_kernel(
     // A = G R^(1/2): A[c, 3s+i] = sum_j R_sqrt[s][i, j] G[c, 3s+j]
     let a = Mat::from_fn(n, 3 * n_sources, |c, col| {
         let (s, i) = (col / 3, col % 3);
-        (0..3).map(|j| r_sqrt[s][i * 3 + j] * gw[(c, 3 * s + j)]).sum()
+        (0..3).map(|j| r_sqrt[s][i * 3 + j] * gw[(c, 3 * s + j)]).sum::<f64>()
     });
     let svd = a.thin_svd().map_err(|_| InverseError::Decomposition {
         what: "eLORETA SVD",
@@ -171,7 +171,7 @@ pub(crate) fn eloreta_kernel(
     // Weighted eigen leads: R^(1/2) V per source block.
     let leads = Mat::from_fn(3 * n_sources, v.ncols(), |row, m| {
         let (s, i) = (row / 3, row % 3);
-        (0..3).map(|j| r_sqrt[s][i * 3 + j] * v[(3 * s + j, m)]).sum()
+        (0..3).map(|j| r_sqrt[s][i * 3 + j] * v[(3 * s + j, m)]).sum::<f64>()
     });
     let trans = eigen_fields_trans(svd.U(), &reg, white);
     let k = &leads * &trans;
