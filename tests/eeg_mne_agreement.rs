@@ -44,9 +44,13 @@ fn recording(inputs: &EegInputs) -> (Vec<f64>, usize) {
         .lines()
         .map(str::to_string)
         .collect();
-    let (rows, n_times, data) =
-        read_npy_matrix(&fixture("edf_data.npy"), Some(labels.len()), None, "EDF data")
-            .expect("edf_data.npy");
+    let (rows, n_times, data) = read_npy_matrix(
+        &fixture("edf_data.npy"),
+        Some(labels.len()),
+        None,
+        "EDF data",
+    )
+    .expect("edf_data.npy");
     assert_eq!(rows, labels.len());
     let picks = inputs.match_channels(&labels).expect("channels match");
     let mut out = Vec::with_capacity(inputs.n_channels * n_times);
@@ -85,13 +89,19 @@ fn check_method(method: Method) {
     .expect("stc fixture");
 
     let kernel = InverseKernel::build(&inputs, method, lambda2).expect("kernel builds");
-    assert_eq!(kernel.kernel.len(), 3 * inputs.n_sources * inputs.n_channels);
+    assert_eq!(
+        kernel.kernel.len(),
+        3 * inputs.n_sources * inputs.n_channels
+    );
 
     // Whole recording in one call, and in blocks of 32 samples as the runtime feeds it.
     let mut got = vec![0.0; inputs.n_sources * n_times];
     kernel.apply_f64(&data, n_times, &mut got);
     let err = worst_relative_error(&got, &want, inputs.n_sources, n_times);
-    assert!(err <= 1e-4, "{method} f64: worst per-sample relative error {err:e}");
+    assert!(
+        err <= 1e-4,
+        "{method} f64: worst per-sample relative error {err:e}"
+    );
 
     let block = 32;
     let mut block_data = vec![0.0; inputs.n_channels * block];
@@ -114,7 +124,10 @@ fn check_method(method: Method) {
         }
     }
     let err_blocked = worst_relative_error(&blocked, &want, inputs.n_sources, n_times);
-    assert!(err_blocked <= 1e-4, "{method} f64 in blocks: {err_blocked:e}");
+    assert!(
+        err_blocked <= 1e-4,
+        "{method} f64 in blocks: {err_blocked:e}"
+    );
 
     let k32 = kernel.to_f32();
     let data32: Vec<f32> = data.iter().map(|&v| v as f32).collect();
@@ -122,7 +135,10 @@ fn check_method(method: Method) {
     k32.apply_f32(&data32, n_times, &mut got32);
     let got32: Vec<f64> = got32.into_iter().map(f64::from).collect();
     let err32 = worst_relative_error(&got32, &want, inputs.n_sources, n_times);
-    assert!(err32 <= 1e-3, "{method} f32: worst per-sample relative error {err32:e}");
+    assert!(
+        err32 <= 1e-3,
+        "{method} f32: worst per-sample relative error {err32:e}"
+    );
     eprintln!("{method}: f64 {err:.2e}, blocks {err_blocked:.2e}, f32 {err32:.2e}");
 }
 
@@ -208,7 +224,10 @@ fn stale_cache_is_rebuilt() {
     let cache = dir.path().join("inverse.bin");
     let (built, outcome) =
         InverseKernel::load_or_build(&cache, &inputs, Method::DSpm, 1.0 / 9.0).expect("build");
-    assert!(matches!(outcome, trigd::eeg::kernel::CacheOutcome::Built { .. }));
+    assert!(matches!(
+        outcome,
+        trigd::eeg::kernel::CacheOutcome::Built { .. }
+    ));
     let (loaded, outcome) =
         InverseKernel::load_or_build(&cache, &inputs, Method::DSpm, 1.0 / 9.0).expect("load");
     assert_eq!(outcome, trigd::eeg::kernel::CacheOutcome::Loaded);

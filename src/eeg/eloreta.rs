@@ -67,7 +67,9 @@ fn normalize_weights(gw: MatRef<'_, f64>, r: &mut Weights, n_nzero: usize) -> Ma
     // R G^T: [3 n_sources, n]
     let rgt = Mat::from_fn(3 * r.len(), n, |row, c| {
         let (s, i) = (row / 3, row % 3);
-        (0..3).map(|j| r[s][i * 3 + j] * gw[(c, 3 * s + j)]).sum::<f64>()
+        (0..3)
+            .map(|j| r[s][i * 3 + j] * gw[(c, 3 * s + j)])
+            .sum::<f64>()
     });
     let mut grgt = gw * &rgt;
     let norm = (0..n).map(|i| grgt[(i, i)]).sum::<f64>() / n_nzero as f64;
@@ -100,11 +102,11 @@ pub(crate) fn eloreta_kernel(
     let mut grgt = normalize_weights(gw, &mut r, n_nzero);
     let mut converged = false;
     for iteration in 0..options.max_iter {
-        let evd = grgt
-            .self_adjoint_eigen(Side::Lower)
-            .map_err(|_| InverseError::Decomposition {
-                what: "eLORETA G R G^T eigendecomposition",
-            })?;
+        let evd =
+            grgt.self_adjoint_eigen(Side::Lower)
+                .map_err(|_| InverseError::Decomposition {
+                    what: "eLORETA G R G^T eigendecomposition",
+                })?;
         let s: Vec<f64> = evd.S().column_vector().iter().map(|v| v.abs()).collect();
         let u = evd.U();
         let mut order: Vec<usize> = (0..n).collect();
@@ -124,18 +126,18 @@ pub(crate) fn eloreta_kernel(
             let mut m = [0.0; 9];
             for i in 0..3 {
                 for j in 0..3 {
-                    m[i * 3 + j] = (0..n).map(|c| gw[(c, 3 * src + i)] * ng[(c, 3 * src + j)]).sum();
+                    m[i * 3 + j] = (0..n)
+                        .map(|c| gw[(c, 3 * src + i)] * ng[(c, 3 * src + j)])
+                        .sum();
                 }
             }
             *w = sym_pow3(&m, -0.5, src)?;
         }
         grgt = normalize_weights(gw, &mut r, n_nzero);
         let (mut diff, mut last) = (0.0, 0.0);
-        for (a, b) in r.iter().zip(&r_last) {
-            for k in 0..9 {
-                diff += (a[k] - b[k]) * (a[k] - b[k]);
-                last += b[k] * b[k];
-            }
+        for (a, b) in r.iter().flatten().zip(r_last.iter().flatten()) {
+            diff += (a - b) * (a - b);
+            last += b * b;
         }
         let delta = (diff / last).sqrt();
         tracing::debug!(iteration = iteration + 1, delta, "eLORETA weight iteration");
@@ -160,7 +162,9 @@ pub(crate) fn eloreta_kernel(
     // A = G R^(1/2): A[c, 3s+i] = sum_j R_sqrt[s][i, j] G[c, 3s+j]
     let a = Mat::from_fn(n, 3 * n_sources, |c, col| {
         let (s, i) = (col / 3, col % 3);
-        (0..3).map(|j| r_sqrt[s][i * 3 + j] * gw[(c, 3 * s + j)]).sum::<f64>()
+        (0..3)
+            .map(|j| r_sqrt[s][i * 3 + j] * gw[(c, 3 * s + j)])
+            .sum::<f64>()
     });
     let svd = a.thin_svd().map_err(|_| InverseError::Decomposition {
         what: "eLORETA SVD",
@@ -171,7 +175,9 @@ pub(crate) fn eloreta_kernel(
     // Weighted eigen leads: R^(1/2) V per source block.
     let leads = Mat::from_fn(3 * n_sources, v.ncols(), |row, m| {
         let (s, i) = (row / 3, row % 3);
-        (0..3).map(|j| r_sqrt[s][i * 3 + j] * v[(3 * s + j, m)]).sum::<f64>()
+        (0..3)
+            .map(|j| r_sqrt[s][i * 3 + j] * v[(3 * s + j, m)])
+            .sum::<f64>()
     });
     let trans = eigen_fields_trans(svd.U(), &reg, white);
     let k = &leads * &trans;

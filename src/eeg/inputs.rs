@@ -40,7 +40,9 @@ pub enum EegInputError {
         missing: Vec<String>,
         available: Vec<String>,
     },
-    #[error("data channel label {label:?} appears more than once (positions {first} and {second})")]
+    #[error(
+        "data channel label {label:?} appears more than once (positions {first} and {second})"
+    )]
     DuplicateDataChannel {
         label: String,
         first: usize,
@@ -87,7 +89,10 @@ pub fn parse_npy(bytes: &[u8], path: &Path) -> Result<NpyArray, EegInputError> {
     let order = header.order();
     let file = npyz::NpyFile::with_header(header, rest);
     let (data, was_f32) = match file.try_data::<f64>() {
-        Ok(reader) => (read_exact_elements(reader, len, 8, rest.len(), &npy_err)?, false),
+        Ok(reader) => (
+            read_exact_elements(reader, len, 8, rest.len(), &npy_err)?,
+            false,
+        ),
         Err(file) => match file.try_data::<f32>() {
             Ok(reader) => {
                 let v = read_exact_elements(reader, len, 4, rest.len(), &npy_err)?;
@@ -231,7 +236,10 @@ pub fn parse_channel_names(text: &str, path: &Path) -> Result<Vec<String>, EegIn
     for (i, line) in lines.iter().enumerate() {
         let name = line.trim();
         if name.is_empty() {
-            return Err(invalid(path, format!("line {} is an empty channel name", i + 1)));
+            return Err(invalid(
+                path,
+                format!("line {} is an empty channel name", i + 1),
+            ));
         }
         if let Some(first) = seen.insert(name, i) {
             return Err(invalid(
@@ -277,12 +285,11 @@ pub struct EegInputs {
 impl EegInputs {
     /// Read and check the four files.
     pub fn load(paths: &EegInputPaths) -> Result<Self, EegInputError> {
-        let text = std::fs::read_to_string(&paths.channel_names).map_err(|source| {
-            EegInputError::Io {
+        let text =
+            std::fs::read_to_string(&paths.channel_names).map_err(|source| EegInputError::Io {
                 path: paths.channel_names.clone(),
                 source,
-            }
-        })?;
+            })?;
         let channel_names = parse_channel_names(&text, &paths.channel_names)?;
         let n_channels = channel_names.len();
         let (_, lf_cols, lead_field) = read_npy_matrix(
@@ -357,8 +364,11 @@ impl EegInputs {
         check_finite(&paths.source_positions, &source_positions_m, 3)?;
         check_finite(&paths.noise_covariance, &noise_covariance, n_channels)?;
         for s in 0..n_sources {
-            let zero = (0..n_channels)
-                .all(|c| lead_field[c * 3 * n_sources + 3 * s..][..3].iter().all(|&v| v == 0.0));
+            let zero = (0..n_channels).all(|c| {
+                lead_field[c * 3 * n_sources + 3 * s..][..3]
+                    .iter()
+                    .all(|&v| v == 0.0)
+            });
             if zero {
                 return Err(invalid(
                     &paths.lead_field,
@@ -546,9 +556,16 @@ mod tests {
             parse_channel_names("Fz\nCz\n", &path).expect("ok"),
             vec!["Fz", "Cz"]
         );
-        let e = parse_channel_names("Fz\nCz\nFz\n", &path).unwrap_err().to_string();
-        assert!(e.contains("ch.txt") && e.contains("Fz") && e.contains("lines 1 and 3"), "{e}");
-        let e = parse_channel_names("Fz\n\nCz\n", &path).unwrap_err().to_string();
+        let e = parse_channel_names("Fz\nCz\nFz\n", &path)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("ch.txt") && e.contains("Fz") && e.contains("lines 1 and 3"),
+            "{e}"
+        );
+        let e = parse_channel_names("Fz\n\nCz\n", &path)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("line 2"), "{e}");
         assert!(parse_channel_names("\n", &path).is_err());
     }
@@ -589,8 +606,13 @@ mod tests {
         let configured = vec!["Fz".to_string(), "Cz".to_string(), "Pz".to_string()];
         let picks = match_channels(&configured, &["Pz ", "Status", "Fz", "Cz"]).expect("ok");
         assert_eq!(picks, vec![2, 3, 0]);
-        let e = match_channels(&configured, &["Fz", "Oz"]).unwrap_err().to_string();
-        assert!(e.contains("\"Cz\"") && e.contains("\"Pz\"") && e.contains("2 configured"), "{e}");
+        let e = match_channels(&configured, &["Fz", "Oz"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"Cz\"") && e.contains("\"Pz\"") && e.contains("2 configured"),
+            "{e}"
+        );
         assert!(match_channels(&configured, &["Fz", "Cz", "Pz", "Cz"]).is_err());
     }
 

@@ -185,11 +185,11 @@ pub(crate) fn depth_prior(
     for s in 0..n_sources {
         let gk = gain.subcols(3 * s, 3);
         let gtg = gk.transpose() * gk;
-        let eig = gtg
-            .self_adjoint_eigenvalues(Side::Lower)
-            .map_err(|_| InverseError::Decomposition {
-                what: "depth prior 3x3 eigenvalues",
-            })?;
+        let eig =
+            gtg.self_adjoint_eigenvalues(Side::Lower)
+                .map_err(|_| InverseError::Decomposition {
+                    what: "depth prior 3x3 eigenvalues",
+                })?;
         let d = eig.iter().fold(0.0f64, |m, &v| m.max(v.abs()));
         w.push(1.0 / d);
     }
@@ -202,8 +202,7 @@ pub(crate) fn depth_prior(
             lim = v;
         }
     }
-    Ok(w
-        .into_iter()
+    Ok(w.into_iter()
         .map(|v| (v / lim).min(1.0).powf(exponent))
         .collect())
 }
@@ -303,8 +302,7 @@ impl InverseKernel {
         let trans = eigen_fields_trans(svd.U(), &reg, &white);
         let eigen_leads = svd.V(); // [3 n_sources, k]
         let mut k = eigen_leads * &trans;
-        for r in 0..n_cols {
-            let sd = source_std[r];
+        for (r, &sd) in source_std.iter().enumerate() {
             for c in 0..n {
                 k[(r, c)] *= sd;
             }
@@ -324,13 +322,14 @@ impl InverseKernel {
                     .map(|s| {
                         let sq: f64 = (3 * s..3 * s + 3)
                             .map(|row| {
-                                let nrm2: f64 = (0..weight.len())
-                                    .map(|m| {
-                                        let v = source_std[row] * eigen_leads[(row, m)] * weight[m];
+                                weight
+                                    .iter()
+                                    .enumerate()
+                                    .map(|(m, w)| {
+                                        let v = source_std[row] * eigen_leads[(row, m)] * w;
                                         v * v
                                     })
-                                    .sum();
-                                nrm2
+                                    .sum::<f64>()
                             })
                             .sum();
                         1.0 / sq.sqrt().abs()

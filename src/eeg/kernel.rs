@@ -90,14 +90,19 @@ macro_rules! apply_tiled {
             while s0 < $n_sources {
                 let ns = SOURCE_TILE.min($n_sources - s0);
                 let rows = 3 * ns;
-                let k = MatRef::from_row_major_slice(&$kernel[3 * s0 * c..(3 * s0 + rows) * c], rows, c);
+                let k = MatRef::from_row_major_slice(
+                    &$kernel[3 * s0 * c..(3 * s0 + rows) * c],
+                    rows,
+                    c,
+                );
                 let y = MatMut::from_column_major_slice_mut(&mut tile[..rows * tt], rows, tt);
                 matmul(y, Accum::Replace, k, x, 1.0 as $t, Par::Seq);
                 for j in 0..tt {
                     let col = &tile[j * rows..(j + 1) * rows];
                     for s in 0..ns {
                         let (a, b, d) = (col[3 * s], col[3 * s + 1], col[3 * s + 2]);
-                        $out[(s0 + s) * n_times + t0 + j] = $scale[s0 + s] * (a * a + b * b + d * d).sqrt();
+                        $out[(s0 + s) * n_times + t0 + j] =
+                            $scale[s0 + s] * (a * a + b * b + d * d).sqrt();
                     }
                 }
                 s0 += ns;
@@ -128,7 +133,13 @@ impl InverseKernel {
         n_times: usize,
         out: &mut [f64],
     ) -> Result<(), BlockShapeError> {
-        check_block(self.n_channels, self.n_sources, data.len(), n_times, out.len())?;
+        check_block(
+            self.n_channels,
+            self.n_sources,
+            data.len(),
+            n_times,
+            out.len(),
+        )?;
         if n_times == 0 {
             return Ok(());
         }
@@ -179,7 +190,13 @@ impl InverseKernelF32 {
         n_times: usize,
         out: &mut [f32],
     ) -> Result<(), BlockShapeError> {
-        check_block(self.n_channels, self.n_sources, data.len(), n_times, out.len())?;
+        check_block(
+            self.n_channels,
+            self.n_sources,
+            data.len(),
+            n_times,
+            out.len(),
+        )?;
         if n_times == 0 {
             return Ok(());
         }
@@ -238,7 +255,9 @@ pub enum KernelCacheError {
 pub enum CacheOutcome {
     Loaded,
     /// Built; `reason` says why the cache was not used.
-    Built { reason: String },
+    Built {
+        reason: String,
+    },
 }
 
 const CACHE_MAGIC: &[u8; 8] = b"TRIGDINV";
@@ -255,7 +274,8 @@ impl InverseKernel {
             path: path.to_path_buf(),
             source,
         };
-        let mut buf = Vec::with_capacity(CACHE_HEADER_BYTES + 8 * (self.kernel.len() + self.n_sources) + 4);
+        let mut buf =
+            Vec::with_capacity(CACHE_HEADER_BYTES + 8 * (self.kernel.len() + self.n_sources) + 4);
         buf.extend_from_slice(CACHE_MAGIC);
         buf.extend_from_slice(&CACHE_VERSION.to_le_bytes());
         buf.push(key.method.code());
@@ -288,10 +308,16 @@ impl InverseKernel {
             reason,
         };
         if found.method != key.method {
-            return Err(stale(format!("built for {}, {} wanted", found.method, key.method)));
+            return Err(stale(format!(
+                "built for {}, {} wanted",
+                found.method, key.method
+            )));
         }
         if found.lambda2.to_bits() != key.lambda2.to_bits() {
-            return Err(stale(format!("lambda2 {} in cache, {} wanted", found.lambda2, key.lambda2)));
+            return Err(stale(format!(
+                "lambda2 {} in cache, {} wanted",
+                found.lambda2, key.lambda2
+            )));
         }
         if found.inputs_hash != key.inputs_hash {
             return Err(stale(format!(
@@ -303,7 +329,10 @@ impl InverseKernel {
     }
 
     /// Parse cache bytes (validated: magic, version, sizes, checksum, finite values).
-    pub fn parse_cache(bytes: &[u8], path: &Path) -> Result<(Self, KernelCacheKey), KernelCacheError> {
+    pub fn parse_cache(
+        bytes: &[u8],
+        path: &Path,
+    ) -> Result<(Self, KernelCacheKey), KernelCacheError> {
         let corrupt = |reason: String| KernelCacheError::Corrupt {
             path: path.to_path_buf(),
             reason,
@@ -320,13 +349,18 @@ impl InverseKernel {
         v.copy_from_slice(&bytes[8..12]);
         let version = u32::from_le_bytes(v);
         if version != CACHE_VERSION {
-            return Err(corrupt(format!("version {version}, this build reads {CACHE_VERSION}")));
+            return Err(corrupt(format!(
+                "version {version}, this build reads {CACHE_VERSION}"
+            )));
         }
-        let method = Method::from_code(bytes[12]).ok_or_else(|| corrupt(format!("unknown method code {}", bytes[12])))?;
+        let method = Method::from_code(bytes[12])
+            .ok_or_else(|| corrupt(format!("unknown method code {}", bytes[12])))?;
         let lambda2 = f64::from_bits(u64_at(16));
         let inputs_hash = u64_at(24);
-        let n_channels = usize::try_from(u64_at(32)).map_err(|_| corrupt("n_channels too large".into()))?;
-        let n_sources = usize::try_from(u64_at(40)).map_err(|_| corrupt("n_sources too large".into()))?;
+        let n_channels =
+            usize::try_from(u64_at(32)).map_err(|_| corrupt("n_channels too large".into()))?;
+        let n_sources =
+            usize::try_from(u64_at(40)).map_err(|_| corrupt("n_sources too large".into()))?;
         let n_values = n_sources
             .checked_mul(3)
             .and_then(|r| r.checked_mul(n_channels))
@@ -337,7 +371,10 @@ impl InverseKernel {
             .and_then(|b| b.checked_add(CACHE_HEADER_BYTES + 4))
             .ok_or_else(|| corrupt("sizes overflow".into()))?;
         if bytes.len() != expected {
-            return Err(corrupt(format!("{} bytes, header implies {expected}", bytes.len())));
+            return Err(corrupt(format!(
+                "{} bytes, header implies {expected}",
+                bytes.len()
+            )));
         }
         let body = &bytes[..bytes.len() - 4];
         v.copy_from_slice(&bytes[bytes.len() - 4..]);
@@ -406,7 +443,9 @@ mod tests {
         InverseKernel {
             n_channels,
             n_sources,
-            kernel: (0..3 * n_sources * n_channels).map(|_| rng.random_range(-1.0..1.0)).collect(),
+            kernel: (0..3 * n_sources * n_channels)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect(),
             source_scale: (0..n_sources).map(|_| rng.random_range(0.5..2.0)).collect(),
         }
     }
@@ -420,7 +459,11 @@ mod tests {
                 let mut sq = 0.0;
                 for j in 0..3 {
                     let row = &k.kernel[(3 * s + j) * c..(3 * s + j + 1) * c];
-                    let v: f64 = row.iter().enumerate().map(|(ch, w)| w * data[ch * n_times + t]).sum();
+                    let v: f64 = row
+                        .iter()
+                        .enumerate()
+                        .map(|(ch, w)| w * data[ch * n_times + t])
+                        .sum();
                     sq += v * v;
                 }
                 out[s * n_times + t] = k.source_scale[s] * sq.sqrt();
@@ -447,7 +490,10 @@ mod tests {
             let mut o32 = vec![0.0f32; s * t];
             k32.apply_f32(&d32, t, &mut o32);
             for (a, b) in o32.iter().zip(&want) {
-                assert!((f64::from(*a) - b).abs() <= 1e-4 * b.abs().max(1.0), "{a} vs {b}");
+                assert!(
+                    (f64::from(*a) - b).abs() <= 1e-4 * b.abs().max(1.0),
+                    "{a} vs {b}"
+                );
             }
         }
     }
@@ -473,16 +519,37 @@ mod tests {
         };
         k.save(&path, &key).expect("save");
         assert_eq!(InverseKernel::load(&path, &key).expect("load"), k);
-        let other = KernelCacheKey { method: Method::DSpm, ..key };
-        assert!(matches!(InverseKernel::load(&path, &other), Err(KernelCacheError::Stale { .. })));
-        let other = KernelCacheKey { lambda2: 0.1, ..key };
-        assert!(matches!(InverseKernel::load(&path, &other), Err(KernelCacheError::Stale { .. })));
-        let other = KernelCacheKey { inputs_hash: 43, ..key };
-        assert!(matches!(InverseKernel::load(&path, &other), Err(KernelCacheError::Stale { .. })));
+        let other = KernelCacheKey {
+            method: Method::DSpm,
+            ..key
+        };
+        assert!(matches!(
+            InverseKernel::load(&path, &other),
+            Err(KernelCacheError::Stale { .. })
+        ));
+        let other = KernelCacheKey {
+            lambda2: 0.1,
+            ..key
+        };
+        assert!(matches!(
+            InverseKernel::load(&path, &other),
+            Err(KernelCacheError::Stale { .. })
+        ));
+        let other = KernelCacheKey {
+            inputs_hash: 43,
+            ..key
+        };
+        assert!(matches!(
+            InverseKernel::load(&path, &other),
+            Err(KernelCacheError::Stale { .. })
+        ));
         let mut bytes = std::fs::read(&path).expect("read");
         bytes[60] ^= 1;
         std::fs::write(&path, &bytes).expect("write");
-        assert!(matches!(InverseKernel::load(&path, &key), Err(KernelCacheError::Corrupt { .. })));
+        assert!(matches!(
+            InverseKernel::load(&path, &key),
+            Err(KernelCacheError::Corrupt { .. })
+        ));
     }
 
     proptest::proptest! {
