@@ -17,16 +17,26 @@ of the same size: the cost does not depend on the values) and prints both.
 Run from the crate root:  python3 bench/eeg_vs_mne.py  [--skip-trigd]
 """
 
+import os
 import re
 import subprocess
 import sys
 import time
 
-import numpy as np
+# One BLAS thread, as trigd's bench uses one thread (and a shared machine is not
+# oversubscribed). Set EEG_BENCH_THREADS to change it.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, os.environ.get("EEG_BENCH_THREADS", "1"))
 
-import mne
-from mne.minimum_norm import apply_inverse_raw, make_inverse_operator, prepare_inverse_operator
-from mne.minimum_norm.inverse import _assemble_kernel, combine_xyz
+import numpy as np  # noqa: E402
+
+import mne  # noqa: E402
+from mne.minimum_norm import (  # noqa: E402
+    apply_inverse_raw,
+    make_inverse_operator,
+    prepare_inverse_operator,
+)
+from mne.minimum_norm.inverse import _assemble_kernel, combine_xyz  # noqa: E402
 
 SIZES = [(64, 7.5), (128, 4.7)]  # (channels, grid step mm) -> ~5000, ~20000 sources
 BLOCKS = [1, 32]
@@ -98,7 +108,7 @@ def main():
                 rows.append(("trigd", kv["dtype"], int(kv["n_channels"]), int(kv["n_sources"]),
                              int(kv["block"]), int(kv["calls"]), float(kv["latency_us_median"]),
                              float(kv["latency_us_p99"]), float(kv["samples_per_s"])))
-    print(f"mne {mne.__version__}, numpy {np.__version__}")
+    print(f"mne {mne.__version__}, numpy {np.__version__}, BLAS threads {os.environ['OMP_NUM_THREADS']}")
     print("| impl | dtype | channels | sources | block | calls | latency median us | p99 us | samples/s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:

@@ -135,11 +135,9 @@ pub(crate) fn eloreta_kernel(
         }
         grgt = normalize_weights(gw, &mut r, n_nzero);
         let (mut diff, mut last) = (0.0, 0.0);
-        for (a, b) in r.iter().zip(&r_last) {
-            for k in 0..9 {
-                diff += (a[k] - b[k]) * (a[k] - b[k]);
-                last += b[k] * b[k];
-            }
+        for (a, b) in r.iter().flatten().zip(r_last.iter().flatten()) {
+            diff += (a - b) * (a - b);
+            last += b * b;
         }
         let delta = (diff / last).sqrt();
         tracing::debug!(iteration = iteration + 1, delta, "eLORETA weight iteration");

@@ -302,8 +302,7 @@ impl InverseKernel {
         let trans = eigen_fields_trans(svd.U(), &reg, &white);
         let eigen_leads = svd.V(); // [3 n_sources, k]
         let mut k = eigen_leads * &trans;
-        for r in 0..n_cols {
-            let sd = source_std[r];
+        for (r, &sd) in source_std.iter().enumerate() {
             for c in 0..n {
                 k[(r, c)] *= sd;
             }
@@ -323,13 +322,14 @@ impl InverseKernel {
                     .map(|s| {
                         let sq: f64 = (3 * s..3 * s + 3)
                             .map(|row| {
-                                let nrm2: f64 = (0..weight.len())
-                                    .map(|m| {
-                                        let v = source_std[row] * eigen_leads[(row, m)] * weight[m];
+                                weight
+                                    .iter()
+                                    .enumerate()
+                                    .map(|(m, w)| {
+                                        let v = source_std[row] * eigen_leads[(row, m)] * w;
                                         v * v
                                     })
-                                    .sum();
-                                nrm2
+                                    .sum::<f64>()
                             })
                             .sum();
                         1.0 / sq.sqrt().abs()
