@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use rand::{Rng, SeedableRng};
+use npyz::WriterBuilder;
 use trigd::eeg::edf::{EdfFormat, EdfReader};
 use trigd::eeg::filter::{butter, iirnotch, Band, BlockFilter, Section};
 use trigd::eeg::simulate::read_npy_f64;
@@ -367,7 +368,7 @@ fn simulate_eeg_writes_a_file_that_reads_back_with_the_injected_signal() {
         .collect();
     let write = |name: &str, shape: &[u64], data: &[f64]| {
         let path = dir.path().join(name);
-        let mut w = npyz::WriteOptions::new()
+        let mut w = npyz::WriteOptions::<f64>::new()
             .default_dtype()
             .shape(shape)
             .writer(std::fs::File::create(&path).expect("create"))

@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
+use npyz::WriterBuilder;
 
 use super::edf::{self, Annotation, EdfFormat, EdfWriteSpec, WriteSignal};
 use super::simulate::{read_npy_f64, simulate, DipoleSpec, SensorNoise};
@@ -239,7 +240,7 @@ pub fn run_simulate(args: &SimulateEegArgs) -> anyhow::Result<()> {
     };
     edf::write_edf(&args.out, &spec).with_context(|| format!("writing {}", args.out.display()))?;
     if let Some(path) = &args.truth_out {
-        npyz::WriteOptions::new()
+        npyz::WriteOptions::<f64>::new()
             .default_dtype()
             .shape(&[n_channels as u64, n_samples as u64])
             .writer(std::io::BufWriter::new(
