@@ -445,11 +445,11 @@ mod tests {
     #[test]
     fn window_across_blocks_equals_whole_signal() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
-        let n = 3000;
+        let n: usize = 3000;
         let power: Vec<f64> = (0..n)
             .map(|t| rng.random::<f64>() + if (1000..1200).contains(&t) { 3.0 } else { 0.0 })
             .collect();
-        let w = 25;
+        let w: usize = 25;
         // Whole-signal reference computed directly.
         let reference: Vec<f64> = (0..n)
             .map(|t| {
