@@ -196,11 +196,11 @@ pub fn copy_to_host<T: Copy>(
     len: usize,
     stream: &CudaStream,
 ) -> Result<(), GpuError> {
-    if len > src.len() || len > dst.len() {
+    if len > src.len() || len > dst.len {
         return Err(GpuError::Config(format!(
             "copy of {len} elements exceeds a buffer (device {}, host {})",
             src.len(),
-            dst.len()
+            dst.len
         )));
     }
     if len == 0 {
