@@ -3,9 +3,10 @@
 //! the run ends.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use crate::backend::eeg::{CpuEeg, EegSetup};
+use crate::backend::eeg::{CpuEeg, EegSetup, EegStream};
+use crate::backend::gpu_eeg::GpuEeg;
 use crate::backend::multiplicity::CpuMultiplicity;
 use crate::backend::tracking::{CpuTracking, TrackingSetup};
 use crate::backend::{Backend, BackendKind};
@@ -27,6 +28,9 @@ pub struct Plan {
     kind: BackendKind,
     tracking: Option<TrackingSetup>,
     eeg: Option<Arc<EegSetup>>,
+    /// State of the EEG stream, shared by the GPU backend and its CPU fallback.
+    eeg_stream: Arc<Mutex<EegStream>>,
+    gpus: Vec<crate::gpu::GpuDevice>,
 }
 
 /// Builds the plan for `cfg`'s workload.
@@ -43,12 +47,7 @@ pub fn plan(cfg: &Arc<Config>, outputs: &Outputs) -> anyhow::Result<Plan> {
                     "the multiplicity workload runs on the CPU only; use --backend cpu or auto"
                 );
             }
-            Ok(Plan {
-                cfg: cfg.clone(),
-                kind: BackendKind::Cpu,
-                tracking: None,
-                eeg: None,
-            })
+            Ok(Plan::new(cfg, BackendKind::Cpu, None, None, Vec::new()))
         }
         WorkloadKind::Tracking => {
             if outputs.sources_out.is_some() {
@@ -58,12 +57,13 @@ pub fn plan(cfg: &Arc<Config>, outputs: &Outputs) -> anyhow::Result<Plan> {
                 anyhow::bail!("tracking runs on the CPU in this build; use --backend cpu or auto");
             }
             let setup = TrackingSetup::new(cfg, outputs.tracks_out.as_deref())?;
-            Ok(Plan {
-                cfg: cfg.clone(),
-                kind: BackendKind::Cpu,
-                tracking: Some(setup),
-                eeg: None,
-            })
+            Ok(Plan::new(
+                cfg,
+                BackendKind::Cpu,
+                Some(setup),
+                None,
+                Vec::new(),
+            ))
         }
         WorkloadKind::Eeg => {
             if outputs.tracks_out.is_some() {
@@ -73,18 +73,35 @@ pub fn plan(cfg: &Arc<Config>, outputs: &Outputs) -> anyhow::Result<Plan> {
                 tracing::warn!("the EEG workload keeps state across blocks: running one worker");
             }
             let setup = Arc::new(EegSetup::new(cfg, outputs.sources_out.as_deref())?);
-            let kind = crate::backend::gpu_eeg::eeg_backend_kind(&cfg.daemon.backend)?;
-            Ok(Plan {
-                cfg: cfg.clone(),
-                kind,
-                tracking: None,
-                eeg: Some(setup),
-            })
+            let gpus = crate::backend::gpu_eeg::detect(&cfg.daemon.backend)?;
+            let kind = if gpus.is_empty() {
+                BackendKind::Cpu
+            } else {
+                BackendKind::Gpu
+            };
+            Ok(Plan::new(cfg, kind, None, Some(setup), gpus))
         }
     }
 }
 
 impl Plan {
+    fn new(
+        cfg: &Arc<Config>,
+        kind: BackendKind,
+        tracking: Option<TrackingSetup>,
+        eeg: Option<Arc<EegSetup>>,
+        gpus: Vec<crate::gpu::GpuDevice>,
+    ) -> Plan {
+        Plan {
+            cfg: cfg.clone(),
+            kind,
+            tracking,
+            eeg,
+            eeg_stream: Arc::new(Mutex::new(EegStream::new())),
+            gpus,
+        }
+    }
+
     /// The backend kind that takes batches first.
     pub fn primary_kind(&self) -> BackendKind {
         self.kind
@@ -95,9 +112,19 @@ impl Plan {
         match (&self.tracking, &self.eeg) {
             (Some(t), _) => Ok(Box::new(CpuTracking::new(t))),
             (_, Some(e)) if self.kind == BackendKind::Gpu => {
-                crate::backend::gpu_eeg::make_eeg_backend(e.clone(), w)
+                // One stream of blocks keeps its order and state on one GPU.
+                let dev = &self.gpus[w % self.gpus.len()];
+                let max_frames = self.cfg.daemon.batch_max.min(256);
+                let max_samples = e.config.block_samples.max(1);
+                Ok(Box::new(GpuEeg::new(
+                    e.clone(),
+                    self.eeg_stream.clone(),
+                    dev,
+                    max_samples,
+                    max_frames,
+                )?))
             }
-            (_, Some(e)) => Ok(Box::new(CpuEeg::new(e.clone()))),
+            (_, Some(e)) => Ok(Box::new(CpuEeg::new(e.clone(), self.eeg_stream.clone()))),
             (None, None) => Ok(Box::new(CpuMultiplicity::new(
                 self.cfg.multiplicity.unwrap_or_default(),
             ))),
@@ -122,7 +149,7 @@ impl Plan {
     pub fn make_fallback(&self, w: usize) -> anyhow::Result<Box<dyn Backend>> {
         let _ = w;
         match &self.eeg {
-            Some(e) => Ok(Box::new(CpuEeg::new(e.clone()))),
+            Some(e) => Ok(Box::new(CpuEeg::new(e.clone(), self.eeg_stream.clone()))),
             None => anyhow::bail!("no fallback backend for this workload"),
         }
     }

@@ -252,6 +252,7 @@ impl SourcesOut {
 
 /// Per-stream state after the product: filter, trigger, statistics. Shared by the CPU and
 /// GPU backends.
+#[derive(Clone)]
 pub struct EegStream {
     pub filter: Option<BlockFilter>,
     pub trigger: Option<RoiTrigger>,
@@ -320,6 +321,20 @@ impl EegStream {
     }
 }
 
+impl EegStream {
+    /// New thresholds and timing (SIGHUP). The region itself needs a restart; the window
+    /// starts again.
+    pub fn reload(&mut self, cfg: &Config) -> Result<(), String> {
+        let ec = EegConfig::from_config(cfg).map_err(|e| format!("{e:#}"))?;
+        if let (Some(r), fs) = (&ec.roi, self.sample_rate_hz) {
+            if fs > 0.0 {
+                self.trigger = Some(r.trigger(fs).map_err(|e| e.to_string())?);
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Default for EegStream {
     fn default() -> Self {
         Self::new()
@@ -329,7 +344,8 @@ impl Default for EegStream {
 /// The CPU EEG backend (one per stream: it keeps filter and window state across blocks).
 pub struct CpuEeg {
     setup: Arc<EegSetup>,
-    stream: EegStream,
+    /// Shared with the GPU backend this one stands behind, if any.
+    stream: Arc<Mutex<EegStream>>,
     names: Vec<String>,
     data32: Vec<f32>,
     data64: Vec<f64>,
@@ -338,10 +354,10 @@ pub struct CpuEeg {
 }
 
 impl CpuEeg {
-    pub fn new(setup: Arc<EegSetup>) -> Self {
+    pub fn new(setup: Arc<EegSetup>, stream: Arc<Mutex<EegStream>>) -> Self {
         Self {
             setup,
-            stream: EegStream::new(),
+            stream,
             names: vec![LINE_NAME.to_string()],
             data32: Vec::new(),
             data64: Vec::new(),
@@ -363,6 +379,10 @@ impl Backend for CpuEeg {
         batch: &[FrameView<'_>],
         out: &mut Vec<Verdict>,
     ) -> Result<(), BackendError> {
+        let stream = self.stream.clone();
+        let mut stream = stream
+            .lock()
+            .map_err(|_| BackendError::Failed("EEG stream state poisoned".into()))?;
         for (index, f) in batch.iter().enumerate() {
             let Payload::Eeg(b) = f.payload else {
                 return Err(BackendError::WrongKind {
@@ -370,7 +390,7 @@ impl Backend for CpuEeg {
                     expected: "eeg_block",
                 });
             };
-            if let Err(reason) = self.stream.admit(&self.setup, &b) {
+            if let Err(reason) = stream.admit(&self.setup, &b) {
                 out.push(Verdict {
                     malformed: Some(reason),
                     ..Default::default()
@@ -383,7 +403,7 @@ impl Backend for CpuEeg {
                 Precision::F32 => {
                     self.data32.clear();
                     self.data32.extend(b.samples.iter().map(|v| v.get()));
-                    if let Some(fl) = self.stream.filter.as_mut() {
+                    if let Some(fl) = stream.filter.as_mut() {
                         fl.process_f32(&mut self.data32, n_t);
                     }
                     self.amp32.resize(n_s * n_t, 0.0);
@@ -391,7 +411,7 @@ impl Backend for CpuEeg {
                         .kernel_f32
                         .try_apply_f32(&self.data32, n_t, &mut self.amp32)
                         .map_err(|e| BackendError::Failed(e.to_string()))?;
-                    block_stats(&self.amp32, n_t, &self.setup.roi, &mut self.stream.stats);
+                    block_stats(&self.amp32, n_t, &self.setup.roi, &mut stream.stats);
                     if let Some(so) = &self.setup.sources_out {
                         let mut so = so
                             .lock()
@@ -404,7 +424,7 @@ impl Backend for CpuEeg {
                     self.data64.clear();
                     self.data64
                         .extend(b.samples.iter().map(|v| f64::from(v.get())));
-                    if let Some(fl) = self.stream.filter.as_mut() {
+                    if let Some(fl) = stream.filter.as_mut() {
                         fl.process_f64(&mut self.data64, n_t);
                     }
                     self.amp64.resize(n_s * n_t, 0.0);
@@ -412,7 +432,7 @@ impl Backend for CpuEeg {
                         .kernel
                         .try_apply_f64(&self.data64, n_t, &mut self.amp64)
                         .map_err(|e| BackendError::Failed(e.to_string()))?;
-                    block_stats(&self.amp64, n_t, &self.setup.roi, &mut self.stream.stats);
+                    block_stats(&self.amp64, n_t, &self.setup.roi, &mut stream.stats);
                     if let Some(so) = &self.setup.sources_out {
                         let mut so = so
                             .lock()
@@ -422,19 +442,15 @@ impl Backend for CpuEeg {
                     }
                 }
             }
-            out.push(self.stream.decide(&self.setup, b.header.first_sample.get()));
+            out.push(stream.decide(&self.setup, b.header.first_sample.get()));
         }
         Ok(())
     }
     fn reload(&mut self, cfg: &Config) -> Result<(), String> {
-        let ec = EegConfig::from_config(cfg).map_err(|e| format!("{e:#}"))?;
-        match (&ec.roi, self.stream.sample_rate_hz) {
-            (Some(r), fs) if fs > 0.0 => {
-                // Only the threshold and timing: the region itself needs a restart.
-                self.stream.trigger = Some(r.trigger(fs).map_err(|e| e.to_string())?);
-            }
-            _ => {}
-        }
-        Ok(())
+        let mut stream = self
+            .stream
+            .lock()
+            .map_err(|_| "EEG stream state poisoned".to_string())?;
+        stream.reload(cfg)
     }
 }

@@ -1,21 +1,179 @@
-//! The EEG workload on the GPU behind the backend trait.
+//! The EEG workload on the GPU behind the backend trait: the host filters (state carried
+//! across blocks), the device runs the product and the fused statistics
+//! ([`crate::gpu::eeg::GpuEegEngine`]), the host runs the sliding-window trigger. The stream
+//! state is shared with the CPU fallback, and a failed batch leaves it as it was, so the
+//! CPU redoes exactly that batch and the decisions continue as if nothing happened.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use super::eeg::EegSetup;
-use super::{Backend, BackendKind};
+use super::eeg::{EegSetup, EegStream, LINE_NAME};
+use super::{Backend, BackendError, BackendKind, Verdict};
+use crate::config::Config;
+use crate::frame::{FrameView, Payload};
+use crate::gpu::eeg::{EegBlockOutput, EegEngineConfig, GpuEegEngine};
+use crate::gpu::{BackendChoice, GpuDevice};
 
-/// Which backend the EEG workload runs on for `--backend auto|gpu|cpu`.
-pub fn eeg_backend_kind(choice: &str) -> anyhow::Result<BackendKind> {
-    match choice {
-        "cpu" | "auto" => Ok(BackendKind::Cpu),
-        "gpu" => anyhow::bail!("--backend gpu: no GPU backend in this build"),
-        other => anyhow::bail!("backend {other:?} must be auto, gpu or cpu"),
+/// The GPUs the EEG workload runs on for `--backend auto|gpu|cpu` (empty: the CPU).
+pub fn detect(choice: &str) -> anyhow::Result<Vec<GpuDevice>> {
+    let choice: BackendChoice = choice.parse()?;
+    Ok(crate::gpu::detect(choice)?)
+}
+
+/// The GPU EEG backend.
+pub struct GpuEeg {
+    setup: Arc<EegSetup>,
+    stream: Arc<Mutex<EegStream>>,
+    engine: GpuEegEngine,
+    names: Vec<String>,
+    max_frames: usize,
+    /// Filtered samples of the batch's admitted frames, channel-major each.
+    staged: Vec<Vec<f32>>,
+    outs: Vec<EegBlockOutput>,
+    group_outs: Vec<EegBlockOutput>,
+}
+
+impl GpuEeg {
+    /// Builds the engine on `device` for blocks of up to `max_samples` samples and batches of
+    /// up to `max_frames` frames.
+    pub fn new(
+        setup: Arc<EegSetup>,
+        stream: Arc<Mutex<EegStream>>,
+        device: &GpuDevice,
+        max_samples: usize,
+        max_frames: usize,
+    ) -> anyhow::Result<Self> {
+        let config = EegEngineConfig {
+            max_samples_per_frame: max_samples.max(1),
+            max_frames_per_batch: max_frames.max(1),
+            amplitudes: setup.sources_out.is_some(),
+            ..EegEngineConfig::default()
+        };
+        let engine = GpuEegEngine::new(device, &setup.kernel, &setup.roi.indices, config)?;
+        tracing::info!(device = %device, "EEG inverse resident on the GPU");
+        Ok(Self {
+            setup,
+            stream,
+            engine,
+            names: vec![LINE_NAME.to_string()],
+            max_frames: max_frames.max(1),
+            staged: Vec::new(),
+            outs: Vec::new(),
+            group_outs: Vec::new(),
+        })
+    }
+
+    /// Makes the next batch fail as a device error would (fail-over tests).
+    pub fn inject_device_error(&mut self) {
+        self.engine.inject_device_error();
     }
 }
 
-/// The GPU EEG backend of worker `w`.
-pub fn make_eeg_backend(setup: Arc<EegSetup>, w: usize) -> anyhow::Result<Box<dyn Backend>> {
-    let _ = (setup, w);
-    anyhow::bail!("no GPU backend in this build")
+impl Backend for GpuEeg {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Gpu
+    }
+    fn line_names(&self) -> &[String] {
+        &self.names
+    }
+    fn process(
+        &mut self,
+        batch: &[FrameView<'_>],
+        out: &mut Vec<Verdict>,
+    ) -> Result<(), BackendError> {
+        let mut stream = self
+            .stream
+            .lock()
+            .map_err(|_| BackendError::Failed("EEG stream state poisoned".into()))?;
+        // Everything below may fail on the device: keep the state to restore.
+        let saved_filter = stream.filter.clone();
+        let mut admitted: Vec<Option<&'static str>> = Vec::with_capacity(batch.len());
+        let mut n_staged = 0;
+        let mut n_times_of: Vec<usize> = Vec::with_capacity(batch.len());
+        for (index, f) in batch.iter().enumerate() {
+            let Payload::Eeg(b) = f.payload else {
+                stream.filter = saved_filter;
+                return Err(BackendError::WrongKind {
+                    index,
+                    expected: "eeg_block",
+                });
+            };
+            if let Err(reason) = stream.admit(&self.setup, &b) {
+                admitted.push(Some(reason));
+                continue;
+            }
+            if b.n_samples() > self.engine.config().max_samples_per_frame {
+                admitted.push(Some("block_too_long"));
+                continue;
+            }
+            admitted.push(None);
+            if self.staged.len() <= n_staged {
+                self.staged.push(Vec::new());
+            }
+            let buf = &mut self.staged[n_staged];
+            buf.clear();
+            buf.extend(b.samples.iter().map(|v| v.get()));
+            if let Some(fl) = stream.filter.as_mut() {
+                fl.process_f32(buf, b.n_samples());
+            }
+            n_times_of.push(b.n_samples());
+            n_staged += 1;
+        }
+        // Consecutive frames of equal length go to the device together.
+        self.outs.clear();
+        let want_amp = self.setup.sources_out.is_some();
+        let mut i = 0;
+        while i < n_staged {
+            let t = n_times_of[i];
+            let mut j = i + 1;
+            while j < n_staged && n_times_of[j] == t && j - i < self.max_frames {
+                j += 1;
+            }
+            let frames: Vec<&[f32]> = self.staged[i..j].iter().map(Vec::as_slice).collect();
+            if let Err(e) = self
+                .engine
+                .process_batch(&frames, t, want_amp, &mut self.group_outs)
+            {
+                stream.filter = saved_filter;
+                return Err(BackendError::Device(e.to_string()));
+            }
+            self.outs.append(&mut self.group_outs);
+            i = j;
+        }
+        // All device work succeeded: decide in order.
+        let mut k = 0;
+        for (f, adm) in batch.iter().zip(admitted) {
+            if let Some(reason) = adm {
+                out.push(Verdict {
+                    malformed: Some(reason),
+                    ..Default::default()
+                });
+                continue;
+            }
+            let Payload::Eeg(b) = f.payload else {
+                unreachable!("checked above")
+            };
+            let o = &mut self.outs[k];
+            k += 1;
+            stream.stats.roi_power.clear();
+            stream.stats.roi_power.extend_from_slice(&o.roi_power);
+            stream.stats.peak_source = o.peak_source;
+            stream.stats.peak_power = o.peak_power;
+            if let Some(so) = &self.setup.sources_out {
+                let mut so = so
+                    .lock()
+                    .map_err(|_| BackendError::Failed("sources-out poisoned".into()))?;
+                so.push_block(&o.amplitudes, b.n_samples())
+                    .map_err(BackendError::Failed)?;
+            }
+            out.push(stream.decide(&self.setup, b.header.first_sample.get()));
+        }
+        Ok(())
+    }
+    fn reload(&mut self, cfg: &Config) -> Result<(), String> {
+        let mut stream = self
+            .stream
+            .lock()
+            .map_err(|_| "EEG stream state poisoned".to_string())?;
+        stream.reload(cfg)
+    }
 }
