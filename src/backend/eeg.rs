@@ -162,7 +162,7 @@ impl EegSetup {
                     sphere: None,
                     sources: Some((0..kernel.n_sources as u32).collect()),
                     window_ms: 1.0,
-                    threshold: f64::INFINITY,
+                    threshold: f64::MAX,
                     refractory_ms: 0.0,
                 };
                 all.resolve(&positions_m)
@@ -187,7 +187,7 @@ impl EegSetup {
     pub fn trigger(&self, fs_hz: f64) -> Result<RoiTrigger, String> {
         match &self.config.roi {
             Some(r) => r.trigger(fs_hz).map_err(|e| e.to_string()),
-            None => Ok(RoiTrigger::new(1, f64::INFINITY, 0)),
+            None => Ok(RoiTrigger::new(1, f64::MAX, 0)),
         }
     }
 }

@@ -1,0 +1,153 @@
+//! `trigd replay DATA.edf --workload eeg ... --sources-out OUT.npy` through the real binary,
+//! against MNE-Python's `apply_inverse_raw` on the same EDF file (fixtures/eeg, made by
+//! fixtures/eeg/make_fixtures.py with MNE 1.13.2), and the decisions of the CPU and GPU
+//! backends on the same replay.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+
+fn fx(name: &str) -> String {
+    root().join("fixtures/eeg").join(name).display().to_string()
+}
+
+fn read_npy_f64(path: &Path) -> (Vec<u64>, Vec<f64>) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let npy = npyz::NpyFile::new(&bytes[..]).unwrap();
+    let shape = npy.shape().to_vec();
+    let data: Vec<f64> = match npy.dtype() {
+        npyz::DType::Plain(t) if t.size_field() == 4 => {
+            npy.into_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
+        }
+        _ => npy.into_vec::<f64>().unwrap(),
+    };
+    (shape, data)
+}
+
+/// Worst over samples of max_s |a - b| / max_s |b| (per-sample relative error).
+fn worst_relative_error(a: &[f64], b: &[f64], n_sources: usize, n_times: usize) -> f64 {
+    let mut worst = 0.0f64;
+    for t in 0..n_times {
+        let mut num = 0.0f64;
+        let mut den = 0.0f64;
+        for s in 0..n_sources {
+            let (x, y) = (a[s * n_times + t], b[s * n_times + t]);
+            num = num.max((x - y).abs());
+            den = den.max(y.abs());
+        }
+        worst = worst.max(num / den);
+    }
+    worst
+}
+
+fn eeg_args<'a>(method: &'a str, extra: &[&'a str]) -> Vec<String> {
+    let mut v: Vec<String> = vec![
+        "replay".into(),
+        fx("dipole.edf"),
+        "--workload".into(),
+        "eeg".into(),
+        "--leadfield".into(),
+        fx("leadfield.npy"),
+        "--src".into(),
+        fx("source_pos.npy"),
+        "--noise-cov".into(),
+        fx("noise_cov.npy"),
+        "--channels".into(),
+        fx("channels.txt"),
+        "--method".into(),
+        method.into(),
+        "--lambda2".into(),
+        "0.1111111111111111".into(),
+    ];
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+fn run(args: &[String]) -> String {
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, stdout, log) = Daemon::spawn(&refs).wait(Duration::from_secs(120));
+    assert_eq!(code, 0, "{stdout}\n{}", log.join("\n"));
+    stdout
+}
+
+#[test]
+fn sources_out_matches_mne_for_every_method_and_precision() {
+    let dir = tempfile::tempdir().unwrap();
+    for method in ["MNE", "dSPM", "sLORETA", "eLORETA"] {
+        let (shape, reference) = read_npy_f64(&root().join(format!("fixtures/eeg/stc_{method}.npy")));
+        let (n_sources, n_times) = (shape[0] as usize, shape[1] as usize);
+        for (precision, tolerance) in [("f32", 1e-3), ("f64", 1e-4)] {
+            let out: PathBuf = dir.path().join(format!("{method}_{precision}.npy"));
+            let stdout = run(&eeg_args(
+                method,
+                &["--precision", precision, "--backend", "cpu", "--sources-out", out.to_str().unwrap()],
+            ));
+            assert!(stdout.contains("accounting  balanced"), "{stdout}");
+            let (got_shape, got) = read_npy_f64(&out);
+            assert_eq!(got_shape, shape, "{method} {precision}: [n_sources, n_samples]");
+            let err = worst_relative_error(&got, &reference, n_sources, n_times);
+            assert!(err <= tolerance, "{method} {precision}: relative error {err:e} > {tolerance:e}");
+        }
+    }
+}
+
+/// Runs a replay with a region of interest around the dipole and returns the decisions.
+fn roi_decisions(dir: &Path, backend: &str, threshold: f64, tag: &str) -> Vec<serde_json::Value> {
+    let cfg = dir.join(format!("{tag}.toml"));
+    std::fs::write(
+        &cfg,
+        format!("[eeg.roi]\nsources = [195, 196, 194]\nwindow_ms = 30.0\nthreshold = {threshold:e}\nrefractory_ms = 100.0\n"),
+    )
+    .unwrap();
+    let out = dir.join(format!("{tag}.jsonl"));
+    run(&eeg_args(
+        "sLORETA",
+        &["--config", cfg.to_str().unwrap(), "--backend", backend, "--block-samples", "16", "--decisions", out.to_str().unwrap()],
+    ));
+    let mut d = read_jsonl(&out);
+    d.sort_by_key(|r| r["seq"].as_u64().unwrap());
+    d
+}
+
+fn threshold_from_cpu(dir: &Path) -> f64 {
+    let probe = roi_decisions(dir, "cpu", f64::MAX, "probe");
+    let mut stats: Vec<f64> = probe.iter().map(|r| r["statistic"].as_f64().unwrap()).collect();
+    assert!(stats.iter().all(|s| s.is_finite()));
+    stats.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    stats[stats.len() * 3 / 4]
+}
+
+#[test]
+fn the_roi_trigger_fires_on_the_dipole() {
+    let dir = tempfile::tempdir().unwrap();
+    let threshold = threshold_from_cpu(dir.path());
+    let d = roi_decisions(dir.path(), "cpu", threshold, "cpu");
+    let accepted = d.iter().filter(|r| r["outcome"] == "accept").count();
+    assert!(accepted > 0 && accepted < d.len(), "{accepted} of {}", d.len());
+    for r in d.iter().filter(|r| r["outcome"] == "accept") {
+        assert!(r["statistic"].as_f64().unwrap() >= threshold);
+        assert_eq!(r["lines"], serde_json::json!(["roi"]));
+        assert_eq!(r["peak_pos_mm"].as_array().unwrap().len(), 3);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_and_cpu_replays_give_identical_decisions() {
+    let dir = tempfile::tempdir().unwrap();
+    let threshold = threshold_from_cpu(dir.path());
+    let cpu = roi_decisions(dir.path(), "cpu", threshold, "cpu");
+    let gpu = roi_decisions(dir.path(), "gpu", threshold, "gpu");
+    assert_eq!(cpu.len(), gpu.len());
+    assert!(gpu.iter().all(|r| r["backend"] == "gpu"), "every block decided on the GPU");
+    for (c, g) in cpu.iter().zip(&gpu) {
+        assert_eq!(c["seq"], g["seq"]);
+        assert_eq!(c["outcome"], g["outcome"], "seq {}", c["seq"]);
+        assert_eq!(c["peak_source"], g["peak_source"], "seq {}", c["seq"]);
+        let (a, b) = (c["statistic"].as_f64().unwrap(), g["statistic"].as_f64().unwrap());
+        assert!((a - b).abs() <= 1e-4 * a.abs().max(1e-30), "seq {}: {a} vs {b}", c["seq"]);
+    }
+}
