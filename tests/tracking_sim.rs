@@ -104,3 +104,34 @@ fn regenerate_committed_events() {
         trackml::write_event(&out, &ev).unwrap();
     }
 }
+
+/// Prints per-preset event statistics and simulation time per event (for bench/RESULTS.md):
+/// `cargo test --release --test tracking_sim -- --ignored --nocapture simulation_statistics`.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn simulation_statistics() {
+    let det = Detector::from_toml_file(fixture("detector.toml")).unwrap();
+    for (preset, n_events) in [(Preset::Minbias, 200), (Preset::Central, 10)] {
+        let cfg = SimConfig::preset(preset);
+        let t0 = std::time::Instant::now();
+        let events: Vec<_> = simulate_events(&det, &cfg, 9, 0, n_events).collect();
+        let per_event_ms = t0.elapsed().as_secs_f64() * 1e3 / n_events as f64;
+        let n = n_events as f64;
+        let hits = events.iter().map(|e| e.hits.len()).sum::<usize>() as f64 / n;
+        let particles = events.iter().map(|e| e.particles.len()).sum::<usize>() as f64 / n;
+        let recable: Vec<f64> = events
+            .iter()
+            .flat_map(|e| {
+                e.particles
+                    .iter()
+                    .filter(|p| p.n_hits >= 4)
+                    .map(|p| p.p_gev())
+            })
+            .collect();
+        let below = recable.iter().filter(|&&p| p < 1.0).count() as f64 / n;
+        println!(
+            "{preset:?}: {per_event_ms:.2} ms/event, {particles:.0} particles, {hits:.0} hits, {:.0} with hits on >= 4 planes ({below:.1} of them below 1 GeV/c)",
+            recable.len() as f64 / n
+        );
+    }
+}
