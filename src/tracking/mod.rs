@@ -9,3 +9,8 @@ pub mod simulate;
 pub mod trackml;
 pub mod eval;
 pub mod cli;
+pub mod ca;
+pub mod kalman;
+pub mod lines;
+pub mod propagate;
+pub mod reco;

@@ -1,0 +1,143 @@
+//! Tracking throughput on the CPU: events per second per core for minimum-bias and
+//! central events on the default spectrometer (with the time of each reconstruction step),
+//! and Kalman fits per second on one and two threads.
+//!
+//! `cargo bench --bench tracking` (options after `--`: `--events N`, `--fits N`).
+
+use std::time::Instant;
+use trigd::tracking::geometry::Detector;
+use trigd::tracking::kalman::{FitConfig, FitHit, FitOutput, KalmanFitter};
+use trigd::tracking::reco::{FinderConfig, Reconstructor};
+use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/detector.toml");
+    let det = match Detector::from_toml_file(&path) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+    };
+    let n_events = arg("--events", 20) as u64;
+    let n_fits = arg("--fits", 2_000_000);
+    println!("# Tracking (CPU), fixtures/detector.toml, min p 1 GeV/c");
+    for (name, preset, n) in [
+        ("minbias", Preset::Minbias, n_events * 20),
+        ("central", Preset::Central, n_events),
+    ] {
+        bench_events(&det, name, preset, n);
+    }
+    bench_fits(&det, n_fits);
+}
+
+fn bench_events(det: &Detector, name: &str, preset: Preset, n: u64) {
+    let sim = SimConfig::preset(preset);
+    let events: Vec<_> = simulate_events(det, &sim, 7, 0, n).collect();
+    let mut reco = Reconstructor::new(det, FinderConfig::from_detector(det, 1.0));
+    let mut tracks = Vec::new();
+    // Warm-up: buffers reach their working size.
+    for ev in events.iter().take(2) {
+        reco.reconstruct(&ev.hits, &mut tracks);
+    }
+    reco.reset_step_times();
+    let t0 = Instant::now();
+    let mut n_tracks = 0;
+    for ev in &events {
+        reco.reconstruct(&ev.hits, &mut tracks);
+        n_tracks += tracks.len();
+    }
+    let dt = t0.elapsed().as_secs_f64();
+    let st = reco.step_times();
+    let per_event_ms = 1e3 * dt / n as f64;
+    println!(
+        "\n{name}: {n} events, {:.0} hits/event, {:.1} tracks/event: {:.3} ms/event, {:.0} events/s per core",
+        st.hits as f64 / n as f64,
+        n_tracks as f64 / n as f64,
+        per_event_ms,
+        n as f64 / dt
+    );
+    println!(
+        "  doublets/event {:.0}, triplets/event {:.0}, candidates/event {:.0}",
+        st.doublets as f64 / n as f64,
+        st.triplets as f64 / n as f64,
+        st.candidates as f64 / n as f64
+    );
+    println!("  | step | us/event | share |\n  | --- | --- | --- |");
+    let total = st.total_ns().max(1) as f64;
+    for (step, ns) in st.steps() {
+        println!(
+            "  | {step} | {:.1} | {:.1} % |",
+            ns as f64 / 1e3 / n as f64,
+            100.0 * ns as f64 / total
+        );
+    }
+}
+
+fn bench_fits(det: &Detector, n_fits: usize) {
+    // Real hit sets: the true hits of simulated central-event particles.
+    let sim = SimConfig::preset(Preset::Central);
+    let mut sets: Vec<Vec<FitHit>> = Vec::new();
+    for ev in simulate_events(det, &sim, 9, 0, 2) {
+        let mut by_particle: std::collections::BTreeMap<u64, Vec<FitHit>> = Default::default();
+        for (h, t) in ev.hits.iter().zip(&ev.truth) {
+            if t.particle_id != 0 {
+                by_particle.entry(t.particle_id).or_default().push(FitHit {
+                    plane: h.plane,
+                    x_mm: h.x_mm,
+                    y_mm: h.y_mm,
+                });
+            }
+        }
+        for (_, mut v) in by_particle {
+            v.sort_by_key(|h| h.plane);
+            if v.len() >= 4 {
+                sets.push(v);
+            }
+        }
+    }
+    let fitter = KalmanFitter::new(det, FitConfig::from_detector(det));
+    let refs: Vec<&[FitHit]> = sets.iter().map(|v| &v[..]).collect();
+    let mean_hits = sets.iter().map(|v| v.len()).sum::<usize>() as f64 / sets.len().max(1) as f64;
+    println!(
+        "\nKalman fits: {} distinct hit sets, {:.1} hits each",
+        sets.len(),
+        mean_hits
+    );
+    for threads in [1usize, 2] {
+        let per_thread = n_fits / threads;
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                let (fitter, refs) = (&fitter, &refs);
+                s.spawn(move || {
+                    let mut out: Vec<FitOutput> = Vec::with_capacity(refs.len());
+                    let mut done = 0;
+                    let mut sink = 0.0;
+                    while done < per_thread {
+                        fitter.fit_batch(refs, &mut out);
+                        sink += out[0].chi2;
+                        done += refs.len();
+                    }
+                    std::hint::black_box(sink);
+                });
+            }
+        });
+        let dt = t0.elapsed().as_secs_f64();
+        let total = (per_thread.div_ceil(refs.len()) * refs.len() * threads) as f64;
+        println!(
+            "  {threads} thread(s): {:.2} M fits/s ({:.1} ns/fit per thread)",
+            total / dt / 1e6,
+            dt * 1e9 * threads as f64 / total
+        );
+    }
+}

@@ -1,0 +1,315 @@
+//! Candidates: from every triplet that is nobody's left neighbour (the downstream end of a
+//! chain) with a level high enough for `min_hits`, follow the left neighbours of one level
+//! lower (best kink chi-square first) to the upstream end. All candidates are Kalman fitted;
+//! those with a good fit are then taken longest first and best chi-square per degree of
+//! freedom first, each hit used once.
+
+use super::{CaBuffers, Candidate};
+use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter, LANES};
+use crate::tracking::reco::FinderConfig;
+
+/// Number of candidates fitted together before the greedy choice among them.
+const CHUNK: usize = 64;
+
+/// Extracts, fits and chooses candidates in one greedy pass: end triplets (nobody's left
+/// neighbour, level high enough for `min_hits`) ordered by level (longest first) then kink
+/// chi-square; each one's chain is built unless it touches a hit already used; chains are
+/// Kalman fitted in chunks of [`CHUNK`] and accepted best first when the fit passes
+/// `max_chi2_ndf` and their hits are still free. Fills `buf.candidates`,
+/// `buf.candidate_hits`, `buf.fits` and `buf.accepted`; returns the time spent fitting, ns.
+pub fn extract_and_select(cfg: &FinderConfig, fitter: &KalmanFitter, buf: &mut CaBuffers) -> u64 {
+    buf.candidates.clear();
+    buf.candidate_hits.clear();
+    buf.fit_hits.clear();
+    buf.fits.clear();
+    buf.accepted.clear();
+    let min_level = cfg.min_hits.saturating_sub(2).max(1) as u16;
+    buf.order.clear();
+    for t in 0..buf.triplets.len() {
+        if !buf.has_right[t] && buf.level[t] >= min_level {
+            if buf.order.len() == buf.order.capacity() {
+                buf.overflow.candidates += 1;
+                continue;
+            }
+            buf.order.push(t as u32);
+        }
+    }
+    {
+        let (level, trip) = (&buf.level, &buf.triplets);
+        buf.order.sort_unstable_by(|&a, &b| {
+            level[b as usize]
+                .cmp(&level[a as usize])
+                .then(trip[a as usize].chi2.total_cmp(&trip[b as usize].chi2))
+                .then(a.cmp(&b))
+        });
+    }
+    let mut fit_ns = 0u64;
+    let mut pending_from = 0usize;
+    let n_order = buf.order.len();
+    for oi in 0..=n_order {
+        if oi < n_order {
+            let t = buf.order[oi] as usize;
+            if buf.candidates.len() == cfg.limits.max_candidates
+                || buf.candidate_hits.len() + MAX_CHAIN > buf.candidate_hits.capacity() / 2
+            {
+                buf.overflow.candidates += 1;
+            } else if let Some(c) = build_chain(buf, t, cfg.min_hits.max(3)) {
+                buf.candidates.push(c);
+            }
+        }
+        let pending = buf.candidates.len() - pending_from;
+        if pending == CHUNK || (oi == n_order && pending > 0) {
+            let t0 = std::time::Instant::now();
+            fit_range(fitter, buf, pending_from);
+            fit_ns += t0.elapsed().as_nanos() as u64;
+            choose(cfg, fitter, buf, pending_from, &mut fit_ns);
+            pending_from = buf.candidates.len();
+        }
+    }
+    fit_ns
+}
+
+/// Longest chain a candidate can have (one hit per plane).
+const MAX_CHAIN: usize = crate::tracking::kalman::MAX_PLANES;
+
+/// Builds the chain ending with triplet `t` into `buf.candidate_hits` (upstream first);
+/// `None` (and nothing kept) when it touches a used hit.
+fn build_chain(buf: &mut CaBuffers, t: usize, min_hits: usize) -> Option<Candidate> {
+    let start = buf.candidate_hits.len();
+    let tr = buf.triplets[t];
+    let right = buf.doublets[tr.right as usize];
+    buf.candidate_hits.push(right.b);
+    buf.candidate_hits.push(right.a);
+    buf.candidate_hits.push(buf.doublets[tr.left as usize].a);
+    let mut chi2 = tr.chi2;
+    let mut cur = t;
+    while buf.level[cur] > 1 && buf.candidate_hits.len() - start < MAX_CHAIN {
+        let want = buf.level[cur] - 1;
+        let (s, e) = (
+            buf.left_start[cur] as usize,
+            buf.left_start[cur + 1] as usize,
+        );
+        let mut best: Option<(usize, f32)> = None;
+        for &l in &buf.left[s..e] {
+            let l = l as usize;
+            if buf.level[l] != want {
+                continue;
+            }
+            let c = buf.triplets[l].chi2;
+            if best.is_none_or(|(_, bc)| c < bc) {
+                best = Some((l, c));
+            }
+        }
+        let Some((l, c)) = best else { break };
+        chi2 += c;
+        buf.candidate_hits
+            .push(buf.doublets[buf.triplets[l].left as usize].a);
+        cur = l;
+    }
+    // Hits already taken by a better track are left out (a shared hit, or one stolen by
+    // a neighbour); what remains must still make a track.
+    let mut w = start;
+    for r in start..buf.candidate_hits.len() {
+        let h = buf.candidate_hits[r];
+        if !buf.hits.used[h as usize] {
+            buf.candidate_hits[w] = h;
+            w += 1;
+        }
+    }
+    buf.candidate_hits.truncate(w);
+    if w - start < min_hits {
+        buf.candidate_hits.truncate(start);
+        return None;
+    }
+    buf.candidate_hits[start..].reverse();
+    let len = buf.candidate_hits.len() - start;
+    Some(Candidate {
+        start: start as u32,
+        len: len as u16,
+        chi2,
+        ndf: 0,
+        fit: 0,
+    })
+}
+
+fn good(cfg: &FinderConfig, c: &Candidate) -> bool {
+    (c.len as usize) >= cfg.min_hits
+        && c.ndf > 0
+        && (c.chi2 / c.ndf as f32) as f64 <= cfg.max_chi2_ndf
+}
+
+/// Greedy choice among the fitted candidates `from..`: longest, then best chi2/ndf first;
+/// a failed fit gets a second chance without its last or its first hit.
+fn choose(
+    cfg: &FinderConfig,
+    fitter: &KalmanFitter,
+    buf: &mut CaBuffers,
+    from: usize,
+    fit_ns: &mut u64,
+) {
+    let n = buf.candidates.len();
+    // Order of this chunk: reuse the tail of scratch.
+    buf.scratch_u32.clear();
+    buf.scratch_u32.extend(from as u32..n as u32);
+    {
+        let cands = &buf.candidates;
+        let key = |c: &Candidate| {
+            if c.ndf > 0 {
+                c.chi2 / c.ndf as f32
+            } else {
+                f32::INFINITY
+            }
+        };
+        buf.scratch_u32.sort_unstable_by(|&a, &b| {
+            let (ca, cb) = (&cands[a as usize], &cands[b as usize]);
+            cb.len
+                .cmp(&ca.len)
+                .then(key(ca).total_cmp(&key(cb)))
+                .then(a.cmp(&b))
+        });
+    }
+    for i in 0..buf.scratch_u32.len() {
+        let k = buf.scratch_u32[i] as usize;
+        let c = buf.candidates[k];
+        let free = buf.candidate_hits[c.start as usize..(c.start + c.len as u32) as usize]
+            .iter()
+            .all(|&h| !buf.hits.used[h as usize]);
+        if !free {
+            // Taken hits left out (a better track of this chunk took them), refitted.
+            let n_free = buf.candidate_hits[c.start as usize..(c.start + c.len as u32) as usize]
+                .iter()
+                .filter(|&&h| !buf.hits.used[h as usize])
+                .count();
+            if n_free < cfg.min_hits.max(3)
+                || buf.candidates.len() == cfg.limits.max_candidates
+                || buf.candidate_hits.len() + c.len as usize > buf.candidate_hits.capacity()
+            {
+                continue;
+            }
+            let start = buf.candidate_hits.len();
+            for r in c.start as usize..(c.start + c.len as u32) as usize {
+                let h = buf.candidate_hits[r];
+                if !buf.hits.used[h as usize] {
+                    buf.candidate_hits.push(h);
+                }
+            }
+            let base = buf.candidates.len();
+            buf.candidates.push(Candidate {
+                start: start as u32,
+                len: n_free as u16,
+                chi2: 0.0,
+                ndf: 0,
+                fit: 0,
+            });
+            let t0 = std::time::Instant::now();
+            fit_range(fitter, buf, base);
+            *fit_ns += t0.elapsed().as_nanos() as u64;
+            let cb = buf.candidates[base];
+            if good(cfg, &cb) {
+                accept(cfg, buf, base);
+            }
+            continue;
+        }
+        if good(cfg, &c) {
+            accept(cfg, buf, k);
+            continue;
+        }
+        if (c.len as usize) <= cfg.min_hits.max(3) {
+            continue;
+        }
+        // Second chance: without the last hit, then without the first.
+        let base = buf.candidates.len();
+        for (skip_first, skip_last) in [(0usize, 1usize), (1, 0)] {
+            if buf.candidates.len() == cfg.limits.max_candidates
+                || buf.candidate_hits.len() + c.len as usize > buf.candidate_hits.capacity()
+            {
+                buf.overflow.candidates += 1;
+                continue;
+            }
+            let start = buf.candidate_hits.len();
+            let (s, e) = (
+                c.start as usize + skip_first,
+                c.start as usize + c.len as usize - skip_last,
+            );
+            buf.candidate_hits.extend_from_within(s..e);
+            buf.candidates.push(Candidate {
+                start: start as u32,
+                len: (e - s) as u16,
+                chi2: 0.0,
+                ndf: 0,
+                fit: 0,
+            });
+        }
+        if buf.candidates.len() > base {
+            let t0 = std::time::Instant::now();
+            fit_range(fitter, buf, base);
+            *fit_ns += t0.elapsed().as_nanos() as u64;
+            let mut best: Option<usize> = None;
+            for j in base..buf.candidates.len() {
+                let cj = buf.candidates[j];
+                if good(cfg, &cj)
+                    && best.is_none_or(|b| {
+                        cj.chi2 / (cj.ndf as f32)
+                            < buf.candidates[b].chi2 / buf.candidates[b].ndf as f32
+                    })
+                {
+                    best = Some(j);
+                }
+            }
+            if let Some(j) = best {
+                accept(cfg, buf, j);
+            }
+        }
+    }
+}
+
+fn accept(cfg: &FinderConfig, buf: &mut CaBuffers, k: usize) {
+    if buf.accepted.len() == cfg.limits.max_tracks {
+        buf.overflow.tracks += 1;
+        return;
+    }
+    let c = buf.candidates[k];
+    for i in c.start as usize..(c.start + c.len as u32) as usize {
+        let h = buf.candidate_hits[i] as usize;
+        buf.hits.used[h] = true;
+    }
+    buf.accepted.push(k as u32);
+}
+
+/// Fits candidates `from..` (appending to `buf.fit_hits` and `buf.fits`).
+fn fit_range(fitter: &KalmanFitter, buf: &mut CaBuffers, from: usize) {
+    let hits_from = buf.fit_hits.len();
+    for &h in &buf.candidate_hits[hits_from..] {
+        let h = h as usize;
+        buf.fit_hits.push(FitHit {
+            plane: buf.hits.plane[h],
+            x_mm: buf.hits.x_mm[h],
+            y_mm: buf.hits.y_mm[h],
+        });
+    }
+    let n = buf.candidates.len();
+    buf.fits.resize(n, FitOutput::default());
+    let mut i = from;
+    while i < n {
+        let m = (n - i).min(LANES);
+        let empty: &[FitHit] = &[];
+        let mut slices: [&[FitHit]; LANES] = [empty; LANES];
+        for k in 0..m {
+            let c = &buf.candidates[i + k];
+            slices[k] = &buf.fit_hits[c.start as usize..c.start as usize + c.len as usize];
+        }
+        fitter.fit_lanes::<f32, LANES>(&slices[..m], &mut buf.fits[i..i + m]);
+        i += m;
+    }
+    for k in from..n {
+        let f = &buf.fits[k];
+        let c = &mut buf.candidates[k];
+        c.fit = k as u32;
+        c.ndf = f.ndf;
+        c.chi2 = if f.ok && f.ndf > 0 {
+            f.chi2 as f32
+        } else {
+            f32::INFINITY
+        };
+    }
+}

@@ -1,0 +1,118 @@
+//! Doublets: pairs of hits on planes `i` and `i + 1` (and `i + 2` when a plane may be
+//! missing), kept when the pair's slopes lie inside the detector's slope limits and its
+//! straight extrapolation points back to the origin region within a window made of
+//! (a) the origin's half size, (b) the bending of a track at the minimum momentum,
+//! (c) `n_sigma` times the multiple scattering of the planes up to `i` at that momentum and
+//! (d) `n_sigma` times the hit resolution propagated to the origin.
+
+use super::hit_sorting::for_each_range;
+use super::{CaBuffers, Doublet, FinderGeometry};
+use crate::tracking::reco::FinderConfig;
+
+/// Fills `buf.doublets` and `buf.dbl_start` (per sorted hit, its outgoing doublets).
+pub fn find_doublets(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuffers) {
+    let n_planes = geo.planes.len();
+    let n_hits = buf.hits.x_mm.len();
+    buf.doublets.clear();
+    buf.dbl_start.clear();
+    buf.dbl_start.resize(n_hits + 1, 0);
+    let max_doublets = cfg.limits.max_doublets;
+    let sh = &buf.hits;
+    let reach = if cfg.allow_missing_plane { 2 } else { 1 };
+    for i in 0..n_planes {
+        let gi = &geo.planes[i];
+        let first = sh.bin_start[gi.bin_offset] as usize;
+        let end = sh.bin_start[gi.bin_offset + gi.bins_x * gi.bins_y] as usize;
+        let lever_a = gi.z_mm - cfg.origin_z_mm;
+        let pointing =
+            lever_a > 1.0 && cfg.origin_half_x_mm.is_finite() && cfg.origin_half_y_mm.is_finite();
+        for a in first..end {
+            buf.dbl_start[a] = buf.doublets.len() as u32;
+            let xa = sh.x_mm[a] as f64;
+            let ya = sh.y_mm[a] as f64;
+            // Curvature bound for the direction this hit is seen from the origin (the
+            // configured bound is for the largest slopes).
+            let (kx, ky) = if pointing {
+                let (tx, ty) = ((xa / lever_a).abs() + 0.05, (ya / lever_a).abs() + 0.05);
+                let (cx, cy) = geo.curvature_bound(tx.min(cfg.max_tx), ty.min(cfg.max_ty), cfg);
+                (
+                    cx.min(cfg.max_curvature_x_per_mm),
+                    cy.min(cfg.max_curvature_y_per_mm),
+                )
+            } else {
+                (cfg.max_curvature_x_per_mm, cfg.max_curvature_y_per_mm)
+            };
+            for j in (i + 1)..(i + 1 + reach).min(n_planes) {
+                let gj = &geo.planes[j];
+                let dz = gj.z_mm - gi.z_mm;
+                if dz <= 0.0 {
+                    continue;
+                }
+                let (mut tx0, mut tx1) = (-cfg.max_tx, cfg.max_tx);
+                let (mut ty0, mut ty1) = (-cfg.max_ty, cfg.max_ty);
+                if pointing {
+                    let lever_b = gj.z_mm - cfg.origin_z_mm;
+                    let bend = 0.5 * lever_a * lever_b;
+                    let meas_x = cfg.n_sigma
+                        * ((gi.var_x * lever_b * lever_b + gj.var_x * lever_a * lever_a).sqrt()
+                            / dz);
+                    let meas_y = cfg.n_sigma
+                        * ((gi.var_y * lever_b * lever_b + gj.var_y * lever_a * lever_a).sqrt()
+                            / dz);
+                    let ms = cfg.n_sigma * gi.ms_origin_mm * cfg.slope_factor;
+                    let wx = cfg.origin_half_x_mm + bend * kx + ms + meas_x;
+                    let wy = cfg.origin_half_y_mm + bend * ky + ms + meas_y;
+                    tx0 = tx0.max((xa - wx) / lever_a);
+                    tx1 = tx1.min((xa + wx) / lever_a);
+                    ty0 = ty0.max((ya - wy) / lever_a);
+                    ty1 = ty1.min((ya + wy) / lever_a);
+                }
+                if tx0 > tx1 || ty0 > ty1 {
+                    continue;
+                }
+                let (x0, x1) = ((xa + dz * tx0) as f32, (xa + dz * tx1) as f32);
+                let (y0, y1) = ((ya + dz * ty0) as f32, (ya + dz * ty1) as f32);
+                let inv_dz = 1.0 / dz;
+                let doublets = &mut buf.doublets;
+                let overflow = &mut buf.overflow;
+                for_each_range(geo, &sh.bin_start, j, x0, x1, y0, y1, |s, e| {
+                    for b in s..e {
+                        let tx = (sh.x_mm[b] as f64 - xa) * inv_dz;
+                        let ty = (sh.y_mm[b] as f64 - ya) * inv_dz;
+                        if tx < tx0 || tx > tx1 || ty < ty0 || ty > ty1 {
+                            continue;
+                        }
+                        if doublets.len() == max_doublets {
+                            overflow.doublets += 1;
+                            continue;
+                        }
+                        doublets.push(Doublet {
+                            a: a as u32,
+                            b: b as u32,
+                            tx: tx as f32,
+                            ty: ty as f32,
+                        });
+                    }
+                });
+            }
+        }
+    }
+    // Hits past the last processed one (none: every hit belongs to a plane) and the end.
+    let total = buf.doublets.len() as u32;
+    let last_plane_end = geo
+        .planes
+        .last()
+        .map(|g| sh.bin_start[g.bin_offset + g.bins_x * g.bins_y] as usize)
+        .unwrap_or(0);
+    for h in last_plane_end..=n_hits {
+        buf.dbl_start[h] = total;
+    }
+    // Each hit's outgoing doublets by increasing slope tx, so the triplet step finds the
+    // continuations of a doublet by binary search.
+    for h in 0..n_hits {
+        let (s, e) = (buf.dbl_start[h] as usize, buf.dbl_start[h + 1] as usize);
+        if e - s > 1 {
+            buf.doublets[s..e].sort_unstable_by(|p, q| p.tx.total_cmp(&q.tx));
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! Cellular-automaton track finding, one file per step of the algorithm:
+//! [`hit_sorting`] (hits by plane into grid bins) -> [`doublets`] (hit pairs on consecutive
+//! planes or skipping one, inside windows from the geometry and the minimum momentum) ->
+//! [`triplets`] (two doublets sharing a hit with a multiple-scattering-compatible kink and a
+//! curvature within the momentum cut) -> [`neighbours`] (triplets sharing two hits with
+//! compatible curvature) -> [`evolution`] (CA levels) -> [`candidates`] (longest, best
+//! chains first, each hit once, Kalman fitted) -> [`clones`] (ghost and clone suppression).
+//!
+//! The steps share the buffers in [`CaBuffers`], sized once from [`crate::tracking::reco::Limits`];
+//! every push is bounded and an overflow is counted in [`Overflow`] instead of growing.
+
+pub mod candidates;
+pub mod clones;
+pub mod doublets;
+pub mod evolution;
+pub mod hit_sorting;
+pub mod neighbours;
+pub mod triplets;
+
+use crate::tracking::geometry::Detector;
+use crate::tracking::kalman::FitHit;
+use crate::tracking::propagate::K_GEV_PER_T_MM;
+use crate::tracking::reco::{FinderConfig, Limits};
+
+/// Hits sorted by plane and grid bin, structure of arrays.
+#[derive(Debug, Default)]
+pub struct SortedHits {
+    pub x_mm: Vec<f32>,
+    pub y_mm: Vec<f32>,
+    pub plane: Vec<u16>,
+    /// Index of the hit in the event's input slice.
+    pub input_index: Vec<u32>,
+    /// `bin_start[b]..bin_start[b + 1]` are the hits of global bin `b` (planes one after
+    /// the other, rows of y bins, x fastest); one more entry than bins.
+    pub bin_start: Vec<u32>,
+    /// Used by an accepted track.
+    pub used: Vec<bool>,
+}
+
+/// Two hits on planes `i < j` (`j = i + 1`, or `i + 2` when a plane is skipped).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Doublet {
+    /// Sorted-hit indices, upstream first.
+    pub a: u32,
+    pub b: u32,
+    pub tx: f32,
+    pub ty: f32,
+}
+
+/// Three hits from two doublets sharing the middle hit.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Triplet {
+    /// Doublet indices (a, b) and (b, c).
+    pub left: u32,
+    pub right: u32,
+    /// Curvature estimate, e/(GeV/c) (0 without field).
+    pub qop: f32,
+    /// Its standard deviation (multiple scattering and resolution).
+    pub qop_sigma: f32,
+    /// Kink chi-square (the part of the slope change not explained by the field).
+    pub chi2: f32,
+}
+
+/// Counts of things dropped because a buffer was full, per event.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Overflow {
+    pub hits: u32,
+    pub doublets: u32,
+    pub triplets: u32,
+    pub neighbours: u32,
+    pub candidates: u32,
+    pub tracks: u32,
+    /// Hits with an unknown plane or non-finite coordinates (not an overflow: refused).
+    pub bad_hits: u32,
+}
+
+impl Overflow {
+    pub fn any(&self) -> bool {
+        self.hits + self.doublets + self.triplets + self.neighbours + self.candidates + self.tracks
+            > 0
+    }
+}
+
+/// A track candidate: a range of `CaBuffers::candidate_hits` (sorted-hit indices, upstream
+/// first) and its ranking.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Candidate {
+    pub start: u32,
+    pub len: u16,
+    pub chi2: f32,
+    pub ndf: u16,
+    /// Index of the fit in `CaBuffers::fits`.
+    pub fit: u32,
+}
+
+/// Per-plane constants of the finder, derived once from the detector and the config.
+#[derive(Debug, Clone)]
+pub struct PlaneGeometry {
+    pub z_mm: f64,
+    pub half_x_mm: f64,
+    pub half_y_mm: f64,
+    pub var_x: f64,
+    pub var_y: f64,
+    pub bins_x: usize,
+    pub bins_y: usize,
+    /// First global bin of this plane.
+    pub bin_offset: usize,
+    /// Scattering angle variance crossing this plane at the minimum momentum.
+    pub theta2_min_p: f64,
+    /// Scattering angle variance per (q/p)^2 (for momentum-dependent cuts).
+    pub theta2_per_qop2: f64,
+    /// RMS displacement at the origin plane of a segment leaving this plane, from scattering
+    /// in this and all upstream planes, at the minimum momentum, mm.
+    pub ms_origin_mm: f64,
+}
+
+/// The geometry tables of the finder.
+#[derive(Debug, Clone)]
+pub struct FinderGeometry {
+    pub planes: Vec<PlaneGeometry>,
+    pub n_bins: usize,
+    pub field: crate::tracking::geometry::Field,
+    /// Largest |B| components along the detector axis, tesla.
+    pub b_max_tesla: [f64; 3],
+}
+
+impl FinderGeometry {
+    pub fn new(det: &Detector, cfg: &FinderConfig) -> Self {
+        let mut planes = Vec::with_capacity(det.planes.len());
+        let mut offset = 0;
+        let mut ms_sum = 0.0;
+        let qop = 1.0 / cfg.min_p_gev.max(1e-3);
+        let m2 = cfg.fit.mass_gev * cfg.fit.mass_gev;
+        for p in &det.planes {
+            let bins_x = cfg.bins_x.clamp(1, 1024);
+            let bins_y = cfg.bins_y.clamp(1, 1024);
+            let x0 = p.x0_fraction.max(0.0);
+            let per_qop2 = if x0 > 0.0 {
+                let f = 0.0136 * (1.0 + 0.038 * x0.ln());
+                f * f * x0
+            } else {
+                0.0
+            };
+            let theta2 = per_qop2 * qop * qop * (1.0 + m2 * qop * qop);
+            let lever = (p.z_mm - cfg.origin_z_mm).max(0.0);
+            ms_sum += theta2 * lever * lever;
+            planes.push(PlaneGeometry {
+                z_mm: p.z_mm,
+                half_x_mm: p.half_x_mm,
+                half_y_mm: p.half_y_mm,
+                var_x: p.sigma_x_mm * p.sigma_x_mm,
+                var_y: p.sigma_y_mm * p.sigma_y_mm,
+                bins_x,
+                bins_y,
+                bin_offset: offset,
+                theta2_min_p: theta2,
+                theta2_per_qop2: per_qop2,
+                ms_origin_mm: ms_sum.sqrt(),
+            });
+            offset += bins_x * bins_y;
+        }
+        let mut b_max_tesla = [0.0f64; 3];
+        if let (Some(a), Some(b)) = (det.planes.first(), det.planes.last()) {
+            for i in 0..=32 {
+                let z = a.z_mm + (b.z_mm - a.z_mm) * i as f64 / 32.0;
+                let f = det.field.at([0.0, 0.0, z]);
+                for k in 0..3 {
+                    b_max_tesla[k] = b_max_tesla[k].max(f[k].abs());
+                }
+            }
+        }
+        FinderGeometry {
+            planes,
+            n_bins: offset,
+            field: det.field.clone(),
+            b_max_tesla,
+        }
+    }
+
+    /// Largest |d2x/dz2|, |d2y/dz2| (1/mm) of a track above the cut momentum with slopes
+    /// up to `(tx, ty)` in magnitude.
+    #[inline]
+    pub fn curvature_bound(&self, tx: f64, ty: f64, cfg: &FinderConfig) -> (f64, f64) {
+        let b = self.b_max_tesla;
+        let n = (1.0 + tx * tx + ty * ty).sqrt();
+        let ax = tx * ty * b[0] + (1.0 + tx * tx) * b[1] + ty * b[2];
+        let ay = (1.0 + ty * ty) * b[0] + tx * ty * b[1] + tx * b[2];
+        let k = K_GEV_PER_T_MM * cfg.qop_max() * n;
+        (k * ax, k * ay)
+    }
+
+    /// Global bin of `(x, y)` on plane `p` (clamped to the plane's grid).
+    #[inline]
+    pub fn bin(&self, p: usize, x: f32, y: f32) -> usize {
+        let g = &self.planes[p];
+        let (bx, by) = self.bin_xy(p, x, y);
+        g.bin_offset + by * g.bins_x + bx
+    }
+
+    /// Bin column and row of `(x, y)` on plane `p` (clamped).
+    #[inline]
+    pub fn bin_xy(&self, p: usize, x: f32, y: f32) -> (usize, usize) {
+        let g = &self.planes[p];
+        let fx = (x as f64 + g.half_x_mm) / (2.0 * g.half_x_mm) * g.bins_x as f64;
+        let fy = (y as f64 + g.half_y_mm) / (2.0 * g.half_y_mm) * g.bins_y as f64;
+        let bx = if fx.is_finite() {
+            fx.floor().clamp(0.0, (g.bins_x - 1) as f64) as usize
+        } else {
+            0
+        };
+        let by = if fy.is_finite() {
+            fy.floor().clamp(0.0, (g.bins_y - 1) as f64) as usize
+        } else {
+            0
+        };
+        (bx, by)
+    }
+}
+
+/// All per-event working memory of the finder, reserved once.
+#[derive(Debug, Default)]
+pub struct CaBuffers {
+    pub hits: SortedHits,
+    pub doublets: Vec<Doublet>,
+    /// Per sorted hit: its outgoing doublets `dbl_start[h]..dbl_start[h + 1]`.
+    pub dbl_start: Vec<u32>,
+    pub triplets: Vec<Triplet>,
+    /// Per doublet: triplets whose left doublet it is, `trip_start[d]..trip_start[d + 1]`.
+    pub trip_start: Vec<u32>,
+    /// Per triplet: left neighbours `left_start[t]..left_start[t + 1]` in `left`.
+    pub left_start: Vec<u32>,
+    pub left: Vec<u32>,
+    /// Per triplet: whether some triplet has it as left neighbour.
+    pub has_right: Vec<bool>,
+    /// CA level per triplet.
+    pub level: Vec<u16>,
+    pub candidates: Vec<Candidate>,
+    pub candidate_hits: Vec<u32>,
+    pub fits: Vec<crate::tracking::kalman::FitOutput>,
+    pub fit_hits: Vec<FitHit>,
+    /// Accepted candidate indices, in acceptance order.
+    pub accepted: Vec<u32>,
+    /// Per doublet: triplets whose right doublet it is, `end_start[d]..end_start[d + 1]` in
+    /// `ending`.
+    pub end_start: Vec<u32>,
+    pub ending: Vec<u32>,
+    /// Candidate order for extraction.
+    pub order: Vec<u32>,
+    pub overflow: Overflow,
+    pub scratch_u32: Vec<u32>,
+}
+
+impl CaBuffers {
+    /// Buffers with every capacity reserved to its limit.
+    pub fn with_limits(limits: &Limits, n_bins: usize) -> Self {
+        let mut b = CaBuffers::default();
+        let h = limits.max_hits;
+        b.hits.x_mm.reserve(h);
+        b.hits.y_mm.reserve(h);
+        b.hits.plane.reserve(h);
+        b.hits.input_index.reserve(h);
+        b.hits.used.reserve(h);
+        b.hits.bin_start.reserve(n_bins + 1);
+        b.dbl_start.reserve(h + 1);
+        b.doublets.reserve(limits.max_doublets);
+        b.trip_start.reserve(limits.max_doublets + 1);
+        b.triplets.reserve(limits.max_triplets);
+        b.left_start.reserve(limits.max_triplets + 1);
+        b.has_right.reserve(limits.max_triplets);
+        b.level.reserve(limits.max_triplets);
+        b.left.reserve(limits.max_neighbours);
+        b.candidates.reserve(limits.max_candidates);
+        b.candidate_hits.reserve(limits.max_candidates * 16);
+        b.fits.reserve(limits.max_candidates);
+        b.accepted.reserve(limits.max_tracks);
+        b.end_start.reserve(limits.max_doublets + 1);
+        b.ending.reserve(limits.max_triplets);
+        b.order.reserve(limits.max_triplets);
+        b.scratch_u32.reserve(limits.max_triplets.max(n_bins + 1));
+        b
+    }
+}
+
+/// Largest |d2x/dz2| and |d2y/dz2| (1/mm) of tracks above `min_p_gev` with slopes up to
+/// the given limits, from the field sampled along the detector axis.
+pub fn max_curvature_per_mm(
+    det: &Detector,
+    min_p_gev: f64,
+    max_tx: f64,
+    max_ty: f64,
+) -> (f64, f64) {
+    let (z0, z1) = match (det.planes.first(), det.planes.last()) {
+        (Some(a), Some(b)) => (a.z_mm, b.z_mm),
+        _ => return (0.0, 0.0),
+    };
+    let mut bmax = [0.0f64; 3];
+    for i in 0..=32 {
+        let z = z0 + (z1 - z0) * i as f64 / 32.0;
+        let b = det.field.at([0.0, 0.0, z]);
+        for k in 0..3 {
+            bmax[k] = bmax[k].max(b[k].abs());
+        }
+    }
+    let n = (1.0 + max_tx * max_tx + max_ty * max_ty).sqrt();
+    let ax = max_tx * max_ty * bmax[0] + (1.0 + max_tx * max_tx) * bmax[1] + max_ty * bmax[2];
+    let ay = (1.0 + max_ty * max_ty) * bmax[0] + max_tx * max_ty * bmax[1] + max_tx * bmax[2];
+    let k = K_GEV_PER_T_MM / min_p_gev.max(1e-3) * n;
+    (k * ax, k * ay)
+}

@@ -1,0 +1,127 @@
+//! Physics quality of the CPU track reconstruction on simulated events: efficiency above
+//! 1 GeV/c, ghost and clone rates and the pulls of the five fitted parameters, on the
+//! default spectrometer (`fixtures/detector.toml`) and, with the same derived cuts, on the
+//! field-free test-beam telescope (`fixtures/telescope.toml`).
+//!
+//! The CI tests use a few events; `cargo test --release --test tracking_quality -- --ignored`
+//! runs the larger samples quoted in `bench/RESULTS.md`.
+
+use trigd::tracking::eval::{EvalConfig, EvalReport, Evaluator};
+use trigd::tracking::geometry::Detector;
+use trigd::tracking::reco::{FinderConfig, Reconstructor};
+use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
+
+fn fixture(name: &str) -> Detector {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name);
+    Detector::from_toml_file(&path).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn evaluate(det: &Detector, preset: Preset, seed: u64, n_events: u64) -> EvalReport {
+    let cfg = FinderConfig::from_detector(det, 1.0);
+    cfg.validate(det)
+        .expect("derived finder configuration is valid");
+    let mut reco = Reconstructor::new(det, cfg);
+    let sim = SimConfig::preset(preset);
+    let mut eval = Evaluator::new(EvalConfig::default(), Some(det));
+    let mut tracks = Vec::new();
+    for ev in simulate_events(det, &sim, seed, 0, n_events) {
+        reco.reconstruct(&ev.hits, &mut tracks);
+        assert!(
+            !reco.last_overflow().any(),
+            "buffers overflowed: {:?}",
+            reco.last_overflow()
+        );
+        eval.add_event(
+            ev.event_id,
+            &ev.hits,
+            &ev.truth,
+            Some(&ev.particles),
+            &tracks,
+        )
+        .expect("consistent event");
+    }
+    let report = eval.finish();
+    println!("{}", report.to_markdown());
+    report
+}
+
+/// Asserts the acceptance criteria; `pulls` names the parameters whose pulls are checked.
+fn check(report: &EvalReport, pulls: &[&str]) {
+    assert!(report.n_reconstructable > 0, "no reconstructable particles");
+    assert!(
+        report.efficiency >= 0.97,
+        "efficiency {:.4} < 0.97",
+        report.efficiency
+    );
+    assert!(
+        report.ghost_rate <= 0.03,
+        "ghost rate {:.4} > 0.03",
+        report.ghost_rate
+    );
+    assert!(
+        report.clone_rate <= 0.01,
+        "clone rate {:.4} > 0.01",
+        report.clone_rate
+    );
+    for p in &report.pulls {
+        if !pulls.contains(&p.parameter) {
+            continue;
+        }
+        assert!(
+            p.stat.n_total > 20,
+            "{}: only {} pulls",
+            p.parameter,
+            p.stat.n_total
+        );
+        assert!(
+            p.stat.mean.abs() <= 0.1,
+            "{} pull mean {:.3}",
+            p.parameter,
+            p.stat.mean
+        );
+        assert!(
+            (p.stat.width - 1.0).abs() <= 0.1,
+            "{} pull width {:.3}",
+            p.parameter,
+            p.stat.width
+        );
+    }
+}
+
+const ALL: [&str; 5] = ["x", "y", "tx", "ty", "qop"];
+/// Without a field q/p is not measured: its "pull" compares a prior with the truth.
+const NO_FIELD: [&str; 4] = ["x", "y", "tx", "ty"];
+
+#[test]
+fn spectrometer_central_events() {
+    let det = fixture("detector.toml");
+    check(&evaluate(&det, Preset::Central, 11, 2), &ALL);
+}
+
+#[test]
+fn spectrometer_minbias_events() {
+    let det = fixture("detector.toml");
+    check(&evaluate(&det, Preset::Minbias, 12, 40), &ALL);
+}
+
+#[test]
+fn telescope_central_events_with_the_same_derived_cuts() {
+    let det = fixture("telescope.toml");
+    check(&evaluate(&det, Preset::Central, 13, 20), &NO_FIELD);
+}
+
+#[test]
+#[ignore = "larger sample (about a minute in release); run with --release -- --ignored"]
+fn spectrometer_central_events_large_sample() {
+    let det = fixture("detector.toml");
+    check(&evaluate(&det, Preset::Central, 21, 50), &ALL);
+}
+
+#[test]
+#[ignore = "larger sample; run with --release -- --ignored"]
+fn telescope_central_events_large_sample() {
+    let det = fixture("telescope.toml");
+    check(&evaluate(&det, Preset::Central, 22, 300), &NO_FIELD);
+}
