@@ -135,3 +135,51 @@ fn simulation_statistics() {
         );
     }
 }
+
+/// The whole evaluation command with the CPU reconstruction: simulate central events to
+/// CSV, run `run_eval` with the reconstructor, write plots, JSON and markdown to
+/// `target/tracking-eval/`.
+#[test]
+#[ignore = "a measurement with plots (about a minute in debug), not a check"]
+fn evaluation_with_the_cpu_reconstruction() {
+    use trigd::tracking::cli::{run_eval, run_simulate, EvalTrackingArgs, SimulateTrackingArgs};
+    use trigd::tracking::reco::{FinderConfig, Reconstructor};
+    let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/tracking-eval");
+    let events = out.join("events");
+    let _ = std::fs::remove_dir_all(&events);
+    let sim = SimulateTrackingArgs {
+        geometry: fixture("detector.toml"),
+        preset: Preset::Central,
+        events: 5,
+        first_event: 0,
+        seed: 2026,
+        noise_per_plane: None,
+        multiplicity: None,
+        out: Some(events.clone()),
+        recording: None,
+        source_id: 1,
+        rate_hz: 1000.0,
+    };
+    run_simulate(&sim, |_| Ok(())).unwrap();
+    let args = EvalTrackingArgs {
+        events,
+        geometry: fixture("detector.toml"),
+        tracks: None,
+        plots: Some(out.join("plots")),
+        json: Some(out.join("report.json")),
+        markdown: Some(out.join("report.md")),
+        min_p: 1.0,
+        min_planes: 4,
+        max_events: None,
+    };
+    let mut reco: Option<Reconstructor> = None;
+    let report = run_eval(&args, |det, hits| {
+        let r = reco
+            .get_or_insert_with(|| Reconstructor::new(det, FinderConfig::from_detector(det, 1.0)));
+        let mut tracks = Vec::new();
+        r.reconstruct(hits, &mut tracks);
+        Ok(tracks)
+    })
+    .unwrap();
+    assert!(report.n_tracks > 0);
+}
