@@ -104,3 +104,82 @@ fn regenerate_committed_events() {
         trackml::write_event(&out, &ev).unwrap();
     }
 }
+
+/// Prints per-preset event statistics and simulation time per event (for bench/RESULTS.md):
+/// `cargo test --release --test tracking_sim -- --ignored --nocapture simulation_statistics`.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn simulation_statistics() {
+    let det = Detector::from_toml_file(fixture("detector.toml")).unwrap();
+    for (preset, n_events) in [(Preset::Minbias, 200), (Preset::Central, 10)] {
+        let cfg = SimConfig::preset(preset);
+        let t0 = std::time::Instant::now();
+        let events: Vec<_> = simulate_events(&det, &cfg, 9, 0, n_events).collect();
+        let per_event_ms = t0.elapsed().as_secs_f64() * 1e3 / n_events as f64;
+        let n = n_events as f64;
+        let hits = events.iter().map(|e| e.hits.len()).sum::<usize>() as f64 / n;
+        let particles = events.iter().map(|e| e.particles.len()).sum::<usize>() as f64 / n;
+        let recable: Vec<f64> = events
+            .iter()
+            .flat_map(|e| {
+                e.particles
+                    .iter()
+                    .filter(|p| p.n_hits >= 4)
+                    .map(|p| p.p_gev())
+            })
+            .collect();
+        let below = recable.iter().filter(|&&p| p < 1.0).count() as f64 / n;
+        println!(
+            "{preset:?}: {per_event_ms:.2} ms/event, {particles:.0} particles, {hits:.0} hits, {:.0} with hits on >= 4 planes ({below:.1} of them below 1 GeV/c)",
+            recable.len() as f64 / n
+        );
+    }
+}
+
+/// The whole evaluation command with the CPU reconstruction: simulate central events to
+/// CSV, run `run_eval` with the reconstructor, write plots, JSON and markdown to
+/// `target/tracking-eval/`.
+#[test]
+#[ignore = "a measurement with plots (about a minute in debug), not a check"]
+fn evaluation_with_the_cpu_reconstruction() {
+    use trigd::tracking::cli::{run_eval, run_simulate, EvalTrackingArgs, SimulateTrackingArgs};
+    use trigd::tracking::reco::{FinderConfig, Reconstructor};
+    let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/tracking-eval");
+    let events = out.join("events");
+    let _ = std::fs::remove_dir_all(&events);
+    let sim = SimulateTrackingArgs {
+        geometry: fixture("detector.toml"),
+        preset: Preset::Central,
+        events: 5,
+        first_event: 0,
+        seed: 2026,
+        noise_per_plane: None,
+        multiplicity: None,
+        out: Some(events.clone()),
+        recording: None,
+        source_id: 1,
+        rate_hz: 1000.0,
+    };
+    run_simulate(&sim, |_| Ok(())).unwrap();
+    let args = EvalTrackingArgs {
+        events,
+        geometry: fixture("detector.toml"),
+        tracks: None,
+        plots: Some(out.join("plots")),
+        json: Some(out.join("report.json")),
+        markdown: Some(out.join("report.md")),
+        min_p: 1.0,
+        min_planes: 4,
+        max_events: None,
+    };
+    let mut reco: Option<Reconstructor> = None;
+    let report = run_eval(&args, |det, hits| {
+        let r = reco
+            .get_or_insert_with(|| Reconstructor::new(det, FinderConfig::from_detector(det, 1.0)));
+        let mut tracks = Vec::new();
+        r.reconstruct(hits, &mut tracks);
+        Ok(tracks)
+    })
+    .unwrap();
+    assert!(report.n_tracks > 0);
+}

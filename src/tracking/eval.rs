@@ -344,7 +344,7 @@ impl<'d> Evaluator<'d> {
             if *k > 1 {
                 self.n_clones += 1;
             }
-            self.add_fit_quality(track, id, info.get(&id).map(|e| e.q), hits, truth);
+            self.add_fit_quality(track, id, info.get(&id).map(|e| e.q), truth);
         }
 
         // Efficiency.
@@ -368,14 +368,7 @@ impl<'d> Evaluator<'d> {
         Ok(())
     }
 
-    fn add_fit_quality(
-        &mut self,
-        track: &Track,
-        id: u64,
-        q: Option<f64>,
-        hits: &[HitRecord],
-        truth: &[HitTruth],
-    ) {
+    fn add_fit_quality(&mut self, track: &Track, id: u64, q: Option<f64>, truth: &[HitTruth]) {
         let var: [f64; 5] = std::array::from_fn(|i| track.var(i) as f64);
         if var.iter().any(|v| !(v.is_finite() && *v > 0.0)) {
             return;
@@ -394,7 +387,6 @@ impl<'d> Evaluator<'d> {
             return;
         };
         let t = &truth[i];
-        let _ = hits;
         // Charge: from the particles file, else from the fitted sign (only the magnitude of
         // q/p is then checked).
         let q = match q {

@@ -53,7 +53,7 @@ pub fn extract_and_select(cfg: &FinderConfig, fitter: &KalmanFitter, buf: &mut C
                 || buf.candidate_hits.len() + MAX_CHAIN > buf.candidate_hits.capacity() / 2
             {
                 buf.overflow.candidates += 1;
-            } else if let Some(c) = build_chain(buf, t) {
+            } else if let Some(c) = build_chain(buf, t, cfg.min_hits.max(3)) {
                 buf.candidates.push(c);
             }
         }
@@ -74,7 +74,7 @@ const MAX_CHAIN: usize = crate::tracking::kalman::MAX_PLANES;
 
 /// Builds the chain ending with triplet `t` into `buf.candidate_hits` (upstream first);
 /// `None` (and nothing kept) when it touches a used hit.
-fn build_chain(buf: &mut CaBuffers, t: usize) -> Option<Candidate> {
+fn build_chain(buf: &mut CaBuffers, t: usize, min_hits: usize) -> Option<Candidate> {
     let start = buf.candidate_hits.len();
     let tr = buf.triplets[t];
     let right = buf.doublets[tr.right as usize];
@@ -106,10 +106,18 @@ fn build_chain(buf: &mut CaBuffers, t: usize) -> Option<Candidate> {
             .push(buf.doublets[buf.triplets[l].left as usize].a);
         cur = l;
     }
-    if buf.candidate_hits[start..]
-        .iter()
-        .any(|&h| buf.hits.used[h as usize])
-    {
+    // Hits already taken by a better track are left out (a shared hit, or one stolen by
+    // a neighbour); what remains must still make a track.
+    let mut w = start;
+    for r in start..buf.candidate_hits.len() {
+        let h = buf.candidate_hits[r];
+        if !buf.hits.used[h as usize] {
+            buf.candidate_hits[w] = h;
+            w += 1;
+        }
+    }
+    buf.candidate_hits.truncate(w);
+    if w - start < min_hits {
         buf.candidate_hits.truncate(start);
         return None;
     }
@@ -167,6 +175,39 @@ fn choose(
             .iter()
             .all(|&h| !buf.hits.used[h as usize]);
         if !free {
+            // Taken hits left out (a better track of this chunk took them), refitted.
+            let n_free = buf.candidate_hits[c.start as usize..(c.start + c.len as u32) as usize]
+                .iter()
+                .filter(|&&h| !buf.hits.used[h as usize])
+                .count();
+            if n_free < cfg.min_hits.max(3)
+                || buf.candidates.len() == cfg.limits.max_candidates
+                || buf.candidate_hits.len() + c.len as usize > buf.candidate_hits.capacity()
+            {
+                continue;
+            }
+            let start = buf.candidate_hits.len();
+            for r in c.start as usize..(c.start + c.len as u32) as usize {
+                let h = buf.candidate_hits[r];
+                if !buf.hits.used[h as usize] {
+                    buf.candidate_hits.push(h);
+                }
+            }
+            let base = buf.candidates.len();
+            buf.candidates.push(Candidate {
+                start: start as u32,
+                len: n_free as u16,
+                chi2: 0.0,
+                ndf: 0,
+                fit: 0,
+            });
+            let t0 = std::time::Instant::now();
+            fit_range(fitter, buf, base);
+            *fit_ns += t0.elapsed().as_nanos() as u64;
+            let cb = buf.candidates[base];
+            if good(cfg, &cb) {
+                accept(cfg, buf, base);
+            }
             continue;
         }
         if good(cfg, &c) {
