@@ -3,6 +3,9 @@
 //! (references made by `fixtures/edf/make_refs.py`); filter coefficients and block-wise
 //! filtering against SciPy (`fixtures/filter/make_refs.py`); `trigd simulate eeg` end to end.
 
+// Index loops mirror the layouts of the reference arrays they compare against.
+#![allow(clippy::needless_range_loop)]
+
 use std::path::{Path, PathBuf};
 
 use npyz::WriterBuilder;

@@ -156,7 +156,7 @@ pub fn run_simulate(args: &SimulateEegArgs) -> anyhow::Result<()> {
         onsets_s: args.onsets_s.clone(),
     };
     let n_samples = (args.duration_s * args.sample_rate_hz).round();
-    if !(n_samples >= 1.0 && n_samples < 1e10) {
+    if !(1.0..1e10).contains(&n_samples) {
         bail!(
             "--duration-s {} at --sample-rate-hz {} gives no samples",
             args.duration_s,

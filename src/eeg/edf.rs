@@ -998,7 +998,7 @@ pub fn encode_edf(spec: &EdfWriteSpec<'_>) -> Result<Vec<u8>, EdfError> {
             lo.parse().unwrap_or(f64::NAN),
             hi.parse().unwrap_or(f64::NAN),
         );
-        if !(lo_v < hi_v) {
+        if lo_v.partial_cmp(&hi_v) != Some(std::cmp::Ordering::Less) {
             return Err(EdfError::Write(format!(
                 "signal {:?}: physical range {lo}..{hi}",
                 s.label

@@ -397,7 +397,7 @@ fn zpk2sos(zpk: Zpk) -> Vec<Section> {
     let nz = z.len();
     p.extend(std::iter::repeat_n(C::real(0.0), nz.saturating_sub(np_)));
     z.extend(std::iter::repeat_n(C::real(0.0), np_.saturating_sub(nz)));
-    let n_sections = (p.len().max(z.len()) + 1) / 2;
+    let n_sections = p.len().max(z.len()).div_ceil(2);
     if p.len() % 2 == 1 {
         p.push(C::real(0.0));
         z.push(C::real(0.0));

@@ -180,7 +180,7 @@ pub fn cholesky(c: &[f64], n: usize) -> Result<Vec<f64>, SimulateError> {
             let s: f64 = (0..j).map(|k| l[i * n + k] * l[j * n + k]).sum();
             if i == j {
                 let d = c[i * n + i] - s;
-                if !(d > 0.0) {
+                if d.is_nan() || d <= 0.0 {
                     return Err(SimulateError::Spec(format!(
                         "noise covariance is not positive definite (pivot {i} is {d:e}); \
                          regularise it or use white noise"
