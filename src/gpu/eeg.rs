@@ -840,6 +840,14 @@ mod tests {
         stats
     }
 
+    /// The pipeline moves one engine into each GPU worker thread.
+    #[test]
+    fn engine_can_move_to_a_worker_thread() {
+        fn assert_send<T: Send>() {}
+        assert_send::<GpuEegEngine>();
+        assert_send::<BatchTicket>();
+    }
+
     #[test]
     fn staged_layout_and_packed_stats_reproduce_the_f64_reference() {
         let mut rng = ChaCha8Rng::seed_from_u64(7);
