@@ -121,6 +121,53 @@ fn floors(dev: &GpuDevice) -> Result<(f64, f64), GpuError> {
     }
     let (gemm_ms, ..) = summary(t);
     let tflops = 2.0 * (n as f64).powi(3) / (gemm_ms * 1e-3) / 1e12;
+    // The seed case's product in both orientations: Y column-major [3S, n] (what the
+    // engine runs) and its transpose [n, 3S] (a layout to consider next).
+    let (s3, c) = (3 * 195_391usize, 59usize);
+    let kd = DeviceBuffer::<f32>::new(&ctx, s3 * c)?;
+    let xd = DeviceBuffer::<f32>::new(&ctx, c * 512)?;
+    let yd = DeviceBuffer::<f32>::new(&ctx, s3 * 512)?;
+    kd.fill_bytes(0x3c, &stream)?;
+    xd.fill_bytes(0x3d, &stream)?;
+    for n in [32usize, 512] {
+        let mut row = Vec::new();
+        for transposed in [false, true] {
+            let mut t = Vec::new();
+            for i in 0..12 {
+                drv("cuEventRecord", e0.record(&stream))?;
+                if transposed {
+                    blas.sgemm(true, false, n, s3, c, xd.ptr(), c, kd.ptr(), c, yd.ptr(), n)?;
+                } else {
+                    blas.sgemm(
+                        true,
+                        false,
+                        s3,
+                        n,
+                        c,
+                        kd.ptr(),
+                        c,
+                        xd.ptr(),
+                        c,
+                        yd.ptr(),
+                        s3,
+                    )?;
+                }
+                drv("cuEventRecord", e1.record(&stream))?;
+                let ms = drv("cuEventElapsedTime", e0.elapsed_ms(&e1))? as f64;
+                if i >= 2 {
+                    t.push(ms * 1e3);
+                }
+            }
+            row.push(summary(t).0);
+        }
+        println!(
+            "sgemm seed shape 3S={s3} C={c} n={n}: Y[3S,n] {:.1} us, Y^T[n,3S] {:.1} us ({:.1} / {:.1} TFLOP/s)",
+            row[0],
+            row[1],
+            2.0 * (s3 * c * n) as f64 / (row[0] * 1e-6) / 1e12,
+            2.0 * (s3 * c * n) as f64 / (row[1] * 1e-6) / 1e12
+        );
+    }
     drv("cuStreamSynchronize", stream.synchronize())?;
     Ok((bw, tflops))
 }

@@ -441,13 +441,15 @@ impl GpuEegEngine {
                 "amplitudes requested but the engine was built without them".into(),
             ));
         }
-        let slot_i = self.next_slot;
-        if self.slots[slot_i].pending.is_some() {
-            return Err(GpuError::Config(format!(
-                "all {} slots are in flight: wait for a ticket before submitting more",
-                self.slots.len()
-            )));
-        }
+        let n_slots = self.slots.len();
+        let slot_i = (0..n_slots)
+            .map(|k| (self.next_slot + k) % n_slots)
+            .find(|&i| self.slots[i].pending.is_none())
+            .ok_or_else(|| {
+                GpuError::Config(format!(
+                    "all {n_slots} slots are in flight: wait for a ticket before submitting more"
+                ))
+            })?;
         driver("cuCtxSetCurrent", self.ctx.bind_to_thread())?;
         let shape = Shape {
             n_frames: f,
@@ -838,6 +840,14 @@ mod tests {
             stats[f * t + f + fr] = best.1;
         }
         stats
+    }
+
+    /// The pipeline moves one engine into each GPU worker thread.
+    #[test]
+    fn engine_can_move_to_a_worker_thread() {
+        fn assert_send<T: Send>() {}
+        assert_send::<GpuEegEngine>();
+        assert_send::<BatchTicket>();
     }
 
     #[test]

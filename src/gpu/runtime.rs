@@ -488,7 +488,7 @@ impl BatchSizer {
                 (fit as usize).min(self.max_frames)
             }
         };
-        let n = if self.sw == 0.0 {
+        if self.sw == 0.0 {
             1
         } else {
             match self.model() {
@@ -511,8 +511,7 @@ impl BatchSizer {
                     }
                 }
             }
-        };
-        n
+        }
     }
 
     pub fn budget_us(&self) -> f64 {
