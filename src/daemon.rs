@@ -2,7 +2,7 @@
 //! endpoint and signals. `trigd run` and `trigd replay` both come through [`execute`]; they
 //! differ only in their inputs and in whether deadlines apply.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -78,7 +78,6 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
         "reconstruction backend"
     );
 
-    let names_for_sinks = Mutex::new(None::<Names>);
     let source_names: Vec<String> = inputs.iter().map(|i| i.name.clone()).collect();
     let source_metrics: Vec<SourceMetrics> =
         source_names.iter().map(|n| metrics.source(n)).collect();
@@ -118,17 +117,13 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
             .map_err(|e| anyhow::anyhow!("output.fsync: {e}"))?,
         None => crate::recording::FsyncPolicy::Never,
     };
+    // The accepted-frame recording: written by the decision thread, finished after the run.
     let accepted = match &output.accepted_recording {
-        Some(path) => {
-            let mut w =
-                crate::recording::RecordingWriter::create(path, fsync).with_context(|| {
-                    format!("creating the accepted-frame recording {}", path.display())
-                })?;
-            let w2 = Arc::new(Mutex::new(None::<crate::recording::RecordingWriter>));
-            let _ = &mut w;
-            *w2.lock().expect("fresh mutex") = Some(w);
-            Some(w2)
-        }
+        Some(path) => Some(Arc::new(Mutex::new(Some(
+            crate::recording::RecordingWriter::create(path, fsync).with_context(|| {
+                format!("creating the accepted-frame recording {}", path.display())
+            })?,
+        )))),
         None => None,
     };
     let accepted_cb = accepted.clone().map(|w| {
@@ -146,8 +141,7 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
     let mut decisions = None::<crate::metrics::DecisionMetrics>;
     let metrics_for_decisions = metrics.clone();
     let make_sinks = |names: &Names| -> anyhow::Result<Vec<Box<dyn Sink>>> {
-        *names_for_sinks.lock().expect("fresh mutex") = Some(names.clone());
-        build_sinks(&output, names)
+        build_sinks(&output, names, &metrics.udp_send_errors())
     };
     let on_decision = {
         let m = metrics_for_decisions;
@@ -159,6 +153,9 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
 
     let mut daemon_cfg = cfg.daemon.clone();
     daemon_cfg.workers = plan.workers();
+    // Frames that may legitimately be between arrival and decision while running: the slot
+    // pools (the ring metrics add their own capacity).
+    metrics.add_in_flight_frames((daemon_cfg.batch_max * daemon_cfg.workers) as u64);
     let rt = Runtime {
         daemon: daemon_cfg,
         workload,
@@ -196,6 +193,10 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
         }
     }
     plan.finish().context("writing workload outputs")?;
+    // Everything is drained: the exported accounting must balance exactly.
+    for (name, received, decided) in metrics.check_accounting(Some(0)) {
+        tracing::error!(source = %name, received, decided, "metrics accounting violated");
+    }
     for (i, s) in summary.sources.iter().enumerate() {
         if !s.balanced() {
             tracing::error!(
@@ -220,6 +221,7 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
 fn build_sinks(
     output: &crate::config::OutputConfig,
     names: &Names,
+    udp_errors: &prometheus::IntCounter,
 ) -> anyhow::Result<Vec<Box<dyn Sink>>> {
     let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
     if let Some(p) = &output.decisions_jsonl {
@@ -237,6 +239,7 @@ fn build_sinks(
     if let Some(a) = &output.decisions_udp {
         sinks.push(Box::new(
             crate::sinks::udp::UdpSink::connect(&a.to_string())
+                .map(|u| u.with_error_counter(udp_errors.clone()))
                 .with_context(|| format!("decision stream to {a}"))?,
         ));
     }
@@ -396,9 +399,4 @@ pub fn print_summary(summary: &Summary, out: &mut dyn std::io::Write) -> std::io
         }
     )?;
     Ok(())
-}
-
-/// Output path helper: `None` when not requested.
-pub fn opt_path(p: &Option<PathBuf>) -> Option<&Path> {
-    p.as_deref()
 }

@@ -301,3 +301,18 @@ fn bad_configuration_names_the_file_and_field() {
         "{err}"
     );
 }
+
+#[test]
+fn the_example_configuration_is_valid() {
+    let cfg = root().join("deploy/trigd.toml");
+    let out = std::process::Command::new(trigd_bin())
+        .args(["check", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok (1 inputs, workload multiplicity)"));
+}

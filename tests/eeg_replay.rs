@@ -19,9 +19,12 @@ fn read_npy_f64(path: &Path) -> (Vec<u64>, Vec<f64>) {
     let npy = npyz::NpyFile::new(&bytes[..]).unwrap();
     let shape = npy.shape().to_vec();
     let data: Vec<f64> = match npy.dtype() {
-        npyz::DType::Plain(t) if t.size_field() == 4 => {
-            npy.into_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
-        }
+        npyz::DType::Plain(t) if t.size_field() == 4 => npy
+            .into_vec::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(f64::from)
+            .collect(),
         _ => npy.into_vec::<f64>().unwrap(),
     };
     (shape, data)
@@ -77,19 +80,33 @@ fn run(args: &[String]) -> String {
 fn sources_out_matches_mne_for_every_method_and_precision() {
     let dir = tempfile::tempdir().unwrap();
     for method in ["MNE", "dSPM", "sLORETA", "eLORETA"] {
-        let (shape, reference) = read_npy_f64(&root().join(format!("fixtures/eeg/stc_{method}.npy")));
+        let (shape, reference) =
+            read_npy_f64(&root().join(format!("fixtures/eeg/stc_{method}.npy")));
         let (n_sources, n_times) = (shape[0] as usize, shape[1] as usize);
         for (precision, tolerance) in [("f32", 1e-3), ("f64", 1e-4)] {
             let out: PathBuf = dir.path().join(format!("{method}_{precision}.npy"));
             let stdout = run(&eeg_args(
                 method,
-                &["--precision", precision, "--backend", "cpu", "--sources-out", out.to_str().unwrap()],
+                &[
+                    "--precision",
+                    precision,
+                    "--backend",
+                    "cpu",
+                    "--sources-out",
+                    out.to_str().unwrap(),
+                ],
             ));
             assert!(stdout.contains("accounting  balanced"), "{stdout}");
             let (got_shape, got) = read_npy_f64(&out);
-            assert_eq!(got_shape, shape, "{method} {precision}: [n_sources, n_samples]");
+            assert_eq!(
+                got_shape, shape,
+                "{method} {precision}: [n_sources, n_samples]"
+            );
             let err = worst_relative_error(&got, &reference, n_sources, n_times);
-            assert!(err <= tolerance, "{method} {precision}: relative error {err:e} > {tolerance:e}");
+            assert!(
+                err <= tolerance,
+                "{method} {precision}: relative error {err:e} > {tolerance:e}"
+            );
         }
     }
 }
@@ -105,7 +122,16 @@ fn roi_decisions(dir: &Path, backend: &str, threshold: f64, tag: &str) -> Vec<se
     let out = dir.join(format!("{tag}.jsonl"));
     run(&eeg_args(
         "sLORETA",
-        &["--config", cfg.to_str().unwrap(), "--backend", backend, "--block-samples", "16", "--decisions", out.to_str().unwrap()],
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--backend",
+            backend,
+            "--block-samples",
+            "16",
+            "--decisions",
+            out.to_str().unwrap(),
+        ],
     ));
     let mut d = read_jsonl(&out);
     d.sort_by_key(|r| r["seq"].as_u64().unwrap());
@@ -114,7 +140,10 @@ fn roi_decisions(dir: &Path, backend: &str, threshold: f64, tag: &str) -> Vec<se
 
 fn threshold_from_cpu(dir: &Path) -> f64 {
     let probe = roi_decisions(dir, "cpu", f64::MAX, "probe");
-    let mut stats: Vec<f64> = probe.iter().map(|r| r["statistic"].as_f64().unwrap()).collect();
+    let mut stats: Vec<f64> = probe
+        .iter()
+        .map(|r| r["statistic"].as_f64().unwrap())
+        .collect();
     assert!(stats.iter().all(|s| s.is_finite()));
     stats.sort_by(|a, b| a.partial_cmp(b).unwrap());
     stats[stats.len() * 3 / 4]
@@ -126,7 +155,11 @@ fn the_roi_trigger_fires_on_the_dipole() {
     let threshold = threshold_from_cpu(dir.path());
     let d = roi_decisions(dir.path(), "cpu", threshold, "cpu");
     let accepted = d.iter().filter(|r| r["outcome"] == "accept").count();
-    assert!(accepted > 0 && accepted < d.len(), "{accepted} of {}", d.len());
+    assert!(
+        accepted > 0 && accepted < d.len(),
+        "{accepted} of {}",
+        d.len()
+    );
     for r in d.iter().filter(|r| r["outcome"] == "accept") {
         assert!(r["statistic"].as_f64().unwrap() >= threshold);
         assert_eq!(r["lines"], serde_json::json!(["roi"]));
@@ -142,12 +175,22 @@ fn gpu_and_cpu_replays_give_identical_decisions() {
     let cpu = roi_decisions(dir.path(), "cpu", threshold, "cpu");
     let gpu = roi_decisions(dir.path(), "gpu", threshold, "gpu");
     assert_eq!(cpu.len(), gpu.len());
-    assert!(gpu.iter().all(|r| r["backend"] == "gpu"), "every block decided on the GPU");
+    assert!(
+        gpu.iter().all(|r| r["backend"] == "gpu"),
+        "every block decided on the GPU"
+    );
     for (c, g) in cpu.iter().zip(&gpu) {
         assert_eq!(c["seq"], g["seq"]);
         assert_eq!(c["outcome"], g["outcome"], "seq {}", c["seq"]);
         assert_eq!(c["peak_source"], g["peak_source"], "seq {}", c["seq"]);
-        let (a, b) = (c["statistic"].as_f64().unwrap(), g["statistic"].as_f64().unwrap());
-        assert!((a - b).abs() <= 1e-4 * a.abs().max(1e-30), "seq {}: {a} vs {b}", c["seq"]);
+        let (a, b) = (
+            c["statistic"].as_f64().unwrap(),
+            g["statistic"].as_f64().unwrap(),
+        );
+        assert!(
+            (a - b).abs() <= 1e-4 * a.abs().max(1e-30),
+            "seq {}: {a} vs {b}",
+            c["seq"]
+        );
     }
 }
