@@ -431,6 +431,8 @@ pub fn run(
             let (rtx, rrx) = crossbeam_channel::bounded::<Arc<Config>>(4);
             reloads.push(rtx);
             let wctx = WorkerCtx {
+                triage: Vec::with_capacity(daemon.batch_max),
+                views: Vec::with_capacity(daemon.batch_max),
                 rings: rxs,
                 done: dtx,
                 backend,
@@ -769,6 +771,9 @@ impl Pacer {
 }
 
 struct WorkerCtx {
+    /// Reused per batch (no allocation in the hot path once warm).
+    triage: Vec<Option<(Outcome, &'static str)>>,
+    views: Vec<FrameView<'static>>,
     rings: Vec<Rx<Box<Slot>>>,
     done: Tx<Done>,
     backend: Box<dyn Backend>,
@@ -885,7 +890,8 @@ fn process_batch(
     }
     let want = expected_kind(ctx.workload);
     // Triage: deadline passed, wrong kind, or to be reconstructed.
-    let mut triage: Vec<Option<(Outcome, &'static str)>> = Vec::new();
+    let mut triage = std::mem::take(&mut ctx.triage);
+    triage.clear();
     triage.resize(batch.len(), None);
     live_idx.clear();
     for (i, s) in batch.iter().enumerate() {
@@ -906,10 +912,11 @@ fn process_batch(
     let mut backend_kind = ctx.backend.kind();
     let mut failed_reason: Option<&'static str> = None;
     if !live_idx.is_empty() {
-        let views: Vec<FrameView<'_>> = live_idx
-            .iter()
-            .map(|&i| frame::parse(&batch[i].bytes).expect("validated"))
-            .collect();
+        // Reuse the views' allocation across batches: an empty vector collected in place
+        // keeps its buffer whatever the borrow's lifetime.
+        let mut views: Vec<FrameView<'_>> =
+            std::mem::take(&mut ctx.views).into_iter().map(|_| unreachable!()).collect();
+        views.extend(live_idx.iter().map(|&i| frame::parse(&batch[i].bytes).expect("validated")));
         let t0 = Instant::now();
         let r = ctx.backend.process(&views, verdicts);
         match r {
@@ -947,6 +954,8 @@ fn process_batch(
         ctx.observer
             .stage(Stage::Reconstruct, t0.elapsed().as_secs_f64());
         ctx.observer.batch(backend_kind, views.len());
+        views.clear();
+        ctx.views = views.into_iter().map(|_| unreachable!()).collect();
     }
     let decided_at = Instant::now();
     let mut vi = 0usize;
@@ -1008,6 +1017,7 @@ fn process_batch(
             }
         }
     }
+    ctx.triage = triage;
     ctx.observer
         .stage(Stage::Decide, decided_at.elapsed().as_secs_f64());
 }
