@@ -16,6 +16,10 @@
 //! Layout: `L` tracks at once in structure-of-arrays lanes (`f32`, `L = 8` in the hot path),
 //! the same code as the `f64` one-lane reference used in tests.
 
+// Lane loops index several structure-of-arrays quantities in lockstep (what LLVM
+// vectorises); iterator chains over one of them would hide that.
+#![allow(clippy::needless_range_loop)]
+
 use crate::tracking::geometry::{Detector, Field};
 use crate::tracking::propagate::{
     bending, propagate_lanes, steps_for, JacobianLanes, Real, K_GEV_PER_T_MM,

@@ -213,7 +213,7 @@ charge = -1
         let b = track(2.0, 1.0, 1.0, 8);
         let bad_fit = track(2.0, 1.0, 4.0, 8);
         let short = track(2.0, -1.0, 1.0, 4);
-        assert_eq!(evaluate(&lines, &[a.clone()]), 0b001);
+        assert_eq!(evaluate(&lines, std::slice::from_ref(&a)), 0b001);
         assert_eq!(evaluate(&lines, &[a.clone(), b.clone()]), 0b011);
         assert_eq!(evaluate(&lines, &[b.clone(), bad_fit]), 0b000);
         assert_eq!(evaluate(&lines, &[b, short]), 0b100);

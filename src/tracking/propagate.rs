@@ -14,6 +14,10 @@
 //! `ty' = K qop N ((1 + ty^2) Bx - tx ty By - tx Bz)`, `N = sqrt(1 + tx^2 + ty^2)`,
 //! `K = 0.299792458e-3 (GeV/c)/(T mm)`.
 
+// Lane loops index several structure-of-arrays quantities in lockstep (what LLVM
+// vectorises); iterator chains over one of them would hide that.
+#![allow(clippy::needless_range_loop)]
+
 use crate::tracking::geometry::Field;
 use std::ops::{Add, AddAssign, Div, Mul, Neg, Sub};
 
@@ -410,7 +414,7 @@ pub fn propagate(
 
 /// Number of equal steps so that none is longer than `max_step_mm`.
 pub fn steps_for(dz_mm: f64, max_step_mm: f64) -> usize {
-    if !(max_step_mm > 0.0) || !dz_mm.is_finite() {
+    if max_step_mm.is_nan() || max_step_mm <= 0.0 || !dz_mm.is_finite() {
         return 1;
     }
     ((dz_mm.abs() / max_step_mm).ceil() as usize).clamp(1, 1024)

@@ -231,7 +231,7 @@ impl FinderConfig {
             ("neighbour_chi2_max", self.neighbour_chi2_max),
             ("max_chi2_ndf", self.max_chi2_ndf),
         ] {
-            if !(v > 0.0) || v.is_nan() {
+            if v.is_nan() || v <= 0.0 {
                 return bad(name, "must be positive");
             }
         }
@@ -274,9 +274,10 @@ impl FinderConfig {
         {
             return bad("limits", "limits must stay below 2^31");
         }
-        if !(self.fit.max_step_mm > 0.0)
-            || !(self.fit.p_no_field_gev > 0.0)
-            || !(self.fit.qop_prior_floor > 0.0)
+        let positive = |v: f64| v > 0.0 && v.is_finite();
+        if !positive(self.fit.max_step_mm)
+            || !positive(self.fit.p_no_field_gev)
+            || !positive(self.fit.qop_prior_floor)
         {
             return bad(
                 "fit",

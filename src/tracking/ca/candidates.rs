@@ -1,8 +1,13 @@
 //! Candidates: from every triplet that is nobody's left neighbour (the downstream end of a
 //! chain) with a level high enough for `min_hits`, follow the left neighbours of one level
-//! lower (best kink chi-square first) to the upstream end. All candidates are Kalman fitted;
-//! those with a good fit are then taken longest first and best chi-square per degree of
-//! freedom first, each hit used once.
+//! lower (best kink chi-square first) to the upstream end; chains are taken longest first,
+//! Kalman fitted in chunks and accepted best chi-square per degree of freedom first, each
+//! hit used once (hits a better track took are left out and the rest refitted; a failed
+//! fit gets a second chance without an end hit).
+
+// Lane loops index several structure-of-arrays quantities in lockstep (what LLVM
+// vectorises); iterator chains over one of them would hide that.
+#![allow(clippy::needless_range_loop)]
 
 use super::{CaBuffers, Candidate};
 use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter, LANES};

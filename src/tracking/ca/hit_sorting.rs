@@ -68,6 +68,7 @@ pub fn sort_hits(geo: &FinderGeometry, input: &[HitRecord], max_hits: usize, buf
 /// Calls `f(first, end)` for the sorted-hit index ranges of plane `p` inside the box
 /// `[x0, x1] x [y0, y1]` (bins overlapping the box; callers check the exact window).
 #[inline]
+#[allow(clippy::too_many_arguments)]
 pub fn for_each_range(
     geo: &FinderGeometry,
     bin_start: &[u32],
