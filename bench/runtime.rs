@@ -44,6 +44,9 @@ fn small_frame(seq: u64, buf: &mut Vec<u8>) {
 }
 
 fn trigd() -> std::path::PathBuf {
+    if let Some(b) = std::env::var_os("TRIGD_BIN") {
+        return b.into();
+    }
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let bin = root.join("target/release/trigd");
     if !bin.exists() {

@@ -98,7 +98,7 @@ impl Default for DaemonConfig {
             budget_ms: 10.0,
             timeout_policy: TimeoutPolicy::Reject,
             batch_max: 64,
-            batch_wait_us: 200,
+            batch_wait_us: 0,
             ring_slots: 1024,
             slot_bytes: 64 * 1024,
             workers: 1,

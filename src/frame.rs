@@ -508,7 +508,8 @@ mod tests {
                 hit_id: 9,
             }],
         );
-        let cases: Vec<(Box<dyn Fn(&mut Vec<u8>)>, &str)> = vec![
+        type Corruption = Box<dyn Fn(&mut Vec<u8>)>;
+        let cases: Vec<(Corruption, &str)> = vec![
             (Box::new(|b| b.truncate(10)), "too_short"),
             (Box::new(|b| b[0] = b'X'), "bad_magic"),
             (Box::new(|b| b[4] = 2), "bad_version"),

@@ -229,6 +229,13 @@ impl Summary {
 /// Builds a backend for worker `i` (each worker owns one).
 pub type BackendFactory<'a> = &'a (dyn Fn(usize) -> anyhow::Result<Box<dyn Backend>> + Sync);
 
+/// Builds the sinks once the names (sources, trigger lines) are known.
+pub type MakeSinks<'a> = Box<dyn FnOnce(&Names) -> anyhow::Result<Vec<Box<dyn Sink>>> + Send + 'a>;
+/// Sees every decision, on the decision thread.
+pub type OnDecision<'a> = Box<dyn FnMut(&Decision, &Names) + Send + 'a>;
+/// Receives the bytes of every accepted frame.
+pub type AcceptedFrames = Box<dyn FnMut(&[u8]) -> std::io::Result<()> + Send>;
+
 /// Everything a run needs besides its inputs.
 pub struct Runtime<'a> {
     pub daemon: DaemonConfig,
@@ -236,11 +243,11 @@ pub struct Runtime<'a> {
     /// Deadlines apply (live sources, paced replay); off for `--speed max` throughput replay.
     pub deadlines: bool,
     /// Builds the sinks once the names (sources, trigger lines) are known.
-    pub make_sinks: Box<dyn FnOnce(&Names) -> anyhow::Result<Vec<Box<dyn Sink>>> + Send + 'a>,
+    pub make_sinks: MakeSinks<'a>,
     /// Sees every decision (metrics), on the decision thread.
-    pub on_decision: Box<dyn FnMut(&Decision, &Names) + Send + 'a>,
+    pub on_decision: OnDecision<'a>,
     /// Receives the bytes of every accepted frame (the accepted-frame recording).
-    pub accepted: Option<Box<dyn FnMut(&[u8]) -> std::io::Result<()> + Send>>,
+    pub accepted: Option<AcceptedFrames>,
     pub observer: Arc<dyn Observe>,
     pub stop: Arc<AtomicBool>,
     /// New configurations to apply (SIGHUP).
@@ -254,8 +261,8 @@ pub struct Runtime<'a> {
 /// What the decision thread owns.
 struct DecideCtx<'a> {
     sinks: Vec<Box<dyn Sink>>,
-    on_decision: Box<dyn FnMut(&Decision, &Names) + Send + 'a>,
-    accepted: Option<Box<dyn FnMut(&[u8]) -> std::io::Result<()> + Send>>,
+    on_decision: OnDecision<'a>,
+    accepted: Option<AcceptedFrames>,
     observer: Arc<dyn Observe>,
     progress: Option<Box<dyn Fn(u64) + Send>>,
     workload: Workload,
@@ -731,6 +738,39 @@ fn run_source(mut ctx: SourceCtx, kind: InputKind, stop: &AtomicBool) -> anyhow:
     }
 }
 
+/// Back-off of a polling thread with nothing to do: spin briefly, then yield (cheap when
+/// no other thread wants the core, and back within microseconds), and only after a quiet
+/// period of [`Idle::YIELD_FOR`] sleep, so an idle daemon costs almost no CPU while a busy
+/// one reacts within microseconds.
+#[derive(Default)]
+struct Idle {
+    since: Option<Instant>,
+    spins: u32,
+}
+
+impl Idle {
+    const SPINS: u32 = 64;
+    const YIELD_FOR: Duration = Duration::from_millis(2);
+    const SLEEP: Duration = Duration::from_micros(100);
+
+    fn reset(&mut self) {
+        self.since = None;
+        self.spins = 0;
+    }
+
+    fn wait(&mut self) {
+        let since = *self.since.get_or_insert_with(Instant::now);
+        self.spins = self.spins.saturating_add(1);
+        if self.spins < Self::SPINS {
+            std::hint::spin_loop();
+        } else if since.elapsed() < Self::YIELD_FOR {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Self::SLEEP);
+        }
+    }
+}
+
 /// Replays recorded timestamps at a pace: frame i goes out at start + (t_i - t_0) / speed,
 /// an absolute schedule so sleeps do not accumulate drift.
 struct Pacer {
@@ -802,7 +842,7 @@ fn run_worker(mut ctx: WorkerCtx) {
     let mut verdicts: Vec<Verdict> = Vec::with_capacity(batch_max);
     let mut live_idx: Vec<usize> = Vec::with_capacity(batch_max);
     let mut next_ring = 0usize;
-    let mut idle_spins = 0u32;
+    let mut idle = Idle::default();
     loop {
         match ctx.reload.try_recv() {
             Ok(cfg) => {
@@ -854,17 +894,10 @@ fn run_worker(mut ctx: WorkerCtx) {
                 }
                 return;
             }
-            idle_spins += 1;
-            if idle_spins < 64 {
-                std::hint::spin_loop();
-            } else if idle_spins < 256 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(50));
-            }
+            idle.wait();
             continue;
         }
-        idle_spins = 0;
+        idle.reset();
         process_batch(
             &mut ctx,
             &mut batch,
@@ -876,6 +909,8 @@ fn run_worker(mut ctx: WorkerCtx) {
     }
 }
 
+// Slots are boxed on purpose: a slot moves through every ring as one pointer.
+#[allow(clippy::vec_box)]
 fn process_batch(
     ctx: &mut WorkerCtx,
     batch: &mut Vec<Box<Slot>>,
@@ -914,9 +949,15 @@ fn process_batch(
     if !live_idx.is_empty() {
         // Reuse the views' allocation across batches: an empty vector collected in place
         // keeps its buffer whatever the borrow's lifetime.
-        let mut views: Vec<FrameView<'_>> =
-            std::mem::take(&mut ctx.views).into_iter().map(|_| unreachable!()).collect();
-        views.extend(live_idx.iter().map(|&i| frame::parse(&batch[i].bytes).expect("validated")));
+        let mut views: Vec<FrameView<'_>> = std::mem::take(&mut ctx.views)
+            .into_iter()
+            .map(|_| unreachable!())
+            .collect();
+        views.extend(
+            live_idx
+                .iter()
+                .map(|&i| frame::parse(&batch[i].bytes).expect("validated")),
+        );
         let t0 = Instant::now();
         let r = ctx.backend.process(&views, verdicts);
         match r {
@@ -1038,7 +1079,7 @@ fn decide_loop(
         ..Default::default()
     };
     let mut decided = 0u64;
-    let mut idle = 0u32;
+    let mut idle = Idle::default();
     let mut last_fill = Instant::now();
     let mut side_open = true;
     loop {
@@ -1098,7 +1139,7 @@ fn decide_loop(
             }
         }
         if any {
-            idle = 0;
+            idle.reset();
             if let Some(p) = &rt.progress {
                 p(decided);
             }
@@ -1107,14 +1148,7 @@ fn decide_loop(
             if workers_done && !side_open && done.iter().all(Rx::is_empty) {
                 break;
             }
-            idle += 1;
-            if idle < 64 {
-                std::hint::spin_loop();
-            } else if idle < 256 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(50));
-            }
+            idle.wait();
         }
         if last_fill.elapsed() > Duration::from_millis(250) {
             last_fill = Instant::now();

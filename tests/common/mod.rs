@@ -12,8 +12,11 @@ use std::time::{Duration, Instant};
 
 use trigd::frame::{encode_hit_event, HitRecord, Stamp};
 
+/// The binary under test (`TRIGD_BIN` overrides, for running built tests elsewhere).
 pub fn trigd_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_trigd"))
+    std::env::var_os("TRIGD_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_trigd")))
 }
 
 /// The crate root (fixtures live under it).
