@@ -48,7 +48,20 @@ impl GpuEeg {
             amplitudes: setup.sources_out.is_some(),
             ..EegEngineConfig::default()
         };
-        let engine = GpuEegEngine::new(device, &setup.kernel, &setup.roi.indices, config)?;
+        let mut engine = GpuEegEngine::new(device, &setup.kernel, &setup.roi.indices, config)?;
+        // Warm up before the first frame: cuBLAS initialisation and graph capture of the
+        // common shapes (one frame of one sample, one frame of a full block) would otherwise
+        // fall on the first frames and push them past their deadline.
+        let warm = vec![0.0f32; setup.kernel.n_channels * max_samples.max(1)];
+        let mut out = EegBlockOutput::default();
+        for t in [1, max_samples.max(1)] {
+            engine.process(
+                &warm[..setup.kernel.n_channels * t],
+                t,
+                setup.sources_out.is_some(),
+                &mut out,
+            )?;
+        }
         tracing::info!(device = %device, "EEG inverse resident on the GPU");
         Ok(Self {
             setup,
