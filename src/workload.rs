@@ -122,6 +122,7 @@ impl Plan {
                     dev,
                     max_samples,
                     max_frames,
+                    self.cfg.daemon.budget_ms * 1e3,
                 )?))
             }
             (_, Some(e)) => Ok(Box::new(CpuEeg::new(e.clone(), self.eeg_stream.clone()))),

@@ -11,6 +11,7 @@ use super::{Backend, BackendError, BackendKind, Verdict};
 use crate::config::Config;
 use crate::frame::{FrameView, Payload};
 use crate::gpu::eeg::{EegBlockOutput, EegEngineConfig, GpuEegEngine};
+use crate::gpu::runtime::BatchSizer;
 use crate::gpu::{BackendChoice, GpuDevice};
 
 /// The GPUs the EEG workload runs on for `--backend auto|gpu|cpu` (empty: the CPU).
@@ -26,6 +27,8 @@ pub struct GpuEeg {
     engine: GpuEegEngine,
     names: Vec<String>,
     max_frames: usize,
+    /// Frames per launch, from the deadline and the measured cost per frame.
+    sizer: BatchSizer,
     /// Filtered samples of the batch's admitted frames, channel-major each.
     staged: Vec<Vec<f32>>,
     outs: Vec<EegBlockOutput>,
@@ -41,6 +44,7 @@ impl GpuEeg {
         device: &GpuDevice,
         max_samples: usize,
         max_frames: usize,
+        budget_us: f64,
     ) -> anyhow::Result<Self> {
         let config = EegEngineConfig {
             max_samples_per_frame: max_samples.max(1),
@@ -69,6 +73,8 @@ impl GpuEeg {
             engine,
             names: vec![LINE_NAME.to_string()],
             max_frames: max_frames.max(1),
+            // Half the deadline for the device work; the rest is queueing and decisions.
+            sizer: BatchSizer::new(budget_us / 2.0, max_frames.max(1)),
             staged: Vec::new(),
             outs: Vec::new(),
             group_outs: Vec::new(),
@@ -138,9 +144,11 @@ impl Backend for GpuEeg {
         while i < n_staged {
             let t = n_times_of[i];
             let mut j = i + 1;
-            while j < n_staged && n_times_of[j] == t && j - i < self.max_frames {
+            let limit = self.sizer.next_batch().clamp(1, self.max_frames);
+            while j < n_staged && n_times_of[j] == t && j - i < limit {
                 j += 1;
             }
+            let launched = std::time::Instant::now();
             let frames: Vec<&[f32]> = self.staged[i..j].iter().map(Vec::as_slice).collect();
             if let Err(e) = self
                 .engine
@@ -149,6 +157,8 @@ impl Backend for GpuEeg {
                 stream.filter = saved_filter;
                 return Err(BackendError::Device(e.to_string()));
             }
+            self.sizer
+                .record(j - i, launched.elapsed().as_secs_f64() * 1e6);
             self.outs.append(&mut self.group_outs);
             i = j;
         }
