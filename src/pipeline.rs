@@ -690,26 +690,7 @@ fn run_source(mut ctx: SourceCtx, kind: InputKind, stop: &AtomicBool) -> anyhow:
                     continue;
                 }
                 match frame::parse(&slot.bytes) {
-                    Ok(view) => {
-                        let view: FrameView<'_> = view;
-                        let (sid, seq) = (view.source_id(), view.sequence());
-                        let _ = view;
-                        match ctx.tracker.observe(sid, seq) {
-                            SeqEvent::Gap(n) => {
-                                ctx.shared[ctx.index as usize]
-                                    .gaps
-                                    .fetch_add(n, Ordering::Relaxed);
-                                ctx.observer.sequence_gap(ctx.index, n);
-                            }
-                            SeqEvent::Repeat => {
-                                ctx.shared[ctx.index as usize]
-                                    .repeats
-                                    .fetch_add(1, Ordering::Relaxed);
-                                ctx.observer.sequence_repeat(ctx.index);
-                            }
-                            _ => {}
-                        }
-                    }
+                    Ok(view) => ctx.observe_sequence(&view),
                     Err(e) => {
                         ctx.side(&slot.bytes, Outcome::Malformed, e.reason(), arrival);
                         ctx.spare = Some(slot);

@@ -165,3 +165,19 @@ fn send_plays_a_recording_into_a_running_daemon() {
     assert_eq!(code, 0, "{stdout}");
     assert_eq!(read_jsonl(&out).len(), 500);
 }
+
+#[test]
+fn sequence_gaps_and_repeats_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("gaps.trgr");
+    let mut w = RecordingWriter::create(&rec, FsyncPolicy::Never).unwrap();
+    let seqs: Vec<u64> = (0..50).chain(60..100).chain([70]).collect();
+    for &seq in &seqs {
+        w.append(&hit_frame(4, seq, 10, 5)).unwrap();
+    }
+    w.finish().unwrap();
+    let (code, stdout, _) = replay(&["replay", rec.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stdout}");
+    assert_eq!(summary_count(&stdout, "frames"), seqs.len() as u64);
+    assert!(stdout.contains("10 missing, 1 repeated"), "{stdout}");
+}
