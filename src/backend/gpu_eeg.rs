@@ -32,6 +32,10 @@ pub struct GpuEeg {
     /// Filtered samples of the batch's admitted frames, channel-major each.
     staged: Vec<Vec<f32>>,
     outs: Vec<EegBlockOutput>,
+    /// Per frame of the batch: why it is malformed, if it is (reused across batches).
+    admitted: Vec<Option<&'static str>>,
+    /// Samples of each staged frame (reused across batches).
+    n_times_of: Vec<usize>,
     group_outs: Vec<EegBlockOutput>,
 }
 
@@ -77,6 +81,8 @@ impl GpuEeg {
             sizer: BatchSizer::new(budget_us / 2.0, max_frames.max(1)),
             staged: Vec::new(),
             outs: Vec::new(),
+            admitted: Vec::new(),
+            n_times_of: Vec::new(),
             group_outs: Vec::new(),
         })
     }
@@ -105,9 +111,11 @@ impl Backend for GpuEeg {
             .map_err(|_| BackendError::Failed("EEG stream state poisoned".into()))?;
         // Everything below may fail on the device: keep the state to restore.
         let saved_filter = stream.filter.clone();
-        let mut admitted: Vec<Option<&'static str>> = Vec::with_capacity(batch.len());
+        let mut admitted = std::mem::take(&mut self.admitted);
+        admitted.clear();
         let mut n_staged = 0;
-        let mut n_times_of: Vec<usize> = Vec::with_capacity(batch.len());
+        let mut n_times_of = std::mem::take(&mut self.n_times_of);
+        n_times_of.clear();
         for (index, f) in batch.iter().enumerate() {
             let Payload::Eeg(b) = f.payload else {
                 stream.filter = saved_filter;
@@ -164,7 +172,7 @@ impl Backend for GpuEeg {
         }
         // All device work succeeded: decide in order.
         let mut k = 0;
-        for (f, adm) in batch.iter().zip(admitted) {
+        for (f, &adm) in batch.iter().zip(&admitted) {
             if let Some(reason) = adm {
                 out.push(Verdict {
                     malformed: Some(reason),
@@ -190,6 +198,8 @@ impl Backend for GpuEeg {
             }
             out.push(stream.decide(&self.setup, b.header.first_sample.get()));
         }
+        self.admitted = admitted;
+        self.n_times_of = n_times_of;
         Ok(())
     }
     fn reload(&mut self, cfg: &Config) -> Result<(), String> {
