@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use cudarc::driver::sys as drv_sys;
 use trigd::eeg::kernel::InverseKernel;
-use trigd::gpu::eeg::{EegBlockOutput, EegEngineConfig, GpuEegEngine, StageTimes};
+use trigd::gpu::eeg::{EegBlockOutput, EegEngineConfig, EegProduct, GpuEegEngine, StageTimes};
 use trigd::gpu::nvrtc::KernelCache;
 use trigd::gpu::runtime::{BatchSizer, Blas, DeviceBuffer};
 use trigd::gpu::{detect, BackendChoice, GpuDevice, GpuError};
@@ -282,20 +282,33 @@ fn run_case(
     let data = frames(&mut rng, case.c, case.t, 64);
     let (c, s, t) = (case.c, case.s, case.t);
     let op_bytes = (3 * s * c * 4) as f64;
-    for graphs in [true, false] {
+    let mut runs = Vec::new();
+    if dev.compute_capability.0 >= 8 {
+        runs.push((true, EegProduct::Fused));
+        runs.push((false, EegProduct::Fused));
+    }
+    runs.push((true, EegProduct::Blas));
+    runs.push((false, EegProduct::Blas));
+    for (graphs, product) in runs {
         let config = EegEngineConfig {
             max_samples_per_frame: t,
             max_frames_per_batch: case.max_frames,
             slots: 2,
             amplitudes: false,
             use_graphs: graphs,
+            product,
             cache: KernelCache::from_env(),
         };
+        let pname = match product {
+            EegProduct::Fused => "fused 3xTF32",
+            _ => "cuBLAS",
+        };
+        let name = format!("{} {pname}", case.name);
         let t_new = Instant::now();
         let mut eng = GpuEegEngine::new(dev, &k, &roi, config)?;
         println!(
             "{} graphs={graphs}: engine start {:.0} ms (kernels from cache: {}, {:.1} ms)",
-            case.name,
+            name,
             t_new.elapsed().as_secs_f64() * 1e3,
             eng.kernels_from_cache,
             eng.kernel_load_ms
@@ -304,12 +317,12 @@ fn run_case(
         let (p50, p99, max, mean) = summary(latency(&mut eng, &data, t, reps)?);
         println!(
             "{} graphs={graphs}: block latency p50 {p50:.1} us p99 {p99:.1} us max {max:.1} us; serial {:.0} samples/s",
-            case.name,
+            name,
             t as f64 / (mean * 1e-6)
         );
         table.push(format!(
             "| {} | 1 frame, sync, graphs={graphs} | {:.0} | {p50:.1} | {p99:.1} |",
-            case.name,
+            name,
             t as f64 / (mean * 1e-6)
         ));
         if !graphs {
@@ -326,11 +339,11 @@ fn run_case(
             let (lp50, lp99, ..) = summary(lat);
             println!(
                 "{}: pipelined batch {b}: {sps:.0} samples/s, batch latency p50 {lp50:.1} us p99 {lp99:.1} us",
-                case.name
+                name
             );
             table.push(format!(
                 "| {} | batch {b}, 2 in flight | {sps:.0} | {lp50:.1} | {lp99:.1} |",
-                case.name
+                name
             ));
             b *= 2;
         }
@@ -351,7 +364,7 @@ fn run_case(
         let n = sizer.next_batch();
         println!(
             "{}: BatchSizer (1000 us budget) picks {n} frames; model {:?} (fixed us, per-frame us); predicted {:.0} us",
-            case.name,
+            name,
             sizer.model(),
             sizer.predict_us(n).unwrap_or(f64::NAN)
         );
@@ -365,7 +378,7 @@ fn run_case(
             let st = eng.profile_stages(f, t, if quick { 10 } else { 50 })?;
             let flops = 2.0 * (3 * s * c * f * t) as f64;
             stage_line(
-                &format!("{} batch {f}", case.name),
+                &format!("{} batch {f}", name),
                 &st,
                 op_bytes,
                 flops,

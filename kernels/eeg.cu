@@ -138,3 +138,289 @@ eeg_frame_stats(const float *__restrict__ y, long long ld_y, const float *__rest
         peak_source[frame] = bi;
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Fused path (sm_80 and later): the product Y = K X on the tensor cores in "3xTF32"
+// (each float32 operand split into a TF32 head and a TF32 tail; head*head + head*tail +
+// tail*head keeps float32 accuracy), with the orientation norm, the source scale, the
+// per-source power over the frame, the optional amplitudes and the per-tile peak computed
+// from the accumulators in registers. Y never goes to memory.
+//
+// Operator layout ("fragment order", packed once at upload by the host): sources in groups
+// of 16; per group, per k-step of 8 channels, per component m (x, y, z), per lane, the four
+// values of that lane's m16n8k8 A fragment:
+//   kfrag[(((group * ksteps + ks) * 3 + m) * 32 + lane) * 4 + r] =
+//       K[3 * (16 * group + lane / 4 + 8 * (r % 2)) + m][8 * ks + lane % 4 + 4 * (r / 2)]
+// (zero outside the operator). One float4 load per lane per (k-step, component), coalesced.
+//
+// The three components of a source are rows of three separate 16-row tiles, so the lane
+// that holds the x component of (source, sample) in its accumulators also holds y and z:
+// the norm needs no data exchange.
+//
+// x:        sample-major [F*T, C] (as staged by the host).
+// One warp per group of 16 sources, FUSED_WARPS warps per block (a tile of 16*FUSED_WARPS
+// sources); every block loops over the frames of the batch, reading its slice of the
+// operator from L1/L2 after the first frame.
+
+#define FUSED_WARPS 4
+#define FUSED_NT 4            // n8 tiles per pass: 32 samples
+#define FUSED_KSLAB 8         // k-steps of split samples staged in shared memory at once
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define TRIGD_HAVE_TF32 1
+#endif
+
+#ifdef TRIGD_HAVE_TF32
+__device__ __forceinline__ unsigned tf32_head(float v) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return r;
+}
+
+__device__ __forceinline__ void split_tf32(float v, unsigned &hi, unsigned &lo) {
+    hi = tf32_head(v);
+    lo = tf32_head(v - __uint_as_float(hi));
+}
+
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(32 * FUSED_WARPS)
+eeg_fused_tf32x3(const float4 *__restrict__ kfrag, int ksteps, const float *__restrict__ x,
+                 int n_channels, const float *__restrict__ scale, int n_sources,
+                 int n_frames, int n_times, float *__restrict__ amp,
+                 float *__restrict__ tile_power, int *__restrict__ tile_source)
+{
+#ifndef TRIGD_HAVE_TF32
+    // The host selects this kernel only on sm_80 and later.
+    __trap();
+#else
+    __shared__ float warp_power[FUSED_WARPS];
+    __shared__ int warp_source[FUSED_WARPS];
+    // The samples of the current 32-sample chunk, split into TF32 head and tail, in B
+    // fragment order: {head b0, head b1, tail b0, tail b1} per (k-step, n-tile, lane).
+    // Shared by the block's warps, split once.
+    __shared__ uint4 bfrag[FUSED_KSLAB][FUSED_NT][32];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gq = lane >> 2, tq = lane & 3;
+    const int group = blockIdx.x * FUSED_WARPS + warp;
+    const int n_tiles = gridDim.x;
+    const int src0 = group * 16 + gq, src1 = src0 + 8;
+    const bool ok0 = src0 < n_sources, ok1 = src1 < n_sources;
+    const float sc0 = ok0 ? scale[src0] : 0.0f, sc1 = ok1 ? scale[src1] : 0.0f;
+    const bool group_live = group * 16 < n_sources;
+    const float4 *kg = kfrag + (long long)group * ksteps * 3 * 32 + lane;
+
+    for (int f = 0; f < n_frames; ++f) {
+        float p0 = 0.0f, p1 = 0.0f;
+        const float *xf = x + (long long)f * n_times * n_channels;
+        for (int t0 = 0; t0 < n_times; t0 += 8 * FUSED_NT) {
+            float acc[3][FUSED_NT][4];
+            #pragma unroll
+            for (int m = 0; m < 3; ++m)
+                #pragma unroll
+                for (int j = 0; j < FUSED_NT; ++j)
+                    #pragma unroll
+                    for (int r = 0; r < 4; ++r) acc[m][j][r] = 0.0f;
+            for (int ks0 = 0; ks0 < ksteps; ks0 += FUSED_KSLAB) {
+                const int nks = min(FUSED_KSLAB, ksteps - ks0);
+                __syncthreads();
+                for (int e = threadIdx.x; e < nks * FUSED_NT * 32; e += 32 * FUSED_WARPS) {
+                    const int l = e & 31, j = (e >> 5) % FUSED_NT, k = e / (32 * FUSED_NT);
+                    const int t = t0 + 8 * j + (l >> 2);
+                    const int c0 = 8 * (ks0 + k) + (l & 3), c1 = c0 + 4;
+                    const float *xs = xf + (long long)t * n_channels;
+                    const float v0 = (t < n_times && c0 < n_channels) ? __ldg(xs + c0) : 0.0f;
+                    const float v1 = (t < n_times && c1 < n_channels) ? __ldg(xs + c1) : 0.0f;
+                    uint4 b;
+                    split_tf32(v0, b.x, b.z);
+                    split_tf32(v1, b.y, b.w);
+                    bfrag[k][j][l] = b;
+                }
+                __syncthreads();
+                if (group_live) {
+                    // The operator fragments of the next k-step are loaded while this one
+                    // multiplies (two k-steps of loads in flight per warp).
+                    float4 next[3];
+                    #pragma unroll
+                    for (int m = 0; m < 3; ++m) next[m] = __ldg(kg + (ks0 * 3 + m) * 32);
+                    for (int k = 0; k < nks; ++k) {
+                        const int ks = ks0 + k;
+                        float4 cur[3];
+                        #pragma unroll
+                        for (int m = 0; m < 3; ++m) cur[m] = next[m];
+                        if (k + 1 < nks) {
+                            #pragma unroll
+                            for (int m = 0; m < 3; ++m) next[m] = __ldg(kg + ((ks + 1) * 3 + m) * 32);
+                        }
+                        uint4 b[FUSED_NT];
+                        #pragma unroll
+                        for (int j = 0; j < FUSED_NT; ++j) b[j] = bfrag[k][j][lane];
+                        #pragma unroll
+                        for (int m = 0; m < 3; ++m) {
+                            const float4 av = cur[m];
+                            unsigned ah[4], al[4];
+                            split_tf32(av.x, ah[0], al[0]);
+                            split_tf32(av.y, ah[1], al[1]);
+                            split_tf32(av.z, ah[2], al[2]);
+                            split_tf32(av.w, ah[3], al[3]);
+                            #pragma unroll
+                            for (int j = 0; j < FUSED_NT; ++j) {
+                                // Small terms first.
+                                mma_tf32(acc[m][j], al, b[j].x, b[j].y);
+                                mma_tf32(acc[m][j], ah, b[j].z, b[j].w);
+                                mma_tf32(acc[m][j], ah, b[j].x, b[j].y);
+                            }
+                        }
+                    }
+                }
+            }
+            // Epilogue: accumulator r holds row gq + 8 * (r / 2), sample 2 * tq + r % 2.
+            #pragma unroll
+            for (int j = 0; j < FUSED_NT; ++j) {
+                #pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const int t = t0 + 8 * j + 2 * tq + (r & 1);
+                    const float cx = acc[0][j][r], cy = acc[1][j][r], cz = acc[2][j][r];
+                    const bool hi = r >= 2;
+                    const float a = (hi ? sc1 : sc0) * sqrtf(cx * cx + cy * cy + cz * cz);
+                    if (t < n_times) {
+                        if (hi) p1 += a * a; else p0 += a * a;
+                        if (amp && (hi ? ok1 : ok0))
+                            amp[((long long)f * n_sources + (hi ? src1 : src0)) * n_times + t] = a;
+                    }
+                }
+            }
+        }
+        // The four lanes of a row hold disjoint samples of the same two sources.
+        p0 += __shfl_xor_sync(0xffffffffu, p0, 1);
+        p1 += __shfl_xor_sync(0xffffffffu, p1, 1);
+        p0 += __shfl_xor_sync(0xffffffffu, p0, 2);
+        p1 += __shfl_xor_sync(0xffffffffu, p1, 2);
+        float bp = ok0 ? p0 : -1.0f;
+        int bi = ok0 ? src0 : 0x7fffffff;
+        if (ok1) better(bp, bi, p1, src1);
+        for (int off = 16; off > 0; off >>= 1) {
+            const float op = __shfl_down_sync(0xffffffffu, bp, off);
+            const int oi = __shfl_down_sync(0xffffffffu, bi, off);
+            better(bp, bi, op, oi);
+        }
+        if (lane == 0) { warp_power[warp] = bp; warp_source[warp] = bi; }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 1; w < FUSED_WARPS; ++w) better(bp, bi, warp_power[w], warp_source[w]);
+            tile_power[(long long)f * n_tiles + blockIdx.x] = bp;
+            tile_source[(long long)f * n_tiles + blockIdx.x] = bi;
+        }
+        __syncthreads();
+    }
+#endif
+}
+
+// The region-of-interest power for the fused path, in plain float32 from the ROI rows of
+// the operator (gathered at upload, row-major [3 * n_roi, C]): grid (n_frames, n_chunks),
+// ROI_WARPS warps per block, one ROI source per warp, one lane per sample (the operator
+// values are broadcast to the lanes). The block stages `ts` samples at a time in shared
+// memory (dynamic, ts * (C + 1) floats: the odd stride keeps the lanes on distinct banks)
+// and adds its warps' powers per sample in order into partial[frame][chunk][t];
+// eeg_fused_reduce adds the chunks in order.
+#define ROI_WARPS 16
+
+extern "C" __global__ void __launch_bounds__(32 * ROI_WARPS)
+eeg_roi_partial(const float *__restrict__ k_roi, const float *__restrict__ roi_scale, int n_roi,
+                const float *__restrict__ x, int n_channels, int n_times, int ts,
+                float *__restrict__ partial)
+{
+    extern __shared__ float xs[];
+    __shared__ float power[ROI_WARPS][32];
+    const int frame = blockIdx.x, chunk = blockIdx.y, n_chunks = gridDim.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int r = chunk * ROI_WARPS + warp;
+    const int stride = n_channels + 1;
+    const float *xf = x + (long long)frame * n_times * n_channels;
+    float *out = partial + ((long long)frame * n_chunks + chunk) * n_times;
+    const float *k = k_roi + 3LL * r * n_channels;
+    const float sc = r < n_roi ? roi_scale[r] : 0.0f;
+    for (int t0 = 0; t0 < n_times; t0 += ts) {
+        const int tn = min(ts, n_times - t0);
+        __syncthreads();
+        for (int i = threadIdx.x; i < tn * n_channels; i += 32 * ROI_WARPS) {
+            const int tt = i / n_channels, c = i - tt * n_channels;
+            xs[tt * stride + c] = xf[(long long)t0 * n_channels + i];
+        }
+        __syncthreads();
+        float p = 0.0f;
+        if (r < n_roi && lane < tn) {
+            const float *xl = xs + lane * stride;
+            float cx = 0.0f, cy = 0.0f, cz = 0.0f;
+            // Unrolled so the operator loads of several channels are in flight together.
+            #pragma unroll 8
+            for (int c = 0; c < n_channels; ++c) {
+                const float v = xl[c];
+                cx = fmaf(__ldg(k + c), v, cx);
+                cy = fmaf(__ldg(k + n_channels + c), v, cy);
+                cz = fmaf(__ldg(k + 2 * n_channels + c), v, cz);
+            }
+            const float a = sc * sqrtf(cx * cx + cy * cy + cz * cz);
+            p = a * a;
+        }
+        power[warp][lane] = p;
+        __syncthreads();
+        if (threadIdx.x < tn) {
+            float total = 0.0f;
+            for (int w = 0; w < ROI_WARPS; ++w) total += power[w][threadIdx.x];
+            out[t0 + threadIdx.x] = total;
+        }
+    }
+}
+
+// Per frame: the ROI mean power per sample from the partial sums (added in order) and the
+// peak over the tiles' peaks. Grid (n_frames), STATS_THREADS threads.
+extern "C" __global__ void __launch_bounds__(STATS_THREADS)
+eeg_fused_reduce(const float *__restrict__ partial, int n_partials, int n_roi, int n_times,
+                 const float *__restrict__ tile_power, const int *__restrict__ tile_source, int n_tiles,
+                 float *__restrict__ roi_power, float *__restrict__ peak_power, int *__restrict__ peak_source)
+{
+    __shared__ float warp_power[STATS_THREADS / 32];
+    __shared__ int warp_source[STATS_THREADS / 32];
+    const int frame = blockIdx.x;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const float *pf = partial + (long long)frame * n_partials * n_times;
+    for (int t = threadIdx.x; t < n_times; t += STATS_THREADS) {
+        // Loads issued ahead (independent of the sum), added in order.
+        float total = 0.0f;
+        int i = 0;
+        for (; i + 8 <= n_partials; i += 8) {
+            float v[8];
+            #pragma unroll
+            for (int u = 0; u < 8; ++u) v[u] = pf[(long long)(i + u) * n_times + t];
+            #pragma unroll
+            for (int u = 0; u < 8; ++u) total += v[u];
+        }
+        for (; i < n_partials; ++i) total += pf[(long long)i * n_times + t];
+        roi_power[(long long)frame * n_times + t] = n_roi > 0 ? total / (float)n_roi : 0.0f;
+    }
+    float bp = -1.0f;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n_tiles; i += STATS_THREADS)
+        better(bp, bi, tile_power[(long long)frame * n_tiles + i], tile_source[(long long)frame * n_tiles + i]);
+    for (int off = 16; off > 0; off >>= 1) {
+        const float op = __shfl_down_sync(0xffffffffu, bp, off);
+        const int oi = __shfl_down_sync(0xffffffffu, bi, off);
+        better(bp, bi, op, oi);
+    }
+    if (lane == 0) { warp_power[warp] = bp; warp_source[warp] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < STATS_THREADS / 32; ++w) better(bp, bi, warp_power[w], warp_source[w]);
+        peak_power[frame] = bp;
+        peak_source[frame] = bi;
+    }
+}

@@ -7,7 +7,7 @@ use std::time::Instant;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use trigd::eeg::kernel::InverseKernel;
-use trigd::gpu::eeg::{EegBlockOutput, EegEngineConfig, GpuEegEngine};
+use trigd::gpu::eeg::{EegBlockOutput, EegEngineConfig, EegProduct, GpuEegEngine};
 use trigd::gpu::nvrtc::KernelCache;
 use trigd::gpu::{detect, BackendChoice, GpuDevice, GpuError};
 
@@ -164,6 +164,7 @@ fn engine(
     t_max: usize,
     f_max: usize,
     graphs: bool,
+    product: EegProduct,
 ) -> GpuEegEngine {
     let config = EegEngineConfig {
         max_samples_per_frame: t_max,
@@ -171,9 +172,21 @@ fn engine(
         slots: 2,
         amplitudes: true,
         use_graphs: graphs,
+        product,
         cache: KernelCache::from_env(),
     };
-    GpuEegEngine::new(dev, k, roi, config).expect("engine")
+    let eng = GpuEegEngine::new(dev, k, roi, config).expect("engine");
+    assert_eq!(eng.is_fused(), product == EegProduct::Fused);
+    eng
+}
+
+/// Both device paths where the GPU has tensor cores (sm_80+), else cuBLAS alone.
+fn products(dev: &GpuDevice) -> Vec<EegProduct> {
+    if dev.compute_capability.0 >= 8 {
+        vec![EegProduct::Blas, EegProduct::Fused]
+    } else {
+        vec![EegProduct::Blas]
+    }
 }
 
 #[test]
@@ -190,11 +203,16 @@ fn single_blocks_agree_with_cpu_f64_for_many_sizes() {
         (64, 2049, 17),
         (256, 3001, 1),
         (19, 511, 32),
+        (21, 700, 40),
+        (59, 1000, 64),
     ] {
         let k = random_kernel(&mut rng, c, s);
         let roi = random_roi(&mut rng, s);
-        for graphs in [false, true] {
-            let mut eng = engine(&dev, &k, &roi, 32, 4, graphs);
+        for (graphs, product) in [false, true]
+            .into_iter()
+            .flat_map(|g| products(&dev).into_iter().map(move |p| (g, p)))
+        {
+            let mut eng = engine(&dev, &k, &roi, 64, 4, graphs, product);
             for rep in 0..3 {
                 let frame = random_frame(&mut rng, c, t);
                 let cpu = cpu_block(&k, &roi, &frame, t);
@@ -214,23 +232,36 @@ fn single_blocks_agree_with_cpu_f64_for_many_sizes() {
 fn batched_and_pipelined_frames_agree_with_cpu() {
     let dev = device();
     let mut rng = ChaCha8Rng::seed_from_u64(seed());
-    let (c, s, t) = (59, 4099, 32);
+    let (c, s) = (59, 4099);
     let k = random_kernel(&mut rng, c, s);
     let roi = random_roi(&mut rng, s);
-    let mut eng = engine(&dev, &k, &roi, 32, 8, true);
-    // One batch of 8 in one GEMM.
-    let frames: Vec<Vec<f32>> = (0..8).map(|_| random_frame(&mut rng, c, t)).collect();
+    for product in products(&dev) {
+        batched_and_pipelined(&dev, &mut rng, &k, &roi, product);
+    }
+}
+
+fn batched_and_pipelined(
+    dev: &GpuDevice,
+    rng: &mut ChaCha8Rng,
+    k: &InverseKernel,
+    roi: &[u32],
+    product: EegProduct,
+) {
+    let (c, t) = (k.n_channels, 32);
+    let mut eng = engine(dev, k, roi, 32, 8, true, product);
+    // One batch of 8 in one launch.
+    let frames: Vec<Vec<f32>> = (0..8).map(|_| random_frame(rng, c, t)).collect();
     let refs: Vec<&[f32]> = frames.iter().map(Vec::as_slice).collect();
     eng.poison_device_outputs().unwrap();
     let mut outs = vec![poisoned(); 8];
     eng.process_batch(&refs, t, true, &mut outs).unwrap();
     for (fr, out) in frames.iter().zip(&outs) {
-        check_frame(out, &cpu_block(&k, &roi, fr, t), t, true);
+        check_frame(out, &cpu_block(k, roi, fr, t), t, true);
     }
     // Pipelined: two batches in flight on two streams, 6 batches of 3 (shorter blocks).
     let t2 = 9;
     let batches: Vec<Vec<Vec<f32>>> = (0..6)
-        .map(|_| (0..3).map(|_| random_frame(&mut rng, c, t2)).collect())
+        .map(|_| (0..3).map(|_| random_frame(rng, c, t2)).collect())
         .collect();
     let mut results: Vec<Vec<EegBlockOutput>> = Vec::new();
     let mut in_flight = std::collections::VecDeque::new();
@@ -252,7 +283,7 @@ fn batched_and_pipelined_frames_agree_with_cpu() {
     assert_eq!(results.len(), batches.len());
     for (b, outs) in batches.iter().zip(&results) {
         for (fr, out) in b.iter().zip(outs) {
-            check_frame(out, &cpu_block(&k, &roi, fr, t2), t2, false);
+            check_frame(out, &cpu_block(k, roi, fr, t2), t2, false);
         }
     }
 }
@@ -276,11 +307,13 @@ fn peak_ties_go_to_the_lowest_source() {
         }
         k.source_scale[src] = 1.5;
     }
-    let mut eng = engine(&dev, &k, &[3, 700], 4, 1, false);
     let frame = random_frame(&mut rng, c, t);
-    let mut out = poisoned();
-    eng.process(&frame, t, false, &mut out).unwrap();
-    assert_eq!(out.peak_source, 3);
+    for product in products(&dev) {
+        let mut eng = engine(&dev, &k, &[3, 700], 4, 1, false, product);
+        let mut out = poisoned();
+        eng.process(&frame, t, false, &mut out).unwrap();
+        assert_eq!(out.peak_source, 3, "{product:?}");
+    }
 }
 
 /// The pipeline's fail-over contract: a device error fails the batch with an error value,
@@ -290,11 +323,24 @@ fn peak_ties_go_to_the_lowest_source() {
 fn injected_device_error_is_reported_and_cpu_fallback_loses_no_frame() {
     let dev = device();
     let mut rng = ChaCha8Rng::seed_from_u64(seed());
-    let (c, s, t) = (32, 777, 8);
+    let (c, s) = (32, 777);
     let k = random_kernel(&mut rng, c, s);
     let roi = random_roi(&mut rng, s);
-    let mut eng = engine(&dev, &k, &roi, 8, 4, true);
-    let frames: Vec<Vec<f32>> = (0..12).map(|_| random_frame(&mut rng, c, t)).collect();
+    for product in products(&dev) {
+        fail_over(&dev, &mut rng, &k, &roi, product);
+    }
+}
+
+fn fail_over(
+    dev: &GpuDevice,
+    rng: &mut ChaCha8Rng,
+    k: &InverseKernel,
+    roi: &[u32],
+    product: EegProduct,
+) {
+    let (c, t) = (k.n_channels, 8);
+    let mut eng = engine(dev, k, roi, 8, 4, true, product);
+    let frames: Vec<Vec<f32>> = (0..12).map(|_| random_frame(rng, c, t)).collect();
     let mut results: Vec<Option<(Vec<f64>, u32)>> = vec![None; frames.len()];
     let mut failed_batches = 0;
     for (bi, chunk) in frames.chunks(4).enumerate() {
@@ -317,7 +363,7 @@ fn injected_device_error_is_reported_and_cpu_fallback_loses_no_frame() {
                 assert!(be.to_string().starts_with("device error"), "{be}");
                 // CPU fail-over for the whole batch.
                 for (i, fr) in chunk.iter().enumerate() {
-                    let cpu = cpu_block(&k, &roi, fr, t);
+                    let cpu = cpu_block(k, roi, fr, t);
                     results[bi * 4 + i] = Some((cpu.roi_power, cpu_peak(&cpu.power) as u32));
                 }
             }
@@ -326,7 +372,7 @@ fn injected_device_error_is_reported_and_cpu_fallback_loses_no_frame() {
     assert_eq!(failed_batches, 1, "exactly the injected batch fails");
     for (i, (r, fr)) in results.iter().zip(&frames).enumerate() {
         let (roi_power, peak) = r.as_ref().unwrap_or_else(|| panic!("frame {i} lost"));
-        let cpu = cpu_block(&k, &roi, fr, t);
+        let cpu = cpu_block(k, roi, fr, t);
         assert_eq!(*peak as usize, cpu_peak(&cpu.power), "frame {i}");
         assert!(
             rel_norm(roi_power.iter().copied().zip(cpu.roi_power.iter().copied())) < 1e-4,
@@ -348,6 +394,7 @@ fn second_engine_loads_kernels_from_the_disk_cache() {
         slots: 2,
         amplitudes: false,
         use_graphs: false,
+        product: EegProduct::Auto,
         cache: KernelCache::at(dir.path()),
     };
     let t0 = Instant::now();
@@ -400,7 +447,7 @@ fn bad_input_is_an_error_not_a_panic() {
         GpuEegEngine::new(&dev, &k, &[10], EegEngineConfig::default()).is_err(),
         "ROI out of range"
     );
-    let mut eng = engine(&dev, &k, &[0], 4, 2, true);
+    let mut eng = engine(&dev, &k, &[0], 4, 2, true, EegProduct::Blas);
     let mut out = EegBlockOutput::default();
     assert!(
         eng.process(&[0.5; 4 * 5], 5, false, &mut out).is_err(),

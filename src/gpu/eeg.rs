@@ -16,6 +16,14 @@
 //! fused kernel reads coalesced. Plain FP32 math (pedantic mode: no TF32), so results
 //! agree with the CPU's float64 path to about 1e-6.
 //!
+//! On sm_80 and later the default is the fused path instead ([`EegProduct::Fused`]): one
+//! kernel multiplies on the tensor cores in 3xTF32 (each float32 operand split into a TF32
+//! head and tail; head·head + head·tail + tail·head keeps float32 accuracy) and computes the
+//! orientation norm, the scale, each source's power over the frame and the per-tile peak
+//! from the accumulators in registers, so `Y` is never written; a second small kernel
+//! computes the ROI rows in plain float32 and reduces the frame. The operator is packed
+//! once at upload in the tensor cores' fragment order ([`pack_fragments`]).
+//!
 //! Memory is allocated once, in [`GpuEegEngine::new`], for the configured maximum batch.
 //! Each of the (at least two) slots has its own stream, cuBLAS handle, pinned staging and
 //! device buffers, so the copy-in of one batch overlaps the compute of the previous one
@@ -38,6 +46,73 @@ const KERNEL_SOURCE: &str = include_str!("../../kernels/eeg.cu");
 const SOURCE_TILE: usize = 256;
 /// Threads per block of `eeg_frame_stats` (STATS_THREADS in kernels/eeg.cu).
 const STATS_THREADS: u32 = 256;
+/// Warps per block of `eeg_fused_tf32x3` (FUSED_WARPS in kernels/eeg.cu); each warp
+/// takes a group of 16 sources.
+const FUSED_WARPS: usize = 4;
+/// Sources per fragment group of the fused kernel.
+const FUSED_GROUP: usize = 16;
+/// ROI sources per block of `eeg_roi_partial` (ROI_WARPS: one per warp); each block
+/// writes one partial sum per sample.
+const ROI_WARPS: usize = 16;
+/// Shortest block for which `Auto` picks the fused path: the tensor-core tiles cover 32
+/// samples of one frame, so one-sample frames waste most of them and read the operator
+/// once per frame; cuBLAS reads it once per batch.
+const FUSED_MIN_SAMPLES: usize = 16;
+
+/// How the product and the statistics run on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EegProduct {
+    /// `Fused` where the device has TF32 tensor cores (sm_80+) and blocks have at least
+    /// 16 samples, `Blas` otherwise.
+    #[default]
+    Auto,
+    /// cuBLAS SGEMM into `Y`, then the norm/statistics kernels reading `Y`.
+    Blas,
+    /// One 3xTF32 tensor-core kernel with the statistics fused (sm_80+).
+    Fused,
+}
+
+impl std::str::FromStr for EegProduct {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "blas" => Ok(Self::Blas),
+            "fused" => Ok(Self::Fused),
+            _ => Err(format!("unknown GPU product '{s}' (auto|blas|fused)")),
+        }
+    }
+}
+
+/// Packs the row-major operator `[3S, C]` into the fused kernel's fragment order:
+/// sources in groups of 16, per group per k-step of 8 channels per component per lane the
+/// four values of that lane's m16n8k8 A fragment (row `lane/4 + 8*(r%2)`, channel
+/// `lane%4 + 4*(r/2)` of the k-step), zero outside the operator. Returns the packed values
+/// and the number of k-steps.
+pub fn pack_fragments(k: &[f32], n_channels: usize, n_sources: usize) -> (Vec<f32>, usize) {
+    let c = n_channels;
+    let ksteps = c.div_ceil(8);
+    let groups = n_sources.div_ceil(FUSED_GROUP);
+    let mut out = vec![0f32; groups * ksteps * 3 * 32 * 4];
+    let mut i = 0;
+    for g in 0..groups {
+        for ks in 0..ksteps {
+            for m in 0..3 {
+                for lane in 0..32 {
+                    for r in 0..4 {
+                        let src = g * FUSED_GROUP + lane / 4 + 8 * (r % 2);
+                        let ch = 8 * ks + lane % 4 + 4 * (r / 2);
+                        if src < n_sources && ch < c {
+                            out[i] = k[(3 * src + m) * c + ch];
+                        }
+                        i += 1;
+                    }
+                }
+            }
+        }
+    }
+    (out, ksteps)
+}
 
 /// What one frame (one block of samples) yields.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -65,6 +140,8 @@ pub struct EegEngineConfig {
     pub amplitudes: bool,
     /// Record each batch shape as a CUDA graph on first use and replay it.
     pub use_graphs: bool,
+    /// Product and statistics path.
+    pub product: EegProduct,
     pub cache: KernelCache,
 }
 
@@ -76,6 +153,7 @@ impl Default for EegEngineConfig {
             slots: 2,
             amplitudes: false,
             use_graphs: true,
+            product: EegProduct::Auto,
             cache: KernelCache::from_env(),
         }
     }
@@ -102,8 +180,10 @@ struct Slot {
     /// Sample-major `[F*T, C]` staging for the next batch.
     x_host: PinnedBuffer<f32>,
     x_dev: DeviceBuffer<f32>,
-    /// Column-major `[3S, F*T]`.
+    /// Column-major `[3S, F*T]` (one element on the fused path, which never writes it).
     y_dev: DeviceBuffer<f32>,
+    /// Fused path: ROI power partial sums `[F][chunks][T]`.
+    partial_dev: DeviceBuffer<f32>,
     tile_power: DeviceBuffer<f32>,
     tile_source: DeviceBuffer<i32>,
     /// `[F*T]` ROI power bits, `[F]` peak power bits, `[F]` peak source.
@@ -120,8 +200,11 @@ struct Slot {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StageTimes {
     pub copy_in_us: f64,
+    /// cuBLAS SGEMM, or on the fused path the fused product + norm + peak kernel.
     pub gemm_us: f64,
+    /// The norm kernel reading `Y` (zero on the fused path).
     pub source_power_us: f64,
+    /// Frame statistics (on the fused path: the ROI rows' product and the reductions).
     pub frame_stats_us: f64,
     pub copy_out_us: f64,
 }
@@ -133,6 +216,17 @@ pub struct GpuEegEngine {
     _module: LoadedModule,
     source_power_fn: CudaFunction,
     frame_stats_fn: CudaFunction,
+    fused_fn: CudaFunction,
+    roi_partial_fn: CudaFunction,
+    fused_reduce_fn: CudaFunction,
+    /// Whether this engine runs the fused path.
+    fused: bool,
+    /// Fused path: the operator in fragment order, its k-steps, the ROI rows `[3R, C]` and
+    /// their scales.
+    kfrag_dev: DeviceBuffer<f32>,
+    ksteps: usize,
+    k_roi_dev: DeviceBuffer<f32>,
+    roi_scale_dev: DeviceBuffer<f32>,
     n_channels: usize,
     n_sources: usize,
     n_tiles: usize,
@@ -149,6 +243,23 @@ pub struct GpuEegEngine {
     /// Whether the kernels came from the on-disk cache, and how long loading took (ms).
     pub kernels_from_cache: bool,
     pub kernel_load_ms: f64,
+}
+
+/// `v`, or one zero when it is empty (device buffers are never empty).
+fn non_empty(v: Vec<f32>) -> Vec<f32> {
+    if v.is_empty() {
+        vec![0.0]
+    } else {
+        v
+    }
+}
+
+/// Samples `eeg_roi_partial` stages in shared memory per pass: at most 32 (one per lane)
+/// and at most what fits in 40 KiB with the padded row stride `C + 1`.
+fn roi_samples_per_pass(n_channels: usize, n_times: usize) -> usize {
+    (40 * 1024 / (4 * (n_channels + 1)))
+        .clamp(1, 32)
+        .min(n_times.max(1))
 }
 
 /// The stats buffer length for `n_frames` frames of `n_times` samples.
@@ -232,12 +343,44 @@ impl GpuEegEngine {
         }
         let slots_n = config.slots.max(2);
         let max_samples = config.max_samples_per_frame * config.max_frames_per_batch;
-        let n_tiles = s.div_ceil(SOURCE_TILE);
+        let fused = match config.product {
+            EegProduct::Blas => false,
+            EegProduct::Auto => {
+                device.compute_capability.0 >= 8
+                    && config.max_samples_per_frame >= FUSED_MIN_SAMPLES
+            }
+            EegProduct::Fused => {
+                if device.compute_capability.0 < 8 {
+                    return Err(GpuError::Config(format!(
+                        "the fused EEG product needs TF32 tensor cores (sm_80 or later); {} is {}",
+                        device.name,
+                        device.arch()
+                    )));
+                }
+                true
+            }
+        };
+        let n_tiles = if fused {
+            s.div_ceil(FUSED_GROUP * FUSED_WARPS)
+        } else {
+            s.div_ceil(SOURCE_TILE)
+        };
+        let y_len = if fused { 1 } else { 3 * s * max_samples };
+        let roi_chunks = roi_source_indices.len().div_ceil(ROI_WARPS).max(1);
+        let partial_len = if fused { roi_chunks * max_samples } else { 1 };
+        let ksteps = c.div_ceil(8);
+        let op_len = if fused {
+            s.div_ceil(FUSED_GROUP) * FUSED_GROUP * 3 * ksteps * 8
+                + 3 * roi_source_indices.len() * c
+        } else {
+            3 * s * c
+        };
 
         // Back-of-the-envelope memory check before allocating.
         let per_slot = 4
             * (max_samples * c
-                + 3 * s * max_samples
+                + y_len
+                + partial_len
                 + 2 * n_tiles * config.max_frames_per_batch
                 + stats_len(config.max_frames_per_batch, config.max_samples_per_frame)
                 + if config.amplitudes {
@@ -246,7 +389,7 @@ impl GpuEegEngine {
                     0
                 })
             + Blas::WORKSPACE_BYTES;
-        let need = 4 * (3 * s * c + s + roi_source_indices.len()) + slots_n * per_slot;
+        let need = 4 * (op_len + s + 2 * roi_source_indices.len()) + slots_n * per_slot;
 
         let ctx = device.open()?;
         // SAFETY: the engine synchronises its streams explicitly (events per slot) and
@@ -265,13 +408,40 @@ impl GpuEegEngine {
         let module = load_module(&ctx, "eeg.cu", KERNEL_SOURCE, &device.arch(), &config.cache)?;
         let source_power_fn = module.function("eeg_source_power")?;
         let frame_stats_fn = module.function("eeg_frame_stats")?;
+        let fused_fn = module.function("eeg_fused_tf32x3")?;
+        let roi_partial_fn = module.function("eeg_roi_partial")?;
+        let fused_reduce_fn = module.function("eeg_fused_reduce")?;
 
         let k32: Vec<f32> = kernel.kernel.iter().map(|&v| v as f32).collect();
         let scale32: Vec<f32> = kernel.source_scale.iter().map(|&v| v as f32).collect();
         let roi32: Vec<i32> = roi_source_indices.iter().map(|&r| r as i32).collect();
-        let kernel_dev = DeviceBuffer::from_host(&ctx, &k32)?;
         let scale_dev = DeviceBuffer::from_host(&ctx, &scale32)?;
         let roi_dev = DeviceBuffer::from_host(&ctx, &roi32)?;
+        let (kernel_dev, kfrag_dev, k_roi_dev, roi_scale_dev) = if fused {
+            let (frag, _) = pack_fragments(&k32, c, s);
+            let mut k_roi = Vec::with_capacity(3 * roi32.len() * c);
+            for &r in roi_source_indices {
+                let r = r as usize;
+                k_roi.extend_from_slice(&k32[3 * r * c..3 * (r + 1) * c]);
+            }
+            let roi_scale: Vec<f32> = roi_source_indices
+                .iter()
+                .map(|&r| scale32[r as usize])
+                .collect();
+            (
+                DeviceBuffer::new(&ctx, 1)?,
+                DeviceBuffer::from_host(&ctx, &frag)?,
+                DeviceBuffer::from_host(&ctx, &non_empty(k_roi))?,
+                DeviceBuffer::from_host(&ctx, &non_empty(roi_scale))?,
+            )
+        } else {
+            (
+                DeviceBuffer::from_host(&ctx, &k32)?,
+                DeviceBuffer::new(&ctx, 1)?,
+                DeviceBuffer::new(&ctx, 1)?,
+                DeviceBuffer::new(&ctx, 1)?,
+            )
+        };
 
         let mut slots = Vec::with_capacity(slots_n);
         for _ in 0..slots_n {
@@ -282,7 +452,8 @@ impl GpuEegEngine {
                 blas,
                 x_host: PinnedBuffer::new(&ctx, max_samples * c)?,
                 x_dev: DeviceBuffer::new(&ctx, max_samples * c)?,
-                y_dev: DeviceBuffer::new(&ctx, 3 * s * max_samples)?,
+                y_dev: DeviceBuffer::new(&ctx, y_len)?,
+                partial_dev: DeviceBuffer::new(&ctx, partial_len)?,
                 tile_power: DeviceBuffer::new(&ctx, n_tiles * max_f)?,
                 tile_source: DeviceBuffer::new(&ctx, n_tiles * max_f)?,
                 stats_dev: DeviceBuffer::new(&ctx, stats_len(max_f, config.max_samples_per_frame))?,
@@ -307,11 +478,16 @@ impl GpuEegEngine {
             });
         }
         tracing::info!(
-            "EEG engine on {}: {c} channels, {s} sources, ROI {} sources, up to {} x {} samples per launch, {:.2} GiB",
+            "EEG engine on {}: {c} channels, {s} sources, ROI {} sources, up to {} x {} samples per launch, {}, {:.2} GiB",
             device.name,
             roi_source_indices.len(),
             config.max_frames_per_batch,
             config.max_samples_per_frame,
+            if fused {
+                "fused 3xTF32 product and statistics"
+            } else {
+                "cuBLAS SGEMM then statistics"
+            },
             need as f64 / (1u64 << 30) as f64
         );
         Ok(Self {
@@ -322,6 +498,14 @@ impl GpuEegEngine {
             _module: module,
             source_power_fn,
             frame_stats_fn,
+            fused_fn,
+            roi_partial_fn,
+            fused_reduce_fn,
+            fused,
+            kfrag_dev,
+            ksteps,
+            k_roi_dev,
+            roi_scale_dev,
             n_channels: c,
             n_sources: s,
             n_tiles,
@@ -354,6 +538,11 @@ impl GpuEegEngine {
         &self.config
     }
 
+    /// Whether the fused tensor-core path runs (else cuBLAS then the statistics kernels).
+    pub fn is_fused(&self) -> bool {
+        self.fused
+    }
+
     /// Test hook: the next batch's launch is made with an invalid configuration, so the
     /// driver itself rejects it and the batch returns that error (as a real device fault
     /// would); the engine stays usable afterwards.
@@ -367,6 +556,7 @@ impl GpuEegEngine {
         driver("cuCtxSetCurrent", self.ctx.bind_to_thread())?;
         for slot in &self.slots {
             slot.y_dev.fill_bytes(0xff, &slot.stream)?;
+            slot.partial_dev.fill_bytes(0xff, &slot.stream)?;
             slot.tile_power.fill_bytes(0xff, &slot.stream)?;
             slot.tile_source.fill_bytes(0xff, &slot.stream)?;
             slot.stats_dev.fill_bytes(0xff, &slot.stream)?;
@@ -576,21 +766,15 @@ impl GpuEegEngine {
             0,
             &slot.stream,
         )?;
-        slot.blas.sgemm(
-            true,
-            false,
-            3 * s,
-            n,
-            c,
-            self.kernel_dev.ptr(),
-            c,
-            slot.x_dev.ptr(),
-            c,
-            slot.y_dev.ptr(),
-            3 * s,
-        )?;
-        self.launch_source_power(slot, shape, faulty)?;
-        self.launch_frame_stats(slot, shape)?;
+        if self.fused {
+            self.launch_fused(slot, shape, faulty)?;
+            self.launch_roi_partial(slot, shape)?;
+            self.launch_fused_reduce(slot, shape)?;
+        } else {
+            self.product_blas(slot, n)?;
+            self.launch_source_power(slot, shape, faulty)?;
+            self.launch_frame_stats(slot, shape)?;
+        }
         // The slot's pinned buffers are read only in `wait`, after the done event.
         copy_to_host(
             &slot.stats_dev,
@@ -604,6 +788,146 @@ impl GpuEegEngine {
             }
         }
         Ok(())
+    }
+
+    fn product_blas(&self, slot: &Slot, n: usize) -> Result<(), GpuError> {
+        let (c, s) = (self.n_channels, self.n_sources);
+        slot.blas.sgemm(
+            true,
+            false,
+            3 * s,
+            n,
+            c,
+            self.kernel_dev.ptr(),
+            c,
+            slot.x_dev.ptr(),
+            c,
+            slot.y_dev.ptr(),
+            3 * s,
+        )
+    }
+
+    fn launch_fused(&self, slot: &Slot, shape: Shape, faulty: bool) -> Result<(), GpuError> {
+        let mut kfrag = self.kfrag_dev.ptr();
+        let mut ksteps = self.ksteps as i32;
+        let mut x = slot.x_dev.ptr();
+        let mut n_channels = self.n_channels as i32;
+        let mut scale = self.scale_dev.ptr();
+        let mut n_sources = self.n_sources as i32;
+        let mut n_frames = shape.n_frames as i32;
+        let mut n_times = shape.n_times as i32;
+        let mut amp: u64 = match (&slot.amp_dev, shape.amplitudes) {
+            (Some(a), true) => a.ptr(),
+            _ => 0,
+        };
+        let mut tile_power = slot.tile_power.ptr();
+        let mut tile_source = slot.tile_source.ptr();
+        let mut params: [*mut std::ffi::c_void; 11] = [
+            (&mut kfrag as *mut u64).cast(),
+            (&mut ksteps as *mut i32).cast(),
+            (&mut x as *mut u64).cast(),
+            (&mut n_channels as *mut i32).cast(),
+            (&mut scale as *mut u64).cast(),
+            (&mut n_sources as *mut i32).cast(),
+            (&mut n_frames as *mut i32).cast(),
+            (&mut n_times as *mut i32).cast(),
+            (&mut amp as *mut u64).cast(),
+            (&mut tile_power as *mut u64).cast(),
+            (&mut tile_source as *mut u64).cast(),
+        ];
+        let block = if faulty {
+            4096
+        } else {
+            (32 * FUSED_WARPS) as u32
+        };
+        // SAFETY: parameters match the kernel's signature and point to live locals; the
+        // buffers are sized for this shape (checked in `submit`), the packed operator for
+        // `n_tiles * FUSED_WARPS` groups or fewer (the kernel skips groups past the end).
+        driver("cuLaunchKernel(eeg_fused_tf32x3)", unsafe {
+            drv::launch_kernel(
+                self.fused_fn.cu_function(),
+                (self.n_tiles as u32, 1, 1),
+                (block, 1, 1),
+                0,
+                slot.stream.cu_stream(),
+                &mut params,
+            )
+        })
+    }
+
+    fn roi_chunks(&self) -> usize {
+        self.n_roi.div_ceil(ROI_WARPS).max(1)
+    }
+
+    fn launch_roi_partial(&self, slot: &Slot, shape: Shape) -> Result<(), GpuError> {
+        let (f, t) = (shape.n_frames, shape.n_times);
+        let mut k_roi = self.k_roi_dev.ptr();
+        let mut roi_scale = self.roi_scale_dev.ptr();
+        let mut n_roi = self.n_roi as i32;
+        let mut x = slot.x_dev.ptr();
+        let mut n_channels = self.n_channels as i32;
+        let mut n_times = t as i32;
+        let ts = roi_samples_per_pass(self.n_channels, t);
+        let mut ts_i = ts as i32;
+        let mut partial = slot.partial_dev.ptr();
+        let mut params: [*mut std::ffi::c_void; 8] = [
+            (&mut k_roi as *mut u64).cast(),
+            (&mut roi_scale as *mut u64).cast(),
+            (&mut n_roi as *mut i32).cast(),
+            (&mut x as *mut u64).cast(),
+            (&mut n_channels as *mut i32).cast(),
+            (&mut n_times as *mut i32).cast(),
+            (&mut ts_i as *mut i32).cast(),
+            (&mut partial as *mut u64).cast(),
+        ];
+        // SAFETY: as in `launch_fused`; `partial_dev` holds `F * chunks * T`.
+        driver("cuLaunchKernel(eeg_roi_partial)", unsafe {
+            drv::launch_kernel(
+                self.roi_partial_fn.cu_function(),
+                (f as u32, self.roi_chunks() as u32, 1),
+                ((32 * ROI_WARPS) as u32, 1, 1),
+                (4 * ts * (self.n_channels + 1)) as u32,
+                slot.stream.cu_stream(),
+                &mut params,
+            )
+        })
+    }
+
+    fn launch_fused_reduce(&self, slot: &Slot, shape: Shape) -> Result<(), GpuError> {
+        let (f, t) = (shape.n_frames, shape.n_times);
+        let mut partial = slot.partial_dev.ptr();
+        let mut n_partials = self.roi_chunks() as i32;
+        let mut n_roi = self.n_roi as i32;
+        let mut n_times = t as i32;
+        let mut tile_power = slot.tile_power.ptr();
+        let mut tile_source = slot.tile_source.ptr();
+        let mut n_tiles = self.n_tiles as i32;
+        let mut roi_power = slot.stats_dev.ptr();
+        let mut peak_power = slot.stats_dev.ptr_at(f * t);
+        let mut peak_source = slot.stats_dev.ptr_at(f * t + f);
+        let mut params: [*mut std::ffi::c_void; 10] = [
+            (&mut partial as *mut u64).cast(),
+            (&mut n_partials as *mut i32).cast(),
+            (&mut n_roi as *mut i32).cast(),
+            (&mut n_times as *mut i32).cast(),
+            (&mut tile_power as *mut u64).cast(),
+            (&mut tile_source as *mut u64).cast(),
+            (&mut n_tiles as *mut i32).cast(),
+            (&mut roi_power as *mut u64).cast(),
+            (&mut peak_power as *mut u64).cast(),
+            (&mut peak_source as *mut u64).cast(),
+        ];
+        // SAFETY: as in `launch_fused`.
+        driver("cuLaunchKernel(eeg_fused_reduce)", unsafe {
+            drv::launch_kernel(
+                self.fused_reduce_fn.cu_function(),
+                (f as u32, 1, 1),
+                (STATS_THREADS, 1, 1),
+                0,
+                slot.stream.cu_stream(),
+                &mut params,
+            )
+        })
     }
 
     fn launch_source_power(&self, slot: &Slot, shape: Shape, faulty: bool) -> Result<(), GpuError> {
@@ -717,7 +1041,7 @@ impl GpuEegEngine {
             )
         };
         let e: Vec<CudaEvent> = (0..6).map(|_| ev()).collect::<Result<_, _>>()?;
-        let (c, s, n) = (self.n_channels, self.n_sources, n_frames * n_times);
+        let (c, n) = (self.n_channels, n_frames * n_times);
         let mut samples: Vec<[f64; 5]> = Vec::with_capacity(reps);
         for _ in 0..reps.max(1) {
             let rec = |i: usize| driver("cuEventRecord", e[i].record(&slot.stream));
@@ -729,23 +1053,19 @@ impl GpuEegEngine {
                 &slot.stream,
             )?;
             rec(1)?;
-            slot.blas.sgemm(
-                true,
-                false,
-                3 * s,
-                n,
-                c,
-                self.kernel_dev.ptr(),
-                c,
-                slot.x_dev.ptr(),
-                c,
-                slot.y_dev.ptr(),
-                3 * s,
-            )?;
-            rec(2)?;
-            self.launch_source_power(slot, shape, false)?;
-            rec(3)?;
-            self.launch_frame_stats(slot, shape)?;
+            if self.fused {
+                self.launch_fused(slot, shape, false)?;
+                rec(2)?;
+                rec(3)?;
+                self.launch_roi_partial(slot, shape)?;
+                self.launch_fused_reduce(slot, shape)?;
+            } else {
+                self.product_blas(slot, n)?;
+                rec(2)?;
+                self.launch_source_power(slot, shape, false)?;
+                rec(3)?;
+                self.launch_frame_stats(slot, shape)?;
+            }
             rec(4)?;
             copy_to_host(
                 &slot.stats_dev,
@@ -840,6 +1160,54 @@ mod tests {
             stats[f * t + f + fr] = best.1;
         }
         stats
+    }
+
+    /// The fused kernel's product, with each operator value read from the packed buffer
+    /// where the m16n8k8 A fragment layout puts it (PTX ISA: lane `4*(row%8) + k%4`,
+    /// register `row/8 + 2*(k/4)`), must be the plain product: the packing and the layout
+    /// the kernel assumes agree.
+    #[test]
+    fn fragment_packing_matches_the_mma_layout() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        for (c, s) in [(59usize, 45usize), (8, 16), (3, 1), (17, 33)] {
+            let k: Vec<f32> = (0..3 * s * c)
+                .map(|_| rng.random_range(-1.0f32..1.0))
+                .collect();
+            let (frag, ksteps) = pack_fragments(&k, c, s);
+            assert_eq!(ksteps, c.div_ceil(8));
+            assert_eq!(frag.len(), s.div_ceil(16) * ksteps * 3 * 32 * 4);
+            let x: Vec<f32> = (0..c).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+            for src in 0..s.div_ceil(16) * 16 {
+                let (g, row) = (src / 16, src % 16);
+                for m in 0..3 {
+                    let mut y = 0f64;
+                    for ks in 0..ksteps {
+                        for kk in 0..8 {
+                            let lane = 4 * (row % 8) + kk % 4;
+                            let r = row / 8 + 2 * (kk / 4);
+                            let a = frag[(((g * ksteps + ks) * 3 + m) * 32 + lane) * 4 + r];
+                            let ch = 8 * ks + kk;
+                            if ch < c {
+                                y += f64::from(a) * f64::from(x[ch]);
+                            } else {
+                                assert_eq!(a, 0.0, "channel padding is zero");
+                            }
+                        }
+                    }
+                    let want: f64 = if src < s {
+                        (0..c)
+                            .map(|ch| f64::from(k[(3 * src + m) * c + ch]) * f64::from(x[ch]))
+                            .sum()
+                    } else {
+                        0.0
+                    };
+                    assert!(
+                        (y - want).abs() < 1e-9,
+                        "c {c} s {s} src {src} m {m}: {y} vs {want}"
+                    );
+                }
+            }
+        }
     }
 
     /// The pipeline moves one engine into each GPU worker thread.
