@@ -457,7 +457,7 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
 /// Opens every configured input: binds sockets, opens files.
 fn open_inputs(cfg: &Config) -> anyhow::Result<Vec<Input>> {
     let mut inputs = Vec::new();
-    for ic in &cfg.inputs {
+    for (index, ic) in cfg.inputs.iter().enumerate() {
         let name = ic.display_name();
         let kind = match (&ic.listen, &ic.file) {
             (Some(l), _) => {
@@ -470,7 +470,10 @@ fn open_inputs(cfg: &Config) -> anyhow::Result<Vec<Input>> {
                 tracing::info!(input = %name, addr = %bound.local_addr()?, "listening");
                 InputKind::Socket(bound)
             }
-            (None, Some(f)) => InputKind::File(open_feed(f, cfg)?, ic.speed.unwrap_or(Speed::Max)),
+            (None, Some(f)) => InputKind::File(
+                open_feed(f, cfg, index as u32)?,
+                ic.speed.unwrap_or(Speed::Max),
+            ),
             (None, None) => anyhow::bail!("input {name} has neither listen nor file"),
         };
         inputs.push(Input { name, kind });
@@ -478,7 +481,13 @@ fn open_inputs(cfg: &Config) -> anyhow::Result<Vec<Input>> {
     Ok(inputs)
 }
 
-fn open_feed(path: &Path, cfg: &Config) -> anyhow::Result<Box<dyn crate::pipeline::FrameFeed>> {
+/// A file input's frames. EDF/BDF files have no producer id: their frames get
+/// `source_id` = the input's position, so several files are several EEG streams.
+fn open_feed(
+    path: &Path,
+    cfg: &Config,
+    index: u32,
+) -> anyhow::Result<Box<dyn crate::pipeline::FrameFeed>> {
     match InputFormat::of(path) {
         InputFormat::Recording => Ok(Box::new(RecordingFeed::open(path)?)),
         InputFormat::TrackmlCsv => Ok(Box::new(TrackmlFeed::open(path)?)),
@@ -497,7 +506,9 @@ fn open_feed(path: &Path, cfg: &Config) -> anyhow::Result<Box<dyn crate::pipelin
                 None => 32,
             };
             let channels = crate::eeg::cli::read_channel_names(Path::new(channels))?;
-            Ok(Box::new(EdfFeed::open(path, &channels, block)?))
+            Ok(Box::new(
+                EdfFeed::open(path, &channels, block)?.with_source_id(index),
+            ))
         }
     }
 }
@@ -592,7 +603,7 @@ fn cmd_convert(a: ConvertArgs) -> anyhow::Result<ExitCode> {
         InputFormat::Recording => {
             anyhow::bail!("{} is already a native recording", a.input.display())
         }
-        _ => open_feed(&a.input, &cfg)?,
+        _ => open_feed(&a.input, &cfg, 0)?,
     };
     let mut w =
         crate::recording::RecordingWriter::create(&a.out, crate::recording::FsyncPolicy::Never)

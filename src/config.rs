@@ -85,7 +85,8 @@ pub struct DaemonConfig {
     pub ring_slots: usize,
     /// Initial capacity of each slot; a larger frame grows its slot once.
     pub slot_bytes: usize,
-    /// CPU reconstruction workers (the EEG workload keeps state across blocks: always 1).
+    /// Reconstruction workers. EEG streams (one per frame `source_id`) are spread over them,
+    /// each stream on one worker; EEG on GPUs runs one worker per GPU instead.
     pub workers: usize,
 }
 

@@ -157,6 +157,7 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
     // pools (the ring metrics add their own capacity).
     metrics.add_in_flight_frames((daemon_cfg.batch_max * daemon_cfg.workers) as u64);
     let rt = Runtime {
+        ordered_by_source: plan.ordered_by_source(),
         daemon: daemon_cfg,
         workload,
         deadlines: opts.deadlines,

@@ -242,6 +242,10 @@ pub struct Runtime<'a> {
     pub workload: Workload,
     /// Deadlines apply (live sources, paced replay); off for `--speed max` throughput replay.
     pub deadlines: bool,
+    /// Every frame of one producer (header `source_id`) goes to worker `source_id % workers`
+    /// and nowhere else, so a stream's frames keep their order and their state on one
+    /// worker (EEG); otherwise frames go round-robin to whichever worker has room.
+    pub ordered_by_source: bool,
     /// Builds the sinks once the names (sources, trigger lines) are known.
     pub make_sinks: MakeSinks<'a>,
     /// Sees every decision (metrics), on the decision thread.
@@ -307,6 +311,7 @@ pub fn run(
         daemon,
         workload,
         deadlines,
+        ordered_by_source,
         make_sinks,
         on_decision,
         accepted,
@@ -403,6 +408,7 @@ pub fn run(
                 free: frx,
                 work: txs,
                 next_worker: 0,
+                by_source: ordered_by_source,
                 side: side_tx.clone(),
                 shared: shared.clone(),
                 observer: observer.clone(),
@@ -533,6 +539,8 @@ struct SourceCtx {
     free: Rx<Box<Slot>>,
     work: Vec<Tx<Box<Slot>>>,
     next_worker: usize,
+    /// See [`Runtime::ordered_by_source`].
+    by_source: bool,
     side: Sender<SideRecord>,
     shared: Arc<Vec<SourceShared>>,
     observer: Arc<dyn Observe>,
@@ -613,8 +621,16 @@ impl SourceCtx {
     }
 
     /// Round-robin over the workers' rings; a full ring passes the frame to the next one.
+    /// Ordered by source: only the ring of the frame's worker (a full ring is full).
     fn push(&mut self, mut slot: Box<Slot>) -> Result<(), Box<Slot>> {
         let n = self.work.len();
+        if self.by_source {
+            // The header was validated before the slot was filled.
+            let id = frame::FrameHeader::read_from_prefix(&slot.bytes)
+                .map(|(h, _)| h.source_id.get())
+                .unwrap_or(0);
+            return self.work[id as usize % n].try_push(slot);
+        }
         for k in 0..n {
             let w = (self.next_worker + k) % n;
             match self.work[w].try_push(slot) {
@@ -1242,6 +1258,7 @@ mod tests {
 
     fn runtime(sink: Collect, workers: usize) -> Runtime<'static> {
         Runtime {
+            ordered_by_source: false,
             daemon: DaemonConfig {
                 workers,
                 ring_slots: 16,
@@ -1317,6 +1334,107 @@ mod tests {
                 assert_eq!(d.outcome == Outcome::Accept, n >= 8, "seq {}", d.seq);
             }
         }
+    }
+
+    /// Ordered by source: every frame of one `source_id` is processed by one worker, in the
+    /// order it arrived, while several workers share the sources.
+    #[test]
+    fn ordered_by_source_keeps_each_producer_on_one_worker_in_order() {
+        struct Record {
+            worker: usize,
+            seen: Arc<std::sync::Mutex<Vec<(usize, u32, u64)>>>,
+            names: Vec<String>,
+        }
+        impl Backend for Record {
+            fn kind(&self) -> BackendKind {
+                BackendKind::Cpu
+            }
+            fn line_names(&self) -> &[String] {
+                &self.names
+            }
+            fn process(
+                &mut self,
+                batch: &[FrameView<'_>],
+                out: &mut Vec<crate::backend::Verdict>,
+            ) -> Result<(), crate::backend::BackendError> {
+                let mut seen = self.seen.lock().unwrap();
+                for f in batch {
+                    seen.push((
+                        self.worker,
+                        f.header.source_id.get(),
+                        f.header.sequence.get(),
+                    ));
+                    out.push(crate::backend::Verdict::default());
+                }
+                Ok(())
+            }
+            fn reload(&mut self, _: &Config) -> Result<(), String> {
+                Ok(())
+            }
+        }
+        let out = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut rt = runtime(Collect(out.clone()), 3);
+        rt.ordered_by_source = true;
+        let fs: Vec<Vec<u8>> = (0..3000u64)
+            .map(|i| {
+                let mut b = Vec::new();
+                encode_hit_event(
+                    &mut b,
+                    Stamp {
+                        source_id: (i % 7) as u32,
+                        sequence: i / 7,
+                        timestamp_ns: i,
+                    },
+                    &[],
+                );
+                b
+            })
+            .collect();
+        let input = Input {
+            name: "file".into(),
+            kind: InputKind::File(
+                Box::new(VecFeed {
+                    frames: fs,
+                    next: 0,
+                }),
+                Speed::Max,
+            ),
+        };
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s = run(
+            rt,
+            vec![input],
+            &|w| {
+                Ok(Box::new(Record {
+                    worker: w,
+                    seen: seen.clone(),
+                    names: Vec::new(),
+                }) as Box<dyn Backend>)
+            },
+            None,
+        )
+        .unwrap();
+        assert!(s.balanced());
+        assert_eq!(out.lock().unwrap().len(), 3000);
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 3000);
+        let mut workers_used = std::collections::BTreeSet::new();
+        for id in 0..7u32 {
+            let mine: Vec<&(usize, u32, u64)> = seen.iter().filter(|r| r.1 == id).collect();
+            assert!(
+                mine.iter().all(|r| r.0 == id as usize % 3),
+                "source {id} on one worker"
+            );
+            let seqs: Vec<u64> = mine.iter().map(|r| r.2).collect();
+            assert!(seqs.windows(2).all(|w| w[0] < w[1]), "source {id} in order");
+            assert_eq!(seqs.len(), (0..3000).filter(|i| i % 7 == id as u64).count());
+            workers_used.insert(mine[0].0);
+        }
+        assert_eq!(
+            workers_used.len(),
+            3,
+            "the sources are spread over the workers"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use crate::backend::eeg::{CpuEeg, EegSetup, EegStream};
+use crate::backend::eeg::{CpuEeg, EegSetup, EegStreams};
 use crate::backend::gpu_eeg::GpuEeg;
 use crate::backend::multiplicity::CpuMultiplicity;
 use crate::backend::tracking::{CpuTracking, TrackingSetup};
@@ -28,8 +28,9 @@ pub struct Plan {
     kind: BackendKind,
     tracking: Option<TrackingSetup>,
     eeg: Option<Arc<EegSetup>>,
-    /// State of the EEG stream, shared by the GPU backend and its CPU fallback.
-    eeg_stream: Arc<Mutex<EegStream>>,
+    /// Per worker: the state of its EEG streams, shared by its GPU backend and its CPU
+    /// fallback.
+    eeg_streams: Vec<Arc<Mutex<EegStreams>>>,
     gpus: Vec<crate::gpu::GpuDevice>,
 }
 
@@ -69,9 +70,6 @@ pub fn plan(cfg: &Arc<Config>, outputs: &Outputs) -> anyhow::Result<Plan> {
             if outputs.tracks_out.is_some() {
                 anyhow::bail!("--tracks-out needs --workload tracking");
             }
-            if cfg.daemon.workers != 1 {
-                tracing::warn!("the EEG workload keeps state across blocks: running one worker");
-            }
             let setup = Arc::new(EegSetup::new(cfg, outputs.sources_out.as_deref())?);
             let gpus = crate::backend::gpu_eeg::detect(&cfg.daemon.backend)?;
             let kind = if gpus.is_empty() {
@@ -92,14 +90,34 @@ impl Plan {
         eeg: Option<Arc<EegSetup>>,
         gpus: Vec<crate::gpu::GpuDevice>,
     ) -> Plan {
-        Plan {
+        let mut plan = Plan {
             cfg: cfg.clone(),
             kind,
             tracking,
             eeg,
-            eeg_stream: Arc::new(Mutex::new(EegStream::new())),
+            eeg_streams: Vec::new(),
             gpus,
+        };
+        plan.eeg_streams = (0..plan.workers())
+            .map(|_| Arc::new(Mutex::new(EegStreams::new())))
+            .collect();
+        if plan.eeg.is_some() {
+            if plan.kind == BackendKind::Gpu {
+                tracing::info!(
+                    "EEG: {} worker(s), one per GPU; each stream (frame source_id) stays on one worker",
+                    plan.workers()
+                );
+            } else if cfg.daemon.workers != plan.workers() {
+                tracing::warn!("EEG with --sources-out: running one worker");
+            }
         }
+        plan
+    }
+
+    /// Whether all frames of one producer (`source_id`) must go to the same worker in
+    /// order: the EEG streams keep filter and window state across blocks.
+    pub fn ordered_by_source(&self) -> bool {
+        self.eeg.is_some()
     }
 
     /// The backend kind that takes batches first.
@@ -114,30 +132,36 @@ impl Plan {
             (_, Some(e)) if self.kind == BackendKind::Gpu => {
                 // One stream of blocks keeps its order and state on one GPU.
                 let dev = &self.gpus[w % self.gpus.len()];
+                tracing::info!(worker = w, device = %dev, "EEG worker on GPU {}", dev.ordinal);
                 let max_frames = self.cfg.daemon.batch_max.min(256);
                 let max_samples = e.config.block_samples.max(1);
                 Ok(Box::new(GpuEeg::new(
                     e.clone(),
-                    self.eeg_stream.clone(),
+                    self.eeg_streams[w].clone(),
                     dev,
                     max_samples,
                     max_frames,
                     self.cfg.daemon.budget_ms * 1e3,
                 )?))
             }
-            (_, Some(e)) => Ok(Box::new(CpuEeg::new(e.clone(), self.eeg_stream.clone()))),
+            (_, Some(e)) => Ok(Box::new(CpuEeg::new(
+                e.clone(),
+                self.eeg_streams[w].clone(),
+            ))),
             (None, None) => Ok(Box::new(CpuMultiplicity::new(
                 self.cfg.multiplicity.unwrap_or_default(),
             ))),
         }
     }
 
-    /// Reconstruction workers this workload can use (EEG keeps stream state: one).
+    /// Reconstruction workers: for EEG on GPUs one per GPU, on the CPU `daemon.workers`
+    /// (streams are spread over them by `source_id`), and one when `--sources-out` writes
+    /// a single stream's amplitudes; otherwise `daemon.workers`.
     pub fn workers(&self) -> usize {
-        if self.eeg.is_some() {
-            1
-        } else {
-            self.cfg.daemon.workers
+        match &self.eeg {
+            Some(e) if e.sources_out.is_some() => 1,
+            Some(_) if self.kind == BackendKind::Gpu => self.gpus.len().max(1),
+            _ => self.cfg.daemon.workers.max(1),
         }
     }
 
@@ -148,9 +172,11 @@ impl Plan {
 
     /// The CPU backend of worker `w` that takes the batches its GPU backend failed.
     pub fn make_fallback(&self, w: usize) -> anyhow::Result<Box<dyn Backend>> {
-        let _ = w;
         match &self.eeg {
-            Some(e) => Ok(Box::new(CpuEeg::new(e.clone(), self.eeg_stream.clone()))),
+            Some(e) => Ok(Box::new(CpuEeg::new(
+                e.clone(),
+                self.eeg_streams[w].clone(),
+            ))),
             None => anyhow::bail!("no fallback backend for this workload"),
         }
     }

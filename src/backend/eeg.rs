@@ -341,11 +341,71 @@ impl Default for EegStream {
     }
 }
 
-/// The CPU EEG backend (one per stream: it keeps filter and window state across blocks).
+/// The EEG streams one worker serves, told apart by the frame header's `source_id` (one
+/// amplifier or producer each): every stream keeps its own filter state, trigger window
+/// and statistics. The pipeline sends all frames of one `source_id` to the same worker, in
+/// order, so a stream lives in exactly one of these maps.
+#[derive(Clone, Default)]
+pub struct EegStreams {
+    streams: std::collections::BTreeMap<u32, EegStream>,
+}
+
+impl EegStreams {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The stream of `source_id`, created on its first block.
+    pub fn get(&mut self, source_id: u32) -> &mut EegStream {
+        self.streams.entry(source_id).or_default()
+    }
+
+    /// Streams seen so far.
+    pub fn len(&self) -> usize {
+        self.streams.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.streams.is_empty()
+    }
+
+    /// The filter state of every stream (restored when a device batch fails).
+    pub fn save_filters(&self, into: &mut Vec<(u32, Option<BlockFilter>)>) {
+        into.clear();
+        into.extend(self.streams.iter().map(|(&id, s)| (id, s.filter.clone())));
+    }
+
+    /// Puts back what [`Self::save_filters`] saved; streams created since start afresh.
+    pub fn restore_filters(&mut self, saved: &mut Vec<(u32, Option<BlockFilter>)>) {
+        let ids: Vec<u32> = self.streams.keys().copied().collect();
+        for id in ids {
+            match saved.iter().position(|(s, _)| *s == id) {
+                Some(i) => {
+                    let (_, f) = saved.swap_remove(i);
+                    self.get(id).filter = f;
+                }
+                None => {
+                    self.streams.remove(&id);
+                }
+            }
+        }
+    }
+
+    /// New thresholds and timing for every stream (SIGHUP).
+    pub fn reload(&mut self, cfg: &Config) -> Result<(), String> {
+        for s in self.streams.values_mut() {
+            s.reload(cfg)?;
+        }
+        Ok(())
+    }
+}
+
+/// The CPU EEG backend of one worker (its streams keep filter and window state across
+/// blocks).
 pub struct CpuEeg {
     setup: Arc<EegSetup>,
     /// Shared with the GPU backend this one stands behind, if any.
-    stream: Arc<Mutex<EegStream>>,
+    streams: Arc<Mutex<EegStreams>>,
     names: Vec<String>,
     data32: Vec<f32>,
     data64: Vec<f64>,
@@ -354,10 +414,10 @@ pub struct CpuEeg {
 }
 
 impl CpuEeg {
-    pub fn new(setup: Arc<EegSetup>, stream: Arc<Mutex<EegStream>>) -> Self {
+    pub fn new(setup: Arc<EegSetup>, streams: Arc<Mutex<EegStreams>>) -> Self {
         Self {
             setup,
-            stream,
+            streams,
             names: vec![LINE_NAME.to_string()],
             data32: Vec::new(),
             data64: Vec::new(),
@@ -379,8 +439,8 @@ impl Backend for CpuEeg {
         batch: &[FrameView<'_>],
         out: &mut Vec<Verdict>,
     ) -> Result<(), BackendError> {
-        let stream = self.stream.clone();
-        let mut stream = stream
+        let streams = self.streams.clone();
+        let mut streams = streams
             .lock()
             .map_err(|_| BackendError::Failed("EEG stream state poisoned".into()))?;
         for (index, f) in batch.iter().enumerate() {
@@ -390,6 +450,7 @@ impl Backend for CpuEeg {
                     expected: "eeg_block",
                 });
             };
+            let stream = streams.get(f.header.source_id.get());
             if let Err(reason) = stream.admit(&self.setup, &b) {
                 out.push(Verdict {
                     malformed: Some(reason),
@@ -447,10 +508,10 @@ impl Backend for CpuEeg {
         Ok(())
     }
     fn reload(&mut self, cfg: &Config) -> Result<(), String> {
-        let mut stream = self
-            .stream
+        let mut streams = self
+            .streams
             .lock()
             .map_err(|_| "EEG stream state poisoned".to_string())?;
-        stream.reload(cfg)
+        streams.reload(cfg)
     }
 }

@@ -1,14 +1,17 @@
 //! The EEG workload on the GPU behind the backend trait: the host filters (state carried
 //! across blocks), the device runs the product and the fused statistics
-//! ([`crate::gpu::eeg::GpuEegEngine`]), the host runs the sliding-window trigger. The stream
-//! state is shared with the CPU fallback, and a failed batch leaves it as it was, so the
-//! CPU redoes exactly that batch and the decisions continue as if nothing happened.
+//! ([`crate::gpu::eeg::GpuEegEngine`]), the host runs the sliding-window trigger. The
+//! streams' state (one per frame `source_id`) is shared with the CPU fallback, and a failed
+//! batch leaves it as it was, so the CPU redoes exactly that batch and the decisions
+//! continue as if nothing happened. One backend per GPU; the pipeline sends each stream's
+//! frames to one worker.
 
 use std::sync::{Arc, Mutex};
 
-use super::eeg::{EegSetup, EegStream, LINE_NAME};
+use super::eeg::{EegSetup, EegStreams, LINE_NAME};
 use super::{Backend, BackendError, BackendKind, Verdict};
 use crate::config::Config;
+use crate::eeg::filter::BlockFilter;
 use crate::frame::{FrameView, Payload};
 use crate::gpu::eeg::{EegBlockOutput, EegEngineConfig, GpuEegEngine};
 use crate::gpu::runtime::BatchSizer;
@@ -23,8 +26,10 @@ pub fn detect(choice: &str) -> anyhow::Result<Vec<GpuDevice>> {
 /// The GPU EEG backend.
 pub struct GpuEeg {
     setup: Arc<EegSetup>,
-    stream: Arc<Mutex<EegStream>>,
+    streams: Arc<Mutex<EegStreams>>,
     engine: GpuEegEngine,
+    /// Filter states saved before a batch (restored when the device fails it).
+    saved: Vec<(u32, Option<BlockFilter>)>,
     names: Vec<String>,
     max_frames: usize,
     /// Frames per launch, from the deadline and the measured cost per frame.
@@ -44,7 +49,7 @@ impl GpuEeg {
     /// up to `max_frames` frames.
     pub fn new(
         setup: Arc<EegSetup>,
-        stream: Arc<Mutex<EegStream>>,
+        streams: Arc<Mutex<EegStreams>>,
         device: &GpuDevice,
         max_samples: usize,
         max_frames: usize,
@@ -73,8 +78,9 @@ impl GpuEeg {
         tracing::info!(device = %device, "EEG inverse resident on the GPU");
         Ok(Self {
             setup,
-            stream,
+            streams,
             engine,
+            saved: Vec::new(),
             names: vec![LINE_NAME.to_string()],
             max_frames: max_frames.max(1),
             // Half the deadline for the device work; the rest is queueing and decisions.
@@ -105,12 +111,12 @@ impl Backend for GpuEeg {
         batch: &[FrameView<'_>],
         out: &mut Vec<Verdict>,
     ) -> Result<(), BackendError> {
-        let mut stream = self
-            .stream
+        let streams = self.streams.clone();
+        let mut streams = streams
             .lock()
             .map_err(|_| BackendError::Failed("EEG stream state poisoned".into()))?;
         // Everything below may fail on the device: keep the state to restore.
-        let saved_filter = stream.filter.clone();
+        streams.save_filters(&mut self.saved);
         let mut admitted = std::mem::take(&mut self.admitted);
         admitted.clear();
         let mut n_staged = 0;
@@ -118,12 +124,13 @@ impl Backend for GpuEeg {
         n_times_of.clear();
         for (index, f) in batch.iter().enumerate() {
             let Payload::Eeg(b) = f.payload else {
-                stream.filter = saved_filter;
+                streams.restore_filters(&mut self.saved);
                 return Err(BackendError::WrongKind {
                     index,
                     expected: "eeg_block",
                 });
             };
+            let stream = streams.get(f.header.source_id.get());
             if let Err(reason) = stream.admit(&self.setup, &b) {
                 admitted.push(Some(reason));
                 continue;
@@ -162,7 +169,7 @@ impl Backend for GpuEeg {
                 .engine
                 .process_batch(&frames, t, want_amp, &mut self.group_outs)
             {
-                stream.filter = saved_filter;
+                streams.restore_filters(&mut self.saved);
                 return Err(BackendError::Device(e.to_string()));
             }
             self.sizer
@@ -185,6 +192,7 @@ impl Backend for GpuEeg {
             };
             let o = &mut self.outs[k];
             k += 1;
+            let stream = streams.get(f.header.source_id.get());
             stream.stats.roi_power.clear();
             stream.stats.roi_power.extend_from_slice(&o.roi_power);
             stream.stats.peak_source = o.peak_source;
@@ -203,10 +211,10 @@ impl Backend for GpuEeg {
         Ok(())
     }
     fn reload(&mut self, cfg: &Config) -> Result<(), String> {
-        let mut stream = self
-            .stream
+        let mut streams = self
+            .streams
             .lock()
             .map_err(|_| "EEG stream state poisoned".to_string())?;
-        stream.reload(cfg)
+        streams.reload(cfg)
     }
 }

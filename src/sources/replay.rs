@@ -115,6 +115,8 @@ pub struct EdfFeed {
     seq: u64,
     scratch: Vec<f64>,
     block: Vec<f32>,
+    /// The `source_id` of the frames (the EEG stream they belong to).
+    source_id: u32,
 }
 
 impl EdfFeed {
@@ -159,7 +161,14 @@ impl EdfFeed {
             seq: 0,
             scratch: Vec::new(),
             block: Vec::new(),
+            source_id: 0,
         })
+    }
+
+    /// Frames carry `source_id` (default 0): each replayed file is its own EEG stream.
+    pub fn with_source_id(mut self, source_id: u32) -> Self {
+        self.source_id = source_id;
+        self
     }
 }
 
@@ -187,7 +196,7 @@ impl FrameFeed for EdfFeed {
         }
         let first = self.next_sample as u64;
         let stamp = crate::frame::Stamp {
-            source_id: 0,
+            source_id: self.source_id,
             sequence: self.seq,
             timestamp_ns: (first as f64 / self.sample_rate_hz * 1e9) as u64,
         };
