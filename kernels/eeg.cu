@@ -356,18 +356,27 @@ eeg_roi_partial(const float *__restrict__ k_roi, const float *__restrict__ roi_s
             xs[tt * stride + c] = xf[(long long)t0 * n_channels + i];
         }
         __syncthreads();
+        // 32 channels at a time: the lanes load the operator rows coalesced (one memory
+        // latency per chunk), then broadcast each channel's values by shuffle.
+        float cx = 0.0f, cy = 0.0f, cz = 0.0f;
+        if (r < n_roi) {
+            const float *xl = xs + lane * stride;
+            for (int c0 = 0; c0 < n_channels; c0 += 32) {
+                const int c = c0 + lane;
+                const float kx = c < n_channels ? __ldg(k + c) : 0.0f;
+                const float ky = c < n_channels ? __ldg(k + n_channels + c) : 0.0f;
+                const float kz = c < n_channels ? __ldg(k + 2 * n_channels + c) : 0.0f;
+                const int cn = min(32, n_channels - c0);
+                for (int i = 0; i < cn; ++i) {
+                    const float v = lane < tn ? xl[c0 + i] : 0.0f;
+                    cx = fmaf(__shfl_sync(0xffffffffu, kx, i), v, cx);
+                    cy = fmaf(__shfl_sync(0xffffffffu, ky, i), v, cy);
+                    cz = fmaf(__shfl_sync(0xffffffffu, kz, i), v, cz);
+                }
+            }
+        }
         float p = 0.0f;
         if (r < n_roi && lane < tn) {
-            const float *xl = xs + lane * stride;
-            float cx = 0.0f, cy = 0.0f, cz = 0.0f;
-            // Unrolled so the operator loads of several channels are in flight together.
-            #pragma unroll 8
-            for (int c = 0; c < n_channels; ++c) {
-                const float v = xl[c];
-                cx = fmaf(__ldg(k + c), v, cx);
-                cy = fmaf(__ldg(k + n_channels + c), v, cy);
-                cz = fmaf(__ldg(k + 2 * n_channels + c), v, cz);
-            }
             const float a = sc * sqrtf(cx * cx + cy * cy + cz * cz);
             p = a * a;
         }
