@@ -79,8 +79,11 @@ fn udp_frames_get_one_decision_each_and_metrics_count_them() {
     bad[last] ^= 0x55;
     sock.send_to(&bad, udp).unwrap();
 
+    // Each decision updates the outcome counter and then the latency histogram: wait for
+    // both, so a scrape between the two updates of the last frame is not a failure.
     let body = wait_metrics(metrics, |b| {
         metric_sum(b, "trigd_frames_total", &[]) >= (n + 2) as f64
+            && metric_sum(b, "trigd_decision_latency_seconds_count", &[]) >= n as f64
     });
     assert_eq!(
         metric_sum(&body, "trigd_frames_total", &[("outcome", "accept")]),
