@@ -1,12 +1,13 @@
 //! Tracking throughput on the CPU: events per second per core for minimum-bias and
 //! central events on the default spectrometer (with the time of each reconstruction step),
-//! and Kalman fits per second on one and two threads.
+//! and Kalman fits per second on one and two threads (the kernel the CPU runs and the
+//! portable one).
 //!
 //! `cargo bench --bench tracking` (options after `--`: `--events N`, `--fits N`).
 
 use std::time::Instant;
 use trigd::tracking::geometry::Detector;
-use trigd::tracking::kalman::{FitConfig, FitHit, FitOutput, KalmanFitter};
+use trigd::tracking::kalman::{FitConfig, FitHit, FitKernel, FitOutput, KalmanFitter};
 use trigd::tracking::reco::{FinderConfig, Reconstructor};
 use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
 
@@ -105,7 +106,6 @@ fn bench_fits(det: &Detector, n_fits: usize) {
             }
         }
     }
-    let fitter = KalmanFitter::new(det, FitConfig::from_detector(det));
     let refs: Vec<&[FitHit]> = sets.iter().map(|v| &v[..]).collect();
     let mean_hits = sets.iter().map(|v| v.len()).sum::<usize>() as f64 / sets.len().max(1) as f64;
     println!(
@@ -113,31 +113,68 @@ fn bench_fits(det: &Detector, n_fits: usize) {
         sets.len(),
         mean_hits
     );
-    for threads in [1usize, 2] {
-        let per_thread = n_fits / threads;
-        let t0 = Instant::now();
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                let (fitter, refs) = (&fitter, &refs);
-                s.spawn(move || {
-                    let mut out: Vec<FitOutput> = Vec::with_capacity(refs.len());
-                    let mut done = 0;
-                    let mut sink = 0.0;
-                    while done < per_thread {
-                        fitter.fit_batch(refs, &mut out);
-                        sink += out[0].chi2;
-                        done += refs.len();
-                    }
-                    std::hint::black_box(sink);
-                });
-            }
-        });
-        let dt = t0.elapsed().as_secs_f64();
-        let total = (per_thread.div_ceil(refs.len()) * refs.len() * threads) as f64;
-        println!(
-            "  {threads} thread(s): {:.2} M fits/s ({:.1} ns/fit per thread)",
-            total / dt / 1e6,
-            dt * 1e9 * threads as f64 / total
-        );
+    // The kernel the fitter picks on this CPU, then the portable one for comparison.
+    let best = KalmanFitter::new(det, FitConfig::from_detector(det));
+    let mut kernels = vec![best.kernel()];
+    if best.kernel() != FitKernel::Portable {
+        kernels.push(FitKernel::Portable);
     }
+    for kernel in kernels {
+        let fitter = best.clone().with_kernel(kernel);
+        println!("  kernel {kernel:?}:");
+        for threads in [1usize, 2] {
+            let per_thread = n_fits / threads;
+            let t0 = Instant::now();
+            // Each thread fits all hit sets into its own output buffer with the shared
+            // fitter, and returns the CPU time it used.
+            let cpu_s: f64 = std::thread::scope(|s| {
+                let workers: Vec<_> = (0..threads)
+                    .map(|_| {
+                        let (fitter, refs) = (&fitter, &refs);
+                        s.spawn(move || {
+                            let c0 = thread_cpu_s();
+                            let mut out: Vec<FitOutput> = Vec::with_capacity(refs.len());
+                            let mut done = 0;
+                            let mut sink = 0.0;
+                            while done < per_thread {
+                                fitter.fit_batch(refs, &mut out);
+                                sink += out[0].chi2;
+                                done += refs.len();
+                            }
+                            std::hint::black_box(sink);
+                            thread_cpu_s() - c0
+                        })
+                    })
+                    .collect();
+                workers.into_iter().map(|w| w.join().unwrap_or(0.0)).sum()
+            });
+            let dt = t0.elapsed().as_secs_f64();
+            let total = (per_thread.div_ceil(refs.len()) * refs.len() * threads) as f64;
+            println!(
+                "    {threads} thread(s): {:.2} M fits/s ({:.1} ns/fit per thread; {:.1} ns of thread CPU time per fit)",
+                total / dt / 1e6,
+                dt * 1e9 * threads as f64 / total,
+                cpu_s * 1e9 / total
+            );
+        }
+    }
+}
+
+/// CPU time of the calling thread, seconds (wall time where it cannot be read): on a
+/// shared machine it shows the cost of the work without the time other processes held
+/// the core.
+fn thread_cpu_s() -> f64 {
+    #[cfg(unix)]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec.
+        if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0 {
+            return ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9;
+        }
+    }
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_secs_f64()
 }
