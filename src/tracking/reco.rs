@@ -99,9 +99,11 @@ pub struct FinderConfig {
     /// `min_hits`; above the number of planes (or without `allow_missing_plane`) there is
     /// one pass.
     pub first_pass_min_hits: usize,
-    /// Grid bins per plane in x for the window search. Default 32.
+    /// Grid bins per plane in x for the window search (hits within a grid row are sorted
+    /// by x and binary searched: the bins only narrow the search). Default 8.
     pub bins_x: usize,
-    /// Grid bins per plane in y. Default 32.
+    /// Grid rows per plane in y: a window scans the hits of the rows it overlaps, so rows
+    /// about as high as the narrowest windows are best. Default 128.
     pub bins_y: usize,
     /// Cut on the breaking-angle chi-square of a triplet at the minimum momentum. Default
     /// `n_sigma^2` (plus one degree of freedom without field).
@@ -174,8 +176,8 @@ impl FinderConfig {
             n_sigma,
             allow_missing_plane: true,
             first_pass_min_hits: 0,
-            bins_x: 32,
-            bins_y: 32,
+            bins_x: 8,
+            bins_y: 128,
             triplet_chi2_max: n_sigma * n_sigma + if fit.fit_momentum { 0.0 } else { 2.0 },
             neighbour_chi2_max: n_sigma * n_sigma,
             min_hits: if det.planes.len() >= 4 { 4 } else { 3 },

@@ -88,7 +88,7 @@ pub fn find_doublets(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, buf
                 let inv_dz = 1.0 / dz;
                 let doublets = &mut buf.doublets;
                 let overflow = &mut buf.overflow;
-                for_each_range(geo, &sh.bin_start, j, x0, x1, y0, y1, |s, e| {
+                for_each_range(geo, &sh.bin_start, &sh.x_mm, j, x0, x1, y0, y1, |s, e| {
                     for b in s..e {
                         if sh.used[b] {
                             continue;

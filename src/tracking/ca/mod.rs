@@ -109,6 +109,9 @@ pub struct PlaneGeometry {
     pub var_y: f64,
     pub bins_x: usize,
     pub bins_y: usize,
+    /// Bins per mm in x and y.
+    pub bin_scale_x: f64,
+    pub bin_scale_y: f64,
     /// First global bin of this plane.
     pub bin_offset: usize,
     /// Scattering angle variance crossing this plane at the minimum momentum.
@@ -194,6 +197,8 @@ impl FinderGeometry {
                 var_y: p.sigma_y_mm * p.sigma_y_mm,
                 bins_x,
                 bins_y,
+                bin_scale_x: bins_x as f64 / (2.0 * p.half_x_mm),
+                bin_scale_y: bins_y as f64 / (2.0 * p.half_y_mm),
                 bin_offset: offset,
                 theta2_min_p: theta2,
                 theta2_per_qop2: per_qop2,
@@ -293,8 +298,8 @@ impl FinderGeometry {
     #[inline]
     pub fn bin_xy(&self, p: usize, x: f32, y: f32) -> (usize, usize) {
         let g = &self.planes[p];
-        let fx = (x as f64 + g.half_x_mm) / (2.0 * g.half_x_mm) * g.bins_x as f64;
-        let fy = (y as f64 + g.half_y_mm) / (2.0 * g.half_y_mm) * g.bins_y as f64;
+        let fx = (x as f64 + g.half_x_mm) * g.bin_scale_x;
+        let fy = (y as f64 + g.half_y_mm) * g.bin_scale_y;
         let bx = if fx.is_finite() {
             fx.floor().clamp(0.0, (g.bins_x - 1) as f64) as usize
         } else {

@@ -48,7 +48,7 @@ pub fn find_triplets(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuffe
     let m2 = cfg.fit.mass_gev * cfg.fit.mass_gev;
     let sf2_max = cfg.slope_factor * cfg.slope_factor;
     // `ms_origin_mm` (hence `kappa_var_ms`) is tabulated at this |q/p|.
-    let q_table = 1.0 / cfg.min_p_gev.max(1e-3);
+    let inv_q_table2 = cfg.min_p_gev.max(1e-3).powi(2);
     let uniform = match geo.field {
         crate::tracking::geometry::Field::Uniform { b_tesla } => Some(b_tesla),
         #[allow(unreachable_patterns)]
@@ -91,7 +91,7 @@ pub fn find_triplets(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuffe
                 (t1y - ya * pg.inv_zi) * pg.two_inv_zj,
                 pg.kappa_per_mm * cfg.origin_half_x_mm,
                 pg.kappa_per_mm * cfg.origin_half_y_mm,
-                pg.kappa_var_ms * sf2 / (q_table * q_table),
+                pg.kappa_var_ms * sf2 * inv_q_table2,
                 pg.kappa_var_res,
             )
         } else {
