@@ -553,7 +553,7 @@ impl Reconstructor {
         let t1 = Instant::now();
         ca::doublets::find_doublets(&self.geo, &self.cfg, reach, &mut self.buf);
         let t2 = Instant::now();
-        ca::triplets::find_triplets(&self.geo, &self.cfg, &mut self.buf);
+        ca::triplets::find_triplets(&self.geo, &self.cfg, reach, &mut self.buf);
         let t3 = Instant::now();
         ca::neighbours::find_neighbours(&self.cfg, &mut self.buf);
         let t4 = Instant::now();

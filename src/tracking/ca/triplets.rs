@@ -36,8 +36,10 @@ fn slope_factor2(tx: f64, ty: f64) -> f64 {
     (1.0 + t * t) * n2 * n2.sqrt()
 }
 
-/// Fills `buf.triplets` and `buf.trip_start` (per doublet, the triplets it starts).
-pub fn find_triplets(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuffers) {
+/// Fills `buf.triplets` and `buf.trip_start` (per doublet, the triplets it starts); `reach`
+/// is the largest plane distance of the doublets (as given to
+/// [`super::doublets::find_doublets`]).
+pub fn find_triplets(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, buf: &mut CaBuffers) {
     let n_doublets = buf.doublets.len();
     let n_planes = geo.planes.len();
     buf.triplets.clear();
@@ -119,7 +121,8 @@ pub fn find_triplets(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuffe
         let mut lo = f64::INFINITY;
         let mut hi = f64::NEG_INFINITY;
         let tri = &geo.triples[(pa * n_planes + pb) * 2..(pa * n_planes + pb) * 2 + 2];
-        for k in 0..(n_planes - pb - 1).min(2) {
+        let n_win = (n_planes - pb - 1).min(reach.clamp(1, 2));
+        for k in 0..n_win {
             let tg = &tri[k];
             let h = tg.half;
             let var = (kvar_ms * q_hi * q_hi + kvar_res) * h * h
@@ -145,6 +148,9 @@ pub fn find_triplets(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuffe
             let r = buf.doublets[d2];
             let (t2x, t2y) = (r.tx as f64, r.ty as f64);
             let k = sh.plane[r.b as usize] as usize - pb - 1;
+            if k >= n_win {
+                continue;
+            }
             let wn = win[k];
             if (t2x - wn.pred_x).abs() > wn.wx || (t2y - wn.pred_y).abs() > wn.wy {
                 continue;
@@ -221,7 +227,7 @@ mod tests {
         let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
         sort_hits(&geo, hits, cfg.limits.max_hits, &mut buf);
         find_doublets(&geo, &cfg, 2, &mut buf);
-        find_triplets(&geo, &cfg, &mut buf);
+        find_triplets(&geo, &cfg, 2, &mut buf);
         let input = |h: u32| buf.hits.input_index[h as usize];
         let mut out: Vec<([u32; 3], f32)> = buf
             .triplets
