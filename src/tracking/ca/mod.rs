@@ -153,6 +153,9 @@ pub struct TripleGeometry {
     pub theta2_per_qop2: f64,
     /// Variance of the change of chord slope from the resolution of the three hits.
     pub var_res: f64,
+    /// Widest half window (x) on the slope of the continuation `(j, k)` around the pointing
+    /// prediction: at the largest |q/p| and slope factor the cuts allow.
+    pub max_wx: f64,
 }
 
 /// The geometry tables of the finder.
@@ -254,12 +257,29 @@ impl FinderGeometry {
                         continue;
                     }
                     let w = 1.0 / dz + 1.0 / dz2;
+                    let half = 0.5 * (gk.z_mm - gi.z_mm);
+                    let theta2_per_qop2: f64 =
+                        ((i + 1)..k).map(|p| planes[p].theta2_per_qop2).sum();
+                    let var_res =
+                        var_hit(gi) / (dz * dz) + var_hit(gj) * w * w + var_hit(gk) / (dz2 * dz2);
+                    // As the triplet step's window (see `triplets`), at the largest |q/p|
+                    // and slope factor: an upper bound of every doublet's window.
+                    let pg = pairs[i * n + j];
+                    let (q, q_table) = (cfg.qop_max(), 1.0 / cfg.min_p_gev.max(1e-3));
+                    let sf2 = cfg.slope_factor * cfg.slope_factor;
+                    let kvar = pg.kappa_var_ms * sf2 * (q / q_table).powi(2) + pg.kappa_var_res;
+                    let ms = theta2_per_qop2 * q * q * (1.0 + m2 * q * q) * sf2;
+                    let var = kvar * half * half + ms + var_res;
+                    let hard = if pointing {
+                        pg.kappa_per_mm * cfg.origin_half_x_mm
+                    } else {
+                        cfg.max_curvature_x_per_mm
+                    };
                     triples[(i * n + j) * 2 + s] = TripleGeometry {
-                        half: 0.5 * (gk.z_mm - gi.z_mm),
-                        theta2_per_qop2: ((i + 1)..k).map(|p| planes[p].theta2_per_qop2).sum(),
-                        var_res: var_hit(gi) / (dz * dz)
-                            + var_hit(gj) * w * w
-                            + var_hit(gk) / (dz2 * dz2),
+                        half,
+                        theta2_per_qop2,
+                        var_res,
+                        max_wx: hard * half + cfg.n_sigma * var.sqrt(),
                     };
                 }
             }

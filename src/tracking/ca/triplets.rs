@@ -76,13 +76,6 @@ pub fn find_triplets(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, buf
                 .at([sh.x_mm[b] as f64, sh.y_mm[b] as f64, geo.planes[pb].z_mm]),
         };
         let (t1x, t1y) = (l.tx as f64, l.ty as f64);
-        let sf2 = slope_factor2(t1x, t1y).min(sf2_max);
-        // Curvature d2(x, y)/dz2 per unit q/p along the doublet.
-        let n1 = (1.0 + t1x * t1x + t1y * t1y).sqrt();
-        let (ax, ay) = bending(t1x, t1y, bf);
-        let (cx, cy) = (K_GEV_PER_T_MM * n1 * ax, K_GEV_PER_T_MM * n1 * ay);
-        let c2 = cx * cx + cy * cy;
-        let field = cfg.fit.fit_momentum && c2 > 0.0;
         // Pointing parabola through the origin, a and b: curvature, its hard error from
         // the origin's size and its Gaussian variance (scattering per (q/p)^2, resolution).
         let (kappa_x, kappa_y, hard_kx, hard_ky, kvar_ms, kvar_res) = if pg.pointing {
@@ -93,7 +86,7 @@ pub fn find_triplets(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, buf
                 (t1y - ya * pg.inv_zi) * pg.two_inv_zj,
                 pg.kappa_per_mm * cfg.origin_half_x_mm,
                 pg.kappa_per_mm * cfg.origin_half_y_mm,
-                pg.kappa_var_ms * sf2 * inv_q_table2,
+                pg.kappa_var_ms * inv_q_table2,
                 pg.kappa_var_res,
             )
         } else {
@@ -106,6 +99,29 @@ pub fn find_triplets(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, buf
                 0.0,
             )
         };
+        // First the widest window this plane triple allows (largest |q/p| and slope
+        // factor): most doublets have no continuation inside it and stop here.
+        let tri = &geo.triples[(pa * n_planes + pb) * 2..(pa * n_planes + pb) * 2 + 2];
+        let n_win = (n_planes - pb - 1).min(reach.clamp(1, 2));
+        let mut lo = f64::INFINITY;
+        let mut hi = f64::NEG_INFINITY;
+        for tg in &tri[..n_win] {
+            let pred = t1x + kappa_x * tg.half;
+            lo = lo.min(pred - tg.max_wx);
+            hi = hi.max(pred + tg.max_wx);
+        }
+        let first = s + buf.dbl_tx[s..e].partition_point(|&t| t < lo as f32);
+        if first == e || buf.dbl_tx[first] > hi as f32 {
+            continue;
+        }
+        let sf2 = slope_factor2(t1x, t1y).min(sf2_max);
+        let kvar_ms = kvar_ms * sf2;
+        // Curvature d2(x, y)/dz2 per unit q/p along the doublet.
+        let n1 = (1.0 + t1x * t1x + t1y * t1y).sqrt();
+        let (ax, ay) = bending(t1x, t1y, bf);
+        let (cx, cy) = (K_GEV_PER_T_MM * n1 * ax, K_GEV_PER_T_MM * n1 * ay);
+        let c2 = cx * cx + cy * cy;
+        let field = cfg.fit.fit_momentum && c2 > 0.0;
         // Largest |q/p| of the doublet: its pointing estimate plus errors.
         let q_hi = if field && pg.pointing {
             let inv_c2 = 1.0 / c2;
@@ -118,10 +134,7 @@ pub fn find_triplets(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, buf
         };
         // Windows on the slope of the continuation, per plane of c (next, or one skipped).
         let mut win = [Window::default(); 2];
-        let mut lo = f64::INFINITY;
         let mut hi = f64::NEG_INFINITY;
-        let tri = &geo.triples[(pa * n_planes + pb) * 2..(pa * n_planes + pb) * 2 + 2];
-        let n_win = (n_planes - pb - 1).min(reach.clamp(1, 2));
         for k in 0..n_win {
             let tg = &tri[k];
             let h = tg.half;
@@ -135,12 +148,11 @@ pub fn find_triplets(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, buf
                 wx: hard_kx * h + gauss,
                 wy: hard_ky * h + gauss,
             };
-            lo = lo.min(wn.pred_x - wn.wx);
             hi = hi.max(wn.pred_x + wn.wx);
             win[k] = wn;
         }
-        let (lo, hi) = (lo as f32, hi as f32);
-        let first = s + buf.dbl_tx[s..e].partition_point(|&t| t < lo);
+        // The exact windows lie inside the widest: the search goes on from `first`.
+        let hi = hi as f32;
         for d2 in first..e {
             if buf.dbl_tx[d2] > hi {
                 break;
