@@ -30,6 +30,30 @@ pub fn find_doublets(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, buf
         let lever_a = gi.z_mm - cfg.origin_z_mm;
         let pointing =
             lever_a > 1.0 && cfg.origin_half_x_mm.is_finite() && cfg.origin_half_y_mm.is_finite();
+        let inv_lever_a = 1.0 / lever_a;
+        // Per target plane: dz, 1 / dz, the bending lever and the resolution terms.
+        let mut target = [(0usize, 0.0f64, 0.0f64, 0.0f64, 0.0f64, 0.0f64); 2];
+        let mut n_target = 0;
+        for j in (i + 1)..(i + 1 + reach.min(2)).min(n_planes) {
+            let gj = &geo.planes[j];
+            let dz = gj.z_mm - gi.z_mm;
+            if dz <= 0.0 {
+                continue;
+            }
+            let lever_b = gj.z_mm - cfg.origin_z_mm;
+            let meas = |vi: f64, vj: f64| {
+                cfg.n_sigma * ((vi * lever_b * lever_b + vj * lever_a * lever_a).sqrt() / dz)
+            };
+            target[n_target] = (
+                j,
+                dz,
+                1.0 / dz,
+                0.5 * lever_a * lever_b,
+                meas(gi.var_x, gj.var_x),
+                meas(gi.var_y, gj.var_y),
+            );
+            n_target += 1;
+        }
         for a in first..end {
             buf.dbl_start[a] = buf.doublets.len() as u32;
             if sh.used[a] {
@@ -40,7 +64,10 @@ pub fn find_doublets(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, buf
             // Curvature bound for the direction this hit is seen from the origin (the
             // configured bound is for the largest slopes).
             let (kx, ky, sf) = if pointing {
-                let (tx, ty) = ((xa / lever_a).abs() + 0.05, (ya / lever_a).abs() + 0.05);
+                let (tx, ty) = (
+                    (xa * inv_lever_a).abs() + 0.05,
+                    (ya * inv_lever_a).abs() + 0.05,
+                );
                 let (tx, ty) = (tx.min(cfg.max_tx), ty.min(cfg.max_ty));
                 let (cx, cy) = geo.curvature_bound(tx, ty, cfg);
                 (
@@ -55,37 +82,23 @@ pub fn find_doublets(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, buf
                     cfg.slope_factor,
                 )
             };
-            for j in (i + 1)..(i + 1 + reach).min(n_planes) {
-                let gj = &geo.planes[j];
-                let dz = gj.z_mm - gi.z_mm;
-                if dz <= 0.0 {
-                    continue;
-                }
+            for &(j, dz, inv_dz, bend, meas_x, meas_y) in &target[..n_target] {
                 let (mut tx0, mut tx1) = (-cfg.max_tx, cfg.max_tx);
                 let (mut ty0, mut ty1) = (-cfg.max_ty, cfg.max_ty);
                 if pointing {
-                    let lever_b = gj.z_mm - cfg.origin_z_mm;
-                    let bend = 0.5 * lever_a * lever_b;
-                    let meas_x = cfg.n_sigma
-                        * ((gi.var_x * lever_b * lever_b + gj.var_x * lever_a * lever_a).sqrt()
-                            / dz);
-                    let meas_y = cfg.n_sigma
-                        * ((gi.var_y * lever_b * lever_b + gj.var_y * lever_a * lever_a).sqrt()
-                            / dz);
                     let ms = cfg.n_sigma * gi.ms_origin_mm * sf;
                     let wx = cfg.origin_half_x_mm + bend * kx + ms + meas_x;
                     let wy = cfg.origin_half_y_mm + bend * ky + ms + meas_y;
-                    tx0 = tx0.max((xa - wx) / lever_a);
-                    tx1 = tx1.min((xa + wx) / lever_a);
-                    ty0 = ty0.max((ya - wy) / lever_a);
-                    ty1 = ty1.min((ya + wy) / lever_a);
+                    tx0 = tx0.max((xa - wx) * inv_lever_a);
+                    tx1 = tx1.min((xa + wx) * inv_lever_a);
+                    ty0 = ty0.max((ya - wy) * inv_lever_a);
+                    ty1 = ty1.min((ya + wy) * inv_lever_a);
                 }
                 if tx0 > tx1 || ty0 > ty1 {
                     continue;
                 }
                 let (x0, x1) = ((xa + dz * tx0) as f32, (xa + dz * tx1) as f32);
                 let (y0, y1) = ((ya + dz * ty0) as f32, (ya + dz * ty1) as f32);
-                let inv_dz = 1.0 / dz;
                 let doublets = &mut buf.doublets;
                 let overflow = &mut buf.overflow;
                 for_each_range(geo, &sh.bin_start, &sh.x_mm, j, x0, x1, y0, y1, |s, e| {
