@@ -84,16 +84,26 @@ pub struct FinderConfig {
     pub max_curvature_x_per_mm: f64,
     /// Largest |d2y/dz2|, as `max_curvature_x_per_mm`.
     pub max_curvature_y_per_mm: f64,
-    /// Factor on scattering angles for inclined tracks (longer path, projected angles).
-    /// Default from the slope limits.
+    /// Largest factor on scattering angles for inclined tracks (longer path, projected
+    /// angles): the cuts use the factor of each hit's or track's own slopes
+    /// ([`ca::slope_factor`]), at most this one. Default: the factor at the slope limits.
     pub slope_factor: f64,
     /// Width of every window in standard deviations (scattering and resolution). Default 4.
     pub n_sigma: f64,
     /// Make doublets that skip one plane (inefficient plane). Default true.
     pub allow_missing_plane: bool,
-    /// Grid bins per plane in x for the window search. Default 32.
+    /// Fewest hits of a track found in the first pass, which makes doublets on consecutive
+    /// planes only (a fraction of the combinations of the doublets skipping a plane); the
+    /// second pass, with the skipping doublets when `allow_missing_plane`, runs on the hits
+    /// the first left. Default `n_planes - 1` (tracks without a gap inside), at least
+    /// `min_hits`; above the number of planes (or without `allow_missing_plane`) there is
+    /// one pass.
+    pub first_pass_min_hits: usize,
+    /// Grid bins per plane in x for the window search (hits within a grid row are sorted
+    /// by x and binary searched: the bins only narrow the search). Default 8.
     pub bins_x: usize,
-    /// Grid bins per plane in y. Default 32.
+    /// Grid rows per plane in y: a window scans the hits of the rows it overlaps, so rows
+    /// about as high as the narrowest windows are best. Default 128.
     pub bins_y: usize,
     /// Cut on the breaking-angle chi-square of a triplet at the minimum momentum. Default
     /// `n_sigma^2` (plus one degree of freedom without field).
@@ -150,9 +160,7 @@ impl FinderConfig {
         let max_tx = (tx_geo + cx0 * length).min(3.0);
         let max_ty = (ty_geo + cy0 * length).min(3.0);
         let (cx, cy) = ca::max_curvature_per_mm(det, min_p / momentum_slack, max_tx, max_ty);
-        let t = max_tx.max(max_ty);
-        let n2 = 1.0 + max_tx * max_tx + max_ty * max_ty;
-        let slope_factor = ((1.0 + t * t) * n2).sqrt() * n2.sqrt().sqrt();
+        let slope_factor = ca::slope_factor(max_tx, max_ty);
         let n_sigma: f64 = 4.0;
         let mut cfg = FinderConfig {
             min_p_gev: min_p,
@@ -167,8 +175,9 @@ impl FinderConfig {
             slope_factor,
             n_sigma,
             allow_missing_plane: true,
-            bins_x: 32,
-            bins_y: 32,
+            first_pass_min_hits: 0,
+            bins_x: 8,
+            bins_y: 128,
             triplet_chi2_max: n_sigma * n_sigma + if fit.fit_momentum { 0.0 } else { 2.0 },
             neighbour_chi2_max: n_sigma * n_sigma,
             min_hits: if det.planes.len() >= 4 { 4 } else { 3 },
@@ -177,6 +186,7 @@ impl FinderConfig {
             fit,
             limits: Limits::default(),
         };
+        cfg.first_pass_min_hits = det.planes.len().saturating_sub(1).max(cfg.min_hits);
         let geo = FinderGeometry::new(det, &cfg);
         let sigma_max = det
             .planes
@@ -252,6 +262,9 @@ impl FinderConfig {
                 "must be at least 3 and at most the number of planes",
             );
         }
+        if self.first_pass_min_hits < self.min_hits {
+            return bad("first_pass_min_hits", "must be at least min_hits");
+        }
         if self.bins_x == 0 || self.bins_y == 0 || self.bins_x > 1024 || self.bins_y > 1024 {
             return bad("bins_x/bins_y", "must be between 1 and 1024");
         }
@@ -312,6 +325,7 @@ pub struct FinderOverrides {
     pub slope_factor: Option<f64>,
     pub n_sigma: Option<f64>,
     pub allow_missing_plane: Option<bool>,
+    pub first_pass_min_hits: Option<usize>,
     pub bins_x: Option<usize>,
     pub bins_y: Option<usize>,
     pub triplet_chi2_max: Option<f64>,
@@ -358,6 +372,7 @@ impl FinderOverrides {
             slope_factor,
             n_sigma,
             allow_missing_plane,
+            first_pass_min_hits,
             bins_x,
             bins_y,
             triplet_chi2_max,
@@ -366,6 +381,10 @@ impl FinderOverrides {
             max_chi2_ndf,
             clone_window_mm
         );
+        if self.first_pass_min_hits.is_none() {
+            // The derived value follows an overridden `min_hits`.
+            c.first_pass_min_hits = c.first_pass_min_hits.max(c.min_hits);
+        }
         let f = &self.fit;
         macro_rules! set_fit {
             ($($f:ident),*) => { $( if let Some(v) = f.$f { c.fit.$f = v; } )* };
@@ -497,25 +516,59 @@ impl Reconstructor {
         self.buf.overflow = Overflow::default();
         ca::hit_sorting::sort_hits(&self.geo, hits, self.cfg.limits.max_hits, &mut self.buf);
         let t1 = Instant::now();
-        ca::doublets::find_doublets(&self.geo, &self.cfg, &mut self.buf);
-        let t2 = Instant::now();
-        ca::triplets::find_triplets(&self.geo, &self.cfg, &mut self.buf);
-        let t3 = Instant::now();
-        ca::neighbours::find_neighbours(&self.cfg, &mut self.buf);
-        let t4 = Instant::now();
-        ca::evolution::evolve(&mut self.buf, self.geo.planes.len());
-        let t5 = Instant::now();
-        let fit_ns = ca::candidates::extract_and_select(&self.cfg, &self.fitter, &mut self.buf);
+        self.times.hit_sorting_ns += (t1 - t0).as_nanos() as u64;
+        let n_planes = self.geo.planes.len();
+        let two_pass = self.cfg.allow_missing_plane && self.cfg.first_pass_min_hits <= n_planes;
+        if two_pass {
+            // Tracks without a gap first, on consecutive-plane doublets; then the hits left,
+            // with doublets skipping a plane.
+            self.find_pass(1, self.cfg.first_pass_min_hits, false);
+            self.find_pass(2, self.cfg.min_hits, true);
+        } else {
+            let reach = if self.cfg.allow_missing_plane { 2 } else { 1 };
+            self.find_pass(reach, self.cfg.min_hits, false);
+        }
         let t6 = Instant::now();
         self.clones_removed +=
             ca::clones::suppress_clones(&self.geo, &self.cfg, &mut self.buf) as u64;
         self.write_tracks(out);
         let t9 = Instant::now();
 
-        let ns = |a: Instant, b: Instant| (b - a).as_nanos() as u64;
         let t = &mut self.times;
         t.events += 1;
-        t.hit_sorting_ns += ns(t0, t1);
+        t.clones_ns += (t9 - t6).as_nanos() as u64;
+        t.hits += self.buf.hits.x_mm.len() as u64;
+        t.candidates += self.buf.candidates.len() as u64;
+        t.tracks += out.len() as u64;
+        self.last_overflow = self.buf.overflow;
+        if self.buf.overflow.any() {
+            self.overflow_events += 1;
+        }
+    }
+
+    /// One pass of the cellular automaton on the hits not used yet: doublets on planes up to
+    /// `reach` apart, triplets, neighbours, evolution, then candidates of at least
+    /// `min_hits` hits (appended to the earlier pass's when `append`).
+    fn find_pass(&mut self, reach: usize, min_hits: usize, append: bool) {
+        let t1 = Instant::now();
+        ca::doublets::find_doublets(&self.geo, &self.cfg, reach, &mut self.buf);
+        let t2 = Instant::now();
+        ca::triplets::find_triplets(&self.geo, &self.cfg, reach, &mut self.buf);
+        let t3 = Instant::now();
+        ca::neighbours::find_neighbours(&self.cfg, &mut self.buf);
+        let t4 = Instant::now();
+        ca::evolution::evolve(&mut self.buf, self.geo.planes.len());
+        let t5 = Instant::now();
+        let fit_ns = ca::candidates::extract_and_select(
+            &self.cfg,
+            &self.fitter,
+            &mut self.buf,
+            min_hits,
+            append,
+        );
+        let t6 = Instant::now();
+        let ns = |a: Instant, b: Instant| (b - a).as_nanos() as u64;
+        let t = &mut self.times;
         t.doublets_ns += ns(t1, t2);
         t.triplets_ns += ns(t2, t3);
         t.neighbours_ns += ns(t3, t4);
@@ -523,16 +576,8 @@ impl Reconstructor {
         // Extraction and greedy selection interleave with the fits (chunks of candidates).
         t.candidates_ns += ns(t5, t6).saturating_sub(fit_ns);
         t.fit_ns += fit_ns;
-        t.clones_ns += ns(t6, t9);
-        t.hits += self.buf.hits.x_mm.len() as u64;
         t.doublets += self.buf.doublets.len() as u64;
         t.triplets += self.buf.triplets.len() as u64;
-        t.candidates += self.buf.candidates.len() as u64;
-        t.tracks += out.len() as u64;
-        self.last_overflow = self.buf.overflow;
-        if self.buf.overflow.any() {
-            self.overflow_events += 1;
-        }
     }
 
     fn write_tracks(&mut self, out: &mut Vec<Track>) {
@@ -871,6 +916,52 @@ mod tests {
     }
 
     #[test]
+    fn track_with_a_gap_is_found_whole_in_the_second_pass() {
+        let det = detector(8, [0.0, 0.8, 0.0], 0.004, 0.016);
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let mut hits = Vec::new();
+        let (a, _) = track(
+            &det,
+            [0.0, 0.0, 0.08, 0.03, 1.0 / 3.0],
+            true,
+            true,
+            &mut rng,
+            &mut hits,
+        );
+        let (mut b, _) = track(
+            &det,
+            [0.1, 0.0, -0.06, -0.04, -1.0 / 1.5],
+            true,
+            true,
+            &mut rng,
+            &mut hits,
+        );
+        // The second particle misses plane 3: its last hit moves into the gap's slot.
+        let gap = b.remove(3) as usize;
+        hits.swap_remove(gap);
+        let moved = b.iter_mut().find(|h| **h == hits.len() as u32).unwrap();
+        *moved = gap as u32;
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        assert_eq!(cfg.first_pass_min_hits, 7);
+        let mut reco = Reconstructor::new(&det, cfg.clone());
+        let mut tracks = Vec::new();
+        reco.reconstruct(&hits, &mut tracks);
+        let mut found: Vec<Vec<u32>> = tracks.iter().map(|t| t.hits.clone()).collect();
+        found.sort();
+        let mut want = vec![a, b];
+        want.sort();
+        assert_eq!(found, want);
+        // Without plane-skipping doublets the gapped track falls apart.
+        let one = FinderConfig {
+            allow_missing_plane: false,
+            ..cfg
+        };
+        let mut reco = Reconstructor::new(&det, one);
+        reco.reconstruct(&hits, &mut tracks);
+        assert!(tracks.iter().all(|t| t.hits.len() < 7 || t.hits.len() == 8));
+    }
+
+    #[test]
     fn overrides_replace_derived_values_and_refuse_unknown_keys() {
         let det = detector(6, [0.0, 1.0, 0.0], 0.004, 0.01);
         let ov = FinderOverrides::from_toml_str(
@@ -881,8 +972,23 @@ mod tests {
         assert_eq!(c.n_sigma, 5.0);
         assert_eq!(c.min_hits, 5);
         assert_eq!(c.fit.max_step_mm, 25.0);
+        let all = FinderOverrides::from_toml_str("min_hits = 6").unwrap();
+        let c6 = FinderConfig::from_detector_with(&det, 1.0, &all);
+        assert_eq!(c6.first_pass_min_hits, 6);
+        assert!(c6.validate(&det).is_ok());
         assert!(c.validate(&det).is_ok());
         assert!(FinderOverrides::from_toml_str("n_sigmas = 5.0").is_err());
+        let low = FinderConfig {
+            first_pass_min_hits: 4,
+            ..c.clone()
+        };
+        assert!(matches!(
+            low.validate(&det),
+            Err(ConfigError::Invalid {
+                field: "first_pass_min_hits",
+                ..
+            })
+        ));
         let bad = FinderConfig { min_hits: 9, ..c };
         assert!(matches!(
             bad.validate(&det),

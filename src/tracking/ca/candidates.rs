@@ -20,15 +20,26 @@ const CHUNK: usize = 64;
 /// neighbour, level high enough for `min_hits`) ordered by level (longest first) then kink
 /// chi-square; each one's chain is built unless it touches a hit already used; chains are
 /// Kalman fitted in chunks of [`CHUNK`] and accepted best first when the fit passes
-/// `max_chi2_ndf` and their hits are still free. Fills `buf.candidates`,
-/// `buf.candidate_hits`, `buf.fits` and `buf.accepted`; returns the time spent fitting, ns.
-pub fn extract_and_select(cfg: &FinderConfig, fitter: &KalmanFitter, buf: &mut CaBuffers) -> u64 {
-    buf.candidates.clear();
-    buf.candidate_hits.clear();
-    buf.fit_hits.clear();
-    buf.fits.clear();
-    buf.accepted.clear();
-    let min_level = cfg.min_hits.saturating_sub(2).max(1) as u16;
+/// `max_chi2_ndf` and their hits are still free. Tracks need `min_hits` hits (at least 3).
+/// Fills `buf.candidates`, `buf.candidate_hits`, `buf.fits` and `buf.accepted`, after what
+/// they hold when `append` (a second pass on the hits left), from scratch otherwise;
+/// returns the time spent fitting, ns.
+pub fn extract_and_select(
+    cfg: &FinderConfig,
+    fitter: &KalmanFitter,
+    buf: &mut CaBuffers,
+    min_hits: usize,
+    append: bool,
+) -> u64 {
+    if !append {
+        buf.candidates.clear();
+        buf.candidate_hits.clear();
+        buf.fit_hits.clear();
+        buf.fits.clear();
+        buf.accepted.clear();
+    }
+    let min_hits = min_hits.max(3);
+    let min_level = (min_hits - 2) as u16;
     buf.order.clear();
     for t in 0..buf.triplets.len() {
         if !buf.has_right[t] && buf.level[t] >= min_level {
@@ -49,7 +60,7 @@ pub fn extract_and_select(cfg: &FinderConfig, fitter: &KalmanFitter, buf: &mut C
         });
     }
     let mut fit_ns = 0u64;
-    let mut pending_from = 0usize;
+    let mut pending_from = buf.candidates.len();
     let n_order = buf.order.len();
     for oi in 0..=n_order {
         if oi < n_order {
@@ -58,7 +69,7 @@ pub fn extract_and_select(cfg: &FinderConfig, fitter: &KalmanFitter, buf: &mut C
                 || buf.candidate_hits.len() + MAX_CHAIN > buf.candidate_hits.capacity() / 2
             {
                 buf.overflow.candidates += 1;
-            } else if let Some(c) = build_chain(buf, t, cfg.min_hits.max(3)) {
+            } else if let Some(c) = build_chain(buf, t, min_hits) {
                 buf.candidates.push(c);
             }
         }
@@ -67,7 +78,7 @@ pub fn extract_and_select(cfg: &FinderConfig, fitter: &KalmanFitter, buf: &mut C
             let t0 = std::time::Instant::now();
             fit_range(fitter, buf, pending_from);
             fit_ns += t0.elapsed().as_nanos() as u64;
-            choose(cfg, fitter, buf, pending_from, &mut fit_ns);
+            choose(cfg, fitter, buf, pending_from, min_hits, &mut fit_ns);
             pending_from = buf.candidates.len();
         }
     }
@@ -83,6 +94,16 @@ fn build_chain(buf: &mut CaBuffers, t: usize, min_hits: usize) -> Option<Candida
     let start = buf.candidate_hits.len();
     let tr = buf.triplets[t];
     let right = buf.doublets[tr.right as usize];
+    // The chain has `level + 2` hits: when too many of the end triplet's are taken, the
+    // rest cannot make a track (the common case of the other ends of an accepted track).
+    let used = &buf.hits.used;
+    let taken = [right.b, right.a, buf.doublets[tr.left as usize].a]
+        .iter()
+        .filter(|&&h| used[h as usize])
+        .count();
+    if buf.level[t] as usize + 2 - taken < min_hits {
+        return None;
+    }
     buf.candidate_hits.push(right.b);
     buf.candidate_hits.push(right.a);
     buf.candidate_hits.push(buf.doublets[tr.left as usize].a);
@@ -137,10 +158,8 @@ fn build_chain(buf: &mut CaBuffers, t: usize, min_hits: usize) -> Option<Candida
     })
 }
 
-fn good(cfg: &FinderConfig, c: &Candidate) -> bool {
-    (c.len as usize) >= cfg.min_hits
-        && c.ndf > 0
-        && (c.chi2 / c.ndf as f32) as f64 <= cfg.max_chi2_ndf
+fn good(cfg: &FinderConfig, c: &Candidate, min_hits: usize) -> bool {
+    (c.len as usize) >= min_hits && c.ndf > 0 && (c.chi2 / c.ndf as f32) as f64 <= cfg.max_chi2_ndf
 }
 
 /// Greedy choice among the fitted candidates `from..`: longest, then best chi2/ndf first;
@@ -150,6 +169,7 @@ fn choose(
     fitter: &KalmanFitter,
     buf: &mut CaBuffers,
     from: usize,
+    min_hits: usize,
     fit_ns: &mut u64,
 ) {
     let n = buf.candidates.len();
@@ -185,7 +205,7 @@ fn choose(
                 .iter()
                 .filter(|&&h| !buf.hits.used[h as usize])
                 .count();
-            if n_free < cfg.min_hits.max(3)
+            if n_free < min_hits
                 || buf.candidates.len() == cfg.limits.max_candidates
                 || buf.candidate_hits.len() + c.len as usize > buf.candidate_hits.capacity()
             {
@@ -210,16 +230,16 @@ fn choose(
             fit_range(fitter, buf, base);
             *fit_ns += t0.elapsed().as_nanos() as u64;
             let cb = buf.candidates[base];
-            if good(cfg, &cb) {
+            if good(cfg, &cb, min_hits) {
                 accept(cfg, buf, base);
             }
             continue;
         }
-        if good(cfg, &c) {
+        if good(cfg, &c, min_hits) {
             accept(cfg, buf, k);
             continue;
         }
-        if (c.len as usize) <= cfg.min_hits.max(3) {
+        if (c.len as usize) <= min_hits {
             continue;
         }
         // Second chance: without the last hit, then without the first.
@@ -252,7 +272,7 @@ fn choose(
             let mut best: Option<usize> = None;
             for j in base..buf.candidates.len() {
                 let cj = buf.candidates[j];
-                if good(cfg, &cj)
+                if good(cfg, &cj, min_hits)
                     && best.is_none_or(|b| {
                         cj.chi2 / (cj.ndf as f32)
                             < buf.candidates[b].chi2 / buf.candidates[b].ndf as f32

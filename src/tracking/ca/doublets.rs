@@ -2,15 +2,19 @@
 //! missing), kept when the pair's slopes lie inside the detector's slope limits and its
 //! straight extrapolation points back to the origin region within a window made of
 //! (a) the origin's half size, (b) the bending of a track at the minimum momentum,
-//! (c) `n_sigma` times the multiple scattering of the planes up to `i` at that momentum and
-//! (d) `n_sigma` times the hit resolution propagated to the origin.
+//! (c) `n_sigma` times the multiple scattering of the planes up to `i` at that momentum
+//! (with the slope factor of the direction the hit is seen from the origin) and
+//! (d) `n_sigma` times the hit resolution propagated to the origin. Hits already used by a
+//! track (in an earlier pass) are left out.
 
 use super::hit_sorting::for_each_range;
-use super::{CaBuffers, Doublet, FinderGeometry};
+use super::{slope_factor, CaBuffers, Doublet, FinderGeometry};
 use crate::tracking::reco::FinderConfig;
 
-/// Fills `buf.doublets` and `buf.dbl_start` (per sorted hit, its outgoing doublets).
-pub fn find_doublets(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuffers) {
+/// Fills `buf.doublets` and `buf.dbl_start` (per sorted hit, its outgoing doublets) with the
+/// pairs of hits not yet used by a track, on planes at most `reach` apart (1: consecutive
+/// planes only; 2: also skipping one).
+pub fn find_doublets(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, buf: &mut CaBuffers) {
     let n_planes = geo.planes.len();
     let n_hits = buf.hits.x_mm.len();
     buf.doublets.clear();
@@ -18,7 +22,7 @@ pub fn find_doublets(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuffe
     buf.dbl_start.resize(n_hits + 1, 0);
     let max_doublets = cfg.limits.max_doublets;
     let sh = &buf.hits;
-    let reach = if cfg.allow_missing_plane { 2 } else { 1 };
+    let reach = reach.max(1);
     for i in 0..n_planes {
         let gi = &geo.planes[i];
         let first = sh.bin_start[gi.bin_offset] as usize;
@@ -26,57 +30,82 @@ pub fn find_doublets(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuffe
         let lever_a = gi.z_mm - cfg.origin_z_mm;
         let pointing =
             lever_a > 1.0 && cfg.origin_half_x_mm.is_finite() && cfg.origin_half_y_mm.is_finite();
+        let inv_lever_a = 1.0 / lever_a;
+        // Per target plane: dz, 1 / dz, the bending lever and the resolution terms.
+        let mut target = [(0usize, 0.0f64, 0.0f64, 0.0f64, 0.0f64, 0.0f64); 2];
+        let mut n_target = 0;
+        for j in (i + 1)..(i + 1 + reach.min(2)).min(n_planes) {
+            let gj = &geo.planes[j];
+            let dz = gj.z_mm - gi.z_mm;
+            if dz <= 0.0 {
+                continue;
+            }
+            let lever_b = gj.z_mm - cfg.origin_z_mm;
+            let meas = |vi: f64, vj: f64| {
+                cfg.n_sigma * ((vi * lever_b * lever_b + vj * lever_a * lever_a).sqrt() / dz)
+            };
+            target[n_target] = (
+                j,
+                dz,
+                1.0 / dz,
+                0.5 * lever_a * lever_b,
+                meas(gi.var_x, gj.var_x),
+                meas(gi.var_y, gj.var_y),
+            );
+            n_target += 1;
+        }
         for a in first..end {
             buf.dbl_start[a] = buf.doublets.len() as u32;
+            if sh.used[a] {
+                continue;
+            }
             let xa = sh.x_mm[a] as f64;
             let ya = sh.y_mm[a] as f64;
             // Curvature bound for the direction this hit is seen from the origin (the
             // configured bound is for the largest slopes).
-            let (kx, ky) = if pointing {
-                let (tx, ty) = ((xa / lever_a).abs() + 0.05, (ya / lever_a).abs() + 0.05);
-                let (cx, cy) = geo.curvature_bound(tx.min(cfg.max_tx), ty.min(cfg.max_ty), cfg);
+            let (kx, ky, sf) = if pointing {
+                let (tx, ty) = (
+                    (xa * inv_lever_a).abs() + 0.05,
+                    (ya * inv_lever_a).abs() + 0.05,
+                );
+                let (tx, ty) = (tx.min(cfg.max_tx), ty.min(cfg.max_ty));
+                let (cx, cy) = geo.curvature_bound(tx, ty, cfg);
                 (
                     cx.min(cfg.max_curvature_x_per_mm),
                     cy.min(cfg.max_curvature_y_per_mm),
+                    slope_factor(tx, ty).min(cfg.slope_factor),
                 )
             } else {
-                (cfg.max_curvature_x_per_mm, cfg.max_curvature_y_per_mm)
+                (
+                    cfg.max_curvature_x_per_mm,
+                    cfg.max_curvature_y_per_mm,
+                    cfg.slope_factor,
+                )
             };
-            for j in (i + 1)..(i + 1 + reach).min(n_planes) {
-                let gj = &geo.planes[j];
-                let dz = gj.z_mm - gi.z_mm;
-                if dz <= 0.0 {
-                    continue;
-                }
+            for &(j, dz, inv_dz, bend, meas_x, meas_y) in &target[..n_target] {
                 let (mut tx0, mut tx1) = (-cfg.max_tx, cfg.max_tx);
                 let (mut ty0, mut ty1) = (-cfg.max_ty, cfg.max_ty);
                 if pointing {
-                    let lever_b = gj.z_mm - cfg.origin_z_mm;
-                    let bend = 0.5 * lever_a * lever_b;
-                    let meas_x = cfg.n_sigma
-                        * ((gi.var_x * lever_b * lever_b + gj.var_x * lever_a * lever_a).sqrt()
-                            / dz);
-                    let meas_y = cfg.n_sigma
-                        * ((gi.var_y * lever_b * lever_b + gj.var_y * lever_a * lever_a).sqrt()
-                            / dz);
-                    let ms = cfg.n_sigma * gi.ms_origin_mm * cfg.slope_factor;
+                    let ms = cfg.n_sigma * gi.ms_origin_mm * sf;
                     let wx = cfg.origin_half_x_mm + bend * kx + ms + meas_x;
                     let wy = cfg.origin_half_y_mm + bend * ky + ms + meas_y;
-                    tx0 = tx0.max((xa - wx) / lever_a);
-                    tx1 = tx1.min((xa + wx) / lever_a);
-                    ty0 = ty0.max((ya - wy) / lever_a);
-                    ty1 = ty1.min((ya + wy) / lever_a);
+                    tx0 = tx0.max((xa - wx) * inv_lever_a);
+                    tx1 = tx1.min((xa + wx) * inv_lever_a);
+                    ty0 = ty0.max((ya - wy) * inv_lever_a);
+                    ty1 = ty1.min((ya + wy) * inv_lever_a);
                 }
                 if tx0 > tx1 || ty0 > ty1 {
                     continue;
                 }
                 let (x0, x1) = ((xa + dz * tx0) as f32, (xa + dz * tx1) as f32);
                 let (y0, y1) = ((ya + dz * ty0) as f32, (ya + dz * ty1) as f32);
-                let inv_dz = 1.0 / dz;
                 let doublets = &mut buf.doublets;
                 let overflow = &mut buf.overflow;
-                for_each_range(geo, &sh.bin_start, j, x0, x1, y0, y1, |s, e| {
+                for_each_range(geo, &sh.bin_start, &sh.x_mm, j, x0, x1, y0, y1, |s, e| {
                     for b in s..e {
+                        if sh.used[b] {
+                            continue;
+                        }
                         let tx = (sh.x_mm[b] as f64 - xa) * inv_dz;
                         let ty = (sh.y_mm[b] as f64 - ya) * inv_dz;
                         if tx < tx0 || tx > tx1 || ty < ty0 || ty > ty1 {
@@ -115,4 +144,6 @@ pub fn find_doublets(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuffe
             buf.doublets[s..e].sort_unstable_by(|p, q| p.tx.total_cmp(&q.tx));
         }
     }
+    buf.dbl_tx.clear();
+    buf.dbl_tx.extend(buf.doublets.iter().map(|d| d.tx));
 }

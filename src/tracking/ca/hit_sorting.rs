@@ -1,6 +1,7 @@
-//! Hit sorting and binning: the event's hits ordered by plane and, within a plane, by cell
-//! of a regular x-y grid, so a search window on a plane is a few contiguous index ranges
-//! (one per grid row). Counting sort in two passes, no allocation.
+//! Hit sorting and binning: the event's hits ordered by plane, within a plane by cell of a
+//! regular x-y grid and within a cell by x, so every grid row of a plane is sorted by x and
+//! a search window is, per row it overlaps, one binary-searched index range. Counting sort
+//! in two passes and an insertion sort per cell (a few hits), no allocation.
 
 use super::{CaBuffers, FinderGeometry};
 use crate::frame::HitRecord;
@@ -63,15 +64,35 @@ pub fn sort_hits(geo: &FinderGeometry, input: &[HitRecord], max_hits: usize, buf
         sh.plane[slot] = h.plane;
         sh.input_index[slot] = i as u32;
     }
+    // Each cell by x (insertion sort moving the four arrays together; ties keep input order).
+    for b in 0..geo.n_bins {
+        let (s, e) = (sh.bin_start[b] as usize, sh.bin_start[b + 1] as usize);
+        for i in (s + 1)..e {
+            let (x, y, p, ii) = (sh.x_mm[i], sh.y_mm[i], sh.plane[i], sh.input_index[i]);
+            let mut j = i;
+            while j > s && sh.x_mm[j - 1] > x {
+                sh.x_mm[j] = sh.x_mm[j - 1];
+                sh.y_mm[j] = sh.y_mm[j - 1];
+                sh.plane[j] = sh.plane[j - 1];
+                sh.input_index[j] = sh.input_index[j - 1];
+                j -= 1;
+            }
+            sh.x_mm[j] = x;
+            sh.y_mm[j] = y;
+            sh.plane[j] = p;
+            sh.input_index[j] = ii;
+        }
+    }
 }
 
-/// Calls `f(first, end)` for the sorted-hit index ranges of plane `p` inside the box
-/// `[x0, x1] x [y0, y1]` (bins overlapping the box; callers check the exact window).
+/// Calls `f(first, end)` for the sorted-hit index ranges of plane `p` with x inside
+/// `[x0, x1]`, one per grid row overlapping `[y0, y1]` (callers check y).
 #[inline]
 #[allow(clippy::too_many_arguments)]
 pub fn for_each_range(
     geo: &FinderGeometry,
     bin_start: &[u32],
+    x_mm: &[f32],
     p: usize,
     x0: f32,
     x1: f32,
@@ -90,8 +111,77 @@ pub fn for_each_range(
         let row = g.bin_offset + by * g.bins_x;
         let first = bin_start[row + bx0] as usize;
         let end = bin_start[row + bx1 + 1] as usize;
-        if first < end {
-            f(first, end);
+        let xs = &x_mm[first..end];
+        let s = first + xs.partition_point(|&x| x < x0);
+        let e = first + xs.partition_point(|&x| x <= x1);
+        if s < e {
+            f(s, e);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tracking::reco::synthetic::detector;
+    use crate::tracking::reco::FinderConfig;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    #[test]
+    fn window_ranges_hold_exactly_the_hits_in_x_of_the_rows_overlapped() {
+        let det = detector(3, [0.0; 3], 0.0, 0.01);
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let geo = FinderGeometry::new(&det, &cfg);
+        let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let hits: Vec<HitRecord> = (0..3000)
+            .map(|i| HitRecord {
+                x_mm: rng.random_range(-320.0..320.0),
+                y_mm: rng.random_range(-320.0..320.0),
+                z_mm: 0.0,
+                plane: (i % 3) as u16,
+                hit_id: i,
+            })
+            .collect();
+        sort_hits(&geo, &hits, cfg.limits.max_hits, &mut buf);
+        let sh = &buf.hits;
+        assert_eq!(sh.x_mm.len(), 3000);
+        // Every hit once, on its plane, rows sorted by x.
+        let mut seen: Vec<u32> = sh.input_index.clone();
+        seen.sort_unstable();
+        assert!(seen.iter().enumerate().all(|(i, &h)| h == i as u32));
+        for (k, &h) in sh.input_index.iter().enumerate() {
+            assert_eq!(sh.plane[k], hits[h as usize].plane);
+        }
+        let g = &geo.planes[1];
+        for row in 0..g.bins_y {
+            let r = g.bin_offset + row * g.bins_x;
+            let (s, e) = (
+                sh.bin_start[r] as usize,
+                sh.bin_start[r + g.bins_x] as usize,
+            );
+            assert!(sh.x_mm[s..e].windows(2).all(|w| w[0] <= w[1]), "row {row}");
+        }
+        let (x0, x1, y0, y1) = (-37.5f32, 12.25f32, 40.0f32, 47.0f32);
+        let mut got = Vec::new();
+        for_each_range(&geo, &sh.bin_start, &sh.x_mm, 1, x0, x1, y0, y1, |s, e| {
+            got.extend(s..e)
+        });
+        let in_x = |k: usize| sh.x_mm[k] >= x0 && sh.x_mm[k] <= x1;
+        assert!(got.iter().all(|&k| in_x(k) && sh.plane[k] == 1));
+        // Every hit of the box is in a range.
+        let want: Vec<usize> = (0..sh.x_mm.len())
+            .filter(|&k| sh.plane[k] == 1 && in_x(k) && sh.y_mm[k] >= y0 && sh.y_mm[k] <= y1)
+            .collect();
+        assert!(!want.is_empty());
+        assert!(want.iter().all(|k| got.contains(k)));
+        // Only the overlapped rows: a few times the box's hits, not the plane's.
+        assert!(
+            got.len() < 4 * want.len() + 8,
+            "{} vs {}",
+            got.len(),
+            want.len()
+        );
     }
 }

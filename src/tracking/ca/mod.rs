@@ -6,6 +6,12 @@
 //! compatible curvature) -> [`evolution`] (CA levels) -> [`candidates`] (longest, best
 //! chains first, each hit once, Kalman fitted) -> [`clones`] (ghost and clone suppression).
 //!
+//! The steps from the doublets on run in two passes: the first on doublets of consecutive
+//! planes only, for tracks of at least `first_pass_min_hits` hits (no gap inside); the
+//! second, with the doublets skipping a plane, on the hits the first pass left (tracks
+//! with an inefficient plane, short tracks). Most hits are taken by the first pass, whose
+//! doublets are a fraction of the combinations the skipping ones make.
+//!
 //! The steps share the buffers in [`CaBuffers`], sized once from [`crate::tracking::reco::Limits`];
 //! every push is bounded and an overflow is counted in [`Overflow`] instead of growing.
 
@@ -103,6 +109,9 @@ pub struct PlaneGeometry {
     pub var_y: f64,
     pub bins_x: usize,
     pub bins_y: usize,
+    /// Bins per mm in x and y.
+    pub bin_scale_x: f64,
+    pub bin_scale_y: f64,
     /// First global bin of this plane.
     pub bin_offset: usize,
     /// Scattering angle variance crossing this plane at the minimum momentum.
@@ -114,10 +123,49 @@ pub struct PlaneGeometry {
     pub ms_origin_mm: f64,
 }
 
+/// Constants of a doublet's planes `(i, j)`, `i < j`, for the triplet step.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PairGeometry {
+    /// `1 / (z_j - z_i)`.
+    pub inv_dz: f64,
+    /// The origin lies upstream of plane `i` and is finite: the pointing parabola is used.
+    pub pointing: bool,
+    /// `1 / (z_i - z_origin)` and `2 / (z_j - z_origin)`.
+    pub inv_zi: f64,
+    pub two_inv_zj: f64,
+    /// Curvature error of the pointing parabola per mm of origin displacement,
+    /// `2 / ((z_i - z_origin) (z_j - z_origin))`.
+    pub kappa_per_mm: f64,
+    /// Its variance from scattering in planes up to `i` at the minimum momentum (times the
+    /// squared slope factor and (q/p)^2 relative to the minimum momentum's).
+    pub kappa_var_ms: f64,
+    /// Its variance from the resolution of the two hits.
+    pub kappa_var_res: f64,
+}
+
+/// Constants of a triplet's planes `(i, j, k)` for the triplet step.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TripleGeometry {
+    /// `(z_k - z_i) / 2`: the change of chord slope per unit curvature.
+    pub half: f64,
+    /// Scattering angle variance per (q/p)^2 at `j` and at planes skipped between `i` and
+    /// `k` (normal incidence).
+    pub theta2_per_qop2: f64,
+    /// Variance of the change of chord slope from the resolution of the three hits.
+    pub var_res: f64,
+    /// Widest half window (x) on the slope of the continuation `(j, k)` around the pointing
+    /// prediction: at the largest |q/p| and slope factor the cuts allow.
+    pub max_wx: f64,
+}
+
 /// The geometry tables of the finder.
 #[derive(Debug, Clone)]
 pub struct FinderGeometry {
     pub planes: Vec<PlaneGeometry>,
+    /// Doublet planes `(i, j)` at `i * n_planes + j`.
+    pub pairs: Vec<PairGeometry>,
+    /// Triplet planes `(i, j, j + 1 + s)`, `s` in 0..2, at `(i * n_planes + j) * 2 + s`.
+    pub triples: Vec<TripleGeometry>,
     pub n_bins: usize,
     pub field: crate::tracking::geometry::Field,
     /// Largest |B| components along the detector axis, tesla.
@@ -152,6 +200,8 @@ impl FinderGeometry {
                 var_y: p.sigma_y_mm * p.sigma_y_mm,
                 bins_x,
                 bins_y,
+                bin_scale_x: bins_x as f64 / (2.0 * p.half_x_mm),
+                bin_scale_y: bins_y as f64 / (2.0 * p.half_y_mm),
                 bin_offset: offset,
                 theta2_min_p: theta2,
                 theta2_per_qop2: per_qop2,
@@ -169,8 +219,75 @@ impl FinderGeometry {
                 }
             }
         }
+        let n = planes.len();
+        let mut pairs = vec![PairGeometry::default(); n * n];
+        let mut triples = vec![TripleGeometry::default(); n * n * 2];
+        let var_hit = |g: &PlaneGeometry| g.var_x.max(g.var_y);
+        let origin_finite = cfg.origin_half_x_mm.is_finite() && cfg.origin_half_y_mm.is_finite();
+        for i in 0..n {
+            for j in (i + 1)..n {
+                let (gi, gj) = (&planes[i], &planes[j]);
+                let dz = gj.z_mm - gi.z_mm;
+                if dz <= 0.0 {
+                    continue;
+                }
+                let (zi, zj) = (gi.z_mm - cfg.origin_z_mm, gj.z_mm - cfg.origin_z_mm);
+                let pointing = origin_finite && zi > 1.0;
+                let pg = &mut pairs[i * n + j];
+                pg.inv_dz = 1.0 / dz;
+                pg.pointing = pointing;
+                if pointing {
+                    let f = 2.0 / (zi * zj);
+                    let r = 1.0 / dz + 1.0 / zi;
+                    pg.inv_zi = 1.0 / zi;
+                    pg.two_inv_zj = 2.0 / zj;
+                    pg.kappa_per_mm = f;
+                    pg.kappa_var_ms = f * f * gi.ms_origin_mm * gi.ms_origin_mm;
+                    pg.kappa_var_res =
+                        4.0 / (zj * zj) * (var_hit(gi) * r * r + var_hit(gj) / (dz * dz));
+                }
+                for s in 0..2 {
+                    let k = j + 1 + s;
+                    if k >= n {
+                        break;
+                    }
+                    let gk = &planes[k];
+                    let dz2 = gk.z_mm - gj.z_mm;
+                    if dz2 <= 0.0 {
+                        continue;
+                    }
+                    let w = 1.0 / dz + 1.0 / dz2;
+                    let half = 0.5 * (gk.z_mm - gi.z_mm);
+                    let theta2_per_qop2: f64 =
+                        ((i + 1)..k).map(|p| planes[p].theta2_per_qop2).sum();
+                    let var_res =
+                        var_hit(gi) / (dz * dz) + var_hit(gj) * w * w + var_hit(gk) / (dz2 * dz2);
+                    // As the triplet step's window (see `triplets`), at the largest |q/p|
+                    // and slope factor: an upper bound of every doublet's window.
+                    let pg = pairs[i * n + j];
+                    let (q, q_table) = (cfg.qop_max(), 1.0 / cfg.min_p_gev.max(1e-3));
+                    let sf2 = cfg.slope_factor * cfg.slope_factor;
+                    let kvar = pg.kappa_var_ms * sf2 * (q / q_table).powi(2) + pg.kappa_var_res;
+                    let ms = theta2_per_qop2 * q * q * (1.0 + m2 * q * q) * sf2;
+                    let var = kvar * half * half + ms + var_res;
+                    let hard = if pointing {
+                        pg.kappa_per_mm * cfg.origin_half_x_mm
+                    } else {
+                        cfg.max_curvature_x_per_mm
+                    };
+                    triples[(i * n + j) * 2 + s] = TripleGeometry {
+                        half,
+                        theta2_per_qop2,
+                        var_res,
+                        max_wx: hard * half + cfg.n_sigma * var.sqrt(),
+                    };
+                }
+            }
+        }
         FinderGeometry {
             planes,
+            pairs,
+            triples,
             n_bins: offset,
             field: det.field.clone(),
             b_max_tesla,
@@ -201,8 +318,8 @@ impl FinderGeometry {
     #[inline]
     pub fn bin_xy(&self, p: usize, x: f32, y: f32) -> (usize, usize) {
         let g = &self.planes[p];
-        let fx = (x as f64 + g.half_x_mm) / (2.0 * g.half_x_mm) * g.bins_x as f64;
-        let fy = (y as f64 + g.half_y_mm) / (2.0 * g.half_y_mm) * g.bins_y as f64;
+        let fx = (x as f64 + g.half_x_mm) * g.bin_scale_x;
+        let fy = (y as f64 + g.half_y_mm) * g.bin_scale_y;
         let bx = if fx.is_finite() {
             fx.floor().clamp(0.0, (g.bins_x - 1) as f64) as usize
         } else {
@@ -222,6 +339,8 @@ impl FinderGeometry {
 pub struct CaBuffers {
     pub hits: SortedHits,
     pub doublets: Vec<Doublet>,
+    /// `doublets[d].tx`, compact, for the triplet step's search by slope.
+    pub dbl_tx: Vec<f32>,
     /// Per sorted hit: its outgoing doublets `dbl_start[h]..dbl_start[h + 1]`.
     pub dbl_start: Vec<u32>,
     pub triplets: Vec<Triplet>,
@@ -263,6 +382,7 @@ impl CaBuffers {
         b.hits.bin_start.reserve(n_bins + 1);
         b.dbl_start.reserve(h + 1);
         b.doublets.reserve(limits.max_doublets);
+        b.dbl_tx.reserve(limits.max_doublets);
         b.trip_start.reserve(limits.max_doublets + 1);
         b.triplets.reserve(limits.max_triplets);
         b.left_start.reserve(limits.max_triplets + 1);
@@ -279,6 +399,16 @@ impl CaBuffers {
         b.scratch_u32.reserve(limits.max_triplets.max(n_bins + 1));
         b
     }
+}
+
+/// Factor on the projected scattering angle of a track with slopes `(tx, ty)`: the longer
+/// path through a plane and the projection of the space angle on the x-z and y-z planes
+/// (1 at normal incidence).
+#[inline]
+pub fn slope_factor(tx: f64, ty: f64) -> f64 {
+    let t = tx.abs().max(ty.abs());
+    let n2 = 1.0 + tx * tx + ty * ty;
+    ((1.0 + t * t) * n2).sqrt() * n2.sqrt().sqrt()
 }
 
 /// Largest |d2x/dz2| and |d2y/dz2| (1/mm) of tracks above `min_p_gev` with slopes up to
