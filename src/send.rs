@@ -367,9 +367,10 @@ mod tests {
         let (s, arrivals) = send_and_receive(&rec, "udp", Some(1_000.0));
         // 100 periods of 1 ms: no drift, whatever the per-send overhead.
         let span = *arrivals.last().unwrap() - arrivals[0];
-        // Receiver-side span: loose bounds, the receiving thread shares a loaded machine.
+        // Receiver-side span: loose bounds, the receiving thread shares a loaded machine
+        // (the drift check is the sender's rate below).
         assert!(span >= Duration::from_millis(90), "{span:?}");
-        assert!(span < Duration::from_millis(150), "{span:?}");
+        assert!(span < Duration::from_millis(400), "{span:?}");
         assert!(s.elapsed >= Duration::from_millis(100));
         let r = s.rate_hz();
         assert!((900.0..1_010.0).contains(&r), "{r}");
