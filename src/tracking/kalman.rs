@@ -360,41 +360,46 @@ impl KalmanFitter {
     /// Runs the kernel chosen at construction ([`FitKernel`]).
     pub fn fit_lanes<T: Real, const L: usize>(&self, tracks: &[&[FitHit]], out: &mut [FitOutput]) {
         assert!(tracks.len() <= L && out.len() >= tracks.len());
-        self.run_kernel::<T, L>(tracks, out);
+        self.chunks::<T, L>(tracks, out);
     }
 
-    /// Fits `tracks` in chunks of `L` with the kernel chosen at construction.
-    #[inline(always)]
-    fn run_kernel<T: Real, const L: usize>(&self, tracks: &[&[FitHit]], out: &mut [FitOutput]) {
-        match self.kernel {
-            // SAFETY: `kernel` is only `Avx2Fma` when the CPU reported AVX2 and FMA
-            // (`FitKernel::detect`, `with_kernel`).
-            #[cfg(target_arch = "x86_64")]
-            FitKernel::Avx2Fma => unsafe { self.chunks_avx2::<T, L>(tracks, out) },
-            _ => self.chunks::<T, L>(tracks, out),
-        }
-    }
-
-    /// [`chunks`](Self::chunks) compiled for AVX2 and FMA.
+    /// The lane kernel compiled for AVX2 and FMA.
     ///
     /// # Safety
     /// The CPU must support AVX2 and FMA.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn chunks_avx2<T: Real, const L: usize>(
+    unsafe fn fit_lanes_avx2<T: Real, const L: usize>(
         &self,
         tracks: &[&[FitHit]],
         out: &mut [FitOutput],
     ) {
-        self.chunks::<T, L>(tracks, out);
+        self.fit_lanes_impl::<T, L>(tracks, out);
     }
 
-    /// The lane kernel over `tracks` in chunks of `L` (`out[i]` receives track `i`).
+    /// The kernel chosen at construction over `tracks` in chunks of `L` (`out[i]` receives
+    /// track `i`), one call per chunk (the kernel inlined into a loop keeps more constants live across it).
     #[inline(always)]
     fn chunks<T: Real, const L: usize>(&self, tracks: &[&[FitHit]], out: &mut [FitOutput]) {
         for (chunk, o) in tracks.chunks(L).zip(out.chunks_mut(L)) {
-            self.fit_lanes_impl::<T, L>(chunk, o);
+            match self.kernel {
+                // SAFETY: `kernel` is only `Avx2Fma` when the CPU reported AVX2 and FMA
+                // (`FitKernel::detect`, `with_kernel`).
+                #[cfg(target_arch = "x86_64")]
+                FitKernel::Avx2Fma => unsafe { self.fit_lanes_avx2::<T, L>(chunk, o) },
+                _ => self.fit_lanes_portable::<T, L>(chunk, o),
+            }
         }
+    }
+
+    /// The lane kernel for the target's baseline instructions.
+    #[inline(never)]
+    fn fit_lanes_portable<T: Real, const L: usize>(
+        &self,
+        tracks: &[&[FitHit]],
+        out: &mut [FitOutput],
+    ) {
+        self.fit_lanes_impl::<T, L>(tracks, out);
     }
 
     #[inline(always)]
@@ -719,7 +724,7 @@ impl KalmanFitter {
     pub fn fit_batch(&self, tracks: &[&[FitHit]], out: &mut Vec<FitOutput>) {
         out.clear();
         out.resize(tracks.len(), FitOutput::default());
-        self.run_kernel::<f32, LANES>(tracks, out);
+        self.chunks::<f32, LANES>(tracks, out);
     }
 
     /// Double-precision one-track reference fit.
