@@ -219,6 +219,10 @@ impl FitKernel {
 pub struct KalmanFitter {
     field: Field,
     planes: Vec<PlaneConsts>,
+    /// The plane constants the lane kernels read, per plane `[z, var_x, var_y, x0, ln_x0]`
+    /// (see [`Row`]), in each number type.
+    rows32: Vec<[f32; ROW]>,
+    rows64: Vec<[f64; ROW]>,
     cfg: FitConfig,
     kernel: FitKernel,
     /// Whether one Runge-Kutta step spans any gap (`max_step_mm` >= detector length).
@@ -227,6 +231,52 @@ pub struct KalmanFitter {
 
 /// Highland constant, GeV.
 const HIGHLAND_GEV: f64 = 0.0136;
+
+/// Entries of a row of plane constants of the lane kernels.
+const ROW: usize = 5;
+
+/// Indices in a row of plane constants.
+struct Row;
+impl Row {
+    const Z: usize = 0;
+    const VAR_X: usize = 1;
+    const VAR_Y: usize = 2;
+    const X0: usize = 3;
+    const LN_X0: usize = 4;
+}
+
+/// Quantities per step and lane gathered before the step.
+mod q {
+    /// z of the plane to reach (the lane's current z once past its first hit).
+    pub const Z_TO: usize = 0;
+    pub const VAR_X: usize = 1;
+    pub const VAR_Y: usize = 2;
+    /// Radiation length fraction crossed after the update (0: none).
+    pub const X0: usize = 3;
+    pub const LN_X0: usize = 4;
+    pub const MX: usize = 5;
+    pub const MY: usize = 6;
+    /// 1 where the lane has a hit to add on this plane, else 0.
+    pub const HIT: usize = 7;
+    pub const N: usize = 8;
+}
+
+/// Whether hits can be fitted on a detector of `n_planes` planes (one pass, no early
+/// exit): see [`KalmanFitter::fittable`].
+#[inline(always)]
+fn fittable_hits(hits: &[FitHit], n_planes: usize) -> bool {
+    let n = hits.len();
+    if n < 3 || hits[n - 1].plane as usize >= n_planes {
+        return false;
+    }
+    let mut ok = true;
+    let mut prev = -1i32;
+    for h in hits {
+        ok &= (i32::from(h.plane) > prev) & h.x_mm.is_finite() & h.y_mm.is_finite();
+        prev = i32::from(h.plane);
+    }
+    ok
+}
 
 impl KalmanFitter {
     pub fn new(det: &Detector, cfg: FitConfig) -> Self {
@@ -245,7 +295,12 @@ impl KalmanFitter {
                     0.0
                 },
             })
+            .collect::<Vec<PlaneConsts>>();
+        let rows64: Vec<[f64; ROW]> = planes
+            .iter()
+            .map(|p| [p.z_mm, p.var_x, p.var_y, p.x0, p.ln_x0])
             .collect();
+        let rows32 = rows64.iter().map(|r| r.map(|v| v as f32)).collect();
         // No gap between planes is longer than the detector.
         let length = match (det.planes.first(), det.planes.last()) {
             (Some(a), Some(b)) => b.z_mm - a.z_mm,
@@ -255,6 +310,8 @@ impl KalmanFitter {
         KalmanFitter {
             field: det.field.clone(),
             planes,
+            rows32,
+            rows64,
             cfg,
             kernel: FitKernel::detect(),
             one_step,
@@ -283,12 +340,7 @@ impl KalmanFitter {
     /// Whether a track's hits can be fitted: at least three, planes strictly increasing and
     /// known.
     pub fn fittable(&self, hits: &[FitHit]) -> bool {
-        hits.len() >= 3
-            && hits.windows(2).all(|w| w[0].plane < w[1].plane)
-            && (hits[hits.len() - 1].plane as usize) < self.planes.len()
-            && hits
-                .iter()
-                .all(|h| h.x_mm.is_finite() && h.y_mm.is_finite())
+        fittable_hits(hits, self.planes.len())
     }
 
     /// Multiple-scattering angle variance (per unit q/p squared) crossing plane `p` at
@@ -307,17 +359,11 @@ impl KalmanFitter {
     ///
     /// Runs the kernel chosen at construction ([`FitKernel`]).
     pub fn fit_lanes<T: Real, const L: usize>(&self, tracks: &[&[FitHit]], out: &mut [FitOutput]) {
-        #[cfg(target_arch = "x86_64")]
-        if self.kernel == FitKernel::Avx2Fma {
-            // SAFETY: `kernel` is only `Avx2Fma` when the CPU reported AVX2 and FMA
-            // (`FitKernel::detect`, `with_kernel`).
-            unsafe { self.fit_lanes_avx2::<T, L>(tracks, out) };
-            return;
-        }
-        self.fit_lanes_impl::<T, L>(tracks, out);
+        assert!(tracks.len() <= L && out.len() >= tracks.len());
+        self.chunks::<T, L>(tracks, out);
     }
 
-    /// [`fit_lanes`](Self::fit_lanes) compiled for AVX2 and FMA.
+    /// The lane kernel compiled for AVX2 and FMA.
     ///
     /// # Safety
     /// The CPU must support AVX2 and FMA.
@@ -331,15 +377,42 @@ impl KalmanFitter {
         self.fit_lanes_impl::<T, L>(tracks, out);
     }
 
+    /// The kernel chosen at construction over `tracks` in chunks of `L` (`out[i]` receives
+    /// track `i`), one call per chunk (measured faster than the kernel inlined into the loop
+    /// over chunks).
+    #[inline(always)]
+    fn chunks<T: Real, const L: usize>(&self, tracks: &[&[FitHit]], out: &mut [FitOutput]) {
+        for (chunk, o) in tracks.chunks(L).zip(out.chunks_mut(L)) {
+            match self.kernel {
+                // SAFETY: `kernel` is only `Avx2Fma` when the CPU reported AVX2 and FMA
+                // (`FitKernel::detect`, `with_kernel`).
+                #[cfg(target_arch = "x86_64")]
+                FitKernel::Avx2Fma => unsafe { self.fit_lanes_avx2::<T, L>(chunk, o) },
+                _ => self.fit_lanes_portable::<T, L>(chunk, o),
+            }
+        }
+    }
+
+    /// The lane kernel for the target's baseline instructions.
+    #[inline(never)]
+    fn fit_lanes_portable<T: Real, const L: usize>(
+        &self,
+        tracks: &[&[FitHit]],
+        out: &mut [FitOutput],
+    ) {
+        self.fit_lanes_impl::<T, L>(tracks, out);
+    }
+
     #[inline(always)]
     fn fit_lanes_impl<T: Real, const L: usize>(&self, tracks: &[&[FitHit]], out: &mut [FitOutput]) {
         assert!(tracks.len() <= L && out.len() >= tracks.len());
         // Lanes that are empty or unfittable copy a valid track (result discarded) so every
         // lane computes finite numbers.
+        let rows: &[[T; ROW]] = T::table(&self.rows32, &self.rows64);
         let mut valid = [false; L];
         let mut template: Option<&[FitHit]> = None;
         for (i, t) in tracks.iter().enumerate() {
-            valid[i] = self.fittable(t);
+            valid[i] = fittable_hits(t, rows.len());
             if valid[i] && template.is_none() {
                 template = Some(t);
             }
@@ -367,22 +440,18 @@ impl KalmanFitter {
         let (mut vxm, mut vym, mut vxn, mut vyn) = (za, za, za, za);
         let mut first_plane = [0usize; L];
         let mut last_plane = [0usize; L];
-        let mut skip_plane = [usize::MAX; L];
-        let mut hit_cursor = [0usize; L];
         let mut gap = false;
         let mut max_span = 0usize;
         for l in 0..L {
             let h = lane_hits[l];
             let n = h.len();
             let (ha, hb, hm, hn) = (&h[0], &h[n / 2], &h[n - 2], &h[n - 1]);
-            let pa = &self.planes[ha.plane as usize];
-            let pb = &self.planes[hb.plane as usize];
-            let pm = &self.planes[hm.plane as usize];
-            let pn = &self.planes[hn.plane as usize];
-            za.0[l] = T::of(pa.z_mm);
-            zb.0[l] = T::of(pb.z_mm);
-            zm.0[l] = T::of(pm.z_mm);
-            zn.0[l] = T::of(pn.z_mm);
+            let pm = &rows[hm.plane as usize];
+            let pn = &rows[hn.plane as usize];
+            za.0[l] = rows[ha.plane as usize][Row::Z];
+            zb.0[l] = rows[hb.plane as usize][Row::Z];
+            zm.0[l] = pm[Row::Z];
+            zn.0[l] = pn[Row::Z];
             xa.0[l] = T::of(ha.x_mm as f64);
             xb.0[l] = T::of(hb.x_mm as f64);
             xm.0[l] = T::of(hm.x_mm as f64);
@@ -391,14 +460,12 @@ impl KalmanFitter {
             yb.0[l] = T::of(hb.y_mm as f64);
             ym.0[l] = T::of(hm.y_mm as f64);
             yn.0[l] = T::of(hn.y_mm as f64);
-            vxm.0[l] = T::of(pm.var_x);
-            vym.0[l] = T::of(pm.var_y);
-            vxn.0[l] = T::of(pn.var_x);
-            vyn.0[l] = T::of(pn.var_y);
+            vxm.0[l] = pm[Row::VAR_X];
+            vym.0[l] = pm[Row::VAR_Y];
+            vxn.0[l] = pn[Row::VAR_X];
+            vyn.0[l] = pn[Row::VAR_Y];
             first_plane[l] = ha.plane as usize;
             last_plane[l] = hn.plane as usize;
-            skip_plane[l] = hm.plane as usize;
-            hit_cursor[l] = n - 2; // index of hit m (already used)
             gap |= hn.plane > hm.plane + 1;
             max_span = max_span.max(last_plane[l] - first_plane[l]);
         }
@@ -483,56 +550,61 @@ impl KalmanFitter {
         let mut chi2 = P::of(0.0);
 
         let mut jac: JacobianPacks<T, L> = [[P::of(0.0); 3]; 4];
-        let mut z_to = P::of(0.0);
-        let mut has_hit = P::of(0.0);
-        let mut mx = P::of(0.0);
-        let mut my = P::of(0.0);
-        let mut vx = P::of(0.0);
-        let mut vy = P::of(0.0);
-        let mut x0 = P::of(0.0);
-        let mut ln_x0 = P::of(0.0);
         let m2 = P::of(self.cfg.mass_gev * self.cfg.mass_gev);
+        // Step `s` takes every lane from plane `last - s + 1` to `last - s` (lanes past
+        // their first hit stay where they are); its inputs are gathered per lane first
+        // ([`q`], plane constants in the number type of the kernel).
+        let zero_t = T::of(0.0);
+        let one_t = T::of(1.0);
+        let mut hit_cursor = [0usize; L];
+        for l in 0..L {
+            hit_cursor[l] = lane_hits[l].len() - 2; // index of the seed's first hit
+        }
         for s in 1..=max_span {
-            let mut dz_max = 0.0f64;
+            let mut v = [P::of(0.0); q::N];
             for l in 0..L {
-                let plane = last_plane[l] as isize - s as isize;
-                if plane >= first_plane[l] as isize {
-                    let p = plane as usize;
-                    let pc = &self.planes[p];
-                    z_to.0[l] = T::of(pc.z_mm);
-                    if !self.one_step {
-                        dz_max = dz_max.max((pc.z_mm - z.0[l].to_f64()).abs());
-                    }
-                    vx.0[l] = T::of(pc.var_x);
-                    vy.0[l] = T::of(pc.var_y);
+                let (first, last) = (first_plane[l], last_plane[l]);
+                let span = last - first;
+                if s <= span {
+                    let p = last - s;
+                    let r = &rows[p];
+                    v[q::Z_TO].0[l] = r[Row::Z];
+                    v[q::VAR_X].0[l] = r[Row::VAR_X];
+                    v[q::VAR_Y].0[l] = r[Row::VAR_Y];
                     // No scattering at the first hit's plane: the state is reported
                     // just downstream of it.
-                    let scatters = p != first_plane[l];
-                    x0.0[l] = T::of(pc.x0 * f64::from(u8::from(scatters)));
-                    ln_x0.0[l] = T::of(pc.ln_x0);
+                    v[q::X0].0[l] = if s < span { r[Row::X0] } else { zero_t };
+                    v[q::LN_X0].0[l] = r[Row::LN_X0];
                     // Next unused hit going upstream.
                     let h = lane_hits[l];
                     let k = hit_cursor[l];
-                    let hit = p != skip_plane[l] && k > 0 && h[k - 1].plane as usize == p;
-                    if hit {
+                    if k > 0 && h[k - 1].plane as usize == p {
                         hit_cursor[l] = k - 1;
-                        mx.0[l] = T::of(h[k - 1].x_mm as f64);
-                        my.0[l] = T::of(h[k - 1].y_mm as f64);
+                        v[q::MX].0[l] = T::of(h[k - 1].x_mm as f64);
+                        v[q::MY].0[l] = T::of(h[k - 1].y_mm as f64);
+                        v[q::HIT].0[l] = one_t;
                     }
-                    has_hit.0[l] = T::of(if hit { 1.0 } else { 0.0 });
                 } else {
-                    z_to.0[l] = z.0[l];
-                    has_hit.0[l] = T::of(0.0);
-                    x0.0[l] = T::of(0.0);
-                    ln_x0.0[l] = T::of(0.0);
-                    vx.0[l] = T::of(1.0);
-                    vy.0[l] = T::of(1.0);
+                    v[q::Z_TO].0[l] = z.0[l];
+                    v[q::VAR_X].0[l] = one_t;
+                    v[q::VAR_Y].0[l] = one_t;
                 }
             }
-            let n_steps = if self.one_step || dz_max <= self.cfg.max_step_mm {
+            let n_steps = if self.one_step {
                 1
             } else {
-                steps_for(dz_max, self.cfg.max_step_mm)
+                let mut dz_max = 0.0f64;
+                for l in 0..L {
+                    if s <= last_plane[l] - first_plane[l] {
+                        let p = last_plane[l] - s;
+                        dz_max = dz_max.max((self.planes[p].z_mm - z.0[l].to_f64()).abs());
+                    }
+                }
+                if dz_max <= self.cfg.max_step_mm {
+                    1
+                } else {
+                    steps_for(dz_max, self.cfg.max_step_mm)
+                }
             };
             propagate_gap(
                 &self.field,
@@ -542,41 +614,50 @@ impl KalmanFitter {
                 &mut tx,
                 &mut ty,
                 qop,
-                z_to,
+                v[q::Z_TO],
                 n_steps,
                 &mut jac,
             );
             transport_cov(&mut c, &jac);
             let mut st = [x, y, tx, ty, qop];
-            update(&mut st, &mut c, &mut chi2, [mx, my], [vx, vy], has_hit);
+            update(
+                &mut st,
+                &mut c,
+                &mut chi2,
+                [v[q::MX], v[q::MY]],
+                [v[q::VAR_X], v[q::VAR_Y]],
+                v[q::HIT],
+            );
             [x, y, tx, ty, qop] = st;
-            scatter(&mut c, tx, ty, qop, x0, ln_x0, m2);
+            scatter(&mut c, tx, ty, qop, v[q::X0], v[q::LN_X0], m2);
         }
 
+        // Lanes whose result is not finite (a non-finite value times zero is NaN) or
+        // has a negative variance.
+        let zero = P::of(0.0);
+        let mut probe = chi2 * zero;
+        for v in [x, y, tx, ty, qop].iter().chain(c.iter()) {
+            probe += *v * zero;
+        }
+        let mut negative = zero;
+        for k in 0..5 {
+            negative += c[tri(k, k)].lt_select(zero, one, zero);
+        }
+        let ndf_sub = if self.cfg.fit_momentum { 5 } else { 4 };
         for (i, o) in out.iter_mut().enumerate().take(tracks.len()) {
             if !valid[i] {
                 *o = FitOutput::default();
                 continue;
             }
-            let mut r = FitOutput {
+            let ndf = 2 * tracks[i].len() as i32 - ndf_sub;
+            *o = FitOutput {
                 z_mm: z.0[i].to_f64(),
                 state: [x, y, tx, ty, qop].map(|v| v.0[i].to_f64()),
-                cov: [0.0; 15],
+                cov: std::array::from_fn(|k| c[k].0[i].to_f64()),
                 chi2: chi2.0[i].to_f64(),
-                ndf: 0,
-                ok: true,
+                ndf: ndf.max(0) as u16,
+                ok: probe.0[i] == zero_t && negative.0[i] == zero_t,
             };
-            for k in 0..15 {
-                r.cov[k] = c[k].0[i].to_f64();
-            }
-            let n = tracks[i].len() as i32;
-            let ndf = 2 * n - if self.cfg.fit_momentum { 5 } else { 4 };
-            r.ndf = ndf.max(0) as u16;
-            r.ok = r.state.iter().all(|v| v.is_finite())
-                && r.cov.iter().all(|v| v.is_finite())
-                && r.chi2.is_finite()
-                && (0..5).all(|k| r.cov[tri(k, k)] >= 0.0);
-            *o = r;
         }
     }
 
@@ -639,12 +720,12 @@ impl KalmanFitter {
     }
 
     /// Single-precision batch fit (lanes of [`LANES`]); `out` is resized to `tracks.len()`.
+    /// One kernel call for the whole batch: the same fits as [`fit_lanes`](Self::fit_lanes)
+    /// on chunks of [`LANES`] (what the finder calls).
     pub fn fit_batch(&self, tracks: &[&[FitHit]], out: &mut Vec<FitOutput>) {
         out.clear();
         out.resize(tracks.len(), FitOutput::default());
-        for (chunk, o) in tracks.chunks(LANES).zip(out.chunks_mut(LANES)) {
-            self.fit_lanes::<f32, LANES>(chunk, o);
-        }
+        self.chunks::<f32, LANES>(tracks, out);
     }
 
     /// Double-precision one-track reference fit.
@@ -903,6 +984,8 @@ mod tests {
         }
     }
 
+    /// Every kernel the CPU runs, through `fit_batch` and through `fit_lanes` in chunks of
+    /// [`LANES`] (the finder's calls), gives the portable kernel's fits.
     #[test]
     fn kernels_give_the_same_fits() {
         let (det, sets) = tracks(
@@ -916,10 +999,27 @@ mod tests {
         let portable = fitter.clone().with_kernel(FitKernel::Portable);
         assert_eq!(portable.kernel(), FitKernel::Portable);
         let refs: Vec<&[FitHit]> = sets.iter().map(|v| &v[..]).collect();
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        fitter.fit_batch(&refs, &mut a);
+        let mut b = Vec::new();
         portable.fit_batch(&refs, &mut b);
-        for (k, (a, b)) in a.iter().zip(&b).enumerate() {
+        let mut runs = Vec::new();
+        for kernel in [FitKernel::Portable, FitKernel::Avx2Fma] {
+            if !kernel.available() {
+                continue;
+            }
+            let f = fitter.clone().with_kernel(kernel);
+            assert_eq!(f.kernel(), kernel);
+            let mut a = Vec::new();
+            f.fit_batch(&refs, &mut a);
+            runs.push(a);
+            let mut a = vec![FitOutput::default(); refs.len()];
+            for (t, o) in refs.chunks(LANES).zip(a.chunks_mut(LANES)) {
+                f.fit_lanes::<f32, LANES>(t, o);
+            }
+            runs.push(a);
+        }
+        assert!(runs.len() >= 2);
+        for (k, (a, b)) in runs.iter().flat_map(|a| a.iter().zip(&b)).enumerate() {
+            let k = k % refs.len();
             assert!(a.ok && b.ok, "track {k}");
             for i in 0..5 {
                 let sigma = b.cov[tri(i, i)].sqrt();
@@ -968,5 +1068,92 @@ mod tests {
         let mut alone = [FitOutput::default()];
         fitter.fit_lanes::<f32, LANES>(&[&sets[4]], &mut alone);
         assert_eq!(alone[0], out[3]);
+    }
+
+    /// Lanes of one batch whose tracks start and end on different planes (each lane past
+    /// its first hit idles while the others go on) fit as each track alone with the f64
+    /// reference, through `fit_batch` and through `fit_lanes`.
+    #[test]
+    fn lanes_of_different_spans_agree_with_the_reference() {
+        let (det, sets) = tracks(
+            Field::Uniform {
+                b_tesla: [0.0, 0.8, 0.0],
+            },
+            36,
+        );
+        let fitter = KalmanFitter::new(&det, FitConfig::from_detector(&det));
+        // Drop 0..3 hits at the front and 0..2 at the back, keeping at least three.
+        let cut: Vec<Vec<FitHit>> = sets
+            .iter()
+            .enumerate()
+            .map(|(k, h)| {
+                let (a, b) = (k % 4, (k / 4) % 3);
+                let end = (h.len() - b).max(a + 3);
+                h[a..end].to_vec()
+            })
+            .collect();
+        let spans: std::collections::BTreeSet<(u16, u16)> = cut
+            .iter()
+            .map(|h| (h[0].plane, h[h.len() - 1].plane))
+            .collect();
+        assert!(spans.len() >= 6, "{spans:?}");
+        let refs: Vec<&[FitHit]> = cut.iter().map(|v| &v[..]).collect();
+        let mut batch = Vec::new();
+        fitter.fit_batch(&refs, &mut batch);
+        let mut lanes = vec![FitOutput::default(); refs.len()];
+        for (t, o) in refs.chunks(LANES).zip(lanes.chunks_mut(LANES)) {
+            fitter.fit_lanes::<f32, LANES>(t, o);
+        }
+        for (k, h) in cut.iter().enumerate() {
+            let r = fitter.fit_reference(h);
+            assert!(r.ok, "track {k}");
+            assert_eq!(r.z_mm, det.planes[h[0].plane as usize].z_mm);
+            for o in [&batch[k], &lanes[k]] {
+                assert!(o.ok, "track {k}");
+                assert_eq!(o.ndf, r.ndf);
+                assert_eq!(o.z_mm, r.z_mm);
+                for i in 0..5 {
+                    let sigma = r.cov[tri(i, i)].sqrt();
+                    assert!(
+                        (o.state[i] - r.state[i]).abs() < 0.02 * sigma,
+                        "track {k} param {i}"
+                    );
+                    let rel = (o.cov[tri(i, i)] / r.cov[tri(i, i)] - 1.0).abs();
+                    assert!(rel < 1e-2, "track {k} var {i} rel {rel}");
+                }
+                assert!((o.chi2 - r.chi2).abs() < 1e-2 * (1.0 + r.chi2), "track {k}");
+            }
+        }
+    }
+
+    #[test]
+    fn hits_off_the_detector_or_not_finite_are_not_fittable() {
+        let (det, sets) = tracks(
+            Field::Uniform {
+                b_tesla: [0.0, 0.8, 0.0],
+            },
+            2,
+        );
+        let fitter = KalmanFitter::new(&det, FitConfig::from_detector(&det));
+        let good = &sets[1];
+        assert!(fitter.fittable(good));
+        let mut nan = good.clone();
+        nan[1].y_mm = f32::NAN;
+        let mut inf = good.clone();
+        inf[0].x_mm = f32::INFINITY;
+        let mut off = good.clone();
+        off.last_mut().unwrap().plane = det.planes.len() as u16;
+        let mut repeated = good.clone();
+        repeated[2].plane = repeated[1].plane;
+        for bad in [&nan, &inf, &off, &repeated] {
+            assert!(!fitter.fittable(bad));
+        }
+        let batch: [&[FitHit]; 5] = [&nan, good, &inf, &off, &repeated];
+        let mut out = [FitOutput::default(); 5];
+        fitter.fit_lanes::<f32, LANES>(&batch, &mut out);
+        assert!(out[1].ok && out[1].chi2 > 0.0);
+        for k in [0, 2, 3, 4] {
+            assert!(!out[k].ok, "lane {k}");
+        }
     }
 }

@@ -50,6 +50,9 @@ pub trait Real:
     fn ln(self) -> Self;
     fn max(self, o: Self) -> Self;
     fn min(self, o: Self) -> Self;
+    /// The table of this number type among copies of one table in each (per-plane
+    /// constants stored once per type, so that kernels read them without conversion).
+    fn table<'a, const N: usize>(f32s: &'a [[f32; N]], f64s: &'a [[f64; N]]) -> &'a [[Self; N]];
 }
 
 impl Real for f32 {
@@ -81,6 +84,10 @@ impl Real for f32 {
     fn min(self, o: Self) -> Self {
         f32::min(self, o)
     }
+    #[inline(always)]
+    fn table<'a, const N: usize>(f32s: &'a [[f32; N]], _: &'a [[f64; N]]) -> &'a [[f32; N]] {
+        f32s
+    }
 }
 
 impl Real for f64 {
@@ -111,6 +118,10 @@ impl Real for f64 {
     #[inline(always)]
     fn min(self, o: Self) -> Self {
         f64::min(self, o)
+    }
+    #[inline(always)]
+    fn table<'a, const N: usize>(_: &'a [[f32; N]], f64s: &'a [[f64; N]]) -> &'a [[f64; N]] {
+        f64s
     }
 }
 
