@@ -187,7 +187,7 @@ mod tests {
             .iter()
             .map(|d| (ii[d.a as usize], ii[d.b as usize], d.tx, d.ty))
             .collect();
-        out.sort_by(|p, q| (p.0, p.1).cmp(&(q.0, q.1)));
+        out.sort_by_key(|d| (d.0, d.1));
         out
     }
 
