@@ -102,15 +102,19 @@ pub fn find_doublets(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, buf
                 let doublets = &mut buf.doublets;
                 let overflow = &mut buf.overflow;
                 for_each_range(geo, &sh.bin_start, &sh.x_mm, j, x0, x1, y0, y1, |s, e| {
-                    for b in s..e {
+                    // The range holds the hits with x in [x0, x1] (the slope window in x):
+                    // only y is left to check, on the f32 coordinates, before any slope.
+                    let ys = &sh.y_mm[s..e];
+                    for (k, &yb) in ys.iter().enumerate() {
+                        if yb < y0 || yb > y1 {
+                            continue;
+                        }
+                        let b = s + k;
                         if sh.used[b] {
                             continue;
                         }
                         let tx = (sh.x_mm[b] as f64 - xa) * inv_dz;
-                        let ty = (sh.y_mm[b] as f64 - ya) * inv_dz;
-                        if tx < tx0 || tx > tx1 || ty < ty0 || ty > ty1 {
-                            continue;
-                        }
+                        let ty = (yb as f64 - ya) * inv_dz;
                         if doublets.len() == max_doublets {
                             overflow.doublets += 1;
                             continue;
@@ -146,4 +150,97 @@ pub fn find_doublets(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, buf
     }
     buf.dbl_tx.clear();
     buf.dbl_tx.extend(buf.doublets.iter().map(|d| d.tx));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::HitRecord;
+    use crate::tracking::ca::hit_sorting::sort_hits;
+    use crate::tracking::reco::synthetic::{detector, track};
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    /// Doublets of an event as input hit pairs with their slopes, for a grid of
+    /// `bins_x` x `bins_y` cells per plane.
+    fn doublets(
+        hits: &[HitRecord],
+        bins: (usize, usize),
+        reach: usize,
+    ) -> Vec<(u32, u32, f32, f32)> {
+        let det = detector(5, [0.0, 0.8, 0.0], 0.004, 0.016);
+        let mut cfg = FinderConfig::from_detector(&det, 1.0);
+        (cfg.bins_x, cfg.bins_y) = bins;
+        let geo = FinderGeometry::new(&det, &cfg);
+        let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+        sort_hits(&geo, hits, cfg.limits.max_hits, &mut buf);
+        find_doublets(&geo, &cfg, reach, &mut buf);
+        let ii = &buf.hits.input_index;
+        // Per hit, outgoing doublets by increasing slope tx.
+        for h in 0..buf.hits.x_mm.len() {
+            let (s, e) = (buf.dbl_start[h] as usize, buf.dbl_start[h + 1] as usize);
+            assert!(buf.doublets[s..e].iter().all(|d| d.a as usize == h));
+            assert!(buf.dbl_tx[s..e].windows(2).all(|w| w[0] <= w[1]));
+        }
+        let mut out: Vec<_> = buf
+            .doublets
+            .iter()
+            .map(|d| (ii[d.a as usize], ii[d.b as usize], d.tx, d.ty))
+            .collect();
+        out.sort_by_key(|d| (d.0, d.1));
+        out
+    }
+
+    #[test]
+    fn doublets_do_not_depend_on_the_grid_and_hold_every_track_segment() {
+        let det = detector(5, [0.0, 0.8, 0.0], 0.004, 0.016);
+        let mut rng = ChaCha8Rng::seed_from_u64(21);
+        let mut hits = Vec::new();
+        let mut segments = Vec::new();
+        for _ in 0..150 {
+            let q = if rng.random_bool(0.5) { 1.0 } else { -1.0 };
+            let p = rng.random_range(1.2..20.0);
+            let start = [
+                rng.random_range(-0.5..0.5),
+                rng.random_range(-0.5..0.5),
+                rng.random_range(-0.2..0.2),
+                rng.random_range(-0.2..0.2),
+                q / p,
+            ];
+            let (ids, _) = track(&det, start, true, true, &mut rng, &mut hits);
+            segments.extend(ids.windows(2).map(|w| (w[0], w[1])));
+        }
+        // Noise hits fill the planes.
+        for i in 0..2000 {
+            hits.push(HitRecord {
+                x_mm: rng.random_range(-150.0..150.0),
+                y_mm: rng.random_range(-150.0..150.0),
+                z_mm: 0.0,
+                plane: (i % 5) as u16,
+                hit_id: hits.len() as u32,
+            });
+        }
+        for reach in [1, 2] {
+            // One cell per plane: every hit of the plane is a candidate of every window.
+            let all = doublets(&hits, (1, 1), reach);
+            assert!(all.len() > segments.len());
+            for bins in [(8, 128), (2, 512), (16, 16)] {
+                assert_eq!(doublets(&hits, bins, reach), all, "bins {bins:?}");
+            }
+            let pairs: Vec<(u32, u32)> = all.iter().map(|d| (d.0, d.1)).collect();
+            let missing = segments
+                .iter()
+                .filter(|s| pairs.binary_search(s).is_err())
+                .count();
+            assert_eq!(missing, 0, "reach {reach}");
+            // Slopes are those of the two hits.
+            for &(a, b, tx, ty) in &all {
+                let (ha, hb) = (&hits[a as usize], &hits[b as usize]);
+                let dz = 100.0 * (hb.plane - ha.plane) as f32;
+                assert!((tx - (hb.x_mm - ha.x_mm) / dz).abs() < 1e-5);
+                assert!((ty - (hb.y_mm - ha.y_mm) / dz).abs() < 1e-5);
+                assert!(hb.plane > ha.plane && hb.plane - ha.plane <= reach as u16);
+            }
+        }
+    }
 }

@@ -15,23 +15,31 @@ pub fn sort_hits(geo: &FinderGeometry, input: &[HitRecord], max_hits: usize, buf
     let counts = &mut buf.scratch_u32;
     counts.clear();
     counts.resize(geo.n_bins + 1, 0);
+    let hit_bin = &mut buf.hit_bin;
+    hit_bin.clear();
     let mut accepted = 0usize;
     for h in input {
         let p = h.plane as usize;
         if p >= n_planes || !h.x_mm.is_finite() || !h.y_mm.is_finite() {
             buf.overflow.bad_hits += 1;
+            hit_bin.push(u32::MAX);
             continue;
         }
         if accepted == max_hits {
             buf.overflow.hits += 1;
+            hit_bin.push(u32::MAX);
             continue;
         }
         accepted += 1;
-        counts[geo.bin(p, h.x_mm, h.y_mm) + 1] += 1;
+        let b = geo.bin(p, h.x_mm, h.y_mm);
+        hit_bin.push(b as u32);
+        counts[b + 1] += 1;
     }
     // Prefix sums: bin_start[b] = first slot of bin b.
-    for b in 0..geo.n_bins {
-        counts[b + 1] += counts[b];
+    let mut acc = 0u32;
+    for c in counts.iter_mut() {
+        acc += *c;
+        *c = acc;
     }
     sh.bin_start.clear();
     sh.bin_start.extend_from_slice(counts);
@@ -46,17 +54,11 @@ pub fn sort_hits(geo: &FinderGeometry, input: &[HitRecord], max_hits: usize, buf
     sh.used.clear();
     sh.used.resize(accepted, false);
     // Second pass: place (counts[b] is now the next free slot of bin b).
-    let mut taken = 0usize;
-    for (i, h) in input.iter().enumerate() {
-        let p = h.plane as usize;
-        if p >= n_planes || !h.x_mm.is_finite() || !h.y_mm.is_finite() {
+    for (i, (h, &b)) in input.iter().zip(buf.hit_bin.iter()).enumerate() {
+        if b == u32::MAX {
             continue;
         }
-        if taken == accepted {
-            break;
-        }
-        taken += 1;
-        let b = geo.bin(p, h.x_mm, h.y_mm);
+        let b = b as usize;
         let slot = counts[b] as usize;
         counts[b] += 1;
         sh.x_mm[slot] = h.x_mm;
@@ -127,6 +129,25 @@ mod tests {
     use crate::tracking::reco::FinderConfig;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
+
+    #[test]
+    fn bins_are_the_floor_of_the_position_clamped_to_the_grid() {
+        let det = detector(2, [0.0; 3], 0.0, 0.01);
+        let mut cfg = FinderConfig::from_detector(&det, 1.0);
+        (cfg.bins_x, cfg.bins_y) = (6, 4);
+        let geo = FinderGeometry::new(&det, &cfg);
+        // Planes of 600 x 600 mm: cells of 100 x 150 mm from (-300, -300).
+        assert_eq!(geo.bin_xy(1, -300.0, -300.0), (0, 0));
+        assert_eq!(geo.bin_xy(1, -200.5, -150.5), (0, 0));
+        assert_eq!(geo.bin_xy(1, -199.5, -149.5), (1, 1));
+        assert_eq!(geo.bin_xy(1, 0.0, 0.0), (3, 2));
+        assert_eq!(geo.bin_xy(1, 299.9, 299.9), (5, 3));
+        // Outside the plane: the edge cells; not a number: the first.
+        assert_eq!(geo.bin_xy(1, -1e4, 1e4), (0, 3));
+        assert_eq!(geo.bin_xy(1, f32::INFINITY, f32::NEG_INFINITY), (0, 0));
+        assert_eq!(geo.bin_xy(1, f32::NAN, 1e30), (0, 3));
+        assert_eq!(geo.bin(1, 0.0, 0.0), geo.planes[1].bin_offset + 2 * 6 + 3);
+    }
 
     #[test]
     fn window_ranges_hold_exactly_the_hits_in_x_of_the_rows_overlapped() {
