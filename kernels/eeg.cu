@@ -24,6 +24,39 @@ __device__ __forceinline__ void better(float &p, int &i, float op, int oi) {
     if (op > p || (op == p && oi < i)) { p = op; i = oi; }
 }
 
+// The best (power, source) of the block, in a fixed order: across each warp, then warp by
+// warp. Every thread of the block calls it; thread 0 gets the result.
+template <int WARPS>
+__device__ __forceinline__ void block_best(float &bp, int &bi, float *warp_power, int *warp_source) {
+    for (int off = 16; off > 0; off >>= 1) {
+        const float op = __shfl_down_sync(0xffffffffu, bp, off);
+        const int oi = __shfl_down_sync(0xffffffffu, bi, off);
+        better(bp, bi, op, oi);
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) { warp_power[warp] = bp; warp_source[warp] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < WARPS; ++w) better(bp, bi, warp_power[w], warp_source[w]);
+}
+
+// The frame's peak over its tiles' peaks, written by thread 0. Every thread of the block
+// (WARPS warps) calls it.
+template <int WARPS>
+__device__ __forceinline__ void frame_peak(const float *__restrict__ tile_power, const int *__restrict__ tile_source,
+                                           int n_tiles, int frame, float *warp_power, int *warp_source,
+                                           float *__restrict__ peak_power, int *__restrict__ peak_source) {
+    float bp = -1.0f;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n_tiles; i += 32 * WARPS)
+        better(bp, bi, tile_power[(long long)frame * n_tiles + i], tile_source[(long long)frame * n_tiles + i]);
+    block_best<WARPS>(bp, bi, warp_power, warp_source);
+    if (threadIdx.x == 0) {
+        peak_power[frame] = bp;
+        peak_source[frame] = bi;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(SOURCE_TILE)
 eeg_source_power(const float *__restrict__ y, long long ld_y, const float *__restrict__ scale,
                  int n_sources, int n_times, float *__restrict__ amp,
@@ -70,16 +103,8 @@ eeg_source_power(const float *__restrict__ y, long long ld_y, const float *__res
 
     float bp = valid ? power : -1.0f;
     int bi = valid ? s : 0x7fffffff;
-    for (int off = 16; off > 0; off >>= 1) {
-        const float op = __shfl_down_sync(0xffffffffu, bp, off);
-        const int oi = __shfl_down_sync(0xffffffffu, bi, off);
-        better(bp, bi, op, oi);
-    }
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) { warp_power[warp] = bp; warp_source[warp] = bi; }
-    __syncthreads();
+    block_best<SOURCE_TILE / 32>(bp, bi, warp_power, warp_source);
     if (threadIdx.x == 0) {
-        for (int w = 1; w < SOURCE_TILE / 32; ++w) better(bp, bi, warp_power[w], warp_source[w]);
         tile_power[(long long)frame * n_tiles + blockIdx.x] = bp;
         tile_source[(long long)frame * n_tiles + blockIdx.x] = bi;
     }
@@ -121,22 +146,8 @@ eeg_frame_stats(const float *__restrict__ y, long long ld_y, const float *__rest
     }
     if (t != 0) return;
 
-    float bp = -1.0f;
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < n_tiles; i += STATS_THREADS)
-        better(bp, bi, tile_power[(long long)frame * n_tiles + i], tile_source[(long long)frame * n_tiles + i]);
-    for (int off = 16; off > 0; off >>= 1) {
-        const float op = __shfl_down_sync(0xffffffffu, bp, off);
-        const int oi = __shfl_down_sync(0xffffffffu, bi, off);
-        better(bp, bi, op, oi);
-    }
-    if (lane == 0) { warp_power[warp] = bp; warp_source[warp] = bi; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < STATS_THREADS / 32; ++w) better(bp, bi, warp_power[w], warp_source[w]);
-        peak_power[frame] = bp;
-        peak_source[frame] = bi;
-    }
+    frame_peak<STATS_THREADS / 32>(tile_power, tile_source, n_tiles, frame, warp_power, warp_source,
+                                   peak_power, peak_source);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -307,15 +318,8 @@ eeg_fused_tf32x3(const float4 *__restrict__ kfrag, int ksteps, const float *__re
         float bp = ok0 ? p0 : -1.0f;
         int bi = ok0 ? src0 : 0x7fffffff;
         if (ok1) better(bp, bi, p1, src1);
-        for (int off = 16; off > 0; off >>= 1) {
-            const float op = __shfl_down_sync(0xffffffffu, bp, off);
-            const int oi = __shfl_down_sync(0xffffffffu, bi, off);
-            better(bp, bi, op, oi);
-        }
-        if (lane == 0) { warp_power[warp] = bp; warp_source[warp] = bi; }
-        __syncthreads();
+        block_best<FUSED_WARPS>(bp, bi, warp_power, warp_source);
         if (threadIdx.x == 0) {
-            for (int w = 1; w < FUSED_WARPS; ++w) better(bp, bi, warp_power[w], warp_source[w]);
             tile_power[(long long)f * n_tiles + blockIdx.x] = bp;
             tile_source[(long long)f * n_tiles + blockIdx.x] = bi;
         }
@@ -400,7 +404,6 @@ eeg_fused_reduce(const float *__restrict__ partial, int n_partials, int n_roi, i
     __shared__ float warp_power[STATS_THREADS / 32];
     __shared__ int warp_source[STATS_THREADS / 32];
     const int frame = blockIdx.x;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const float *pf = partial + (long long)frame * n_partials * n_times;
     for (int t = threadIdx.x; t < n_times; t += STATS_THREADS) {
         // Loads issued ahead (independent of the sum), added in order.
@@ -416,20 +419,6 @@ eeg_fused_reduce(const float *__restrict__ partial, int n_partials, int n_roi, i
         for (; i < n_partials; ++i) total += pf[(long long)i * n_times + t];
         roi_power[(long long)frame * n_times + t] = n_roi > 0 ? total / (float)n_roi : 0.0f;
     }
-    float bp = -1.0f;
-    int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < n_tiles; i += STATS_THREADS)
-        better(bp, bi, tile_power[(long long)frame * n_tiles + i], tile_source[(long long)frame * n_tiles + i]);
-    for (int off = 16; off > 0; off >>= 1) {
-        const float op = __shfl_down_sync(0xffffffffu, bp, off);
-        const int oi = __shfl_down_sync(0xffffffffu, bi, off);
-        better(bp, bi, op, oi);
-    }
-    if (lane == 0) { warp_power[warp] = bp; warp_source[warp] = bi; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < STATS_THREADS / 32; ++w) better(bp, bi, warp_power[w], warp_source[w]);
-        peak_power[frame] = bp;
-        peak_source[frame] = bi;
-    }
+    frame_peak<STATS_THREADS / 32>(tile_power, tile_source, n_tiles, frame, warp_power, warp_source,
+                                   peak_power, peak_source);
 }

@@ -756,25 +756,44 @@ impl GpuEegEngine {
 
     /// Copies in, multiplies, reduces, copies out, all on the slot's stream.
     fn enqueue(&self, slot_i: usize, shape: Shape, faulty: bool) -> Result<(), GpuError> {
+        self.enqueue_marked(slot_i, shape, faulty, &mut |_| Ok(()))
+    }
+
+    /// [`Self::enqueue`], calling `mark(k)` on the stream at the start of stage k (copy in,
+    /// product, norm, statistics, copy out) and `mark(5)` after the statistics' copy out.
+    fn enqueue_marked(
+        &self,
+        slot_i: usize,
+        shape: Shape,
+        faulty: bool,
+        mark: &mut dyn FnMut(usize) -> Result<(), GpuError>,
+    ) -> Result<(), GpuError> {
         let slot = &self.slots[slot_i];
         let (c, s) = (self.n_channels, self.n_sources);
         let (f, t) = (shape.n_frames, shape.n_times);
         let n = f * t;
+        mark(0)?;
         copy_to_device(
             &slot.x_host.as_slice()[..n * c],
             &slot.x_dev,
             0,
             &slot.stream,
         )?;
+        mark(1)?;
         if self.fused {
             self.launch_fused(slot, shape, faulty)?;
+            mark(2)?;
+            mark(3)?;
             self.launch_roi_partial(slot, shape)?;
             self.launch_fused_reduce(slot, shape)?;
         } else {
             self.product_blas(slot, n)?;
+            mark(2)?;
             self.launch_source_power(slot, shape, faulty)?;
+            mark(3)?;
             self.launch_frame_stats(slot, shape)?;
         }
+        mark(4)?;
         // The slot's pinned buffers are read only in `wait`, after the done event.
         copy_to_host(
             &slot.stats_dev,
@@ -782,6 +801,7 @@ impl GpuEegEngine {
             stats_len(f, t),
             &slot.stream,
         )?;
+        mark(5)?;
         if shape.amplitudes {
             if let (Some(ad), Some(ah)) = (&slot.amp_dev, &slot.amp_host) {
                 copy_to_host(ad, ah, s * n, &slot.stream)?;
@@ -1041,39 +1061,11 @@ impl GpuEegEngine {
             )
         };
         let e: Vec<CudaEvent> = (0..6).map(|_| ev()).collect::<Result<_, _>>()?;
-        let (c, n) = (self.n_channels, n_frames * n_times);
         let mut samples: Vec<[f64; 5]> = Vec::with_capacity(reps);
         for _ in 0..reps.max(1) {
-            let rec = |i: usize| driver("cuEventRecord", e[i].record(&slot.stream));
-            rec(0)?;
-            copy_to_device(
-                &slot.x_host.as_slice()[..n * c],
-                &slot.x_dev,
-                0,
-                &slot.stream,
-            )?;
-            rec(1)?;
-            if self.fused {
-                self.launch_fused(slot, shape, false)?;
-                rec(2)?;
-                rec(3)?;
-                self.launch_roi_partial(slot, shape)?;
-                self.launch_fused_reduce(slot, shape)?;
-            } else {
-                self.product_blas(slot, n)?;
-                rec(2)?;
-                self.launch_source_power(slot, shape, false)?;
-                rec(3)?;
-                self.launch_frame_stats(slot, shape)?;
-            }
-            rec(4)?;
-            copy_to_host(
-                &slot.stats_dev,
-                &slot.stats_host,
-                stats_len(n_frames, n_times),
-                &slot.stream,
-            )?;
-            rec(5)?;
+            self.enqueue_marked(0, shape, false, &mut |i| {
+                driver("cuEventRecord", e[i].record(&slot.stream))
+            })?;
             driver("cuStreamSynchronize", slot.stream.synchronize())?;
             let mut row = [0.0; 5];
             for (i, r) in row.iter_mut().enumerate() {
