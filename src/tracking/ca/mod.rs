@@ -153,9 +153,30 @@ pub struct TripleGeometry {
     pub theta2_per_qop2: f64,
     /// Variance of the change of chord slope from the resolution of the three hits.
     pub var_res: f64,
-    /// Widest half window (x) on the slope of the continuation `(j, k)` around the pointing
-    /// prediction: at the largest |q/p| and slope factor the cuts allow.
-    pub max_wx: f64,
+}
+
+/// The constants of a doublet's planes `(i, j)` the triplet step needs, in `f32`, for its
+/// lane-parallel arithmetic: one record per doublet lane.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PairLanes {
+    /// 1 when the pointing parabola is used (see [`PairGeometry::pointing`]), else 0.
+    pub pointing: f32,
+    pub inv_zi: f32,
+    pub two_inv_zj: f32,
+    /// Hard curvature errors in x and y: the origin's half size through the pointing
+    /// parabola, or without pointing the curvature bounds.
+    pub hard_kx: f32,
+    pub hard_ky: f32,
+    /// Curvature variance from scattering per (q/p)^2 (without the slope factor) and from
+    /// the resolution (0 without pointing).
+    pub kvar_ms_per_qop2: f32,
+    pub kvar_res: f32,
+    /// Plane triples `(i, j, j + 1 + s)` inside the detector (0, 1 or 2).
+    pub n_triples: u8,
+    /// Per `s`: [`TripleGeometry::half`], `theta2_per_qop2`, `var_res`.
+    pub half: [f32; 2],
+    pub theta2_per_qop2: [f32; 2],
+    pub var_res: [f32; 2],
 }
 
 /// The geometry tables of the finder.
@@ -166,6 +187,8 @@ pub struct FinderGeometry {
     pub pairs: Vec<PairGeometry>,
     /// Triplet planes `(i, j, j + 1 + s)`, `s` in 0..2, at `(i * n_planes + j) * 2 + s`.
     pub triples: Vec<TripleGeometry>,
+    /// [`PairLanes`] of planes `(i, j)` at `i * n_planes + j`.
+    pub pair_lanes: Vec<PairLanes>,
     pub n_bins: usize,
     pub field: crate::tracking::geometry::Field,
     /// Largest |B| components along the detector axis, tesla.
@@ -262,32 +285,56 @@ impl FinderGeometry {
                         ((i + 1)..k).map(|p| planes[p].theta2_per_qop2).sum();
                     let var_res =
                         var_hit(gi) / (dz * dz) + var_hit(gj) * w * w + var_hit(gk) / (dz2 * dz2);
-                    // As the triplet step's window (see `triplets`), at the largest |q/p|
-                    // and slope factor: an upper bound of every doublet's window.
-                    let pg = pairs[i * n + j];
-                    let (q, q_table) = (cfg.qop_max(), 1.0 / cfg.min_p_gev.max(1e-3));
-                    let sf2 = cfg.slope_factor * cfg.slope_factor;
-                    let kvar = pg.kappa_var_ms * sf2 * (q / q_table).powi(2) + pg.kappa_var_res;
-                    let ms = theta2_per_qop2 * q * q * (1.0 + m2 * q * q) * sf2;
-                    let var = kvar * half * half + ms + var_res;
-                    let hard = if pointing {
-                        pg.kappa_per_mm * cfg.origin_half_x_mm
-                    } else {
-                        cfg.max_curvature_x_per_mm
-                    };
                     triples[(i * n + j) * 2 + s] = TripleGeometry {
                         half,
                         theta2_per_qop2,
                         var_res,
-                        max_wx: hard * half + cfg.n_sigma * var.sqrt(),
                     };
                 }
+            }
+        }
+        // `ms_origin_mm` (hence `kappa_var_ms`) is tabulated at the minimum momentum.
+        let q_table = 1.0 / cfg.min_p_gev.max(1e-3);
+        let mut pair_lanes = vec![PairLanes::default(); n * n];
+        for i in 0..n {
+            for j in (i + 1)..n {
+                let pg = &pairs[i * n + j];
+                let mut pl = if pg.pointing {
+                    PairLanes {
+                        pointing: 1.0,
+                        inv_zi: pg.inv_zi as f32,
+                        two_inv_zj: pg.two_inv_zj as f32,
+                        hard_kx: (pg.kappa_per_mm * cfg.origin_half_x_mm) as f32,
+                        hard_ky: (pg.kappa_per_mm * cfg.origin_half_y_mm) as f32,
+                        kvar_ms_per_qop2: (pg.kappa_var_ms / (q_table * q_table)) as f32,
+                        kvar_res: pg.kappa_var_res as f32,
+                        ..Default::default()
+                    }
+                } else {
+                    PairLanes {
+                        hard_kx: cfg.max_curvature_x_per_mm as f32,
+                        hard_ky: cfg.max_curvature_y_per_mm as f32,
+                        ..Default::default()
+                    }
+                };
+                for s in 0..2 {
+                    let tg = &triples[(i * n + j) * 2 + s];
+                    if j + 1 + s >= n || tg.half <= 0.0 {
+                        break;
+                    }
+                    pl.n_triples += 1;
+                    pl.half[s] = tg.half as f32;
+                    pl.theta2_per_qop2[s] = tg.theta2_per_qop2 as f32;
+                    pl.var_res[s] = tg.var_res as f32;
+                }
+                pair_lanes[i * n + j] = pl;
             }
         }
         FinderGeometry {
             planes,
             pairs,
             triples,
+            pair_lanes,
             n_bins: offset,
             field: det.field.clone(),
             b_max_tesla,
@@ -348,6 +395,9 @@ pub struct CaBuffers {
     pub triplets: Vec<Triplet>,
     /// Per doublet: triplets whose left doublet it is, `trip_start[d]..trip_start[d + 1]`.
     pub trip_start: Vec<u32>,
+    /// Pairs of doublets inside each other's slope windows, waiting for the triplet step's
+    /// kink test (bounded: tested whenever full).
+    pub trip_candidates: Vec<triplets::Candidate>,
     /// Per triplet: left neighbours `left_start[t]..left_start[t + 1]` in `left`.
     pub left_start: Vec<u32>,
     pub left: Vec<u32>,
@@ -388,6 +438,7 @@ impl CaBuffers {
         b.doublets.reserve(limits.max_doublets);
         b.dbl_tx.reserve(limits.max_doublets);
         b.trip_start.reserve(limits.max_doublets + 1);
+        b.trip_candidates.reserve(triplets::CANDIDATES);
         b.triplets.reserve(limits.max_triplets);
         b.left_start.reserve(limits.max_triplets + 1);
         b.has_right.reserve(limits.max_triplets);
