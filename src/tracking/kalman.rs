@@ -245,22 +245,6 @@ impl Row {
     const LN_X0: usize = 4;
 }
 
-/// Quantities per step and lane gathered before the step.
-mod q {
-    /// z of the plane to reach (the lane's current z once past its first hit).
-    pub const Z_TO: usize = 0;
-    pub const VAR_X: usize = 1;
-    pub const VAR_Y: usize = 2;
-    /// Radiation length fraction crossed after the update (0: none).
-    pub const X0: usize = 3;
-    pub const LN_X0: usize = 4;
-    pub const MX: usize = 5;
-    pub const MY: usize = 6;
-    /// 1 where the lane has a hit to add on this plane, else 0.
-    pub const HIT: usize = 7;
-    pub const N: usize = 8;
-}
-
 /// Whether hits can be fitted on a detector of `n_planes` planes (one pass, no early
 /// exit): see [`KalmanFitter::fittable`].
 #[inline(always)]
@@ -269,13 +253,18 @@ fn fittable_hits(hits: &[FitHit], n_planes: usize) -> bool {
     if n < 3 || hits[n - 1].plane as usize >= n_planes {
         return false;
     }
-    let mut ok = true;
+    // One pass without branches: a plane not above the previous one counts in `bad`, a
+    // coordinate that is infinite or NaN makes `nan` NaN (`v - v` is 0 for finite `v`; the
+    // sum in order also keeps the loop scalar, which is shorter for a few hits).
+    let mut bad = 0u32;
+    let mut nan = 0.0f32;
     let mut prev = -1i32;
     for h in hits {
-        ok &= (i32::from(h.plane) > prev) & h.x_mm.is_finite() & h.y_mm.is_finite();
+        bad |= u32::from(i32::from(h.plane) <= prev);
         prev = i32::from(h.plane);
+        nan += (h.x_mm - h.x_mm) + (h.y_mm - h.y_mm);
     }
-    ok
+    bad == 0 && nan == 0.0
 }
 
 impl KalmanFitter {
@@ -441,7 +430,8 @@ impl KalmanFitter {
         let mut first_plane = [0usize; L];
         let mut last_plane = [0usize; L];
         let mut gap = false;
-        let mut max_span = 0usize;
+        let (mut min_first, mut max_last) = (usize::MAX, 0usize);
+        let (mut first_f, mut last_f) = (P::of(0.0), P::of(0.0));
         for l in 0..L {
             let h = lane_hits[l];
             let n = h.len();
@@ -467,7 +457,10 @@ impl KalmanFitter {
             first_plane[l] = ha.plane as usize;
             last_plane[l] = hn.plane as usize;
             gap |= hn.plane > hm.plane + 1;
-            max_span = max_span.max(last_plane[l] - first_plane[l]);
+            min_first = min_first.min(first_plane[l]);
+            max_last = max_last.max(last_plane[l]);
+            first_f.0[l] = T::of(first_plane[l] as f64);
+            last_f.0[l] = T::of(last_plane[l] as f64);
         }
         // Field at the middle hit (three-hit curvature) and between the last two hits.
         let (b_mid, b_last) = match &self.field {
@@ -551,52 +544,53 @@ impl KalmanFitter {
 
         let mut jac: JacobianPacks<T, L> = [[P::of(0.0); 3]; 4];
         let m2 = P::of(self.cfg.mass_gev * self.cfg.mass_gev);
-        // Step `s` takes every lane from plane `last - s + 1` to `last - s` (lanes past
-        // their first hit stay where they are); its inputs are gathered per lane first
-        // ([`q`], plane constants in the number type of the kernel).
-        let zero_t = T::of(0.0);
-        let one_t = T::of(1.0);
+        // One step per plane from the most downstream last hit of the lanes to the most
+        // upstream first hit, so that the plane's constants are the same in every lane.
+        // Lane `l` takes the step to plane `p` when `first_l <= p < last_l`; the others
+        // stay where they are (a step of length zero, no material, no hit: exactly the
+        // identity), so each lane computes what it would alone.
+        let (zero_t, one_t) = (T::of(0.0), T::of(1.0));
+        let zero = P::of(0.0);
+        let half = P::of(0.5);
         let mut hit_cursor = [0usize; L];
         for l in 0..L {
             hit_cursor[l] = lane_hits[l].len() - 2; // index of the seed's first hit
         }
-        for s in 1..=max_span {
-            let mut v = [P::of(0.0); q::N];
+        for p in (min_first..max_last).rev() {
+            let r = &rows[p];
+            let pf = P::splat(T::of(p as f64));
+            // Where the lane takes the step: `p < last` and `first - p < 1/2`.
+            let z_to = pf.lt_select(
+                last_f,
+                (first_f - pf).lt_select(half, P::splat(r[Row::Z]), z),
+                z,
+            );
+            // Material crossed after the update: `first < p < last` (none at the first
+            // hit's plane: the state is reported just downstream of it).
+            let x0 = pf.lt_select(
+                last_f,
+                first_f.lt_select(pf, P::splat(r[Row::X0]), zero),
+                zero,
+            );
+            // Next unused hit of each lane going upstream (the first hit once all are used;
+            // lanes that do not take the step have none on this plane).
+            let (mut mx, mut my, mut hit) = (zero, zero, zero);
             for l in 0..L {
-                let (first, last) = (first_plane[l], last_plane[l]);
-                let span = last - first;
-                if s <= span {
-                    let p = last - s;
-                    let r = &rows[p];
-                    v[q::Z_TO].0[l] = r[Row::Z];
-                    v[q::VAR_X].0[l] = r[Row::VAR_X];
-                    v[q::VAR_Y].0[l] = r[Row::VAR_Y];
-                    // No scattering at the first hit's plane: the state is reported
-                    // just downstream of it.
-                    v[q::X0].0[l] = if s < span { r[Row::X0] } else { zero_t };
-                    v[q::LN_X0].0[l] = r[Row::LN_X0];
-                    // Next unused hit going upstream.
-                    let h = lane_hits[l];
-                    let k = hit_cursor[l];
-                    if k > 0 && h[k - 1].plane as usize == p {
-                        hit_cursor[l] = k - 1;
-                        v[q::MX].0[l] = T::of(h[k - 1].x_mm as f64);
-                        v[q::MY].0[l] = T::of(h[k - 1].y_mm as f64);
-                        v[q::HIT].0[l] = one_t;
-                    }
-                } else {
-                    v[q::Z_TO].0[l] = z.0[l];
-                    v[q::VAR_X].0[l] = one_t;
-                    v[q::VAR_Y].0[l] = one_t;
-                }
+                let h = lane_hits[l];
+                let k = hit_cursor[l];
+                let next = &h[k.saturating_sub(1)];
+                let on_plane = (k > 0) & (next.plane as usize == p);
+                mx.0[l] = T::of(next.x_mm as f64);
+                my.0[l] = T::of(next.y_mm as f64);
+                hit.0[l] = if on_plane { one_t } else { zero_t };
+                hit_cursor[l] = k - usize::from(on_plane);
             }
             let n_steps = if self.one_step {
                 1
             } else {
                 let mut dz_max = 0.0f64;
                 for l in 0..L {
-                    if s <= last_plane[l] - first_plane[l] {
-                        let p = last_plane[l] - s;
+                    if first_plane[l] <= p && p < last_plane[l] {
                         dz_max = dz_max.max((self.planes[p].z_mm - z.0[l].to_f64()).abs());
                     }
                 }
@@ -614,27 +608,20 @@ impl KalmanFitter {
                 &mut tx,
                 &mut ty,
                 qop,
-                v[q::Z_TO],
+                z_to,
                 n_steps,
                 &mut jac,
             );
             transport_cov(&mut c, &jac);
             let mut st = [x, y, tx, ty, qop];
-            update(
-                &mut st,
-                &mut c,
-                &mut chi2,
-                [v[q::MX], v[q::MY]],
-                [v[q::VAR_X], v[q::VAR_Y]],
-                v[q::HIT],
-            );
+            let var = [P::splat(r[Row::VAR_X]), P::splat(r[Row::VAR_Y])];
+            update(&mut st, &mut c, &mut chi2, [mx, my], var, hit);
             [x, y, tx, ty, qop] = st;
-            scatter(&mut c, tx, ty, qop, v[q::X0], v[q::LN_X0], m2);
+            scatter(&mut c, tx, ty, qop, x0, P::splat(r[Row::LN_X0]), m2);
         }
 
         // Lanes whose result is not finite (a non-finite value times zero is NaN) or
         // has a negative variance.
-        let zero = P::of(0.0);
         let mut probe = chi2 * zero;
         for v in [x, y, tx, ty, qop].iter().chain(c.iter()) {
             probe += *v * zero;
