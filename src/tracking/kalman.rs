@@ -28,11 +28,15 @@
 #![allow(clippy::needless_range_loop)]
 
 use crate::tracking::geometry::{Detector, Field};
+#[cfg(target_arch = "x86_64")]
+use crate::tracking::propagate::F32Avx2;
 use crate::tracking::propagate::{
     propagate_gap, steps_for, JacobianPacks, Pack, Real, K_GEV_PER_T_MM,
 };
 use crate::tracking::track::{Track, TrackState};
 use serde::Deserialize;
+#[cfg(target_arch = "x86_64")]
+use std::any::TypeId;
 
 /// Lanes of the single-precision hot path.
 pub const LANES: usize = 8;
@@ -376,7 +380,15 @@ impl KalmanFitter {
                 // SAFETY: `kernel` is only `Avx2Fma` when the CPU reported AVX2 and FMA
                 // (`FitKernel::detect`, `with_kernel`).
                 #[cfg(target_arch = "x86_64")]
-                FitKernel::Avx2Fma => unsafe { self.fit_lanes_avx2::<T, L>(chunk, o) },
+                FitKernel::Avx2Fma => unsafe {
+                    // Eight single-precision lanes compute as `F32Avx2` (explicit 256-bit
+                    // instructions); other lane types as they are.
+                    if L == LANES && TypeId::of::<T>() == TypeId::of::<f32>() {
+                        self.fit_lanes_avx2::<F32Avx2, LANES>(chunk, o)
+                    } else {
+                        self.fit_lanes_avx2::<T, L>(chunk, o)
+                    }
+                },
                 _ => self.fit_lanes_portable::<T, L>(chunk, o),
             }
         }

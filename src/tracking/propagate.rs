@@ -128,8 +128,11 @@ impl Real for f64 {
 /// `L` lanes of `T`, one track per lane: arithmetic applies lane by lane, loops of fixed
 /// length that compile to SIMD instructions (two SSE or one AVX instruction for eight
 /// `f32`). The lane kernels of the propagator and the fitter are written with it.
+///
+/// Aligned to 32 bytes (a 256-bit register): packs kept on the stack never straddle a
+/// cache line.
 #[derive(Clone, Copy, Debug, PartialEq)]
-#[repr(transparent)]
+#[repr(C, align(32))]
 pub struct Pack<T, const L: usize>(pub [T; L]);
 
 impl<T: Real, const L: usize> Pack<T, L> {
@@ -147,6 +150,11 @@ impl<T: Real, const L: usize> Pack<T, L> {
 
     #[inline(always)]
     pub fn abs(self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if avx::is::<T, L>() {
+            // SAFETY: lanes of `F32Avx2` only exist in the AVX2+FMA kernel (see there).
+            return unsafe { avx::abs(self) };
+        }
         let mut r = self;
         for l in 0..L {
             r.0[l] = self.0[l].abs();
@@ -156,6 +164,11 @@ impl<T: Real, const L: usize> Pack<T, L> {
 
     #[inline(always)]
     pub fn sqrt(self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if avx::is::<T, L>() {
+            // SAFETY: as in `abs`.
+            return unsafe { avx::sqrt(self) };
+        }
         let mut r = self;
         for l in 0..L {
             r.0[l] = self.0[l].sqrt();
@@ -163,9 +176,25 @@ impl<T: Real, const L: usize> Pack<T, L> {
         r
     }
 
+    /// `self * b + c`, with one rounding (a fused multiply-add) in the AVX2+FMA kernel.
+    #[inline(always)]
+    pub fn mul_add(self, b: Self, c: Self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if avx::is::<T, L>() {
+            // SAFETY: as in `abs`.
+            return unsafe { avx::mul_add(self, b, c) };
+        }
+        self * b + c
+    }
+
     /// Lane by lane: `a` where `self < b`, else `c`.
     #[inline(always)]
     pub fn lt_select(self, b: Self, a: Self, c: Self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if avx::is::<T, L>() {
+            // SAFETY: as in `abs`.
+            return unsafe { avx::lt_select(self, b, a, c) };
+        }
         let mut r = c;
         for l in 0..L {
             if self.0[l] < b.0[l] {
@@ -177,11 +206,16 @@ impl<T: Real, const L: usize> Pack<T, L> {
 }
 
 macro_rules! pack_binary_op {
-    ($tr:ident, $f:ident, $op:tt, $tra:ident, $fa:ident) => {
+    ($tr:ident, $f:ident, $op:tt, $tra:ident, $fa:ident, $avx:ident) => {
         impl<T: Real, const L: usize> $tr for Pack<T, L> {
             type Output = Self;
             #[inline(always)]
             fn $f(self, o: Self) -> Self {
+                #[cfg(target_arch = "x86_64")]
+                if avx::is::<T, L>() {
+                    // SAFETY: lanes of `F32Avx2` only exist in the AVX2+FMA kernel.
+                    return unsafe { avx::put(avx::$avx(avx::get(self), avx::get(o))) };
+                }
                 let mut r = self;
                 for l in 0..L {
                     r.0[l] = self.0[l] $op o.0[l];
@@ -197,20 +231,192 @@ macro_rules! pack_binary_op {
         }
     };
 }
-pack_binary_op!(Add, add, +, AddAssign, add_assign);
-pack_binary_op!(Sub, sub, -, SubAssign, sub_assign);
-pack_binary_op!(Mul, mul, *, MulAssign, mul_assign);
-pack_binary_op!(Div, div, /, DivAssign, div_assign);
+pack_binary_op!(Add, add, +, AddAssign, add_assign, _mm256_add_ps);
+pack_binary_op!(Sub, sub, -, SubAssign, sub_assign, _mm256_sub_ps);
+pack_binary_op!(Mul, mul, *, MulAssign, mul_assign, _mm256_mul_ps);
+pack_binary_op!(Div, div, /, DivAssign, div_assign, _mm256_div_ps);
 
 impl<T: Real, const L: usize> Neg for Pack<T, L> {
     type Output = Self;
     #[inline(always)]
     fn neg(self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if avx::is::<T, L>() {
+            // SAFETY: as in `abs`.
+            return unsafe { avx::neg(self) };
+        }
         let mut r = self;
         for l in 0..L {
             r.0[l] = -self.0[l];
         }
         r
+    }
+}
+
+/// The single-precision lane type of the AVX2+FMA kernel: an `f32` whose [`Pack`]s of 8
+/// compute with explicit 256-bit instructions (each operation one instruction on one
+/// register), so that the register allocation works on whole packs instead of on vectors
+/// that the compiler forms, and sometimes mixes across packs, from the lane loops.
+///
+/// Only the fitter's AVX2+FMA kernel, which runs on CPUs that report both, may compute
+/// with it: the type is private to the crate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, PartialOrd)]
+#[repr(transparent)]
+pub(crate) struct F32Avx2(pub f32);
+
+macro_rules! f32avx2_op {
+    ($tr:ident, $f:ident, $op:tt) => {
+        impl $tr for F32Avx2 {
+            type Output = Self;
+            #[inline(always)]
+            fn $f(self, o: Self) -> Self {
+                F32Avx2(self.0 $op o.0)
+            }
+        }
+    };
+}
+f32avx2_op!(Add, add, +);
+f32avx2_op!(Sub, sub, -);
+f32avx2_op!(Mul, mul, *);
+f32avx2_op!(Div, div, /);
+
+impl Neg for F32Avx2 {
+    type Output = Self;
+    #[inline(always)]
+    fn neg(self) -> Self {
+        F32Avx2(-self.0)
+    }
+}
+
+impl AddAssign for F32Avx2 {
+    #[inline(always)]
+    fn add_assign(&mut self, o: Self) {
+        self.0 += o.0;
+    }
+}
+
+impl Real for F32Avx2 {
+    #[inline(always)]
+    fn of(v: f64) -> Self {
+        F32Avx2(v as f32)
+    }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self.0 as f64
+    }
+    #[inline(always)]
+    fn sqrt(self) -> Self {
+        F32Avx2(self.0.sqrt())
+    }
+    #[inline(always)]
+    fn abs(self) -> Self {
+        F32Avx2(self.0.abs())
+    }
+    #[inline(always)]
+    fn ln(self) -> Self {
+        F32Avx2(self.0.ln())
+    }
+    #[inline(always)]
+    fn max(self, o: Self) -> Self {
+        F32Avx2(self.0.max(o.0))
+    }
+    #[inline(always)]
+    fn min(self, o: Self) -> Self {
+        F32Avx2(self.0.min(o.0))
+    }
+    #[inline(always)]
+    fn table<'a, const N: usize>(f32s: &'a [[f32; N]], _: &'a [[f64; N]]) -> &'a [[Self; N]] {
+        // SAFETY: `F32Avx2` is a transparent `f32`: same size, alignment and validity, so
+        // the slice of arrays is one of arrays of `F32Avx2` of the same length.
+        unsafe { std::slice::from_raw_parts(f32s.as_ptr().cast::<[Self; N]>(), f32s.len()) }
+    }
+}
+
+/// [`Pack`]s of eight [`F32Avx2`] as `__m256`. Every function requires that the CPU runs
+/// AVX2 and FMA, which holds wherever such packs exist (the AVX2+FMA kernel); they are
+/// inlined into that kernel, which enables the instructions.
+#[cfg(target_arch = "x86_64")]
+mod avx {
+    use super::{F32Avx2, Pack};
+    use std::any::TypeId;
+    pub(super) use std::arch::x86_64::{
+        __m256, _mm256_add_ps, _mm256_div_ps, _mm256_mul_ps, _mm256_sub_ps,
+    };
+    use std::arch::x86_64::{
+        _mm256_and_ps, _mm256_blendv_ps, _mm256_castsi256_ps, _mm256_cmp_ps, _mm256_fmadd_ps,
+        _mm256_set1_epi32, _mm256_set1_ps, _mm256_sqrt_ps, _mm256_xor_ps, _CMP_LT_OQ,
+    };
+
+    /// Whether `Pack<T, L>` is a pack of eight [`F32Avx2`] (decided at compile time).
+    #[inline(always)]
+    pub(super) fn is<T: 'static, const L: usize>() -> bool {
+        L == 8 && TypeId::of::<T>() == TypeId::of::<F32Avx2>()
+    }
+
+    /// # Safety
+    /// `is::<T, L>()`.
+    #[inline(always)]
+    pub(super) unsafe fn get<T, const L: usize>(p: Pack<T, L>) -> __m256 {
+        // SAFETY: eight transparent `f32`, 32 bytes, read unaligned.
+        unsafe { std::mem::transmute_copy(&p) }
+    }
+
+    /// # Safety
+    /// `is::<T, L>()`.
+    #[inline(always)]
+    pub(super) unsafe fn put<T, const L: usize>(v: __m256) -> Pack<T, L> {
+        // SAFETY: as in `get`; every bit pattern is a valid `f32`.
+        unsafe { std::mem::transmute_copy(&v) }
+    }
+
+    /// # Safety
+    /// `is::<T, L>()` and the CPU runs AVX2 and FMA.
+    #[inline(always)]
+    pub(super) unsafe fn mul_add<T, const L: usize>(
+        a: Pack<T, L>,
+        b: Pack<T, L>,
+        c: Pack<T, L>,
+    ) -> Pack<T, L> {
+        unsafe { put(_mm256_fmadd_ps(get(a), get(b), get(c))) }
+    }
+
+    /// # Safety
+    /// `is::<T, L>()` and the CPU runs AVX2 and FMA.
+    #[inline(always)]
+    pub(super) unsafe fn sqrt<T, const L: usize>(a: Pack<T, L>) -> Pack<T, L> {
+        unsafe { put(_mm256_sqrt_ps(get(a))) }
+    }
+
+    /// # Safety
+    /// `is::<T, L>()` and the CPU runs AVX2 and FMA.
+    #[inline(always)]
+    pub(super) unsafe fn abs<T, const L: usize>(a: Pack<T, L>) -> Pack<T, L> {
+        unsafe {
+            let mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+            put(_mm256_and_ps(get(a), mask))
+        }
+    }
+
+    /// # Safety
+    /// `is::<T, L>()` and the CPU runs AVX2 and FMA.
+    #[inline(always)]
+    pub(super) unsafe fn neg<T, const L: usize>(a: Pack<T, L>) -> Pack<T, L> {
+        unsafe { put(_mm256_xor_ps(get(a), _mm256_set1_ps(-0.0))) }
+    }
+
+    /// # Safety
+    /// `is::<T, L>()` and the CPU runs AVX2 and FMA.
+    #[inline(always)]
+    pub(super) unsafe fn lt_select<T, const L: usize>(
+        x: Pack<T, L>,
+        y: Pack<T, L>,
+        a: Pack<T, L>,
+        c: Pack<T, L>,
+    ) -> Pack<T, L> {
+        unsafe {
+            let m = _mm256_cmp_ps::<_CMP_LT_OQ>(get(x), get(y));
+            put(_mm256_blendv_ps(get(c), get(a), m))
+        }
     }
 }
 
