@@ -722,7 +722,9 @@ impl KalmanFitter {
     /// One kernel call for the whole batch: the same fits as [`fit_lanes`](Self::fit_lanes)
     /// on chunks of [`LANES`] (what the finder calls).
     pub fn fit_batch(&self, tracks: &[&[FitHit]], out: &mut Vec<FitOutput>) {
-        out.clear();
+        // Every entry is written by the kernel: only new entries are initialised (a
+        // buffer reused at the same length is not written twice).
+        out.truncate(tracks.len());
         out.resize(tracks.len(), FitOutput::default());
         self.chunks::<f32, LANES>(tracks, out);
     }
@@ -756,39 +758,37 @@ fn bending_packs<T: Real, const L: usize>(
 #[inline(always)]
 fn transport_cov<T: Real, const L: usize>(c: &mut [Pack<T, L>; 15], jac: &JacobianPacks<T, L>) {
     let [ja, jb, jc, jd] = jac;
-    let e = |i: usize, k: usize| c[tri(i, k)];
+    let old = *c;
+    let e = |i: usize, k: usize| old[tri(i, k)];
     // Row `r` of the Jacobian block against row `i` of C, columns tx, ty, qop.
     let dot = |r: &[Pack<T, L>; 3], i: usize| r[0] * e(i, 2) + r[1] * e(i, 3) + r[2] * e(i, 4);
-    let b00 = e(0, 0) + dot(ja, 0);
-    let b10 = e(1, 0) + dot(ja, 1);
-    let b20 = e(2, 0) + dot(ja, 2);
-    let b30 = e(3, 0) + dot(ja, 3);
-    let b40 = e(4, 0) + dot(ja, 4);
-    let b11 = e(1, 1) + dot(jb, 1);
-    let b21 = e(2, 1) + dot(jb, 2);
-    let b31 = e(3, 1) + dot(jb, 3);
-    let b41 = e(4, 1) + dot(jb, 4);
-    let (b22, b32, b42) = (dot(jc, 2), dot(jc, 3), dot(jc, 4));
-    let (b23, b33, b43) = (dot(jd, 2), dot(jd, 3), dot(jd, 4));
     let row = |r: &[Pack<T, L>; 3], v2: Pack<T, L>, v3: Pack<T, L>, v4: Pack<T, L>| {
         r[0] * v2 + r[1] * v3 + r[2] * v4
     };
-    let c44 = e(4, 4);
-    c[tri(0, 0)] = b00 + row(ja, b20, b30, b40);
-    c[tri(1, 0)] = b10 + row(jb, b20, b30, b40);
-    c[tri(1, 1)] = b11 + row(jb, b21, b31, b41);
+    // Column by column (x, y, tx, ty): each column of `B` is used up before the next is
+    // formed, so that fewer values are live at once.
+    let b20 = e(2, 0) + dot(ja, 2);
+    let b30 = e(3, 0) + dot(ja, 3);
+    let b40 = e(4, 0) + dot(ja, 4);
+    c[tri(0, 0)] = e(0, 0) + dot(ja, 0) + row(ja, b20, b30, b40);
+    c[tri(1, 0)] = e(1, 0) + dot(ja, 1) + row(jb, b20, b30, b40);
     c[tri(2, 0)] = row(jc, b20, b30, b40);
-    c[tri(2, 1)] = row(jc, b21, b31, b41);
-    c[tri(2, 2)] = row(jc, b22, b32, b42);
     c[tri(3, 0)] = row(jd, b20, b30, b40);
-    c[tri(3, 1)] = row(jd, b21, b31, b41);
-    c[tri(3, 2)] = row(jd, b22, b32, b42);
-    c[tri(3, 3)] = row(jd, b23, b33, b43);
     c[tri(4, 0)] = b40;
+    let b21 = e(2, 1) + dot(jb, 2);
+    let b31 = e(3, 1) + dot(jb, 3);
+    let b41 = e(4, 1) + dot(jb, 4);
+    c[tri(1, 1)] = e(1, 1) + dot(jb, 1) + row(jb, b21, b31, b41);
+    c[tri(2, 1)] = row(jc, b21, b31, b41);
+    c[tri(3, 1)] = row(jd, b21, b31, b41);
     c[tri(4, 1)] = b41;
+    let (b22, b32, b42) = (dot(jc, 2), dot(jc, 3), dot(jc, 4));
+    c[tri(2, 2)] = row(jc, b22, b32, b42);
+    c[tri(3, 2)] = row(jd, b22, b32, b42);
     c[tri(4, 2)] = b42;
+    let (b23, b33, b43) = (dot(jd, 2), dot(jd, 3), dot(jd, 4));
+    c[tri(3, 3)] = row(jd, b23, b33, b43);
     c[tri(4, 3)] = b43;
-    c[tri(4, 4)] = c44;
 }
 
 /// 2D measurement update of x and y (`st` = x, y, tx, ty, qop; measurement `m`, variances
