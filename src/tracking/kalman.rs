@@ -257,18 +257,13 @@ fn fittable_hits(hits: &[FitHit], n_planes: usize) -> bool {
     if n < 3 || hits[n - 1].plane as usize >= n_planes {
         return false;
     }
-    // One pass without branches: a plane not above the previous one counts in `bad`, a
-    // coordinate that is infinite or NaN makes `nan` NaN (`v - v` is 0 for finite `v`; the
-    // sum in order also keeps the loop scalar, which is shorter for a few hits).
-    let mut bad = 0u32;
-    let mut nan = 0.0f32;
+    let mut ok = true;
     let mut prev = -1i32;
     for h in hits {
-        bad |= u32::from(i32::from(h.plane) <= prev);
+        ok &= (i32::from(h.plane) > prev) & h.x_mm.is_finite() & h.y_mm.is_finite();
         prev = i32::from(h.plane);
-        nan += (h.x_mm - h.x_mm) + (h.y_mm - h.y_mm);
     }
-    bad == 0 && nan == 0.0
+    ok
 }
 
 /// The part of [`fittable_hits`] that the lane kernel checks before fitting: at least three
@@ -1146,6 +1141,46 @@ mod tests {
                 }
                 assert!((o.chi2 - r.chi2).abs() < 1e-2 * (1.0 + r.chi2), "track {k}");
             }
+        }
+    }
+
+    /// Planes out of order or repeated between the hits that seed the fit (which the
+    /// kernel checks only after the fit) flag the lane and leave the others as they are.
+    #[test]
+    fn planes_out_of_order_inside_a_track_are_flagged_after_the_fit() {
+        let (det, sets) = tracks(
+            Field::Uniform {
+                b_tesla: [0.0, 0.8, 0.0],
+            },
+            8,
+        );
+        let fitter = KalmanFitter::new(&det, FitConfig::from_detector(&det));
+        let good = sets
+            .iter()
+            .find(|h| h.len() == 8)
+            .expect("a track on every plane");
+        // Hits 0, 4, 6 and 7 seed the fit; swap hits 1 and 2, repeat the plane of hit 5.
+        let mut swapped = good.clone();
+        swapped.swap(1, 2);
+        let mut repeated = good.clone();
+        repeated[5].plane = repeated[4].plane;
+        let mut dropped = good.clone();
+        dropped.remove(2);
+        for bad in [&swapped, &repeated] {
+            assert!(!fitter.fittable(bad));
+            assert!(seedable_hits(bad, det.planes.len()));
+        }
+        let batch: [&[FitHit]; 4] = [&swapped, good, &repeated, &dropped];
+        let mut out = [FitOutput::default(); 4];
+        fitter.fit_lanes::<f32, LANES>(&batch, &mut out);
+        assert!(!out[0].ok && !out[2].ok);
+        assert_eq!(out[0], FitOutput::default());
+        assert_eq!(out[2], FitOutput::default());
+        for (k, hits) in [(1, good), (3, &dropped)] {
+            let mut alone = [FitOutput::default()];
+            fitter.fit_lanes::<f32, LANES>(&[hits], &mut alone);
+            assert!(alone[0].ok);
+            assert_eq!(alone[0], out[k], "lane {k}");
         }
     }
 
