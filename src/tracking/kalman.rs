@@ -15,13 +15,15 @@
 //!
 //! Layout: `L` tracks at once in structure-of-arrays lanes ([`Pack`]: `f32`, `L = 8` in
 //! the hot path), the same code as the `f64` one-lane reference used in tests. The lane
-//! kernel is compiled for the target's baseline and, on x86_64, for AVX2 with FMA, and the
-//! fitter picks the one the CPU runs when it is built ([`FitKernel`]).
+//! kernel is compiled for the target's baseline and, on x86_64, for AVX2 with FMA (where
+//! eight `f32` lanes compute as explicit 256-bit instructions, see `propagate::F32Avx2`),
+//! and the fitter picks the one the CPU runs when it is built ([`FitKernel`]).
 //!
-//! Per plane: one RK4 step through the gap (several where the field is not uniform) with
-//! the derivatives of the stage slopes only ([`propagate_gap`]), the covariance transport
-//! with the block structure of the Jacobian, the 2D update of x and y and the scattering
-//! noise from constants of the plane computed once.
+//! Per plane, the same plane in every lane (lanes outside their span take an exact
+//! identity step): one RK4 step through the gap (several where the field is not uniform)
+//! with the derivatives of the stage slopes only ([`propagate_gap`]), the covariance
+//! transport with the block structure of the Jacobian, the 2D update of x and y and the
+//! scattering noise from constants of the plane computed once.
 
 // Lane loops index several structure-of-arrays quantities in lockstep (what LLVM
 // vectorises); iterator chains over one of them would hide that.

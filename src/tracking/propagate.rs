@@ -10,6 +10,8 @@
 //! [`propagate_gap`] is the fitter's form of the same map on [`Pack`]s: the derivatives of
 //! the position rows follow from those of the slopes, so only the latter go through the
 //! stages.
+//! On x86_64 the fitter's AVX2+FMA kernel computes with packs of eight `F32Avx2`, whose
+//! operations are explicit 256-bit instructions (the same code, another lane type).
 //!
 //! State: `(x_mm, y_mm, tx, ty, qop)` at `z_mm`, `tx = dx/dz`, `ty = dy/dz`, `qop = q/p` in
 //! e/(GeV/c). Equations of motion (no energy loss):
