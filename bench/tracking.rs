@@ -3,7 +3,9 @@
 //! and Kalman fits per second on one and two threads (the kernel the CPU runs and the
 //! portable one).
 //!
-//! `cargo bench --bench tracking` (options after `--`: `--events N`, `--fits N`).
+//! `cargo bench --bench tracking` (options after `--`: `--events N` (0: fits only),
+//! `--fits N`, `--fit-threads N` (fits on 1..=N threads, default 2), `--portable 0` (only
+//! the kernel the CPU runs)).
 
 use std::time::Instant;
 use trigd::tracking::geometry::Detector;
@@ -36,9 +38,16 @@ fn main() {
         ("minbias", Preset::Minbias, n_events * 20),
         ("central", Preset::Central, n_events),
     ] {
-        bench_events(&det, name, preset, n);
+        if n > 0 {
+            bench_events(&det, name, preset, n);
+        }
     }
-    bench_fits(&det, n_fits);
+    bench_fits(
+        &det,
+        n_fits,
+        arg("--fit-threads", 2),
+        arg("--portable", 1) != 0,
+    );
 }
 
 fn bench_events(det: &Detector, name: &str, preset: Preset, n: u64) {
@@ -84,7 +93,7 @@ fn bench_events(det: &Detector, name: &str, preset: Preset, n: u64) {
     }
 }
 
-fn bench_fits(det: &Detector, n_fits: usize) {
+fn bench_fits(det: &Detector, n_fits: usize, max_threads: usize, portable: bool) {
     // Real hit sets: the true hits of simulated central-event particles.
     let sim = SimConfig::preset(Preset::Central);
     let mut sets: Vec<Vec<FitHit>> = Vec::new();
@@ -116,13 +125,13 @@ fn bench_fits(det: &Detector, n_fits: usize) {
     // The kernel the fitter picks on this CPU, then the portable one for comparison.
     let best = KalmanFitter::new(det, FitConfig::from_detector(det));
     let mut kernels = vec![best.kernel()];
-    if best.kernel() != FitKernel::Portable {
+    if portable && best.kernel() != FitKernel::Portable {
         kernels.push(FitKernel::Portable);
     }
     for kernel in kernels {
         let fitter = best.clone().with_kernel(kernel);
         println!("  kernel {kernel:?}:");
-        for threads in [1usize, 2] {
+        for threads in 1..=max_threads.max(1) {
             let per_thread = n_fits / threads;
             let t0 = Instant::now();
             // Each thread fits all hit sets into its own output buffer with the shared

@@ -10,6 +10,8 @@
 //! [`propagate_gap`] is the fitter's form of the same map on [`Pack`]s: the derivatives of
 //! the position rows follow from those of the slopes, so only the latter go through the
 //! stages.
+//! On x86_64 the fitter's AVX2+FMA kernel computes with packs of eight `F32Avx2`, whose
+//! operations are explicit 256-bit instructions (the same code, another lane type).
 //!
 //! State: `(x_mm, y_mm, tx, ty, qop)` at `z_mm`, `tx = dx/dz`, `ty = dy/dz`, `qop = q/p` in
 //! e/(GeV/c). Equations of motion (no energy loss):
@@ -128,8 +130,11 @@ impl Real for f64 {
 /// `L` lanes of `T`, one track per lane: arithmetic applies lane by lane, loops of fixed
 /// length that compile to SIMD instructions (two SSE or one AVX instruction for eight
 /// `f32`). The lane kernels of the propagator and the fitter are written with it.
+///
+/// Aligned to 32 bytes (a 256-bit register): packs kept on the stack never straddle a
+/// cache line.
 #[derive(Clone, Copy, Debug, PartialEq)]
-#[repr(transparent)]
+#[repr(C, align(32))]
 pub struct Pack<T, const L: usize>(pub [T; L]);
 
 impl<T: Real, const L: usize> Pack<T, L> {
@@ -147,6 +152,11 @@ impl<T: Real, const L: usize> Pack<T, L> {
 
     #[inline(always)]
     pub fn abs(self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if avx::is::<T, L>() {
+            // SAFETY: lanes of `F32Avx2` only exist in the AVX2+FMA kernel (see there).
+            return unsafe { avx::abs(self) };
+        }
         let mut r = self;
         for l in 0..L {
             r.0[l] = self.0[l].abs();
@@ -156,6 +166,11 @@ impl<T: Real, const L: usize> Pack<T, L> {
 
     #[inline(always)]
     pub fn sqrt(self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if avx::is::<T, L>() {
+            // SAFETY: as in `abs`.
+            return unsafe { avx::sqrt(self) };
+        }
         let mut r = self;
         for l in 0..L {
             r.0[l] = self.0[l].sqrt();
@@ -163,9 +178,25 @@ impl<T: Real, const L: usize> Pack<T, L> {
         r
     }
 
+    /// `self * b + c`, with one rounding (a fused multiply-add) in the AVX2+FMA kernel.
+    #[inline(always)]
+    pub fn mul_add(self, b: Self, c: Self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if avx::is::<T, L>() {
+            // SAFETY: as in `abs`.
+            return unsafe { avx::mul_add(self, b, c) };
+        }
+        self * b + c
+    }
+
     /// Lane by lane: `a` where `self < b`, else `c`.
     #[inline(always)]
     pub fn lt_select(self, b: Self, a: Self, c: Self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if avx::is::<T, L>() {
+            // SAFETY: as in `abs`.
+            return unsafe { avx::lt_select(self, b, a, c) };
+        }
         let mut r = c;
         for l in 0..L {
             if self.0[l] < b.0[l] {
@@ -177,11 +208,16 @@ impl<T: Real, const L: usize> Pack<T, L> {
 }
 
 macro_rules! pack_binary_op {
-    ($tr:ident, $f:ident, $op:tt, $tra:ident, $fa:ident) => {
+    ($tr:ident, $f:ident, $op:tt, $tra:ident, $fa:ident, $avx:ident) => {
         impl<T: Real, const L: usize> $tr for Pack<T, L> {
             type Output = Self;
             #[inline(always)]
             fn $f(self, o: Self) -> Self {
+                #[cfg(target_arch = "x86_64")]
+                if avx::is::<T, L>() {
+                    // SAFETY: lanes of `F32Avx2` only exist in the AVX2+FMA kernel.
+                    return unsafe { avx::put(avx::$avx(avx::get(self), avx::get(o))) };
+                }
                 let mut r = self;
                 for l in 0..L {
                     r.0[l] = self.0[l] $op o.0[l];
@@ -197,20 +233,192 @@ macro_rules! pack_binary_op {
         }
     };
 }
-pack_binary_op!(Add, add, +, AddAssign, add_assign);
-pack_binary_op!(Sub, sub, -, SubAssign, sub_assign);
-pack_binary_op!(Mul, mul, *, MulAssign, mul_assign);
-pack_binary_op!(Div, div, /, DivAssign, div_assign);
+pack_binary_op!(Add, add, +, AddAssign, add_assign, _mm256_add_ps);
+pack_binary_op!(Sub, sub, -, SubAssign, sub_assign, _mm256_sub_ps);
+pack_binary_op!(Mul, mul, *, MulAssign, mul_assign, _mm256_mul_ps);
+pack_binary_op!(Div, div, /, DivAssign, div_assign, _mm256_div_ps);
 
 impl<T: Real, const L: usize> Neg for Pack<T, L> {
     type Output = Self;
     #[inline(always)]
     fn neg(self) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if avx::is::<T, L>() {
+            // SAFETY: as in `abs`.
+            return unsafe { avx::neg(self) };
+        }
         let mut r = self;
         for l in 0..L {
             r.0[l] = -self.0[l];
         }
         r
+    }
+}
+
+/// The single-precision lane type of the AVX2+FMA kernel: an `f32` whose [`Pack`]s of 8
+/// compute with explicit 256-bit instructions (each operation one instruction on one
+/// register), so that the register allocation works on whole packs instead of on vectors
+/// that the compiler forms, and sometimes mixes across packs, from the lane loops.
+///
+/// Only the fitter's AVX2+FMA kernel, which runs on CPUs that report both, may compute
+/// with it: the type is private to the crate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, PartialOrd)]
+#[repr(transparent)]
+pub(crate) struct F32Avx2(pub f32);
+
+macro_rules! f32avx2_op {
+    ($tr:ident, $f:ident, $op:tt) => {
+        impl $tr for F32Avx2 {
+            type Output = Self;
+            #[inline(always)]
+            fn $f(self, o: Self) -> Self {
+                F32Avx2(self.0 $op o.0)
+            }
+        }
+    };
+}
+f32avx2_op!(Add, add, +);
+f32avx2_op!(Sub, sub, -);
+f32avx2_op!(Mul, mul, *);
+f32avx2_op!(Div, div, /);
+
+impl Neg for F32Avx2 {
+    type Output = Self;
+    #[inline(always)]
+    fn neg(self) -> Self {
+        F32Avx2(-self.0)
+    }
+}
+
+impl AddAssign for F32Avx2 {
+    #[inline(always)]
+    fn add_assign(&mut self, o: Self) {
+        self.0 += o.0;
+    }
+}
+
+impl Real for F32Avx2 {
+    #[inline(always)]
+    fn of(v: f64) -> Self {
+        F32Avx2(v as f32)
+    }
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self.0 as f64
+    }
+    #[inline(always)]
+    fn sqrt(self) -> Self {
+        F32Avx2(self.0.sqrt())
+    }
+    #[inline(always)]
+    fn abs(self) -> Self {
+        F32Avx2(self.0.abs())
+    }
+    #[inline(always)]
+    fn ln(self) -> Self {
+        F32Avx2(self.0.ln())
+    }
+    #[inline(always)]
+    fn max(self, o: Self) -> Self {
+        F32Avx2(self.0.max(o.0))
+    }
+    #[inline(always)]
+    fn min(self, o: Self) -> Self {
+        F32Avx2(self.0.min(o.0))
+    }
+    #[inline(always)]
+    fn table<'a, const N: usize>(f32s: &'a [[f32; N]], _: &'a [[f64; N]]) -> &'a [[Self; N]] {
+        // SAFETY: `F32Avx2` is a transparent `f32`: same size, alignment and validity, so
+        // the slice of arrays is one of arrays of `F32Avx2` of the same length.
+        unsafe { std::slice::from_raw_parts(f32s.as_ptr().cast::<[Self; N]>(), f32s.len()) }
+    }
+}
+
+/// [`Pack`]s of eight [`F32Avx2`] as `__m256`. Every function requires that the CPU runs
+/// AVX2 and FMA, which holds wherever such packs exist (the AVX2+FMA kernel); they are
+/// inlined into that kernel, which enables the instructions.
+#[cfg(target_arch = "x86_64")]
+mod avx {
+    use super::{F32Avx2, Pack};
+    use std::any::TypeId;
+    pub(super) use std::arch::x86_64::{
+        __m256, _mm256_add_ps, _mm256_div_ps, _mm256_mul_ps, _mm256_sub_ps,
+    };
+    use std::arch::x86_64::{
+        _mm256_and_ps, _mm256_blendv_ps, _mm256_castsi256_ps, _mm256_cmp_ps, _mm256_fmadd_ps,
+        _mm256_set1_epi32, _mm256_set1_ps, _mm256_sqrt_ps, _mm256_xor_ps, _CMP_LT_OQ,
+    };
+
+    /// Whether `Pack<T, L>` is a pack of eight [`F32Avx2`] (decided at compile time).
+    #[inline(always)]
+    pub(super) fn is<T: 'static, const L: usize>() -> bool {
+        L == 8 && TypeId::of::<T>() == TypeId::of::<F32Avx2>()
+    }
+
+    /// # Safety
+    /// `is::<T, L>()`.
+    #[inline(always)]
+    pub(super) unsafe fn get<T, const L: usize>(p: Pack<T, L>) -> __m256 {
+        // SAFETY: eight transparent `f32`, 32 bytes, read unaligned.
+        unsafe { std::mem::transmute_copy(&p) }
+    }
+
+    /// # Safety
+    /// `is::<T, L>()`.
+    #[inline(always)]
+    pub(super) unsafe fn put<T, const L: usize>(v: __m256) -> Pack<T, L> {
+        // SAFETY: as in `get`; every bit pattern is a valid `f32`.
+        unsafe { std::mem::transmute_copy(&v) }
+    }
+
+    /// # Safety
+    /// `is::<T, L>()` and the CPU runs AVX2 and FMA.
+    #[inline(always)]
+    pub(super) unsafe fn mul_add<T, const L: usize>(
+        a: Pack<T, L>,
+        b: Pack<T, L>,
+        c: Pack<T, L>,
+    ) -> Pack<T, L> {
+        unsafe { put(_mm256_fmadd_ps(get(a), get(b), get(c))) }
+    }
+
+    /// # Safety
+    /// `is::<T, L>()` and the CPU runs AVX2 and FMA.
+    #[inline(always)]
+    pub(super) unsafe fn sqrt<T, const L: usize>(a: Pack<T, L>) -> Pack<T, L> {
+        unsafe { put(_mm256_sqrt_ps(get(a))) }
+    }
+
+    /// # Safety
+    /// `is::<T, L>()` and the CPU runs AVX2 and FMA.
+    #[inline(always)]
+    pub(super) unsafe fn abs<T, const L: usize>(a: Pack<T, L>) -> Pack<T, L> {
+        unsafe {
+            let mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+            put(_mm256_and_ps(get(a), mask))
+        }
+    }
+
+    /// # Safety
+    /// `is::<T, L>()` and the CPU runs AVX2 and FMA.
+    #[inline(always)]
+    pub(super) unsafe fn neg<T, const L: usize>(a: Pack<T, L>) -> Pack<T, L> {
+        unsafe { put(_mm256_xor_ps(get(a), _mm256_set1_ps(-0.0))) }
+    }
+
+    /// # Safety
+    /// `is::<T, L>()` and the CPU runs AVX2 and FMA.
+    #[inline(always)]
+    pub(super) unsafe fn lt_select<T, const L: usize>(
+        x: Pack<T, L>,
+        y: Pack<T, L>,
+        a: Pack<T, L>,
+        c: Pack<T, L>,
+    ) -> Pack<T, L> {
+        unsafe {
+            let m = _mm256_cmp_ps::<_CMP_LT_OQ>(get(x), get(y));
+            put(_mm256_blendv_ps(get(c), get(a), m))
+        }
     }
 }
 
@@ -481,7 +689,8 @@ pub type JacobianPacks<T, const L: usize> = [[Pack<T, L>; 3]; 4];
 /// `x1 = x0 + h tx0 + h^2 / 6 (P_1 + P_2 + P_3)` and
 /// `tx1 = tx0 + h / 6 (P_1 + 2 P_2 + 2 P_3 + P_4)` (likewise y, ty), and the Jacobian rows
 /// are the derivatives of these sums. A uniform field is read once per call, any other
-/// field at every stage point.
+/// field at every stage point; a uniform field along y alone (a dipole's main component,
+/// the default detector) takes stages written without the other two components.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub fn propagate_gap<T: Real, const L: usize>(
@@ -496,16 +705,42 @@ pub fn propagate_gap<T: Real, const L: usize>(
     n_steps: usize,
     jac: &mut JacobianPacks<T, L>,
 ) {
+    match field {
+        Field::Uniform { b_tesla } if b_tesla[0] == 0.0 && b_tesla[2] == 0.0 => {
+            let b = Some(b_tesla.map(Pack::of));
+            gap_steps::<T, L, true>(field, b, z, x, y, tx, ty, qop, z_to, n_steps, jac)
+        }
+        Field::Uniform { b_tesla } => {
+            let b = Some(b_tesla.map(Pack::of));
+            gap_steps::<T, L, false>(field, b, z, x, y, tx, ty, qop, z_to, n_steps, jac)
+        }
+        #[allow(unreachable_patterns)]
+        _ => gap_steps::<T, L, false>(field, None, z, x, y, tx, ty, qop, z_to, n_steps, jac),
+    }
+}
+
+/// The steps of [`propagate_gap`]; `BY_ONLY`: the field is `uniform` with only its y
+/// component non-zero.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn gap_steps<T: Real, const L: usize, const BY_ONLY: bool>(
+    field: &Field,
+    uniform: Option<[Pack<T, L>; 3]>,
+    z: &mut Pack<T, L>,
+    x: &mut Pack<T, L>,
+    y: &mut Pack<T, L>,
+    tx: &mut Pack<T, L>,
+    ty: &mut Pack<T, L>,
+    qop: Pack<T, L>,
+    z_to: Pack<T, L>,
+    n_steps: usize,
+    jac: &mut JacobianPacks<T, L>,
+) {
     let n = n_steps.max(1);
     let h = (z_to - *z) * Pack::of(1.0 / n as f64);
-    let uniform = match field {
-        Field::Uniform { b_tesla } => Some(b_tesla.map(Pack::of)),
-        #[allow(unreachable_patterns)]
-        _ => None,
-    };
-    *jac = rk4_step_packs(field, uniform, z, x, y, tx, ty, qop, h);
+    *jac = rk4_step_packs::<T, L, BY_ONLY>(field, uniform, z, x, y, tx, ty, qop, h);
     for _ in 1..n {
-        let step = rk4_step_packs(field, uniform, z, x, y, tx, ty, qop, h);
+        let step = rk4_step_packs::<T, L, BY_ONLY>(field, uniform, z, x, y, tx, ty, qop, h);
         let mut prev = [[[T::of(0.0); L]; 3]; 4];
         let mut st = prev;
         for r in 0..4 {
@@ -549,10 +784,11 @@ fn field_packs<T: Real, const L: usize>(
 
 /// Slope derivative `P = qop g(tx, ty)` of the equations of motion at one stage and its
 /// derivatives with respect to (tx0, ty0, qop) given those of the stage slopes (`dtx`,
-/// `dty`): returns `([Px, Py], [dPx; 3], [dPy; 3])`.
+/// `dty`): returns `([Px, Py], [dPx; 3], [dPy; 3])`. `BY_ONLY`: `b` has only its y
+/// component (the terms of the others left out).
 #[inline(always)]
 #[allow(clippy::type_complexity)]
-fn stage_packs<T: Real, const L: usize>(
+fn stage_packs<T: Real, const L: usize, const BY_ONLY: bool>(
     tx: Pack<T, L>,
     ty: Pack<T, L>,
     qop: Pack<T, L>,
@@ -568,16 +804,33 @@ fn stage_packs<T: Real, const L: usize>(
     let ty2 = ty * ty;
     let n2 = one + tx2 + ty2;
     let kn = kk * n2.sqrt();
-    let ax = txy * bx - (one + tx2) * by + ty * bz;
-    let ay = (one + ty2) * bx - txy * by - tx * bz;
-    let gx = kn * ax;
-    let gy = kn * ay;
     let qkn = qop * kn;
     let qk_n = qkn / n2;
-    let gx_tx = qk_n * tx * ax + qkn * (ty * bx - two * tx * by);
-    let gx_ty = qk_n * ty * ax + qkn * (tx * bx + bz);
-    let gy_tx = qk_n * tx * ay - qkn * (ty * by + bz);
-    let gy_ty = qk_n * ty * ay + qkn * (two * ty * bx - tx * by);
+    let (gx, gy, gx_tx, gx_ty, gy_tx, gy_ty);
+    if BY_ONLY {
+        // Ax = -(1 + tx^2) By, Ay = -tx ty By and their derivatives.
+        let mby = -by;
+        let ax = (one + tx2) * mby;
+        let ay = txy * mby;
+        gx = kn * ax;
+        gy = kn * ay;
+        let t = qk_n * ax;
+        let u = qk_n * ay;
+        let w = qkn * mby;
+        gx_tx = tx * (t + two * w);
+        gx_ty = ty * t;
+        gy_tx = tx * u + ty * w;
+        gy_ty = ty * u + tx * w;
+    } else {
+        let ax = txy * bx - (one + tx2) * by + ty * bz;
+        let ay = (one + ty2) * bx - txy * by - tx * bz;
+        gx = kn * ax;
+        gy = kn * ay;
+        gx_tx = qk_n * tx * ax + qkn * (ty * bx - two * tx * by);
+        gx_ty = qk_n * ty * ax + qkn * (tx * bx + bz);
+        gy_tx = qk_n * tx * ay - qkn * (ty * by + bz);
+        gy_ty = qk_n * ty * ay + qkn * (two * ty * bx - tx * by);
+    }
     let p = [qop * gx, qop * gy];
     match d {
         // First stage: the stage slopes are the initial ones.
@@ -614,10 +867,20 @@ fn next_stage<T: Real, const L: usize>(
     (tx + a * p[0], ty + a * p[1], dtx, dty)
 }
 
-/// One RK4 step of length `h` (per lane, any sign); returns the step's Jacobian.
+/// `acc[c] += v[c]` for the three columns.
+#[inline(always)]
+fn add3<T: Real, const L: usize>(acc: &mut [Pack<T, L>; 3], v: &[Pack<T, L>; 3]) {
+    for c in 0..3 {
+        acc[c] += v[c];
+    }
+}
+
+/// One RK4 step of length `h` (per lane, any sign); returns the step's Jacobian. The sums
+/// of the stage derivatives are accumulated stage by stage (`P_1 + P_2 + P_3` and
+/// `P_2 + P_3`), so that only they and the current stage's are live.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn rk4_step_packs<T: Real, const L: usize>(
+fn rk4_step_packs<T: Real, const L: usize, const BY_ONLY: bool>(
     field: &Field,
     uniform: Option<[Pack<T, L>; 3]>,
     z: &mut Pack<T, L>,
@@ -629,33 +892,48 @@ fn rk4_step_packs<T: Real, const L: usize>(
     h: Pack<T, L>,
 ) -> JacobianPacks<T, L> {
     let one = Pack::of(1.0);
-    let two = Pack::of(2.0);
     let hh = h * Pack::of(0.5);
     let b1 = field_packs(field, uniform, *x, *y, *z);
-    let (p1, dpx1, dpy1) = stage_packs(*tx, *ty, qop, b1, None);
+    let (p1, dpx1, dpy1) = stage_packs::<T, L, BY_ONLY>(*tx, *ty, qop, b1, None);
     let (tx2, ty2, dtx2, dty2) = next_stage(*tx, *ty, hh, &p1, &dpx1, &dpy1);
+    // Sums over stages 1..=3 (position rows) and 2..=3 (counted twice in the slope rows).
+    let (mut sp, mut sdx, mut sdy) = (p1, dpx1, dpy1);
     let b2 = field_packs(field, uniform, *x + hh * *tx, *y + hh * *ty, *z + hh);
-    let (p2, dpx2, dpy2) = stage_packs(tx2, ty2, qop, b2, Some((&dtx2, &dty2)));
+    let (p2, dpx2, dpy2) = stage_packs::<T, L, BY_ONLY>(tx2, ty2, qop, b2, Some((&dtx2, &dty2)));
     let (tx3, ty3, dtx3, dty3) = next_stage(*tx, *ty, hh, &p2, &dpx2, &dpy2);
+    let (mut mp, mut mdx, mut mdy) = (p2, dpx2, dpy2);
+    sp[0] += p2[0];
+    sp[1] += p2[1];
+    add3(&mut sdx, &dpx2);
+    add3(&mut sdy, &dpy2);
     let b3 = field_packs(field, uniform, *x + hh * tx2, *y + hh * ty2, *z + hh);
-    let (p3, dpx3, dpy3) = stage_packs(tx3, ty3, qop, b3, Some((&dtx3, &dty3)));
+    let (p3, dpx3, dpy3) = stage_packs::<T, L, BY_ONLY>(tx3, ty3, qop, b3, Some((&dtx3, &dty3)));
     let (tx4, ty4, dtx4, dty4) = next_stage(*tx, *ty, h, &p3, &dpx3, &dpy3);
+    sp[0] += p3[0];
+    sp[1] += p3[1];
+    add3(&mut sdx, &dpx3);
+    add3(&mut sdy, &dpy3);
+    mp[0] += p3[0];
+    mp[1] += p3[1];
+    add3(&mut mdx, &dpx3);
+    add3(&mut mdy, &dpy3);
     let b4 = field_packs(field, uniform, *x + h * tx3, *y + h * ty3, *z + h);
-    let (p4, dpx4, dpy4) = stage_packs(tx4, ty4, qop, b4, Some((&dtx4, &dty4)));
+    let (p4, dpx4, dpy4) = stage_packs::<T, L, BY_ONLY>(tx4, ty4, qop, b4, Some((&dtx4, &dty4)));
 
+    // P_1 + 2 (P_2 + P_3) + P_4 = (P_1 + P_2 + P_3) + (P_2 + P_3) + P_4.
     let h6 = h * Pack::of(1.0 / 6.0);
     let hh6 = h * h6;
-    *x += h * *tx + hh6 * (p1[0] + p2[0] + p3[0]);
-    *y += h * *ty + hh6 * (p1[1] + p2[1] + p3[1]);
-    *tx += h6 * (p1[0] + two * (p2[0] + p3[0]) + p4[0]);
-    *ty += h6 * (p1[1] + two * (p2[1] + p3[1]) + p4[1]);
+    *x += h * *tx + hh6 * sp[0];
+    *y += h * *ty + hh6 * sp[1];
+    *tx += h6 * (sp[0] + mp[0] + p4[0]);
+    *ty += h6 * (sp[1] + mp[1] + p4[1]);
     *z += h;
     let mut jac = [[Pack::of(0.0); 3]; 4];
     for c in 0..3 {
-        jac[0][c] = hh6 * (dpx1[c] + dpx2[c] + dpx3[c]);
-        jac[1][c] = hh6 * (dpy1[c] + dpy2[c] + dpy3[c]);
-        jac[2][c] = h6 * (dpx1[c] + two * (dpx2[c] + dpx3[c]) + dpx4[c]);
-        jac[3][c] = h6 * (dpy1[c] + two * (dpy2[c] + dpy3[c]) + dpy4[c]);
+        jac[0][c] = hh6 * sdx[c];
+        jac[1][c] = hh6 * sdy[c];
+        jac[2][c] = h6 * (sdx[c] + mdx[c] + dpx4[c]);
+        jac[3][c] = h6 * (sdy[c] + mdy[c] + dpy4[c]);
     }
     jac[0][0] += h;
     jac[1][1] += h;
