@@ -398,6 +398,8 @@ pub struct CaBuffers {
     /// Pairs of doublets inside each other's slope windows, waiting for the triplet step's
     /// kink test (bounded: tested whenever full).
     pub trip_candidates: Vec<triplets::Candidate>,
+    /// The triplet step's per-chunk windows (allocated once).
+    pub trip_windows: Option<Box<triplets::ChunkWindows>>,
     /// Per triplet: left neighbours `left_start[t]..left_start[t + 1]` in `left`.
     pub left_start: Vec<u32>,
     pub left: Vec<u32>,
@@ -439,6 +441,7 @@ impl CaBuffers {
         b.dbl_tx.reserve(limits.max_doublets);
         b.trip_start.reserve(limits.max_doublets + 1);
         b.trip_candidates.reserve(triplets::CANDIDATES);
+        b.trip_windows = Some(triplets::ChunkWindows::new());
         b.triplets.reserve(limits.max_triplets);
         b.left_start.reserve(limits.max_triplets + 1);
         b.has_right.reserve(limits.max_triplets);

@@ -64,8 +64,10 @@ struct Cuts {
     reach: u8,
 }
 
-/// Per doublet of a chunk: its slopes, field and windows on the continuation's slope.
-struct ChunkWindows {
+/// Per doublet of a chunk: its slopes, field and windows on the continuation's slope
+/// (kept in `CaBuffers::trip_windows` between calls).
+#[derive(Debug)]
+pub struct ChunkWindows {
     t1x: [f32; CHUNK],
     t1y: [f32; CHUNK],
     b: [[f32; CHUNK]; 3],
@@ -84,7 +86,7 @@ struct ChunkWindows {
 }
 
 impl ChunkWindows {
-    fn new() -> Box<Self> {
+    pub fn new() -> Box<Self> {
         Box::new(ChunkWindows {
             t1x: [0.0; CHUNK],
             t1y: [0.0; CHUNK],
@@ -208,7 +210,7 @@ fn find_triplets_impl(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, bu
     };
     let mut cands = std::mem::take(&mut buf.trip_candidates);
     cands.clear();
-    let mut w = ChunkWindows::new();
+    let mut w = buf.trip_windows.take().unwrap_or_else(ChunkWindows::new);
     // Doublets before this one have their `trip_start` set.
     let mut next_start = 0usize;
     for c0 in (0..n_doublets).step_by(CHUNK) {
@@ -261,6 +263,7 @@ fn find_triplets_impl(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, bu
         *t = len;
     }
     buf.trip_candidates = cands;
+    buf.trip_windows = Some(w);
 }
 
 /// Phase 1: the windows of doublets `p0..min(p0 + LANES, end)`, stored at `i0..` in `w`.
