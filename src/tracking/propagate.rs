@@ -1309,6 +1309,9 @@ mod tests {
             let qop = if neg { -1.0 / p } else { 1.0 / p };
             let s0 = [x, y, tx, ty, qop];
             let (s1, j1) = propagate(&f, z0, s0, z0 + dz, 20.0);
+            // Tracks that curl back before the end plane (a soft track at a large angle
+            // in a strong field) have no state there: the property is for the others.
+            prop_assume!(s1.iter().all(|v| v.is_finite()) && s1[2].abs() < 5.0 && s1[3].abs() < 5.0);
             let (s2, j2) = propagate(&f, z0 + dz, s1, z0, 20.0);
             for i in 0..5 {
                 let scale = s0[i].abs().max([1.0, 1.0, 0.01, 0.01, 0.01][i]);

@@ -6,35 +6,123 @@
 //! (with the slope factor of the direction the hit is seen from the origin) and
 //! (d) `n_sigma` times the hit resolution propagated to the origin. Hits already used by a
 //! track (in an earlier pass) are left out.
+//!
+//! The windows of [`LANES`] hits of a plane are computed together in `f32` (no branches,
+//! vector instructions); each window is a box on the target plane, and the hits in it are
+//! found by scanning, per grid row the box overlaps, the row's cells between the box's
+//! columns (one contiguous range of the sorted hits) with a vector comparison of eight
+//! hits at a time (AVX2, chosen at run time; the portable kernel compares one by one and
+//! finds the same doublets).
 
-use super::hit_sorting::for_each_range;
-use super::{slope_factor, CaBuffers, Doublet, FinderGeometry};
+// Negated comparisons keep NaN out of every window (a NaN fails each test); the lane
+// loops index several arrays by lane.
+#![allow(clippy::neg_cmp_op_on_partial_ord, clippy::needless_range_loop)]
+
+use super::{CaBuffers, Doublet, FinderGeometry, Kernel};
+use crate::tracking::propagate::K_GEV_PER_T_MM;
 use crate::tracking::reco::FinderConfig;
 
-/// Fills `buf.doublets` and `buf.dbl_start` (per sorted hit, its outgoing doublets) with the
-/// pairs of hits not yet used by a track, on planes at most `reach` apart (1: consecutive
-/// planes only; 2: also skipping one).
+/// Hits whose windows are computed together.
+pub(crate) const LANES: usize = 8;
+
+/// Fills `buf.doublets` (with `buf.dbl_tx`, `buf.dbl_ty`, `buf.dbl_gap`) and `buf.dbl_start`
+/// (per sorted hit, its outgoing doublets) with the pairs of hits not yet used by a track,
+/// on planes at most `reach` apart (1: consecutive planes only; 2: also skipping one).
+/// Each hit's doublets are ordered by target plane, then by grid cell and x.
 pub fn find_doublets(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, buf: &mut CaBuffers) {
     let n_planes = geo.planes.len();
-    let n_hits = buf.hits.x_mm.len();
-    buf.doublets.clear();
-    buf.dbl_start.clear();
-    buf.dbl_start.resize(n_hits + 1, 0);
-    let max_doublets = cfg.limits.max_doublets;
-    let sh = &buf.hits;
-    let reach = reach.max(1);
-    for i in 0..n_planes {
+    find_doublets_with(Kernel::detect(), geo, cfg, reach, n_planes, buf)
+}
+
+/// [`find_doublets`] with the given kernel (the portable one where the CPU lacks it), from
+/// the hits of the first `a_planes` planes only (the others get no outgoing doublets).
+pub fn find_doublets_with(
+    kernel: Kernel,
+    geo: &FinderGeometry,
+    cfg: &FinderConfig,
+    reach: usize,
+    a_planes: usize,
+    buf: &mut CaBuffers,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Kernel::Avx2 && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU reported AVX2.
+        unsafe { find_doublets_avx2(geo, cfg, reach, a_planes, buf) };
+        return;
+    }
+    let _ = kernel;
+    find_doublets_portable(geo, cfg, reach, a_planes, buf)
+}
+
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn find_doublets_avx2(
+    geo: &FinderGeometry,
+    cfg: &FinderConfig,
+    reach: usize,
+    a_planes: usize,
+    buf: &mut CaBuffers,
+) {
+    find_doublets_impl::<true>(geo, cfg, reach, a_planes, buf)
+}
+
+#[inline(never)]
+fn find_doublets_portable(
+    geo: &FinderGeometry,
+    cfg: &FinderConfig,
+    reach: usize,
+    a_planes: usize,
+    buf: &mut CaBuffers,
+) {
+    find_doublets_impl::<false>(geo, cfg, reach, a_planes, buf)
+}
+
+/// A target plane of the doublets leaving plane `i`.
+#[derive(Clone, Copy, Default)]
+struct Target {
+    plane: usize,
+    dz: f32,
+    inv_dz: f64,
+    /// Bending lever `(z_i - z_o) (z_j - z_o) / 2`, mm^2.
+    bend: f32,
+    /// Resolution terms of the window at the origin, mm.
+    meas_x: f32,
+    meas_y: f32,
+}
+
+/// The doublet windows of the hits of one plane `i`: per target plane `j`, a box on plane
+/// `j` per hit, computed for [`LANES`] hits at once in `f32`. The triplet step uses the
+/// same boxes for the doublets it makes, so both find the same ones.
+#[derive(Clone, Copy)]
+pub(crate) struct PlaneWindows {
+    pointing: bool,
+    inv_lever_a: f32,
+    ms: f32,
+    targets: [Target; 2],
+    n_target: usize,
+    max_t: [f32; 2],
+    max_c: [f32; 2],
+    sf_max: f32,
+    origin_half: [f32; 2],
+    b: [f32; 3],
+    k_qop: f32,
+}
+
+/// Per target, the boxes `[x0, x1, y0, y1]` of [`LANES`] hits (an empty box has
+/// `x0 > x1` or `y0 > y1`).
+pub(crate) type Boxes = [[[f32; LANES]; 4]; 2];
+
+impl PlaneWindows {
+    /// Windows of plane `i` towards the planes `i + 1 ..= i + reach` (reach 1 or 2).
+    pub(crate) fn new(geo: &FinderGeometry, cfg: &FinderConfig, i: usize, reach: usize) -> Self {
+        let n_planes = geo.planes.len();
         let gi = &geo.planes[i];
-        let first = sh.bin_start[gi.bin_offset] as usize;
-        let end = sh.bin_start[gi.bin_offset + gi.bins_x * gi.bins_y] as usize;
         let lever_a = gi.z_mm - cfg.origin_z_mm;
-        let pointing =
-            lever_a > 1.0 && cfg.origin_half_x_mm.is_finite() && cfg.origin_half_y_mm.is_finite();
-        let inv_lever_a = 1.0 / lever_a;
-        // Per target plane: dz, 1 / dz, the bending lever and the resolution terms.
-        let mut target = [(0usize, 0.0f64, 0.0f64, 0.0f64, 0.0f64, 0.0f64); 2];
+        let mut targets = [Target::default(); 2];
         let mut n_target = 0;
-        for j in (i + 1)..(i + 1 + reach.min(2)).min(n_planes) {
+        for j in (i + 1)..(i + 1 + reach.clamp(1, 2)).min(n_planes) {
             let gj = &geo.planes[j];
             let dz = gj.z_mm - gi.z_mm;
             if dz <= 0.0 {
@@ -42,114 +130,299 @@ pub fn find_doublets(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, buf
             }
             let lever_b = gj.z_mm - cfg.origin_z_mm;
             let meas = |vi: f64, vj: f64| {
-                cfg.n_sigma * ((vi * lever_b * lever_b + vj * lever_a * lever_a).sqrt() / dz)
+                (cfg.n_sigma * ((vi * lever_b * lever_b + vj * lever_a * lever_a).sqrt() / dz))
+                    as f32
             };
-            target[n_target] = (
-                j,
-                dz,
-                1.0 / dz,
-                0.5 * lever_a * lever_b,
-                meas(gi.var_x, gj.var_x),
-                meas(gi.var_y, gj.var_y),
-            );
+            targets[n_target] = Target {
+                plane: j,
+                dz: dz as f32,
+                inv_dz: 1.0 / dz,
+                bend: (0.5 * lever_a * lever_b) as f32,
+                meas_x: meas(gi.var_x, gj.var_x),
+                meas_y: meas(gi.var_y, gj.var_y),
+            };
             n_target += 1;
         }
-        for a in first..end {
-            buf.dbl_start[a] = buf.doublets.len() as u32;
-            if sh.used[a] {
-                continue;
-            }
-            let xa = sh.x_mm[a] as f64;
-            let ya = sh.y_mm[a] as f64;
+        PlaneWindows {
+            pointing: lever_a > 1.0
+                && cfg.origin_half_x_mm.is_finite()
+                && cfg.origin_half_y_mm.is_finite(),
+            inv_lever_a: (1.0 / lever_a) as f32,
+            ms: (cfg.n_sigma * gi.ms_origin_mm) as f32,
+            targets,
+            n_target,
+            max_t: [cfg.max_tx as f32, cfg.max_ty as f32],
+            max_c: [
+                cfg.max_curvature_x_per_mm as f32,
+                cfg.max_curvature_y_per_mm as f32,
+            ],
+            sf_max: cfg.slope_factor as f32,
+            origin_half: [cfg.origin_half_x_mm as f32, cfg.origin_half_y_mm as f32],
+            b: geo.b_max_tesla.map(|v| v as f32),
+            k_qop: (K_GEV_PER_T_MM * cfg.qop_max()) as f32,
+        }
+    }
+
+    /// Target `k`'s plane and `1 / dz`, or `None` past the targets.
+    #[inline(always)]
+    pub(crate) fn target(&self, k: usize) -> Option<(usize, f64)> {
+        (k < self.n_target).then(|| (self.targets[k].plane, self.targets[k].inv_dz))
+    }
+
+    /// The boxes of hits at `(xa, ya)` on this plane.
+    #[inline(always)]
+    pub(crate) fn boxes(&self, xa: &[f32; LANES], ya: &[f32; LANES]) -> Boxes {
+        let [max_tx, max_ty] = self.max_t;
+        let b = self.b;
+        let mut boxes = [[[0.0f32; LANES]; 4]; 2];
+        for l in 0..LANES {
             // Curvature bound for the direction this hit is seen from the origin (the
-            // configured bound is for the largest slopes).
-            let (kx, ky, sf) = if pointing {
-                let (tx, ty) = (
-                    (xa * inv_lever_a).abs() + 0.05,
-                    (ya * inv_lever_a).abs() + 0.05,
-                );
-                let (tx, ty) = (tx.min(cfg.max_tx), ty.min(cfg.max_ty));
-                let (cx, cy) = geo.curvature_bound(tx, ty, cfg);
-                (
-                    cx.min(cfg.max_curvature_x_per_mm),
-                    cy.min(cfg.max_curvature_y_per_mm),
-                    slope_factor(tx, ty).min(cfg.slope_factor),
-                )
-            } else {
-                (
-                    cfg.max_curvature_x_per_mm,
-                    cfg.max_curvature_y_per_mm,
-                    cfg.slope_factor,
-                )
-            };
-            for &(j, dz, inv_dz, bend, meas_x, meas_y) in &target[..n_target] {
-                let (mut tx0, mut tx1) = (-cfg.max_tx, cfg.max_tx);
-                let (mut ty0, mut ty1) = (-cfg.max_ty, cfg.max_ty);
-                if pointing {
-                    let ms = cfg.n_sigma * gi.ms_origin_mm * sf;
-                    let wx = cfg.origin_half_x_mm + bend * kx + ms + meas_x;
-                    let wy = cfg.origin_half_y_mm + bend * ky + ms + meas_y;
-                    tx0 = tx0.max((xa - wx) * inv_lever_a);
-                    tx1 = tx1.min((xa + wx) * inv_lever_a);
-                    ty0 = ty0.max((ya - wy) * inv_lever_a);
-                    ty1 = ty1.min((ya + wy) * inv_lever_a);
+            // configured bound is for the largest slopes), and the slope factor.
+            let tx = (xa[l].abs() * self.inv_lever_a + 0.05).min(max_tx);
+            let ty = (ya[l].abs() * self.inv_lever_a + 0.05).min(max_ty);
+            let n2 = 1.0 + tx * tx + ty * ty;
+            let nn = n2.sqrt();
+            let ax = tx * ty * b[0] + (1.0 + tx * tx) * b[1] + ty * b[2];
+            let ay = (1.0 + ty * ty) * b[0] + tx * ty * b[1] + tx * b[2];
+            let kx = (self.k_qop * nn * ax).min(self.max_c[0]);
+            let ky = (self.k_qop * nn * ay).min(self.max_c[1]);
+            let t = tx.max(ty);
+            let sf = (((1.0 + t * t) * n2).sqrt() * nn.sqrt()).min(self.sf_max);
+            for (k, tg) in self.targets[..self.n_target].iter().enumerate() {
+                let (mut tx0, mut tx1, mut ty0, mut ty1) = (-max_tx, max_tx, -max_ty, max_ty);
+                if self.pointing {
+                    let wx = self.origin_half[0] + tg.bend * kx + self.ms * sf + tg.meas_x;
+                    let wy = self.origin_half[1] + tg.bend * ky + self.ms * sf + tg.meas_y;
+                    tx0 = tx0.max((xa[l] - wx) * self.inv_lever_a);
+                    tx1 = tx1.min((xa[l] + wx) * self.inv_lever_a);
+                    ty0 = ty0.max((ya[l] - wy) * self.inv_lever_a);
+                    ty1 = ty1.min((ya[l] + wy) * self.inv_lever_a);
                 }
-                if tx0 > tx1 || ty0 > ty1 {
+                let open = tx0 <= tx1 && ty0 <= ty1;
+                boxes[k][0][l] = xa[l] + tg.dz * tx0;
+                boxes[k][1][l] = if open {
+                    xa[l] + tg.dz * tx1
+                } else {
+                    f32::NEG_INFINITY
+                };
+                boxes[k][2][l] = ya[l] + tg.dz * ty0;
+                boxes[k][3][l] = ya[l] + tg.dz * ty1;
+            }
+        }
+        boxes
+    }
+}
+
+/// Row ranges longer than this are narrowed by binary search before the scan.
+const BISECT_MIN: usize = 24;
+
+/// Calls `emit(h)` for the hits of plane `j` inside the box `bx` (`[x0, x1, y0, y1]`), row
+/// by row of the grid, in sorted order.
+#[inline(always)]
+pub(crate) fn scan_box<const AVX2: bool>(
+    geo: &FinderGeometry,
+    sh: &super::SortedHits,
+    j: usize,
+    bx: [f32; 4],
+    emit: &mut impl FnMut(usize),
+) {
+    if !(bx[0] <= bx[1] && bx[2] <= bx[3]) {
+        return;
+    }
+    let gj = &geo.planes[j];
+    let (bx0, by0) = geo.bin_xy(j, bx[0], bx[2]);
+    let (bx1, by1) = geo.bin_xy(j, bx[1], bx[3]);
+    for by in by0..=by1 {
+        let row = gj.bin_offset + by * gj.bins_x;
+        let mut s = sh.bin_start[row + bx0] as usize;
+        let mut e = sh.bin_start[row + bx1 + 1] as usize;
+        if e - s > BISECT_MIN {
+            // A long row range (narrow windows): the x range by binary search, the row
+            // being sorted by x.
+            let xs = &sh.x_mm[s..e];
+            let (lo, hi) = (
+                xs.partition_point(|&x| x < bx[0]),
+                xs.partition_point(|&x| x <= bx[1]),
+            );
+            (s, e) = (s + lo, s + hi);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if AVX2 {
+            // SAFETY: the AVX2 instances only run where the CPU has AVX2.
+            unsafe { scan_avx2(&sh.x_mm, &sh.y_mm, s, e, bx, emit) };
+            continue;
+        }
+        scan(&sh.x_mm, &sh.y_mm, s, e, bx, emit);
+    }
+}
+
+#[inline(always)]
+fn find_doublets_impl<const AVX2: bool>(
+    geo: &FinderGeometry,
+    cfg: &FinderConfig,
+    reach: usize,
+    a_planes: usize,
+    buf: &mut CaBuffers,
+) {
+    let n_planes = geo.planes.len();
+    let CaBuffers {
+        hits: sh,
+        doublets,
+        dbl_tx,
+        dbl_ty,
+        dbl_gap,
+        dbl_start,
+        overflow,
+        ..
+    } = buf;
+    let n_hits = sh.x_mm.len();
+    doublets.clear();
+    dbl_tx.clear();
+    dbl_ty.clear();
+    dbl_gap.clear();
+    dbl_start.clear();
+    dbl_start.resize(n_hits + 1, 0);
+    let max_doublets = cfg.limits.max_doublets;
+    for i in 0..a_planes.min(n_planes) {
+        let gi = &geo.planes[i];
+        let first = sh.bin_start[gi.bin_offset] as usize;
+        let end = sh.bin_start[gi.bin_offset + gi.bins_x * gi.bins_y] as usize;
+        let pw = PlaneWindows::new(geo, cfg, i, reach);
+        for c0 in (first..end).step_by(LANES) {
+            let n = (end - c0).min(LANES);
+            let (mut xa, mut ya) = ([0.0f32; LANES], [0.0f32; LANES]);
+            for l in 0..LANES {
+                let h = (c0 + l).min(end - 1);
+                xa[l] = sh.x_mm[h];
+                ya[l] = sh.y_mm[h];
+            }
+            let boxes = pw.boxes(&xa, &ya);
+            for l in 0..n {
+                let a = c0 + l;
+                dbl_start[a] = doublets.len() as u32;
+                if sh.used[a] {
                     continue;
                 }
-                let (x0, x1) = ((xa + dz * tx0) as f32, (xa + dz * tx1) as f32);
-                let (y0, y1) = ((ya + dz * ty0) as f32, (ya + dz * ty1) as f32);
-                let doublets = &mut buf.doublets;
-                let overflow = &mut buf.overflow;
-                for_each_range(geo, &sh.bin_start, &sh.x_mm, j, x0, x1, y0, y1, |s, e| {
-                    // The range holds the hits with x in [x0, x1] (the slope window in x):
-                    // only y is left to check, on the f32 coordinates, before any slope.
-                    let ys = &sh.y_mm[s..e];
-                    for (k, &yb) in ys.iter().enumerate() {
-                        if yb < y0 || yb > y1 {
-                            continue;
-                        }
-                        let b = s + k;
+                let (xa64, ya64) = (xa[l] as f64, ya[l] as f64);
+                let mut k = 0;
+                while let Some((j, inv_dz)) = pw.target(k) {
+                    let bx = [
+                        boxes[k][0][l],
+                        boxes[k][1][l],
+                        boxes[k][2][l],
+                        boxes[k][3][l],
+                    ];
+                    let gap = (j - i - 1) as f32;
+                    let mut emit = |b: usize| {
                         if sh.used[b] {
-                            continue;
+                            return;
                         }
-                        let tx = (sh.x_mm[b] as f64 - xa) * inv_dz;
-                        let ty = (yb as f64 - ya) * inv_dz;
                         if doublets.len() == max_doublets {
                             overflow.doublets += 1;
-                            continue;
+                            return;
                         }
+                        let (tx, ty) = slopes(sh.x_mm[b], sh.y_mm[b], xa64, ya64, inv_dz);
                         doublets.push(Doublet {
                             a: a as u32,
                             b: b as u32,
-                            tx: tx as f32,
-                            ty: ty as f32,
+                            tx,
+                            ty,
                         });
-                    }
-                });
+                        dbl_tx.push(tx);
+                        dbl_ty.push(ty);
+                        dbl_gap.push(gap);
+                    };
+                    scan_box::<AVX2>(geo, sh, j, bx, &mut emit);
+                    k += 1;
+                }
             }
         }
     }
-    // Hits past the last processed one (none: every hit belongs to a plane) and the end.
-    let total = buf.doublets.len() as u32;
-    let last_plane_end = geo
+    // Hits of the planes not searched (and past the last plane: none), and the end.
+    let total = doublets.len() as u32;
+    let from = geo
         .planes
-        .last()
-        .map(|g| sh.bin_start[g.bin_offset + g.bins_x * g.bins_y] as usize)
-        .unwrap_or(0);
-    for h in last_plane_end..=n_hits {
-        buf.dbl_start[h] = total;
+        .get(a_planes)
+        .map(|g| sh.bin_start[g.bin_offset] as usize)
+        .unwrap_or(n_hits);
+    for h in from..=n_hits {
+        dbl_start[h] = total;
     }
-    // Each hit's outgoing doublets by increasing slope tx, so the triplet step finds the
-    // continuations of a doublet by binary search.
-    for h in 0..n_hits {
-        let (s, e) = (buf.dbl_start[h] as usize, buf.dbl_start[h + 1] as usize);
-        if e - s > 1 {
-            buf.doublets[s..e].sort_unstable_by(|p, q| p.tx.total_cmp(&q.tx));
+}
+
+/// Slopes of a doublet from its hits (`(xa, ya)` upstream), as the doublet step stores
+/// them.
+#[inline(always)]
+pub(crate) fn slopes(xb: f32, yb: f32, xa: f64, ya: f64, inv_dz: f64) -> (f32, f32) {
+    (
+        ((xb as f64 - xa) * inv_dz) as f32,
+        ((yb as f64 - ya) * inv_dz) as f32,
+    )
+}
+
+/// Calls `emit(h)` for the hits `h` in `s..e` inside the box `[x0, x1] x [y0, y1]`, in order.
+#[inline(always)]
+fn scan(xs: &[f32], ys: &[f32], s: usize, e: usize, bx: [f32; 4], emit: &mut impl FnMut(usize)) {
+    for h in s..e {
+        let (x, y) = (xs[h], ys[h]);
+        if x >= bx[0] && x <= bx[1] && y >= bx[2] && y <= bx[3] {
+            emit(h);
         }
     }
-    buf.dbl_tx.clear();
-    buf.dbl_tx.extend(buf.doublets.iter().map(|d| d.tx));
+}
+
+/// [`scan`] comparing eight hits at a time.
+///
+/// # Safety
+/// The CPU must support AVX2; `s <= e <= xs.len(), ys.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn scan_avx2(
+    xs: &[f32],
+    ys: &[f32],
+    s: usize,
+    e: usize,
+    bx: [f32; 4],
+    emit: &mut impl FnMut(usize),
+) {
+    use std::arch::x86_64::*;
+    assert!(s <= e && e <= xs.len() && e <= ys.len());
+    let (x0, x1) = (_mm256_set1_ps(bx[0]), _mm256_set1_ps(bx[1]));
+    let (y0, y1) = (_mm256_set1_ps(bx[2]), _mm256_set1_ps(bx[3]));
+    let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let mut h = s;
+    while h < e {
+        let left = e - h;
+        let (px, py) = (xs.as_ptr().add(h), ys.as_ptr().add(h));
+        let (vx, vy, valid) = if left >= 8 {
+            (_mm256_loadu_ps(px), _mm256_loadu_ps(py), 0xff)
+        } else {
+            // Masked loads read only the lanes inside the slices.
+            let m = _mm256_cmpgt_epi32(_mm256_set1_epi32(left as i32), lane);
+            (
+                _mm256_maskload_ps(px, m),
+                _mm256_maskload_ps(py, m),
+                (1u32 << left) - 1,
+            )
+        };
+        let inside = _mm256_and_ps(
+            _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_GE_OQ>(vx, x0),
+                _mm256_cmp_ps::<_CMP_LE_OQ>(vx, x1),
+            ),
+            _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_GE_OQ>(vy, y0),
+                _mm256_cmp_ps::<_CMP_LE_OQ>(vy, y1),
+            ),
+        );
+        let mut bits = _mm256_movemask_ps(inside) as u32 & valid;
+        while bits != 0 {
+            emit(h + bits.trailing_zeros() as usize);
+            bits &= bits - 1;
+        }
+        h += 8;
+    }
 }
 
 #[cfg(test)]
@@ -167,6 +440,7 @@ mod tests {
         hits: &[HitRecord],
         bins: (usize, usize),
         reach: usize,
+        kernel: Kernel,
     ) -> Vec<(u32, u32, f32, f32)> {
         let det = detector(5, [0.0, 0.8, 0.0], 0.004, 0.016);
         let mut cfg = FinderConfig::from_detector(&det, 1.0);
@@ -174,13 +448,21 @@ mod tests {
         let geo = FinderGeometry::new(&det, &cfg);
         let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
         sort_hits(&geo, hits, cfg.limits.max_hits, &mut buf);
-        find_doublets(&geo, &cfg, reach, &mut buf);
+        find_doublets_with(kernel, &geo, &cfg, reach, geo.planes.len(), &mut buf);
         let ii = &buf.hits.input_index;
-        // Per hit, outgoing doublets by increasing slope tx.
+        // Per hit, its outgoing doublets; the slope arrays match the doublets.
         for h in 0..buf.hits.x_mm.len() {
             let (s, e) = (buf.dbl_start[h] as usize, buf.dbl_start[h + 1] as usize);
             assert!(buf.doublets[s..e].iter().all(|d| d.a as usize == h));
-            assert!(buf.dbl_tx[s..e].windows(2).all(|w| w[0] <= w[1]));
+        }
+        assert_eq!(
+            buf.dbl_start[buf.hits.x_mm.len()] as usize,
+            buf.doublets.len()
+        );
+        for (k, d) in buf.doublets.iter().enumerate() {
+            assert_eq!((buf.dbl_tx[k], buf.dbl_ty[k]), (d.tx, d.ty));
+            let gap = buf.hits.plane[d.b as usize] - buf.hits.plane[d.a as usize] - 1;
+            assert_eq!(buf.dbl_gap[k], gap as f32);
         }
         let mut out: Vec<_> = buf
             .doublets
@@ -192,7 +474,7 @@ mod tests {
     }
 
     #[test]
-    fn doublets_do_not_depend_on_the_grid_and_hold_every_track_segment() {
+    fn doublets_do_not_depend_on_the_grid_or_the_kernel_and_hold_every_track_segment() {
         let det = detector(5, [0.0, 0.8, 0.0], 0.004, 0.016);
         let mut rng = ChaCha8Rng::seed_from_u64(21);
         let mut hits = Vec::new();
@@ -222,10 +504,17 @@ mod tests {
         }
         for reach in [1, 2] {
             // One cell per plane: every hit of the plane is a candidate of every window.
-            let all = doublets(&hits, (1, 1), reach);
+            let all = doublets(&hits, (1, 1), reach, Kernel::Portable);
             assert!(all.len() > segments.len());
-            for bins in [(8, 128), (2, 512), (16, 16)] {
-                assert_eq!(doublets(&hits, bins, reach), all, "bins {bins:?}");
+            for bins in [(1, 1), (8, 128), (2, 512), (16, 16), (32, 128)] {
+                // The vector kernel (where the CPU has it) finds the same doublets.
+                for kernel in [Kernel::Portable, Kernel::detect()] {
+                    assert_eq!(
+                        doublets(&hits, bins, reach, kernel),
+                        all,
+                        "bins {bins:?}, {kernel:?}"
+                    );
+                }
             }
             let pairs: Vec<(u32, u32)> = all.iter().map(|d| (d.0, d.1)).collect();
             let missing = segments

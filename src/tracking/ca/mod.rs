@@ -28,6 +28,26 @@ use crate::tracking::kalman::FitHit;
 use crate::tracking::propagate::K_GEV_PER_T_MM;
 use crate::tracking::reco::{FinderConfig, Limits};
 
+/// Which code the finder's vector steps run: compiled for the target's baseline, or for
+/// AVX2 (chosen at run time). Both find the same doublets and triplets: the AVX2 code uses
+/// the same operations in the same order (no fused multiply-adds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    Portable,
+    Avx2,
+}
+
+impl Kernel {
+    /// The best kernel this CPU runs.
+    pub fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return Kernel::Avx2;
+        }
+        Kernel::Portable
+    }
+}
+
 /// Hits sorted by plane and grid bin, structure of arrays.
 #[derive(Debug, Default)]
 pub struct SortedHits {
@@ -388,13 +408,19 @@ impl FinderGeometry {
 pub struct CaBuffers {
     pub hits: SortedHits,
     pub doublets: Vec<Doublet>,
-    /// `doublets[d].tx`, compact, for the triplet step's search by slope.
+    /// `doublets[d].tx` and `.ty`, compact, for the triplet step's vector search.
     pub dbl_tx: Vec<f32>,
+    pub dbl_ty: Vec<f32>,
+    /// Planes skipped by doublet `d` (0 or 1), as `f32` for the same search.
+    pub dbl_gap: Vec<f32>,
     /// Per sorted hit: its outgoing doublets `dbl_start[h]..dbl_start[h + 1]`.
     pub dbl_start: Vec<u32>,
     pub triplets: Vec<Triplet>,
-    /// Per doublet: triplets whose left doublet it is, `trip_start[d]..trip_start[d + 1]`.
-    pub trip_start: Vec<u32>,
+    /// The seeded triplet step's left doublets by middle hit (counting sort).
+    pub in_start: Vec<u32>,
+    pub in_ids: Vec<u32>,
+    /// The seeded triplet step's doublet windows of the hits of a plane.
+    pub hit_boxes: Vec<[f32; 4]>,
     /// Pairs of doublets inside each other's slope windows, waiting for the triplet step's
     /// kink test (bounded: tested whenever full).
     pub trip_candidates: Vec<triplets::Candidate>,
@@ -439,7 +465,11 @@ impl CaBuffers {
         b.dbl_start.reserve(h + 1);
         b.doublets.reserve(limits.max_doublets);
         b.dbl_tx.reserve(limits.max_doublets);
-        b.trip_start.reserve(limits.max_doublets + 1);
+        b.dbl_ty.reserve(limits.max_doublets);
+        b.dbl_gap.reserve(limits.max_doublets);
+        b.in_start.reserve(h + 1);
+        b.in_ids.reserve(limits.max_doublets);
+        b.hit_boxes.reserve(h);
         b.trip_candidates.reserve(triplets::CANDIDATES);
         b.trip_windows = Some(triplets::ChunkWindows::new());
         b.triplets.reserve(limits.max_triplets);

@@ -18,8 +18,9 @@
 //! The step runs in three phases over chunks of [`CHUNK`] doublets, in `f32` on lanes of
 //! [`LANES`] (the layout the GPU shares, and vector instructions on the CPU): the windows
 //! of every doublet of the chunk (lane-parallel, no branches), the search of the
-//! continuations inside them (each hit's outgoing doublets are sorted by slope: a binary
-//! search and a short scan), and the kink test of the pairs found (lane-parallel). Pairs
+//! continuations inside them (every outgoing doublet of the middle hit, a handful, compared
+//! eight at a time against the window of its plane triple: no search structure, no
+//! branches but the loop), and the kink test of the pairs found (lane-parallel). Pairs
 //! are tested in the order they were found, so triplets come out ordered by left doublet
 //! and, within one, by right doublet, whatever the chunking.
 
@@ -27,7 +28,8 @@
 // loops index several arrays by lane.
 #![allow(clippy::neg_cmp_op_on_partial_ord, clippy::needless_range_loop)]
 
-use super::{CaBuffers, FinderGeometry, PairLanes, Triplet};
+use super::doublets::{scan_box, slopes, PlaneWindows};
+use super::{CaBuffers, Doublet, FinderGeometry, Kernel, PairLanes, Triplet};
 use crate::tracking::geometry::Field;
 use crate::tracking::propagate::K_GEV_PER_T_MM;
 use crate::tracking::reco::FinderConfig;
@@ -121,42 +123,23 @@ fn bending(tx: f32, ty: f32, b: [f32; 3]) -> (f32, f32) {
     (ax, ay)
 }
 
-/// Which code the step runs: compiled for the target's baseline, or for AVX2 (chosen at
-/// run time; both give the same triplets: no fused multiply-adds).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TripletKernel {
-    Portable,
-    Avx2,
-}
-
-impl TripletKernel {
-    /// The best kernel this CPU runs.
-    pub fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") {
-            return TripletKernel::Avx2;
-        }
-        TripletKernel::Portable
-    }
-}
-
-/// Fills `buf.triplets` and `buf.trip_start` (per doublet, the triplets it starts); `reach`
+/// Fills `buf.triplets` (ordered by left doublet); `reach`
 /// is the largest plane distance of the doublets (as given to
 /// [`super::doublets::find_doublets`]).
 pub fn find_triplets(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, buf: &mut CaBuffers) {
-    find_triplets_with(TripletKernel::detect(), geo, cfg, reach, buf)
+    find_triplets_with(Kernel::detect(), geo, cfg, reach, buf)
 }
 
 /// [`find_triplets`] with the given kernel (the portable one where the CPU lacks it).
 pub fn find_triplets_with(
-    kernel: TripletKernel,
+    kernel: Kernel,
     geo: &FinderGeometry,
     cfg: &FinderConfig,
     reach: usize,
     buf: &mut CaBuffers,
 ) {
     #[cfg(target_arch = "x86_64")]
-    if kernel == TripletKernel::Avx2 && std::arch::is_x86_feature_detected!("avx2") {
+    if kernel == Kernel::Avx2 && std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU reported AVX2.
         unsafe { find_triplets_avx2(geo, cfg, reach, buf) };
         return;
@@ -175,7 +158,7 @@ unsafe fn find_triplets_avx2(
     reach: usize,
     buf: &mut CaBuffers,
 ) {
-    find_triplets_impl(geo, cfg, reach, buf)
+    find_triplets_impl::<true>(geo, cfg, reach, buf)
 }
 
 #[inline(never)]
@@ -185,16 +168,89 @@ fn find_triplets_portable(
     reach: usize,
     buf: &mut CaBuffers,
 ) {
-    find_triplets_impl(geo, cfg, reach, buf)
+    find_triplets_impl::<false>(geo, cfg, reach, buf)
 }
 
+/// Right doublets `h..min(h + 8, e)` inside the window of their plane triple (`win[s]`:
+/// predicted slopes x and y, half widths x and y; `s` the doublet's skipped planes): a bit
+/// per doublet inside, and a bit per doublet skipping a plane.
 #[inline(always)]
-fn find_triplets_impl(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, buf: &mut CaBuffers) {
-    let n_doublets = buf.doublets.len();
-    buf.triplets.clear();
-    buf.trip_start.clear();
-    buf.trip_start.resize(n_doublets + 1, 0);
-    let cuts = Cuts {
+fn match_group(
+    tx: &[f32],
+    ty: &[f32],
+    gap: &[f32],
+    h: usize,
+    e: usize,
+    win: &[[f32; 4]; 2],
+) -> (u32, u32) {
+    let (mut bits, mut skip) = (0u32, 0u32);
+    for k in 0..(e - h).min(8) {
+        let d = h + k;
+        let g = gap[d] != 0.0;
+        let w = &win[g as usize];
+        if (tx[d] - w[0]).abs() <= w[2] && (ty[d] - w[1]).abs() <= w[3] {
+            bits |= 1 << k;
+        }
+        skip |= (g as u32) << k;
+    }
+    (bits, skip & bits)
+}
+
+/// [`match_group`] with eight doublets per vector comparison.
+///
+/// # Safety
+/// The CPU must support AVX2; `h < e <= tx.len(), ty.len(), gap.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn match_avx2(
+    tx: &[f32],
+    ty: &[f32],
+    gap: &[f32],
+    h: usize,
+    e: usize,
+    win: &[[f32; 4]; 2],
+) -> (u32, u32) {
+    use std::arch::x86_64::*;
+    assert!(h < e && e <= tx.len() && e <= ty.len() && e <= gap.len());
+    let left = e - h;
+    let (px, py, pg) = (tx.as_ptr().add(h), ty.as_ptr().add(h), gap.as_ptr().add(h));
+    let (vx, vy, vg, valid) = if left >= 8 {
+        (
+            _mm256_loadu_ps(px),
+            _mm256_loadu_ps(py),
+            _mm256_loadu_ps(pg),
+            0xffu32,
+        )
+    } else {
+        // Masked loads read only the lanes inside the slices.
+        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let m = _mm256_cmpgt_epi32(_mm256_set1_epi32(left as i32), lane);
+        (
+            _mm256_maskload_ps(px, m),
+            _mm256_maskload_ps(py, m),
+            _mm256_maskload_ps(pg, m),
+            (1u32 << left) - 1,
+        )
+    };
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    let inside = |w: &[f32; 4]| {
+        let dx = _mm256_and_ps(_mm256_sub_ps(vx, _mm256_set1_ps(w[0])), abs);
+        let dy = _mm256_and_ps(_mm256_sub_ps(vy, _mm256_set1_ps(w[1])), abs);
+        _mm256_and_ps(
+            _mm256_cmp_ps::<_CMP_LE_OQ>(dx, _mm256_set1_ps(w[2])),
+            _mm256_cmp_ps::<_CMP_LE_OQ>(dy, _mm256_set1_ps(w[3])),
+        )
+    };
+    let skips = _mm256_cmp_ps::<_CMP_NEQ_UQ>(vg, _mm256_setzero_ps());
+    let pass = _mm256_blendv_ps(inside(&win[0]), inside(&win[1]), skips);
+    let bits = _mm256_movemask_ps(pass) as u32 & valid;
+    (bits, _mm256_movemask_ps(skips) as u32 & bits)
+}
+
+/// The cuts of a call, in `f32`.
+fn cuts(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize) -> Cuts {
+    Cuts {
         qop_max: cfg.qop_max() as f32,
         n_sigma: cfg.n_sigma as f32,
         mass2: (cfg.fit.mass_gev * cfg.fit.mass_gev) as f32,
@@ -207,73 +263,380 @@ fn find_triplets_impl(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, bu
             _ => None,
         },
         reach: reach.clamp(1, 2) as u8,
-    };
-    let mut cands = std::mem::take(&mut buf.trip_candidates);
-    cands.clear();
+    }
+}
+
+#[inline(always)]
+fn find_triplets_impl<const AVX2: bool>(
+    geo: &FinderGeometry,
+    cfg: &FinderConfig,
+    reach: usize,
+    buf: &mut CaBuffers,
+) {
+    buf.triplets.clear();
+    let cuts = cuts(geo, cfg, reach);
     let mut w = buf.trip_windows.take().unwrap_or_else(ChunkWindows::new);
-    // Doublets before this one have their `trip_start` set.
-    let mut next_start = 0usize;
-    for c0 in (0..n_doublets).step_by(CHUNK) {
-        let c1 = (c0 + CHUNK).min(n_doublets);
-        for p0 in (c0..c1).step_by(LANES) {
-            chunk_windows(geo, &cuts, buf, p0, c1, p0 - c0, &mut w);
-        }
-        for d1 in c0..c1 {
-            let i = d1 - c0;
-            let (lo, hi) = (w.lo[i], w.hi[i]);
-            if !(lo <= hi) {
-                continue;
-            }
-            let b = buf.doublets[d1].b as usize;
-            let (s, e) = (buf.dbl_start[b] as usize, buf.dbl_start[b + 1] as usize);
-            let txs = &buf.dbl_tx[s..e];
-            let first = s + txs.partition_point(|&t| t < lo);
-            let (pb, n_win) = (w.plane_b[i], w.n_win[i] as usize);
-            for d2 in first..e {
-                let t2x = buf.dbl_tx[d2];
-                if t2x > hi {
-                    break;
-                }
-                let r = buf.doublets[d2];
-                let k = (buf.hits.plane[r.b as usize] - pb - 1) as usize;
-                if k >= n_win {
-                    continue;
-                }
-                if (t2x - w.pred_x[k][i]).abs() > w.wx[k][i]
-                    || (r.ty - w.pred_y[k][i]).abs() > w.wy[k][i]
-                {
-                    continue;
-                }
-                cands.push(Candidate {
-                    left: i as u32,
-                    right: d2 as u32,
-                    s: k as u32,
-                });
-                if cands.len() == CANDIDATES {
-                    kink_tests(geo, &cuts, cfg, buf, &cands, c0, &w, &mut next_start);
-                    cands.clear();
-                }
-            }
-        }
-        kink_tests(geo, &cuts, cfg, buf, &cands, c0, &w, &mut next_start);
-        cands.clear();
-    }
-    let len = buf.triplets.len() as u32;
-    for t in &mut buf.trip_start[next_start..] {
-        *t = len;
-    }
+    let mut cands = std::mem::take(&mut buf.trip_candidates);
+    left_doublets_outgoing::<AVX2>(
+        geo,
+        &cuts,
+        cfg,
+        buf,
+        0..buf.doublets.len(),
+        &mut w,
+        &mut cands,
+    );
     buf.trip_candidates = cands;
     buf.trip_windows = Some(w);
 }
 
-/// Phase 1: the windows of doublets `p0..min(p0 + LANES, end)`, stored at `i0..` in `w`.
+/// Triplets of the left doublets `range` whose middle hits have their outgoing doublets:
+/// every outgoing doublet compared with the window (phase 2 by vector comparison).
+#[inline(always)]
+fn left_doublets_outgoing<const AVX2: bool>(
+    geo: &FinderGeometry,
+    cuts: &Cuts,
+    cfg: &FinderConfig,
+    buf: &mut CaBuffers,
+    range: std::ops::Range<usize>,
+    w: &mut ChunkWindows,
+    cands: &mut Vec<Candidate>,
+) {
+    cands.clear();
+    let mut ids = [0u32; CHUNK];
+    for c0 in range.clone().step_by(CHUNK) {
+        let c1 = (c0 + CHUNK).min(range.end);
+        for (k, id) in ids[..c1 - c0].iter_mut().enumerate() {
+            *id = (c0 + k) as u32;
+        }
+        let ids = &ids[..c1 - c0];
+        for p0 in (0..ids.len()).step_by(LANES) {
+            chunk_windows(geo, cuts, buf, &ids[p0..(p0 + LANES).min(ids.len())], p0, w);
+        }
+        for (i, &d1) in ids.iter().enumerate() {
+            let (lo, hi) = (w.lo[i], w.hi[i]);
+            if !(lo <= hi) {
+                continue;
+            }
+            // Every outgoing doublet of the middle hit, eight at a time, against the
+            // window of its plane triple (closed windows have a negative width).
+            let b = buf.doublets[d1 as usize].b as usize;
+            let (s, e) = (buf.dbl_start[b] as usize, buf.dbl_start[b + 1] as usize);
+            let win = [
+                [w.pred_x[0][i], w.pred_y[0][i], w.wx[0][i], w.wy[0][i]],
+                [w.pred_x[1][i], w.pred_y[1][i], w.wx[1][i], w.wy[1][i]],
+            ];
+            let mut h = s;
+            while h < e {
+                #[cfg(target_arch = "x86_64")]
+                let (mut bits, skip) = if AVX2 {
+                    // SAFETY: this instance only runs where the CPU has AVX2.
+                    unsafe { match_avx2(&buf.dbl_tx, &buf.dbl_ty, &buf.dbl_gap, h, e, &win) }
+                } else {
+                    match_group(&buf.dbl_tx, &buf.dbl_ty, &buf.dbl_gap, h, e, &win)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let (mut bits, skip) =
+                    match_group(&buf.dbl_tx, &buf.dbl_ty, &buf.dbl_gap, h, e, &win);
+                while bits != 0 {
+                    let k = bits.trailing_zeros();
+                    bits &= bits - 1;
+                    cands.push(Candidate {
+                        left: i as u32,
+                        right: (h + k as usize) as u32,
+                        s: (skip >> k) & 1,
+                    });
+                    if cands.len() == CANDIDATES {
+                        kink_tests(geo, cuts, cfg, buf, cands, ids, w);
+                        cands.clear();
+                    }
+                }
+                h += 8;
+            }
+        }
+        kink_tests(geo, cuts, cfg, buf, cands, ids, w);
+        cands.clear();
+    }
+}
+
+/// Triplets of a first pass on consecutive planes that needs tracks starting on the first
+/// `seed_planes` planes (tracks of at least `n_planes - seed_planes + 1` hits without a
+/// gap), by following them downstream: doublets (`super::doublets::find_doublets_with`
+/// with `a_planes = seed_planes`, reach 1) exist from the hits of the seed planes only;
+/// for a middle hit further downstream, its outgoing doublets are made here, from the
+/// hits inside the continuation window of each incoming doublet that also pass the
+/// doublet step's window. The triplets, hence the chains that start on a seed plane, are
+/// those of the full search; doublets and triplets no such chain reaches are never made.
+/// Triplets come out ordered by the plane of their middle hit.
+pub fn find_triplets_seeded(
+    geo: &FinderGeometry,
+    cfg: &FinderConfig,
+    seed_planes: usize,
+    buf: &mut CaBuffers,
+) {
+    find_triplets_seeded_with(Kernel::detect(), geo, cfg, seed_planes, buf)
+}
+
+/// [`find_triplets_seeded`] with the given kernel (the portable one where the CPU lacks it).
+pub fn find_triplets_seeded_with(
+    kernel: Kernel,
+    geo: &FinderGeometry,
+    cfg: &FinderConfig,
+    seed_planes: usize,
+    buf: &mut CaBuffers,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Kernel::Avx2 && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU reported AVX2.
+        unsafe { find_triplets_seeded_avx2(geo, cfg, seed_planes, buf) };
+        return;
+    }
+    let _ = kernel;
+    find_triplets_seeded_portable(geo, cfg, seed_planes, buf)
+}
+
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn find_triplets_seeded_avx2(
+    geo: &FinderGeometry,
+    cfg: &FinderConfig,
+    seed_planes: usize,
+    buf: &mut CaBuffers,
+) {
+    find_triplets_seeded_impl::<true>(geo, cfg, seed_planes, buf)
+}
+
+#[inline(never)]
+fn find_triplets_seeded_portable(
+    geo: &FinderGeometry,
+    cfg: &FinderConfig,
+    seed_planes: usize,
+    buf: &mut CaBuffers,
+) {
+    find_triplets_seeded_impl::<false>(geo, cfg, seed_planes, buf)
+}
+
+#[inline(always)]
+fn find_triplets_seeded_impl<const AVX2: bool>(
+    geo: &FinderGeometry,
+    cfg: &FinderConfig,
+    seed_planes: usize,
+    buf: &mut CaBuffers,
+) {
+    buf.triplets.clear();
+    let n_planes = geo.planes.len();
+    let n_hits = buf.hits.x_mm.len();
+    let cuts = cuts(geo, cfg, 1);
+    let mut w = buf.trip_windows.take().unwrap_or_else(ChunkWindows::new);
+    let mut cands = std::mem::take(&mut buf.trip_candidates);
+    let mut in_start = std::mem::take(&mut buf.in_start);
+    let mut in_ids = std::mem::take(&mut buf.in_ids);
+    let mut hit_boxes = std::mem::take(&mut buf.hit_boxes);
+    let plane_hits = |buf: &CaBuffers, p: usize| {
+        let g = &geo.planes[p];
+        (
+            buf.hits.bin_start[g.bin_offset] as usize,
+            buf.hits.bin_start[g.bin_offset + g.bins_x * g.bins_y] as usize,
+        )
+    };
+    for j in 1..n_planes.saturating_sub(1) {
+        let (fi, ei) = plane_hits(buf, j - 1);
+        let (fj, ej) = plane_hits(buf, j);
+        // Left doublets: those from plane j - 1 (all to plane j: reach 1), the last made.
+        let l0 = buf.dbl_start[fi] as usize;
+        if j < seed_planes {
+            let l1 = buf.dbl_start[ei] as usize;
+            left_doublets_outgoing::<AVX2>(geo, &cuts, cfg, buf, l0..l1, &mut w, &mut cands);
+            continue;
+        }
+        let l1 = buf.doublets.len();
+        // The left doublets by middle hit (counting sort).
+        in_start.clear();
+        in_start.resize(ej - fj + 1, 0);
+        for d in &buf.doublets[l0..l1] {
+            in_start[d.b as usize - fj + 1] += 1;
+        }
+        for k in 0..(ej - fj) {
+            in_start[k + 1] += in_start[k];
+        }
+        in_ids.clear();
+        in_ids.resize(l1 - l0, 0);
+        for (k, d) in buf.doublets[l0..l1].iter().enumerate() {
+            let slot = &mut in_start[d.b as usize - fj];
+            in_ids[*slot as usize] = (l0 + k) as u32;
+            *slot += 1;
+        }
+        // Middle hits get their outgoing doublets in order; `next_hit` is the first hit of
+        // plane j whose `dbl_start` is not set yet.
+        let pw = PlaneWindows::new(geo, cfg, j, 1);
+        let (k_next, inv_dz) = match pw.target(0) {
+            Some(t) => t,
+            None => {
+                for h in fj..ej {
+                    buf.dbl_start[h] = buf.doublets.len() as u32;
+                }
+                continue;
+            }
+        };
+        let dz = geo.planes[k_next].z_mm - geo.planes[j].z_mm;
+        // The doublet windows of every hit of the plane, eight at a time.
+        hit_boxes.clear();
+        for c0 in (fj..ej).step_by(LANES) {
+            let (mut xs, mut ys) = ([0.0f32; LANES], [0.0f32; LANES]);
+            for l in 0..LANES {
+                let h = (c0 + l).min(ej - 1);
+                xs[l] = buf.hits.x_mm[h];
+                ys[l] = buf.hits.y_mm[h];
+            }
+            let boxes = pw.boxes(&xs, &ys);
+            for l in 0..LANES.min(ej - c0) {
+                let used = buf.hits.used[c0 + l];
+                hit_boxes.push([
+                    boxes[0][0][l],
+                    if used {
+                        f32::NEG_INFINITY
+                    } else {
+                        boxes[0][1][l]
+                    },
+                    boxes[0][2][l],
+                    boxes[0][3][l],
+                ]);
+            }
+        }
+        let mut next_hit = fj;
+        let mut bbox = [0.0f32; 4];
+        let mut ids = [0u32; CHUNK];
+        for c0 in (0..in_ids.len()).step_by(CHUNK) {
+            let c1 = (c0 + CHUNK).min(in_ids.len());
+            ids[..c1 - c0].copy_from_slice(&in_ids[c0..c1]);
+            let ids = &ids[..c1 - c0];
+            for p0 in (0..ids.len()).step_by(LANES) {
+                chunk_windows(
+                    geo,
+                    &cuts,
+                    buf,
+                    &ids[p0..(p0 + LANES).min(ids.len())],
+                    p0,
+                    &mut w,
+                );
+            }
+            for (i, &d1) in ids.iter().enumerate() {
+                let b = buf.doublets[d1 as usize].b as usize;
+                if b >= next_hit {
+                    // A new middle hit: its outgoing doublets start here, and its window
+                    // of the doublet step.
+                    for h in next_hit..=b {
+                        buf.dbl_start[h] = buf.doublets.len() as u32;
+                    }
+                    next_hit = b + 1;
+                    bbox = hit_boxes[b - fj];
+                }
+                if !(w.lo[i] <= w.hi[i]) {
+                    continue;
+                }
+                // The continuation window as a box on the next plane (widened by a
+                // rounding margin; the slopes are then tested as the doublets' are),
+                // inside the doublet window.
+                let (xb, yb) = (buf.hits.x_mm[b], buf.hits.y_mm[b]);
+                let win = [w.pred_x[0][i], w.pred_y[0][i], w.wx[0][i], w.wy[0][i]];
+                let margin = 1e-3 + 1e-6 * (xb.abs() + yb.abs());
+                let dzf = dz as f32;
+                let cbox = [
+                    bbox[0].max(xb + dzf * (win[0] - win[2]) - margin),
+                    bbox[1].min(xb + dzf * (win[0] + win[2]) + margin),
+                    bbox[2].max(yb + dzf * (win[1] - win[3]) - margin),
+                    bbox[3].min(yb + dzf * (win[1] + win[3]) + margin),
+                ];
+                let (xb64, yb64) = (xb as f64, yb as f64);
+                let first_out = buf.dbl_start[b] as usize;
+                let CaBuffers {
+                    hits: sh,
+                    doublets,
+                    dbl_tx,
+                    dbl_ty,
+                    dbl_gap,
+                    overflow,
+                    ..
+                } = &mut *buf;
+                let max_doublets = cfg.limits.max_doublets;
+                let mut emit = |c: usize| {
+                    if cands.len() == CANDIDATES {
+                        overflow.triplets += 1;
+                        return;
+                    }
+                    // The doublet window itself, as the doublet step tests it.
+                    let (x, y) = (sh.x_mm[c], sh.y_mm[c]);
+                    if !(x >= bbox[0] && x <= bbox[1] && y >= bbox[2] && y <= bbox[3]) {
+                        return;
+                    }
+                    if sh.used[c] {
+                        return;
+                    }
+                    let (tx, ty) = slopes(x, y, xb64, yb64, inv_dz);
+                    if !((tx - win[0]).abs() <= win[2] && (ty - win[1]).abs() <= win[3]) {
+                        return;
+                    }
+                    let right = match doublets[first_out..].iter().position(|d| d.b as usize == c) {
+                        Some(k) => first_out + k,
+                        None => {
+                            if doublets.len() == max_doublets {
+                                overflow.doublets += 1;
+                                return;
+                            }
+                            doublets.push(Doublet {
+                                a: b as u32,
+                                b: c as u32,
+                                tx,
+                                ty,
+                            });
+                            dbl_tx.push(tx);
+                            dbl_ty.push(ty);
+                            dbl_gap.push(0.0);
+                            doublets.len() - 1
+                        }
+                    };
+                    cands.push(Candidate {
+                        left: i as u32,
+                        right: right as u32,
+                        s: 0,
+                    });
+                };
+                scan_box::<AVX2>(geo, sh, k_next, cbox, &mut emit);
+                if cands.len() + 64 >= CANDIDATES {
+                    kink_tests(geo, &cuts, cfg, buf, &cands, ids, &w);
+                    cands.clear();
+                }
+            }
+            kink_tests(geo, &cuts, cfg, buf, &cands, ids, &w);
+            cands.clear();
+        }
+        for h in next_hit..ej {
+            buf.dbl_start[h] = buf.doublets.len() as u32;
+        }
+    }
+    // The last plane's hits (no outgoing doublets) and the end.
+    let total = buf.doublets.len() as u32;
+    if let Some(g) = geo.planes.last() {
+        for h in buf.hits.bin_start[g.bin_offset] as usize..=n_hits {
+            buf.dbl_start[h] = total;
+        }
+    }
+    buf.in_start = in_start;
+    buf.in_ids = in_ids;
+    buf.hit_boxes = hit_boxes;
+    buf.trip_candidates = cands;
+    buf.trip_windows = Some(w);
+}
+
+/// Phase 1: the windows of doublets `ids` (at most [`LANES`]), stored at `i0..` in `w`.
 #[inline(always)]
 fn chunk_windows(
     geo: &FinderGeometry,
     cuts: &Cuts,
     buf: &CaBuffers,
-    p0: usize,
-    end: usize,
+    ids: &[u32],
     i0: usize,
     w: &mut ChunkWindows,
 ) {
@@ -286,7 +649,7 @@ fn chunk_windows(
     let mut n_win = [0u8; LANES];
     for l in 0..LANES {
         // Lanes past the end repeat the last doublet (results not stored).
-        let d = buf.doublets[(p0 + l).min(end - 1)];
+        let d = buf.doublets[ids[l.min(ids.len() - 1)] as usize];
         let (pa, pb) = (
             sh.plane[d.a as usize] as usize,
             sh.plane[d.b as usize] as usize,
@@ -312,7 +675,7 @@ fn chunk_windows(
         for c in 0..3 {
             bf[c][l] = b[c];
         }
-        if p0 + l < end {
+        if l < ids.len() {
             w.pair[i0 + l] = pair as u32;
             w.plane_b[i0 + l] = pb as u16;
             w.n_win[i0 + l] = n_win[l];
@@ -370,7 +733,7 @@ fn chunk_windows(
         out[9][l] = hi;
         out[10][l] = q_hi;
     }
-    for l in 0..LANES.min(end - p0) {
+    for l in 0..ids.len() {
         let i = i0 + l;
         w.t1x[i] = t1x[l];
         w.t1y[i] = t1y[l];
@@ -389,9 +752,8 @@ fn chunk_windows(
     }
 }
 
-/// Phase 3: the kink test of `cands` (left doublets of the chunk starting at `c0`), in
-/// order; the pairs that pass become triplets.
-#[allow(clippy::too_many_arguments)]
+/// Phase 3: the kink test of `cands` (left doublets `ids[left]` of the chunk), in order;
+/// the pairs that pass become triplets.
 #[inline(always)]
 fn kink_tests(
     geo: &FinderGeometry,
@@ -399,9 +761,8 @@ fn kink_tests(
     cfg: &FinderConfig,
     buf: &mut CaBuffers,
     cands: &[Candidate],
-    c0: usize,
+    ids: &[u32],
     w: &ChunkWindows,
-    next_start: &mut usize,
 ) {
     let ns = cuts.n_sigma;
     let qmax = cuts.qop_max;
@@ -470,18 +831,12 @@ fn kink_tests(
             if !pass[l] {
                 continue;
             }
-            let d1 = c0 + c.left as usize;
             if buf.triplets.len() == cfg.limits.max_triplets {
                 buf.overflow.triplets += 1;
                 continue;
             }
-            let len = buf.triplets.len() as u32;
-            while *next_start <= d1 {
-                buf.trip_start[*next_start] = len;
-                *next_start += 1;
-            }
             buf.triplets.push(Triplet {
-                left: d1 as u32,
+                left: ids[c.left as usize],
                 right: c.right,
                 qop: res[0][l],
                 qop_sigma: res[1][l],
@@ -610,6 +965,55 @@ mod tests {
             assert_eq!(has, keep, "p {p}: {t:?}");
             // Downstream of the kink the track is straight again.
             assert!(t.iter().any(|x| x.0 == [1, 2, 3]), "p {p}");
+        }
+    }
+
+    #[test]
+    fn both_kernels_find_the_same_triplets_in_a_busy_event() {
+        use rand::Rng;
+        let det = detector(6, [0.0, 0.8, 0.0], 0.004, 0.016);
+        let mut rng = ChaCha8Rng::seed_from_u64(15);
+        let mut hits = Vec::new();
+        for _ in 0..300 {
+            let q = if rng.random_bool(0.5) { 1.0 } else { -1.0 };
+            let p = rng.random_range(1.0..30.0);
+            let start = [
+                rng.random_range(-0.5..0.5),
+                rng.random_range(-0.5..0.5),
+                rng.random_range(-0.25..0.25),
+                rng.random_range(-0.25..0.25),
+                q / p,
+            ];
+            track(&det, start, true, true, &mut rng, &mut hits);
+        }
+        for i in 0..3000 {
+            hits.push(HitRecord {
+                x_mm: rng.random_range(-200.0..200.0),
+                y_mm: rng.random_range(-200.0..200.0),
+                z_mm: 0.0,
+                plane: (i % 6) as u16,
+                hit_id: hits.len() as u32,
+            });
+        }
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let geo = FinderGeometry::new(&det, &cfg);
+        for reach in [1, 2] {
+            let run = |kernel: Kernel| {
+                let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+                sort_hits(&geo, &hits, cfg.limits.max_hits, &mut buf);
+                find_doublets(&geo, &cfg, reach, &mut buf);
+                find_triplets_with(kernel, &geo, &cfg, reach, &mut buf);
+                let t: Vec<_> = buf
+                    .triplets
+                    .iter()
+                    .map(|t| (t.left, t.right, t.qop, t.qop_sigma, t.chi2))
+                    .collect();
+                (t, buf.doublets.len())
+            };
+            let (portable, n_doublets) = run(Kernel::Portable);
+            assert!(portable.len() > 300, "{} triplets", portable.len());
+            assert!(n_doublets > 300, "{n_doublets} doublets");
+            assert_eq!(run(Kernel::detect()).0, portable, "reach {reach}");
         }
     }
 
