@@ -105,7 +105,7 @@ pub struct FinderConfig {
     /// for a fraction of the work. Default true.
     pub follow_seeds: bool,
     /// Grid bins per plane in x for the window search (a window scans, per grid row it
-    /// overlaps, the cells between its columns). Default 8.
+    /// overlaps, the cells between its columns). Default 16.
     pub bins_x: usize,
     /// Grid rows per plane in y: a window scans the hits of the rows it overlaps, so rows
     /// about as high as the narrowest windows are best. Default 128.
@@ -182,7 +182,7 @@ impl FinderConfig {
             allow_missing_plane: true,
             first_pass_min_hits: 0,
             follow_seeds: true,
-            bins_x: 8,
+            bins_x: 16,
             bins_y: 128,
             triplet_chi2_max: n_sigma * n_sigma + if fit.fit_momentum { 0.0 } else { 2.0 },
             neighbour_chi2_max: n_sigma * n_sigma,

@@ -144,7 +144,7 @@ mod tests {
         assert_eq!(geo.bin_xy(1, 299.9, 299.9), (5, 3));
         // Outside the plane: the edge cells; not a number: the first.
         assert_eq!(geo.bin_xy(1, -1e4, 1e4), (0, 3));
-        assert_eq!(geo.bin_xy(1, f32::INFINITY, f32::NEG_INFINITY), (0, 0));
+        assert_eq!(geo.bin_xy(1, f32::INFINITY, f32::NEG_INFINITY), (5, 0));
         assert_eq!(geo.bin_xy(1, f32::NAN, 1e30), (0, 3));
         assert_eq!(geo.bin(1, 0.0, 0.0), geo.planes[1].bin_offset + 2 * 6 + 3);
     }

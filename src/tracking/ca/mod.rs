@@ -132,6 +132,9 @@ pub struct PlaneGeometry {
     /// Bins per mm in x and y.
     pub bin_scale_x: f64,
     pub bin_scale_y: f64,
+    /// `half_x_mm`, `half_y_mm` and the bin scales in `f32`, for [`FinderGeometry::bin_xy`].
+    pub half_f32: [f32; 2],
+    pub bin_scale_f32: [f32; 2],
     /// First global bin of this plane.
     pub bin_offset: usize,
     /// Scattering angle variance crossing this plane at the minimum momentum.
@@ -245,6 +248,11 @@ impl FinderGeometry {
                 bins_y,
                 bin_scale_x: bins_x as f64 / (2.0 * p.half_x_mm),
                 bin_scale_y: bins_y as f64 / (2.0 * p.half_y_mm),
+                half_f32: [p.half_x_mm as f32, p.half_y_mm as f32],
+                bin_scale_f32: [
+                    (bins_x as f64 / (2.0 * p.half_x_mm)) as f32,
+                    (bins_y as f64 / (2.0 * p.half_y_mm)) as f32,
+                ],
                 bin_offset: offset,
                 theta2_min_p: theta2,
                 theta2_per_qop2: per_qop2,
@@ -381,24 +389,19 @@ impl FinderGeometry {
         g.bin_offset + by * g.bins_x + bx
     }
 
-    /// Bin column and row of `(x, y)` on plane `p` (clamped).
+    /// Bin column and row of `(x, y)` on plane `p`, clamped to the grid (positions off the
+    /// plane, infinite ones too, fall in the edge cells; not a number in the first). The
+    /// arithmetic is `f32` and monotonic in the position, and the same for the hits (hit
+    /// sorting) as for the windows, so a window's cells hold every hit inside it.
     #[inline]
     pub fn bin_xy(&self, p: usize, x: f32, y: f32) -> (usize, usize) {
         let g = &self.planes[p];
-        let fx = (x as f64 + g.half_x_mm) * g.bin_scale_x;
-        let fy = (y as f64 + g.half_y_mm) * g.bin_scale_y;
-        // `as` truncates towards zero (the floor for the non-negative values kept) and
-        // compiles to one instruction where `floor` is a library call on baseline x86_64.
-        let bx = if fx.is_finite() && fx > 0.0 {
-            (fx as usize).min(g.bins_x - 1)
-        } else {
-            0
-        };
-        let by = if fy.is_finite() && fy > 0.0 {
-            (fy as usize).min(g.bins_y - 1)
-        } else {
-            0
-        };
+        let fx = (x + g.half_f32[0]) * g.bin_scale_f32[0];
+        let fy = (y + g.half_f32[1]) * g.bin_scale_f32[1];
+        // `as i32` truncates towards zero (the floor for the non-negative values kept),
+        // saturates and takes NaN to 0: one instruction and a clamp.
+        let bx = (fx as i32).clamp(0, g.bins_x as i32 - 1) as usize;
+        let by = (fy as i32).clamp(0, g.bins_y as i32 - 1) as usize;
         (bx, by)
     }
 }

@@ -29,7 +29,7 @@
 #![allow(clippy::neg_cmp_op_on_partial_ord, clippy::needless_range_loop)]
 
 use super::doublets::{scan_box, slopes, PlaneWindows};
-use super::{CaBuffers, Doublet, FinderGeometry, Kernel, PairLanes, Triplet};
+use super::{CaBuffers, Doublet, FinderGeometry, Kernel, Triplet};
 use crate::tracking::geometry::Field;
 use crate::tracking::propagate::K_GEV_PER_T_MM;
 use crate::tracking::reco::FinderConfig;
@@ -74,7 +74,7 @@ pub struct ChunkWindows {
     t1y: [f32; CHUNK],
     b: [[f32; CHUNK]; 3],
     q_hi: [f32; CHUNK],
-    /// Index of the plane pair's [`PairLanes`], and the plane of the middle hit.
+    /// Index of the plane pair's [`super::PairLanes`], and the plane of the middle hit.
     pair: [u32; CHUNK],
     plane_b: [u16; CHUNK],
     n_win: [u8; CHUNK],
@@ -642,7 +642,7 @@ fn chunk_windows(
 ) {
     let n_planes = geo.planes.len();
     let sh = &buf.hits;
-    let mut pl = [PairLanes::default(); LANES];
+    let mut pf = [[0.0f32; LANES]; 15];
     let (mut xa, mut ya) = ([0.0f32; LANES], [0.0f32; LANES]);
     let (mut t1x, mut t1y) = ([0.0f32; LANES], [0.0f32; LANES]);
     let mut bf = [[0.0f32; LANES]; 3];
@@ -655,8 +655,22 @@ fn chunk_windows(
             sh.plane[d.b as usize] as usize,
         );
         let pair = pa * n_planes + pb;
-        pl[l] = geo.pair_lanes[pair];
-        n_win[l] = pl[l].n_triples.min(cuts.reach);
+        let p = &geo.pair_lanes[pair];
+        n_win[l] = p.n_triples.min(cuts.reach);
+        // The pair's constants by quantity, so the arithmetic below runs on whole lanes.
+        pf[0][l] = p.pointing;
+        pf[1][l] = p.inv_zi;
+        pf[2][l] = p.two_inv_zj;
+        pf[3][l] = p.hard_kx;
+        pf[4][l] = p.hard_ky;
+        pf[5][l] = p.kvar_ms_per_qop2;
+        pf[6][l] = p.kvar_res;
+        for s in 0..2 {
+            pf[7 + s][l] = p.half[s];
+            pf[9 + s][l] = p.theta2_per_qop2[s];
+            pf[11 + s][l] = p.var_res[s];
+            pf[13 + s][l] = if (s as u8) < n_win[l] { 1.0 } else { 0.0 };
+        }
         xa[l] = sh.x_mm[d.a as usize];
         ya[l] = sh.y_mm[d.a as usize];
         t1x[l] = d.tx;
@@ -685,14 +699,16 @@ fn chunk_windows(
     let qmax = cuts.qop_max;
     let mut out = [[0.0f32; LANES]; 11];
     for l in 0..LANES {
-        let p = &pl[l];
+        let (pointing, inv_zi, two_inv_zj) = (pf[0][l], pf[1][l], pf[2][l]);
+        let (hard_kx, hard_ky) = (pf[3][l], pf[4][l]);
+        let (kvar_ms_per_qop2, kvar_res) = (pf[5][l], pf[6][l]);
         let (tx, ty) = (t1x[l], t1y[l]);
         // Pointing parabola through the origin, a and b: curvature, its hard error from
         // the origin's size and its Gaussian variance (scattering per (q/p)^2, resolution).
-        let kappa_x = p.pointing * (tx - xa[l] * p.inv_zi) * p.two_inv_zj;
-        let kappa_y = p.pointing * (ty - ya[l] * p.inv_zi) * p.two_inv_zj;
+        let kappa_x = pointing * (tx - xa[l] * inv_zi) * two_inv_zj;
+        let kappa_y = pointing * (ty - ya[l] * inv_zi) * two_inv_zj;
         let sf2 = slope_factor2(tx, ty).min(cuts.sf2_max);
-        let kvar_ms = p.kvar_ms_per_qop2 * sf2;
+        let kvar_ms = kvar_ms_per_qop2 * sf2;
         // Curvature d2(x, y)/dz2 per unit q/p along the doublet.
         let n1 = (1.0 + tx * tx + ty * ty).sqrt();
         let (ax, ay) = bending(tx, ty, [bf[0][l], bf[1][l], bf[2][l]]);
@@ -701,27 +717,27 @@ fn chunk_windows(
         let c2 = cx * cx + cy * cy;
         // Largest |q/p| of the doublet: its pointing estimate plus errors (with a field
         // and a pointing window), else the cut.
-        let use_ptg = cuts.fit_momentum * p.pointing > 0.0 && c2 > 0.0;
+        let use_ptg = cuts.fit_momentum * pointing > 0.0 && c2 > 0.0;
         let inv_c2 = 1.0 / if use_ptg { c2 } else { 1.0 };
         let q_ptg = (kappa_x * cx + kappa_y * cy) * inv_c2;
-        let hard = (p.hard_kx * cx.abs() + p.hard_ky * cy.abs()) * inv_c2;
-        let sigma = ((kvar_ms * qmax * qmax + p.kvar_res) * inv_c2).sqrt();
+        let hard = (hard_kx * cx.abs() + hard_ky * cy.abs()) * inv_c2;
+        let sigma = ((kvar_ms * qmax * qmax + kvar_res) * inv_c2).sqrt();
         let q_ptg_hi = (q_ptg.abs() + hard + ns * sigma).min(qmax);
         let q_hi = if use_ptg { q_ptg_hi } else { qmax };
         let ms2 = q_hi * q_hi * (1.0 + cuts.mass2 * q_hi * q_hi) * sf2;
-        let kvar = kvar_ms * q_hi * q_hi + p.kvar_res;
+        let kvar = kvar_ms * q_hi * q_hi + kvar_res;
         let mut lo = f32::INFINITY;
         let mut hi = f32::NEG_INFINITY;
         for s in 0..2 {
-            let h = p.half[s];
-            let var = kvar * h * h + p.theta2_per_qop2[s] * ms2 + p.var_res[s];
+            let h = pf[7 + s][l];
+            let var = kvar * h * h + pf[9 + s][l] * ms2 + pf[11 + s][l];
             let gauss = ns * var.sqrt();
             let pred_x = tx + kappa_x * h;
             let pred_y = ty + kappa_y * h;
             // A plane triple outside the detector or beyond the reach gets no window.
-            let open = (s as u8) < n_win[l];
-            let wx = if open { p.hard_kx * h + gauss } else { -1.0 };
-            let wy = p.hard_ky * h + gauss;
+            let open = pf[13 + s][l] > 0.0;
+            let wx = if open { hard_kx * h + gauss } else { -1.0 };
+            let wy = hard_ky * h + gauss;
             lo = if open { lo.min(pred_x - wx) } else { lo };
             hi = if open { hi.max(pred_x + wx) } else { hi };
             out[s * 4][l] = pred_x;
