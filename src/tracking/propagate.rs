@@ -705,17 +705,60 @@ pub fn propagate_gap<T: Real, const L: usize>(
     n_steps: usize,
     jac: &mut JacobianPacks<T, L>,
 ) {
-    match field {
-        Field::Uniform { b_tesla } if b_tesla[0] == 0.0 && b_tesla[2] == 0.0 => {
-            let b = Some(b_tesla.map(Pack::of));
-            gap_steps::<T, L, true>(field, b, z, x, y, tx, ty, qop, z_to, n_steps, jac)
+    let gf = GapField::new(field);
+    propagate_gap_in(field, &gf, z, x, y, tx, ty, qop, z_to, n_steps, jac);
+}
+
+/// The field as [`propagate_gap`] reads it, prepared once for many calls (the fitter's
+/// steps): a uniform field along y alone, another uniform field (as packs), or a field map
+/// read at every stage point.
+#[derive(Clone, Copy, Debug)]
+pub enum GapField<T, const L: usize> {
+    ByOnly([Pack<T, L>; 3]),
+    Uniform([Pack<T, L>; 3]),
+    Map,
+}
+
+impl<T: Real, const L: usize> GapField<T, L> {
+    #[inline(always)]
+    pub fn new(field: &Field) -> Self {
+        match field {
+            Field::Uniform { b_tesla } if b_tesla[0] == 0.0 && b_tesla[2] == 0.0 => {
+                GapField::ByOnly(b_tesla.map(Pack::of))
+            }
+            Field::Uniform { b_tesla } => GapField::Uniform(b_tesla.map(Pack::of)),
+            #[allow(unreachable_patterns)]
+            _ => GapField::Map,
         }
-        Field::Uniform { b_tesla } => {
-            let b = Some(b_tesla.map(Pack::of));
-            gap_steps::<T, L, false>(field, b, z, x, y, tx, ty, qop, z_to, n_steps, jac)
+    }
+}
+
+/// [`propagate_gap`] with the field prepared by [`GapField::new`] from `field`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn propagate_gap_in<T: Real, const L: usize>(
+    field: &Field,
+    gf: &GapField<T, L>,
+    z: &mut Pack<T, L>,
+    x: &mut Pack<T, L>,
+    y: &mut Pack<T, L>,
+    tx: &mut Pack<T, L>,
+    ty: &mut Pack<T, L>,
+    qop: Pack<T, L>,
+    z_to: Pack<T, L>,
+    n_steps: usize,
+    jac: &mut JacobianPacks<T, L>,
+) {
+    match *gf {
+        GapField::ByOnly(b) => {
+            gap_steps::<T, L, true>(field, Some(b), z, x, y, tx, ty, qop, z_to, n_steps, jac)
         }
-        #[allow(unreachable_patterns)]
-        _ => gap_steps::<T, L, false>(field, None, z, x, y, tx, ty, qop, z_to, n_steps, jac),
+        GapField::Uniform(b) => {
+            gap_steps::<T, L, false>(field, Some(b), z, x, y, tx, ty, qop, z_to, n_steps, jac)
+        }
+        GapField::Map => {
+            gap_steps::<T, L, false>(field, None, z, x, y, tx, ty, qop, z_to, n_steps, jac)
+        }
     }
 }
 
