@@ -856,11 +856,17 @@ fn update<T: Real, const L: usize>(
     let s01 = c[1];
     let s11 = c[2] + v[1];
     let inv_det = Pack::of(1.0) / (s00 * s11 - s01 * s01);
+    let r0 = (m[0] - st[0]) * mask;
+    let r1 = (m[1] - st[1]) * mask;
+    // The weighted residual S^-1 r (zero without a hit), its numerators formed while the
+    // division runs: the state moves by `C H^T S^-1 r` and the chi-square grows by
+    // `r^T S^-1 r`, each a few operations after the division (the state is what the
+    // next plane's propagation waits for).
+    let w0 = (s11 * r0 - s01 * r1) * inv_det;
+    let w1 = (s00 * r1 - s01 * r0) * inv_det;
     let i00 = s11 * inv_det;
     let i01 = -s01 * inv_det;
     let i11 = s00 * inv_det;
-    let r0 = (m[0] - st[0]) * mask;
-    let r1 = (m[1] - st[1]) * mask;
     // Columns x and y of C: cov(i, x), cov(i, y).
     let cx = [
         c[tri(0, 0)],
@@ -882,9 +888,9 @@ fn update<T: Real, const L: usize>(
     let mut k0 = [Pack::of(0.0); 5];
     let mut k1 = [Pack::of(0.0); 5];
     for i in 0..5 {
+        st[i] += cx[i] * w0 + cy[i] * w1;
         k0[i] = cx[i] * mi00 + cy[i] * mi01;
         k1[i] = cx[i] * mi01 + cy[i] * mi11;
-        st[i] += k0[i] * r0 + k1[i] * r1;
     }
     // Lower triangle (fixed bounds, so that the loops unroll completely).
     for i in 0..5 {
@@ -894,7 +900,7 @@ fn update<T: Real, const L: usize>(
             }
         }
     }
-    *chi2 += r0 * r0 * i00 + Pack::of(2.0) * r0 * r1 * i01 + r1 * r1 * i11;
+    *chi2 += r0 * w0 + r1 * w1;
 }
 
 /// Adds multiple-scattering noise on the slopes for crossing a plane of `x0` radiation

@@ -846,35 +846,53 @@ fn stage_packs<T: Real, const L: usize, const BY_ONLY: bool>(
     let tx2 = tx * tx;
     let ty2 = ty * ty;
     let n2 = one + tx2 + ty2;
-    let kn = kk * n2.sqrt();
+    let n = n2.sqrt();
+    if BY_ONLY {
+        // Ax = -(1 + tx^2) By, Ay = -tx ty By and their derivatives, associated so that
+        // the slope derivatives P (what the next stage waits for) are one product after
+        // the square root, and 1/N from a division that runs beside it.
+        let kb = kk * -by;
+        let qkb = qop * kb;
+        let a = one + tx2;
+        let inv_n = n * (one / n2);
+        let (qa, qb) = (qkb * a, qkb * txy);
+        let (t, u, w) = (qa * inv_n, qb * inv_n, qkb * n);
+        let p = [qa * n, qb * n];
+        let (gx, gy) = ((kb * a) * n, (kb * txy) * n);
+        let gx_tx = tx * (t + two * w);
+        let gx_ty = ty * t;
+        let gy_tx = tx * u + ty * w;
+        let gy_ty = ty * u + tx * w;
+        return stage_result(p, gx, gy, gx_tx, gx_ty, gy_tx, gy_ty, d);
+    }
+    let kn = kk * n;
     let qkn = qop * kn;
     let qk_n = qkn / n2;
-    let (gx, gy, gx_tx, gx_ty, gy_tx, gy_ty);
-    if BY_ONLY {
-        // Ax = -(1 + tx^2) By, Ay = -tx ty By and their derivatives.
-        let mby = -by;
-        let ax = (one + tx2) * mby;
-        let ay = txy * mby;
-        gx = kn * ax;
-        gy = kn * ay;
-        let t = qk_n * ax;
-        let u = qk_n * ay;
-        let w = qkn * mby;
-        gx_tx = tx * (t + two * w);
-        gx_ty = ty * t;
-        gy_tx = tx * u + ty * w;
-        gy_ty = ty * u + tx * w;
-    } else {
-        let ax = txy * bx - (one + tx2) * by + ty * bz;
-        let ay = (one + ty2) * bx - txy * by - tx * bz;
-        gx = kn * ax;
-        gy = kn * ay;
-        gx_tx = qk_n * tx * ax + qkn * (ty * bx - two * tx * by);
-        gx_ty = qk_n * ty * ax + qkn * (tx * bx + bz);
-        gy_tx = qk_n * tx * ay - qkn * (ty * by + bz);
-        gy_ty = qk_n * ty * ay + qkn * (two * ty * bx - tx * by);
-    }
-    let p = [qop * gx, qop * gy];
+    let ax = txy * bx - (one + tx2) * by + ty * bz;
+    let ay = (one + ty2) * bx - txy * by - tx * bz;
+    let gx = kn * ax;
+    let gy = kn * ay;
+    let gx_tx = qk_n * tx * ax + qkn * (ty * bx - two * tx * by);
+    let gx_ty = qk_n * ty * ax + qkn * (tx * bx + bz);
+    let gy_tx = qk_n * tx * ay - qkn * (ty * by + bz);
+    let gy_ty = qk_n * ty * ay + qkn * (two * ty * bx - tx * by);
+    stage_result([qop * gx, qop * gy], gx, gy, gx_tx, gx_ty, gy_tx, gy_ty, d)
+}
+
+/// The result of [`stage_packs`] from the slope derivatives `p`, the bending terms `gx`,
+/// `gy` and their derivatives with respect to the stage slopes.
+#[inline(always)]
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
+fn stage_result<T: Real, const L: usize>(
+    p: [Pack<T, L>; 2],
+    gx: Pack<T, L>,
+    gy: Pack<T, L>,
+    gx_tx: Pack<T, L>,
+    gx_ty: Pack<T, L>,
+    gy_tx: Pack<T, L>,
+    gy_ty: Pack<T, L>,
+    d: Option<(&[Pack<T, L>; 3], &[Pack<T, L>; 3])>,
+) -> ([Pack<T, L>; 2], [Pack<T, L>; 3], [Pack<T, L>; 3]) {
     match d {
         // First stage: the stage slopes are the initial ones.
         None => (p, [gx_tx, gx_ty, gx], [gy_tx, gy_ty, gy]),
