@@ -691,6 +691,11 @@ impl KalmanFitter {
             negative += c[tri(k, k)].lt_select(zero, one, zero);
         }
         let ndf_sub = if self.cfg.fit_momentum { 5 } else { 4 };
+        // Per lane: state (0..5), covariance (5..20), z (20), chi-square (21) as f64.
+        let rows = P::lanes_f64(&[
+            x, y, tx, ty, qop, c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10],
+            c[11], c[12], c[13], c[14], z, chi2, zero, zero,
+        ]);
         for (i, o) in out.iter_mut().enumerate().take(tracks.len()) {
             // Planes not strictly increasing (`ordered`); finiteness is what the probe
             // above covers.
@@ -699,11 +704,12 @@ impl KalmanFitter {
                 continue;
             }
             let ndf = 2 * tracks[i].len() as i32 - ndf_sub;
+            let r = &rows[i];
             *o = FitOutput {
-                z_mm: z.0[i].to_f64(),
-                state: [x, y, tx, ty, qop].map(|v| v.0[i].to_f64()),
-                cov: std::array::from_fn(|k| c[k].0[i].to_f64()),
-                chi2: chi2.0[i].to_f64(),
+                z_mm: r[20],
+                state: std::array::from_fn(|k| r[k]),
+                cov: std::array::from_fn(|k| r[5 + k]),
+                chi2: r[21],
                 ndf: ndf.max(0) as u16,
                 ok: probe.0[i] == zero_t && negative.0[i] == zero_t,
             };

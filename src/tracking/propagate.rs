@@ -189,6 +189,19 @@ impl<T: Real, const L: usize> Pack<T, L> {
         self * b + c
     }
 
+    /// The lanes of `N` packs as rows of `f64`: `rows[lane][k] = v[k].0[lane]` (in the
+    /// AVX2+FMA kernel, for `N` a multiple of 8, by 8x8 transposes and conversions of four
+    /// lanes at once instead of one element at a time).
+    #[inline(always)]
+    pub fn lanes_f64<const N: usize>(v: &[Self; N]) -> [[f64; N]; L] {
+        #[cfg(target_arch = "x86_64")]
+        if avx::is::<T, L>() && N % 8 == 0 {
+            // SAFETY: as in `abs`.
+            return unsafe { avx::lanes_f64(v) };
+        }
+        std::array::from_fn(|l| std::array::from_fn(|k| v[k].0[l].to_f64()))
+    }
+
     /// Lane by lane: `a` where `self < b`, else `c`.
     #[inline(always)]
     pub fn lt_select(self, b: Self, a: Self, c: Self) -> Self {
@@ -345,9 +358,66 @@ mod avx {
         __m256, _mm256_add_ps, _mm256_div_ps, _mm256_mul_ps, _mm256_sub_ps,
     };
     use std::arch::x86_64::{
-        _mm256_and_ps, _mm256_blendv_ps, _mm256_castsi256_ps, _mm256_cmp_ps, _mm256_fmadd_ps,
-        _mm256_set1_epi32, _mm256_set1_ps, _mm256_sqrt_ps, _mm256_xor_ps, _CMP_LT_OQ,
+        _mm256_and_ps, _mm256_blendv_ps, _mm256_castps256_ps128, _mm256_castsi256_ps,
+        _mm256_cmp_ps, _mm256_cvtps_pd, _mm256_extractf128_ps, _mm256_fmadd_ps,
+        _mm256_permute2f128_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_shuffle_ps,
+        _mm256_sqrt_ps, _mm256_storeu_pd, _mm256_unpackhi_ps, _mm256_unpacklo_ps, _mm256_xor_ps,
+        _CMP_LT_OQ,
     };
+    use std::mem::MaybeUninit;
+
+    /// [`Pack::lanes_f64`]: each block of eight packs transposed (unpacks, shuffles and
+    /// 128-bit permutes), then each lane's eight values converted four at a time.
+    ///
+    /// # Safety
+    /// `is::<T, L>()`, `N % 8 == 0` and the CPU runs AVX2 and FMA.
+    #[inline(always)]
+    pub(super) unsafe fn lanes_f64<T: Copy, const L: usize, const N: usize>(
+        v: &[Pack<T, L>; N],
+    ) -> [[f64; N]; L] {
+        let mut rows = MaybeUninit::<[[f64; N]; L]>::uninit();
+        let base = rows.as_mut_ptr().cast::<f64>();
+        for b in 0..N / 8 {
+            unsafe {
+                let r: [__m256; 8] = std::array::from_fn(|k| get(v[8 * b + k]));
+                let t = [
+                    _mm256_unpacklo_ps(r[0], r[1]),
+                    _mm256_unpackhi_ps(r[0], r[1]),
+                    _mm256_unpacklo_ps(r[2], r[3]),
+                    _mm256_unpackhi_ps(r[2], r[3]),
+                    _mm256_unpacklo_ps(r[4], r[5]),
+                    _mm256_unpackhi_ps(r[4], r[5]),
+                    _mm256_unpacklo_ps(r[6], r[7]),
+                    _mm256_unpackhi_ps(r[6], r[7]),
+                ];
+                // `u[k]`: values 4b'..4b'+4 of lanes k (low half) and k + 4 (high half),
+                // b' = 0 for k < 4 (packs 0..4) and 1 otherwise (packs 4..8).
+                let u = [
+                    _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+                    _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+                    _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+                    _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+                    _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+                    _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+                    _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+                    _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+                ];
+                for l in 0..8 {
+                    let row = if l < 4 {
+                        _mm256_permute2f128_ps::<0x20>(u[l], u[l + 4])
+                    } else {
+                        _mm256_permute2f128_ps::<0x31>(u[l - 4], u[l])
+                    };
+                    // SAFETY: lane `l < 8 = L`, values `8b..8b + 8` of `N`: inside `rows`.
+                    let dst = base.add(l * N + 8 * b);
+                    _mm256_storeu_pd(dst, _mm256_cvtps_pd(_mm256_castps256_ps128(row)));
+                    _mm256_storeu_pd(dst.add(4), _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(row)));
+                }
+            }
+        }
+        // SAFETY: every row (L = 8) and every value (N in blocks of 8) was written.
+        unsafe { rows.assume_init() }
+    }
 
     /// Whether `Pack<T, L>` is a pack of eight [`F32Avx2`] (decided at compile time).
     #[inline(always)]
