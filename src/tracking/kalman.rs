@@ -21,9 +21,10 @@
 //!
 //! Per plane, the same plane in every lane (lanes outside their span take an exact
 //! identity step): one RK4 step through the gap (several where the field is not uniform)
-//! with the derivatives of the stage slopes only ([`propagate_gap`]), the covariance
+//! with the derivatives of the stage slopes only ([`propagate_gap_in`]), the covariance
 //! transport with the block structure of the Jacobian, the 2D update of x and y and the
-//! scattering noise from constants of the plane computed once.
+//! scattering noise from constants of the plane computed once. The hits each step
+//! updates with are laid out by plane before the steps (one row of packs per plane).
 
 // Lane loops index several structure-of-arrays quantities in lockstep (what LLVM
 // vectorises); iterator chains over one of them would hide that.
@@ -33,12 +34,13 @@ use crate::tracking::geometry::{Detector, Field};
 #[cfg(target_arch = "x86_64")]
 use crate::tracking::propagate::F32Avx2;
 use crate::tracking::propagate::{
-    propagate_gap, steps_for, JacobianPacks, Pack, Real, K_GEV_PER_T_MM,
+    propagate_gap_in, steps_for, GapField, JacobianPacks, Pack, Real, K_GEV_PER_T_MM,
 };
 use crate::tracking::track::{Track, TrackState};
 use serde::Deserialize;
 #[cfg(target_arch = "x86_64")]
 use std::any::TypeId;
+use std::mem::MaybeUninit;
 
 /// Lanes of the single-precision hot path.
 pub const LANES: usize = 8;
@@ -572,6 +574,7 @@ impl KalmanFitter {
         let mut chi2 = P::of(0.0);
 
         let mut jac: JacobianPacks<T, L> = [[P::of(0.0); 3]; 4];
+        let gap_field = GapField::new(&self.field);
         let m2 = P::of(self.cfg.mass_gev * self.cfg.mass_gev);
         // One step per plane from the most downstream last hit of the lanes to the most
         // upstream first hit, so that the plane's constants are the same in every lane.
@@ -581,9 +584,44 @@ impl KalmanFitter {
         let (zero_t, one_t) = (T::of(0.0), T::of(1.0));
         let zero = P::of(0.0);
         let half = P::of(0.5);
-        let mut hit_cursor = [0usize; L];
+        // The hits the lanes update with (all but the seed's last two), laid out by plane
+        // before the steps: per plane `[x, y, w]` with `w` = 1 in lanes with a hit on the
+        // plane and x = y = w = 0 in the others. Rows `min_first..max_last` are written
+        // (every step reads a row of that range), the others stay uninitialised.
+        let mut table = MaybeUninit::<[[P<T, L>; 3]; MAX_PLANES]>::uninit();
+        let rows_ptr = table.as_mut_ptr().cast::<[P<T, L>; 3]>();
+        for p in min_first..max_last {
+            // SAFETY: `p < max_last <= MAX_PLANES` (`seedable_hits`, `rows.len()`).
+            unsafe { rows_ptr.add(p).write([zero; 3]) };
+        }
+        // Lanes whose hits are on strictly increasing planes (with `seedable_hits`: what
+        // `fittable_hits` checks but finiteness); a lane with hits out of order may have
+        // written them into other rows, including rows that no step reads (its result is
+        // discarded).
+        let mut ordered = [true; L];
         for l in 0..L {
-            hit_cursor[l] = lane_hits[l].len() - 2; // index of the seed's first hit
+            let h = lane_hits[l];
+            let n = h.len();
+            let mut prev = -1i32;
+            let mut ok = true;
+            for hk in &h[..n - 2] {
+                let p = i32::from(hk.plane);
+                ok &= p > prev;
+                prev = p;
+                // SAFETY: the row is one of the table (index below `MAX_PLANES`), written
+                // through a raw pointer (it may not be initialised).
+                unsafe {
+                    let row = rows_ptr
+                        .add(hk.plane as usize % MAX_PLANES)
+                        .cast::<P<T, L>>();
+                    (*row).0[l] = T::of(hk.x_mm as f64);
+                    (*row.add(1)).0[l] = T::of(hk.y_mm as f64);
+                    (*row.add(2)).0[l] = one_t;
+                }
+            }
+            // And the last of them upstream of the seed's first hit: then every row written
+            // is one of `first_l..seed plane`, inside `min_first..max_last`.
+            ordered[l] = ok & (prev < i32::from(h[n - 2].plane));
         }
         for p in (min_first..max_last).rev() {
             let r = &rows[p];
@@ -601,19 +639,8 @@ impl KalmanFitter {
                 first_f.lt_select(pf, P::splat(r[Row::X0]), zero),
                 zero,
             );
-            // Next unused hit of each lane going upstream (the first hit once all are used;
-            // lanes that do not take the step have none on this plane).
-            let (mut mx, mut my, mut hit) = (zero, zero, zero);
-            for l in 0..L {
-                let h = lane_hits[l];
-                let k = hit_cursor[l];
-                let next = &h[k.saturating_sub(1)];
-                let on_plane = (k > 0) & (next.plane as usize == p);
-                mx.0[l] = T::of(next.x_mm as f64);
-                my.0[l] = T::of(next.y_mm as f64);
-                hit.0[l] = if on_plane { one_t } else { zero_t };
-                hit_cursor[l] = k - usize::from(on_plane);
-            }
+            // SAFETY: `p` is in `min_first..max_last`, whose rows were written above.
+            let [mx, my, hit] = unsafe { *rows_ptr.add(p) };
             let n_steps = if self.one_step {
                 1
             } else {
@@ -629,8 +656,9 @@ impl KalmanFitter {
                     steps_for(dz_max, self.cfg.max_step_mm)
                 }
             };
-            propagate_gap(
+            propagate_gap_in(
                 &self.field,
+                &gap_field,
                 &mut z,
                 &mut x,
                 &mut y,
@@ -652,28 +680,36 @@ impl KalmanFitter {
         // Lanes whose result is not finite (a non-finite value times zero is NaN) or
         // has a negative variance.
         let mut probe = chi2 * zero;
-        for v in [x, y, tx, ty, qop].iter().chain(c.iter()) {
-            probe += *v * zero;
+        for v in [x, y, tx, ty, qop] {
+            probe += v * zero;
+        }
+        for v in c {
+            probe += v * zero;
         }
         let mut negative = zero;
         for k in 0..5 {
             negative += c[tri(k, k)].lt_select(zero, one, zero);
         }
         let ndf_sub = if self.cfg.fit_momentum { 5 } else { 4 };
+        // Per lane: state (0..5), covariance (5..20), z (20), chi-square (21) as f64.
+        let rows = P::lanes_f64(&[
+            x, y, tx, ty, qop, c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10],
+            c[11], c[12], c[13], c[14], z, chi2, zero, zero,
+        ]);
         for (i, o) in out.iter_mut().enumerate().take(tracks.len()) {
-            // Every hit is used once the lane reaches its first plane exactly when the
-            // planes increase strictly (with `seedable_hits`: what `fittable_hits` checks
-            // but finiteness, which the probe above covers).
-            if !valid[i] || hit_cursor[i] != 0 {
+            // Planes not strictly increasing (`ordered`); finiteness is what the probe
+            // above covers.
+            if !valid[i] || !ordered[i] {
                 *o = FitOutput::default();
                 continue;
             }
             let ndf = 2 * tracks[i].len() as i32 - ndf_sub;
+            let r = &rows[i];
             *o = FitOutput {
-                z_mm: z.0[i].to_f64(),
-                state: [x, y, tx, ty, qop].map(|v| v.0[i].to_f64()),
-                cov: std::array::from_fn(|k| c[k].0[i].to_f64()),
-                chi2: chi2.0[i].to_f64(),
+                z_mm: r[20],
+                state: std::array::from_fn(|k| r[k]),
+                cov: std::array::from_fn(|k| r[5 + k]),
+                chi2: r[21],
                 ndf: ndf.max(0) as u16,
                 ok: probe.0[i] == zero_t && negative.0[i] == zero_t,
             };
@@ -826,11 +862,17 @@ fn update<T: Real, const L: usize>(
     let s01 = c[1];
     let s11 = c[2] + v[1];
     let inv_det = Pack::of(1.0) / (s00 * s11 - s01 * s01);
+    let r0 = (m[0] - st[0]) * mask;
+    let r1 = (m[1] - st[1]) * mask;
+    // The weighted residual S^-1 r (zero without a hit), its numerators formed while the
+    // division runs: the state moves by `C H^T S^-1 r` and the chi-square grows by
+    // `r^T S^-1 r`, each a few operations after the division (the state is what the
+    // next plane's propagation waits for).
+    let w0 = (s11 * r0 - s01 * r1) * inv_det;
+    let w1 = (s00 * r1 - s01 * r0) * inv_det;
     let i00 = s11 * inv_det;
     let i01 = -s01 * inv_det;
     let i11 = s00 * inv_det;
-    let r0 = (m[0] - st[0]) * mask;
-    let r1 = (m[1] - st[1]) * mask;
     // Columns x and y of C: cov(i, x), cov(i, y).
     let cx = [
         c[tri(0, 0)],
@@ -852,9 +894,9 @@ fn update<T: Real, const L: usize>(
     let mut k0 = [Pack::of(0.0); 5];
     let mut k1 = [Pack::of(0.0); 5];
     for i in 0..5 {
+        st[i] += cx[i] * w0 + cy[i] * w1;
         k0[i] = cx[i] * mi00 + cy[i] * mi01;
         k1[i] = cx[i] * mi01 + cy[i] * mi11;
-        st[i] += k0[i] * r0 + k1[i] * r1;
     }
     // Lower triangle (fixed bounds, so that the loops unroll completely).
     for i in 0..5 {
@@ -864,7 +906,7 @@ fn update<T: Real, const L: usize>(
             }
         }
     }
-    *chi2 += r0 * r0 * i00 + Pack::of(2.0) * r0 * r1 * i01 + r1 * r1 * i11;
+    *chi2 += r0 * w0 + r1 * w1;
 }
 
 /// Adds multiple-scattering noise on the slopes for crossing a plane of `x0` radiation

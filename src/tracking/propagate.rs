@@ -189,6 +189,19 @@ impl<T: Real, const L: usize> Pack<T, L> {
         self * b + c
     }
 
+    /// The lanes of `N` packs as rows of `f64`: `rows[lane][k] = v[k].0[lane]` (in the
+    /// AVX2+FMA kernel, for `N` a multiple of 8, by 8x8 transposes and conversions of four
+    /// lanes at once instead of one element at a time).
+    #[inline(always)]
+    pub fn lanes_f64<const N: usize>(v: &[Self; N]) -> [[f64; N]; L] {
+        #[cfg(target_arch = "x86_64")]
+        if avx::is::<T, L>() && N % 8 == 0 {
+            // SAFETY: as in `abs`.
+            return unsafe { avx::lanes_f64(v) };
+        }
+        std::array::from_fn(|l| std::array::from_fn(|k| v[k].0[l].to_f64()))
+    }
+
     /// Lane by lane: `a` where `self < b`, else `c`.
     #[inline(always)]
     pub fn lt_select(self, b: Self, a: Self, c: Self) -> Self {
@@ -345,9 +358,66 @@ mod avx {
         __m256, _mm256_add_ps, _mm256_div_ps, _mm256_mul_ps, _mm256_sub_ps,
     };
     use std::arch::x86_64::{
-        _mm256_and_ps, _mm256_blendv_ps, _mm256_castsi256_ps, _mm256_cmp_ps, _mm256_fmadd_ps,
-        _mm256_set1_epi32, _mm256_set1_ps, _mm256_sqrt_ps, _mm256_xor_ps, _CMP_LT_OQ,
+        _mm256_and_ps, _mm256_blendv_ps, _mm256_castps256_ps128, _mm256_castsi256_ps,
+        _mm256_cmp_ps, _mm256_cvtps_pd, _mm256_extractf128_ps, _mm256_fmadd_ps,
+        _mm256_permute2f128_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_shuffle_ps,
+        _mm256_sqrt_ps, _mm256_storeu_pd, _mm256_unpackhi_ps, _mm256_unpacklo_ps, _mm256_xor_ps,
+        _CMP_LT_OQ,
     };
+    use std::mem::MaybeUninit;
+
+    /// [`Pack::lanes_f64`]: each block of eight packs transposed (unpacks, shuffles and
+    /// 128-bit permutes), then each lane's eight values converted four at a time.
+    ///
+    /// # Safety
+    /// `is::<T, L>()`, `N % 8 == 0` and the CPU runs AVX2 and FMA.
+    #[inline(always)]
+    pub(super) unsafe fn lanes_f64<T: Copy, const L: usize, const N: usize>(
+        v: &[Pack<T, L>; N],
+    ) -> [[f64; N]; L] {
+        let mut rows = MaybeUninit::<[[f64; N]; L]>::uninit();
+        let base = rows.as_mut_ptr().cast::<f64>();
+        for b in 0..N / 8 {
+            unsafe {
+                let r: [__m256; 8] = std::array::from_fn(|k| get(v[8 * b + k]));
+                let t = [
+                    _mm256_unpacklo_ps(r[0], r[1]),
+                    _mm256_unpackhi_ps(r[0], r[1]),
+                    _mm256_unpacklo_ps(r[2], r[3]),
+                    _mm256_unpackhi_ps(r[2], r[3]),
+                    _mm256_unpacklo_ps(r[4], r[5]),
+                    _mm256_unpackhi_ps(r[4], r[5]),
+                    _mm256_unpacklo_ps(r[6], r[7]),
+                    _mm256_unpackhi_ps(r[6], r[7]),
+                ];
+                // `u[k]`: values 4b'..4b'+4 of lanes k (low half) and k + 4 (high half),
+                // b' = 0 for k < 4 (packs 0..4) and 1 otherwise (packs 4..8).
+                let u = [
+                    _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+                    _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+                    _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+                    _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+                    _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+                    _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+                    _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+                    _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+                ];
+                for l in 0..8 {
+                    let row = if l < 4 {
+                        _mm256_permute2f128_ps::<0x20>(u[l], u[l + 4])
+                    } else {
+                        _mm256_permute2f128_ps::<0x31>(u[l - 4], u[l])
+                    };
+                    // SAFETY: lane `l < 8 = L`, values `8b..8b + 8` of `N`: inside `rows`.
+                    let dst = base.add(l * N + 8 * b);
+                    _mm256_storeu_pd(dst, _mm256_cvtps_pd(_mm256_castps256_ps128(row)));
+                    _mm256_storeu_pd(dst.add(4), _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(row)));
+                }
+            }
+        }
+        // SAFETY: every row (L = 8) and every value (N in blocks of 8) was written.
+        unsafe { rows.assume_init() }
+    }
 
     /// Whether `Pack<T, L>` is a pack of eight [`F32Avx2`] (decided at compile time).
     #[inline(always)]
@@ -705,17 +775,60 @@ pub fn propagate_gap<T: Real, const L: usize>(
     n_steps: usize,
     jac: &mut JacobianPacks<T, L>,
 ) {
-    match field {
-        Field::Uniform { b_tesla } if b_tesla[0] == 0.0 && b_tesla[2] == 0.0 => {
-            let b = Some(b_tesla.map(Pack::of));
-            gap_steps::<T, L, true>(field, b, z, x, y, tx, ty, qop, z_to, n_steps, jac)
+    let gf = GapField::new(field);
+    propagate_gap_in(field, &gf, z, x, y, tx, ty, qop, z_to, n_steps, jac);
+}
+
+/// The field as [`propagate_gap`] reads it, prepared once for many calls (the fitter's
+/// steps): a uniform field along y alone, another uniform field (as packs), or a field map
+/// read at every stage point.
+#[derive(Clone, Copy, Debug)]
+pub enum GapField<T, const L: usize> {
+    ByOnly([Pack<T, L>; 3]),
+    Uniform([Pack<T, L>; 3]),
+    Map,
+}
+
+impl<T: Real, const L: usize> GapField<T, L> {
+    #[inline(always)]
+    pub fn new(field: &Field) -> Self {
+        match field {
+            Field::Uniform { b_tesla } if b_tesla[0] == 0.0 && b_tesla[2] == 0.0 => {
+                GapField::ByOnly(b_tesla.map(Pack::of))
+            }
+            Field::Uniform { b_tesla } => GapField::Uniform(b_tesla.map(Pack::of)),
+            #[allow(unreachable_patterns)]
+            _ => GapField::Map,
         }
-        Field::Uniform { b_tesla } => {
-            let b = Some(b_tesla.map(Pack::of));
-            gap_steps::<T, L, false>(field, b, z, x, y, tx, ty, qop, z_to, n_steps, jac)
+    }
+}
+
+/// [`propagate_gap`] with the field prepared by [`GapField::new`] from `field`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub fn propagate_gap_in<T: Real, const L: usize>(
+    field: &Field,
+    gf: &GapField<T, L>,
+    z: &mut Pack<T, L>,
+    x: &mut Pack<T, L>,
+    y: &mut Pack<T, L>,
+    tx: &mut Pack<T, L>,
+    ty: &mut Pack<T, L>,
+    qop: Pack<T, L>,
+    z_to: Pack<T, L>,
+    n_steps: usize,
+    jac: &mut JacobianPacks<T, L>,
+) {
+    match *gf {
+        GapField::ByOnly(b) => {
+            gap_steps::<T, L, true>(field, Some(b), z, x, y, tx, ty, qop, z_to, n_steps, jac)
         }
-        #[allow(unreachable_patterns)]
-        _ => gap_steps::<T, L, false>(field, None, z, x, y, tx, ty, qop, z_to, n_steps, jac),
+        GapField::Uniform(b) => {
+            gap_steps::<T, L, false>(field, Some(b), z, x, y, tx, ty, qop, z_to, n_steps, jac)
+        }
+        GapField::Map => {
+            gap_steps::<T, L, false>(field, None, z, x, y, tx, ty, qop, z_to, n_steps, jac)
+        }
     }
 }
 
@@ -803,35 +916,53 @@ fn stage_packs<T: Real, const L: usize, const BY_ONLY: bool>(
     let tx2 = tx * tx;
     let ty2 = ty * ty;
     let n2 = one + tx2 + ty2;
-    let kn = kk * n2.sqrt();
+    let n = n2.sqrt();
+    if BY_ONLY {
+        // Ax = -(1 + tx^2) By, Ay = -tx ty By and their derivatives, associated so that
+        // the slope derivatives P (what the next stage waits for) are one product after
+        // the square root, and 1/N from a division that runs beside it.
+        let kb = kk * -by;
+        let qkb = qop * kb;
+        let a = one + tx2;
+        let inv_n = n * (one / n2);
+        let (qa, qb) = (qkb * a, qkb * txy);
+        let (t, u, w) = (qa * inv_n, qb * inv_n, qkb * n);
+        let p = [qa * n, qb * n];
+        let (gx, gy) = ((kb * a) * n, (kb * txy) * n);
+        let gx_tx = tx * (t + two * w);
+        let gx_ty = ty * t;
+        let gy_tx = tx * u + ty * w;
+        let gy_ty = ty * u + tx * w;
+        return stage_result(p, gx, gy, gx_tx, gx_ty, gy_tx, gy_ty, d);
+    }
+    let kn = kk * n;
     let qkn = qop * kn;
     let qk_n = qkn / n2;
-    let (gx, gy, gx_tx, gx_ty, gy_tx, gy_ty);
-    if BY_ONLY {
-        // Ax = -(1 + tx^2) By, Ay = -tx ty By and their derivatives.
-        let mby = -by;
-        let ax = (one + tx2) * mby;
-        let ay = txy * mby;
-        gx = kn * ax;
-        gy = kn * ay;
-        let t = qk_n * ax;
-        let u = qk_n * ay;
-        let w = qkn * mby;
-        gx_tx = tx * (t + two * w);
-        gx_ty = ty * t;
-        gy_tx = tx * u + ty * w;
-        gy_ty = ty * u + tx * w;
-    } else {
-        let ax = txy * bx - (one + tx2) * by + ty * bz;
-        let ay = (one + ty2) * bx - txy * by - tx * bz;
-        gx = kn * ax;
-        gy = kn * ay;
-        gx_tx = qk_n * tx * ax + qkn * (ty * bx - two * tx * by);
-        gx_ty = qk_n * ty * ax + qkn * (tx * bx + bz);
-        gy_tx = qk_n * tx * ay - qkn * (ty * by + bz);
-        gy_ty = qk_n * ty * ay + qkn * (two * ty * bx - tx * by);
-    }
-    let p = [qop * gx, qop * gy];
+    let ax = txy * bx - (one + tx2) * by + ty * bz;
+    let ay = (one + ty2) * bx - txy * by - tx * bz;
+    let gx = kn * ax;
+    let gy = kn * ay;
+    let gx_tx = qk_n * tx * ax + qkn * (ty * bx - two * tx * by);
+    let gx_ty = qk_n * ty * ax + qkn * (tx * bx + bz);
+    let gy_tx = qk_n * tx * ay - qkn * (ty * by + bz);
+    let gy_ty = qk_n * ty * ay + qkn * (two * ty * bx - tx * by);
+    stage_result([qop * gx, qop * gy], gx, gy, gx_tx, gx_ty, gy_tx, gy_ty, d)
+}
+
+/// The result of [`stage_packs`] from the slope derivatives `p`, the bending terms `gx`,
+/// `gy` and their derivatives with respect to the stage slopes.
+#[inline(always)]
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
+fn stage_result<T: Real, const L: usize>(
+    p: [Pack<T, L>; 2],
+    gx: Pack<T, L>,
+    gy: Pack<T, L>,
+    gx_tx: Pack<T, L>,
+    gx_ty: Pack<T, L>,
+    gy_tx: Pack<T, L>,
+    gy_ty: Pack<T, L>,
+    d: Option<(&[Pack<T, L>; 3], &[Pack<T, L>; 3])>,
+) -> ([Pack<T, L>; 2], [Pack<T, L>; 3], [Pack<T, L>; 3]) {
     match d {
         // First stage: the stage slopes are the initial ones.
         None => (p, [gx_tx, gx_ty, gx], [gy_tx, gy_ty, gy]),
