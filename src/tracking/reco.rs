@@ -104,8 +104,11 @@ pub struct FinderConfig {
     /// [`ca::triplets::find_triplets_seeded`]): the same tracks as making every doublet,
     /// for a fraction of the work. Default true.
     pub follow_seeds: bool,
+    /// Fewest hits of an event for following the seeds: in sparse events nearly every
+    /// doublet belongs to a track and the full search is cheaper. Default 2000.
+    pub follow_seeds_min_hits: usize,
     /// Grid bins per plane in x for the window search (a window scans, per grid row it
-    /// overlaps, the cells between its columns). Default 16.
+    /// overlaps, the cells between its columns). Default 8.
     pub bins_x: usize,
     /// Grid rows per plane in y: a window scans the hits of the rows it overlaps, so rows
     /// about as high as the narrowest windows are best. Default 128.
@@ -182,7 +185,8 @@ impl FinderConfig {
             allow_missing_plane: true,
             first_pass_min_hits: 0,
             follow_seeds: true,
-            bins_x: 16,
+            follow_seeds_min_hits: 2000,
+            bins_x: 8,
             bins_y: 128,
             triplet_chi2_max: n_sigma * n_sigma + if fit.fit_momentum { 0.0 } else { 2.0 },
             neighbour_chi2_max: n_sigma * n_sigma,
@@ -333,6 +337,7 @@ pub struct FinderOverrides {
     pub allow_missing_plane: Option<bool>,
     pub first_pass_min_hits: Option<usize>,
     pub follow_seeds: Option<bool>,
+    pub follow_seeds_min_hits: Option<usize>,
     pub bins_x: Option<usize>,
     pub bins_y: Option<usize>,
     pub triplet_chi2_max: Option<f64>,
@@ -381,6 +386,7 @@ impl FinderOverrides {
             allow_missing_plane,
             first_pass_min_hits,
             follow_seeds,
+            follow_seeds_min_hits,
             bins_x,
             bins_y,
             triplet_chi2_max,
@@ -562,7 +568,8 @@ impl Reconstructor {
         let n_planes = self.geo.planes.len();
         // Tracks of `min_hits` hits on consecutive planes start at most this many planes in.
         let seed_planes = (n_planes + 1).saturating_sub(min_hits.max(3));
-        let t2 = if reach == 1 && self.cfg.follow_seeds && seed_planes + 1 < n_planes {
+        let dense = self.buf.hits.x_mm.len() >= self.cfg.follow_seeds_min_hits;
+        let t2 = if reach == 1 && self.cfg.follow_seeds && dense && seed_planes + 1 < n_planes {
             let kernel = ca::Kernel::detect();
             let (geo, cfg) = (&self.geo, &self.cfg);
             ca::doublets::find_doublets_with(kernel, geo, cfg, 1, seed_planes, &mut self.buf);
@@ -734,7 +741,12 @@ mod tests {
             follow_seeds: false,
             ..FinderConfig::from_detector(&det, 1.0)
         };
-        let mut seeded = Reconstructor::new(&det, FinderConfig::from_detector(&det, 1.0));
+        // Seeds followed in every event (by default only in dense ones).
+        let seeded_cfg = FinderConfig {
+            follow_seeds_min_hits: 0,
+            ..FinderConfig::from_detector(&det, 1.0)
+        };
+        let mut seeded = Reconstructor::new(&det, seeded_cfg);
         let mut full = Reconstructor::new(&det, full_cfg);
         let key = |t: &[Track]| {
             let mut v: Vec<(Vec<u32>, u32)> = t

@@ -1,7 +1,8 @@
 //! Hit sorting and binning: the event's hits ordered by plane, within a plane by cell of a
 //! regular x-y grid and within a cell by x, so every grid row of a plane is sorted by x and
-//! a search window is, per row it overlaps, one binary-searched index range. Counting sort
-//! in two passes and an insertion sort per cell (a few hits), no allocation.
+//! a search window is, per row it overlaps, one contiguous index range (the cells between
+//! its columns; [`super::doublets::scan_box`]). Counting sort in two passes and an
+//! insertion sort per cell (a few hits), no allocation.
 
 use super::{CaBuffers, FinderGeometry};
 use crate::frame::HitRecord;
@@ -87,44 +88,11 @@ pub fn sort_hits(geo: &FinderGeometry, input: &[HitRecord], max_hits: usize, buf
     }
 }
 
-/// Calls `f(first, end)` for the sorted-hit index ranges of plane `p` with x inside
-/// `[x0, x1]`, one per grid row overlapping `[y0, y1]` (callers check y).
-#[inline]
-#[allow(clippy::too_many_arguments)]
-pub fn for_each_range(
-    geo: &FinderGeometry,
-    bin_start: &[u32],
-    x_mm: &[f32],
-    p: usize,
-    x0: f32,
-    x1: f32,
-    y0: f32,
-    y1: f32,
-    mut f: impl FnMut(usize, usize),
-) {
-    let g = &geo.planes[p];
-    if !(x0 <= x1 && y0 <= y1) {
-        return; // empty or not a number
-    }
-    // A box outside the plane still looks at the edge bins, where off-plane hits are.
-    let (bx0, by0) = geo.bin_xy(p, x0, y0);
-    let (bx1, by1) = geo.bin_xy(p, x1, y1);
-    for by in by0..=by1 {
-        let row = g.bin_offset + by * g.bins_x;
-        let first = bin_start[row + bx0] as usize;
-        let end = bin_start[row + bx1 + 1] as usize;
-        let xs = &x_mm[first..end];
-        let s = first + xs.partition_point(|&x| x < x0);
-        let e = first + xs.partition_point(|&x| x <= x1);
-        if s < e {
-            f(s, e);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tracking::ca::doublets::scan_box;
+    use crate::tracking::ca::Kernel;
     use crate::tracking::reco::synthetic::detector;
     use crate::tracking::reco::FinderConfig;
     use rand::{Rng, SeedableRng};
@@ -150,7 +118,7 @@ mod tests {
     }
 
     #[test]
-    fn window_ranges_hold_exactly_the_hits_in_x_of_the_rows_overlapped() {
+    fn window_boxes_find_exactly_the_hits_inside() {
         let det = detector(3, [0.0; 3], 0.0, 0.01);
         let cfg = FinderConfig::from_detector(&det, 1.0);
         let geo = FinderGeometry::new(&det, &cfg);
@@ -184,25 +152,35 @@ mod tests {
             );
             assert!(sh.x_mm[s..e].windows(2).all(|w| w[0] <= w[1]), "row {row}");
         }
-        let (x0, x1, y0, y1) = (-37.5f32, 12.25f32, 40.0f32, 47.0f32);
-        let mut got = Vec::new();
-        for_each_range(&geo, &sh.bin_start, &sh.x_mm, 1, x0, x1, y0, y1, |s, e| {
-            got.extend(s..e)
-        });
-        let in_x = |k: usize| sh.x_mm[k] >= x0 && sh.x_mm[k] <= x1;
-        assert!(got.iter().all(|&k| in_x(k) && sh.plane[k] == 1));
-        // Every hit of the box is in a range.
-        let want: Vec<usize> = (0..sh.x_mm.len())
-            .filter(|&k| sh.plane[k] == 1 && in_x(k) && sh.y_mm[k] >= y0 && sh.y_mm[k] <= y1)
-            .collect();
-        assert!(!want.is_empty());
-        assert!(want.iter().all(|k| got.contains(k)));
-        // Only the overlapped rows: a few times the box's hits, not the plane's.
-        assert!(
-            got.len() < 4 * want.len() + 8,
-            "{} vs {}",
-            got.len(),
-            want.len()
-        );
+        // Boxes of all sizes (a grid cell, a few rows, most of the plane, off the plane)
+        // give exactly the hits inside, in sorted order, with both kernels.
+        for bx in [
+            [-37.5f32, 12.25, 40.0, 47.0],
+            [-0.3, 0.2, -0.1, 0.1],
+            [-250.0, 250.0, -5.0, 5.0],
+            [-280.0, 280.0, -280.0, 280.0],
+            [400.0, 500.0, 0.0, 10.0],
+        ] {
+            let want: Vec<usize> = (0..sh.x_mm.len())
+                .filter(|&k| {
+                    sh.plane[k] == 1
+                        && sh.x_mm[k] >= bx[0]
+                        && sh.x_mm[k] <= bx[1]
+                        && sh.y_mm[k] >= bx[2]
+                        && sh.y_mm[k] <= bx[3]
+                })
+                .collect();
+            let mut got = Vec::new();
+            scan_box::<false>(&geo, sh, 1, bx, &mut |k| got.push(k));
+            got.sort_unstable();
+            assert_eq!(got, want, "{bx:?}");
+            if Kernel::detect() == Kernel::Avx2 {
+                let mut got = Vec::new();
+                #[cfg(target_arch = "x86_64")]
+                scan_box::<true>(&geo, sh, 1, bx, &mut |k| got.push(k));
+                got.sort_unstable();
+                assert_eq!(got, want, "{bx:?}, AVX2");
+            }
+        }
     }
 }

@@ -12,6 +12,17 @@
 //! with an inefficient plane, short tracks). Most hits are taken by the first pass, whose
 //! doublets are a fraction of the combinations the skipping ones make.
 //!
+//! The first pass follows its tracks downstream from the planes they can start on
+//! (`follow_seeds`): doublets are searched in the wide pointing windows from the hits of
+//! those planes only, and further downstream a middle hit's outgoing doublets are made
+//! from the hits inside the narrow continuation windows of its incoming doublets
+//! ([`triplets::find_triplets_seeded`]). It gives the triplets, hence the tracks, of the
+//! full search, without the doublets and triplets no chain from a seed plane reaches.
+//!
+//! The window searches (doublets, continuations) and the continuation test compare eight
+//! hits or doublets per vector instruction (AVX2, chosen at run time: [`Kernel`]); the
+//! portable kernel gives the same results.
+//!
 //! The steps share the buffers in [`CaBuffers`], sized once from [`crate::tracking::reco::Limits`];
 //! every push is bounded and an overflow is counted in [`Overflow`] instead of growing.
 
