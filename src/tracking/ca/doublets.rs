@@ -18,14 +18,14 @@
 // loops index several arrays by lane.
 #![allow(clippy::neg_cmp_op_on_partial_ord, clippy::needless_range_loop)]
 
-use super::{CaBuffers, Doublet, FinderGeometry, Kernel};
+use super::{push_doublet, CaBuffers, Doublet, FinderGeometry, Kernel};
 use crate::tracking::propagate::K_GEV_PER_T_MM;
 use crate::tracking::reco::FinderConfig;
 
 /// Hits whose windows are computed together.
 pub(crate) const LANES: usize = 8;
 
-/// Fills `buf.doublets` (with `buf.dbl_tx`, `buf.dbl_ty`, `buf.dbl_gap`) and `buf.dbl_start`
+/// Fills `buf.doublets` (with `buf.dbl_lanes`) and `buf.dbl_start`
 /// (per sorted hit, its outgoing doublets) with the pairs of hits not yet used by a track,
 /// on planes at most `reach` apart (1: consecutive planes only; 2: also skipping one).
 /// Each hit's doublets are ordered by target plane, then by grid cell and x.
@@ -169,9 +169,28 @@ impl PlaneWindows {
         (k < self.n_target).then(|| (self.targets[k].plane, self.targets[k].inv_dz))
     }
 
+    /// The coordinates and boxes of the sorted hits `c0..min(c0 + LANES, end)` of this
+    /// plane (lanes past `end` repeat the last hit).
+    #[inline(always)]
+    pub(crate) fn boxes_of(
+        &self,
+        sh: &super::SortedHits,
+        c0: usize,
+        end: usize,
+    ) -> ([f32; LANES], [f32; LANES], Boxes) {
+        let (mut xa, mut ya) = ([0.0f32; LANES], [0.0f32; LANES]);
+        for l in 0..LANES {
+            let h = (c0 + l).min(end - 1);
+            xa[l] = sh.x_mm[h];
+            ya[l] = sh.y_mm[h];
+        }
+        let boxes = self.boxes(&xa, &ya);
+        (xa, ya, boxes)
+    }
+
     /// The boxes of hits at `(xa, ya)` on this plane.
     #[inline(always)]
-    pub(crate) fn boxes(&self, xa: &[f32; LANES], ya: &[f32; LANES]) -> Boxes {
+    fn boxes(&self, xa: &[f32; LANES], ya: &[f32; LANES]) -> Boxes {
         let [max_tx, max_ty] = self.max_t;
         let b = self.b;
         let mut boxes = [[[0.0f32; LANES]; 4]; 2];
@@ -268,18 +287,16 @@ fn find_doublets_impl<const AVX2: bool>(
     let CaBuffers {
         hits: sh,
         doublets,
-        dbl_tx,
-        dbl_ty,
-        dbl_gap,
+        dbl_lanes,
         dbl_start,
         overflow,
         ..
     } = buf;
     let n_hits = sh.x_mm.len();
     doublets.clear();
-    dbl_tx.clear();
-    dbl_ty.clear();
-    dbl_gap.clear();
+    dbl_lanes.tx.clear();
+    dbl_lanes.ty.clear();
+    dbl_lanes.gap.clear();
     dbl_start.clear();
     dbl_start.resize(n_hits + 1, 0);
     let max_doublets = cfg.limits.max_doublets;
@@ -290,13 +307,7 @@ fn find_doublets_impl<const AVX2: bool>(
         let pw = PlaneWindows::new(geo, cfg, i, reach);
         for c0 in (first..end).step_by(LANES) {
             let n = (end - c0).min(LANES);
-            let (mut xa, mut ya) = ([0.0f32; LANES], [0.0f32; LANES]);
-            for l in 0..LANES {
-                let h = (c0 + l).min(end - 1);
-                xa[l] = sh.x_mm[h];
-                ya[l] = sh.y_mm[h];
-            }
-            let boxes = pw.boxes(&xa, &ya);
+            let (xa, ya, boxes) = pw.boxes_of(sh, c0, end);
             for l in 0..n {
                 let a = c0 + l;
                 dbl_start[a] = doublets.len() as u32;
@@ -317,20 +328,14 @@ fn find_doublets_impl<const AVX2: bool>(
                         if sh.used[b] {
                             return;
                         }
-                        if doublets.len() == max_doublets {
-                            overflow.doublets += 1;
-                            return;
-                        }
                         let (tx, ty) = slopes(sh.x_mm[b], sh.y_mm[b], xa64, ya64, inv_dz);
-                        doublets.push(Doublet {
+                        let d = Doublet {
                             a: a as u32,
                             b: b as u32,
                             tx,
                             ty,
-                        });
-                        dbl_tx.push(tx);
-                        dbl_ty.push(ty);
-                        dbl_gap.push(gap);
+                        };
+                        push_doublet(doublets, dbl_lanes, overflow, max_doublets, d, gap);
                     };
                     scan_box::<AVX2>(geo, sh, j, bx, &mut emit);
                     k += 1;
@@ -460,9 +465,9 @@ mod tests {
             buf.doublets.len()
         );
         for (k, d) in buf.doublets.iter().enumerate() {
-            assert_eq!((buf.dbl_tx[k], buf.dbl_ty[k]), (d.tx, d.ty));
+            assert_eq!((buf.dbl_lanes.tx[k], buf.dbl_lanes.ty[k]), (d.tx, d.ty));
             let gap = buf.hits.plane[d.b as usize] - buf.hits.plane[d.a as usize] - 1;
-            assert_eq!(buf.dbl_gap[k], gap as f32);
+            assert_eq!(buf.dbl_lanes.gap[k], gap as f32);
         }
         let mut out: Vec<_> = buf
             .doublets

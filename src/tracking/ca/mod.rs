@@ -84,6 +84,37 @@ pub struct Doublet {
     pub ty: f32,
 }
 
+/// Doublet `d`'s slopes `tx[d]`, `ty[d]` (as in `CaBuffers::doublets[d]`) and the planes it
+/// skips `gap[d]` (0 or 1, as `f32`), structure of arrays.
+#[derive(Debug, Default)]
+pub struct DoubletLanes {
+    pub tx: Vec<f32>,
+    pub ty: Vec<f32>,
+    pub gap: Vec<f32>,
+}
+
+/// Appends doublet `d` skipping `gap` planes to `doublets` and `lanes` and returns its
+/// index; `None`, counted in `overflow.doublets`, once `max` are stored.
+#[inline(always)]
+pub(crate) fn push_doublet(
+    doublets: &mut Vec<Doublet>,
+    lanes: &mut DoubletLanes,
+    overflow: &mut Overflow,
+    max: usize,
+    d: Doublet,
+    gap: f32,
+) -> Option<usize> {
+    if doublets.len() >= max {
+        overflow.doublets += 1;
+        return None;
+    }
+    doublets.push(d);
+    lanes.tx.push(d.tx);
+    lanes.ty.push(d.ty);
+    lanes.gap.push(gap);
+    Some(doublets.len() - 1)
+}
+
 /// Three hits from two doublets sharing the middle hit.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Triplet {
@@ -422,11 +453,8 @@ impl FinderGeometry {
 pub struct CaBuffers {
     pub hits: SortedHits,
     pub doublets: Vec<Doublet>,
-    /// `doublets[d].tx` and `.ty`, compact, for the triplet step's vector search.
-    pub dbl_tx: Vec<f32>,
-    pub dbl_ty: Vec<f32>,
-    /// Planes skipped by doublet `d` (0 or 1), as `f32` for the same search.
-    pub dbl_gap: Vec<f32>,
+    /// The doublets' slopes and gaps as lanes, for the triplet step's vector search.
+    pub dbl_lanes: DoubletLanes,
     /// Per sorted hit: its outgoing doublets `dbl_start[h]..dbl_start[h + 1]`.
     pub dbl_start: Vec<u32>,
     pub triplets: Vec<Triplet>,
@@ -478,9 +506,9 @@ impl CaBuffers {
         b.hits.bin_start.reserve(n_bins + 1);
         b.dbl_start.reserve(h + 1);
         b.doublets.reserve(limits.max_doublets);
-        b.dbl_tx.reserve(limits.max_doublets);
-        b.dbl_ty.reserve(limits.max_doublets);
-        b.dbl_gap.reserve(limits.max_doublets);
+        b.dbl_lanes.tx.reserve(limits.max_doublets);
+        b.dbl_lanes.ty.reserve(limits.max_doublets);
+        b.dbl_lanes.gap.reserve(limits.max_doublets);
         b.in_start.reserve(h + 1);
         b.in_ids.reserve(limits.max_doublets);
         b.hit_boxes.reserve(h);

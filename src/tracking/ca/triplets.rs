@@ -29,7 +29,7 @@
 #![allow(clippy::neg_cmp_op_on_partial_ord, clippy::needless_range_loop)]
 
 use super::doublets::{scan_box, slopes, PlaneWindows};
-use super::{CaBuffers, Doublet, FinderGeometry, Kernel, Triplet};
+use super::{push_doublet, CaBuffers, Doublet, DoubletLanes, FinderGeometry, Kernel, Triplet};
 use crate::tracking::geometry::Field;
 use crate::tracking::propagate::K_GEV_PER_T_MM;
 use crate::tracking::reco::FinderConfig;
@@ -138,51 +138,74 @@ pub fn find_triplets_with(
     reach: usize,
     buf: &mut CaBuffers,
 ) {
+    dispatch(kernel, geo, cfg, Search::Full { reach }, buf)
+}
+
+/// Which search a call of the step makes.
+#[derive(Clone, Copy)]
+enum Search {
+    /// Every doublet is a left doublet ([`find_triplets`]).
+    Full { reach: usize },
+    /// Downstream from the seed planes ([`find_triplets_seeded`]).
+    Seeded { seed_planes: usize },
+}
+
+fn dispatch(
+    kernel: Kernel,
+    geo: &FinderGeometry,
+    cfg: &FinderConfig,
+    search: Search,
+    buf: &mut CaBuffers,
+) {
     #[cfg(target_arch = "x86_64")]
     if kernel == Kernel::Avx2 && std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU reported AVX2.
-        unsafe { find_triplets_avx2(geo, cfg, reach, buf) };
+        unsafe { search_avx2(geo, cfg, search, buf) };
         return;
     }
     let _ = kernel;
-    find_triplets_portable(geo, cfg, reach, buf)
+    search_portable(geo, cfg, search, buf)
 }
 
 /// # Safety
 /// The CPU must support AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn find_triplets_avx2(
+unsafe fn search_avx2(
     geo: &FinderGeometry,
     cfg: &FinderConfig,
-    reach: usize,
+    search: Search,
     buf: &mut CaBuffers,
 ) {
-    find_triplets_impl::<true>(geo, cfg, reach, buf)
+    search_impl::<true>(geo, cfg, search, buf)
 }
 
 #[inline(never)]
-fn find_triplets_portable(
+fn search_portable(geo: &FinderGeometry, cfg: &FinderConfig, search: Search, buf: &mut CaBuffers) {
+    search_impl::<false>(geo, cfg, search, buf)
+}
+
+#[inline(always)]
+fn search_impl<const AVX2: bool>(
     geo: &FinderGeometry,
     cfg: &FinderConfig,
-    reach: usize,
+    search: Search,
     buf: &mut CaBuffers,
 ) {
-    find_triplets_impl::<false>(geo, cfg, reach, buf)
+    match search {
+        Search::Full { reach } => find_triplets_impl::<AVX2>(geo, cfg, reach, buf),
+        Search::Seeded { seed_planes } => {
+            find_triplets_seeded_impl::<AVX2>(geo, cfg, seed_planes, buf)
+        }
+    }
 }
 
 /// Right doublets `h..min(h + 8, e)` inside the window of their plane triple (`win[s]`:
 /// predicted slopes x and y, half widths x and y; `s` the doublet's skipped planes): a bit
 /// per doublet inside, and a bit per doublet skipping a plane.
 #[inline(always)]
-fn match_group(
-    tx: &[f32],
-    ty: &[f32],
-    gap: &[f32],
-    h: usize,
-    e: usize,
-    win: &[[f32; 4]; 2],
-) -> (u32, u32) {
+fn match_group(lanes: &DoubletLanes, h: usize, e: usize, win: &[[f32; 4]; 2]) -> (u32, u32) {
+    let (tx, ty, gap) = (&lanes.tx, &lanes.ty, &lanes.gap);
     let (mut bits, mut skip) = (0u32, 0u32);
     for k in 0..(e - h).min(8) {
         let d = h + k;
@@ -199,19 +222,13 @@ fn match_group(
 /// [`match_group`] with eight doublets per vector comparison.
 ///
 /// # Safety
-/// The CPU must support AVX2; `h < e <= tx.len(), ty.len(), gap.len()`.
+/// The CPU must support AVX2; `h < e` and `e` at most the number of doublets.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn match_avx2(
-    tx: &[f32],
-    ty: &[f32],
-    gap: &[f32],
-    h: usize,
-    e: usize,
-    win: &[[f32; 4]; 2],
-) -> (u32, u32) {
+unsafe fn match_avx2(lanes: &DoubletLanes, h: usize, e: usize, win: &[[f32; 4]; 2]) -> (u32, u32) {
     use std::arch::x86_64::*;
+    let (tx, ty, gap) = (&lanes.tx, &lanes.ty, &lanes.gap);
     assert!(h < e && e <= tx.len() && e <= ty.len() && e <= gap.len());
     let left = e - h;
     let (px, py, pg) = (tx.as_ptr().add(h), ty.as_ptr().add(h), gap.as_ptr().add(h));
@@ -331,13 +348,12 @@ fn left_doublets_outgoing<const AVX2: bool>(
                 #[cfg(target_arch = "x86_64")]
                 let (mut bits, skip) = if AVX2 {
                     // SAFETY: this instance only runs where the CPU has AVX2.
-                    unsafe { match_avx2(&buf.dbl_tx, &buf.dbl_ty, &buf.dbl_gap, h, e, &win) }
+                    unsafe { match_avx2(&buf.dbl_lanes, h, e, &win) }
                 } else {
-                    match_group(&buf.dbl_tx, &buf.dbl_ty, &buf.dbl_gap, h, e, &win)
+                    match_group(&buf.dbl_lanes, h, e, &win)
                 };
                 #[cfg(not(target_arch = "x86_64"))]
-                let (mut bits, skip) =
-                    match_group(&buf.dbl_tx, &buf.dbl_ty, &buf.dbl_gap, h, e, &win);
+                let (mut bits, skip) = match_group(&buf.dbl_lanes, h, e, &win);
                 while bits != 0 {
                     let k = bits.trailing_zeros();
                     bits &= bits - 1;
@@ -385,37 +401,7 @@ pub fn find_triplets_seeded_with(
     seed_planes: usize,
     buf: &mut CaBuffers,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if kernel == Kernel::Avx2 && std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU reported AVX2.
-        unsafe { find_triplets_seeded_avx2(geo, cfg, seed_planes, buf) };
-        return;
-    }
-    let _ = kernel;
-    find_triplets_seeded_portable(geo, cfg, seed_planes, buf)
-}
-
-/// # Safety
-/// The CPU must support AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn find_triplets_seeded_avx2(
-    geo: &FinderGeometry,
-    cfg: &FinderConfig,
-    seed_planes: usize,
-    buf: &mut CaBuffers,
-) {
-    find_triplets_seeded_impl::<true>(geo, cfg, seed_planes, buf)
-}
-
-#[inline(never)]
-fn find_triplets_seeded_portable(
-    geo: &FinderGeometry,
-    cfg: &FinderConfig,
-    seed_planes: usize,
-    buf: &mut CaBuffers,
-) {
-    find_triplets_seeded_impl::<false>(geo, cfg, seed_planes, buf)
+    dispatch(kernel, geo, cfg, Search::Seeded { seed_planes }, buf)
 }
 
 #[inline(always)]
@@ -484,13 +470,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
         // The doublet windows of every hit of the plane, eight at a time.
         hit_boxes.clear();
         for c0 in (fj..ej).step_by(LANES) {
-            let (mut xs, mut ys) = ([0.0f32; LANES], [0.0f32; LANES]);
-            for l in 0..LANES {
-                let h = (c0 + l).min(ej - 1);
-                xs[l] = buf.hits.x_mm[h];
-                ys[l] = buf.hits.y_mm[h];
-            }
-            let boxes = pw.boxes(&xs, &ys);
+            let (_, _, boxes) = pw.boxes_of(&buf.hits, c0, ej);
             for l in 0..LANES.min(ej - c0) {
                 let used = buf.hits.used[c0 + l];
                 hit_boxes.push([
@@ -554,9 +534,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                 let CaBuffers {
                     hits: sh,
                     doublets,
-                    dbl_tx,
-                    dbl_ty,
-                    dbl_gap,
+                    dbl_lanes,
                     overflow,
                     ..
                 } = &mut *buf;
@@ -581,20 +559,17 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                     let right = match doublets[first_out..].iter().position(|d| d.b as usize == c) {
                         Some(k) => first_out + k,
                         None => {
-                            if doublets.len() == max_doublets {
-                                overflow.doublets += 1;
-                                return;
-                            }
-                            doublets.push(Doublet {
+                            let d = Doublet {
                                 a: b as u32,
                                 b: c as u32,
                                 tx,
                                 ty,
-                            });
-                            dbl_tx.push(tx);
-                            dbl_ty.push(ty);
-                            dbl_gap.push(0.0);
-                            doublets.len() - 1
+                            };
+                            match push_doublet(doublets, dbl_lanes, overflow, max_doublets, d, 0.0)
+                            {
+                                Some(k) => k,
+                                None => return,
+                            }
                         }
                     };
                     cands.push(Candidate {
