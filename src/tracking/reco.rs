@@ -99,10 +99,10 @@ pub struct FinderConfig {
     /// `min_hits`; above the number of planes (or without `allow_missing_plane`) there is
     /// one pass.
     pub first_pass_min_hits: usize,
-    /// The pass on consecutive planes follows its tracks from the planes they can start on
-    /// (doublets from the other planes are made only as continuations of triplets, see
-    /// [`ca::triplets::find_triplets_seeded`]): the same tracks as making every doublet,
-    /// for a fraction of the work. Default true.
+    /// The pass on consecutive planes follows its tracks upstream from the planes they can
+    /// end on, where the hits are least dense (doublets on the other planes are made only
+    /// as extensions of triplets, see [`ca::triplets::find_triplets_seeded`]): the same
+    /// tracks as making every doublet, for a fraction of the work. Default true.
     pub follow_seeds: bool,
     /// Fewest hits of an event for following the seeds: in sparse events nearly every
     /// doublet belongs to a track and the full search is cheaper. Default 2000.
@@ -566,13 +566,14 @@ impl Reconstructor {
     fn find_pass(&mut self, reach: usize, min_hits: usize, append: bool) {
         let t1 = Instant::now();
         let n_planes = self.geo.planes.len();
-        // Tracks of `min_hits` hits on consecutive planes start at most this many planes in.
+        // Tracks of `min_hits` hits on consecutive planes end on one of this many last planes.
         let seed_planes = (n_planes + 1).saturating_sub(min_hits.max(3));
         let dense = self.buf.hits.x_mm.len() >= self.cfg.follow_seeds_min_hits;
         let t2 = if reach == 1 && self.cfg.follow_seeds && dense && seed_planes + 1 < n_planes {
             let kernel = ca::Kernel::detect();
             let (geo, cfg) = (&self.geo, &self.cfg);
-            ca::doublets::find_doublets_with(kernel, geo, cfg, 1, seed_planes, &mut self.buf);
+            let a_planes = ca::triplets::seed_doublet_planes(n_planes, seed_planes);
+            ca::doublets::find_doublets_with(kernel, geo, cfg, 1, a_planes, &mut self.buf);
             let t2 = Instant::now();
             ca::triplets::find_triplets_seeded_with(kernel, geo, cfg, seed_planes, &mut self.buf);
             t2
@@ -757,7 +758,7 @@ mod tests {
             v
         };
         let (mut a, mut b) = (Vec::new(), Vec::new());
-        for (preset, n) in [(Preset::Minbias, 10), (Preset::Central, 1)] {
+        for (preset, n) in [(Preset::Minbias, 10), (Preset::Central, 2)] {
             for ev in simulate_events(&det, &SimConfig::preset(preset), 3, 0, n) {
                 seeded.reconstruct(&ev.hits, &mut a);
                 full.reconstruct(&ev.hits, &mut b);

@@ -21,6 +21,7 @@
 use super::{push_doublet, CaBuffers, Doublet, FinderGeometry, Kernel};
 use crate::tracking::propagate::K_GEV_PER_T_MM;
 use crate::tracking::reco::FinderConfig;
+use std::ops::Range;
 
 /// Hits whose windows are computed together.
 pub(crate) const LANES: usize = 8;
@@ -31,27 +32,49 @@ pub(crate) const LANES: usize = 8;
 /// Each hit's doublets are ordered by target plane, then by grid cell and x.
 pub fn find_doublets(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, buf: &mut CaBuffers) {
     let n_planes = geo.planes.len();
-    find_doublets_with(Kernel::detect(), geo, cfg, reach, n_planes, buf)
+    find_doublets_with(Kernel::detect(), geo, cfg, reach, 0..n_planes, buf)
 }
 
 /// [`find_doublets`] with the given kernel (the portable one where the CPU lacks it), from
-/// the hits of the first `a_planes` planes only (the others get no outgoing doublets).
+/// the hits of the planes `a_planes` only (the others get no outgoing doublets).
 pub fn find_doublets_with(
     kernel: Kernel,
     geo: &FinderGeometry,
     cfg: &FinderConfig,
     reach: usize,
-    a_planes: usize,
+    a_planes: Range<usize>,
     buf: &mut CaBuffers,
 ) {
+    find_doublets_in(kernel, geo, cfg, reach, a_planes, None, buf)
+}
+
+/// [`find_doublets_with`], searching the hits not used yet through a copy of them
+/// (`CaBuffers::free_hits`) when `free_copy` says so; `None`: when most hits are used
+/// (a later pass), so that the windows do not scan the used ones. Both find the same
+/// doublets.
+pub(crate) fn find_doublets_in(
+    kernel: Kernel,
+    geo: &FinderGeometry,
+    cfg: &FinderConfig,
+    reach: usize,
+    a_planes: Range<usize>,
+    free_copy: Option<bool>,
+    buf: &mut CaBuffers,
+) {
+    let n_hits = buf.hits.used.len();
+    let copy =
+        free_copy.unwrap_or_else(|| buf.hits.used.iter().filter(|&&u| u).count() * 2 > n_hits);
+    if copy {
+        super::hit_sorting::free_hits(&buf.hits, &mut buf.free_hits);
+    }
     #[cfg(target_arch = "x86_64")]
     if kernel == Kernel::Avx2 && std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU reported AVX2.
-        unsafe { find_doublets_avx2(geo, cfg, reach, a_planes, buf) };
+        unsafe { find_doublets_avx2(geo, cfg, reach, a_planes, copy, buf) };
         return;
     }
     let _ = kernel;
-    find_doublets_portable(geo, cfg, reach, a_planes, buf)
+    find_doublets_portable(geo, cfg, reach, a_planes, copy, buf)
 }
 
 /// # Safety
@@ -62,10 +85,11 @@ unsafe fn find_doublets_avx2(
     geo: &FinderGeometry,
     cfg: &FinderConfig,
     reach: usize,
-    a_planes: usize,
+    a_planes: Range<usize>,
+    copy: bool,
     buf: &mut CaBuffers,
 ) {
-    find_doublets_impl::<true>(geo, cfg, reach, a_planes, buf)
+    find_doublets_impl::<true>(geo, cfg, reach, a_planes, copy, buf)
 }
 
 #[inline(never)]
@@ -73,10 +97,11 @@ fn find_doublets_portable(
     geo: &FinderGeometry,
     cfg: &FinderConfig,
     reach: usize,
-    a_planes: usize,
+    a_planes: Range<usize>,
+    copy: bool,
     buf: &mut CaBuffers,
 ) {
-    find_doublets_impl::<false>(geo, cfg, reach, a_planes, buf)
+    find_doublets_impl::<false>(geo, cfg, reach, a_planes, copy, buf)
 }
 
 /// A target plane of the doublets leaving plane `i`.
@@ -280,27 +305,39 @@ fn find_doublets_impl<const AVX2: bool>(
     geo: &FinderGeometry,
     cfg: &FinderConfig,
     reach: usize,
-    a_planes: usize,
+    a_planes: Range<usize>,
+    copy: bool,
     buf: &mut CaBuffers,
 ) {
     let n_planes = geo.planes.len();
     let CaBuffers {
-        hits: sh,
+        hits,
+        free_hits,
         doublets,
         dbl_lanes,
         dbl_start,
         overflow,
         ..
     } = buf;
-    let n_hits = sh.x_mm.len();
+    let n_hits = hits.x_mm.len();
+    // The hits searched, and their indices in `hits` (in the copy: `input_index`).
+    let (sh, index) = if copy {
+        (&*free_hits, Some(&free_hits.input_index[..]))
+    } else {
+        (&*hits, None)
+    };
+    let index = |h: usize| index.map_or(h, |m| m[h] as usize);
     doublets.clear();
     dbl_lanes.tx.clear();
     dbl_lanes.ty.clear();
     dbl_lanes.gap.clear();
     dbl_start.clear();
     dbl_start.resize(n_hits + 1, 0);
+    // Hits before `next` have their `dbl_start`.
+    let mut next = 0;
     let max_doublets = cfg.limits.max_doublets;
-    for i in 0..a_planes.min(n_planes) {
+    let a_planes = a_planes.start.min(n_planes)..a_planes.end.min(n_planes);
+    for i in a_planes {
         let gi = &geo.planes[i];
         let first = sh.bin_start[gi.bin_offset] as usize;
         let end = sh.bin_start[gi.bin_offset + gi.bins_x * gi.bins_y] as usize;
@@ -310,7 +347,11 @@ fn find_doublets_impl<const AVX2: bool>(
             let (xa, ya, boxes) = pw.boxes_of(sh, c0, end);
             for l in 0..n {
                 let a = c0 + l;
-                dbl_start[a] = doublets.len() as u32;
+                let ia = index(a);
+                for h in next..=ia {
+                    dbl_start[h] = doublets.len() as u32;
+                }
+                next = ia + 1;
                 if sh.used[a] {
                     continue;
                 }
@@ -330,8 +371,8 @@ fn find_doublets_impl<const AVX2: bool>(
                         }
                         let (tx, ty) = slopes(sh.x_mm[b], sh.y_mm[b], xa64, ya64, inv_dz);
                         let d = Doublet {
-                            a: a as u32,
-                            b: b as u32,
+                            a: ia as u32,
+                            b: index(b) as u32,
                             tx,
                             ty,
                         };
@@ -343,14 +384,9 @@ fn find_doublets_impl<const AVX2: bool>(
             }
         }
     }
-    // Hits of the planes not searched (and past the last plane: none), and the end.
+    // The hits after the last searched one, and the end.
     let total = doublets.len() as u32;
-    let from = geo
-        .planes
-        .get(a_planes)
-        .map(|g| sh.bin_start[g.bin_offset] as usize)
-        .unwrap_or(n_hits);
-    for h in from..=n_hits {
+    for h in next..=n_hits {
         dbl_start[h] = total;
     }
 }
@@ -453,7 +489,7 @@ mod tests {
         let geo = FinderGeometry::new(&det, &cfg);
         let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
         sort_hits(&geo, hits, cfg.limits.max_hits, &mut buf);
-        find_doublets_with(kernel, &geo, &cfg, reach, geo.planes.len(), &mut buf);
+        find_doublets_with(kernel, &geo, &cfg, reach, 0..geo.planes.len(), &mut buf);
         let ii = &buf.hits.input_index;
         // Per hit, its outgoing doublets; the slope arrays match the doublets.
         for h in 0..buf.hits.x_mm.len() {
@@ -534,6 +570,60 @@ mod tests {
                 assert!((tx - (hb.x_mm - ha.x_mm) / dz).abs() < 1e-5);
                 assert!((ty - (hb.y_mm - ha.y_mm) / dz).abs() < 1e-5);
                 assert!(hb.plane > ha.plane && hb.plane - ha.plane <= reach as u16);
+            }
+        }
+    }
+
+    #[test]
+    fn a_later_pass_finds_the_same_doublets_through_the_copy_of_the_free_hits() {
+        let det = detector(5, [0.0, 0.8, 0.0], 0.004, 0.016);
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let geo = FinderGeometry::new(&det, &cfg);
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let mut hits = Vec::new();
+        for _ in 0..300 {
+            let start = [
+                rng.random_range(-0.5..0.5),
+                rng.random_range(-0.5..0.5),
+                rng.random_range(-0.2..0.2),
+                rng.random_range(-0.2..0.2),
+                rng.random_range(-0.8..0.8),
+            ];
+            track(&det, start, true, true, &mut rng, &mut hits);
+        }
+        let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+        sort_hits(&geo, &hits, cfg.limits.max_hits, &mut buf);
+        // Most hits taken by an earlier pass.
+        for u in buf.hits.used.iter_mut() {
+            *u = rng.random_bool(0.7);
+        }
+        let n_hits = buf.hits.x_mm.len();
+        for reach in [1, 2] {
+            for a_planes in [0..5, 1..3] {
+                let mut found = Vec::new();
+                for copy in [false, true] {
+                    for kernel in [Kernel::Portable, Kernel::detect()] {
+                        let planes = a_planes.clone();
+                        find_doublets_in(kernel, &geo, &cfg, reach, planes, Some(copy), &mut buf);
+                        // Per hit its outgoing doublets, none with a used hit.
+                        for h in 0..n_hits {
+                            let (s, e) = (buf.dbl_start[h] as usize, buf.dbl_start[h + 1] as usize);
+                            assert!(buf.doublets[s..e].iter().all(|d| d.a as usize == h));
+                        }
+                        assert_eq!(buf.dbl_start[n_hits] as usize, buf.doublets.len());
+                        assert!(buf.doublets.iter().all(|d| {
+                            !buf.hits.used[d.a as usize] && !buf.hits.used[d.b as usize]
+                        }));
+                        let d: Vec<_> = buf
+                            .doublets
+                            .iter()
+                            .map(|d| (d.a, d.b, d.tx, d.ty))
+                            .collect();
+                        found.push((d, buf.dbl_lanes.gap.clone()));
+                    }
+                }
+                assert!(found[0].0.len() > 50, "{}", found[0].0.len());
+                assert!(found.iter().all(|f| *f == found[0]), "reach {reach}");
             }
         }
     }

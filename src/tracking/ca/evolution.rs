@@ -1,7 +1,7 @@
 //! Evolution of the cellular automaton: every triplet starts at level 1; a triplet's level
 //! becomes 1 + the highest level of its left neighbours, iterated until nothing changes.
-//! Triplets are stored by their left doublet, doublets by the plane of their first hit, so
-//! every left neighbour of a triplet is stored before it: one sweep in storage order
+//! Triplets are stored by the plane of their middle hit, so every left neighbour of a
+//! triplet is stored before it: one sweep in storage order
 //! reaches the fixed point (the GPU iterates the same rule in parallel, at most once per
 //! plane). A neighbour list that breaks this order (not made by
 //! [`super::neighbours::find_neighbours`]) falls back to repeated sweeps.

@@ -4,7 +4,7 @@
 //! its columns; [`super::doublets::scan_box`]). Counting sort in two passes and an
 //! insertion sort per cell (a few hits), no allocation.
 
-use super::{CaBuffers, FinderGeometry};
+use super::{CaBuffers, FinderGeometry, SortedHits};
 use crate::frame::HitRecord;
 
 /// Sorts `input` into `buf.hits`; hits with an unknown plane or non-finite coordinates are
@@ -86,6 +86,30 @@ pub fn sort_hits(geo: &FinderGeometry, input: &[HitRecord], max_hits: usize, buf
             sh.input_index[j] = ii;
         }
     }
+}
+
+/// Copies the hits of `sh` not used yet into `out`, in the same order and bins
+/// (`out.input_index`: the index in `sh`; none is marked used).
+pub fn free_hits(sh: &SortedHits, out: &mut SortedHits) {
+    out.x_mm.clear();
+    out.y_mm.clear();
+    out.plane.clear();
+    out.input_index.clear();
+    out.used.clear();
+    out.bin_start.clear();
+    for bin in 0..sh.bin_start.len().saturating_sub(1) {
+        out.bin_start.push(out.x_mm.len() as u32);
+        for h in sh.bin_start[bin] as usize..sh.bin_start[bin + 1] as usize {
+            if !sh.used[h] {
+                out.x_mm.push(sh.x_mm[h]);
+                out.y_mm.push(sh.y_mm[h]);
+                out.plane.push(sh.plane[h]);
+                out.input_index.push(h as u32);
+            }
+        }
+    }
+    out.bin_start.push(out.x_mm.len() as u32);
+    out.used.resize(out.x_mm.len(), false);
 }
 
 #[cfg(test)]

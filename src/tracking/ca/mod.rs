@@ -12,12 +12,14 @@
 //! with an inefficient plane, short tracks). Most hits are taken by the first pass, whose
 //! doublets are a fraction of the combinations the skipping ones make.
 //!
-//! The first pass follows its tracks downstream from the planes they can start on
-//! (`follow_seeds`): doublets are searched in the wide pointing windows from the hits of
-//! those planes only, and further downstream a middle hit's outgoing doublets are made
-//! from the hits inside the narrow continuation windows of its incoming doublets
+//! The first pass follows its tracks upstream from the planes they can end on, where the
+//! hits are least dense (`follow_seeds`): doublets are searched in the wide pointing
+//! windows between those planes only, and further upstream a middle hit's incoming
+//! doublets are made from the hits inside a narrow box on the plane before it, the hits
+//! whose doublet could continue into one of its outgoing doublets
 //! ([`triplets::find_triplets_seeded`]). It gives the triplets, hence the tracks, of the
-//! full search, without the doublets and triplets no chain from a seed plane reaches.
+//! full search, without the doublets and triplets no chain to a seed plane reaches. A
+//! later pass's doublet step searches a copy of the hits not used yet.
 //!
 //! The window searches (doublets, continuations) and the continuation test compare eight
 //! hits or doublets per vector instruction (AVX2, chosen at run time: [`Kernel`]); the
@@ -435,7 +437,7 @@ impl FinderGeometry {
     /// plane, infinite ones too, fall in the edge cells; not a number in the first). The
     /// arithmetic is `f32` and monotonic in the position, and the same for the hits (hit
     /// sorting) as for the windows, so a window's cells hold every hit inside it.
-    #[inline]
+    #[inline(always)]
     pub fn bin_xy(&self, p: usize, x: f32, y: f32) -> (usize, usize) {
         let g = &self.planes[p];
         let fx = (x + g.half_f32[0]) * g.bin_scale_f32[0];
@@ -452,15 +454,20 @@ impl FinderGeometry {
 #[derive(Debug, Default)]
 pub struct CaBuffers {
     pub hits: SortedHits,
+    /// The hits not used yet, for a later pass's doublet step (`input_index`: the index in
+    /// `hits`).
+    pub free_hits: SortedHits,
     pub doublets: Vec<Doublet>,
     /// The doublets' slopes and gaps as lanes, for the triplet step's vector search.
     pub dbl_lanes: DoubletLanes,
     /// Per sorted hit: its outgoing doublets `dbl_start[h]..dbl_start[h + 1]`.
     pub dbl_start: Vec<u32>,
     pub triplets: Vec<Triplet>,
-    /// The seeded triplet step's left doublets by middle hit (counting sort).
+    /// The seeded triplet step's marks per hit and left doublets.
     pub in_start: Vec<u32>,
     pub in_ids: Vec<u32>,
+    /// The seeded triplet step's right doublets by middle hit.
+    pub seed_rights: triplets::Rights,
     /// The seeded triplet step's doublet windows of the hits of a plane.
     pub hit_boxes: Vec<[f32; 4]>,
     /// Pairs of doublets inside each other's slope windows, waiting for the triplet step's
@@ -504,6 +511,12 @@ impl CaBuffers {
         b.hits.input_index.reserve(h);
         b.hits.used.reserve(h);
         b.hits.bin_start.reserve(n_bins + 1);
+        b.free_hits.x_mm.reserve(h);
+        b.free_hits.y_mm.reserve(h);
+        b.free_hits.plane.reserve(h);
+        b.free_hits.input_index.reserve(h);
+        b.free_hits.used.reserve(h);
+        b.free_hits.bin_start.reserve(n_bins + 1);
         b.dbl_start.reserve(h + 1);
         b.doublets.reserve(limits.max_doublets);
         b.dbl_lanes.tx.reserve(limits.max_doublets);

@@ -294,37 +294,96 @@ fn find_triplets_impl<const AVX2: bool>(
     let cuts = cuts(geo, cfg, reach);
     let mut w = buf.trip_windows.take().unwrap_or_else(ChunkWindows::new);
     let mut cands = std::mem::take(&mut buf.trip_candidates);
-    left_doublets_outgoing::<AVX2>(
-        geo,
-        &cuts,
-        cfg,
-        buf,
-        0..buf.doublets.len(),
-        &mut w,
-        &mut cands,
-    );
+    let lefts = Lefts::Range(0..buf.doublets.len());
+    left_doublets_outgoing::<AVX2>(geo, &cuts, cfg, buf, lefts, None, &mut w, &mut cands);
     buf.trip_candidates = cands;
     buf.trip_windows = Some(w);
 }
 
-/// Triplets of the left doublets `range` whose middle hits have their outgoing doublets:
-/// every outgoing doublet compared with the window (phase 2 by vector comparison).
+/// The left doublets of a call of [`left_doublets_outgoing`].
+#[derive(Clone)]
+enum Lefts<'a> {
+    Range(std::ops::Range<usize>),
+    Ids(&'a [u32]),
+}
+
+impl Lefts<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Lefts::Range(r) => r.len(),
+            Lefts::Ids(v) => v.len(),
+        }
+    }
+
+    fn get(&self, k: usize) -> u32 {
+        match self {
+            Lefts::Range(r) => (r.start + k) as u32,
+            Lefts::Ids(v) => v[k],
+        }
+    }
+}
+
+/// The right doublets of the seeded step's middle hits, copied together: for middle hit
+/// `h`, entries `start[h - first]..start[h - first + 1]` of `lanes` (slopes, no gap) and
+/// `ids` (their indices in `CaBuffers::doublets`).
+#[derive(Debug, Default)]
+pub struct Rights {
+    first: usize,
+    start: Vec<u32>,
+    lanes: DoubletLanes,
+    ids: Vec<u32>,
+}
+
+impl Rights {
+    /// Empty lists for the hits `first..end`.
+    fn reset(&mut self, first: usize, end: usize) {
+        self.first = first;
+        self.start.clear();
+        self.start.resize(end - first + 1, 0);
+        self.lanes.tx.clear();
+        self.lanes.ty.clear();
+        self.lanes.gap.clear();
+        self.ids.clear();
+    }
+
+    fn push(&mut self, id: u32, d: &Doublet) {
+        self.ids.push(id);
+        self.lanes.tx.push(d.tx);
+        self.lanes.ty.push(d.ty);
+        self.lanes.gap.push(0.0);
+    }
+
+    #[inline(always)]
+    fn of(&self, h: usize) -> (usize, usize) {
+        let k = h - self.first;
+        (self.start[k] as usize, self.start[k + 1] as usize)
+    }
+}
+
+/// Triplets of the left doublets `lefts`: every right doublet of the middle hit (its
+/// outgoing doublets, or its entries in `rights`) compared with the window (phase 2 by
+/// vector comparison).
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn left_doublets_outgoing<const AVX2: bool>(
     geo: &FinderGeometry,
     cuts: &Cuts,
     cfg: &FinderConfig,
     buf: &mut CaBuffers,
-    range: std::ops::Range<usize>,
+    lefts: Lefts,
+    rights: Option<&Rights>,
     w: &mut ChunkWindows,
     cands: &mut Vec<Candidate>,
 ) {
     cands.clear();
+    // Out of `buf` while the kink tests append triplets (no doublet is made here).
+    let dbl_lanes = std::mem::take(&mut buf.dbl_lanes);
     let mut ids = [0u32; CHUNK];
-    for c0 in range.clone().step_by(CHUNK) {
-        let c1 = (c0 + CHUNK).min(range.end);
+    let n_left = lefts.len();
+    for c0 in (0..n_left).step_by(CHUNK) {
+        let c1 = (c0 + CHUNK).min(n_left);
         for (k, id) in ids[..c1 - c0].iter_mut().enumerate() {
-            *id = (c0 + k) as u32;
+            *id = lefts.get(c0 + k);
         }
         let ids = &ids[..c1 - c0];
         for p0 in (0..ids.len()).step_by(LANES) {
@@ -335,10 +394,21 @@ fn left_doublets_outgoing<const AVX2: bool>(
             if !(lo <= hi) {
                 continue;
             }
-            // Every outgoing doublet of the middle hit, eight at a time, against the
-            // window of its plane triple (closed windows have a negative width).
+            // Every right doublet of the middle hit, eight at a time, against the window
+            // of its plane triple (closed windows have a negative width).
             let b = buf.doublets[d1 as usize].b as usize;
-            let (s, e) = (buf.dbl_start[b] as usize, buf.dbl_start[b + 1] as usize);
+            let (lanes, s, e, map) = match rights {
+                None => (
+                    &dbl_lanes,
+                    buf.dbl_start[b] as usize,
+                    buf.dbl_start[b + 1] as usize,
+                    None,
+                ),
+                Some(r) => {
+                    let (s, e) = r.of(b);
+                    (&r.lanes, s, e, Some(&r.ids[..]))
+                }
+            };
             let win = [
                 [w.pred_x[0][i], w.pred_y[0][i], w.wx[0][i], w.wy[0][i]],
                 [w.pred_x[1][i], w.pred_y[1][i], w.wx[1][i], w.wy[1][i]],
@@ -348,18 +418,19 @@ fn left_doublets_outgoing<const AVX2: bool>(
                 #[cfg(target_arch = "x86_64")]
                 let (mut bits, skip) = if AVX2 {
                     // SAFETY: this instance only runs where the CPU has AVX2.
-                    unsafe { match_avx2(&buf.dbl_lanes, h, e, &win) }
+                    unsafe { match_avx2(lanes, h, e, &win) }
                 } else {
-                    match_group(&buf.dbl_lanes, h, e, &win)
+                    match_group(lanes, h, e, &win)
                 };
                 #[cfg(not(target_arch = "x86_64"))]
-                let (mut bits, skip) = match_group(&buf.dbl_lanes, h, e, &win);
+                let (mut bits, skip) = match_group(lanes, h, e, &win);
                 while bits != 0 {
                     let k = bits.trailing_zeros();
                     bits &= bits - 1;
+                    let r = h + k as usize;
                     cands.push(Candidate {
                         left: i as u32,
-                        right: (h + k as usize) as u32,
+                        right: map.map_or(r as u32, |m| m[r]),
                         s: (skip >> k) & 1,
                     });
                     if cands.len() == CANDIDATES {
@@ -373,17 +444,23 @@ fn left_doublets_outgoing<const AVX2: bool>(
         kink_tests(geo, cuts, cfg, buf, cands, ids, w);
         cands.clear();
     }
+    buf.dbl_lanes = dbl_lanes;
 }
 
-/// Triplets of a first pass on consecutive planes that needs tracks starting on the first
+/// Triplets of a first pass on consecutive planes that needs tracks ending on the last
 /// `seed_planes` planes (tracks of at least `n_planes - seed_planes + 1` hits without a
-/// gap), by following them downstream: doublets (`super::doublets::find_doublets_with`
-/// with `a_planes = seed_planes`, reach 1) exist from the hits of the seed planes only;
-/// for a middle hit further downstream, its outgoing doublets are made here, from the
-/// hits inside the continuation window of each incoming doublet that also pass the
-/// doublet step's window. The triplets, hence the chains that start on a seed plane, are
-/// those of the full search; doublets and triplets no such chain reaches are never made.
-/// Triplets come out ordered by the plane of their middle hit.
+/// gap), by following them upstream from there, where the hits are least dense: doublets
+/// (`super::doublets::find_doublets_with` with `a_planes` the last `seed_planes` before
+/// the last plane, reach 1) exist between the seed planes only; going upstream, plane by
+/// plane, the right doublets of a middle hit are the left doublets of the triplets found
+/// on the plane after it (or all its doublets on a seed plane), and its left doublets are
+/// made here from the hits inside a box on the plane before it that holds every hit
+/// whose doublet could put one of those right doublets inside its continuation window
+/// (the window at the largest |q/p| and slope factor the step allows), and which also
+/// pass the doublet step's window. The pairs are then tested as in the full search. The
+/// triplets, hence the chains that end on a seed plane, are those of the full search;
+/// doublets and triplets no such chain reaches are never made. Triplets come out ordered
+/// by the plane of their middle hit.
 pub fn find_triplets_seeded(
     geo: &FinderGeometry,
     cfg: &FinderConfig,
@@ -404,6 +481,73 @@ pub fn find_triplets_seeded_with(
     dispatch(kernel, geo, cfg, Search::Seeded { seed_planes }, buf)
 }
 
+/// The planes whose hits start the seeded pass's doublets: the last `seed_planes` before
+/// the last plane.
+pub fn seed_doublet_planes(n_planes: usize, seed_planes: usize) -> std::ops::Range<usize> {
+    let end = n_planes.saturating_sub(1);
+    end.saturating_sub(seed_planes.max(1))..end
+}
+
+/// The box on plane `i` holding every hit `a` whose doublet `(a, b)` with the middle hit
+/// `b` on plane `j = i + 1` could have a right doublet of slopes `t2` inside its
+/// continuation window (plane triple `(i, j, j + 1)`), whatever the doublet's momentum
+/// estimate and slope factor.
+#[derive(Clone, Copy)]
+struct BackWindow {
+    /// `pred = a t1 - c xb`: the predicted slope from the left doublet's slope `t1`, with
+    /// its first hit at `xb - dz t1` (`inv_a = 1 / a`).
+    inv_a: f64,
+    c: f64,
+    dz: f64,
+    /// Largest window half widths in x and y.
+    w: [f64; 2],
+}
+
+impl BackWindow {
+    /// `None` where the plane triple has no window.
+    fn new(geo: &FinderGeometry, cuts: &Cuts, i: usize) -> Option<Self> {
+        let n = geo.planes.len();
+        let j = i + 1;
+        let p = &geo.pair_lanes[i * n + j];
+        if p.n_triples.min(cuts.reach) == 0 {
+            return None;
+        }
+        let f = |v: f32| v as f64;
+        let dz = geo.planes[j].z_mm - geo.planes[i].z_mm;
+        let (pointing, h) = (f(p.pointing), f(p.half[0]));
+        let k = pointing * f(p.two_inv_zj) * h;
+        let (q, sf2) = (f(cuts.qop_max), f(cuts.sf2_max));
+        let kvar = f(p.kvar_ms_per_qop2) * sf2 * q * q + f(p.kvar_res);
+        let ms2 = q * q * (1.0 + f(cuts.mass2) * q * q) * sf2;
+        let var = kvar * h * h + f(p.theta2_per_qop2[0]) * ms2 + f(p.var_res[0]);
+        let gauss = f(cuts.n_sigma) * var.sqrt();
+        // A relative margin for the single-precision arithmetic of the window.
+        let w = |hard: f32| (f(hard) * h + gauss) * (1.0 + 1e-4) + 1e-7;
+        Some(BackWindow {
+            inv_a: 1.0 / (1.0 + k * (1.0 + dz * f(p.inv_zi))),
+            c: k * f(p.inv_zi),
+            dz,
+            w: [w(p.hard_kx), w(p.hard_ky)],
+        })
+    }
+
+    /// The box `[x0, x1, y0, y1]` on plane `i` for the middle hit `(xb, yb)` and the right
+    /// doublet's slopes `t2`.
+    #[inline(always)]
+    fn box_of(&self, xb: f64, yb: f64, t2: [f32; 2]) -> [f32; 4] {
+        let mut bx = [0.0f32; 4];
+        for (c, &v) in [xb, yb].iter().enumerate() {
+            let t = t2[c] as f64 + self.c * v;
+            let (e0, e1) = ((t - self.w[c]) * self.inv_a, (t + self.w[c]) * self.inv_a);
+            let (t1_lo, t1_hi) = (e0.min(e1), e0.max(e1));
+            let margin = 1e-3 + 1e-5 * (v.abs() + self.dz * (t1_lo.abs() + t1_hi.abs()));
+            bx[2 * c] = (v - self.dz * t1_hi - margin) as f32;
+            bx[2 * c + 1] = (v - self.dz * t1_lo + margin) as f32;
+        }
+        bx
+    }
+}
+
 #[inline(always)]
 fn find_triplets_seeded_impl<const AVX2: bool>(
     geo: &FinderGeometry,
@@ -414,12 +558,19 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
     buf.triplets.clear();
     let n_planes = geo.planes.len();
     let n_hits = buf.hits.x_mm.len();
+    if n_planes < 3 {
+        return;
+    }
+    let seeds = seed_doublet_planes(n_planes, seed_planes);
     let cuts = cuts(geo, cfg, 1);
     let mut w = buf.trip_windows.take().unwrap_or_else(ChunkWindows::new);
     let mut cands = std::mem::take(&mut buf.trip_candidates);
-    let mut in_start = std::mem::take(&mut buf.in_start);
-    let mut in_ids = std::mem::take(&mut buf.in_ids);
+    let mut lefts = std::mem::take(&mut buf.in_ids);
+    let mut rights = std::mem::take(&mut buf.seed_rights);
     let mut hit_boxes = std::mem::take(&mut buf.hit_boxes);
+    let mut stamp = std::mem::take(&mut buf.in_start);
+    stamp.clear();
+    stamp.resize(n_hits, u32::MAX);
     let plane_hits = |buf: &CaBuffers, p: usize| {
         let g = &geo.planes[p];
         (
@@ -427,180 +578,154 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
             buf.hits.bin_start[g.bin_offset + g.bins_x * g.bins_y] as usize,
         )
     };
-    for j in 1..n_planes.saturating_sub(1) {
-        let (fi, ei) = plane_hits(buf, j - 1);
+    // Triplets of the step before (the plane after), whose left doublets are this step's
+    // right doublets.
+    let mut block = 0;
+    for j in (1..n_planes - 1).rev() {
+        let i = j - 1;
+        let (fi, ei) = plane_hits(buf, i);
         let (fj, ej) = plane_hits(buf, j);
-        // Left doublets: those from plane j - 1 (all to plane j: reach 1), the last made.
-        let l0 = buf.dbl_start[fi] as usize;
-        if j < seed_planes {
-            let l1 = buf.dbl_start[ei] as usize;
-            left_doublets_outgoing::<AVX2>(geo, &cuts, cfg, buf, l0..l1, &mut w, &mut cands);
-            continue;
-        }
-        let l1 = buf.doublets.len();
-        // The left doublets by middle hit (counting sort).
-        in_start.clear();
-        in_start.resize(ej - fj + 1, 0);
-        for d in &buf.doublets[l0..l1] {
-            in_start[d.b as usize - fj + 1] += 1;
-        }
-        for k in 0..(ej - fj) {
-            in_start[k + 1] += in_start[k];
-        }
-        in_ids.clear();
-        in_ids.resize(l1 - l0, 0);
-        for (k, d) in buf.doublets[l0..l1].iter().enumerate() {
-            let slot = &mut in_start[d.b as usize - fj];
-            in_ids[*slot as usize] = (l0 + k) as u32;
-            *slot += 1;
-        }
-        // Middle hits get their outgoing doublets in order; `next_hit` is the first hit of
-        // plane j whose `dbl_start` is not set yet.
-        let pw = PlaneWindows::new(geo, cfg, j, 1);
-        let (k_next, inv_dz) = match pw.target(0) {
-            Some(t) => t,
-            None => {
-                for h in fj..ej {
-                    buf.dbl_start[h] = buf.doublets.len() as u32;
+        // The right doublets, by middle hit.
+        rights.reset(fj, ej);
+        if seeds.contains(&j) {
+            let d0 = buf.dbl_start[fj];
+            for h in fj..ej {
+                rights.start[h - fj + 1] = buf.dbl_start[h + 1] - d0;
+            }
+            for d in d0..buf.dbl_start[ej] {
+                rights.push(d, &buf.doublets[d as usize]);
+            }
+        } else {
+            // The distinct left doublets of the last step's triplets (consecutive: triplets
+            // come out grouped by left doublet), by first hit (counting sort).
+            let mut last = u32::MAX;
+            for t in &buf.triplets[block..] {
+                if t.left != last {
+                    last = t.left;
+                    rights.start[buf.doublets[t.left as usize].a as usize - fj + 1] += 1;
                 }
-                continue;
             }
-        };
-        let dz = geo.planes[k_next].z_mm - geo.planes[j].z_mm;
-        // The doublet windows of every hit of the plane, eight at a time.
-        hit_boxes.clear();
-        for c0 in (fj..ej).step_by(LANES) {
-            let (_, _, boxes) = pw.boxes_of(&buf.hits, c0, ej);
-            for l in 0..LANES.min(ej - c0) {
-                let used = buf.hits.used[c0 + l];
-                hit_boxes.push([
-                    boxes[0][0][l],
-                    if used {
-                        f32::NEG_INFINITY
-                    } else {
-                        boxes[0][1][l]
-                    },
-                    boxes[0][2][l],
-                    boxes[0][3][l],
-                ]);
+            for k in 0..(ej - fj) {
+                rights.start[k + 1] += rights.start[k];
+            }
+            let n = rights.start[ej - fj] as usize;
+            rights.ids.resize(n, 0);
+            let mut last = u32::MAX;
+            for t in &buf.triplets[block..] {
+                if t.left != last {
+                    last = t.left;
+                    let slot = &mut rights.start[buf.doublets[t.left as usize].a as usize - fj];
+                    rights.ids[*slot as usize] = last;
+                    *slot += 1;
+                }
+            }
+            // Back to the starts.
+            for k in (1..=(ej - fj)).rev() {
+                rights.start[k] = rights.start[k - 1];
+            }
+            rights.start[0] = 0;
+            for &d in &rights.ids {
+                let d = &buf.doublets[d as usize];
+                rights.lanes.tx.push(d.tx);
+                rights.lanes.ty.push(d.ty);
+                rights.lanes.gap.push(0.0);
             }
         }
-        let mut next_hit = fj;
-        let mut bbox = [0.0f32; 4];
-        let mut ids = [0u32; CHUNK];
-        for c0 in (0..in_ids.len()).step_by(CHUNK) {
-            let c1 = (c0 + CHUNK).min(in_ids.len());
-            ids[..c1 - c0].copy_from_slice(&in_ids[c0..c1]);
-            let ids = &ids[..c1 - c0];
-            for p0 in (0..ids.len()).step_by(LANES) {
-                chunk_windows(
-                    geo,
-                    &cuts,
-                    buf,
-                    &ids[p0..(p0 + LANES).min(ids.len())],
-                    p0,
-                    &mut w,
-                );
-            }
-            for (i, &d1) in ids.iter().enumerate() {
-                let b = buf.doublets[d1 as usize].b as usize;
-                if b >= next_hit {
-                    // A new middle hit: its outgoing doublets start here, and its window
-                    // of the doublet step.
-                    for h in next_hit..=b {
-                        buf.dbl_start[h] = buf.doublets.len() as u32;
-                    }
-                    next_hit = b + 1;
-                    bbox = hit_boxes[b - fj];
+        // The left doublets of the middle hits that have right doublets.
+        lefts.clear();
+        if seeds.contains(&i) {
+            for d in buf.dbl_start[fi]..buf.dbl_start[ei] {
+                let b = buf.doublets[d as usize].b as usize;
+                let (s, e) = rights.of(b);
+                if s < e {
+                    lefts.push(d);
                 }
-                if !(w.lo[i] <= w.hi[i]) {
+            }
+        } else if let (Some(back), Some((_, inv_dz))) = (
+            BackWindow::new(geo, &cuts, i),
+            PlaneWindows::new(geo, cfg, i, 1).target(0),
+        ) {
+            // The doublet windows of the hits of plane i, eight at a time.
+            let pw = PlaneWindows::new(geo, cfg, i, 1);
+            hit_boxes.clear();
+            for c0 in (fi..ei).step_by(LANES) {
+                let (_, _, boxes) = pw.boxes_of(&buf.hits, c0, ei);
+                for l in 0..LANES.min(ei - c0) {
+                    hit_boxes.push([
+                        boxes[0][0][l],
+                        boxes[0][1][l],
+                        boxes[0][2][l],
+                        boxes[0][3][l],
+                    ]);
+                }
+            }
+            let CaBuffers {
+                hits: sh,
+                doublets,
+                dbl_lanes,
+                overflow,
+                ..
+            } = &mut *buf;
+            let max_doublets = cfg.limits.max_doublets;
+            for b in fj..ej {
+                let (s, e) = rights.of(b);
+                if s == e || sh.used[b] {
                     continue;
                 }
-                // The continuation window as a box on the next plane (widened by a
-                // rounding margin; the slopes are then tested as the doublets' are),
-                // inside the doublet window.
-                let (xb, yb) = (buf.hits.x_mm[b], buf.hits.y_mm[b]);
-                let win = [w.pred_x[0][i], w.pred_y[0][i], w.wx[0][i], w.wy[0][i]];
-                let margin = 1e-3 + 1e-6 * (xb.abs() + yb.abs());
-                let dzf = dz as f32;
-                let cbox = [
-                    bbox[0].max(xb + dzf * (win[0] - win[2]) - margin),
-                    bbox[1].min(xb + dzf * (win[0] + win[2]) + margin),
-                    bbox[2].max(yb + dzf * (win[1] - win[3]) - margin),
-                    bbox[3].min(yb + dzf * (win[1] + win[3]) + margin),
-                ];
+                let (xb, yb) = (sh.x_mm[b], sh.y_mm[b]);
                 let (xb64, yb64) = (xb as f64, yb as f64);
-                let first_out = buf.dbl_start[b] as usize;
-                let CaBuffers {
-                    hits: sh,
-                    doublets,
-                    dbl_lanes,
-                    overflow,
-                    ..
-                } = &mut *buf;
-                let max_doublets = cfg.limits.max_doublets;
-                let mut emit = |c: usize| {
-                    if cands.len() == CANDIDATES {
-                        overflow.triplets += 1;
+                let mut emit = |a: usize| {
+                    if stamp[a] == b as u32 {
                         return;
                     }
-                    // The doublet window itself, as the doublet step tests it.
-                    let (x, y) = (sh.x_mm[c], sh.y_mm[c]);
-                    if !(x >= bbox[0] && x <= bbox[1] && y >= bbox[2] && y <= bbox[3]) {
+                    stamp[a] = b as u32;
+                    // The doublet window of `a`, as the doublet step tests it.
+                    let bx = hit_boxes[a - fi];
+                    if sh.used[a] || !(xb >= bx[0] && xb <= bx[1] && yb >= bx[2] && yb <= bx[3]) {
                         return;
                     }
-                    if sh.used[c] {
-                        return;
-                    }
-                    let (tx, ty) = slopes(x, y, xb64, yb64, inv_dz);
-                    if !((tx - win[0]).abs() <= win[2] && (ty - win[1]).abs() <= win[3]) {
-                        return;
-                    }
-                    let right = match doublets[first_out..].iter().position(|d| d.b as usize == c) {
-                        Some(k) => first_out + k,
-                        None => {
-                            let d = Doublet {
-                                a: b as u32,
-                                b: c as u32,
-                                tx,
-                                ty,
-                            };
-                            match push_doublet(doublets, dbl_lanes, overflow, max_doublets, d, 0.0)
-                            {
-                                Some(k) => k,
-                                None => return,
-                            }
-                        }
+                    let (tx, ty) = slopes(xb, yb, sh.x_mm[a] as f64, sh.y_mm[a] as f64, inv_dz);
+                    let d = Doublet {
+                        a: a as u32,
+                        b: b as u32,
+                        tx,
+                        ty,
                     };
-                    cands.push(Candidate {
-                        left: i as u32,
-                        right: right as u32,
-                        s: 0,
-                    });
+                    if let Some(k) =
+                        push_doublet(doublets, dbl_lanes, overflow, max_doublets, d, 0.0)
+                    {
+                        lefts.push(k as u32);
+                    }
                 };
-                scan_box::<AVX2>(geo, sh, k_next, cbox, &mut emit);
-                if cands.len() + 64 >= CANDIDATES {
-                    kink_tests(geo, &cuts, cfg, buf, &cands, ids, &w);
-                    cands.clear();
+                for r in s..e {
+                    let bx = back.box_of(xb64, yb64, [rights.lanes.tx[r], rights.lanes.ty[r]]);
+                    scan_box::<AVX2>(geo, sh, i, bx, &mut emit);
                 }
             }
-            kink_tests(geo, &cuts, cfg, buf, &cands, ids, &w);
-            cands.clear();
         }
-        for h in next_hit..ej {
-            buf.dbl_start[h] = buf.doublets.len() as u32;
-        }
+        block = buf.triplets.len();
+        let l = Lefts::Ids(&lefts);
+        left_doublets_outgoing::<AVX2>(geo, &cuts, cfg, buf, l, Some(&rights), &mut w, &mut cands);
     }
-    // The last plane's hits (no outgoing doublets) and the end.
-    let total = buf.doublets.len() as u32;
-    if let Some(g) = geo.planes.last() {
-        for h in buf.hits.bin_start[g.bin_offset] as usize..=n_hits {
-            buf.dbl_start[h] = total;
+    // Blocks of triplets by middle plane, upstream first: the blocks came out the other
+    // way round.
+    buf.triplets.reverse();
+    let mid =
+        |buf: &CaBuffers, t: &Triplet| buf.hits.plane[buf.doublets[t.left as usize].b as usize];
+    let mut s = 0;
+    while s < buf.triplets.len() {
+        let p = mid(buf, &buf.triplets[s]);
+        let mut e = s + 1;
+        while e < buf.triplets.len() && mid(buf, &buf.triplets[e]) == p {
+            e += 1;
         }
+        buf.triplets[s..e].reverse();
+        s = e;
     }
-    buf.in_start = in_start;
-    buf.in_ids = in_ids;
+    buf.in_ids = lefts;
+    buf.seed_rights = rights;
     buf.hit_boxes = hit_boxes;
+    buf.in_start = stamp;
     buf.trip_candidates = cands;
     buf.trip_windows = Some(w);
 }
