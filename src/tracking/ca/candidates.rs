@@ -13,6 +13,13 @@ use super::{CaBuffers, Candidate};
 use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter, LANES};
 use crate::tracking::reco::FinderConfig;
 
+/// An unsigned key in the order of [`f32::total_cmp`].
+#[inline]
+fn total_key(x: f32) -> u32 {
+    let b = x.to_bits() as i32;
+    ((b ^ ((((b >> 31) as u32) >> 1) as i32)) as u32) ^ 0x8000_0000
+}
+
 /// Number of candidates fitted together before the greedy choice among them.
 const CHUNK: usize = 64;
 
@@ -50,14 +57,17 @@ pub fn extract_and_select(
             buf.order.push(t as u32);
         }
     }
-    {
-        let (level, trip) = (&buf.level, &buf.triplets);
-        buf.order.sort_unstable_by(|&a, &b| {
-            level[b as usize]
-                .cmp(&level[a as usize])
-                .then(trip[a as usize].chi2.total_cmp(&trip[b as usize].chi2))
-                .then(a.cmp(&b))
-        });
+    // Longest first, then by kink chi-square (`total_cmp`), then by index: one integer key
+    // per end triplet.
+    let keys = &mut buf.order_keys;
+    keys.clear();
+    keys.extend(buf.order.iter().map(|&t| {
+        let level = (u16::MAX - buf.level[t as usize]) as u128;
+        level << 64 | (total_key(buf.triplets[t as usize].chi2) as u128) << 32 | t as u128
+    }));
+    keys.sort_unstable();
+    for (o, &k) in buf.order.iter_mut().zip(keys.iter()) {
+        *o = k as u32;
     }
     let mut fit_ns = 0u64;
     let mut pending_from = buf.candidates.len();
@@ -336,5 +346,31 @@ fn fit_range(fitter: &KalmanFitter, buf: &mut CaBuffers, from: usize) {
         } else {
             f32::INFINITY
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn total_key_orders_as_total_cmp() {
+        let v = [
+            f32::NEG_INFINITY,
+            -3.5,
+            -1e-30,
+            -0.0,
+            0.0,
+            1e-38,
+            2.0,
+            f32::MAX,
+            f32::INFINITY,
+            f32::NAN,
+        ];
+        for a in v {
+            for b in v {
+                assert_eq!(total_key(a).cmp(&total_key(b)), a.total_cmp(&b), "{a} {b}");
+            }
+        }
     }
 }

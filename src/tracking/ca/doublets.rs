@@ -62,8 +62,9 @@ pub(crate) fn find_doublets_in(
     buf: &mut CaBuffers,
 ) {
     let n_hits = buf.hits.used.len();
-    let copy =
-        free_copy.unwrap_or_else(|| buf.hits.used.iter().filter(|&&u| u).count() * 2 > n_hits);
+    let copy = free_copy.unwrap_or_else(|| {
+        n_hits * 2 > geo.n_bins && buf.hits.used.iter().filter(|&&u| u).count() * 2 > n_hits
+    });
     if copy {
         super::hit_sorting::free_hits(&buf.hits, &mut buf.free_hits);
     }
@@ -259,6 +260,8 @@ impl PlaneWindows {
 
 /// Row ranges longer than this are narrowed by binary search before the scan.
 const BISECT_MIN: usize = 24;
+/// The same for the vector scan (eight hits per comparison).
+const BISECT_MIN_AVX2: usize = 64;
 
 /// Calls `emit(h)` for the hits of plane `j` inside the box `bx` (`[x0, x1, y0, y1]`), row
 /// by row of the grid, in sorted order.
@@ -280,7 +283,7 @@ pub(crate) fn scan_box<const AVX2: bool>(
         let row = gj.bin_offset + by * gj.bins_x;
         let mut s = sh.bin_start[row + bx0] as usize;
         let mut e = sh.bin_start[row + bx1 + 1] as usize;
-        if e - s > BISECT_MIN {
+        if e - s > if AVX2 { BISECT_MIN_AVX2 } else { BISECT_MIN } {
             // A long row range (narrow windows): the x range by binary search, the row
             // being sorted by x.
             let xs = &sh.x_mm[s..e];

@@ -1,8 +1,9 @@
 //! Hit sorting and binning: the event's hits ordered by plane, within a plane by cell of a
 //! regular x-y grid and within a cell by x, so every grid row of a plane is sorted by x and
 //! a search window is, per row it overlaps, one contiguous index range (the cells between
-//! its columns; [`super::doublets::scan_box`]). Counting sort in two passes and an
-//! insertion sort per cell (a few hits), no allocation.
+//! its columns; [`super::doublets::scan_box`]). Counting sort in two passes, then per cell
+//! an insertion sort (a few hits) or a sort of integer keys (dense cells), no allocation
+//! once the buffers have grown.
 
 use super::{CaBuffers, FinderGeometry, SortedHits};
 use crate::frame::HitRecord;
@@ -67,9 +68,25 @@ pub fn sort_hits(geo: &FinderGeometry, input: &[HitRecord], max_hits: usize, buf
         sh.plane[slot] = h.plane;
         sh.input_index[slot] = i as u32;
     }
-    // Each cell by x (insertion sort moving the four arrays together; ties keep input order).
+    // Each cell by x, ties in input order: insertion sort moving the four arrays together
+    // for a few hits, a sort of (x, input index) keys for the dense cells.
+    let keys = &mut buf.sort_keys;
     for b in 0..geo.n_bins {
         let (s, e) = (sh.bin_start[b] as usize, sh.bin_start[b + 1] as usize);
+        if e - s > DENSE_CELL {
+            keys.clear();
+            keys.extend((s..e).map(|i| x_key(sh.x_mm[i]) << 32 | sh.input_index[i] as u64));
+            keys.sort_unstable();
+            for (k, &key) in keys.iter().enumerate() {
+                let ii = key as u32;
+                let h = &input[ii as usize];
+                sh.x_mm[s + k] = h.x_mm;
+                sh.y_mm[s + k] = h.y_mm;
+                sh.plane[s + k] = h.plane;
+                sh.input_index[s + k] = ii;
+            }
+            continue;
+        }
         for i in (s + 1)..e {
             let (x, y, p, ii) = (sh.x_mm[i], sh.y_mm[i], sh.plane[i], sh.input_index[i]);
             let mut j = i;
@@ -86,6 +103,20 @@ pub fn sort_hits(geo: &FinderGeometry, input: &[HitRecord], max_hits: usize, buf
             sh.input_index[j] = ii;
         }
     }
+}
+
+/// Cells with more hits than this are sorted by key.
+const DENSE_CELL: usize = 16;
+
+/// An integer key of a finite `x` in the order of the values (-0 and +0 the same).
+#[inline]
+fn x_key(x: f32) -> u64 {
+    let bits = (x + 0.0).to_bits();
+    (if bits >> 31 == 1 {
+        !bits
+    } else {
+        bits | 0x8000_0000
+    }) as u64
 }
 
 /// Copies the hits of `sh` not used yet into `out`, in the same order and bins
@@ -206,5 +237,48 @@ mod tests {
                 assert_eq!(got, want, "{bx:?}, AVX2");
             }
         }
+    }
+
+    #[test]
+    fn dense_cells_are_sorted_by_x_with_ties_in_input_order() {
+        let det = detector(3, [0.0; 3], 0.0, 0.01);
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let geo = FinderGeometry::new(&det, &cfg);
+        let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+        let mut rng = ChaCha8Rng::seed_from_u64(2);
+        // Most hits in a few cells near the centre, on a coarse x raster (ties, -0 and +0).
+        let hits: Vec<HitRecord> = (0..4000)
+            .map(|i| {
+                let x = (rng.random_range(-40i32..40) as f32) * 0.25;
+                HitRecord {
+                    x_mm: if x == 0.0 && i % 2 == 0 { -0.0 } else { x },
+                    y_mm: rng.random_range(-3.0..3.0),
+                    z_mm: 0.0,
+                    plane: (i % 3) as u16,
+                    hit_id: i,
+                }
+            })
+            .collect();
+        sort_hits(&geo, &hits, cfg.limits.max_hits, &mut buf);
+        let sh = &buf.hits;
+        let mut dense = 0;
+        for b in 0..geo.n_bins {
+            let (s, e) = (sh.bin_start[b] as usize, sh.bin_start[b + 1] as usize);
+            dense += (e - s > DENSE_CELL) as usize;
+            for k in s..e {
+                let h = &hits[sh.input_index[k] as usize];
+                assert_eq!(
+                    (sh.x_mm[k], sh.y_mm[k], sh.plane[k]),
+                    (h.x_mm, h.y_mm, h.plane)
+                );
+                assert_eq!(geo.bin(h.plane as usize, h.x_mm, h.y_mm), b);
+            }
+            for k in (s + 1)..e {
+                let (x0, x1) = (sh.x_mm[k - 1], sh.x_mm[k]);
+                assert!(x0 < x1 || (x0 == x1 && sh.input_index[k - 1] < sh.input_index[k]));
+            }
+        }
+        assert!(dense > 3, "{dense}");
+        assert_eq!(sh.x_mm.len(), hits.len());
     }
 }

@@ -492,12 +492,15 @@ pub struct CaBuffers {
     /// `ending`.
     pub end_start: Vec<u32>,
     pub ending: Vec<u32>,
-    /// Candidate order for extraction.
+    /// Candidate order for extraction, and its sort keys.
     pub order: Vec<u32>,
+    pub order_keys: Vec<u128>,
     pub overflow: Overflow,
     pub scratch_u32: Vec<u32>,
     /// Per input hit: its global bin, `u32::MAX` when refused or dropped (hit sorting).
     pub hit_bin: Vec<u32>,
+    /// Sort keys of a dense grid cell (hit sorting).
+    pub sort_keys: Vec<u64>,
 }
 
 impl CaBuffers {
@@ -539,8 +542,10 @@ impl CaBuffers {
         b.end_start.reserve(limits.max_doublets + 1);
         b.ending.reserve(limits.max_triplets);
         b.order.reserve(limits.max_triplets);
+        b.order_keys.reserve(limits.max_candidates);
         b.scratch_u32.reserve(limits.max_triplets.max(n_bins + 1));
         b.hit_bin.reserve(h);
+        b.sort_keys.reserve(h);
         b
     }
 }
