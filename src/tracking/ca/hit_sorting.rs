@@ -1,9 +1,8 @@
 //! Hit sorting and binning: the event's hits ordered by plane, within a plane by cell of a
 //! regular x-y grid and within a cell by x, so every grid row of a plane is sorted by x and
 //! a search window is, per row it overlaps, one contiguous index range (the cells between
-//! its columns; [`super::doublets::scan_box`]). Counting sort in two passes, then per cell
-//! an insertion sort (a few hits) or a sort of integer keys (dense cells), no allocation
-//! once the buffers have grown.
+//! its columns; [`super::doublets::scan_box`]). Counting sort in two passes and an
+//! insertion sort per cell (a few hits), no allocation.
 
 use super::{CaBuffers, FinderGeometry, SortedHits};
 use crate::frame::HitRecord;
@@ -68,25 +67,9 @@ pub fn sort_hits(geo: &FinderGeometry, input: &[HitRecord], max_hits: usize, buf
         sh.plane[slot] = h.plane;
         sh.input_index[slot] = i as u32;
     }
-    // Each cell by x, ties in input order: insertion sort moving the four arrays together
-    // for a few hits, a sort of (x, input index) keys for the dense cells.
-    let keys = &mut buf.sort_keys;
+    // Each cell by x (insertion sort moving the four arrays together; ties keep input order).
     for b in 0..geo.n_bins {
         let (s, e) = (sh.bin_start[b] as usize, sh.bin_start[b + 1] as usize);
-        if e - s > DENSE_CELL {
-            keys.clear();
-            keys.extend((s..e).map(|i| x_key(sh.x_mm[i]) << 32 | sh.input_index[i] as u64));
-            keys.sort_unstable();
-            for (k, &key) in keys.iter().enumerate() {
-                let ii = key as u32;
-                let h = &input[ii as usize];
-                sh.x_mm[s + k] = h.x_mm;
-                sh.y_mm[s + k] = h.y_mm;
-                sh.plane[s + k] = h.plane;
-                sh.input_index[s + k] = ii;
-            }
-            continue;
-        }
         for i in (s + 1)..e {
             let (x, y, p, ii) = (sh.x_mm[i], sh.y_mm[i], sh.plane[i], sh.input_index[i]);
             let mut j = i;
@@ -103,20 +86,6 @@ pub fn sort_hits(geo: &FinderGeometry, input: &[HitRecord], max_hits: usize, buf
             sh.input_index[j] = ii;
         }
     }
-}
-
-/// Cells with more hits than this are sorted by key.
-const DENSE_CELL: usize = 16;
-
-/// An integer key of a finite `x` in the order of the values (-0 and +0 the same).
-#[inline]
-fn x_key(x: f32) -> u64 {
-    let bits = (x + 0.0).to_bits();
-    (if bits >> 31 == 1 {
-        !bits
-    } else {
-        bits | 0x8000_0000
-    }) as u64
 }
 
 /// Copies the hits of `sh` not used yet into `out`, in the same order and bins
@@ -264,7 +233,7 @@ mod tests {
         let mut dense = 0;
         for b in 0..geo.n_bins {
             let (s, e) = (sh.bin_start[b] as usize, sh.bin_start[b + 1] as usize);
-            dense += (e - s > DENSE_CELL) as usize;
+            dense += (e - s > 16) as usize;
             for k in s..e {
                 let h = &hits[sh.input_index[k] as usize];
                 assert_eq!(

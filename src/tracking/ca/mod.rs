@@ -499,8 +499,6 @@ pub struct CaBuffers {
     pub scratch_u32: Vec<u32>,
     /// Per input hit: its global bin, `u32::MAX` when refused or dropped (hit sorting).
     pub hit_bin: Vec<u32>,
-    /// Sort keys of a dense grid cell (hit sorting).
-    pub sort_keys: Vec<u64>,
 }
 
 impl CaBuffers {
@@ -545,7 +543,6 @@ impl CaBuffers {
         b.order_keys.reserve(limits.max_candidates);
         b.scratch_u32.reserve(limits.max_triplets.max(n_bins + 1));
         b.hit_bin.reserve(h);
-        b.sort_keys.reserve(h);
         b
     }
 }
