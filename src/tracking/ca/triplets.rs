@@ -346,6 +346,7 @@ impl Rights {
         self.ids.clear();
     }
 
+    #[inline(always)]
     fn push(&mut self, id: u32, d: &Doublet) {
         self.ids.push(id);
         self.lanes.tx.push(d.tx);
