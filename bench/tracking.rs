@@ -4,7 +4,7 @@
 //! portable one).
 //!
 //! `cargo bench --bench tracking` (options after `--`: `--events N` (0: fits only),
-//! `--fits N`, `--fit-threads N` (fits on 1..=N threads, default 2), `--portable 0` (only
+//! `--fits N` (0: events only), `--fit-threads N` (fits on 1..=N threads, default 2), `--portable 0` (only
 //! the kernel the CPU runs)).
 
 use std::time::Instant;
@@ -42,12 +42,14 @@ fn main() {
             bench_events(&det, name, preset, n);
         }
     }
-    bench_fits(
-        &det,
-        n_fits,
-        arg("--fit-threads", 2),
-        arg("--portable", 1) != 0,
-    );
+    if n_fits > 0 {
+        bench_fits(
+            &det,
+            n_fits,
+            arg("--fit-threads", 2),
+            arg("--portable", 1) != 0,
+        );
+    }
 }
 
 fn bench_events(det: &Detector, name: &str, preset: Preset, n: u64) {
