@@ -736,44 +736,57 @@ mod tests {
     #[test]
     fn following_the_seeds_finds_the_tracks_of_the_full_search() {
         use crate::tracking::simulate::{simulate_events, Preset, SimConfig};
-        let det = Detector::from_toml_file(std::path::Path::new("fixtures/detector.toml"))
-            .expect("fixtures/detector.toml (tests run from the crate root)");
-        let full_cfg = FinderConfig {
-            follow_seeds: false,
-            ..FinderConfig::from_detector(&det, 1.0)
-        };
-        // Seeds followed in every event (by default only in dense ones).
-        let seeded_cfg = FinderConfig {
-            follow_seeds_min_hits: 0,
-            ..FinderConfig::from_detector(&det, 1.0)
-        };
-        let mut seeded = Reconstructor::new(&det, seeded_cfg);
-        let mut full = Reconstructor::new(&det, full_cfg);
-        let key = |t: &[Track]| {
-            let mut v: Vec<(Vec<u32>, u32)> = t
-                .iter()
-                .map(|t| (t.hits.clone(), t.chi2.to_bits()))
-                .collect();
-            v.sort();
-            v
-        };
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        for (preset, n) in [(Preset::Minbias, 10), (Preset::Central, 2)] {
-            for ev in simulate_events(&det, &SimConfig::preset(preset), 3, 0, n) {
-                seeded.reconstruct(&ev.hits, &mut a);
-                full.reconstruct(&ev.hits, &mut b);
-                assert!(b.len() > 10);
-                assert_eq!(key(&a), key(&b), "{preset:?}");
+        // The spectrometer (uniform field), the field-free telescope, and the spectrometer
+        // in a field map.
+        for (file, n_central) in [
+            ("fixtures/detector.toml", 2),
+            ("fixtures/telescope.toml", 1),
+            ("fixtures/tracking/dipole/detector_dipole.toml", 1),
+        ] {
+            let det = Detector::from_toml_file(std::path::Path::new(file))
+                .expect("fixtures (tests run from the crate root)");
+            let full_cfg = FinderConfig {
+                follow_seeds: false,
+                ..FinderConfig::from_detector(&det, 1.0)
+            };
+            // Seeds followed in every event (by default only in dense ones).
+            let seeded_cfg = FinderConfig {
+                follow_seeds_min_hits: 0,
+                ..FinderConfig::from_detector(&det, 1.0)
+            };
+            let mut seeded = Reconstructor::new(&det, seeded_cfg);
+            let mut full = Reconstructor::new(&det, full_cfg);
+            let key = |t: &[Track]| {
+                let mut v: Vec<(Vec<u32>, u32)> = t
+                    .iter()
+                    .map(|t| (t.hits.clone(), t.chi2.to_bits()))
+                    .collect();
+                v.sort();
+                v
+            };
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            let mut n_tracks = [0; 2];
+            for (k, preset, n) in [(0, Preset::Minbias, 10), (1, Preset::Central, n_central)] {
+                for ev in simulate_events(&det, &SimConfig::preset(preset), 3, 0, n) {
+                    seeded.reconstruct(&ev.hits, &mut a);
+                    full.reconstruct(&ev.hits, &mut b);
+                    n_tracks[k] += b.len();
+                    assert_eq!(key(&a), key(&b), "{file} {preset:?}");
+                }
             }
+            assert!(
+                n_tracks[0] > 20 && n_tracks[1] > 100,
+                "{file}: {n_tracks:?}"
+            );
+            // The seeded pass looks at a fraction of the doublets.
+            let (sa, sb) = (seeded.step_times(), full.step_times());
+            assert!(
+                sa.doublets * 4 < sb.doublets * 3,
+                "{file}: {} vs {}",
+                sa.doublets,
+                sb.doublets
+            );
         }
-        // The seeded pass looks at a fraction of the doublets.
-        let (sa, sb) = (seeded.step_times(), full.step_times());
-        assert!(
-            sa.doublets * 4 < sb.doublets * 3,
-            "{} vs {}",
-            sa.doublets,
-            sb.doublets
-        );
     }
 
     #[test]
