@@ -463,9 +463,10 @@ pub struct CaBuffers {
     /// Per sorted hit: its outgoing doublets `dbl_start[h]..dbl_start[h + 1]`.
     pub dbl_start: Vec<u32>,
     pub triplets: Vec<Triplet>,
-    /// The seeded triplet step's marks per hit and left doublets.
-    pub in_start: Vec<u32>,
-    pub in_ids: Vec<u32>,
+    /// The seeded triplet step's marks per hit (the last middle hit it was tried with)
+    /// and the left doublets of a plane.
+    pub hit_marks: Vec<u32>,
+    pub left_ids: Vec<u32>,
     /// The seeded triplet step's right doublets by middle hit.
     pub seed_rights: triplets::Rights,
     /// The seeded triplet step's doublet windows of the hits of a plane.
@@ -523,8 +524,8 @@ impl CaBuffers {
         b.dbl_lanes.tx.reserve(limits.max_doublets);
         b.dbl_lanes.ty.reserve(limits.max_doublets);
         b.dbl_lanes.gap.reserve(limits.max_doublets);
-        b.in_start.reserve(h + 1);
-        b.in_ids.reserve(limits.max_doublets);
+        b.hit_marks.reserve(h + 1);
+        b.left_ids.reserve(limits.max_doublets);
         b.hit_boxes.reserve(h);
         b.trip_candidates.reserve(triplets::CANDIDATES);
         b.trip_windows = Some(triplets::ChunkWindows::new());

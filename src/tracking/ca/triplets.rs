@@ -566,10 +566,10 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
     let cuts = cuts(geo, cfg, 1);
     let mut w = buf.trip_windows.take().unwrap_or_else(ChunkWindows::new);
     let mut cands = std::mem::take(&mut buf.trip_candidates);
-    let mut lefts = std::mem::take(&mut buf.in_ids);
+    let mut lefts = std::mem::take(&mut buf.left_ids);
     let mut rights = std::mem::take(&mut buf.seed_rights);
     let mut hit_boxes = std::mem::take(&mut buf.hit_boxes);
-    let mut stamp = std::mem::take(&mut buf.in_start);
+    let mut stamp = std::mem::take(&mut buf.hit_marks);
     stamp.clear();
     stamp.resize(n_hits, u32::MAX);
     let plane_hits = |buf: &CaBuffers, p: usize| {
@@ -633,6 +633,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
             }
         }
         // The left doublets of the middle hits that have right doublets.
+        let pw = PlaneWindows::new(geo, cfg, i, 1);
         lefts.clear();
         if seeds.contains(&i) {
             for d in buf.dbl_start[fi]..buf.dbl_start[ei] {
@@ -642,12 +643,10 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                     lefts.push(d);
                 }
             }
-        } else if let (Some(back), Some((_, inv_dz))) = (
-            BackWindow::new(geo, &cuts, i),
-            PlaneWindows::new(geo, cfg, i, 1).target(0),
-        ) {
+        } else if let (Some(back), Some((_, inv_dz))) =
+            (BackWindow::new(geo, &cuts, i), pw.target(0))
+        {
             // The doublet windows of the hits of plane i, eight at a time.
-            let pw = PlaneWindows::new(geo, cfg, i, 1);
             hit_boxes.clear();
             for c0 in (fi..ei).step_by(LANES) {
                 let (_, _, boxes) = pw.boxes_of(&buf.hits, c0, ei);
@@ -723,10 +722,10 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
         buf.triplets[s..e].reverse();
         s = e;
     }
-    buf.in_ids = lefts;
+    buf.left_ids = lefts;
     buf.seed_rights = rights;
     buf.hit_boxes = hit_boxes;
-    buf.in_start = stamp;
+    buf.hit_marks = stamp;
     buf.trip_candidates = cands;
     buf.trip_windows = Some(w);
 }
