@@ -342,8 +342,7 @@ fn find_doublets_impl<const AVX2: bool>(
     let a_planes = a_planes.start.min(n_planes)..a_planes.end.min(n_planes);
     for i in a_planes {
         let gi = &geo.planes[i];
-        let first = sh.bin_start[gi.bin_offset] as usize;
-        let end = sh.bin_start[gi.bin_offset + gi.bins_x * gi.bins_y] as usize;
+        let (first, end) = sh.plane_range(gi);
         let pw = PlaneWindows::new(geo, cfg, i, reach);
         for c0 in (first..end).step_by(LANES) {
             let n = (end - c0).min(LANES);

@@ -76,6 +76,27 @@ pub struct SortedHits {
     pub used: Vec<bool>,
 }
 
+impl SortedHits {
+    /// Room for `n_hits` hits in `n_bins` bins.
+    fn reserve(&mut self, n_hits: usize, n_bins: usize) {
+        self.x_mm.reserve(n_hits);
+        self.y_mm.reserve(n_hits);
+        self.plane.reserve(n_hits);
+        self.input_index.reserve(n_hits);
+        self.used.reserve(n_hits);
+        self.bin_start.reserve(n_bins + 1);
+    }
+
+    /// The hits `first..end` of plane `g`.
+    #[inline]
+    pub fn plane_range(&self, g: &PlaneGeometry) -> (usize, usize) {
+        (
+            self.bin_start[g.bin_offset] as usize,
+            self.bin_start[g.bin_offset + g.bins_x * g.bins_y] as usize,
+        )
+    }
+}
+
 /// Two hits on planes `i < j` (`j = i + 1`, or `i + 2` when a plane is skipped).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Doublet {
@@ -507,18 +528,8 @@ impl CaBuffers {
     pub fn with_limits(limits: &Limits, n_bins: usize) -> Self {
         let mut b = CaBuffers::default();
         let h = limits.max_hits;
-        b.hits.x_mm.reserve(h);
-        b.hits.y_mm.reserve(h);
-        b.hits.plane.reserve(h);
-        b.hits.input_index.reserve(h);
-        b.hits.used.reserve(h);
-        b.hits.bin_start.reserve(n_bins + 1);
-        b.free_hits.x_mm.reserve(h);
-        b.free_hits.y_mm.reserve(h);
-        b.free_hits.plane.reserve(h);
-        b.free_hits.input_index.reserve(h);
-        b.free_hits.used.reserve(h);
-        b.free_hits.bin_start.reserve(n_bins + 1);
+        b.hits.reserve(h, n_bins);
+        b.free_hits.reserve(h, n_bins);
         b.dbl_start.reserve(h + 1);
         b.doublets.reserve(limits.max_doublets);
         b.dbl_lanes.tx.reserve(limits.max_doublets);

@@ -346,12 +346,14 @@ impl Rights {
         self.ids.clear();
     }
 
-    #[inline(always)]
-    fn push(&mut self, id: u32, d: &Doublet) {
-        self.ids.push(id);
-        self.lanes.tx.push(d.tx);
-        self.lanes.ty.push(d.ty);
-        self.lanes.gap.push(0.0);
+    /// The slopes of the doublets `ids`, as lanes.
+    fn fill_lanes(&mut self, doublets: &[Doublet]) {
+        for &d in &self.ids {
+            let d = &doublets[d as usize];
+            self.lanes.tx.push(d.tx);
+            self.lanes.ty.push(d.ty);
+            self.lanes.gap.push(0.0);
+        }
     }
 
     #[inline(always)]
@@ -569,23 +571,16 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
     let mut lefts = std::mem::take(&mut buf.left_ids);
     let mut rights = std::mem::take(&mut buf.seed_rights);
     let mut hit_boxes = std::mem::take(&mut buf.hit_boxes);
-    let mut stamp = std::mem::take(&mut buf.hit_marks);
-    stamp.clear();
-    stamp.resize(n_hits, u32::MAX);
-    let plane_hits = |buf: &CaBuffers, p: usize| {
-        let g = &geo.planes[p];
-        (
-            buf.hits.bin_start[g.bin_offset] as usize,
-            buf.hits.bin_start[g.bin_offset + g.bins_x * g.bins_y] as usize,
-        )
-    };
+    let mut marks = std::mem::take(&mut buf.hit_marks);
+    marks.clear();
+    marks.resize(n_hits, u32::MAX);
     // Triplets of the step before (the plane after), whose left doublets are this step's
     // right doublets.
     let mut block = 0;
     for j in (1..n_planes - 1).rev() {
         let i = j - 1;
-        let (fi, ei) = plane_hits(buf, i);
-        let (fj, ej) = plane_hits(buf, j);
+        let (fi, ei) = buf.hits.plane_range(&geo.planes[i]);
+        let (fj, ej) = buf.hits.plane_range(&geo.planes[j]);
         // The right doublets, by middle hit.
         rights.reset(fj, ej);
         if seeds.contains(&j) {
@@ -593,9 +588,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
             for h in fj..ej {
                 rights.start[h - fj + 1] = buf.dbl_start[h + 1] - d0;
             }
-            for d in d0..buf.dbl_start[ej] {
-                rights.push(d, &buf.doublets[d as usize]);
-            }
+            rights.ids.extend(d0..buf.dbl_start[ej]);
         } else {
             // The distinct left doublets of the last step's triplets (consecutive: triplets
             // come out grouped by left doublet), by first hit (counting sort).
@@ -625,13 +618,8 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                 rights.start[k] = rights.start[k - 1];
             }
             rights.start[0] = 0;
-            for &d in &rights.ids {
-                let d = &buf.doublets[d as usize];
-                rights.lanes.tx.push(d.tx);
-                rights.lanes.ty.push(d.ty);
-                rights.lanes.gap.push(0.0);
-            }
         }
+        rights.fill_lanes(&buf.doublets);
         // The left doublets of the middle hits that have right doublets.
         let pw = PlaneWindows::new(geo, cfg, i, 1);
         lefts.clear();
@@ -675,10 +663,10 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                 let (xb, yb) = (sh.x_mm[b], sh.y_mm[b]);
                 let (xb64, yb64) = (xb as f64, yb as f64);
                 let mut emit = |a: usize| {
-                    if stamp[a] == b as u32 {
+                    if marks[a] == b as u32 {
                         return;
                     }
-                    stamp[a] = b as u32;
+                    marks[a] = b as u32;
                     // The doublet window of `a`, as the doublet step tests it.
                     let bx = hit_boxes[a - fi];
                     if sh.used[a] || !(xb >= bx[0] && xb <= bx[1] && yb >= bx[2] && yb <= bx[3]) {
@@ -725,7 +713,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
     buf.left_ids = lefts;
     buf.seed_rights = rights;
     buf.hit_boxes = hit_boxes;
-    buf.hit_marks = stamp;
+    buf.hit_marks = marks;
     buf.trip_candidates = cands;
     buf.trip_windows = Some(w);
 }
