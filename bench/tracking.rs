@@ -5,12 +5,13 @@
 //!
 //! `cargo bench --bench tracking` (options after `--`: `--events N` (0: fits only),
 //! `--fits N` (0: events only), `--fit-threads N` (fits on 1..=N threads, default 2), `--portable 0` (only
-//! the kernel the CPU runs)).
+//! the kernel the CPU runs), `--finder TOML` (overrides of the finder's derived cuts, the
+//! contents of a `[finder]` table, e.g. `--finder 'first_pass_min_hits = 8'`)).
 
 use std::time::Instant;
 use trigd::tracking::geometry::Detector;
 use trigd::tracking::kalman::{FitConfig, FitHit, FitKernel, FitOutput, KalmanFitter};
-use trigd::tracking::reco::{FinderConfig, Reconstructor};
+use trigd::tracking::reco::{FinderConfig, FinderOverrides, Reconstructor};
 use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
 
 fn arg(name: &str, default: usize) -> usize {
@@ -22,12 +23,25 @@ fn arg(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+fn str_arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    let i = args.iter().position(|a| a == name)?;
+    args.get(i + 1).cloned()
+}
+
 fn main() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/detector.toml");
     let det = match Detector::from_toml_file(&path) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("{e}");
+            std::process::exit(1);
+        }
+    };
+    let overrides = match FinderOverrides::from_toml_str(&str_arg("--finder").unwrap_or_default()) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("--finder: {e}");
             std::process::exit(1);
         }
     };
@@ -39,7 +53,7 @@ fn main() {
         ("central", Preset::Central, n_events),
     ] {
         if n > 0 {
-            bench_events(&det, name, preset, n);
+            bench_events(&det, &overrides, name, preset, n);
         }
     }
     if n_fits > 0 {
@@ -52,10 +66,10 @@ fn main() {
     }
 }
 
-fn bench_events(det: &Detector, name: &str, preset: Preset, n: u64) {
+fn bench_events(det: &Detector, overrides: &FinderOverrides, name: &str, preset: Preset, n: u64) {
     let sim = SimConfig::preset(preset);
     let events: Vec<_> = simulate_events(det, &sim, 7, 0, n).collect();
-    let mut reco = Reconstructor::new(det, FinderConfig::from_detector(det, 1.0));
+    let mut reco = Reconstructor::new(det, FinderConfig::from_detector_with(det, 1.0, overrides));
     let mut tracks = Vec::new();
     // Warm-up: buffers reach their working size.
     for ev in events.iter().take(2) {

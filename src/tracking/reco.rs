@@ -99,6 +99,14 @@ pub struct FinderConfig {
     /// `min_hits`; above the number of planes (or without `allow_missing_plane`) there is
     /// one pass.
     pub first_pass_min_hits: usize,
+    /// The first of two passes takes only tracks that reach the last plane or may leave
+    /// the detector before it (their last doublet's extrapolation, widened by the curvature
+    /// at the momentum cut, the scattering and the resolution, reaches outside the next
+    /// plane: [`ca::FinderGeometry::may_leave`]). A track that stops early because the next
+    /// plane missed its hit is left to the second pass, which finds tracks with missing
+    /// planes anyway; the first pass then follows far fewer possible track ends (in the
+    /// seeded search every doublet onto a plane before the last is one). Default true.
+    pub first_pass_to_last_plane: bool,
     /// The pass on consecutive planes follows its tracks upstream from the planes they can
     /// end on, where the hits are least dense (doublets on the other planes are made only
     /// as extensions of triplets, see [`ca::triplets::find_triplets_seeded`]): the same
@@ -184,6 +192,7 @@ impl FinderConfig {
             n_sigma,
             allow_missing_plane: true,
             first_pass_min_hits: 0,
+            first_pass_to_last_plane: true,
             follow_seeds: true,
             follow_seeds_min_hits: 2000,
             bins_x: 8,
@@ -336,6 +345,7 @@ pub struct FinderOverrides {
     pub n_sigma: Option<f64>,
     pub allow_missing_plane: Option<bool>,
     pub first_pass_min_hits: Option<usize>,
+    pub first_pass_to_last_plane: Option<bool>,
     pub follow_seeds: Option<bool>,
     pub follow_seeds_min_hits: Option<usize>,
     pub bins_x: Option<usize>,
@@ -385,6 +395,7 @@ impl FinderOverrides {
             n_sigma,
             allow_missing_plane,
             first_pass_min_hits,
+            first_pass_to_last_plane,
             follow_seeds,
             follow_seeds_min_hits,
             bins_x,
@@ -536,11 +547,12 @@ impl Reconstructor {
         if two_pass {
             // Tracks without a gap first, on consecutive-plane doublets; then the hits left,
             // with doublets skipping a plane.
-            self.find_pass(1, self.cfg.first_pass_min_hits, false);
-            self.find_pass(2, self.cfg.min_hits, true);
+            let to_last_plane = self.cfg.first_pass_to_last_plane;
+            self.find_pass(1, self.cfg.first_pass_min_hits, to_last_plane, false);
+            self.find_pass(2, self.cfg.min_hits, false, true);
         } else {
             let reach = if self.cfg.allow_missing_plane { 2 } else { 1 };
-            self.find_pass(reach, self.cfg.min_hits, false);
+            self.find_pass(reach, self.cfg.min_hits, false, false);
         }
         let t6 = Instant::now();
         self.clones_removed +=
@@ -562,8 +574,10 @@ impl Reconstructor {
 
     /// One pass of the cellular automaton on the hits not used yet: doublets on planes up to
     /// `reach` apart, triplets, neighbours, evolution, then candidates of at least
-    /// `min_hits` hits (appended to the earlier pass's when `append`).
-    fn find_pass(&mut self, reach: usize, min_hits: usize, append: bool) {
+    /// `min_hits` hits (appended to the earlier pass's when `append`). With
+    /// `to_last_plane` (reach 1), only chains that end on the last plane or may leave
+    /// the detector before it ([`ca::triplets::prune_dead_ends`]).
+    fn find_pass(&mut self, reach: usize, min_hits: usize, to_last_plane: bool, append: bool) {
         let t1 = Instant::now();
         let n_planes = self.geo.planes.len();
         // Tracks of `min_hits` hits on consecutive planes end on one of this many last planes.
@@ -575,12 +589,24 @@ impl Reconstructor {
             let a_planes = ca::triplets::seed_doublet_planes(n_planes, seed_planes);
             ca::doublets::find_doublets_with(kernel, geo, cfg, 1, a_planes, &mut self.buf);
             let t2 = Instant::now();
-            ca::triplets::find_triplets_seeded_with(kernel, geo, cfg, seed_planes, &mut self.buf);
+            let buf = &mut self.buf;
+            ca::triplets::find_triplets_seeded_with(
+                kernel,
+                geo,
+                cfg,
+                seed_planes,
+                to_last_plane,
+                buf,
+            );
             t2
         } else {
             ca::doublets::find_doublets(&self.geo, &self.cfg, reach, &mut self.buf);
             let t2 = Instant::now();
             ca::triplets::find_triplets(&self.geo, &self.cfg, reach, &mut self.buf);
+            if to_last_plane && reach == 1 {
+                let first_end_plane = n_planes - seed_planes.min(n_planes);
+                ca::triplets::prune_dead_ends(&self.geo, first_end_plane, &mut self.buf);
+            }
             t2
         };
         let t3 = Instant::now();
@@ -737,22 +763,28 @@ mod tests {
     fn following_the_seeds_finds_the_tracks_of_the_full_search() {
         use crate::tracking::simulate::{simulate_events, Preset, SimConfig};
         // The spectrometer (uniform field), the field-free telescope, and the spectrometer
-        // in a field map.
-        for (file, n_central) in [
-            ("fixtures/detector.toml", 2),
-            ("fixtures/telescope.toml", 1),
-            ("fixtures/tracking/dipole/detector_dipole.toml", 1),
+        // in a field map; the first pass with or without early track ends.
+        for (file, n_central, to_last_plane) in [
+            ("fixtures/detector.toml", 2, true),
+            ("fixtures/detector.toml", 1, false),
+            ("fixtures/telescope.toml", 1, true),
+            ("fixtures/tracking/dipole/detector_dipole.toml", 1, true),
+            ("fixtures/tracking/dipole/detector_dipole.toml", 1, false),
         ] {
             let det = Detector::from_toml_file(std::path::Path::new(file))
                 .expect("fixtures (tests run from the crate root)");
+            let derived = FinderConfig {
+                first_pass_to_last_plane: to_last_plane,
+                ..FinderConfig::from_detector(&det, 1.0)
+            };
             let full_cfg = FinderConfig {
                 follow_seeds: false,
-                ..FinderConfig::from_detector(&det, 1.0)
+                ..derived.clone()
             };
             // Seeds followed in every event (by default only in dense ones).
             let seeded_cfg = FinderConfig {
                 follow_seeds_min_hits: 0,
-                ..FinderConfig::from_detector(&det, 1.0)
+                ..derived
             };
             let mut seeded = Reconstructor::new(&det, seeded_cfg);
             let mut full = Reconstructor::new(&det, full_cfg);
@@ -771,7 +803,7 @@ mod tests {
                     seeded.reconstruct(&ev.hits, &mut a);
                     full.reconstruct(&ev.hits, &mut b);
                     n_tracks[k] += b.len();
-                    assert_eq!(key(&a), key(&b), "{file} {preset:?}");
+                    assert_eq!(key(&a), key(&b), "{file} {preset:?} {to_last_plane}");
                 }
             }
             assert!(

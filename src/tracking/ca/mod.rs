@@ -10,7 +10,10 @@
 //! planes only, for tracks of at least `first_pass_min_hits` hits (no gap inside); the
 //! second, with the doublets skipping a plane, on the hits the first pass left (tracks
 //! with an inefficient plane, short tracks). Most hits are taken by the first pass, whose
-//! doublets are a fraction of the combinations the skipping ones make.
+//! doublets are a fraction of the combinations the skipping ones make. The first pass
+//! keeps only chains that reach the last plane or may leave the detector before it
+//! (`first_pass_to_last_plane`, [`FinderGeometry::may_leave`]): a track that stops early
+//! because the next plane missed its hit is the second pass's.
 //!
 //! The first pass follows its tracks upstream from the planes they can end on, where the
 //! hits are least dense (`follow_seeds`): doublets are searched in the wide pointing
@@ -209,6 +212,11 @@ pub struct PlaneGeometry {
     /// RMS displacement at the origin plane of a segment leaving this plane, from scattering
     /// in this and all upstream planes, at the minimum momentum, mm.
     pub ms_origin_mm: f64,
+    /// For a doublet ending on this plane: the distance to the next plane, and that plane's
+    /// half sizes less the largest deviation of a track from the doublet's straight
+    /// extrapolation (curvature at the momentum cut, scattering on this plane and the hit
+    /// resolution, at `n_sigma`). See [`FinderGeometry::may_leave`]. Zero on the last plane.
+    pub exit: [f32; 3],
 }
 
 /// Constants of a doublet's planes `(i, j)`, `i < j`, for the triplet step.
@@ -322,8 +330,29 @@ impl FinderGeometry {
                 theta2_min_p: theta2,
                 theta2_per_qop2: per_qop2,
                 ms_origin_mm: ms_sum.sqrt(),
+                exit: [0.0; 3],
             });
             offset += bins_x * bins_y;
+        }
+        for p in 1..planes.len().saturating_sub(1) {
+            let (ga, gb, gc) = (&planes[p - 1], &planes[p], &planes[p + 1]);
+            let (dz0, dz1) = (gb.z_mm - ga.z_mm, gc.z_mm - gb.z_mm);
+            let ms = cfg.n_sigma * gb.theta2_min_p.sqrt() * cfg.slope_factor * dz1;
+            let margin = |curvature: f64, var_a: f64, var_b: f64, var_c: f64| {
+                // The chord's slope differs from the tangent's at b by up to half the
+                // curvature times dz0; the extrapolation bends by up to dz1^2 / 2 more.
+                let bend = curvature.abs() * dz1 * (dz0 + dz1) / 2.0;
+                let res =
+                    cfg.n_sigma * (((var_a + var_b) / (dz0 * dz0)).sqrt() * dz1 + var_c.sqrt());
+                (bend + ms + res) * (1.0 + 1e-3) + 1e-3
+            };
+            let mx = margin(cfg.max_curvature_x_per_mm, ga.var_x, gb.var_x, gc.var_x);
+            let my = margin(cfg.max_curvature_y_per_mm, ga.var_y, gb.var_y, gc.var_y);
+            planes[p].exit = [
+                dz1 as f32,
+                (gc.half_x_mm - mx) as f32,
+                (gc.half_y_mm - my) as f32,
+            ];
         }
         let mut b_max_tesla = [0.0f64; 3];
         if let (Some(a), Some(b)) = (det.planes.first(), det.planes.last()) {
@@ -446,6 +475,20 @@ impl FinderGeometry {
         (k * ax, k * ay)
     }
 
+    /// Whether a track whose last doublet ends at `(x, y)` on plane `p` with slopes
+    /// `(tx, ty)` may leave the detector before the next plane: its extrapolation, widened
+    /// by [`PlaneGeometry::exit`]'s margin, reaches outside that plane. Always on the last
+    /// plane.
+    #[inline]
+    pub fn may_leave(&self, p: usize, x: f32, y: f32, tx: f32, ty: f32) -> bool {
+        if p + 1 >= self.planes.len() {
+            return true;
+        }
+        let [dz, hx, hy] = self.planes[p].exit;
+        // Negated so that a NaN counts as leaving.
+        !((x + dz * tx).abs() <= hx && (y + dz * ty).abs() <= hy)
+    }
+
     /// Global bin of `(x, y)` on plane `p` (clamped to the plane's grid).
     #[inline]
     pub fn bin(&self, p: usize, x: f32, y: f32) -> usize {
@@ -488,6 +531,11 @@ pub struct CaBuffers {
     /// and the left doublets of a plane.
     pub hit_marks: Vec<u32>,
     pub left_ids: Vec<u32>,
+    /// Per doublet: whether it continues into a triplet further downstream (the seeded
+    /// triplet step's possible track ends; [`triplets::prune_dead_ends`]), and per
+    /// triplet: whether it is kept.
+    pub doublet_marks: Vec<bool>,
+    pub triplet_marks: Vec<bool>,
     /// The seeded triplet step's right doublets by middle hit.
     pub seed_rights: triplets::Rights,
     /// The seeded triplet step's doublet windows of the hits of a plane.
@@ -537,6 +585,8 @@ impl CaBuffers {
         b.dbl_lanes.gap.reserve(limits.max_doublets);
         b.hit_marks.reserve(h + 1);
         b.left_ids.reserve(limits.max_doublets);
+        b.doublet_marks.reserve(limits.max_doublets);
+        b.triplet_marks.reserve(limits.max_triplets);
         b.hit_boxes.reserve(h);
         b.trip_candidates.reserve(triplets::CANDIDATES);
         b.trip_windows = Some(triplets::ChunkWindows::new());

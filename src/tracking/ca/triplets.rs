@@ -146,8 +146,11 @@ pub fn find_triplets_with(
 enum Search {
     /// Every doublet is a left doublet ([`find_triplets`]).
     Full { reach: usize },
-    /// Downstream from the seed planes ([`find_triplets_seeded`]).
-    Seeded { seed_planes: usize },
+    /// Upstream from the seed planes ([`find_triplets_seeded`]).
+    Seeded {
+        seed_planes: usize,
+        to_last_plane: bool,
+    },
 }
 
 fn dispatch(
@@ -194,9 +197,10 @@ fn search_impl<const AVX2: bool>(
 ) {
     match search {
         Search::Full { reach } => find_triplets_impl::<AVX2>(geo, cfg, reach, buf),
-        Search::Seeded { seed_planes } => {
-            find_triplets_seeded_impl::<AVX2>(geo, cfg, seed_planes, buf)
-        }
+        Search::Seeded {
+            seed_planes,
+            to_last_plane,
+        } => find_triplets_seeded_impl::<AVX2>(geo, cfg, seed_planes, to_last_plane, buf),
     }
 }
 
@@ -464,13 +468,19 @@ fn left_doublets_outgoing<const AVX2: bool>(
 /// triplets, hence the chains that end on a seed plane, are those of the full search;
 /// doublets and triplets no such chain reaches are never made. Triplets come out ordered
 /// by the plane of their middle hit.
+///
+/// With `to_last_plane`, a chain may end on a seed plane before the last only where its
+/// last doublet may leave the detector ([`FinderGeometry::may_leave`]): a doublet onto
+/// such a plane is a right doublet when it continues downstream or may leave. The
+/// triplets are then those that [`prune_dead_ends`] keeps of the full search's.
 pub fn find_triplets_seeded(
     geo: &FinderGeometry,
     cfg: &FinderConfig,
     seed_planes: usize,
+    to_last_plane: bool,
     buf: &mut CaBuffers,
 ) {
-    find_triplets_seeded_with(Kernel::detect(), geo, cfg, seed_planes, buf)
+    find_triplets_seeded_with(Kernel::detect(), geo, cfg, seed_planes, to_last_plane, buf)
 }
 
 /// [`find_triplets_seeded`] with the given kernel (the portable one where the CPU lacks it).
@@ -479,9 +489,57 @@ pub fn find_triplets_seeded_with(
     geo: &FinderGeometry,
     cfg: &FinderConfig,
     seed_planes: usize,
+    to_last_plane: bool,
     buf: &mut CaBuffers,
 ) {
-    dispatch(kernel, geo, cfg, Search::Seeded { seed_planes }, buf)
+    let search = Search::Seeded {
+        seed_planes,
+        to_last_plane,
+    };
+    dispatch(kernel, geo, cfg, search, buf)
+}
+
+/// Keeps the triplets of a search on consecutive planes (triplets ordered by left doublet,
+/// doublets by first hit, as [`find_triplets`] makes them) that lie on a chain of
+/// triplets, each sharing its right doublet with the next one's left, that ends on the
+/// last plane, or on a plane from `first_end_plane` on with a last doublet that may leave
+/// the detector ([`FinderGeometry::may_leave`]): the triplets [`find_triplets_seeded`]
+/// makes with `to_last_plane`. Returns the number removed.
+pub fn prune_dead_ends(geo: &FinderGeometry, first_end_plane: usize, buf: &mut CaBuffers) -> usize {
+    let last = geo.planes.len().saturating_sub(1);
+    let CaBuffers {
+        hits,
+        doublets,
+        triplets,
+        doublet_marks: continues,
+        triplet_marks: keep,
+        ..
+    } = buf;
+    continues.clear();
+    continues.resize(doublets.len(), false);
+    keep.clear();
+    keep.resize(triplets.len(), false);
+    // A triplet's right doublet starts on a later plane than its left one, so the
+    // triplets continuing it come later in the order: one sweep from the end.
+    for (k, t) in triplets.iter().enumerate().rev() {
+        let r = &doublets[t.right as usize];
+        let c = r.b as usize;
+        let p = hits.plane[c] as usize;
+        let live = p == last
+            || continues[t.right as usize]
+            || (p >= first_end_plane && geo.may_leave(p, hits.x_mm[c], hits.y_mm[c], r.tx, r.ty));
+        keep[k] = live;
+        if live {
+            continues[t.left as usize] = true;
+        }
+    }
+    let before = triplets.len();
+    let mut k = 0;
+    triplets.retain(|_| {
+        k += 1;
+        keep[k - 1]
+    });
+    before - triplets.len()
 }
 
 /// The planes whose hits start the seeded pass's doublets: the last `seed_planes` before
@@ -556,6 +614,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
     geo: &FinderGeometry,
     cfg: &FinderConfig,
     seed_planes: usize,
+    to_last_plane: bool,
     buf: &mut CaBuffers,
 ) {
     buf.triplets.clear();
@@ -583,7 +642,30 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
         let (fj, ej) = buf.hits.plane_range(&geo.planes[j]);
         // The right doublets, by middle hit.
         rights.reset(fj, ej);
-        if seeds.contains(&j) {
+        if seeds.contains(&j) && to_last_plane && j + 2 < n_planes {
+            // Onto a seed plane before the last: the doublets that continue into the last
+            // step's triplets (its left doublets) or may leave the detector.
+            let (d0, d1) = (buf.dbl_start[fj], buf.dbl_start[ej]);
+            let continues = &mut buf.doublet_marks;
+            continues.clear();
+            continues.resize((d1 - d0) as usize, false);
+            for t in &buf.triplets[block..] {
+                continues[(t.left - d0) as usize] = true;
+            }
+            let sh = &buf.hits;
+            for h in fj..ej {
+                for d in buf.dbl_start[h]..buf.dbl_start[h + 1] {
+                    let db = &buf.doublets[d as usize];
+                    let c = db.b as usize;
+                    if continues[(d - d0) as usize]
+                        || geo.may_leave(j + 1, sh.x_mm[c], sh.y_mm[c], db.tx, db.ty)
+                    {
+                        rights.ids.push(d);
+                    }
+                }
+                rights.start[h - fj + 1] = rights.ids.len() as u32;
+            }
+        } else if seeds.contains(&j) {
             let d0 = buf.dbl_start[fj];
             for h in fj..ej {
                 rights.start[h - fj + 1] = buf.dbl_start[h + 1] - d0;
@@ -1151,5 +1233,91 @@ mod tests {
             );
         }
         assert_eq!(t.len(), 2 * expected(8).len());
+    }
+
+    #[test]
+    fn early_track_ends_are_kept_only_where_the_track_may_leave() {
+        // Five planes (300 mm half size); tracks of at least four hits end on plane 3 or
+        // 4. One track crosses every plane; one stops on plane 3 pointing at the middle
+        // of plane 4; one stops on plane 3 heading out of plane 4 (x = 282 mm on plane 3,
+        // 329 mm at plane 4's z).
+        let det = detector(5, [0.0, 0.5, 0.0], 0.003, 0.01);
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let geo = FinderGeometry::new(&det, &cfg);
+        let mut rng = ChaCha8Rng::seed_from_u64(16);
+        let mut hits = Vec::new();
+        let starts = [
+            [0.1, 0.2, 0.05, 0.02, 0.3],
+            [-0.2, 0.1, -0.1, 0.06, -0.3],
+            [0.0, -0.1, 0.47, -0.03, 0.2],
+        ];
+        let mut tracks = Vec::new();
+        for (k, start) in starts.iter().enumerate() {
+            let (mut ids, _) = track(&det, *start, false, true, &mut rng, &mut hits);
+            if k > 0 {
+                ids.pop();
+                hits.pop();
+            }
+            tracks.push(ids);
+        }
+        let (a, last) = (&hits[tracks[2][2] as usize], &hits[tracks[2][3] as usize]);
+        let t = (last.x_mm - a.x_mm) / (last.z_mm - a.z_mm);
+        assert!(last.x_mm < 300.0 && last.x_mm + 100.0 * t > 300.0);
+        assert!(geo.may_leave(3, last.x_mm, last.y_mm, t, 0.0));
+        let mid = &hits[tracks[1][3] as usize];
+        assert!(!geo.may_leave(3, mid.x_mm, mid.y_mm, -0.1, 0.06));
+        assert!(geo.may_leave(4, 0.0, 0.0, 0.0, 0.0));
+        assert!(geo.may_leave(3, f32::NAN, 0.0, 0.0, 0.0));
+
+        let input_triplets = |buf: &CaBuffers| {
+            let input = |h: u32| buf.hits.input_index[h as usize];
+            let mut v: Vec<[u32; 3]> = buf
+                .triplets
+                .iter()
+                .map(|t| {
+                    let (l, r) = (
+                        buf.doublets[t.left as usize],
+                        buf.doublets[t.right as usize],
+                    );
+                    [input(l.a), input(l.b), input(r.b)]
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+        sort_hits(&geo, &hits, cfg.limits.max_hits, &mut buf);
+        find_doublets(&geo, &cfg, 1, &mut buf);
+        find_triplets(&geo, &cfg, 1, &mut buf);
+        assert_eq!(buf.triplets.len(), 3 + 2 + 2);
+        assert_eq!(prune_dead_ends(&geo, 3, &mut buf), 2);
+        let kept = input_triplets(&buf);
+        let mut expected: Vec<[u32; 3]> = [&tracks[0][..], &tracks[2][..]]
+            .iter()
+            .flat_map(|ids| ids.windows(3).map(|w| [w[0], w[1], w[2]]))
+            .collect();
+        expected.sort();
+        assert_eq!(kept, expected);
+
+        // The seeded search makes the same triplets; without `to_last_plane` it keeps the
+        // early end too.
+        for (to_last_plane, n) in [(true, 5), (false, 7)] {
+            let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+            sort_hits(&geo, &hits, cfg.limits.max_hits, &mut buf);
+            let a_planes = seed_doublet_planes(5, 2);
+            crate::tracking::ca::doublets::find_doublets_with(
+                Kernel::detect(),
+                &geo,
+                &cfg,
+                1,
+                a_planes,
+                &mut buf,
+            );
+            find_triplets_seeded(&geo, &cfg, 2, to_last_plane, &mut buf);
+            assert_eq!(buf.triplets.len(), n, "{to_last_plane}");
+            if to_last_plane {
+                assert_eq!(input_triplets(&buf), expected);
+            }
+        }
     }
 }
