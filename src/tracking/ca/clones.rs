@@ -19,6 +19,16 @@ pub fn suppress_clones(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuf
     let short_max = n_planes - 3;
     let n = buf.accepted.len();
     let mut removed = 0;
+    // Per accepted track, its planes modulo 64 as bits: tracks with disjoint masks have
+    // disjoint planes, and up to 64 planes overlapping masks mean a shared plane.
+    let masks = &mut buf.scratch_u64;
+    masks.clear();
+    masks.extend(buf.accepted.iter().map(|&k| {
+        let c = buf.candidates[k as usize];
+        buf.candidate_hits[c.start as usize..c.start as usize + c.len as usize]
+            .iter()
+            .fold(0u64, |m, &h| m | 1 << (buf.hits.plane[h as usize] % 64))
+    }));
     // Mark clones by setting their entry to u32::MAX, then compact.
     for ib in 0..n {
         let kb = buf.accepted[ib];
@@ -27,7 +37,13 @@ pub fn suppress_clones(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuf
             continue;
         }
         let hits_b = &buf.candidate_hits[cb.start as usize..cb.start as usize + cb.len as usize];
+        let mb = masks[ib];
         for ia in 0..n {
+            // Planes must be disjoint (most tracks share one with any short track: this
+            // test comes first).
+            if masks[ia] & mb != 0 && n_planes <= 64 {
+                continue;
+            }
             let ka = buf.accepted[ia];
             if ia == ib || ka == u32::MAX {
                 continue;
@@ -38,12 +54,13 @@ pub fn suppress_clones(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuf
             }
             let hits_a =
                 &buf.candidate_hits[ca.start as usize..ca.start as usize + ca.len as usize];
-            // Planes must be disjoint.
-            if hits_b.iter().any(|&hb| {
-                hits_a
-                    .iter()
-                    .any(|&ha| buf.hits.plane[ha as usize] == buf.hits.plane[hb as usize])
-            }) {
+            if masks[ia] & mb != 0
+                && hits_b.iter().any(|&hb| {
+                    hits_a
+                        .iter()
+                        .any(|&ha| buf.hits.plane[ha as usize] == buf.hits.plane[hb as usize])
+                })
+            {
                 continue;
             }
             let fa = &buf.fits[ca.fit as usize];
@@ -82,4 +99,57 @@ pub fn suppress_clones(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuf
     }
     buf.accepted.retain(|&k| k != u32::MAX);
     removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tracking::ca::Candidate;
+    use crate::tracking::kalman::FitOutput;
+    use crate::tracking::reco::synthetic::detector;
+
+    #[test]
+    fn short_track_on_a_longer_ones_line_is_a_clone_unless_it_shares_a_plane() {
+        // Eight planes without field; a long track on planes 0-4 along x = 10 + 0.1 (z - 300)
+        // and three short ones: on planes 5-7 along it (a clone), on planes 5-7 far from
+        // it, and on planes 4-6 along it (shares plane 4: not a clone).
+        let det = detector(8, [0.0; 3], 0.003, 0.01);
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let geo = FinderGeometry::new(&det, &cfg);
+        let mut buf = CaBuffers::default();
+        let line = |p: usize| (10.0 + 0.1 * 100.0 * p as f32, -5.0f32);
+        let tracks: [(&[usize], f32); 4] = [
+            (&[0, 1, 2, 3, 4], 0.0),
+            (&[5, 6, 7], 0.0),
+            (&[5, 6, 7], 40.0),
+            (&[4, 5, 6], 0.0),
+        ];
+        for (k, (planes, dx)) in tracks.iter().enumerate() {
+            let start = buf.candidate_hits.len() as u32;
+            for &p in *planes {
+                let (x, y) = line(p);
+                buf.candidate_hits.push(buf.hits.x_mm.len() as u32);
+                buf.hits.x_mm.push(x + dx);
+                buf.hits.y_mm.push(y);
+                buf.hits.plane.push(p as u16);
+            }
+            buf.candidates.push(Candidate {
+                start,
+                len: planes.len() as u16,
+                chi2: 1.0,
+                ndf: 2 * planes.len() as u16 - 4,
+                fit: k as u32,
+            });
+            let (x, y) = line(planes[0]);
+            buf.fits.push(FitOutput {
+                z_mm: det.planes[planes[0]].z_mm,
+                state: [(x + dx) as f64, y as f64, 0.1, 0.0, 0.2],
+                ok: true,
+                ..Default::default()
+            });
+            buf.accepted.push(k as u32);
+        }
+        assert_eq!(suppress_clones(&geo, &cfg, &mut buf), 1);
+        assert_eq!(buf.accepted, vec![0, 2, 3]);
+    }
 }

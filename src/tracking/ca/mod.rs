@@ -567,6 +567,7 @@ pub struct CaBuffers {
     pub order_keys: Vec<u128>,
     pub overflow: Overflow,
     pub scratch_u32: Vec<u32>,
+    pub scratch_u64: Vec<u64>,
     /// Per input hit: its global bin, `u32::MAX` when refused or dropped (hit sorting).
     pub hit_bin: Vec<u32>,
 }
@@ -604,6 +605,7 @@ impl CaBuffers {
         b.order.reserve(limits.max_triplets);
         b.order_keys.reserve(limits.max_candidates);
         b.scratch_u32.reserve(limits.max_triplets.max(n_bins + 1));
+        b.scratch_u64.reserve(limits.max_tracks);
         b.hit_bin.reserve(h);
         b
     }
