@@ -38,10 +38,10 @@ pub fn suppress_clones(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuf
         }
         let hits_b = &buf.candidate_hits[cb.start as usize..cb.start as usize + cb.len as usize];
         let mb = masks[ib];
-        for ia in 0..n {
+        for (ia, &ma) in masks.iter().enumerate() {
             // Planes must be disjoint (most tracks share one with any short track: this
             // test comes first).
-            if masks[ia] & mb != 0 && n_planes <= 64 {
+            if ma & mb != 0 && n_planes <= 64 {
                 continue;
             }
             let ka = buf.accepted[ia];
@@ -54,7 +54,7 @@ pub fn suppress_clones(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuf
             }
             let hits_a =
                 &buf.candidate_hits[ca.start as usize..ca.start as usize + ca.len as usize];
-            if masks[ia] & mb != 0
+            if ma & mb != 0
                 && hits_b.iter().any(|&hb| {
                     hits_a
                         .iter()
