@@ -214,12 +214,13 @@ impl PlaneWindows {
         (xa, ya, boxes)
     }
 
-    /// The boxes of hits at `(xa, ya)` on this plane.
+    /// The boxes of hits at `(xa, ya)` on this plane: first the per-hit quantities, then
+    /// the boxes target by target, each a loop over whole lanes (vector instructions).
     #[inline(always)]
     fn boxes(&self, xa: &[f32; LANES], ya: &[f32; LANES]) -> Boxes {
         let [max_tx, max_ty] = self.max_t;
         let b = self.b;
-        let mut boxes = [[[0.0f32; LANES]; 4]; 2];
+        let (mut kx, mut ky, mut sf) = ([0.0f32; LANES], [0.0f32; LANES], [0.0f32; LANES]);
         for l in 0..LANES {
             // Curvature bound for the direction this hit is seen from the origin (the
             // configured bound is for the largest slopes), and the slope factor.
@@ -229,29 +230,33 @@ impl PlaneWindows {
             let nn = n2.sqrt();
             let ax = tx * ty * b[0] + (1.0 + tx * tx) * b[1] + ty * b[2];
             let ay = (1.0 + ty * ty) * b[0] + tx * ty * b[1] + tx * b[2];
-            let kx = (self.k_qop * nn * ax).min(self.max_c[0]);
-            let ky = (self.k_qop * nn * ay).min(self.max_c[1]);
+            kx[l] = (self.k_qop * nn * ax).min(self.max_c[0]);
+            ky[l] = (self.k_qop * nn * ay).min(self.max_c[1]);
             let t = tx.max(ty);
-            let sf = (((1.0 + t * t) * n2).sqrt() * nn.sqrt()).min(self.sf_max);
-            for (k, tg) in self.targets[..self.n_target].iter().enumerate() {
+            sf[l] = (((1.0 + t * t) * n2).sqrt() * nn.sqrt()).min(self.sf_max);
+        }
+        let mut boxes = [[[0.0f32; LANES]; 4]; 2];
+        for (k, tg) in self.targets[..self.n_target].iter().enumerate() {
+            let bx = &mut boxes[k];
+            for l in 0..LANES {
                 let (mut tx0, mut tx1, mut ty0, mut ty1) = (-max_tx, max_tx, -max_ty, max_ty);
                 if self.pointing {
-                    let wx = self.origin_half[0] + tg.bend * kx + self.ms * sf + tg.meas_x;
-                    let wy = self.origin_half[1] + tg.bend * ky + self.ms * sf + tg.meas_y;
+                    let wx = self.origin_half[0] + tg.bend * kx[l] + self.ms * sf[l] + tg.meas_x;
+                    let wy = self.origin_half[1] + tg.bend * ky[l] + self.ms * sf[l] + tg.meas_y;
                     tx0 = tx0.max((xa[l] - wx) * self.inv_lever_a);
                     tx1 = tx1.min((xa[l] + wx) * self.inv_lever_a);
                     ty0 = ty0.max((ya[l] - wy) * self.inv_lever_a);
                     ty1 = ty1.min((ya[l] + wy) * self.inv_lever_a);
                 }
                 let open = tx0 <= tx1 && ty0 <= ty1;
-                boxes[k][0][l] = xa[l] + tg.dz * tx0;
-                boxes[k][1][l] = if open {
+                bx[0][l] = xa[l] + tg.dz * tx0;
+                bx[1][l] = if open {
                     xa[l] + tg.dz * tx1
                 } else {
                     f32::NEG_INFINITY
                 };
-                boxes[k][2][l] = ya[l] + tg.dz * ty0;
-                boxes[k][3][l] = ya[l] + tg.dz * ty1;
+                bx[2][l] = ya[l] + tg.dz * ty0;
+                bx[3][l] = ya[l] + tg.dz * ty1;
             }
         }
         boxes
