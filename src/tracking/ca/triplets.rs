@@ -308,21 +308,33 @@ fn find_triplets_impl<const AVX2: bool>(
 #[derive(Clone)]
 enum Lefts<'a> {
     Range(std::ops::Range<usize>),
-    Ids(&'a [u32]),
+    /// Doublets all on the planes `planes`.
+    Ids {
+        ids: &'a [u32],
+        planes: (usize, usize),
+    },
 }
 
 impl Lefts<'_> {
     fn len(&self) -> usize {
         match self {
             Lefts::Range(r) => r.len(),
-            Lefts::Ids(v) => v.len(),
+            Lefts::Ids { ids, .. } => ids.len(),
         }
     }
 
     fn get(&self, k: usize) -> u32 {
         match self {
             Lefts::Range(r) => (r.start + k) as u32,
-            Lefts::Ids(v) => v[k],
+            Lefts::Ids { ids, .. } => ids[k],
+        }
+    }
+
+    /// The planes of every doublet, where they share them.
+    fn planes(&self) -> Option<(usize, usize)> {
+        match self {
+            Lefts::Range(_) => None,
+            Lefts::Ids { planes, .. } => Some(*planes),
         }
     }
 }
@@ -394,7 +406,8 @@ fn left_doublets_outgoing<const AVX2: bool>(
         }
         let ids = &ids[..c1 - c0];
         for p0 in (0..ids.len()).step_by(LANES) {
-            chunk_windows(geo, cuts, buf, &ids[p0..(p0 + LANES).min(ids.len())], p0, w);
+            let lane_ids = &ids[p0..(p0 + LANES).min(ids.len())];
+            chunk_windows(geo, cuts, buf, lane_ids, lefts.planes(), p0, w);
         }
         for (i, &d1) in ids.iter().enumerate() {
             let (lo, hi) = (w.lo[i], w.hi[i]);
@@ -774,7 +787,10 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
             }
         }
         block = buf.triplets.len();
-        let l = Lefts::Ids(&lefts);
+        let l = Lefts::Ids {
+            ids: &lefts,
+            planes: (i, j),
+        };
         left_doublets_outgoing::<AVX2>(geo, &cuts, cfg, buf, l, Some(&rights), &mut w, &mut cands);
     }
     // Blocks of triplets by middle plane, upstream first: the blocks came out the other
@@ -800,13 +816,36 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
     buf.trip_windows = Some(w);
 }
 
-/// Phase 1: the windows of doublets `ids` (at most [`LANES`]), stored at `i0..` in `w`.
+/// The constants of plane pair `p` by quantity, in lane `l` of `pf` (so the arithmetic
+/// of [`chunk_windows`] runs on whole lanes); returns its number of windows.
+#[inline(always)]
+fn pair_constants(p: &super::PairLanes, reach: u8, pf: &mut [[f32; LANES]; 15], l: usize) -> u8 {
+    let n_win = p.n_triples.min(reach);
+    pf[0][l] = p.pointing;
+    pf[1][l] = p.inv_zi;
+    pf[2][l] = p.two_inv_zj;
+    pf[3][l] = p.hard_kx;
+    pf[4][l] = p.hard_ky;
+    pf[5][l] = p.kvar_ms_per_qop2;
+    pf[6][l] = p.kvar_res;
+    for s in 0..2 {
+        pf[7 + s][l] = p.half[s];
+        pf[9 + s][l] = p.theta2_per_qop2[s];
+        pf[11 + s][l] = p.var_res[s];
+        pf[13 + s][l] = if (s as u8) < n_win { 1.0 } else { 0.0 };
+    }
+    n_win
+}
+
+/// Phase 1: the windows of doublets `ids` (at most [`LANES`]; all on the planes `planes`
+/// where given), stored at `i0..` in `w`.
 #[inline(always)]
 fn chunk_windows(
     geo: &FinderGeometry,
     cuts: &Cuts,
     buf: &CaBuffers,
     ids: &[u32],
+    planes: Option<(usize, usize)>,
     i0: usize,
     w: &mut ChunkWindows,
 ) {
@@ -817,29 +856,23 @@ fn chunk_windows(
     let (mut t1x, mut t1y) = ([0.0f32; LANES], [0.0f32; LANES]);
     let mut bf = [[0.0f32; LANES]; 3];
     let mut n_win = [0u8; LANES];
+    if let Some((pa, pb)) = planes {
+        // One plane pair: its constants in every lane.
+        let p = &geo.pair_lanes[pa * n_planes + pb];
+        for l in 0..LANES {
+            n_win[l] = pair_constants(p, cuts.reach, &mut pf, l);
+        }
+    }
     for l in 0..LANES {
         // Lanes past the end repeat the last doublet (results not stored).
         let d = buf.doublets[ids[l.min(ids.len() - 1)] as usize];
-        let (pa, pb) = (
+        let (pa, pb) = planes.unwrap_or((
             sh.plane[d.a as usize] as usize,
             sh.plane[d.b as usize] as usize,
-        );
+        ));
         let pair = pa * n_planes + pb;
-        let p = &geo.pair_lanes[pair];
-        n_win[l] = p.n_triples.min(cuts.reach);
-        // The pair's constants by quantity, so the arithmetic below runs on whole lanes.
-        pf[0][l] = p.pointing;
-        pf[1][l] = p.inv_zi;
-        pf[2][l] = p.two_inv_zj;
-        pf[3][l] = p.hard_kx;
-        pf[4][l] = p.hard_ky;
-        pf[5][l] = p.kvar_ms_per_qop2;
-        pf[6][l] = p.kvar_res;
-        for s in 0..2 {
-            pf[7 + s][l] = p.half[s];
-            pf[9 + s][l] = p.theta2_per_qop2[s];
-            pf[11 + s][l] = p.var_res[s];
-            pf[13 + s][l] = if (s as u8) < n_win[l] { 1.0 } else { 0.0 };
+        if planes.is_none() {
+            n_win[l] = pair_constants(&geo.pair_lanes[pair], cuts.reach, &mut pf, l);
         }
         xa[l] = sh.x_mm[d.a as usize];
         ya[l] = sh.y_mm[d.a as usize];
