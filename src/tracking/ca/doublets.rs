@@ -66,7 +66,7 @@ pub(crate) fn find_doublets_in(
         n_hits * 2 > geo.n_bins && buf.hits.used.iter().filter(|&&u| u).count() * 2 > n_hits
     });
     if copy {
-        super::hit_sorting::free_hits(&buf.hits, &mut buf.free_hits);
+        super::hit_sorting::free_hits(&buf.hits, &mut buf.free_hits, &mut buf.scratch_u32);
     }
     #[cfg(target_arch = "x86_64")]
     if kernel == Kernel::Avx2 && std::arch::is_x86_feature_detected!("avx2") {

@@ -89,27 +89,47 @@ pub fn sort_hits(geo: &FinderGeometry, input: &[HitRecord], max_hits: usize, buf
 }
 
 /// Copies the hits of `sh` not used yet into `out`, in the same order and bins
-/// (`out.input_index`: the index in `sh`; none is marked used).
-pub fn free_hits(sh: &SortedHits, out: &mut SortedHits) {
-    out.x_mm.clear();
-    out.y_mm.clear();
-    out.plane.clear();
-    out.input_index.clear();
-    out.used.clear();
-    out.bin_start.clear();
-    for bin in 0..sh.bin_start.len().saturating_sub(1) {
-        out.bin_start.push(out.x_mm.len() as u32);
-        for h in sh.bin_start[bin] as usize..sh.bin_start[bin + 1] as usize {
-            if !sh.used[h] {
-                out.x_mm.push(sh.x_mm[h]);
-                out.y_mm.push(sh.y_mm[h]);
-                out.plane.push(sh.plane[h]);
-                out.input_index.push(h as u32);
-            }
-        }
+/// (`out.input_index`: the index in `sh`; none is marked used). `prefix` is scratch space
+/// (the number of free hits before each hit). Branch-free: every hit is written, at the
+/// slot of the next free one, and only a free hit moves the slot on.
+pub fn free_hits(sh: &SortedHits, out: &mut SortedHits, prefix: &mut Vec<u32>) {
+    let n = sh.x_mm.len();
+    let n_bins = sh.bin_start.len().saturating_sub(1);
+    out.x_mm.resize(n, 0.0);
+    out.y_mm.resize(n, 0.0);
+    out.plane.resize(n, 0);
+    out.input_index.resize(n, 0);
+    prefix.clear();
+    prefix.resize(n + 1, 0);
+    let (x, y, plane, index) = (
+        &mut out.x_mm[..n],
+        &mut out.y_mm[..n],
+        &mut out.plane[..n],
+        &mut out.input_index[..n],
+    );
+    let mut w = 0;
+    for (h, before) in prefix[..n].iter_mut().enumerate() {
+        *before = w as u32;
+        // `w <= h < n`.
+        x[w] = sh.x_mm[h];
+        y[w] = sh.y_mm[h];
+        plane[w] = sh.plane[h];
+        index[w] = h as u32;
+        w += !sh.used[h] as usize;
     }
-    out.bin_start.push(out.x_mm.len() as u32);
-    out.used.resize(out.x_mm.len(), false);
+    prefix[n] = w as u32;
+    out.x_mm.truncate(w);
+    out.y_mm.truncate(w);
+    out.plane.truncate(w);
+    out.input_index.truncate(w);
+    out.bin_start.clear();
+    out.bin_start.extend(
+        sh.bin_start[..n_bins + 1]
+            .iter()
+            .map(|&s| prefix[s as usize]),
+    );
+    out.used.clear();
+    out.used.resize(w, false);
 }
 
 #[cfg(test)]
@@ -205,6 +225,55 @@ mod tests {
                 got.sort_unstable();
                 assert_eq!(got, want, "{bx:?}, AVX2");
             }
+        }
+    }
+
+    #[test]
+    fn the_copy_of_the_free_hits_keeps_their_order_and_bins() {
+        let det = detector(3, [0.0; 3], 0.0, 0.01);
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let geo = FinderGeometry::new(&det, &cfg);
+        let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+        let mut rng = ChaCha8Rng::seed_from_u64(2);
+        let hits: Vec<HitRecord> = (0..2000)
+            .map(|i| HitRecord {
+                x_mm: rng.random_range(-300.0..300.0),
+                y_mm: rng.random_range(-300.0..300.0),
+                z_mm: 0.0,
+                plane: (i % 3) as u16,
+                hit_id: i,
+            })
+            .collect();
+        sort_hits(&geo, &hits, cfg.limits.max_hits, &mut buf);
+        for u in buf.hits.used.iter_mut() {
+            *u = rng.random_bool(0.8);
+        }
+        // Twice: the second copy reuses the first one's storage.
+        for _ in 0..2 {
+            free_hits(&buf.hits, &mut buf.free_hits, &mut buf.scratch_u32);
+            let (sh, fh) = (&buf.hits, &buf.free_hits);
+            let want: Vec<u32> = (0..sh.x_mm.len() as u32)
+                .filter(|&h| !sh.used[h as usize])
+                .collect();
+            assert_eq!(fh.input_index, want);
+            assert!(want.len() > 300 && want.len() < 500, "{}", want.len());
+            assert_eq!(fh.used, vec![false; want.len()]);
+            for (k, &h) in fh.input_index.iter().enumerate() {
+                let h = h as usize;
+                assert_eq!(
+                    (fh.x_mm[k], fh.y_mm[k], fh.plane[k]),
+                    (sh.x_mm[h], sh.y_mm[h], sh.plane[h])
+                );
+            }
+            // Each bin holds the free hits of the same bin of `sh`.
+            assert_eq!(fh.bin_start.len(), sh.bin_start.len());
+            for b in 0..geo.n_bins {
+                let got = &fh.input_index[fh.bin_start[b] as usize..fh.bin_start[b + 1] as usize];
+                assert!(got
+                    .iter()
+                    .all(|&h| h >= sh.bin_start[b] && h < sh.bin_start[b + 1]));
+            }
+            assert_eq!(*fh.bin_start.last().unwrap() as usize, want.len());
         }
     }
 

@@ -538,8 +538,9 @@ pub struct CaBuffers {
     pub triplet_marks: Vec<bool>,
     /// The seeded triplet step's right doublets by middle hit.
     pub seed_rights: triplets::Rights,
-    /// The seeded triplet step's doublet windows of the hits of a plane.
-    pub hit_boxes: Vec<[f32; 4]>,
+    /// The seeded triplet step's doublet windows of the hits of a plane, `[x0, x1, y0, y1]`
+    /// by quantity.
+    pub hit_boxes: [Vec<f32>; 4],
     /// Pairs of doublets inside each other's slope windows, waiting for the triplet step's
     /// kink test (bounded: tested whenever full).
     pub trip_candidates: Vec<triplets::Candidate>,
@@ -588,7 +589,9 @@ impl CaBuffers {
         b.left_ids.reserve(limits.max_doublets);
         b.doublet_marks.reserve(limits.max_doublets);
         b.triplet_marks.reserve(limits.max_triplets);
-        b.hit_boxes.reserve(h);
+        for v in b.hit_boxes.iter_mut() {
+            v.reserve(h);
+        }
         b.trip_candidates.reserve(triplets::CANDIDATES);
         b.trip_windows = Some(triplets::ChunkWindows::new());
         b.triplets.reserve(limits.max_triplets);
@@ -604,7 +607,8 @@ impl CaBuffers {
         b.ending.reserve(limits.max_triplets);
         b.order.reserve(limits.max_triplets);
         b.order_keys.reserve(limits.max_candidates);
-        b.scratch_u32.reserve(limits.max_triplets.max(n_bins + 1));
+        b.scratch_u32
+            .reserve(limits.max_triplets.max(n_bins + 1).max(h + 1));
         b.scratch_u64.reserve(limits.max_tracks);
         b.hit_bin.reserve(h);
         b

@@ -730,16 +730,14 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
             (BackWindow::new(geo, &cuts, i), pw.target(0))
         {
             // The doublet windows of the hits of plane i, eight at a time.
-            hit_boxes.clear();
+            for v in hit_boxes.iter_mut() {
+                v.clear();
+            }
             for c0 in (fi..ei).step_by(LANES) {
                 let (_, _, boxes) = pw.boxes_of(&buf.hits, c0, ei);
-                for l in 0..LANES.min(ei - c0) {
-                    hit_boxes.push([
-                        boxes[0][0][l],
-                        boxes[0][1][l],
-                        boxes[0][2][l],
-                        boxes[0][3][l],
-                    ]);
+                let n = LANES.min(ei - c0);
+                for (v, b) in hit_boxes.iter_mut().zip(&boxes[0]) {
+                    v.extend_from_slice(&b[..n]);
                 }
             }
             let CaBuffers {
@@ -763,7 +761,13 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                     }
                     marks[a] = b as u32;
                     // The doublet window of `a`, as the doublet step tests it.
-                    let bx = hit_boxes[a - fi];
+                    let k = a - fi;
+                    let bx = [
+                        hit_boxes[0][k],
+                        hit_boxes[1][k],
+                        hit_boxes[2][k],
+                        hit_boxes[3][k],
+                    ];
                     if sh.used[a] || !(xb >= bx[0] && xb <= bx[1] && yb >= bx[2] && yb <= bx[3]) {
                         return;
                     }
