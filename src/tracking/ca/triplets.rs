@@ -230,7 +230,12 @@ fn match_group(lanes: &DoubletLanes, h: usize, e: usize, win: &[[f32; 4]; 2]) ->
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn match_avx2(lanes: &DoubletLanes, h: usize, e: usize, win: &[[f32; 4]; 2]) -> (u32, u32) {
+unsafe fn match_avx2<const REACH2: bool>(
+    lanes: &DoubletLanes,
+    h: usize,
+    e: usize,
+    win: &[[f32; 4]; 2],
+) -> (u32, u32) {
     use std::arch::x86_64::*;
     let (tx, ty, gap) = (&lanes.tx, &lanes.ty, &lanes.gap);
     assert!(h < e && e <= tx.len() && e <= ty.len() && e <= gap.len());
@@ -264,7 +269,12 @@ unsafe fn match_avx2(lanes: &DoubletLanes, h: usize, e: usize, win: &[[f32; 4]; 
         )
     };
     let skips = _mm256_cmp_ps::<_CMP_NEQ_UQ>(vg, _mm256_setzero_ps());
-    let pass = _mm256_blendv_ps(inside(&win[0]), inside(&win[1]), skips);
+    // Without doublets skipping a plane, the second window is closed: not computed.
+    let pass = if REACH2 {
+        _mm256_blendv_ps(inside(&win[0]), inside(&win[1]), skips)
+    } else {
+        _mm256_andnot_ps(skips, inside(&win[0]))
+    };
     let bits = _mm256_movemask_ps(pass) as u32 & valid;
     (bits, _mm256_movemask_ps(skips) as u32 & bits)
 }
@@ -299,7 +309,13 @@ fn find_triplets_impl<const AVX2: bool>(
     let mut w = buf.trip_windows.take().unwrap_or_else(ChunkWindows::new);
     let mut cands = std::mem::take(&mut buf.trip_candidates);
     let lefts = Lefts::Range(0..buf.doublets.len());
-    left_doublets_outgoing::<AVX2>(geo, &cuts, cfg, buf, lefts, None, &mut w, &mut cands);
+    if cuts.reach == 2 {
+        left_doublets_outgoing::<AVX2, true>(geo, &cuts, cfg, buf, lefts, None, &mut w, &mut cands);
+    } else {
+        left_doublets_outgoing::<AVX2, false>(
+            geo, &cuts, cfg, buf, lefts, None, &mut w, &mut cands,
+        );
+    }
     buf.trip_candidates = cands;
     buf.trip_windows = Some(w);
 }
@@ -384,7 +400,7 @@ impl Rights {
 /// vector comparison).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn left_doublets_outgoing<const AVX2: bool>(
+fn left_doublets_outgoing<const AVX2: bool, const REACH2: bool>(
     geo: &FinderGeometry,
     cuts: &Cuts,
     cfg: &FinderConfig,
@@ -407,7 +423,7 @@ fn left_doublets_outgoing<const AVX2: bool>(
         let ids = &ids[..c1 - c0];
         for p0 in (0..ids.len()).step_by(LANES) {
             let lane_ids = &ids[p0..(p0 + LANES).min(ids.len())];
-            chunk_windows(geo, cuts, buf, lane_ids, lefts.planes(), p0, w);
+            chunk_windows::<REACH2>(geo, cuts, buf, lane_ids, lefts.planes(), p0, w);
         }
         for (i, &d1) in ids.iter().enumerate() {
             let (lo, hi) = (w.lo[i], w.hi[i]);
@@ -438,7 +454,7 @@ fn left_doublets_outgoing<const AVX2: bool>(
                 #[cfg(target_arch = "x86_64")]
                 let (mut bits, skip) = if AVX2 {
                     // SAFETY: this instance only runs where the CPU has AVX2.
-                    unsafe { match_avx2(lanes, h, e, &win) }
+                    unsafe { match_avx2::<REACH2>(lanes, h, e, &win) }
                 } else {
                     match_group(lanes, h, e, &win)
                 };
@@ -795,7 +811,8 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
             ids: &lefts,
             planes: (i, j),
         };
-        left_doublets_outgoing::<AVX2>(geo, &cuts, cfg, buf, l, Some(&rights), &mut w, &mut cands);
+        let r = Some(&rights);
+        left_doublets_outgoing::<AVX2, false>(geo, &cuts, cfg, buf, l, r, &mut w, &mut cands);
     }
     // Blocks of triplets by middle plane, upstream first: the blocks came out the other
     // way round.
@@ -844,7 +861,7 @@ fn pair_constants(p: &super::PairLanes, reach: u8, pf: &mut [[f32; LANES]; 15], 
 /// Phase 1: the windows of doublets `ids` (at most [`LANES`]; all on the planes `planes`
 /// where given), stored at `i0..` in `w`.
 #[inline(always)]
-fn chunk_windows(
+fn chunk_windows<const REACH2: bool>(
     geo: &FinderGeometry,
     cuts: &Cuts,
     buf: &CaBuffers,
@@ -935,7 +952,9 @@ fn chunk_windows(
         let kvar = kvar_ms * q_hi * q_hi + kvar_res;
         let mut lo = f32::INFINITY;
         let mut hi = f32::NEG_INFINITY;
-        for s in 0..2 {
+        // Without doublets skipping a plane the second window stays closed.
+        out[6][l] = -1.0;
+        for s in 0..if REACH2 { 2 } else { 1 } {
             let h = pf[7 + s][l];
             let var = kvar * h * h + pf[9 + s][l] * ms2 + pf[11 + s][l];
             let gauss = ns * var.sqrt();
