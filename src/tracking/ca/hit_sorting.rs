@@ -142,6 +142,28 @@ mod tests {
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
+    /// The finder's configuration, geometry and buffers for three planes of 600 x 600 mm.
+    fn three_planes() -> (FinderConfig, FinderGeometry, CaBuffers) {
+        let det = detector(3, [0.0; 3], 0.0, 0.01);
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let geo = FinderGeometry::new(&det, &cfg);
+        let buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+        (cfg, geo, buf)
+    }
+
+    /// `n` hits uniform in `-half..half` in x and y, on the three planes in turn.
+    fn uniform_hits(rng: &mut ChaCha8Rng, n: u32, half: f32) -> Vec<HitRecord> {
+        (0..n)
+            .map(|i| HitRecord {
+                x_mm: rng.random_range(-half..half),
+                y_mm: rng.random_range(-half..half),
+                z_mm: 0.0,
+                plane: (i % 3) as u16,
+                hit_id: i,
+            })
+            .collect()
+    }
+
     #[test]
     fn bins_are_the_floor_of_the_position_clamped_to_the_grid() {
         let det = detector(2, [0.0; 3], 0.0, 0.01);
@@ -163,20 +185,9 @@ mod tests {
 
     #[test]
     fn window_boxes_find_exactly_the_hits_inside() {
-        let det = detector(3, [0.0; 3], 0.0, 0.01);
-        let cfg = FinderConfig::from_detector(&det, 1.0);
-        let geo = FinderGeometry::new(&det, &cfg);
-        let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+        let (cfg, geo, mut buf) = three_planes();
         let mut rng = ChaCha8Rng::seed_from_u64(1);
-        let hits: Vec<HitRecord> = (0..3000)
-            .map(|i| HitRecord {
-                x_mm: rng.random_range(-320.0..320.0),
-                y_mm: rng.random_range(-320.0..320.0),
-                z_mm: 0.0,
-                plane: (i % 3) as u16,
-                hit_id: i,
-            })
-            .collect();
+        let hits = uniform_hits(&mut rng, 3000, 320.0);
         sort_hits(&geo, &hits, cfg.limits.max_hits, &mut buf);
         let sh = &buf.hits;
         assert_eq!(sh.x_mm.len(), 3000);
@@ -230,20 +241,9 @@ mod tests {
 
     #[test]
     fn the_copy_of_the_free_hits_keeps_their_order_and_bins() {
-        let det = detector(3, [0.0; 3], 0.0, 0.01);
-        let cfg = FinderConfig::from_detector(&det, 1.0);
-        let geo = FinderGeometry::new(&det, &cfg);
-        let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+        let (cfg, geo, mut buf) = three_planes();
         let mut rng = ChaCha8Rng::seed_from_u64(2);
-        let hits: Vec<HitRecord> = (0..2000)
-            .map(|i| HitRecord {
-                x_mm: rng.random_range(-300.0..300.0),
-                y_mm: rng.random_range(-300.0..300.0),
-                z_mm: 0.0,
-                plane: (i % 3) as u16,
-                hit_id: i,
-            })
-            .collect();
+        let hits = uniform_hits(&mut rng, 2000, 300.0);
         sort_hits(&geo, &hits, cfg.limits.max_hits, &mut buf);
         for u in buf.hits.used.iter_mut() {
             *u = rng.random_bool(0.8);
@@ -279,10 +279,7 @@ mod tests {
 
     #[test]
     fn dense_cells_are_sorted_by_x_with_ties_in_input_order() {
-        let det = detector(3, [0.0; 3], 0.0, 0.01);
-        let cfg = FinderConfig::from_detector(&det, 1.0);
-        let geo = FinderGeometry::new(&det, &cfg);
-        let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+        let (cfg, geo, mut buf) = three_planes();
         let mut rng = ChaCha8Rng::seed_from_u64(2);
         // Most hits in a few cells near the centre, on a coarse x raster (ties, -0 and +0).
         let hits: Vec<HitRecord> = (0..4000)

@@ -1098,6 +1098,17 @@ mod tests {
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
 
+    /// The input hit indices of triplet `t`'s three hits.
+    fn input_hits(buf: &CaBuffers, t: &Triplet) -> [u32; 3] {
+        let input = |h: u32| buf.hits.input_index[h as usize];
+        let (l, r) = (
+            buf.doublets[t.left as usize],
+            buf.doublets[t.right as usize],
+        );
+        assert_eq!(l.b, r.a);
+        [input(l.a), input(l.b), input(r.b)]
+    }
+
     /// Runs the steps up to the triplets; returns the triplets as input hit indices with
     /// their q/p.
     fn triplets(det: &Detector, hits: &[HitRecord]) -> Vec<([u32; 3], f32)> {
@@ -1107,18 +1118,10 @@ mod tests {
         sort_hits(&geo, hits, cfg.limits.max_hits, &mut buf);
         find_doublets(&geo, &cfg, 2, &mut buf);
         find_triplets(&geo, &cfg, 2, &mut buf);
-        let input = |h: u32| buf.hits.input_index[h as usize];
         let mut out: Vec<([u32; 3], f32)> = buf
             .triplets
             .iter()
-            .map(|t| {
-                let (l, r) = (
-                    buf.doublets[t.left as usize],
-                    buf.doublets[t.right as usize],
-                );
-                assert_eq!(l.b, r.a);
-                ([input(l.a), input(l.b), input(r.b)], t.qop)
-            })
+            .map(|t| (input_hits(&buf, t), t.qop))
             .collect();
         out.sort_by_key(|a| a.0);
         out
@@ -1326,18 +1329,7 @@ mod tests {
         assert!(geo.may_leave(3, f32::NAN, 0.0, 0.0, 0.0));
 
         let input_triplets = |buf: &CaBuffers| {
-            let input = |h: u32| buf.hits.input_index[h as usize];
-            let mut v: Vec<[u32; 3]> = buf
-                .triplets
-                .iter()
-                .map(|t| {
-                    let (l, r) = (
-                        buf.doublets[t.left as usize],
-                        buf.doublets[t.right as usize],
-                    );
-                    [input(l.a), input(l.b), input(r.b)]
-                })
-                .collect();
+            let mut v: Vec<[u32; 3]> = buf.triplets.iter().map(|t| input_hits(buf, t)).collect();
             v.sort();
             v
         };
