@@ -15,10 +15,7 @@ use trigd::tracking::reco::{FinderConfig, FinderOverrides, Reconstructor};
 use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
 
 fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
+    str_arg(name)
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
