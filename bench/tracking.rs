@@ -3,7 +3,8 @@
 //! and Kalman fits per second on one and two threads (the kernel the CPU runs and the
 //! portable one).
 //!
-//! `cargo bench --bench tracking` (options after `--`: `--events N` (0: fits only),
+//! `cargo bench --bench tracking` (options after `--`: `--events N` central events (0:
+//! fits only), `--minbias N` minimum-bias events (default 20 per central event),
 //! `--fits N` (0: events only), `--fit-threads N` (fits on 1..=N threads, default 2), `--portable 0` (only
 //! the kernel the CPU runs), `--finder TOML` (overrides of the finder's derived cuts, the
 //! contents of a `[finder]` table, e.g. `--finder 'first_pass_min_hits = 8'`)).
@@ -46,7 +47,11 @@ fn main() {
     let n_fits = arg("--fits", 2_000_000);
     println!("# Tracking (CPU), fixtures/detector.toml, min p 1 GeV/c");
     for (name, preset, n) in [
-        ("minbias", Preset::Minbias, n_events * 20),
+        (
+            "minbias",
+            Preset::Minbias,
+            arg("--minbias", 20 * n_events as usize) as u64,
+        ),
         ("central", Preset::Central, n_events),
     ] {
         if n > 0 {

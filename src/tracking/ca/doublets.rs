@@ -281,9 +281,30 @@ pub(crate) fn scan_box<const AVX2: bool>(
     if !(bx[0] <= bx[1] && bx[2] <= bx[3]) {
         return;
     }
-    let gj = &geo.planes[j];
+    scan_cells::<AVX2>(geo, sh, j, bx, box_cells(geo, j, bx), emit);
+}
+
+/// The grid cells of plane `j` a box `[x0, x1, y0, y1]` overlaps: first and last column,
+/// first and last row.
+#[inline(always)]
+pub(crate) fn box_cells(geo: &FinderGeometry, j: usize, bx: [f32; 4]) -> [u16; 4] {
     let (bx0, by0) = geo.bin_xy(j, bx[0], bx[2]);
     let (bx1, by1) = geo.bin_xy(j, bx[1], bx[3]);
+    [bx0 as u16, bx1 as u16, by0 as u16, by1 as u16]
+}
+
+/// [`scan_box`] of a non-empty box whose cells ([`box_cells`]) are known.
+#[inline(always)]
+pub(crate) fn scan_cells<const AVX2: bool>(
+    geo: &FinderGeometry,
+    sh: &super::SortedHits,
+    j: usize,
+    bx: [f32; 4],
+    cells: [u16; 4],
+    emit: &mut impl FnMut(usize),
+) {
+    let gj = &geo.planes[j];
+    let [bx0, bx1, by0, by1] = cells.map(|c| c as usize);
     for by in by0..=by1 {
         let row = gj.bin_offset + by * gj.bins_x;
         let mut s = sh.bin_start[row + bx0] as usize;

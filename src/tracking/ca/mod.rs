@@ -219,6 +219,24 @@ pub struct PlaneGeometry {
     pub exit: [f32; 3],
 }
 
+impl PlaneGeometry {
+    /// Bin column (`axis` 0) or row (1) of the coordinate `v`, clamped to the grid
+    /// (positions off the plane, infinite ones too, fall in the edge cells; not a number in
+    /// the first). The arithmetic is `f32` and monotonic in the position, and the same for
+    /// the hits (hit sorting) as for the windows, so a window's cells hold every hit inside
+    /// it.
+    #[inline(always)]
+    pub fn bin_1d(&self, axis: usize, v: f32) -> u16 {
+        let n = if axis == 0 { self.bins_x } else { self.bins_y };
+        let f = (v + self.half_f32[axis]) * self.bin_scale_f32[axis];
+        // Clamped first (`max` takes NaN to 0), then truncated: the floor of a value in
+        // `[0, n - 1]`, which lane loops compute eight at a time.
+        let f = f.max(0.0).min((n - 1) as f32);
+        // SAFETY: `f` is finite and in `[0, n - 1]`, `n <= 1024`.
+        unsafe { f.to_int_unchecked::<u16>() }
+    }
+}
+
 /// Constants of a doublet's planes `(i, j)`, `i < j`, for the triplet step.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PairGeometry {
@@ -497,20 +515,11 @@ impl FinderGeometry {
         g.bin_offset + by * g.bins_x + bx
     }
 
-    /// Bin column and row of `(x, y)` on plane `p`, clamped to the grid (positions off the
-    /// plane, infinite ones too, fall in the edge cells; not a number in the first). The
-    /// arithmetic is `f32` and monotonic in the position, and the same for the hits (hit
-    /// sorting) as for the windows, so a window's cells hold every hit inside it.
+    /// Bin column and row of `(x, y)` on plane `p` ([`PlaneGeometry::bin_1d`]).
     #[inline(always)]
     pub fn bin_xy(&self, p: usize, x: f32, y: f32) -> (usize, usize) {
         let g = &self.planes[p];
-        let fx = (x + g.half_f32[0]) * g.bin_scale_f32[0];
-        let fy = (y + g.half_f32[1]) * g.bin_scale_f32[1];
-        // `as i32` truncates towards zero (the floor for the non-negative values kept),
-        // saturates and takes NaN to 0: one instruction and a clamp.
-        let bx = (fx as i32).clamp(0, g.bins_x as i32 - 1) as usize;
-        let by = (fy as i32).clamp(0, g.bins_y as i32 - 1) as usize;
-        (bx, by)
+        (g.bin_1d(0, x) as usize, g.bin_1d(1, y) as usize)
     }
 }
 
@@ -538,6 +547,9 @@ pub struct CaBuffers {
     pub triplet_marks: Vec<bool>,
     /// The seeded triplet step's right doublets by middle hit.
     pub seed_rights: triplets::Rights,
+    /// The seeded triplet step's pairs of left doublets from back boxes and right
+    /// doublets.
+    pub seed_pairs: triplets::Pairs,
     /// The seeded triplet step's doublet windows of the hits of a plane, `[x0, x1, y0, y1]`
     /// by quantity.
     pub hit_boxes: [Vec<f32>; 4],
@@ -587,6 +599,7 @@ impl CaBuffers {
         b.dbl_lanes.gap.reserve(limits.max_doublets);
         b.hit_marks.reserve(h + 1);
         b.left_ids.reserve(limits.max_doublets);
+        b.seed_pairs.reserve(h);
         b.doublet_marks.reserve(limits.max_doublets);
         b.triplet_marks.reserve(limits.max_triplets);
         for v in b.hit_boxes.iter_mut() {

@@ -28,7 +28,7 @@
 // loops index several arrays by lane.
 #![allow(clippy::neg_cmp_op_on_partial_ord, clippy::needless_range_loop)]
 
-use super::doublets::{scan_box, slopes, PlaneWindows};
+use super::doublets::{scan_cells, slopes, PlaneWindows};
 use super::{push_doublet, CaBuffers, Doublet, DoubletLanes, FinderGeometry, Kernel, Triplet};
 use crate::tracking::geometry::Field;
 use crate::tracking::propagate::K_GEV_PER_T_MM;
@@ -38,6 +38,7 @@ use crate::tracking::reco::FinderConfig;
 pub const LANES: usize = 8;
 /// Doublets per chunk (a multiple of [`LANES`]).
 pub const CHUNK: usize = 128;
+const _: () = assert!(CHUNK % LANES == 0);
 /// Capacity of the pair buffer (`CaBuffers::trip_candidates`): pairs are tested whenever
 /// it is full.
 pub const CANDIDATES: usize = 1024;
@@ -74,10 +75,8 @@ pub struct ChunkWindows {
     t1y: [f32; CHUNK],
     b: [[f32; CHUNK]; 3],
     q_hi: [f32; CHUNK],
-    /// Index of the plane pair's [`super::PairLanes`], and the plane of the middle hit.
+    /// Index of the plane pair's [`super::PairLanes`].
     pair: [u32; CHUNK],
-    plane_b: [u16; CHUNK],
-    n_win: [u8; CHUNK],
     pred_x: [[f32; CHUNK]; 2],
     pred_y: [[f32; CHUNK]; 2],
     wx: [[f32; CHUNK]; 2],
@@ -95,8 +94,6 @@ impl ChunkWindows {
             b: [[0.0; CHUNK]; 3],
             q_hi: [0.0; CHUNK],
             pair: [0; CHUNK],
-            plane_b: [0; CHUNK],
-            n_win: [0; CHUNK],
             pred_x: [[0.0; CHUNK]; 2],
             pred_y: [[0.0; CHUNK]; 2],
             wx: [[0.0; CHUNK]; 2],
@@ -357,13 +354,19 @@ impl Lefts<'_> {
 
 /// The right doublets of the seeded step's middle hits, copied together: for middle hit
 /// `h`, entries `start[h - first]..start[h - first + 1]` of `lanes` (slopes, no gap) and
-/// `ids` (their indices in `CaBuffers::doublets`).
+/// `ids` (their indices in `CaBuffers::doublets`), with their middle hits' positions, and
+/// their back boxes and the grid cells these overlap.
 #[derive(Debug, Default)]
 pub struct Rights {
     first: usize,
     start: Vec<u32>,
     lanes: DoubletLanes,
     ids: Vec<u32>,
+    xb: Vec<f32>,
+    yb: Vec<f32>,
+    boxes: [Vec<f32>; 4],
+    /// First and last column, first and last row.
+    cells: [Vec<u16>; 4],
 }
 
 impl Rights {
@@ -376,15 +379,52 @@ impl Rights {
         self.lanes.ty.clear();
         self.lanes.gap.clear();
         self.ids.clear();
+        self.xb.clear();
+        self.yb.clear();
     }
 
-    /// The slopes of the doublets `ids`, as lanes.
-    fn fill_lanes(&mut self, doublets: &[Doublet]) {
+    /// The slopes of the doublets `ids`, as lanes, and their first hits' positions.
+    fn fill_lanes(&mut self, doublets: &[Doublet], sh: &super::SortedHits) {
         for &d in &self.ids {
             let d = &doublets[d as usize];
             self.lanes.tx.push(d.tx);
             self.lanes.ty.push(d.ty);
             self.lanes.gap.push(0.0);
+            self.xb.push(sh.x_mm[d.a as usize]);
+            self.yb.push(sh.y_mm[d.a as usize]);
+        }
+    }
+
+    /// The back box of every right doublet on plane `i` ([`BackWindow::box_of`]), and its
+    /// cells there (an empty box keeps `x0 > x1` or `y0 > y1`).
+    fn back_boxes(&mut self, geo: &FinderGeometry, back: &BackWindow, i: usize) {
+        let n = self.ids.len();
+        let g = &geo.planes[i];
+        // One coordinate at a time, in lane loops.
+        for c in 0..2 {
+            let (v, t) = if c == 0 {
+                (&self.xb[..n], &self.lanes.tx[..n])
+            } else {
+                (&self.yb[..n], &self.lanes.ty[..n])
+            };
+            let [x0, x1, y0, y1] = &mut self.boxes;
+            let (b0, b1) = if c == 0 { (x0, x1) } else { (y0, y1) };
+            for b in [&mut *b0, &mut *b1] {
+                b.clear();
+                b.resize(n, 0.0);
+            }
+            let (b0, b1) = (&mut b0[..n], &mut b1[..n]);
+            for r in 0..n {
+                (b0[r], b1[r]) = back.bounds(c, v[r] as f64, t[r]);
+            }
+            for (k, b) in [(2 * c, &*b0), (2 * c + 1, &*b1)] {
+                let cells = &mut self.cells[k];
+                cells.clear();
+                cells.resize(n, 0);
+                for (cell, &v) in cells.iter_mut().zip(b) {
+                    *cell = g.bin_1d(c, v);
+                }
+            }
         }
     }
 
@@ -392,6 +432,145 @@ impl Rights {
     fn of(&self, h: usize) -> (usize, usize) {
         let k = h - self.first;
         (self.start[k] as usize, self.start[k + 1] as usize)
+    }
+}
+
+/// The seeded step's pairs of a left doublet made from a back box and a right doublet of
+/// its middle hit, by quantity, in the order the full search would test them (left
+/// doublets in order, each one's right doublets in order), with what the window and kink
+/// tests read: the left doublet's first hit and slopes, the right doublet's slopes and the
+/// field at the middle hit.
+#[derive(Debug, Default)]
+pub struct Pairs {
+    left: Vec<u32>,
+    right: Vec<u32>,
+    xa: Vec<f32>,
+    ya: Vec<f32>,
+    t1: [Vec<f32>; 2],
+    t2: [Vec<f32>; 2],
+    b: [Vec<f32>; 3],
+}
+
+impl Pairs {
+    fn clear(&mut self) {
+        self.left.clear();
+        self.right.clear();
+        self.xa.clear();
+        self.ya.clear();
+        for v in self.t1.iter_mut().chain(&mut self.t2).chain(&mut self.b) {
+            v.clear();
+        }
+    }
+
+    /// Room for `n` pairs.
+    pub fn reserve(&mut self, n: usize) {
+        self.left.reserve(n);
+        self.right.reserve(n);
+        self.xa.reserve(n);
+        self.ya.reserve(n);
+        for v in self.t1.iter_mut().chain(&mut self.t2).chain(&mut self.b) {
+            v.reserve(n);
+        }
+    }
+
+    #[inline(always)]
+    fn push(
+        &mut self,
+        left: u32,
+        right: u32,
+        a: [f32; 2],
+        t1: [f32; 2],
+        t2: [f32; 2],
+        b: [f32; 3],
+    ) {
+        self.left.push(left);
+        self.right.push(right);
+        self.xa.push(a[0]);
+        self.ya.push(a[1]);
+        for c in 0..2 {
+            self.t1[c].push(t1[c]);
+            self.t2[c].push(t2[c]);
+        }
+        for c in 0..3 {
+            self.b[c].push(b[c]);
+        }
+    }
+}
+
+/// Eight lanes of `v` from `c0` (past its end: its last value again; `c0 < v.len()`).
+#[inline(always)]
+fn lanes_at(v: &[f32], c0: usize) -> [f32; LANES] {
+    match v.get(c0..c0 + LANES) {
+        Some(s) => s.try_into().unwrap_or([0.0; LANES]),
+        None => std::array::from_fn(|l| v[(c0 + l).min(v.len() - 1)]),
+    }
+}
+
+/// Triplets of the pairs `pairs`, all on the plane pair `planes` (reach 1), eight at a
+/// time: the window of the left doublet (as [`chunk_windows`] computes it) must hold the
+/// right doublet's slopes, then the kink test ([`kink_tests`]). The same arithmetic as the
+/// two phases of [`left_doublets_outgoing`], without storing the windows in between.
+#[inline(always)]
+fn pair_tests(
+    geo: &FinderGeometry,
+    cuts: &Cuts,
+    cfg: &FinderConfig,
+    planes: (usize, usize),
+    pairs: &Pairs,
+    buf: &mut CaBuffers,
+) {
+    let n = pairs.left.len();
+    if n == 0 {
+        return;
+    }
+    let p = &geo.pair_lanes[planes.0 * geo.planes.len() + planes.1];
+    let mut pf = [[0.0f32; LANES]; 15];
+    for l in 0..LANES {
+        pair_constants(p, cuts.reach, &mut pf, l);
+    }
+    let tg = [
+        [p.half[0]; LANES],
+        [p.theta2_per_qop2[0]; LANES],
+        [p.var_res[0]; LANES],
+    ];
+    for c0 in (0..n).step_by(LANES) {
+        let (xa, ya) = (lanes_at(&pairs.xa, c0), lanes_at(&pairs.ya, c0));
+        let t1 = [lanes_at(&pairs.t1[0], c0), lanes_at(&pairs.t1[1], c0)];
+        let t2 = [lanes_at(&pairs.t2[0], c0), lanes_at(&pairs.t2[1], c0)];
+        let bf = [
+            lanes_at(&pairs.b[0], c0),
+            lanes_at(&pairs.b[1], c0),
+            lanes_at(&pairs.b[2], c0),
+        ];
+        let win = window_lanes::<false>(cuts, &pf, &xa, &ya, &t1[0], &t1[1], &bf);
+        let (pass, res) = kink_lanes(cuts, &t1, &t2, &bf, &win[10], &tg);
+        let mut bits = 0u32;
+        for l in 0..LANES {
+            // The window test of `match_avx2` (closed windows have a negative width).
+            let inside = (t2[0][l] - win[0][l]).abs() <= win[2][l]
+                && (t2[1][l] - win[1][l]).abs() <= win[3][l];
+            bits |= ((inside && pass[l]) as u32) << l;
+        }
+        bits &= if n - c0 >= LANES {
+            u32::MAX
+        } else {
+            (1 << (n - c0)) - 1
+        };
+        while bits != 0 {
+            let l = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            if buf.triplets.len() == cfg.limits.max_triplets {
+                buf.overflow.triplets += 1;
+                continue;
+            }
+            buf.triplets.push(Triplet {
+                left: pairs.left[c0 + l],
+                right: pairs.right[c0 + l],
+                qop: res[0][l],
+                qop_sigma: res[1][l],
+                chi2: res[2][l],
+            });
+        }
     }
 }
 
@@ -621,20 +800,18 @@ impl BackWindow {
         })
     }
 
-    /// The box `[x0, x1, y0, y1]` on plane `i` for the middle hit `(xb, yb)` and the right
-    /// doublet's slopes `t2`.
+    /// The box's bounds in coordinate `c` (0: x, 1: y) on plane `i`, for the middle hit's
+    /// coordinate `v` and the right doublet's slope `t2` in that coordinate.
     #[inline(always)]
-    fn box_of(&self, xb: f64, yb: f64, t2: [f32; 2]) -> [f32; 4] {
-        let mut bx = [0.0f32; 4];
-        for (c, &v) in [xb, yb].iter().enumerate() {
-            let t = t2[c] as f64 + self.c * v;
-            let (e0, e1) = ((t - self.w[c]) * self.inv_a, (t + self.w[c]) * self.inv_a);
-            let (t1_lo, t1_hi) = (e0.min(e1), e0.max(e1));
-            let margin = 1e-3 + 1e-5 * (v.abs() + self.dz * (t1_lo.abs() + t1_hi.abs()));
-            bx[2 * c] = (v - self.dz * t1_hi - margin) as f32;
-            bx[2 * c + 1] = (v - self.dz * t1_lo + margin) as f32;
-        }
-        bx
+    fn bounds(&self, c: usize, v: f64, t2: f32) -> (f32, f32) {
+        let t = t2 as f64 + self.c * v;
+        let (e0, e1) = ((t - self.w[c]) * self.inv_a, (t + self.w[c]) * self.inv_a);
+        let (t1_lo, t1_hi) = (e0.min(e1), e0.max(e1));
+        let margin = 1e-3 + 1e-5 * (v.abs() + self.dz * (t1_lo.abs() + t1_hi.abs()));
+        (
+            (v - self.dz * t1_hi - margin) as f32,
+            (v - self.dz * t1_lo + margin) as f32,
+        )
     }
 }
 
@@ -660,6 +837,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
     let mut rights = std::mem::take(&mut buf.seed_rights);
     let mut hit_boxes = std::mem::take(&mut buf.hit_boxes);
     let mut marks = std::mem::take(&mut buf.hit_marks);
+    let mut pairs = std::mem::take(&mut buf.seed_pairs);
     marks.clear();
     marks.resize(n_hits, u32::MAX);
     // Triplets of the step before (the plane after), whose left doublets are this step's
@@ -730,10 +908,11 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
             }
             rights.start[0] = 0;
         }
-        rights.fill_lanes(&buf.doublets);
+        rights.fill_lanes(&buf.doublets, &buf.hits);
         // The left doublets of the middle hits that have right doublets.
         let pw = PlaneWindows::new(geo, cfg, i, 1);
         lefts.clear();
+        pairs.clear();
         if seeds.contains(&i) {
             for d in buf.dbl_start[fi]..buf.dbl_start[ei] {
                 let b = buf.doublets[d as usize].b as usize;
@@ -756,6 +935,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                     v.extend_from_slice(&b[..n]);
                 }
             }
+            rights.back_boxes(geo, &back, i);
             let CaBuffers {
                 hits: sh,
                 doublets,
@@ -771,6 +951,13 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                 }
                 let (xb, yb) = (sh.x_mm[b], sh.y_mm[b]);
                 let (xb64, yb64) = (xb as f64, yb as f64);
+                let field = match cuts.uniform {
+                    Some(f) => f,
+                    None => geo
+                        .field
+                        .at([xb64, yb64, geo.planes[j].z_mm])
+                        .map(|v| v as f32),
+                };
                 let mut emit = |a: usize| {
                     if marks[a] == b as u32 {
                         return;
@@ -797,22 +984,35 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                     if let Some(k) =
                         push_doublet(doublets, dbl_lanes, overflow, max_doublets, d, 0.0)
                     {
-                        lefts.push(k as u32);
+                        let xa = [sh.x_mm[a], sh.y_mm[a]];
+                        for r in s..e {
+                            let t2 = [rights.lanes.tx[r], rights.lanes.ty[r]];
+                            pairs.push(k as u32, rights.ids[r], xa, [tx, ty], t2, field);
+                        }
                     }
                 };
                 for r in s..e {
-                    let bx = back.box_of(xb64, yb64, [rights.lanes.tx[r], rights.lanes.ty[r]]);
-                    scan_box::<AVX2>(geo, sh, i, bx, &mut emit);
+                    let b = &rights.boxes;
+                    let bx = [b[0][r], b[1][r], b[2][r], b[3][r]];
+                    if bx[0] <= bx[1] && bx[2] <= bx[3] {
+                        let c = &rights.cells;
+                        let cells = [c[0][r], c[1][r], c[2][r], c[3][r]];
+                        scan_cells::<AVX2>(geo, sh, i, bx, cells, &mut emit);
+                    }
                 }
             }
         }
         block = buf.triplets.len();
-        let l = Lefts::Ids {
-            ids: &lefts,
-            planes: (i, j),
-        };
-        let r = Some(&rights);
-        left_doublets_outgoing::<AVX2, false>(geo, &cuts, cfg, buf, l, r, &mut w, &mut cands);
+        if seeds.contains(&i) {
+            let l = Lefts::Ids {
+                ids: &lefts,
+                planes: (i, j),
+            };
+            let r = Some(&rights);
+            left_doublets_outgoing::<AVX2, false>(geo, &cuts, cfg, buf, l, r, &mut w, &mut cands);
+        } else {
+            pair_tests(geo, &cuts, cfg, (i, j), &pairs, buf);
+        }
     }
     // Blocks of triplets by middle plane, upstream first: the blocks came out the other
     // way round.
@@ -833,14 +1033,15 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
     buf.seed_rights = rights;
     buf.hit_boxes = hit_boxes;
     buf.hit_marks = marks;
+    buf.seed_pairs = pairs;
     buf.trip_candidates = cands;
     buf.trip_windows = Some(w);
 }
 
 /// The constants of plane pair `p` by quantity, in lane `l` of `pf` (so the arithmetic
-/// of [`chunk_windows`] runs on whole lanes); returns its number of windows.
+/// of [`window_lanes`] runs on whole lanes).
 #[inline(always)]
-fn pair_constants(p: &super::PairLanes, reach: u8, pf: &mut [[f32; LANES]; 15], l: usize) -> u8 {
+fn pair_constants(p: &super::PairLanes, reach: u8, pf: &mut [[f32; LANES]; 15], l: usize) {
     let n_win = p.n_triples.min(reach);
     pf[0][l] = p.pointing;
     pf[1][l] = p.inv_zi;
@@ -855,7 +1056,6 @@ fn pair_constants(p: &super::PairLanes, reach: u8, pf: &mut [[f32; LANES]; 15], 
         pf[11 + s][l] = p.var_res[s];
         pf[13 + s][l] = if (s as u8) < n_win { 1.0 } else { 0.0 };
     }
-    n_win
 }
 
 /// Phase 1: the windows of doublets `ids` (at most [`LANES`]; all on the planes `planes`
@@ -876,12 +1076,11 @@ fn chunk_windows<const REACH2: bool>(
     let (mut xa, mut ya) = ([0.0f32; LANES], [0.0f32; LANES]);
     let (mut t1x, mut t1y) = ([0.0f32; LANES], [0.0f32; LANES]);
     let mut bf = [[0.0f32; LANES]; 3];
-    let mut n_win = [0u8; LANES];
     if let Some((pa, pb)) = planes {
         // One plane pair: its constants in every lane.
         let p = &geo.pair_lanes[pa * n_planes + pb];
         for l in 0..LANES {
-            n_win[l] = pair_constants(p, cuts.reach, &mut pf, l);
+            pair_constants(p, cuts.reach, &mut pf, l);
         }
     }
     for l in 0..LANES {
@@ -893,7 +1092,7 @@ fn chunk_windows<const REACH2: bool>(
         ));
         let pair = pa * n_planes + pb;
         if planes.is_none() {
-            n_win[l] = pair_constants(&geo.pair_lanes[pair], cuts.reach, &mut pf, l);
+            pair_constants(&geo.pair_lanes[pair], cuts.reach, &mut pf, l);
         }
         xa[l] = sh.x_mm[d.a as usize];
         ya[l] = sh.y_mm[d.a as usize];
@@ -913,12 +1112,43 @@ fn chunk_windows<const REACH2: bool>(
         for c in 0..3 {
             bf[c][l] = b[c];
         }
-        if l < ids.len() {
-            w.pair[i0 + l] = pair as u32;
-            w.plane_b[i0 + l] = pb as u16;
-            w.n_win[i0 + l] = n_win[l];
-        }
+        w.pair[i0 + l] = pair as u32;
     }
+    let out = window_lanes::<REACH2>(cuts, &pf, &xa, &ya, &t1x, &t1y, &bf);
+    // Whole lanes (`i0 + LANES <= CHUNK`); those past the end are never read.
+    let r = i0..i0 + LANES;
+    w.t1x[r.clone()].copy_from_slice(&t1x);
+    w.t1y[r.clone()].copy_from_slice(&t1y);
+    for c in 0..3 {
+        w.b[c][r.clone()].copy_from_slice(&bf[c]);
+    }
+    for s in 0..2 {
+        w.pred_x[s][r.clone()].copy_from_slice(&out[s * 4]);
+        w.pred_y[s][r.clone()].copy_from_slice(&out[s * 4 + 1]);
+        w.wx[s][r.clone()].copy_from_slice(&out[s * 4 + 2]);
+        w.wy[s][r.clone()].copy_from_slice(&out[s * 4 + 3]);
+    }
+    w.lo[r.clone()].copy_from_slice(&out[8]);
+    w.hi[r.clone()].copy_from_slice(&out[9]);
+    w.q_hi[r].copy_from_slice(&out[10]);
+}
+
+/// The continuation windows of eight doublets from their first hits `(xa, ya)`, slopes
+/// `(t1x, t1y)`, fields `bf` and plane pairs' constants `pf` ([`pair_constants`]): per
+/// lane, the predicted slopes x and y and the half widths x and y of window 0
+/// (`out[0..4]`) and of window 1 (`out[4..8]`, closed without `REACH2`), the union of the
+/// open windows in x (`out[8]`, `out[9]`) and the doublet's largest |q/p| (`out[10]`).
+/// A closed window has a negative width.
+#[inline(always)]
+fn window_lanes<const REACH2: bool>(
+    cuts: &Cuts,
+    pf: &[[f32; LANES]; 15],
+    xa: &[f32; LANES],
+    ya: &[f32; LANES],
+    t1x: &[f32; LANES],
+    t1y: &[f32; LANES],
+    bf: &[[f32; LANES]; 3],
+) -> [[f32; LANES]; 11] {
     let ns = cuts.n_sigma;
     let qmax = cuts.qop_max;
     let mut out = [[0.0f32; LANES]; 11];
@@ -975,23 +1205,7 @@ fn chunk_windows<const REACH2: bool>(
         out[9][l] = hi;
         out[10][l] = q_hi;
     }
-    for l in 0..ids.len() {
-        let i = i0 + l;
-        w.t1x[i] = t1x[l];
-        w.t1y[i] = t1y[l];
-        for c in 0..3 {
-            w.b[c][i] = bf[c][l];
-        }
-        for s in 0..2 {
-            w.pred_x[s][i] = out[s * 4][l];
-            w.pred_y[s][i] = out[s * 4 + 1][l];
-            w.wx[s][i] = out[s * 4 + 2][l];
-            w.wy[s][i] = out[s * 4 + 3][l];
-        }
-        w.lo[i] = out[8][l];
-        w.hi[i] = out[9][l];
-        w.q_hi[i] = out[10][l];
-    }
+    out
 }
 
 /// Phase 3: the kink test of `cands` (left doublets `ids[left]` of the chunk), in order;
@@ -1006,10 +1220,6 @@ fn kink_tests(
     ids: &[u32],
     w: &ChunkWindows,
 ) {
-    let ns = cuts.n_sigma;
-    let qmax = cuts.qop_max;
-    let ms_qmax = qmax * qmax * (1.0 + cuts.mass2 * qmax * qmax);
-    let kk = K_GEV_PER_T_MM as f32;
     for group in cands.chunks(LANES) {
         let mut t1 = [[0.0f32; LANES]; 2];
         let mut t2 = [[0.0f32; LANES]; 2];
@@ -1034,41 +1244,7 @@ fn kink_tests(
             tg[1][l] = p.theta2_per_qop2[s];
             tg[2][l] = p.var_res[s];
         }
-        let mut pass = [false; LANES];
-        let mut res = [[0.0f32; LANES]; 3];
-        for l in 0..LANES {
-            let (t1x, t1y, t2x, t2y) = (t1[0][l], t1[1][l], t2[0][l], t2[1][l]);
-            let (half, th2, var_res) = (tg[0][l], tg[1][l], tg[2][l]);
-            let (dx, dy) = (t2x - t1x, t2y - t1y);
-            let (tmx, tmy) = (0.5 * (t1x + t2x), 0.5 * (t1y + t2y));
-            let n2 = 1.0 + tmx * tmx + tmy * tmy;
-            let (bx, by) = bending(tmx, tmy, [bf[0][l], bf[1][l], bf[2][l]]);
-            let gk = kk * n2.sqrt() * half;
-            let (gx, gy) = (gk * bx, gk * by);
-            let g2 = gx * gx + gy * gy;
-            let measure = cuts.fit_momentum > 0.0 && g2 > 0.0;
-            let inv_g2 = 1.0 / if measure { g2 } else { 1.0 };
-            let qop = if measure {
-                (dx * gx + dy * gy) * inv_g2
-            } else {
-                0.0
-            };
-            let (rx, ry) = (dx - gx * qop, dy - gy * qop);
-            let r2 = rx * rx + ry * ry;
-            // Scattering at b and at skipped planes, per (q/p)^2, with the slope factor.
-            let th = th2 * slope_factor2(tmx, tmy).min(cuts.sf2_max);
-            let var_max = th * ms_qmax + var_res;
-            let sigma_max = (var_max * inv_g2).sqrt();
-            // Largest |q/p| both estimates allow.
-            let q = (qop.abs() + ns * sigma_max).min(q_hi[l]);
-            let v_q = th * q * q * (1.0 + cuts.mass2 * q * q) + var_res;
-            let v = if measure { v_q } else { var_max };
-            let in_momentum = !measure || !(qop.abs() > qmax + ns * sigma_max);
-            pass[l] = in_momentum && !(r2 > cuts.chi2_max * v);
-            res[0][l] = qop;
-            res[1][l] = if measure { (v * inv_g2).sqrt() } else { 0.0 };
-            res[2][l] = r2 / v;
-        }
+        let (pass, res) = kink_lanes(cuts, &t1, &t2, &bf, &q_hi, &tg);
         for (l, c) in group.iter().enumerate() {
             if !pass[l] {
                 continue;
@@ -1086,6 +1262,62 @@ fn kink_tests(
             });
         }
     }
+}
+
+/// The kink test of eight doublet pairs from the slopes `t1` of the left and `t2` of the
+/// right doublets, the field `bf` at the middle hit, the left doublet's largest |q/p|
+/// `q_hi` and the plane triple's constants `tg` (half lever arm, scattering per
+/// (q/p)^2, resolution variance): per lane, whether it passes, and q/p, its error and
+/// the chi-square.
+#[inline(always)]
+fn kink_lanes(
+    cuts: &Cuts,
+    t1: &[[f32; LANES]; 2],
+    t2: &[[f32; LANES]; 2],
+    bf: &[[f32; LANES]; 3],
+    q_hi: &[f32; LANES],
+    tg: &[[f32; LANES]; 3],
+) -> ([bool; LANES], [[f32; LANES]; 3]) {
+    let ns = cuts.n_sigma;
+    let qmax = cuts.qop_max;
+    let ms_qmax = qmax * qmax * (1.0 + cuts.mass2 * qmax * qmax);
+    let kk = K_GEV_PER_T_MM as f32;
+    let mut pass = [false; LANES];
+    let mut res = [[0.0f32; LANES]; 3];
+    for l in 0..LANES {
+        let (t1x, t1y, t2x, t2y) = (t1[0][l], t1[1][l], t2[0][l], t2[1][l]);
+        let (half, th2, var_res) = (tg[0][l], tg[1][l], tg[2][l]);
+        let (dx, dy) = (t2x - t1x, t2y - t1y);
+        let (tmx, tmy) = (0.5 * (t1x + t2x), 0.5 * (t1y + t2y));
+        let n2 = 1.0 + tmx * tmx + tmy * tmy;
+        let (bx, by) = bending(tmx, tmy, [bf[0][l], bf[1][l], bf[2][l]]);
+        let gk = kk * n2.sqrt() * half;
+        let (gx, gy) = (gk * bx, gk * by);
+        let g2 = gx * gx + gy * gy;
+        let measure = cuts.fit_momentum > 0.0 && g2 > 0.0;
+        let inv_g2 = 1.0 / if measure { g2 } else { 1.0 };
+        let qop = if measure {
+            (dx * gx + dy * gy) * inv_g2
+        } else {
+            0.0
+        };
+        let (rx, ry) = (dx - gx * qop, dy - gy * qop);
+        let r2 = rx * rx + ry * ry;
+        // Scattering at b and at skipped planes, per (q/p)^2, with the slope factor.
+        let th = th2 * slope_factor2(tmx, tmy).min(cuts.sf2_max);
+        let var_max = th * ms_qmax + var_res;
+        let sigma_max = (var_max * inv_g2).sqrt();
+        // Largest |q/p| both estimates allow.
+        let q = (qop.abs() + ns * sigma_max).min(q_hi[l]);
+        let v_q = th * q * q * (1.0 + cuts.mass2 * q * q) + var_res;
+        let v = if measure { v_q } else { var_max };
+        let in_momentum = !measure || !(qop.abs() > qmax + ns * sigma_max);
+        pass[l] = in_momentum && !(r2 > cuts.chi2_max * v);
+        res[0][l] = qop;
+        res[1][l] = if measure { (v * inv_g2).sqrt() } else { 0.0 };
+        res[2][l] = r2 / v;
+    }
+    (pass, res)
 }
 
 #[cfg(test)]
