@@ -549,7 +549,7 @@ pub struct CaBuffers {
     pub seed_rights: triplets::Rights,
     /// The seeded triplet step's pairs of left doublets from back boxes and right
     /// doublets.
-    pub seed_pairs: triplets::Pairs,
+    pub seed_pairs: Option<Box<triplets::Pairs>>,
     /// The seeded triplet step's doublet windows of the hits of a plane, `[x0, x1, y0, y1]`
     /// by quantity.
     pub hit_boxes: [Vec<f32>; 4],
@@ -599,7 +599,7 @@ impl CaBuffers {
         b.dbl_lanes.gap.reserve(limits.max_doublets);
         b.hit_marks.reserve(h + 1);
         b.left_ids.reserve(limits.max_doublets);
-        b.seed_pairs.reserve(h);
+        b.seed_pairs = Some(triplets::Pairs::new());
         b.doublet_marks.reserve(limits.max_doublets);
         b.triplet_marks.reserve(limits.max_triplets);
         for v in b.hit_boxes.iter_mut() {

@@ -38,7 +38,7 @@ use crate::tracking::reco::FinderConfig;
 pub const LANES: usize = 8;
 /// Doublets per chunk (a multiple of [`LANES`]).
 pub const CHUNK: usize = 128;
-const _: () = assert!(CHUNK % LANES == 0);
+const _: () = assert!(CHUNK % LANES == 0 && PAIRS % LANES == 0);
 /// Capacity of the pair buffer (`CaBuffers::trip_candidates`): pairs are tested whenever
 /// it is full.
 pub const CANDIDATES: usize = 1024;
@@ -384,6 +384,7 @@ impl Rights {
     }
 
     /// The slopes of the doublets `ids`, as lanes, and their first hits' positions.
+    #[inline(always)]
     fn fill_lanes(&mut self, doublets: &[Doublet], sh: &super::SortedHits) {
         for &d in &self.ids {
             let d = &doublets[d as usize];
@@ -397,6 +398,7 @@ impl Rights {
 
     /// The back box of every right doublet on plane `i` ([`BackWindow::box_of`]), and its
     /// cells there (an empty box keeps `x0 > x1` or `y0 > y1`).
+    #[inline(always)]
     fn back_boxes(&mut self, geo: &FinderGeometry, back: &BackWindow, i: usize) {
         let n = self.ids.len();
         let g = &geo.planes[i];
@@ -435,44 +437,44 @@ impl Rights {
     }
 }
 
+/// Capacity of [`Pairs`]: the pairs are tested whenever it is full.
+pub const PAIRS: usize = 256;
+
 /// The seeded step's pairs of a left doublet made from a back box and a right doublet of
 /// its middle hit, by quantity, in the order the full search would test them (left
 /// doublets in order, each one's right doublets in order), with what the window and kink
 /// tests read: the left doublet's first hit and slopes, the right doublet's slopes and the
-/// field at the middle hit.
-#[derive(Debug, Default)]
+/// field at the middle hit. At most [`PAIRS`], on the plane pair `planes`.
+#[derive(Debug)]
 pub struct Pairs {
-    left: Vec<u32>,
-    right: Vec<u32>,
-    xa: Vec<f32>,
-    ya: Vec<f32>,
-    t1: [Vec<f32>; 2],
-    t2: [Vec<f32>; 2],
-    b: [Vec<f32>; 3],
+    n: usize,
+    planes: (usize, usize),
+    left: [u32; PAIRS],
+    right: [u32; PAIRS],
+    xa: [f32; PAIRS],
+    ya: [f32; PAIRS],
+    t1: [[f32; PAIRS]; 2],
+    t2: [[f32; PAIRS]; 2],
+    b: [[f32; PAIRS]; 3],
 }
 
 impl Pairs {
-    fn clear(&mut self) {
-        self.left.clear();
-        self.right.clear();
-        self.xa.clear();
-        self.ya.clear();
-        for v in self.t1.iter_mut().chain(&mut self.t2).chain(&mut self.b) {
-            v.clear();
-        }
+    pub fn new() -> Box<Self> {
+        Box::new(Pairs {
+            n: 0,
+            planes: (0, 0),
+            left: [0; PAIRS],
+            right: [0; PAIRS],
+            xa: [0.0; PAIRS],
+            ya: [0.0; PAIRS],
+            t1: [[0.0; PAIRS]; 2],
+            t2: [[0.0; PAIRS]; 2],
+            b: [[0.0; PAIRS]; 3],
+        })
     }
 
-    /// Room for `n` pairs.
-    pub fn reserve(&mut self, n: usize) {
-        self.left.reserve(n);
-        self.right.reserve(n);
-        self.xa.reserve(n);
-        self.ya.reserve(n);
-        for v in self.t1.iter_mut().chain(&mut self.t2).chain(&mut self.b) {
-            v.reserve(n);
-        }
-    }
-
+    /// Appends a pair; when full, tests them all (`test`) and starts again.
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn push(
         &mut self,
@@ -482,48 +484,46 @@ impl Pairs {
         t1: [f32; 2],
         t2: [f32; 2],
         b: [f32; 3],
+        test: &mut impl FnMut(&Pairs),
     ) {
-        self.left.push(left);
-        self.right.push(right);
-        self.xa.push(a[0]);
-        self.ya.push(a[1]);
+        let k = self.n;
+        self.left[k] = left;
+        self.right[k] = right;
+        self.xa[k] = a[0];
+        self.ya[k] = a[1];
         for c in 0..2 {
-            self.t1[c].push(t1[c]);
-            self.t2[c].push(t2[c]);
+            self.t1[c][k] = t1[c];
+            self.t2[c][k] = t2[c];
         }
         for c in 0..3 {
-            self.b[c].push(b[c]);
+            self.b[c][k] = b[c];
+        }
+        self.n = k + 1;
+        if self.n == PAIRS {
+            test(self);
+            self.n = 0;
         }
     }
 }
 
-/// Eight lanes of `v` from `c0` (past its end: its last value again; `c0 < v.len()`).
-#[inline(always)]
-fn lanes_at(v: &[f32], c0: usize) -> [f32; LANES] {
-    match v.get(c0..c0 + LANES) {
-        Some(s) => s.try_into().unwrap_or([0.0; LANES]),
-        None => std::array::from_fn(|l| v[(c0 + l).min(v.len() - 1)]),
-    }
-}
-
-/// Triplets of the pairs `pairs`, all on the plane pair `planes` (reach 1), eight at a
-/// time: the window of the left doublet (as [`chunk_windows`] computes it) must hold the
-/// right doublet's slopes, then the kink test ([`kink_tests`]). The same arithmetic as the
-/// two phases of [`left_doublets_outgoing`], without storing the windows in between.
+/// Triplets of the pairs `pairs` (reach 1), eight at a time, appended to `triplets`: the
+/// window of the left doublet (as [`chunk_windows`] computes it) must hold the right
+/// doublet's slopes, then the kink test ([`kink_tests`]). The same arithmetic as the two
+/// phases of [`left_doublets_outgoing`], without storing the windows in between.
 #[inline(always)]
 fn pair_tests(
     geo: &FinderGeometry,
     cuts: &Cuts,
     cfg: &FinderConfig,
-    planes: (usize, usize),
     pairs: &Pairs,
-    buf: &mut CaBuffers,
+    triplets: &mut Vec<Triplet>,
+    overflow: &mut super::Overflow,
 ) {
-    let n = pairs.left.len();
+    let n = pairs.n;
     if n == 0 {
         return;
     }
-    let p = &geo.pair_lanes[planes.0 * geo.planes.len() + planes.1];
+    let p = &geo.pair_lanes[pairs.planes.0 * geo.planes.len() + pairs.planes.1];
     let mut pf = [[0.0f32; LANES]; 15];
     for l in 0..LANES {
         pair_constants(p, cuts.reach, &mut pf, l);
@@ -533,15 +533,13 @@ fn pair_tests(
         [p.theta2_per_qop2[0]; LANES],
         [p.var_res[0]; LANES],
     ];
+    // Whole lanes (`PAIRS` is a multiple of `LANES`); those past `n` are not kept.
     for c0 in (0..n).step_by(LANES) {
-        let (xa, ya) = (lanes_at(&pairs.xa, c0), lanes_at(&pairs.ya, c0));
-        let t1 = [lanes_at(&pairs.t1[0], c0), lanes_at(&pairs.t1[1], c0)];
-        let t2 = [lanes_at(&pairs.t2[0], c0), lanes_at(&pairs.t2[1], c0)];
-        let bf = [
-            lanes_at(&pairs.b[0], c0),
-            lanes_at(&pairs.b[1], c0),
-            lanes_at(&pairs.b[2], c0),
-        ];
+        let at = |v: &[f32; PAIRS]| -> [f32; LANES] { std::array::from_fn(|l| v[c0 + l]) };
+        let (xa, ya) = (at(&pairs.xa), at(&pairs.ya));
+        let t1 = [at(&pairs.t1[0]), at(&pairs.t1[1])];
+        let t2 = [at(&pairs.t2[0]), at(&pairs.t2[1])];
+        let bf = [at(&pairs.b[0]), at(&pairs.b[1]), at(&pairs.b[2])];
         let win = window_lanes::<false>(cuts, &pf, &xa, &ya, &t1[0], &t1[1], &bf);
         let (pass, res) = kink_lanes(cuts, &t1, &t2, &bf, &win[10], &tg);
         let mut bits = 0u32;
@@ -551,19 +549,17 @@ fn pair_tests(
                 && (t2[1][l] - win[1][l]).abs() <= win[3][l];
             bits |= ((inside && pass[l]) as u32) << l;
         }
-        bits &= if n - c0 >= LANES {
-            u32::MAX
-        } else {
-            (1 << (n - c0)) - 1
-        };
+        if n - c0 < LANES {
+            bits &= (1 << (n - c0)) - 1;
+        }
         while bits != 0 {
             let l = bits.trailing_zeros() as usize;
             bits &= bits - 1;
-            if buf.triplets.len() == cfg.limits.max_triplets {
-                buf.overflow.triplets += 1;
+            if triplets.len() == cfg.limits.max_triplets {
+                overflow.triplets += 1;
                 continue;
             }
-            buf.triplets.push(Triplet {
+            triplets.push(Triplet {
                 left: pairs.left[c0 + l],
                 right: pairs.right[c0 + l],
                 qop: res[0][l],
@@ -837,7 +833,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
     let mut rights = std::mem::take(&mut buf.seed_rights);
     let mut hit_boxes = std::mem::take(&mut buf.hit_boxes);
     let mut marks = std::mem::take(&mut buf.hit_marks);
-    let mut pairs = std::mem::take(&mut buf.seed_pairs);
+    let mut pairs = buf.seed_pairs.take().unwrap_or_else(Pairs::new);
     marks.clear();
     marks.resize(n_hits, u32::MAX);
     // Triplets of the step before (the plane after), whose left doublets are this step's
@@ -909,10 +905,13 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
             rights.start[0] = 0;
         }
         rights.fill_lanes(&buf.doublets, &buf.hits);
+        // This step's triplets from here on.
+        block = buf.triplets.len();
         // The left doublets of the middle hits that have right doublets.
         let pw = PlaneWindows::new(geo, cfg, i, 1);
         lefts.clear();
-        pairs.clear();
+        pairs.n = 0;
+        pairs.planes = (i, j);
         if seeds.contains(&i) {
             for d in buf.dbl_start[fi]..buf.dbl_start[ei] {
                 let b = buf.doublets[d as usize].b as usize;
@@ -941,6 +940,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                 doublets,
                 dbl_lanes,
                 overflow,
+                triplets,
                 ..
             } = &mut *buf;
             let max_doublets = cfg.limits.max_doublets;
@@ -987,7 +987,11 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                         let xa = [sh.x_mm[a], sh.y_mm[a]];
                         for r in s..e {
                             let t2 = [rights.lanes.tx[r], rights.lanes.ty[r]];
-                            pairs.push(k as u32, rights.ids[r], xa, [tx, ty], t2, field);
+                            let id = rights.ids[r];
+                            let mut test = |p: &Pairs| {
+                                pair_tests(geo, &cuts, cfg, p, triplets, overflow);
+                            };
+                            pairs.push(k as u32, id, xa, [tx, ty], t2, field, &mut test);
                         }
                     }
                 };
@@ -1002,7 +1006,6 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                 }
             }
         }
-        block = buf.triplets.len();
         if seeds.contains(&i) {
             let l = Lefts::Ids {
                 ids: &lefts,
@@ -1011,7 +1014,16 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
             let r = Some(&rights);
             left_doublets_outgoing::<AVX2, false>(geo, &cuts, cfg, buf, l, r, &mut w, &mut cands);
         } else {
-            pair_tests(geo, &cuts, cfg, (i, j), &pairs, buf);
+            // The pairs left.
+            pair_tests(
+                geo,
+                &cuts,
+                cfg,
+                &pairs,
+                &mut buf.triplets,
+                &mut buf.overflow,
+            );
+            pairs.n = 0;
         }
     }
     // Blocks of triplets by middle plane, upstream first: the blocks came out the other
@@ -1033,7 +1045,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
     buf.seed_rights = rights;
     buf.hit_boxes = hit_boxes;
     buf.hit_marks = marks;
-    buf.seed_pairs = pairs;
+    buf.seed_pairs = Some(pairs);
     buf.trip_candidates = cands;
     buf.trip_windows = Some(w);
 }
