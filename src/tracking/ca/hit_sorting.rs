@@ -176,6 +176,9 @@ mod tests {
         assert_eq!(geo.bin_xy(1, -199.5, -149.5), (1, 1));
         assert_eq!(geo.bin_xy(1, 0.0, 0.0), (3, 2));
         assert_eq!(geo.bin_xy(1, 299.9, 299.9), (5, 3));
+        // The far edges and just below the near ones.
+        assert_eq!(geo.bin_xy(1, 300.0, 300.0), (5, 3));
+        assert_eq!(geo.bin_xy(1, -300.5, -300.1), (0, 0));
         // Outside the plane: the edge cells; not a number: the first.
         assert_eq!(geo.bin_xy(1, -1e4, 1e4), (0, 3));
         assert_eq!(geo.bin_xy(1, f32::INFINITY, f32::NEG_INFINITY), (5, 0));

@@ -231,8 +231,9 @@ impl PlaneGeometry {
         let f = (v + self.half_f32[axis]) * self.bin_scale_f32[axis];
         // Clamped first (`max` takes NaN to 0), then truncated: the floor of a value in
         // `[0, n - 1]`, which lane loops compute eight at a time.
-        let f = f.max(0.0).min((n - 1) as f32);
-        // SAFETY: `f` is finite and in `[0, n - 1]`, `n <= 1024`.
+        let top = (n.clamp(1, 1 << 16) - 1) as f32;
+        let f = f.max(0.0).min(top);
+        // SAFETY: `f` is finite and in `[0, top]`, `top <= u16::MAX`.
         unsafe { f.to_int_unchecked::<u16>() }
     }
 }

@@ -668,8 +668,12 @@ fn left_doublets_outgoing<const AVX2: bool, const REACH2: bool>(
 /// made here from the hits inside a box on the plane before it that holds every hit
 /// whose doublet could put one of those right doublets inside its continuation window
 /// (the window at the largest |q/p| and slope factor the step allows), and which also
-/// pass the doublet step's window. The pairs are then tested as in the full search. The
-/// triplets, hence the chains that end on a seed plane, are those of the full search;
+/// pass the doublet step's window. The pairs are then tested with the full search's
+/// window and kink arithmetic: each new left doublet with every right doublet of its
+/// middle hit, eight pairs at a time ([`Pairs`]: a middle hit has about one right doublet
+/// there, so a window per left doublet is not worth storing), or, on a seed plane, through
+/// the full search's phases. The triplets, hence the chains that end on a seed plane, are
+/// those of the full search;
 /// doublets and triplets no such chain reaches are never made. Triplets come out ordered
 /// by the plane of their middle hit.
 ///
