@@ -29,7 +29,9 @@
 #![allow(clippy::neg_cmp_op_on_partial_ord, clippy::needless_range_loop)]
 
 use super::doublets::{scan_cells, slopes, PlaneWindows};
-use super::{push_doublet, CaBuffers, Doublet, DoubletLanes, FinderGeometry, Kernel, Triplet};
+use super::{
+    push_doublet, CaBuffers, Doublet, DoubletLanes, FinderGeometry, Kernel, SortedHits, Triplet,
+};
 use crate::tracking::geometry::Field;
 use crate::tracking::propagate::K_GEV_PER_T_MM;
 use crate::tracking::reco::FinderConfig;
@@ -354,8 +356,8 @@ impl Lefts<'_> {
 
 /// The right doublets of the seeded step's middle hits, copied together: for middle hit
 /// `h`, entries `start[h - first]..start[h - first + 1]` of `lanes` (slopes, no gap) and
-/// `ids` (their indices in `CaBuffers::doublets`), with their middle hits' positions, and
-/// their back boxes and the grid cells these overlap.
+/// `ids` (their indices in `CaBuffers::doublets`); for the back boxes, their middle
+/// hits' positions, the boxes and the grid cells these overlap.
 #[derive(Debug, Default)]
 pub struct Rights {
     first: usize,
@@ -379,28 +381,33 @@ impl Rights {
         self.lanes.ty.clear();
         self.lanes.gap.clear();
         self.ids.clear();
-        self.xb.clear();
-        self.yb.clear();
     }
 
-    /// The slopes of the doublets `ids`, as lanes, and their first hits' positions.
+    /// The slopes of the doublets `ids`, as lanes.
     #[inline(always)]
-    fn fill_lanes(&mut self, doublets: &[Doublet], sh: &super::SortedHits) {
+    fn fill_lanes(&mut self, doublets: &[Doublet]) {
         for &d in &self.ids {
             let d = &doublets[d as usize];
             self.lanes.tx.push(d.tx);
             self.lanes.ty.push(d.ty);
             self.lanes.gap.push(0.0);
-            self.xb.push(sh.x_mm[d.a as usize]);
-            self.yb.push(sh.y_mm[d.a as usize]);
         }
     }
 
-    /// The back box of every right doublet on plane `i` ([`BackWindow::box_of`]), and its
+    /// The back box of every right doublet on plane `i` ([`BackWindow::bounds`]), and its
     /// cells there (an empty box keeps `x0 > x1` or `y0 > y1`).
     #[inline(always)]
-    fn back_boxes(&mut self, geo: &FinderGeometry, back: &BackWindow, i: usize) {
+    fn back_boxes(&mut self, geo: &FinderGeometry, back: &BackWindow, i: usize, sh: &SortedHits) {
         let n = self.ids.len();
+        // The middle hit of each right doublet.
+        self.xb.clear();
+        self.yb.clear();
+        for (k, w) in self.start.windows(2).enumerate() {
+            let m = (w[1] - w[0]) as usize;
+            let h = self.first + k;
+            self.xb.extend(std::iter::repeat_n(sh.x_mm[h], m));
+            self.yb.extend(std::iter::repeat_n(sh.y_mm[h], m));
+        }
         let g = &geo.planes[i];
         // One coordinate at a time, in lane loops.
         for c in 0..2 {
@@ -908,7 +915,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
             }
             rights.start[0] = 0;
         }
-        rights.fill_lanes(&buf.doublets, &buf.hits);
+        rights.fill_lanes(&buf.doublets);
         // This step's triplets from here on.
         block = buf.triplets.len();
         // The left doublets of the middle hits that have right doublets.
@@ -938,7 +945,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                     v.extend_from_slice(&b[..n]);
                 }
             }
-            rights.back_boxes(geo, &back, i);
+            rights.back_boxes(geo, &back, i, &buf.hits);
             let CaBuffers {
                 hits: sh,
                 doublets,
