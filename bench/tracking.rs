@@ -6,7 +6,8 @@
 //! `cargo bench --bench tracking` (options after `--`: `--events N` central events (0:
 //! fits only), `--minbias N` minimum-bias events (default 20 per central event),
 //! `--fits N` (0: events only), `--fit-threads N` (fits on 1..=N threads, default 2), `--portable 0` (only
-//! the kernel the CPU runs), `--finder TOML` (overrides of the finder's derived cuts, the
+//! the kernel the CPU runs), `--configs LIST` (detectors, comma-separated, of `spectrometer`
+//! (the default), `dipole`, `forward`, `telescope`, or `all`), `--finder TOML` (overrides of the finder's derived cuts, the
 //! contents of a `[finder]` table, e.g. `--finder 'first_pass_min_hits = 8'`)).
 
 use std::time::Instant;
@@ -27,15 +28,43 @@ fn str_arg(name: &str) -> Option<String> {
     args.get(i + 1).cloned()
 }
 
+/// The detector configurations the bench runs: name, geometry, and the samples of
+/// minimum-bias and central events.
+fn configs(which: &str) -> Vec<(&'static str, &'static str, SimConfig, SimConfig)> {
+    let hadronic = |p| SimConfig::preset(p);
+    let all = vec![
+        (
+            "spectrometer",
+            "fixtures/detector.toml",
+            hadronic(Preset::Minbias),
+            hadronic(Preset::Central),
+        ),
+        (
+            "dipole",
+            "fixtures/tracking/dipole/detector_dipole.toml",
+            hadronic(Preset::Minbias),
+            hadronic(Preset::Central),
+        ),
+        (
+            "forward",
+            "fixtures/tracking/forward/detector_forward.toml",
+            SimConfig::forward(Preset::Minbias),
+            SimConfig::forward(Preset::Central),
+        ),
+        (
+            "telescope",
+            "fixtures/telescope.toml",
+            hadronic(Preset::Minbias),
+            hadronic(Preset::Central),
+        ),
+    ];
+    all.into_iter()
+        .filter(|c| which == "all" || which.split(',').any(|w| w == c.0))
+        .collect()
+}
+
 fn main() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/detector.toml");
-    let det = match Detector::from_toml_file(&path) {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("{e}");
-            std::process::exit(1);
-        }
-    };
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let overrides = match FinderOverrides::from_toml_str(&str_arg("--finder").unwrap_or_default()) {
         Ok(o) => o,
         Err(e) => {
@@ -45,20 +74,43 @@ fn main() {
     };
     let n_events = arg("--events", 20) as u64;
     let n_fits = arg("--fits", 2_000_000);
-    println!("# Tracking (CPU), fixtures/detector.toml, min p 1 GeV/c");
-    for (name, preset, n) in [
-        (
-            "minbias",
-            Preset::Minbias,
-            arg("--minbias", 20 * n_events as usize) as u64,
-        ),
-        ("central", Preset::Central, n_events),
-    ] {
-        if n > 0 {
-            bench_events(&det, &overrides, name, preset, n);
+    let which = str_arg("--configs").unwrap_or_else(|| "spectrometer".into());
+    let configs = configs(&which);
+    if configs.is_empty() {
+        eprintln!("--configs {which}: none of spectrometer, dipole, forward, telescope, all");
+        std::process::exit(1);
+    }
+    let mut spectrometer_det = None;
+    for (config, path, minbias, central) in configs {
+        let det = match Detector::from_toml_file(&root.join(path)) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("{e}");
+                std::process::exit(1);
+            }
+        };
+        println!("# Tracking (CPU), {config} ({path}), min p 1 GeV/c");
+        for (name, sim, n) in [
+            (
+                "minbias",
+                minbias,
+                arg("--minbias", 20 * n_events as usize) as u64,
+            ),
+            ("central", central, n_events),
+        ] {
+            if n > 0 {
+                bench_events(&det, &overrides, name, &sim, n);
+            }
+        }
+        if config == "spectrometer" {
+            spectrometer_det = Some(det);
         }
     }
     if n_fits > 0 {
+        let Some(det) = spectrometer_det else {
+            eprintln!("--fits needs the spectrometer in --configs");
+            std::process::exit(1);
+        };
         bench_fits(
             &det,
             n_fits,
@@ -68,9 +120,8 @@ fn main() {
     }
 }
 
-fn bench_events(det: &Detector, overrides: &FinderOverrides, name: &str, preset: Preset, n: u64) {
-    let sim = SimConfig::preset(preset);
-    let events: Vec<_> = simulate_events(det, &sim, 7, 0, n).collect();
+fn bench_events(det: &Detector, overrides: &FinderOverrides, name: &str, sim: &SimConfig, n: u64) {
+    let events: Vec<_> = simulate_events(det, sim, 7, 0, n).collect();
     let mut reco = Reconstructor::new(det, FinderConfig::from_detector_with(det, 1.0, overrides));
     let mut tracks = Vec::new();
     // Warm-up: buffers reach their working size.
@@ -88,10 +139,11 @@ fn bench_events(det: &Detector, overrides: &FinderOverrides, name: &str, preset:
     let st = reco.step_times();
     let per_event_ms = 1e3 * dt / n as f64;
     println!(
-        "\n{name}: {n} events, {:.0} hits/event, {:.1} tracks/event: {:.3} ms/event, {:.0} events/s per core",
+        "\n{name}: {n} events, {:.0} hits/event, {:.1} tracks/event: {:.3} ms/event, {:.0} ns/hit, {:.0} events/s per core",
         st.hits as f64 / n as f64,
         n_tracks as f64 / n as f64,
         per_event_ms,
+        dt * 1e9 / st.hits.max(1) as f64,
         n as f64 / dt
     );
     println!(

@@ -19,15 +19,22 @@ fn fixture(name: &str) -> Detector {
 }
 
 fn evaluate(det: &Detector, preset: Preset, seed: u64, n_events: u64) -> EvalReport {
+    evaluate_with(det, &SimConfig::preset(preset), seed, n_events)
+}
+
+fn evaluate_with(det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) -> EvalReport {
     let cfg = FinderConfig::from_detector(det, 1.0);
     cfg.validate(det)
         .expect("derived finder configuration is valid");
     let mut reco = Reconstructor::new(det, cfg);
-    let sim = SimConfig::preset(preset);
     let mut eval = Evaluator::new(EvalConfig::default(), Some(det));
     let mut tracks = Vec::new();
-    for ev in simulate_events(det, &sim, seed, 0, n_events) {
+    let (mut hits, mut ns) = (0usize, 0u128);
+    for ev in simulate_events(det, sim, seed, 0, n_events) {
+        let t0 = std::time::Instant::now();
         reco.reconstruct(&ev.hits, &mut tracks);
+        ns += t0.elapsed().as_nanos();
+        hits += ev.hits.len();
         assert!(
             !reco.last_overflow().any(),
             "buffers overflowed: {:?}",
@@ -44,6 +51,13 @@ fn evaluate(det: &Detector, preset: Preset, seed: u64, n_events: u64) -> EvalRep
     }
     let report = eval.finish();
     println!("{}", report.to_markdown());
+    // For reading only (timings are measured in bench/, not asserted here).
+    println!(
+        "{n_events} events, {:.0} hits per event, {:.3} ms per event, {:.0} ns per hit",
+        hits as f64 / n_events as f64,
+        ns as f64 / 1e6 / n_events as f64,
+        ns as f64 / hits.max(1) as f64
+    );
     report
 }
 
@@ -124,4 +138,24 @@ fn spectrometer_central_events_large_sample() {
 fn telescope_central_events_large_sample() {
     let det = fixture("telescope.toml");
     check(&evaluate(&det, Preset::Central, 22, 300), &NO_FIELD);
+}
+
+fn forward() -> Detector {
+    fixture("tracking/forward/detector_forward.toml")
+}
+
+#[test]
+fn forward_tracker_in_a_concentrated_field_minbias_events() {
+    check(
+        &evaluate_with(&forward(), &SimConfig::forward(Preset::Minbias), 31, 10),
+        &ALL,
+    );
+}
+
+#[test]
+fn forward_tracker_in_a_concentrated_field_central_events() {
+    check(
+        &evaluate_with(&forward(), &SimConfig::forward(Preset::Central), 32, 2),
+        &ALL,
+    );
 }

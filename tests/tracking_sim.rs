@@ -155,6 +155,7 @@ fn evaluation_with_the_cpu_reconstruction() {
         seed: 2026,
         noise_per_plane: None,
         multiplicity: None,
+        spectrum: Default::default(),
         out: Some(events.clone()),
         recording: None,
         source_id: 1,

@@ -39,6 +39,8 @@ pub struct SimulateTrackingArgs {
     /// Mean charged multiplicity per event (overrides the preset).
     #[arg(long)]
     pub multiplicity: Option<f64>,
+    #[command(flatten)]
+    pub spectrum: SpectrumArgs,
     /// Directory for TrackML-style CSV events (created if missing).
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -51,6 +53,66 @@ pub struct SimulateTrackingArgs {
     /// Event rate for the frames' timestamps, Hz.
     #[arg(long, default_value_t = 1000.0)]
     pub rate_hz: f64,
+}
+
+/// The momentum spectrum of `trigd simulate tracking`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct SpectrumArgs {
+    /// Momentum law: `hadronic` (transverse momentum and rapidity of a fixed-target
+    /// interaction) or `exponential` (p from `--p-min-gev` with mean `--p-mean-gev`, polar
+    /// angle |N(0, `--theta-sigma-rad`)|).
+    #[arg(long, value_enum, default_value = "hadronic")]
+    pub spectrum: SpectrumKind,
+    /// Lowest momentum of the exponential spectrum, GeV/c.
+    #[arg(long, default_value_t = 0.6)]
+    pub p_min_gev: f64,
+    /// Mean momentum of the exponential spectrum, GeV/c.
+    #[arg(long, default_value_t = 4.6)]
+    pub p_mean_gev: f64,
+    /// Width of the exponential spectrum's polar angle, radians.
+    #[arg(long, default_value_t = 0.12)]
+    pub theta_sigma_rad: f64,
+    /// Beam spot, one standard deviation in x and y, mm (overrides the preset's 0.3).
+    #[arg(long)]
+    pub beam_sigma_mm: Option<f64>,
+}
+
+/// See [`SpectrumArgs::spectrum`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SpectrumKind {
+    #[default]
+    Hadronic,
+    Exponential,
+}
+
+impl SpectrumArgs {
+    /// Applies the spectrum to `cfg`; an error names a value out of range.
+    pub fn apply(&self, cfg: &mut SimConfig) -> anyhow::Result<()> {
+        if let Some(s) = self.beam_sigma_mm {
+            anyhow::ensure!(
+                s.is_finite() && s >= 0.0,
+                "--beam-sigma-mm {s} must be >= 0"
+            );
+            cfg.beam_sigma_xy_mm = s;
+        }
+        if self.spectrum == SpectrumKind::Exponential {
+            let (lo, mean, th) = (self.p_min_gev, self.p_mean_gev, self.theta_sigma_rad);
+            anyhow::ensure!(
+                lo.is_finite() && lo > 0.0 && mean.is_finite() && mean > lo,
+                "--p-min-gev {lo} must be positive and below --p-mean-gev {mean}"
+            );
+            anyhow::ensure!(
+                th.is_finite() && th >= 0.0,
+                "--theta-sigma-rad {th} must be >= 0"
+            );
+            cfg.spectrum = simulate::Spectrum::Exponential {
+                p_min_gev: lo,
+                p_mean_gev: mean,
+                theta_sigma_rad: th,
+            };
+        }
+        Ok(())
+    }
 }
 
 /// What a simulation run produced.
@@ -90,6 +152,7 @@ pub fn run_simulate(
         anyhow::ensure!(m.is_finite() && m >= 0.0, "--multiplicity {m} must be >= 0");
         cfg.multiplicity_mean = m;
     }
+    args.spectrum.apply(&mut cfg)?;
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -298,6 +361,7 @@ mod tests {
             seed: 5,
             noise_per_plane: None,
             multiplicity: None,
+            spectrum: SpectrumArgs::default(),
             out: Some(out.clone()),
             recording: Some(dir.path().join("rec.trgd")),
             source_id: 3,
@@ -369,6 +433,7 @@ mod tests {
             seed: 1,
             noise_per_plane: None,
             multiplicity: None,
+            spectrum: SpectrumArgs::default(),
             out: None,
             recording: None,
             source_id: 1,

@@ -275,12 +275,41 @@ pub enum Preset {
     Central,
 }
 
+/// The law of the produced particles' momenta and directions.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Spectrum {
+    /// Transverse momentum from `pT exp(-pT / T)` and Gaussian rapidity (the module
+    /// documentation): a fixed-target hadronic interaction.
+    Hadronic,
+    /// Momentum `p_min + Exp(p_mean - p_min)` (mean `p_mean_gev`), polar angle
+    /// `|N(0, theta_sigma_rad)|`, uniform azimuth: a beam-like forward spectrum that
+    /// starts below a finder's minimum momentum.
+    Exponential {
+        p_min_gev: f64,
+        p_mean_gev: f64,
+        theta_sigma_rad: f64,
+    },
+}
+
+impl Spectrum {
+    /// The forward spectrum of the `forward` detector's test sample: from 0.6 GeV/c,
+    /// mean 4.6 GeV/c, polar angle sigma 0.12 rad.
+    pub const FORWARD: Spectrum = Spectrum::Exponential {
+        p_min_gev: 0.6,
+        p_mean_gev: 4.6,
+        theta_sigma_rad: 0.12,
+    };
+}
+
 /// Simulation parameters. Start from [`SimConfig::preset`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimConfig {
     /// Mean number of charged particles per event (Poisson).
     pub multiplicity_mean: f64,
-    /// Mean transverse momentum, GeV/c (`pT exp(-pT/T)` with `T` = half of it).
+    /// How momenta and directions are drawn.
+    pub spectrum: Spectrum,
+    /// Mean transverse momentum, GeV/c (`pT exp(-pT/T)` with `T` = half of it), for
+    /// [`Spectrum::Hadronic`].
     pub pt_mean_gev: f64,
     pub rapidity_mean: f64,
     pub rapidity_sigma: f64,
@@ -304,6 +333,7 @@ impl SimConfig {
     pub fn preset(preset: Preset) -> Self {
         let base = SimConfig {
             multiplicity_mean: 40.0,
+            spectrum: Spectrum::Hadronic,
             pt_mean_gev: 0.4,
             rapidity_mean: 2.8,
             rapidity_sigma: 1.2,
@@ -324,6 +354,22 @@ impl SimConfig {
                 noise_hits_per_plane: 50.0,
                 ..base
             },
+        }
+    }
+
+    /// A beam-like forward sample ([`Spectrum::FORWARD`]: from 0.6 GeV/c, mean 4.6 GeV/c),
+    /// a 50 um beam spot and six noise hits per plane; 150 particles (minimum bias) or
+    /// 1000 (central).
+    pub fn forward(preset: Preset) -> Self {
+        SimConfig {
+            spectrum: Spectrum::FORWARD,
+            beam_sigma_xy_mm: 0.05,
+            noise_hits_per_plane: 6.0,
+            multiplicity_mean: match preset {
+                Preset::Minbias => 150.0,
+                Preset::Central => 1000.0,
+            },
+            ..SimConfig::preset(Preset::Minbias)
         }
     }
 }
@@ -399,11 +445,29 @@ pub fn simulate_event(det: &Detector, cfg: &SimConfig, rng: &mut impl Rng) -> Si
             -1
         };
         let mass = species.mass_gev();
-        let pt = pt_law.sample(rng);
-        let y = rapidity.sample(rng);
-        let phi = rng.random::<f64>() * std::f64::consts::TAU;
-        let mt = (mass * mass + pt * pt).sqrt();
-        let momentum = [pt * phi.cos(), pt * phi.sin(), mt * y.sinh()];
+        let momentum = match cfg.spectrum {
+            Spectrum::Hadronic => {
+                let pt = pt_law.sample(rng);
+                let y = rapidity.sample(rng);
+                let phi = rng.random::<f64>() * std::f64::consts::TAU;
+                let mt = (mass * mass + pt * pt).sqrt();
+                [pt * phi.cos(), pt * phi.sin(), mt * y.sinh()]
+            }
+            Spectrum::Exponential {
+                p_min_gev,
+                p_mean_gev,
+                theta_sigma_rad,
+            } => {
+                let scale = (p_mean_gev - p_min_gev).max(1e-6);
+                let p = p_min_gev - scale * (1.0 - rng.random::<f64>()).ln();
+                let theta = (theta_sigma_rad * rng.sample::<f64, _>(rand_distr::StandardNormal))
+                    .abs()
+                    .min(std::f64::consts::FRAC_PI_2);
+                let phi = rng.random::<f64>() * std::f64::consts::TAU;
+                let pt = p * theta.sin();
+                [pt * phi.cos(), pt * phi.sin(), p * theta.cos()]
+            }
+        };
         let vertex = [
             beam.sample(rng),
             beam.sample(rng),

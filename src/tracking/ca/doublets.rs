@@ -116,6 +116,8 @@ struct Target {
     /// Resolution terms of the window at the origin, mm.
     meas_x: f32,
     meas_y: f32,
+    /// Largest |B| components of the pointing tent `(origin, i, j)`, tesla.
+    b: [f32; 3],
 }
 
 /// The doublet windows of the hits of one plane `i`: per target plane `j`, a box on plane
@@ -132,7 +134,6 @@ pub(crate) struct PlaneWindows {
     max_c: [f32; 2],
     sf_max: f32,
     origin_half: [f32; 2],
-    b: [f32; 3],
     k_qop: f32,
 }
 
@@ -166,6 +167,7 @@ impl PlaneWindows {
                 bend: (0.5 * lever_a * lever_b) as f32,
                 meas_x: meas(gi.var_x, gj.var_x),
                 meas_y: meas(gi.var_y, gj.var_y),
+                b: geo.pointing_b_max_tesla[i * n_planes + j].map(|v| v as f32),
             };
             n_target += 1;
         }
@@ -184,7 +186,6 @@ impl PlaneWindows {
             ],
             sf_max: cfg.slope_factor as f32,
             origin_half: [cfg.origin_half_x_mm as f32, cfg.origin_half_y_mm as f32],
-            b: geo.b_max_tesla.map(|v| v as f32),
             k_qop: (K_GEV_PER_T_MM * cfg.qop_max()) as f32,
         }
     }
@@ -219,30 +220,34 @@ impl PlaneWindows {
     #[inline(always)]
     fn boxes(&self, xa: &[f32; LANES], ya: &[f32; LANES]) -> Boxes {
         let [max_tx, max_ty] = self.max_t;
-        let b = self.b;
-        let (mut kx, mut ky, mut sf) = ([0.0f32; LANES], [0.0f32; LANES], [0.0f32; LANES]);
+        let (mut tx, mut ty) = ([0.0f32; LANES], [0.0f32; LANES]);
+        let (mut knn, mut sf) = ([0.0f32; LANES], [0.0f32; LANES]);
         for l in 0..LANES {
-            // Curvature bound for the direction this hit is seen from the origin (the
-            // configured bound is for the largest slopes), and the slope factor.
-            let tx = (xa[l].abs() * self.inv_lever_a + 0.05).min(max_tx);
-            let ty = (ya[l].abs() * self.inv_lever_a + 0.05).min(max_ty);
-            let n2 = 1.0 + tx * tx + ty * ty;
+            // The direction this hit is seen from the origin (the curvature bound at the
+            // largest slopes would be wider), and the slope factor.
+            tx[l] = (xa[l].abs() * self.inv_lever_a + 0.05).min(max_tx);
+            ty[l] = (ya[l].abs() * self.inv_lever_a + 0.05).min(max_ty);
+            let n2 = 1.0 + tx[l] * tx[l] + ty[l] * ty[l];
             let nn = n2.sqrt();
-            let ax = tx * ty * b[0] + (1.0 + tx * tx) * b[1] + ty * b[2];
-            let ay = (1.0 + ty * ty) * b[0] + tx * ty * b[1] + tx * b[2];
-            kx[l] = (self.k_qop * nn * ax).min(self.max_c[0]);
-            ky[l] = (self.k_qop * nn * ay).min(self.max_c[1]);
-            let t = tx.max(ty);
+            knn[l] = self.k_qop * nn;
+            let t = tx[l].max(ty[l]);
             sf[l] = (((1.0 + t * t) * n2).sqrt() * nn.sqrt()).min(self.sf_max);
         }
         let mut boxes = [[[0.0f32; LANES]; 4]; 2];
         for (k, tg) in self.targets[..self.n_target].iter().enumerate() {
             let bx = &mut boxes[k];
+            let b = tg.b;
             for l in 0..LANES {
+                // Curvature bound from the largest field of the pointing tent.
+                let (tx, ty) = (tx[l], ty[l]);
+                let ax = tx * ty * b[0] + (1.0 + tx * tx) * b[1] + ty * b[2];
+                let ay = (1.0 + ty * ty) * b[0] + tx * ty * b[1] + tx * b[2];
+                let kx = (knn[l] * ax).min(self.max_c[0]);
+                let ky = (knn[l] * ay).min(self.max_c[1]);
                 let (mut tx0, mut tx1, mut ty0, mut ty1) = (-max_tx, max_tx, -max_ty, max_ty);
                 if self.pointing {
-                    let wx = self.origin_half[0] + tg.bend * kx[l] + self.ms * sf[l] + tg.meas_x;
-                    let wy = self.origin_half[1] + tg.bend * ky[l] + self.ms * sf[l] + tg.meas_y;
+                    let wx = self.origin_half[0] + tg.bend * kx + self.ms * sf[l] + tg.meas_x;
+                    let wy = self.origin_half[1] + tg.bend * ky + self.ms * sf[l] + tg.meas_y;
                     tx0 = tx0.max((xa[l] - wx) * self.inv_lever_a);
                     tx1 = tx1.min((xa[l] + wx) * self.inv_lever_a);
                     ty0 = ty0.max((ya[l] - wy) * self.inv_lever_a);

@@ -31,6 +31,7 @@
 //! The steps share the buffers in [`CaBuffers`], sized once from [`crate::tracking::reco::Limits`];
 //! every push is bounded and an overflow is counted in [`Overflow`] instead of growing.
 
+pub mod bending;
 pub mod candidates;
 pub mod clones;
 pub mod doublets;
@@ -39,7 +40,7 @@ pub mod hit_sorting;
 pub mod neighbours;
 pub mod triplets;
 
-use crate::tracking::geometry::Detector;
+use crate::tracking::geometry::{Detector, Field};
 use crate::tracking::kalman::FitHit;
 use crate::tracking::propagate::K_GEV_PER_T_MM;
 use crate::tracking::reco::{FinderConfig, Limits};
@@ -306,8 +307,12 @@ pub struct FinderGeometry {
     pub pair_lanes: Vec<PairLanes>,
     pub n_bins: usize,
     pub field: crate::tracking::geometry::Field,
-    /// Largest |B| components along the detector axis, tesla.
-    pub b_max_tesla: [f64; 3],
+    /// The tent-weighted mean fields of the plane pairs and triples ([`bending`]).
+    pub bending: bending::Bending,
+    /// Per doublet planes `(i, j)` at `i * n_planes + j`: the largest |B| components of
+    /// the pointing tent `(origin, i, j)` over the acceptance, tesla (the field in a
+    /// uniform field).
+    pub pointing_b_max_tesla: Vec<[f64; 3]>,
 }
 
 impl FinderGeometry {
@@ -373,14 +378,21 @@ impl FinderGeometry {
                 (gc.half_y_mm - my) as f32,
             ];
         }
-        let mut b_max_tesla = [0.0f64; 3];
-        if let (Some(a), Some(b)) = (det.planes.first(), det.planes.last()) {
-            for i in 0..=32 {
-                let z = a.z_mm + (b.z_mm - a.z_mm) * i as f64 / 32.0;
-                let f = det.field.at([0.0, 0.0, z]);
-                for k in 0..3 {
-                    b_max_tesla[k] = b_max_tesla[k].max(f[k].abs());
-                }
+        let zs: Vec<f64> = det.planes.iter().map(|p| p.z_mm).collect();
+        let t_max = [cfg.max_tx, cfg.max_ty];
+        let bending = bending::Bending::new(&det.field, cfg.origin_z_mm, &zs, t_max);
+        let n = zs.len();
+        let mut pointing_b_max_tesla = vec![[0.0f64; 3]; n * n];
+        for i in 0..n {
+            for j in (i + 1)..n {
+                pointing_b_max_tesla[i * n + j] = match (&det.field, bending.pointing(i, j)) {
+                    (Field::Uniform { b_tesla }, _) => b_tesla.map(f64::abs),
+                    (_, Some(t)) => t.bound,
+                    // No pointing tent (the origin is not upstream): the field anywhere.
+                    (_, None) => {
+                        bending::max_field_tesla(&det.field, cfg.origin_z_mm, zs[j], t_max)
+                    }
+                };
             }
         }
         let n = planes.len();
@@ -478,20 +490,9 @@ impl FinderGeometry {
             pair_lanes,
             n_bins: offset,
             field: det.field.clone(),
-            b_max_tesla,
+            bending,
+            pointing_b_max_tesla,
         }
-    }
-
-    /// Largest |d2x/dz2|, |d2y/dz2| (1/mm) of a track above the cut momentum with slopes
-    /// up to `(tx, ty)` in magnitude.
-    #[inline]
-    pub fn curvature_bound(&self, tx: f64, ty: f64, cfg: &FinderConfig) -> (f64, f64) {
-        let b = self.b_max_tesla;
-        let n = (1.0 + tx * tx + ty * ty).sqrt();
-        let ax = tx * ty * b[0] + (1.0 + tx * tx) * b[1] + ty * b[2];
-        let ay = (1.0 + ty * ty) * b[0] + tx * ty * b[1] + tx * b[2];
-        let k = K_GEV_PER_T_MM * cfg.qop_max() * n;
-        (k * ax, k * ay)
     }
 
     /// Whether a track whose last doublet ends at `(x, y)` on plane `p` with slopes
@@ -640,25 +641,19 @@ pub fn slope_factor(tx: f64, ty: f64) -> f64 {
 }
 
 /// Largest |d2x/dz2| and |d2y/dz2| (1/mm) of tracks above `min_p_gev` with slopes up to
-/// the given limits, from the field sampled along the detector axis.
+/// the given limits, from the largest field on the lines from the origin at `z_origin_mm`
+/// through the acceptance ([`bending::max_field_tesla`]) up to the last plane.
 pub fn max_curvature_per_mm(
     det: &Detector,
+    z_origin_mm: f64,
     min_p_gev: f64,
     max_tx: f64,
     max_ty: f64,
 ) -> (f64, f64) {
-    let (z0, z1) = match (det.planes.first(), det.planes.last()) {
-        (Some(a), Some(b)) => (a.z_mm, b.z_mm),
-        _ => return (0.0, 0.0),
+    let Some(last) = det.planes.last() else {
+        return (0.0, 0.0);
     };
-    let mut bmax = [0.0f64; 3];
-    for i in 0..=32 {
-        let z = z0 + (z1 - z0) * i as f64 / 32.0;
-        let b = det.field.at([0.0, 0.0, z]);
-        for k in 0..3 {
-            bmax[k] = bmax[k].max(b[k].abs());
-        }
-    }
+    let bmax = bending::max_field_tesla(&det.field, z_origin_mm, last.z_mm, [max_tx, max_ty]);
     let n = (1.0 + max_tx * max_tx + max_ty * max_ty).sqrt();
     let ax = max_tx * max_ty * bmax[0] + (1.0 + max_tx * max_tx) * bmax[1] + max_ty * bmax[2];
     let ay = (1.0 + max_ty * max_ty) * bmax[0] + max_tx * max_ty * bmax[1] + max_tx * bmax[2];

@@ -63,8 +63,11 @@ struct Cuts {
     sf2_max: f32,
     chi2_max: f32,
     fit_momentum: f32,
-    /// Uniform field, tesla (`None`: looked up at each middle hit).
+    /// Uniform field, tesla (`None`: the tent-weighted mean fields of
+    /// [`super::bending`], looked up at each middle hit).
     uniform: Option<[f32; 3]>,
+    /// Slope limits of the doublets.
+    max_t: [f32; 2],
     /// Largest plane distance of the doublets (1 or 2).
     reach: u8,
 }
@@ -75,7 +78,8 @@ struct Cuts {
 pub struct ChunkWindows {
     t1x: [f32; CHUNK],
     t1y: [f32; CHUNK],
-    b: [[f32; CHUNK]; 3],
+    /// The tent-weighted mean field of each plane triple (`s`), per component.
+    bg: [[[f32; CHUNK]; 3]; 2],
     q_hi: [f32; CHUNK],
     /// Index of the plane pair's [`super::PairLanes`].
     pair: [u32; CHUNK],
@@ -93,7 +97,7 @@ impl ChunkWindows {
         Box::new(ChunkWindows {
             t1x: [0.0; CHUNK],
             t1y: [0.0; CHUNK],
-            b: [[0.0; CHUNK]; 3],
+            bg: [[[0.0; CHUNK]; 3]; 2],
             q_hi: [0.0; CHUNK],
             pair: [0; CHUNK],
             pred_x: [[0.0; CHUNK]; 2],
@@ -292,8 +296,36 @@ fn cuts(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize) -> Cuts {
             #[allow(unreachable_patterns)]
             _ => None,
         },
+        max_t: [cfg.max_tx as f32, cfg.max_ty as f32],
         reach: reach.clamp(1, 2) as u8,
     }
+}
+
+/// The tent-weighted mean fields of a doublet on planes `(pa, pb)` whose middle hit is at
+/// `(xb, yb)`: the pointing tent `(origin, pa, pb)` and the triplet tents
+/// `(pa, pb, pb + 1 + s)` for `s < reach` (zero where there is none), tesla.
+#[inline(always)]
+fn tent_fields(
+    geo: &FinderGeometry,
+    cuts: &Cuts,
+    (pa, pb): (usize, usize),
+    xb: f32,
+    yb: f32,
+) -> ([f32; 3], [[f32; 3]; 2]) {
+    if let Some(b) = cuts.uniform {
+        return (b, [b, b]);
+    }
+    let bend = &geo.bending;
+    let inv = bend.inv_lever[pb];
+    let (tx, ty) = (xb * inv, yb * inv);
+    let bd = bend.pointing(pa, pb).map_or([0.0; 3], |t| t.at(tx, ty));
+    let mut bg = [[0.0f32; 3]; 2];
+    for (s, b) in bg.iter_mut().enumerate().take(cuts.reach as usize) {
+        if let Some(t) = bend.triple(pa, pb, s) {
+            *b = t.at(tx, ty);
+        }
+    }
+    (bd, bg)
 }
 
 #[inline(always)]
@@ -451,7 +483,7 @@ pub const PAIRS: usize = 256;
 /// its middle hit, by quantity, in the order the full search would test them (left
 /// doublets in order, each one's right doublets in order), with what the window and kink
 /// tests read: the left doublet's first hit and slopes, the right doublet's slopes and the
-/// field at the middle hit. At most [`PAIRS`], on the plane pair `planes`.
+/// tent-weighted mean fields of the pointing and triplet tents at the middle hit. At most [`PAIRS`], on the plane pair `planes`.
 #[derive(Debug)]
 pub struct Pairs {
     n: usize,
@@ -462,7 +494,8 @@ pub struct Pairs {
     ya: [f32; PAIRS],
     t1: [[f32; PAIRS]; 2],
     t2: [[f32; PAIRS]; 2],
-    b: [[f32; PAIRS]; 3],
+    /// Pointing tent's field, then the triplet tent's, per component.
+    b: [[f32; PAIRS]; 6],
 }
 
 impl Pairs {
@@ -476,7 +509,7 @@ impl Pairs {
             ya: [0.0; PAIRS],
             t1: [[0.0; PAIRS]; 2],
             t2: [[0.0; PAIRS]; 2],
-            b: [[0.0; PAIRS]; 3],
+            b: [[0.0; PAIRS]; 6],
         })
     }
 
@@ -490,7 +523,7 @@ impl Pairs {
         a: [f32; 2],
         t1: [f32; 2],
         t2: [f32; 2],
-        b: [f32; 3],
+        b: [f32; 6],
         test: &mut impl FnMut(&Pairs),
     ) {
         let k = self.n;
@@ -502,7 +535,7 @@ impl Pairs {
             self.t1[c][k] = t1[c];
             self.t2[c][k] = t2[c];
         }
-        for c in 0..3 {
+        for c in 0..6 {
             self.b[c][k] = b[c];
         }
         self.n = k + 1;
@@ -546,9 +579,11 @@ fn pair_tests(
         let (xa, ya) = (at(&pairs.xa), at(&pairs.ya));
         let t1 = [at(&pairs.t1[0]), at(&pairs.t1[1])];
         let t2 = [at(&pairs.t2[0]), at(&pairs.t2[1])];
-        let bf = [at(&pairs.b[0]), at(&pairs.b[1]), at(&pairs.b[2])];
-        let win = window_lanes::<false>(cuts, &pf, &xa, &ya, &t1[0], &t1[1], &bf);
-        let (pass, res) = kink_lanes(cuts, &t1, &t2, &bf, &win[10], &tg);
+        let bd = [at(&pairs.b[0]), at(&pairs.b[1]), at(&pairs.b[2])];
+        let bg = [at(&pairs.b[3]), at(&pairs.b[4]), at(&pairs.b[5])];
+        let bgs = [bg, [[0.0; LANES]; 3]];
+        let win = window_lanes::<false>(cuts, &pf, &xa, &ya, &t1[0], &t1[1], &bd, &bgs);
+        let (pass, res) = kink_lanes(cuts, &t1, &t2, &bg, &win[10], &tg);
         let mut bits = 0u32;
         for l in 0..LANES {
             // The window test of `match_avx2` (closed windows have a negative width).
@@ -797,13 +832,31 @@ impl BackWindow {
         let ms2 = q * q * (1.0 + f(cuts.mass2) * q * q) * sf2;
         let var = kvar * h * h + f(p.theta2_per_qop2[0]) * ms2 + f(p.var_res[0]);
         let gauss = f(cuts.n_sigma) * var.sqrt();
+        // Where the pointing and the triplet tents see different fields, the prediction
+        // moves and the window widens by together at most the largest q/p times the
+        // difference of their bending ([`window_lanes`]).
+        let profile = match (
+            geo.bending.pointing(i, j),
+            geo.bending.triple(i, j, 0),
+            pointing * f(cuts.fit_momentum) > 0.0,
+        ) {
+            (Some(d), Some(g), true) => {
+                let db = g.bound_of_difference(d);
+                let [tx, ty] = cuts.max_t.map(f);
+                let kn = K_GEV_PER_T_MM * (1.0 + tx * tx + ty * ty).sqrt();
+                let ax = tx * ty * db[0] + (1.0 + tx * tx) * db[1] + ty * db[2];
+                let ay = (1.0 + ty * ty) * db[0] + tx * ty * db[1] + tx * db[2];
+                [q * kn * ax * h, q * kn * ay * h]
+            }
+            _ => [0.0; 2],
+        };
         // A relative margin for the single-precision arithmetic of the window.
-        let w = |hard: f32| (f(hard) * h + gauss) * (1.0 + 1e-4) + 1e-7;
+        let w = |hard: f32, c: usize| (f(hard) * h + gauss + profile[c]) * (1.0 + 1e-4) + 1e-7;
         Some(BackWindow {
             inv_a: 1.0 / (1.0 + k * (1.0 + dz * f(p.inv_zi))),
             c: k * f(p.inv_zi),
             dz,
-            w: [w(p.hard_kx), w(p.hard_ky)],
+            w: [w(p.hard_kx, 0), w(p.hard_ky, 1)],
         })
     }
 
@@ -961,14 +1014,8 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                     continue;
                 }
                 let (xb, yb) = (sh.x_mm[b], sh.y_mm[b]);
-                let (xb64, yb64) = (xb as f64, yb as f64);
-                let field = match cuts.uniform {
-                    Some(f) => f,
-                    None => geo
-                        .field
-                        .at([xb64, yb64, geo.planes[j].z_mm])
-                        .map(|v| v as f32),
-                };
+                let (bd, bg) = tent_fields(geo, &cuts, (i, j), xb, yb);
+                let field = [bd[0], bd[1], bd[2], bg[0][0], bg[0][1], bg[0][2]];
                 let mut emit = |a: usize| {
                     if marks[a] == b as u32 {
                         return;
@@ -1098,7 +1145,8 @@ fn chunk_windows<const REACH2: bool>(
     let mut pf = [[0.0f32; LANES]; 15];
     let (mut xa, mut ya) = ([0.0f32; LANES], [0.0f32; LANES]);
     let (mut t1x, mut t1y) = ([0.0f32; LANES], [0.0f32; LANES]);
-    let mut bf = [[0.0f32; LANES]; 3];
+    let mut bd = [[0.0f32; LANES]; 3];
+    let mut bg = [[[0.0f32; LANES]; 3]; 2];
     if let Some((pa, pb)) = planes {
         // One plane pair: its constants in every lane.
         let p = &geo.pair_lanes[pa * n_planes + pb];
@@ -1121,29 +1169,24 @@ fn chunk_windows<const REACH2: bool>(
         ya[l] = sh.y_mm[d.a as usize];
         t1x[l] = d.tx;
         t1y[l] = d.ty;
-        let b = match cuts.uniform {
-            Some(b) => b,
-            None => geo
-                .field
-                .at([
-                    sh.x_mm[d.b as usize] as f64,
-                    sh.y_mm[d.b as usize] as f64,
-                    geo.planes[pb].z_mm,
-                ])
-                .map(|v| v as f32),
-        };
+        let (xb, yb) = (sh.x_mm[d.b as usize], sh.y_mm[d.b as usize]);
+        let (d_field, g_field) = tent_fields(geo, cuts, (pa, pb), xb, yb);
         for c in 0..3 {
-            bf[c][l] = b[c];
+            bd[c][l] = d_field[c];
+            bg[0][c][l] = g_field[0][c];
+            bg[1][c][l] = g_field[1][c];
         }
         w.pair[i0 + l] = pair as u32;
     }
-    let out = window_lanes::<REACH2>(cuts, &pf, &xa, &ya, &t1x, &t1y, &bf);
+    let out = window_lanes::<REACH2>(cuts, &pf, &xa, &ya, &t1x, &t1y, &bd, &bg);
     // Whole lanes (`i0 + LANES <= CHUNK`); those past the end are never read.
     let r = i0..i0 + LANES;
     w.t1x[r.clone()].copy_from_slice(&t1x);
     w.t1y[r.clone()].copy_from_slice(&t1y);
-    for c in 0..3 {
-        w.b[c][r.clone()].copy_from_slice(&bf[c]);
+    for s in 0..2 {
+        for c in 0..3 {
+            w.bg[s][c][r.clone()].copy_from_slice(&bg[s][c]);
+        }
     }
     for s in 0..2 {
         w.pred_x[s][r.clone()].copy_from_slice(&out[s * 4]);
@@ -1157,11 +1200,20 @@ fn chunk_windows<const REACH2: bool>(
 }
 
 /// The continuation windows of eight doublets from their first hits `(xa, ya)`, slopes
-/// `(t1x, t1y)`, fields `bf` and plane pairs' constants `pf` ([`pair_constants`]): per
-/// lane, the predicted slopes x and y and the half widths x and y of window 0
-/// (`out[0..4]`) and of window 1 (`out[4..8]`, closed without `REACH2`), the union of the
-/// open windows in x (`out[8]`, `out[9]`) and the doublet's largest |q/p| (`out[10]`).
-/// A closed window has a negative width.
+/// `(t1x, t1y)`, the tent-weighted mean fields of their pointing tents `bd` and of their
+/// plane triples `bg` ([`super::bending`]) and plane pairs' constants `pf`
+/// ([`pair_constants`]): per lane, the predicted slopes x and y and the half widths x and y
+/// of window 0 (`out[0..4]`) and of window 1 (`out[4..8]`, closed without `REACH2`), the
+/// union of the open windows in x (`out[8]`, `out[9]`) and the doublet's largest |q/p|
+/// (`out[10]`). A closed window has a negative width.
+///
+/// The pointing parabola's curvature `kappa` predicts the change of chord slope
+/// `kappa h` where the field is the same along the pointing and the triplet tents; where
+/// it is not, the q/p the doublet allows (its estimate and errors, within the cut, an
+/// interval `q_c +- dq`) carries the difference `q (c_g - c_d) h` of the bending per unit
+/// q/p over the two tents: the prediction moves by `q_c (c_g - c_d) h` and the window
+/// widens by `dq |c_g - c_d| h` (together at most `qmax |c_g - c_d| h`).
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn window_lanes<const REACH2: bool>(
     cuts: &Cuts,
@@ -1170,7 +1222,8 @@ fn window_lanes<const REACH2: bool>(
     ya: &[f32; LANES],
     t1x: &[f32; LANES],
     t1y: &[f32; LANES],
-    bf: &[[f32; LANES]; 3],
+    bd: &[[f32; LANES]; 3],
+    bg: &[[[f32; LANES]; 3]; 2],
 ) -> [[f32; LANES]; 11] {
     let ns = cuts.n_sigma;
     let qmax = cuts.qop_max;
@@ -1186,21 +1239,35 @@ fn window_lanes<const REACH2: bool>(
         let kappa_y = pointing * (ty - ya[l] * inv_zi) * two_inv_zj;
         let sf2 = slope_factor2(tx, ty).min(cuts.sf2_max);
         let kvar_ms = kvar_ms_per_qop2 * sf2;
-        // Curvature d2(x, y)/dz2 per unit q/p along the doublet.
+        // Curvature d2(x, y)/dz2 per unit q/p over the pointing tent.
         let n1 = (1.0 + tx * tx + ty * ty).sqrt();
-        let (ax, ay) = bending(tx, ty, [bf[0][l], bf[1][l], bf[2][l]]);
+        let (ax, ay) = bending(tx, ty, [bd[0][l], bd[1][l], bd[2][l]]);
         let k = K_GEV_PER_T_MM as f32 * n1;
         let (cx, cy) = (k * ax, k * ay);
         let c2 = cx * cx + cy * cy;
         // Largest |q/p| of the doublet: its pointing estimate plus errors (with a field
-        // and a pointing window), else the cut.
-        let use_ptg = cuts.fit_momentum * pointing > 0.0 && c2 > 0.0;
-        let inv_c2 = 1.0 / if use_ptg { c2 } else { 1.0 };
+        // and a pointing window), else the cut. Where the pointing tent has (almost) no
+        // field the estimate's errors are unbounded and the cut applies.
+        let use_ptg = cuts.fit_momentum * pointing > 0.0;
+        let inv_c2 = 1.0 / if use_ptg { c2.max(1e-30) } else { 1.0 };
         let q_ptg = (kappa_x * cx + kappa_y * cy) * inv_c2;
         let hard = (hard_kx * cx.abs() + hard_ky * cy.abs()) * inv_c2;
         let sigma = ((kvar_ms * qmax * qmax + kvar_res) * inv_c2).sqrt();
         let q_ptg_hi = (q_ptg.abs() + hard + ns * sigma).min(qmax);
         let q_hi = if use_ptg { q_ptg_hi } else { qmax };
+        // The q/p the doublet allows within the cut, `q_c +- dq` (inside `+-qmax`; at the
+        // nearest end of the cut where its estimate is out of reach).
+        let (q_c, dq) = if use_ptg {
+            let d = hard + ns * sigma;
+            let (q_lo, q_hi) = ((q_ptg - d).max(-qmax), (q_ptg + d).min(qmax));
+            if q_lo <= q_hi {
+                (0.5 * (q_lo + q_hi), 0.5 * (q_hi - q_lo))
+            } else {
+                (q_ptg.max(-qmax).min(qmax), 0.0)
+            }
+        } else {
+            (0.0, 0.0)
+        };
         let ms2 = q_hi * q_hi * (1.0 + cuts.mass2 * q_hi * q_hi) * sf2;
         let kvar = kvar_ms * q_hi * q_hi + kvar_res;
         let mut lo = f32::INFINITY;
@@ -1211,12 +1278,19 @@ fn window_lanes<const REACH2: bool>(
             let h = pf[7 + s][l];
             let var = kvar * h * h + pf[9 + s][l] * ms2 + pf[11 + s][l];
             let gauss = ns * var.sqrt();
-            let pred_x = tx + kappa_x * h;
-            let pred_y = ty + kappa_y * h;
+            // Bending per unit q/p over the triplet's tent, less the pointing tent's.
+            let (gx, gy) = bending(tx, ty, [bg[s][0][l], bg[s][1][l], bg[s][2][l]]);
+            let (dcx, dcy) = ((k * gx - cx) * h, (k * gy - cy) * h);
+            let pred_x = tx + kappa_x * h + q_c * dcx;
+            let pred_y = ty + kappa_y * h + q_c * dcy;
             // A plane triple outside the detector or beyond the reach gets no window.
             let open = pf[13 + s][l] > 0.0;
-            let wx = if open { hard_kx * h + gauss } else { -1.0 };
-            let wy = hard_ky * h + gauss;
+            let wx = if open {
+                hard_kx * h + gauss + dq * dcx.abs()
+            } else {
+                -1.0
+            };
+            let wy = hard_ky * h + gauss + dq * dcy.abs();
             lo = if open { lo.min(pred_x - wx) } else { lo };
             hi = if open { hi.max(pred_x + wx) } else { hi };
             out[s * 4][l] = pred_x;
@@ -1259,7 +1333,7 @@ fn kink_tests(
             t2[0][l] = r.tx;
             t2[1][l] = r.ty;
             for k in 0..3 {
-                bf[k][l] = w.b[k][i];
+                bf[k][l] = w.bg[s][k][i];
             }
             q_hi[l] = w.q_hi[i];
             let p = &geo.pair_lanes[w.pair[i] as usize];
@@ -1288,7 +1362,7 @@ fn kink_tests(
 }
 
 /// The kink test of eight doublet pairs from the slopes `t1` of the left and `t2` of the
-/// right doublets, the field `bf` at the middle hit, the left doublet's largest |q/p|
+/// right doublets, the tent-weighted mean field `bf` of their plane triple, the left doublet's largest |q/p|
 /// `q_hi` and the plane triple's constants `tg` (half lever arm, scattering per
 /// (q/p)^2, resolution variance): per lane, whether it passes, and q/p, its error and
 /// the chi-square.

@@ -1,0 +1,337 @@
+//! The bending the field gives a track between the planes, as the finder's windows need
+//! it, from the field along the trajectories a track from the origin can take (not from
+//! one sample of the field or its average).
+//!
+//! Between two chords of a trajectory, `(a, b)` and `(b, c)` on planes at `z_a < z_b < z_c`,
+//! the slope changes by exactly `∫ w(z) κ(z) dz`, where `κ` is the curvature `d²x/dz²` and
+//! `w` the *tent* rising linearly from 0 at `z_a` to 1 at `z_b` and falling back to 0 at
+//! `z_c` (`∫ w = (z_c - z_a) / 2`). The curvature is `q/p` times the field's bending terms
+//! (`K n (t_x t_y B_x - (1 + t_x²) B_y + t_y B_z)` in x), so what a window needs from the
+//! field is the tent-weighted mean field along the track, not the field at the middle
+//! plane: a field concentrated between the planes, fringe components and a field that
+//! changes sign are all in that mean. The same holds with the origin as first point:
+//! the pointing of a doublet `(i, j)` back to the origin bends by `z_i` times the tent
+//! integral over `(origin, i, j)`.
+//!
+//! [`TentTable`] holds such a mean, per plane pair or triple, tabulated over the direction
+//! of the straight line from the origin (a track above the minimum momentum stays within a
+//! few centimetres of the line from the origin through its middle hit), looked up
+//! bilinearly; its [`TentTable::bound`] is the largest magnitude over the acceptance, for
+//! the windows that must hold every trajectory. [`max_field_tesla`] bounds the field itself
+//! along the same lines, from the origin to the last plane.
+
+use crate::tracking::geometry::Field;
+
+/// Nodes per axis of a [`TentTable`]: the directions from the origin are sampled every
+/// `2 t_max / (NODES - 3)`, one step beyond the slope limits on each side.
+pub const NODES: usize = 17;
+/// Integration steps per segment of a tent.
+const STEPS: usize = 48;
+
+/// The tent-weighted mean field over three planes along the lines from the origin,
+/// tabulated over the lines' slopes.
+#[derive(Debug, Clone)]
+pub struct TentTable {
+    t0: [f32; 2],
+    inv_step: [f32; 2],
+    /// Mean field (tesla) at node `(ix, iy)`, `ix * NODES + iy`.
+    b: Vec<[f32; 3]>,
+    /// Largest |component| over the nodes, tesla.
+    pub bound: [f64; 3],
+}
+
+impl TentTable {
+    /// The table of the tent `z_a < z_b < z_c` (mm) along the lines
+    /// `(x, y) = (t_x, t_y) (z - z_origin)` with `|t_x| <= t_max[0]`, `|t_y| <= t_max[1]`.
+    pub fn new(field: &Field, z_origin_mm: f64, z_mm: [f64; 3], t_max: [f64; 2]) -> Self {
+        let step = t_max.map(|t| 2.0 * t.max(1e-3) / (NODES - 3) as f64);
+        let t0 = [-t_max[0] - step[0], -t_max[1] - step[1]];
+        let mut b = Vec::with_capacity(NODES * NODES);
+        let mut bound = [0.0f64; 3];
+        for ix in 0..NODES {
+            for iy in 0..NODES {
+                let t = [t0[0] + step[0] * ix as f64, t0[1] + step[1] * iy as f64];
+                let m = tent_mean(field, z_origin_mm, t, z_mm);
+                for c in 0..3 {
+                    bound[c] = bound[c].max(m[c].abs());
+                }
+                b.push(m.map(|v| v as f32));
+            }
+        }
+        TentTable {
+            t0: t0.map(|v| v as f32),
+            inv_step: step.map(|s| (1.0 / s) as f32),
+            b,
+            bound,
+        }
+    }
+
+    /// The mean field along the line of slopes `(tx, ty)` from the origin (bilinear
+    /// between the nodes, clamped to the table; a NaN slope gives the first node's).
+    #[inline(always)]
+    pub fn at(&self, tx: f32, ty: f32) -> [f32; 3] {
+        let top = (NODES - 1) as f32 - 1e-3;
+        let u = ((tx - self.t0[0]) * self.inv_step[0]).max(0.0).min(top);
+        let v = ((ty - self.t0[1]) * self.inv_step[1]).max(0.0).min(top);
+        // In [0, NODES - 1): the casts truncate to the lower node.
+        let (iu, iv) = (u as usize, v as usize);
+        let (fu, fv) = (u - iu as f32, v - iv as f32);
+        let n = |i: usize, j: usize| self.b[i * NODES + j];
+        let (b00, b01, b10, b11) = (n(iu, iv), n(iu, iv + 1), n(iu + 1, iv), n(iu + 1, iv + 1));
+        std::array::from_fn(|c| {
+            let lo = b00[c] + fv * (b01[c] - b00[c]);
+            let hi = b10[c] + fv * (b11[c] - b10[c]);
+            lo + fu * (hi - lo)
+        })
+    }
+
+    /// Largest |component| of the difference from `other` over the nodes (same slopes).
+    pub fn bound_of_difference(&self, other: &TentTable) -> [f64; 3] {
+        let mut d = [0.0f64; 3];
+        for (a, b) in self.b.iter().zip(&other.b) {
+            for c in 0..3 {
+                d[c] = d[c].max((a[c] - b[c]).abs() as f64);
+            }
+        }
+        d
+    }
+}
+
+/// The tent-weighted mean of the field over `z_mm = [z_a, z_b, z_c]` along the line of
+/// slopes `t` from `(0, 0, z_origin)` (trapezoids of at most `1 / STEPS` of a segment).
+pub fn tent_mean(field: &Field, z_origin_mm: f64, t: [f64; 2], z_mm: [f64; 3]) -> [f64; 3] {
+    if let Field::Uniform { b_tesla } = field {
+        return *b_tesla;
+    }
+    let [za, zb, zc] = z_mm;
+    let mut sum = [0.0f64; 3];
+    let mut weight = 0.0;
+    for (lo, hi, rising) in [(za, zb, true), (zb, zc, false)] {
+        let len = hi - lo;
+        if len <= 0.0 {
+            continue;
+        }
+        for k in 0..=STEPS {
+            let u = k as f64 / STEPS as f64;
+            let z = lo + u * len;
+            let w_tent = if rising { u } else { 1.0 - u };
+            let w_trap = if k == 0 || k == STEPS { 0.5 } else { 1.0 };
+            let w = w_tent * w_trap * len / STEPS as f64;
+            let lever = z - z_origin_mm;
+            let b = field.at([t[0] * lever, t[1] * lever, z]);
+            for c in 0..3 {
+                sum[c] += w * b[c];
+            }
+            weight += w;
+        }
+    }
+    if weight > 0.0 {
+        sum.map(|v| v / weight)
+    } else {
+        field.at([t[0] * (zb - z_origin_mm), t[1] * (zb - z_origin_mm), zb])
+    }
+}
+
+/// Largest |component| of the field (tesla) on the lines from `(0, 0, z_origin)` with
+/// slopes up to `t_max` (one table step beyond), from the origin to `z_last_mm`.
+pub fn max_field_tesla(
+    field: &Field,
+    z_origin_mm: f64,
+    z_last_mm: f64,
+    t_max: [f64; 2],
+) -> [f64; 3] {
+    if let Field::Uniform { b_tesla } = field {
+        return b_tesla.map(f64::abs);
+    }
+    let step = t_max.map(|t| 2.0 * t.max(1e-3) / (NODES - 3) as f64);
+    let len = (z_last_mm - z_origin_mm).max(0.0);
+    let n_z = ((len / 5.0).ceil() as usize).clamp(1, 4096);
+    let mut bound = [0.0f64; 3];
+    for ix in 0..NODES {
+        for iy in 0..NODES {
+            let t = [
+                -t_max[0] - step[0] + step[0] * ix as f64,
+                -t_max[1] - step[1] + step[1] * iy as f64,
+            ];
+            for k in 0..=n_z {
+                let lever = len * k as f64 / n_z as f64;
+                let b = field.at([t[0] * lever, t[1] * lever, z_origin_mm + lever]);
+                for c in 0..3 {
+                    bound[c] = bound[c].max(b[c].abs());
+                }
+            }
+        }
+    }
+    bound
+}
+
+/// The tent tables of a detector: per doublet planes `(i, j)` (`j <= i + 2`) the pointing
+/// tent `(origin, i, j)`, per plane triple `(i, j, j + 1 + s)` the triplet's tent; `None`
+/// in a uniform field (the mean is the field) and where there is no such tent.
+#[derive(Debug, Clone, Default)]
+pub struct Bending {
+    n_planes: usize,
+    /// At `i * n_planes + j`.
+    pub pointing: Vec<Option<TentTable>>,
+    /// At `(i * n_planes + j) * 2 + s`.
+    pub triple: Vec<Option<TentTable>>,
+    /// Per plane, `1 / (z - z_origin)` (0 where the plane is not downstream of the origin).
+    pub inv_lever: Vec<f32>,
+}
+
+impl Bending {
+    /// Tables for the planes at `z_mm` (increasing), the origin at `z_origin_mm` and
+    /// directions up to the slope limits `t_max`.
+    pub fn new(field: &Field, z_origin_mm: f64, z_mm: &[f64], t_max: [f64; 2]) -> Self {
+        let n = z_mm.len();
+        let inv_lever = z_mm
+            .iter()
+            .map(|&z| {
+                let l = z - z_origin_mm;
+                if l > 1.0 {
+                    (1.0 / l) as f32
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let mut b = Bending {
+            n_planes: n,
+            pointing: vec![None; n * n],
+            triple: vec![None; n * n * 2],
+            inv_lever,
+        };
+        if field.is_uniform() {
+            return b;
+        }
+        for i in 0..n {
+            for j in (i + 1)..(i + 3).min(n) {
+                if z_mm[i] - z_origin_mm > 1.0 && z_mm[j] > z_mm[i] {
+                    let tent = [z_origin_mm, z_mm[i], z_mm[j]];
+                    b.pointing[i * n + j] = Some(TentTable::new(field, z_origin_mm, tent, t_max));
+                }
+                for s in 0..2 {
+                    let k = j + 1 + s;
+                    if k < n && z_mm[k] > z_mm[j] {
+                        let tent = [z_mm[i], z_mm[j], z_mm[k]];
+                        b.triple[(i * n + j) * 2 + s] =
+                            Some(TentTable::new(field, z_origin_mm, tent, t_max));
+                    }
+                }
+            }
+        }
+        b
+    }
+
+    /// The pointing tent's table of doublet planes `(i, j)`.
+    #[inline(always)]
+    pub fn pointing(&self, i: usize, j: usize) -> Option<&TentTable> {
+        self.pointing.get(i * self.n_planes + j)?.as_ref()
+    }
+
+    /// The triplet tent's table of planes `(i, j, j + 1 + s)`.
+    #[inline(always)]
+    pub fn triple(&self, i: usize, j: usize, s: usize) -> Option<&TentTable> {
+        self.triple.get((i * self.n_planes + j) * 2 + s)?.as_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tracking::field::FieldMap;
+    use crate::tracking::propagate::K_GEV_PER_T_MM;
+    use crate::tracking::simulate::{propagate, StateVector};
+
+    /// A map with `By(z)` given by `profile` (constant in x and y).
+    fn map(profile: impl Fn(f64) -> f64) -> Field {
+        let dims = [3, 3, 121];
+        let mut nodes = Vec::new();
+        for _ in 0..dims[0] * dims[1] {
+            for iz in 0..dims[2] {
+                nodes.push([0.0, profile(-100.0 + 10.0 * iz as f64) as f32, 0.0]);
+            }
+        }
+        Field::Grid(
+            FieldMap::new(
+                dims,
+                [-1000.0, -1000.0, -100.0],
+                [1000.0, 1000.0, 10.0],
+                nodes,
+            )
+            .unwrap(),
+        )
+    }
+
+    /// The change of chord slope of a transported trajectory equals q/p times the tent
+    /// integral of the bending, for fields concentrated in the middle, rising, and
+    /// changing sign.
+    #[test]
+    fn chord_slope_change_is_the_tent_integral_of_the_bending() {
+        let fields = [
+            map(|z| 0.8 * (-0.5 * ((z - 560.0) / 260.0).powi(2)).exp()),
+            map(|z| z / 1000.0),
+            map(|z| if z < 500.0 { 0.6 } else { -0.6 }),
+        ];
+        let z = [250.0, 420.0, 630.0];
+        for (f, field) in fields.iter().enumerate() {
+            let mut s = StateVector {
+                z_mm: 0.0,
+                x_mm: 0.0,
+                y_mm: 0.0,
+                tx: 0.01,
+                ty: 0.002,
+                qop: 1.0 / 5.0,
+            };
+            let mut x = [0.0; 3];
+            for (k, &zk) in z.iter().enumerate() {
+                propagate(field, &mut s, zk, 1.0).unwrap();
+                x[k] = s.x_mm;
+            }
+            let ds = (x[2] - x[1]) / (z[2] - z[1]) - (x[1] - x[0]) / (z[1] - z[0]);
+            let b = tent_mean(field, 0.0, [0.01, 0.002], z);
+            // Small slopes (the track turns by 0.03 at most): d²x/dz² = -K q/p By (1 + O(t²)).
+            let predicted = -K_GEV_PER_T_MM * s.qop * b[1] * 0.5 * (z[2] - z[0]);
+            assert!(
+                (ds - predicted).abs() < 3e-3 * predicted.abs() + 1e-7,
+                "{ds} vs {predicted}"
+            );
+            // Where the field is not linear about the middle plane, the field there alone is
+            // wrong by far more (the linear one: by its asymmetry in z).
+            if f == 0 {
+                continue;
+            }
+            let at_mid =
+                -K_GEV_PER_T_MM * s.qop * field.at([0.0, 0.0, z[1]])[1] * 0.5 * (z[2] - z[0]);
+            assert!(
+                (ds - at_mid).abs() > 2e-2 * predicted.abs(),
+                "{ds} vs {at_mid}"
+            );
+        }
+    }
+
+    #[test]
+    fn table_lookups_interpolate_and_bound_the_nodes() {
+        let field = map(|z| 0.8 * (-0.5 * ((z - 560.0) / 260.0).powi(2)).exp());
+        let t = TentTable::new(&field, 0.0, [330.0, 420.0, 520.0], [0.3, 0.3]);
+        let direct = tent_mean(&field, 0.0, [0.1, -0.05], [330.0, 420.0, 520.0]);
+        let looked_up = t.at(0.1, -0.05);
+        assert!(
+            (looked_up[1] as f64 - direct[1]).abs() < 1e-4,
+            "{looked_up:?} {direct:?}"
+        );
+        assert!(t.bound[1] >= direct[1].abs() && t.bound[1] < 0.8);
+        // Out of the table and NaN: clamped, finite.
+        assert!(t.at(9.0, f32::NAN).iter().all(|v| v.is_finite()));
+        let uniform = Field::Uniform {
+            b_tesla: [0.1, -1.0, 0.0],
+        };
+        assert_eq!(
+            max_field_tesla(&uniform, 0.0, 1000.0, [0.3, 0.3]),
+            [0.1, 1.0, 0.0]
+        );
+        let sign = map(|z| if z < 500.0 { 0.6 } else { -0.7 });
+        let m = max_field_tesla(&sign, 0.0, 1000.0, [0.3, 0.3]);
+        assert!((m[1] - 0.7).abs() < 1e-6, "{m:?}");
+    }
+}
