@@ -19,6 +19,9 @@ pub struct FieldMap {
     /// Node values, C order of `[nx, ny, nz]`: index `(ix * ny + iy) * nz + iz`.
     pub nodes_tesla: Vec<[f32; 3]>,
     inv_step_mm: [f64; 3],
+    /// `origin_mm` and `inv_step_mm` in `f32`, for [`FieldMap::at_f32`].
+    origin_f32: [f32; 3],
+    inv_step_f32: [f32; 3],
 }
 
 /// Why a field map was refused.
@@ -100,6 +103,8 @@ impl FieldMap {
             step_mm,
             nodes_tesla,
             inv_step_mm,
+            origin_f32: origin_mm.map(|v| v as f32),
+            inv_step_f32: inv_step_mm.map(|v| v as f32),
         })
     }
 
@@ -175,6 +180,36 @@ impl FieldMap {
         };
         let i = (u.floor() as usize).min(n - 2);
         (i, u - i as f64)
+    }
+
+    /// [`FieldMap::at`] in single precision, for the fitter's hot path: the same clamping
+    /// and interpolation, with the cell found by one conversion per axis.
+    #[inline]
+    pub fn at_f32(&self, pos_mm: [f32; 3]) -> [f32; 3] {
+        let mut cell = [0usize; 3];
+        let mut frac = [0.0f32; 3];
+        for axis in 0..3 {
+            let n = self.dims[axis];
+            let u = (pos_mm[axis] - self.origin_f32[axis]) * self.inv_step_f32[axis];
+            // `max` takes NaN to 0 (the first cell, as `at`).
+            let u = u.max(0.0).min((n - 1) as f32);
+            let i = (u as usize).min(n - 2);
+            cell[axis] = i;
+            frac[axis] = u - i as f32;
+        }
+        let (sy, sx) = (self.dims[2], self.dims[1] * self.dims[2]);
+        let base = cell[0] * sx + cell[1] * sy + cell[2];
+        let [fx, fy, fz] = frac;
+        // The eight nodes of the cell (`cell[a] <= dims[a] - 2`, so all in the grid).
+        let c = &self.nodes_tesla[base..=base + sx + sy + 1];
+        let lerp = |a: [f32; 3], b: [f32; 3], t: f32| -> [f32; 3] {
+            [a[0] + t * (b[0] - a[0]), a[1] + t * (b[1] - a[1]), a[2] + t * (b[2] - a[2])]
+        };
+        let c00 = lerp(c[0], c[1], fz);
+        let c01 = lerp(c[sy], c[sy + 1], fz);
+        let c10 = lerp(c[sx], c[sx + 1], fz);
+        let c11 = lerp(c[sx + sy], c[sx + sy + 1], fz);
+        lerp(lerp(c00, c01, fy), lerp(c10, c11, fy), fx)
     }
 
     /// Field at `pos_mm` in tesla, trilinear between the eight surrounding nodes.

@@ -59,8 +59,10 @@ impl Field {
     /// Single-precision lookup for hot paths (same interpolation, rounded).
     #[inline]
     pub fn at_f32(&self, pos_mm: [f32; 3]) -> [f32; 3] {
-        let b = self.at([pos_mm[0] as f64, pos_mm[1] as f64, pos_mm[2] as f64]);
-        [b[0] as f32, b[1] as f32, b[2] as f32]
+        match self {
+            Field::Uniform { b_tesla } => b_tesla.map(|v| v as f32),
+            Field::Grid(map) => map.at_f32(pos_mm),
+        }
     }
 
     /// Whether the field is the same everywhere (a fitter may then use a closed form).

@@ -787,6 +787,49 @@ pub enum GapField<T, const L: usize> {
     ByOnly([Pack<T, L>; 3]),
     Uniform([Pack<T, L>; 3]),
     Map,
+    /// A map whose field along each lane's straight line over the gap is a parabola in z
+    /// to the accuracy the caller asked for ([`profile_is_parabolic`]): three lookups per
+    /// lane and gap instead of four per Runge-Kutta step.
+    Profile,
+}
+
+/// Where a Runge-Kutta step reads the field.
+#[derive(Clone, Copy)]
+enum Source<T, const L: usize> {
+    Fixed([Pack<T, L>; 3]),
+    Map,
+    /// `B(z) = c[0] + u (c[1] + u c[2])`, `u = (z - z0) inv_dz`, per lane.
+    Parabola {
+        z0: Pack<T, L>,
+        inv_dz: Pack<T, L>,
+        c: [[Pack<T, L>; 3]; 3],
+    },
+}
+
+/// Whether the field along the straight lines over `z0_mm..z1_mm` that `lines` (points
+/// `(x, y)` at both ends) describe is, at the quarter points, within `tol_tesla` of the
+/// parabola through its values at the ends and the middle.
+pub fn profile_is_parabolic(
+    field: &Field,
+    z0_mm: f64,
+    z1_mm: f64,
+    lines: &[([f64; 2], [f64; 2])],
+    tol_tesla: f64,
+) -> bool {
+    lines.iter().all(|&(a, b)| {
+        let at = |u: f64| {
+            let p = [a[0] + u * (b[0] - a[0]), a[1] + u * (b[1] - a[1]), z0_mm + u * (z1_mm - z0_mm)];
+            field.at(p)
+        };
+        let (b0, bm, b1) = (at(0.0), at(0.5), at(1.0));
+        [0.125, 0.25, 0.375, 0.625, 0.75, 0.875].iter().all(|&u| {
+            let f = at(u);
+            (0..3).all(|c| {
+                let q = b0[c] + u * ((-3.0 * b0[c] + 4.0 * bm[c] - b1[c]) + u * (2.0 * b0[c] - 4.0 * bm[c] + 2.0 * b1[c]));
+                (q - f[c]).abs() <= tol_tesla
+            })
+        })
+    })
 }
 
 impl<T: Real, const L: usize> GapField<T, L> {
@@ -819,17 +862,37 @@ pub fn propagate_gap_in<T: Real, const L: usize>(
     n_steps: usize,
     jac: &mut JacobianPacks<T, L>,
 ) {
-    match *gf {
+    let src = match *gf {
         GapField::ByOnly(b) => {
-            gap_steps::<T, L, true>(field, Some(b), z, x, y, tx, ty, qop, z_to, n_steps, jac)
+            let src = Source::Fixed(b);
+            return gap_steps::<T, L, true>(field, src, z, x, y, tx, ty, qop, z_to, n_steps, jac);
         }
-        GapField::Uniform(b) => {
-            gap_steps::<T, L, false>(field, Some(b), z, x, y, tx, ty, qop, z_to, n_steps, jac)
+        GapField::Uniform(b) => Source::Fixed(b),
+        GapField::Map => Source::Map,
+        GapField::Profile => {
+            // Each lane's straight line over the gap: ends and middle.
+            let dz = z_to - *z;
+            let half = Pack::of(0.5);
+            let b0 = field_packs(field, Source::Map, *x, *y, *z);
+            let bm = field_packs(field, Source::Map, *x + half * dz * *tx, *y + half * dz * *ty, *z + half * dz);
+            let b1 = field_packs(field, Source::Map, *x + dz * *tx, *y + dz * *ty, z_to);
+            let mut c = [[Pack::of(0.0); 3]; 3];
+            for k in 0..3 {
+                c[0][k] = b0[k];
+                c[1][k] = Pack::of(4.0) * bm[k] - Pack::of(3.0) * b0[k] - b1[k];
+                c[2][k] = Pack::of(2.0) * (b0[k] + b1[k]) - Pack::of(4.0) * bm[k];
+            }
+            let mut inv_dz = Pack::of(0.0);
+            for l in 0..L {
+                // A lane that does not move reads the field at its start.
+                if dz.0[l] != T::of(0.0) {
+                    inv_dz.0[l] = T::of(1.0) / dz.0[l];
+                }
+            }
+            Source::Parabola { z0: *z, inv_dz, c }
         }
-        GapField::Map => {
-            gap_steps::<T, L, false>(field, None, z, x, y, tx, ty, qop, z_to, n_steps, jac)
-        }
-    }
+    };
+    gap_steps::<T, L, false>(field, src, z, x, y, tx, ty, qop, z_to, n_steps, jac)
 }
 
 /// The steps of [`propagate_gap`]; `BY_ONLY`: the field is `uniform` with only its y
@@ -838,7 +901,7 @@ pub fn propagate_gap_in<T: Real, const L: usize>(
 #[allow(clippy::too_many_arguments)]
 fn gap_steps<T: Real, const L: usize, const BY_ONLY: bool>(
     field: &Field,
-    uniform: Option<[Pack<T, L>; 3]>,
+    src: Source<T, L>,
     z: &mut Pack<T, L>,
     x: &mut Pack<T, L>,
     y: &mut Pack<T, L>,
@@ -851,9 +914,9 @@ fn gap_steps<T: Real, const L: usize, const BY_ONLY: bool>(
 ) {
     let n = n_steps.max(1);
     let h = (z_to - *z) * Pack::of(1.0 / n as f64);
-    *jac = rk4_step_packs::<T, L, BY_ONLY>(field, uniform, z, x, y, tx, ty, qop, h);
+    *jac = rk4_step_packs::<T, L, BY_ONLY>(field, src, z, x, y, tx, ty, qop, h);
     for _ in 1..n {
-        let step = rk4_step_packs::<T, L, BY_ONLY>(field, uniform, z, x, y, tx, ty, qop, h);
+        let step = rk4_step_packs::<T, L, BY_ONLY>(field, src, z, x, y, tx, ty, qop, h);
         let mut prev = [[[T::of(0.0); L]; 3]; 4];
         let mut st = prev;
         for r in 0..4 {
@@ -873,21 +936,38 @@ fn gap_steps<T: Real, const L: usize, const BY_ONLY: bool>(
     *z = z_to;
 }
 
-/// Field at one point per lane: the uniform value, or a lookup per lane.
+/// The field at `p`: in single precision for the `f32` kernels ([`Field::at_f32`]), in
+/// double precision for the reference.
+#[inline(always)]
+fn lookup<T: Real>(field: &Field, p: [T; 3]) -> [f64; 3] {
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f64>() {
+        field.at(p.map(T::to_f64))
+    } else {
+        field.at_f32(p.map(|v| v.to_f64() as f32)).map(f64::from)
+    }
+}
+
+/// Field at one point per lane: the uniform value, the lane's parabola in z, or a lookup
+/// per lane.
 #[inline(always)]
 fn field_packs<T: Real, const L: usize>(
     field: &Field,
-    uniform: Option<[Pack<T, L>; 3]>,
+    src: Source<T, L>,
     x: Pack<T, L>,
     y: Pack<T, L>,
     z: Pack<T, L>,
 ) -> [Pack<T, L>; 3] {
-    if let Some(b) = uniform {
-        return b;
+    match src {
+        Source::Fixed(b) => return b,
+        Source::Parabola { z0, inv_dz, c } => {
+            let u = (z - z0) * inv_dz;
+            return std::array::from_fn(|k| c[0][k] + u * (c[1][k] + u * c[2][k]));
+        }
+        Source::Map => {}
     }
     let mut b = [Pack::of(0.0); 3];
     for l in 0..L {
-        let v = field.at([x.0[l].to_f64(), y.0[l].to_f64(), z.0[l].to_f64()]);
+        let v = lookup::<T>(field, [x.0[l], y.0[l], z.0[l]]);
         for k in 0..3 {
             b[k].0[l] = T::of(v[k]);
         }
@@ -1013,7 +1093,7 @@ fn add3<T: Real, const L: usize>(acc: &mut [Pack<T, L>; 3], v: &[Pack<T, L>; 3])
 #[allow(clippy::too_many_arguments)]
 fn rk4_step_packs<T: Real, const L: usize, const BY_ONLY: bool>(
     field: &Field,
-    uniform: Option<[Pack<T, L>; 3]>,
+    src: Source<T, L>,
     z: &mut Pack<T, L>,
     x: &mut Pack<T, L>,
     y: &mut Pack<T, L>,
@@ -1024,12 +1104,12 @@ fn rk4_step_packs<T: Real, const L: usize, const BY_ONLY: bool>(
 ) -> JacobianPacks<T, L> {
     let one = Pack::of(1.0);
     let hh = h * Pack::of(0.5);
-    let b1 = field_packs(field, uniform, *x, *y, *z);
+    let b1 = field_packs(field, src, *x, *y, *z);
     let (p1, dpx1, dpy1) = stage_packs::<T, L, BY_ONLY>(*tx, *ty, qop, b1, None);
     let (tx2, ty2, dtx2, dty2) = next_stage(*tx, *ty, hh, &p1, &dpx1, &dpy1);
     // Sums over stages 1..=3 (position rows) and 2..=3 (counted twice in the slope rows).
     let (mut sp, mut sdx, mut sdy) = (p1, dpx1, dpy1);
-    let b2 = field_packs(field, uniform, *x + hh * *tx, *y + hh * *ty, *z + hh);
+    let b2 = field_packs(field, src, *x + hh * *tx, *y + hh * *ty, *z + hh);
     let (p2, dpx2, dpy2) = stage_packs::<T, L, BY_ONLY>(tx2, ty2, qop, b2, Some((&dtx2, &dty2)));
     let (tx3, ty3, dtx3, dty3) = next_stage(*tx, *ty, hh, &p2, &dpx2, &dpy2);
     let (mut mp, mut mdx, mut mdy) = (p2, dpx2, dpy2);
@@ -1037,7 +1117,7 @@ fn rk4_step_packs<T: Real, const L: usize, const BY_ONLY: bool>(
     sp[1] += p2[1];
     add3(&mut sdx, &dpx2);
     add3(&mut sdy, &dpy2);
-    let b3 = field_packs(field, uniform, *x + hh * tx2, *y + hh * ty2, *z + hh);
+    let b3 = field_packs(field, src, *x + hh * tx2, *y + hh * ty2, *z + hh);
     let (p3, dpx3, dpy3) = stage_packs::<T, L, BY_ONLY>(tx3, ty3, qop, b3, Some((&dtx3, &dty3)));
     let (tx4, ty4, dtx4, dty4) = next_stage(*tx, *ty, h, &p3, &dpx3, &dpy3);
     sp[0] += p3[0];
@@ -1048,7 +1128,7 @@ fn rk4_step_packs<T: Real, const L: usize, const BY_ONLY: bool>(
     mp[1] += p3[1];
     add3(&mut mdx, &dpx3);
     add3(&mut mdy, &dpy3);
-    let b4 = field_packs(field, uniform, *x + h * tx3, *y + h * ty3, *z + h);
+    let b4 = field_packs(field, src, *x + h * tx3, *y + h * ty3, *z + h);
     let (p4, dpx4, dpy4) = stage_packs::<T, L, BY_ONLY>(tx4, ty4, qop, b4, Some((&dtx4, &dty4)));
 
     // P_1 + 2 (P_2 + P_3) + P_4 = (P_1 + P_2 + P_3) + (P_2 + P_3) + P_4.
