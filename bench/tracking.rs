@@ -82,7 +82,7 @@ fn main() {
     }
     let mut spectrometer_det = None;
     for (config, path, minbias, central) in configs {
-        let det = match Detector::from_toml_file(&root.join(path)) {
+        let det = match Detector::from_toml_file(root.join(path)) {
             Ok(d) => d,
             Err(e) => {
                 eprintln!("{e}");

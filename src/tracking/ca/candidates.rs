@@ -9,9 +9,9 @@
 // vectorises); iterator chains over one of them would hide that.
 #![allow(clippy::needless_range_loop)]
 
+use super::cuts::FinderConfig;
 use super::{CaBuffers, Candidate};
 use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter, LANES};
-use crate::tracking::reco::FinderConfig;
 
 /// An unsigned key in the order of [`f32::total_cmp`].
 #[inline]

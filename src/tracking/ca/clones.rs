@@ -6,9 +6,9 @@
 //! field), it is a clone and dropped. Ghosts (random combinations) are removed earlier by
 //! the triplet, neighbour and fit chi-square cuts and `min_hits`.
 
+use super::cuts::FinderConfig;
 use super::{CaBuffers, FinderGeometry};
 use crate::tracking::propagate::propagate;
-use crate::tracking::reco::FinderConfig;
 
 /// Removes clones from `buf.accepted`; returns how many were removed.
 pub fn suppress_clones(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuffers) -> usize {

@@ -18,9 +18,9 @@
 // loops index several arrays by lane.
 #![allow(clippy::neg_cmp_op_on_partial_ord, clippy::needless_range_loop)]
 
+use super::cuts::FinderConfig;
 use super::{push_doublet, CaBuffers, Doublet, FinderGeometry, Kernel};
 use crate::tracking::propagate::K_GEV_PER_T_MM;
-use crate::tracking::reco::FinderConfig;
 use std::ops::Range;
 
 /// Hits whose windows are computed together.

@@ -135,10 +135,10 @@ pub fn free_hits(sh: &SortedHits, out: &mut SortedHits, prefix: &mut Vec<u32>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tracking::ca::cuts::FinderConfig;
     use crate::tracking::ca::doublets::scan_box;
     use crate::tracking::ca::Kernel;
     use crate::tracking::reco::synthetic::detector;
-    use crate::tracking::reco::FinderConfig;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 

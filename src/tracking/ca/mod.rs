@@ -28,12 +28,13 @@
 //! hits or doublets per vector instruction (AVX2, chosen at run time: [`Kernel`]); the
 //! portable kernel gives the same results.
 //!
-//! The steps share the buffers in [`CaBuffers`], sized once from [`crate::tracking::reco::Limits`];
+//! The steps share the buffers in [`CaBuffers`], sized once from [`cuts::Limits`];
 //! every push is bounded and an overflow is counted in [`Overflow`] instead of growing.
 
 pub mod bending;
 pub mod candidates;
 pub mod clones;
+pub mod cuts;
 pub mod doublets;
 pub mod evolution;
 pub mod hit_sorting;
@@ -42,8 +43,8 @@ pub mod triplets;
 
 use crate::tracking::geometry::{Detector, Field};
 use crate::tracking::kalman::FitHit;
-use crate::tracking::propagate::K_GEV_PER_T_MM;
-use crate::tracking::reco::{FinderConfig, Limits};
+pub use cuts::{max_curvature_per_mm, slope_factor};
+use cuts::{FinderConfig, Limits};
 
 /// Which code the finder's vector steps run: compiled for the target's baseline, or for
 /// AVX2 (chosen at run time). Both find the same doublets and triplets: the AVX2 code uses
@@ -628,35 +629,4 @@ impl CaBuffers {
         b.hit_bin.reserve(h);
         b
     }
-}
-
-/// Factor on the projected scattering angle of a track with slopes `(tx, ty)`: the longer
-/// path through a plane and the projection of the space angle on the x-z and y-z planes
-/// (1 at normal incidence).
-#[inline]
-pub fn slope_factor(tx: f64, ty: f64) -> f64 {
-    let t = tx.abs().max(ty.abs());
-    let n2 = 1.0 + tx * tx + ty * ty;
-    ((1.0 + t * t) * n2).sqrt() * n2.sqrt().sqrt()
-}
-
-/// Largest |d2x/dz2| and |d2y/dz2| (1/mm) of tracks above `min_p_gev` with slopes up to
-/// the given limits, from the largest field on the lines from the origin at `z_origin_mm`
-/// through the acceptance ([`bending::max_field_tesla`]) up to the last plane.
-pub fn max_curvature_per_mm(
-    det: &Detector,
-    z_origin_mm: f64,
-    min_p_gev: f64,
-    max_tx: f64,
-    max_ty: f64,
-) -> (f64, f64) {
-    let Some(last) = det.planes.last() else {
-        return (0.0, 0.0);
-    };
-    let bmax = bending::max_field_tesla(&det.field, z_origin_mm, last.z_mm, [max_tx, max_ty]);
-    let n = (1.0 + max_tx * max_tx + max_ty * max_ty).sqrt();
-    let ax = max_tx * max_ty * bmax[0] + (1.0 + max_tx * max_tx) * bmax[1] + max_ty * bmax[2];
-    let ay = (1.0 + max_ty * max_ty) * bmax[0] + max_tx * max_ty * bmax[1] + max_tx * bmax[2];
-    let k = K_GEV_PER_T_MM / min_p_gev.max(1e-3) * n;
-    (k * ax, k * ay)
 }

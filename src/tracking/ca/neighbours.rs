@@ -3,8 +3,8 @@
 //! resolutions (chi-square of the q/p difference below `neighbour_chi2_max`). Without a
 //! field sharing the doublet is the whole condition: both kinks were already checked.
 
+use super::cuts::FinderConfig;
 use super::CaBuffers;
-use crate::tracking::reco::FinderConfig;
 
 /// Fills `buf.left_start` / `buf.left` (left neighbours per triplet) and `buf.has_right`.
 pub fn find_neighbours(cfg: &FinderConfig, buf: &mut CaBuffers) {

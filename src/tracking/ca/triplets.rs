@@ -28,13 +28,13 @@
 // loops index several arrays by lane.
 #![allow(clippy::neg_cmp_op_on_partial_ord, clippy::needless_range_loop)]
 
+use super::cuts::FinderConfig;
 use super::doublets::{scan_cells, slopes, PlaneWindows};
 use super::{
     push_doublet, CaBuffers, Doublet, DoubletLanes, FinderGeometry, Kernel, SortedHits, Triplet,
 };
 use crate::tracking::geometry::Field;
 use crate::tracking::propagate::K_GEV_PER_T_MM;
-use crate::tracking::reco::FinderConfig;
 
 /// Lanes of the lane-parallel phases.
 pub const LANES: usize = 8;

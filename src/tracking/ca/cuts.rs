@@ -1,0 +1,465 @@
+//! Every cut of the finder and where it comes from: [`FinderConfig`] derives each window
+//! and cut from the detector (plane positions, sizes, resolution, material), the field and
+//! the minimum momentum, and says per field which physical quantity it bounds;
+//! [`FinderOverrides`] replaces chosen values from a TOML `[finder]` table. The field
+//! enters through its bending along the trajectories a track from the origin can take
+//! ([`super::bending`]): the largest field on the lines through the acceptance for the
+//! curvature bounds here, the tent-weighted mean fields of each plane pair and triple for
+//! the doublet and triplet windows ([`super::FinderGeometry`]).
+//!
+//! | window or cut | bounds |
+//! | --- | --- |
+//! | `max_tx`, `max_ty` | the slopes of tracks from the origin inside the acceptance, plus the bending of a track at the minimum momentum over the detector |
+//! | `max_curvature_*_per_mm` | d2x/dz2 and d2y/dz2 of a track at the minimum momentum (with `momentum_slack`) in the largest field on the lines through the acceptance |
+//! | doublet pointing window | the miss at the origin: origin size + the pointing tent's bending at the minimum momentum + `n_sigma` scattering upstream + resolution |
+//! | triplet continuation window | the change of chord slope: the pointing parabola's prediction, corrected by the q/p it allows for the difference of the pointing and triplet tents' fields, + origin size + `n_sigma` scattering and resolution |
+//! | `triplet_chi2_max` | the breaking angle not explained by the triplet tent's field, in units of scattering and resolution |
+//! | `neighbour_chi2_max` | the q/p difference of neighbouring triplets in units of their errors |
+//! | `clone_window_mm` | the scattering displacement over the detector at the minimum momentum |
+//! | exit margins (`may_leave`) | the curvature bound, scattering and resolution over one plane gap |
+
+use crate::tracking::geometry::Detector;
+use crate::tracking::kalman::{FitConfig, MAX_PLANES};
+use crate::tracking::propagate::K_GEV_PER_T_MM;
+use serde::Deserialize;
+
+use super::{bending, FinderGeometry};
+
+/// Maximum sizes of the finder's per-event buffers (all reserved at construction; what
+/// does not fit is dropped and counted in [`Overflow`]). The defaults hold a central event
+/// of the default spectrometer (about 2000 hits per plane, 0.4 M doublets, 1.1 M
+/// triplets) with room to spare, about 130 MB per reconstructor.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Hits per event.
+    pub max_hits: usize,
+    /// Doublets per event.
+    pub max_doublets: usize,
+    /// Triplets per event.
+    pub max_triplets: usize,
+    /// Neighbour relations per event.
+    pub max_neighbours: usize,
+    /// Track candidates per event.
+    pub max_candidates: usize,
+    /// Tracks per event.
+    pub max_tracks: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_hits: 1 << 16,
+            max_doublets: 1 << 20,
+            max_triplets: 1 << 21,
+            max_neighbours: 1 << 22,
+            max_candidates: 1 << 15,
+            max_tracks: 1 << 14,
+        }
+    }
+}
+
+/// Every cut of the finder. Build with [`FinderConfig::from_detector`]; the derived values
+/// are documented per field.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FinderConfig {
+    /// Minimum momentum of the tracks to find, GeV/c: sets the bending windows and the
+    /// multiple-scattering windows.
+    pub min_p_gev: f64,
+    /// Factor on the curvature of a `min_p_gev` track allowed by the cuts (so tracks at the
+    /// threshold survive their resolution). Default 1.15.
+    pub momentum_slack: f64,
+    /// z of the region the tracks come from (target / interaction point), mm. Default 0, the
+    /// coordinate origin of the geometry.
+    pub origin_z_mm: f64,
+    /// Half size in x of that region, mm; infinite disables the pointing window. Default
+    /// 1.5 mm (a beam spot up to 0.5 mm rms at 3 sigma).
+    pub origin_half_x_mm: f64,
+    /// Half size in y of that region, mm. Default 1.5 mm.
+    pub origin_half_y_mm: f64,
+    /// Largest |dx/dz| of a doublet. Default: the widest plane's half width over its
+    /// distance from the origin, plus the bending of a `min_p_gev` track over the detector.
+    pub max_tx: f64,
+    /// Largest |dy/dz| of a doublet, as `max_tx`.
+    pub max_ty: f64,
+    /// Largest |d2x/dz2| of a track above the minimum momentum, 1/mm. Default from the
+    /// field sampled along the axis and `momentum_slack`.
+    pub max_curvature_x_per_mm: f64,
+    /// Largest |d2y/dz2|, as `max_curvature_x_per_mm`.
+    pub max_curvature_y_per_mm: f64,
+    /// Largest factor on scattering angles for inclined tracks (longer path, projected
+    /// angles): the cuts use the factor of each hit's or track's own slopes
+    /// ([`ca::slope_factor`]), at most this one. Default: the factor at the slope limits.
+    pub slope_factor: f64,
+    /// Width of every window in standard deviations (scattering and resolution). Default 4.
+    pub n_sigma: f64,
+    /// Make doublets that skip one plane (inefficient plane). Default true.
+    pub allow_missing_plane: bool,
+    /// Fewest hits of a track found in the first pass, which makes doublets on consecutive
+    /// planes only (a fraction of the combinations of the doublets skipping a plane); the
+    /// second pass, with the skipping doublets when `allow_missing_plane`, runs on the hits
+    /// the first left. Default `n_planes - 1` (tracks without a gap inside), at least
+    /// `min_hits`; above the number of planes (or without `allow_missing_plane`) there is
+    /// one pass.
+    pub first_pass_min_hits: usize,
+    /// The first of two passes takes only tracks that reach the last plane or may leave
+    /// the detector before it (their last doublet's extrapolation, widened by the curvature
+    /// at the momentum cut, the scattering and the resolution, reaches outside the next
+    /// plane: [`ca::FinderGeometry::may_leave`]). A track that stops early because the next
+    /// plane missed its hit is left to the second pass, which finds tracks with missing
+    /// planes anyway; the first pass then follows far fewer possible track ends (in the
+    /// seeded search every doublet onto a plane before the last is one). Default true.
+    pub first_pass_to_last_plane: bool,
+    /// The pass on consecutive planes follows its tracks upstream from the planes they can
+    /// end on, where the hits are least dense (doublets on the other planes are made only
+    /// as extensions of triplets, see [`ca::triplets::find_triplets_seeded`]): the same
+    /// tracks as making every doublet, for a fraction of the work. Default true.
+    pub follow_seeds: bool,
+    /// Fewest hits of an event for following the seeds: in sparse events nearly every
+    /// doublet belongs to a track and the full search is cheaper. Default 2000.
+    pub follow_seeds_min_hits: usize,
+    /// Grid bins per plane in x for the window search (a window scans, per grid row it
+    /// overlaps, the cells between its columns). Default 8.
+    pub bins_x: usize,
+    /// Grid rows per plane in y: a window scans the hits of the rows it overlaps, so rows
+    /// about as high as the narrowest windows are best. Default 128.
+    pub bins_y: usize,
+    /// Cut on the breaking-angle chi-square of a triplet at the minimum momentum. Default
+    /// `n_sigma^2` (plus one degree of freedom without field).
+    pub triplet_chi2_max: f64,
+    /// Cut on the chi-square of the q/p difference of neighbouring triplets. Default
+    /// `n_sigma^2`.
+    pub neighbour_chi2_max: f64,
+    /// Fewest hits of a track. Default 4 (3 on a detector of three planes).
+    pub min_hits: usize,
+    /// Cut on the Kalman fit's chi-square per degree of freedom. Default 5.
+    pub max_chi2_ndf: f64,
+    /// A short track whose hits all lie this close (mm) to a longer track's trajectory is
+    /// its clone. Default `n_sigma` times the scattering displacement over the detector at
+    /// the minimum momentum, at least 10 hit resolutions.
+    pub clone_window_mm: f64,
+    /// Kalman fit settings.
+    pub fit: FitConfig,
+    /// Buffer sizes.
+    pub limits: Limits,
+}
+
+impl FinderConfig {
+    /// Cuts derived from the detector for tracks above `min_p_gev`.
+    pub fn from_detector(det: &Detector, min_p_gev: f64) -> Self {
+        let min_p = if min_p_gev.is_finite() && min_p_gev > 0.0 {
+            min_p_gev
+        } else {
+            1.0
+        };
+        let origin_z_mm = 0.0;
+        let momentum_slack = 1.15;
+        let fit = FitConfig::from_detector(det);
+        // Slope limits from the acceptance seen from the origin.
+        let mut tx_geo: f64 = 0.0;
+        let mut ty_geo: f64 = 0.0;
+        for p in &det.planes {
+            let lever = p.z_mm - origin_z_mm;
+            if lever > 1.0 {
+                tx_geo = tx_geo.max(p.half_x_mm / lever);
+                ty_geo = ty_geo.max(p.half_y_mm / lever);
+            }
+        }
+        if tx_geo == 0.0 {
+            tx_geo = 1.0;
+            ty_geo = 1.0;
+        }
+        let (cx0, cy0) =
+            max_curvature_per_mm(det, origin_z_mm, min_p / momentum_slack, tx_geo, ty_geo);
+        let length = det
+            .planes
+            .last()
+            .map(|p| p.z_mm - origin_z_mm)
+            .unwrap_or(0.0)
+            .max(0.0);
+        let max_tx = (tx_geo + cx0 * length).min(3.0);
+        let max_ty = (ty_geo + cy0 * length).min(3.0);
+        let (cx, cy) =
+            max_curvature_per_mm(det, origin_z_mm, min_p / momentum_slack, max_tx, max_ty);
+        let slope_factor = slope_factor(max_tx, max_ty);
+        let n_sigma: f64 = 4.0;
+        let mut cfg = FinderConfig {
+            min_p_gev: min_p,
+            momentum_slack,
+            origin_z_mm,
+            origin_half_x_mm: 1.5,
+            origin_half_y_mm: 1.5,
+            max_tx,
+            max_ty,
+            max_curvature_x_per_mm: cx,
+            max_curvature_y_per_mm: cy,
+            slope_factor,
+            n_sigma,
+            allow_missing_plane: true,
+            first_pass_min_hits: 0,
+            first_pass_to_last_plane: true,
+            follow_seeds: true,
+            follow_seeds_min_hits: 2000,
+            bins_x: 8,
+            bins_y: 128,
+            triplet_chi2_max: n_sigma * n_sigma + if fit.fit_momentum { 0.0 } else { 2.0 },
+            neighbour_chi2_max: n_sigma * n_sigma,
+            min_hits: if det.planes.len() >= 4 { 4 } else { 3 },
+            max_chi2_ndf: 5.0,
+            clone_window_mm: 0.0,
+            fit,
+            limits: Limits::default(),
+        };
+        cfg.first_pass_min_hits = det.planes.len().saturating_sub(1).max(cfg.min_hits);
+        let geo = FinderGeometry::new(det, &cfg);
+        let sigma_max = det
+            .planes
+            .iter()
+            .map(|p| p.sigma_x_mm.max(p.sigma_y_mm))
+            .fold(0.0, f64::max);
+        let ms = geo.planes.last().map(|g| g.ms_origin_mm).unwrap_or(0.0);
+        cfg.clone_window_mm = (n_sigma * ms * slope_factor).max(10.0 * sigma_max);
+        cfg
+    }
+
+    /// Derived cuts with the given overrides applied.
+    pub fn from_detector_with(det: &Detector, min_p_gev: f64, ov: &FinderOverrides) -> Self {
+        let min_p = ov.min_p_gev.unwrap_or(min_p_gev);
+        let mut c = FinderConfig::from_detector(det, min_p);
+        ov.apply(&mut c);
+        c
+    }
+
+    /// Largest |q/p| the cuts accept, e/(GeV/c).
+    pub fn qop_max(&self) -> f64 {
+        self.momentum_slack / self.min_p_gev
+    }
+
+    /// Checks the values make sense for `det`; the message names the field.
+    pub fn validate(&self, det: &Detector) -> Result<(), ConfigError> {
+        let bad = |field: &'static str, reason: &str| {
+            Err(ConfigError::Invalid {
+                field,
+                reason: reason.to_string(),
+            })
+        };
+        if det.planes.len() < 3 {
+            return bad(
+                "planes",
+                "the detector needs at least 3 planes to find tracks",
+            );
+        }
+        if det.planes.len() > MAX_PLANES {
+            return bad("planes", "too many planes (at most 64)");
+        }
+        if !(self.min_p_gev > 0.0 && self.min_p_gev.is_finite()) {
+            return bad("min_p_gev", "must be positive");
+        }
+        for (name, v) in [
+            ("momentum_slack", self.momentum_slack),
+            ("n_sigma", self.n_sigma),
+            ("max_tx", self.max_tx),
+            ("max_ty", self.max_ty),
+            ("slope_factor", self.slope_factor),
+            ("triplet_chi2_max", self.triplet_chi2_max),
+            ("neighbour_chi2_max", self.neighbour_chi2_max),
+            ("max_chi2_ndf", self.max_chi2_ndf),
+        ] {
+            if v.is_nan() || v <= 0.0 {
+                return bad(name, "must be positive");
+            }
+        }
+        for (name, v) in [
+            ("origin_half_x_mm", self.origin_half_x_mm),
+            ("origin_half_y_mm", self.origin_half_y_mm),
+            ("max_curvature_x_per_mm", self.max_curvature_x_per_mm),
+            ("max_curvature_y_per_mm", self.max_curvature_y_per_mm),
+            ("clone_window_mm", self.clone_window_mm),
+        ] {
+            if v.is_nan() || v < 0.0 {
+                return bad(name, "must be zero or positive");
+            }
+        }
+        if self.min_hits < 3 || self.min_hits > det.planes.len() {
+            return bad(
+                "min_hits",
+                "must be at least 3 and at most the number of planes",
+            );
+        }
+        if self.first_pass_min_hits < self.min_hits {
+            return bad("first_pass_min_hits", "must be at least min_hits");
+        }
+        if self.bins_x == 0 || self.bins_y == 0 || self.bins_x > 1024 || self.bins_y > 1024 {
+            return bad("bins_x/bins_y", "must be between 1 and 1024");
+        }
+        let l = &self.limits;
+        if [
+            l.max_hits,
+            l.max_doublets,
+            l.max_triplets,
+            l.max_neighbours,
+            l.max_candidates,
+            l.max_tracks,
+        ]
+        .contains(&0)
+        {
+            return bad("limits", "every limit must be positive");
+        }
+        if l.max_hits > u32::MAX as usize / 2
+            || l.max_doublets > u32::MAX as usize / 2
+            || l.max_triplets > u32::MAX as usize / 2
+        {
+            return bad("limits", "limits must stay below 2^31");
+        }
+        let positive = |v: f64| v > 0.0 && v.is_finite();
+        if !positive(self.fit.max_step_mm)
+            || !positive(self.fit.p_no_field_gev)
+            || !positive(self.fit.qop_prior_floor)
+        {
+            return bad(
+                "fit",
+                "max_step_mm, p_no_field_gev and qop_prior_floor must be positive",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A configuration error.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ConfigError {
+    #[error("finder.{field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
+}
+
+/// Overrides of the derived cuts, as read from a TOML `[finder]` table; absent keys keep
+/// the derived value. Unknown keys are refused.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FinderOverrides {
+    pub min_p_gev: Option<f64>,
+    pub momentum_slack: Option<f64>,
+    pub origin_z_mm: Option<f64>,
+    pub origin_half_x_mm: Option<f64>,
+    pub origin_half_y_mm: Option<f64>,
+    pub max_tx: Option<f64>,
+    pub max_ty: Option<f64>,
+    pub max_curvature_x_per_mm: Option<f64>,
+    pub max_curvature_y_per_mm: Option<f64>,
+    pub slope_factor: Option<f64>,
+    pub n_sigma: Option<f64>,
+    pub allow_missing_plane: Option<bool>,
+    pub first_pass_min_hits: Option<usize>,
+    pub first_pass_to_last_plane: Option<bool>,
+    pub follow_seeds: Option<bool>,
+    pub follow_seeds_min_hits: Option<usize>,
+    pub bins_x: Option<usize>,
+    pub bins_y: Option<usize>,
+    pub triplet_chi2_max: Option<f64>,
+    pub neighbour_chi2_max: Option<f64>,
+    pub min_hits: Option<usize>,
+    pub max_chi2_ndf: Option<f64>,
+    pub clone_window_mm: Option<f64>,
+    pub fit: FitOverrides,
+    pub limits: Option<Limits>,
+}
+
+/// Overrides of [`FitConfig`] (`[finder.fit]`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FitOverrides {
+    pub max_step_mm: Option<f64>,
+    pub fit_momentum: Option<bool>,
+    pub p_no_field_gev: Option<f64>,
+    pub qop_prior_rel: Option<f64>,
+    pub qop_prior_floor: Option<f64>,
+    pub mass_gev: Option<f64>,
+}
+
+impl FinderOverrides {
+    /// Parses a `[finder]` table's text (the table's contents, not the header).
+    pub fn from_toml_str(s: &str) -> Result<Self, toml::de::Error> {
+        toml::from_str(s)
+    }
+
+    fn apply(&self, c: &mut FinderConfig) {
+        macro_rules! set {
+            ($($f:ident),*) => { $( if let Some(v) = self.$f { c.$f = v; } )* };
+        }
+        set!(
+            min_p_gev,
+            momentum_slack,
+            origin_z_mm,
+            origin_half_x_mm,
+            origin_half_y_mm,
+            max_tx,
+            max_ty,
+            max_curvature_x_per_mm,
+            max_curvature_y_per_mm,
+            slope_factor,
+            n_sigma,
+            allow_missing_plane,
+            first_pass_min_hits,
+            first_pass_to_last_plane,
+            follow_seeds,
+            follow_seeds_min_hits,
+            bins_x,
+            bins_y,
+            triplet_chi2_max,
+            neighbour_chi2_max,
+            min_hits,
+            max_chi2_ndf,
+            clone_window_mm
+        );
+        if self.first_pass_min_hits.is_none() {
+            // The derived value follows an overridden `min_hits`.
+            c.first_pass_min_hits = c.first_pass_min_hits.max(c.min_hits);
+        }
+        let f = &self.fit;
+        macro_rules! set_fit {
+            ($($f:ident),*) => { $( if let Some(v) = f.$f { c.fit.$f = v; } )* };
+        }
+        set_fit!(
+            max_step_mm,
+            fit_momentum,
+            p_no_field_gev,
+            qop_prior_rel,
+            qop_prior_floor,
+            mass_gev
+        );
+        if let Some(l) = &self.limits {
+            c.limits = l.clone();
+        }
+    }
+}
+
+/// Factor on the projected scattering angle of a track with slopes `(tx, ty)`: the longer
+/// path through a plane and the projection of the space angle on the x-z and y-z planes
+/// (1 at normal incidence).
+#[inline]
+pub fn slope_factor(tx: f64, ty: f64) -> f64 {
+    let t = tx.abs().max(ty.abs());
+    let n2 = 1.0 + tx * tx + ty * ty;
+    ((1.0 + t * t) * n2).sqrt() * n2.sqrt().sqrt()
+}
+
+/// Largest |d2x/dz2| and |d2y/dz2| (1/mm) of tracks above `min_p_gev` with slopes up to
+/// the given limits, from the largest field on the lines from the origin at `z_origin_mm`
+/// through the acceptance ([`bending::max_field_tesla`]) up to the last plane.
+pub fn max_curvature_per_mm(
+    det: &Detector,
+    z_origin_mm: f64,
+    min_p_gev: f64,
+    max_tx: f64,
+    max_ty: f64,
+) -> (f64, f64) {
+    let Some(last) = det.planes.last() else {
+        return (0.0, 0.0);
+    };
+    let bmax = bending::max_field_tesla(&det.field, z_origin_mm, last.z_mm, [max_tx, max_ty]);
+    let n = (1.0 + max_tx * max_tx + max_ty * max_ty).sqrt();
+    let ax = max_tx * max_ty * bmax[0] + (1.0 + max_tx * max_tx) * bmax[1] + max_ty * bmax[2];
+    let ay = (1.0 + max_ty * max_ty) * bmax[0] + max_tx * max_ty * bmax[1] + max_tx * bmax[2];
+    let k = K_GEV_PER_T_MM / min_p_gev.max(1e-3) * n;
+    (k * ax, k * ay)
+}
