@@ -203,7 +203,11 @@ impl FieldMap {
         // The eight nodes of the cell (`cell[a] <= dims[a] - 2`, so all in the grid).
         let c = &self.nodes_tesla[base..=base + sx + sy + 1];
         let lerp = |a: [f32; 3], b: [f32; 3], t: f32| -> [f32; 3] {
-            [a[0] + t * (b[0] - a[0]), a[1] + t * (b[1] - a[1]), a[2] + t * (b[2] - a[2])]
+            [
+                a[0] + t * (b[0] - a[0]),
+                a[1] + t * (b[1] - a[1]),
+                a[2] + t * (b[2] - a[2]),
+            ]
         };
         let c00 = lerp(c[0], c[1], fz);
         let c01 = lerp(c[sy], c[sy + 1], fz);

@@ -109,9 +109,15 @@ fn gap_profiles(det: &Detector) -> Vec<bool> {
     if det.field.is_uniform() || planes.len() < 2 {
         return vec![false; planes.len()];
     }
-    let t_max = planes.iter().filter(|p| p.z_mm > 1.0).fold([0.0f64; 2], |t, p| {
-        [t[0].max(p.half_x_mm / p.z_mm), t[1].max(p.half_y_mm / p.z_mm)]
-    });
+    let t_max = planes
+        .iter()
+        .filter(|p| p.z_mm > 1.0)
+        .fold([0.0f64; 2], |t, p| {
+            [
+                t[0].max(p.half_x_mm / p.z_mm),
+                t[1].max(p.half_y_mm / p.z_mm),
+            ]
+        });
     (0..planes.len())
         .map(|p| {
             let Some(next) = planes.get(p + 1) else {
@@ -1355,8 +1361,18 @@ mod profile_tests {
             let mut hits = Vec::new();
             let q = if k % 2 == 0 { 1.0 } else { -1.0 };
             let p = 1.0 + 0.5 * k as f64;
-            let t = [0.004 * (k % 9) as f64 - 0.016, 0.003 * (k % 7) as f64 - 0.009];
-            let (ids, _) = track(&det, [0.0, 0.0, t[0], t[1], q / p], true, true, &mut rng, &mut hits);
+            let t = [
+                0.004 * (k % 9) as f64 - 0.016,
+                0.003 * (k % 7) as f64 - 0.009,
+            ];
+            let (ids, _) = track(
+                &det,
+                [0.0, 0.0, t[0], t[1], q / p],
+                true,
+                true,
+                &mut rng,
+                &mut hits,
+            );
             sets.push(
                 ids.iter()
                     .map(|&i| FitHit {
@@ -1378,7 +1394,10 @@ mod profile_tests {
                 let d = (out[k].state[i] - r.state[i]).abs() / sigma;
                 assert!(d < 0.05, "track {k} param {i}: {d} sigma");
             }
-            assert!((out[k].chi2 - r.chi2).abs() < 0.05 * (1.0 + r.chi2), "track {k}");
+            assert!(
+                (out[k].chi2 - r.chi2).abs() < 0.05 * (1.0 + r.chi2),
+                "track {k}"
+            );
         }
     }
 }

@@ -818,14 +818,20 @@ pub fn profile_is_parabolic(
 ) -> bool {
     lines.iter().all(|&(a, b)| {
         let at = |u: f64| {
-            let p = [a[0] + u * (b[0] - a[0]), a[1] + u * (b[1] - a[1]), z0_mm + u * (z1_mm - z0_mm)];
+            let p = [
+                a[0] + u * (b[0] - a[0]),
+                a[1] + u * (b[1] - a[1]),
+                z0_mm + u * (z1_mm - z0_mm),
+            ];
             field.at(p)
         };
         let (b0, bm, b1) = (at(0.0), at(0.5), at(1.0));
         [0.125, 0.25, 0.375, 0.625, 0.75, 0.875].iter().all(|&u| {
             let f = at(u);
             (0..3).all(|c| {
-                let q = b0[c] + u * ((-3.0 * b0[c] + 4.0 * bm[c] - b1[c]) + u * (2.0 * b0[c] - 4.0 * bm[c] + 2.0 * b1[c]));
+                let q = b0[c]
+                    + u * ((-3.0 * b0[c] + 4.0 * bm[c] - b1[c])
+                        + u * (2.0 * b0[c] - 4.0 * bm[c] + 2.0 * b1[c]));
                 (q - f[c]).abs() <= tol_tesla
             })
         })
@@ -874,7 +880,13 @@ pub fn propagate_gap_in<T: Real, const L: usize>(
             let dz = z_to - *z;
             let half = Pack::of(0.5);
             let b0 = field_packs(field, Source::Map, *x, *y, *z);
-            let bm = field_packs(field, Source::Map, *x + half * dz * *tx, *y + half * dz * *ty, *z + half * dz);
+            let bm = field_packs(
+                field,
+                Source::Map,
+                *x + half * dz * *tx,
+                *y + half * dz * *ty,
+                *z + half * dz,
+            );
             let b1 = field_packs(field, Source::Map, *x + dz * *tx, *y + dz * *ty, z_to);
             let mut c = [[Pack::of(0.0); 3]; 3];
             for k in 0..3 {
