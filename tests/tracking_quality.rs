@@ -1,7 +1,12 @@
-//! Physics quality of the CPU track reconstruction on simulated events: efficiency above
-//! 1 GeV/c, ghost and clone rates and the pulls of the five fitted parameters, on the
-//! default spectrometer (`fixtures/detector.toml`) and, with the same derived cuts, on the
-//! field-free test-beam telescope (`fixtures/telescope.toml`).
+//! Physics quality of the CPU track reconstruction on simulated events, with the cuts the
+//! finder derives from each detector and field (no overrides): efficiency above 1 GeV/c
+//! overall and in every momentum bin, ghost and clone rates and the pulls of the five
+//! fitted parameters, on every shipped configuration: the default spectrometer
+//! (`fixtures/detector.toml`, uniform field), the field-free test-beam telescope
+//! (`fixtures/telescope.toml`), the spectrometer in a dipole field map
+//! (`fixtures/tracking/dipole/`: no field upstream of the magnet) and the forward tracker in
+//! a field concentrated between its planes with fringe components and 97 % plane
+//! efficiency (`fixtures/tracking/forward/`, an exponential spectrum from 0.6 GeV/c).
 //!
 //! The CI tests use a few events; `cargo test --release --test tracking_quality -- --ignored`
 //! runs the larger samples quoted in `bench/RESULTS.md`.
@@ -70,10 +75,26 @@ fn check(report: &EvalReport, pulls: &[&str]) {
         report.efficiency
     );
     assert!(
-        report.ghost_rate <= 0.03,
-        "ghost rate {:.4} > 0.03",
+        report.ghost_rate <= 0.02,
+        "ghost rate {:.4} > 0.02",
         report.ghost_rate
     );
+    // Every momentum bin from the minimum momentum up, where it holds enough particles
+    // for the aim to be tested (a bin of 30 found at 99 % falls below 95 % once in ten
+    // thousand).
+    for b in &report.efficiency_vs_p {
+        if b.p_lo_gev >= report.config.min_p_gev && b.n_particles >= 30 {
+            assert!(
+                b.efficiency >= 0.95,
+                "{}-{} GeV/c: efficiency {:.4} < 0.95 ({} / {})",
+                b.p_lo_gev,
+                b.p_hi_gev,
+                b.efficiency,
+                b.n_found,
+                b.n_particles
+            );
+        }
+    }
     assert!(
         report.clone_rate <= 0.01,
         "clone rate {:.4} > 0.01",
@@ -138,6 +159,44 @@ fn spectrometer_central_events_large_sample() {
 fn telescope_central_events_large_sample() {
     let det = fixture("telescope.toml");
     check(&evaluate(&det, Preset::Central, 22, 300), &NO_FIELD);
+}
+
+fn dipole() -> Detector {
+    fixture("tracking/dipole/detector_dipole.toml")
+}
+
+#[test]
+fn dipole_spectrometer_in_a_field_map_minbias_events() {
+    check(&evaluate(&dipole(), Preset::Minbias, 41, 40), &ALL);
+}
+
+#[test]
+fn dipole_spectrometer_in_a_field_map_central_events() {
+    check(&evaluate(&dipole(), Preset::Central, 42, 1), &ALL);
+}
+
+#[test]
+#[ignore = "larger sample; run with --release -- --ignored"]
+fn dipole_spectrometer_central_events_large_sample() {
+    check(&evaluate(&dipole(), Preset::Central, 43, 20), &ALL);
+}
+
+#[test]
+#[ignore = "larger sample; run with --release -- --ignored"]
+fn forward_tracker_central_events_large_sample() {
+    check(
+        &evaluate_with(&forward(), &SimConfig::forward(Preset::Central), 33, 40),
+        &ALL,
+    );
+}
+
+#[test]
+#[ignore = "larger sample; run with --release -- --ignored"]
+fn forward_tracker_minbias_events_large_sample() {
+    check(
+        &evaluate_with(&forward(), &SimConfig::forward(Preset::Minbias), 34, 200),
+        &ALL,
+    );
 }
 
 fn forward() -> Detector {

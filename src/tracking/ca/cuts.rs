@@ -132,7 +132,12 @@ pub struct FinderConfig {
     pub neighbour_chi2_max: f64,
     /// Fewest hits of a track. Default 4 (3 on a detector of three planes).
     pub min_hits: usize,
-    /// Cut on the Kalman fit's chi-square per degree of freedom. Default 5.
+    /// Cut on the Kalman fit's chi-square per degree of freedom. Default 5 where the fit
+    /// measures the momentum. Without a field the fit assumes `fit.p_no_field_gev` for the
+    /// scattering, and a track at the minimum momentum scatters more: 5 times the largest
+    /// ratio over the plane gaps of the residual variance (resolution plus scattering
+    /// over the gap) at the minimum momentum to that at the assumed one
+    /// ([`no_field_chi2_scale`]).
     pub max_chi2_ndf: f64,
     /// A short track whose hits all lie this close (mm) to a longer track's trajectory is
     /// its clone. Default `n_sigma` times the scattering displacement over the detector at
@@ -205,7 +210,11 @@ impl FinderConfig {
             triplet_chi2_max: n_sigma * n_sigma + if fit.fit_momentum { 0.0 } else { 2.0 },
             neighbour_chi2_max: n_sigma * n_sigma,
             min_hits: if det.planes.len() >= 4 { 4 } else { 3 },
-            max_chi2_ndf: 5.0,
+            max_chi2_ndf: if fit.fit_momentum {
+                5.0
+            } else {
+                5.0 * no_field_chi2_scale(det, min_p, fit.p_no_field_gev)
+            },
             clone_window_mm: 0.0,
             fit,
             limits: Limits::default(),
@@ -462,4 +471,26 @@ pub fn max_curvature_per_mm(
     let ay = (1.0 + max_ty * max_ty) * bmax[0] + max_tx * max_ty * bmax[1] + max_tx * bmax[2];
     let k = K_GEV_PER_T_MM / min_p_gev.max(1e-3) * n;
     (k * ax, k * ay)
+}
+
+/// The largest factor, over the gaps between consecutive planes, by which the residual
+/// variance of a hit (resolution plus the scattering angle on the plane before times the
+/// gap) grows from a track at `p_assumed_gev` to one at `min_p_gev`; at least 1.
+pub fn no_field_chi2_scale(det: &Detector, min_p_gev: f64, p_assumed_gev: f64) -> f64 {
+    let theta = |x0: f64, p: f64| {
+        if x0 > 0.0 {
+            0.0136 / p.max(1e-3) * x0.sqrt() * (1.0 + 0.038 * x0.ln())
+        } else {
+            0.0
+        }
+    };
+    det.planes
+        .windows(2)
+        .map(|w| {
+            let var = w[1].sigma_x_mm.min(w[1].sigma_y_mm).powi(2);
+            let dz = w[1].z_mm - w[0].z_mm;
+            let at = |p: f64| var + (theta(w[0].x0_fraction, p) * dz).powi(2);
+            at(min_p_gev) / at(p_assumed_gev).max(1e-30)
+        })
+        .fold(1.0, f64::max)
 }
