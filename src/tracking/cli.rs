@@ -406,7 +406,22 @@ mod tests {
         assert_eq!(report.n_events, 3);
         assert_eq!(report.efficiency, 1.0);
         assert!((report.trackml_score - 1.0).abs() < 1e-9);
-        assert!(dir.path().join("plots/pulls.svg").exists());
+        for name in [
+            "pulls",
+            "efficiency_vs_p",
+            "efficiency_vs_planes",
+            "efficiency_vs_missing",
+            "ghosts_vs_p",
+        ] {
+            assert!(
+                dir.path().join(format!("plots/{name}.svg")).exists(),
+                "{name}"
+            );
+            assert!(
+                dir.path().join(format!("plots/{name}.png")).exists(),
+                "{name}"
+            );
+        }
         let json: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.path().join("report.json")).unwrap())
                 .unwrap();

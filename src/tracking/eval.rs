@@ -18,6 +18,13 @@
 //!   summed truth weight of those shared hits over the event's total weight; the reported
 //!   score is the mean over events. Weights come from the truth file (uniform over particle
 //!   hits when it has none).
+//! - Efficiency against the planes a reconstructable particle hit (distinct planes) and
+//!   against its missing planes (planes inside its span, from its first to its last plane
+//!   hit, that have no hit of it: an inefficient plane or a crack), counted over the same
+//!   particles as the overall efficiency (the last bin holds that many and more).
+//! - Ghost rate against momentum: ghosts and tracks per bin of the *fitted* momentum
+//!   (a ghost has no true one); tracks without a measured momentum (no field) are counted
+//!   apart.
 //! - Pulls: `(fitted - true) / sqrt(variance)` for x, y, tx, ty, q/p at the track's z, the
 //!   truth state taken from the matched particle's truth hit at that z (transported with the
 //!   detector's field when the particle has no hit there and a detector is given). Only
@@ -156,6 +163,30 @@ pub struct MomentumBin {
     pub resolution: RobustStat,
 }
 
+/// Efficiency of the reconstructable particles in one class (planes hit, missing planes).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClassBin {
+    /// The class: the number of planes (the last bin: this many or more).
+    pub value: usize,
+    pub n_particles: usize,
+    pub n_found: usize,
+    pub efficiency: f64,
+    pub efficiency_error: f64,
+}
+
+/// Ghosts among the tracks of one bin of fitted momentum.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GhostBin {
+    pub p_lo_gev: f64,
+    pub p_hi_gev: f64,
+    pub n_tracks: usize,
+    pub n_ghosts: usize,
+    pub ghost_rate: f64,
+}
+
+/// Largest class of missing planes reported on its own (the last bin holds more).
+pub const MISSING_PLANES_MAX: usize = 3;
+
 /// Pull of one track parameter.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Pull {
@@ -187,6 +218,15 @@ pub struct EvalReport {
     /// Mean over events of the TrackML double-majority score.
     pub trackml_score: f64,
     pub efficiency_vs_p: Vec<MomentumBin>,
+    /// Efficiency by the number of distinct planes hit (from `min_planes` up).
+    pub efficiency_vs_planes: Vec<ClassBin>,
+    /// Efficiency by the number of missing planes (0, 1, 2, 3 or more).
+    pub efficiency_vs_missing: Vec<ClassBin>,
+    /// Ghost rate by fitted momentum (bins of `p_bin_edges_gev`).
+    pub ghosts_vs_p: Vec<GhostBin>,
+    /// Tracks and ghosts without a measured momentum (q/p of zero).
+    pub n_tracks_unmeasured: usize,
+    pub n_ghosts_unmeasured: usize,
     /// (p_fit - p_true) / p_true over all matched fitted tracks.
     pub momentum_resolution: RobustStat,
     pub pulls: Vec<Pull>,
@@ -216,6 +256,12 @@ pub struct Evaluator<'d> {
     resolution: Vec<f64>,
     resolution_bins: Vec<Vec<f64>>,
     pulls: [Vec<f64>; 5],
+    /// `(particles, found)` by planes hit (index: planes) and by missing planes.
+    by_planes: Vec<(usize, usize)>,
+    by_missing: [(usize, usize); MISSING_PLANES_MAX + 1],
+    /// `(tracks, ghosts)` by fitted-momentum bin, and unmeasured.
+    ghost_bins: Vec<(usize, usize)>,
+    ghost_unmeasured: (usize, usize),
 }
 
 impl<'d> Evaluator<'d> {
@@ -239,6 +285,10 @@ impl<'d> Evaluator<'d> {
             resolution: Vec::new(),
             resolution_bins: vec![Vec::new(); n_bins],
             pulls: Default::default(),
+            by_planes: Vec::new(),
+            by_missing: [(0, 0); MISSING_PLANES_MAX + 1],
+            ghost_bins: vec![(0, 0); n_bins],
+            ghost_unmeasured: (0, 0),
         }
     }
 
@@ -318,6 +368,13 @@ impl<'d> Evaluator<'d> {
         let mut matches: HashMap<u64, usize> = HashMap::new();
         for track in tracks {
             self.n_tracks += 1;
+            let qop = track.state.qop as f64;
+            let ghost_bin = if qop != 0.0 && qop.is_finite() {
+                self.bin_of(1.0 / qop.abs())
+                    .map(|b| &mut self.ghost_bins[b])
+            } else {
+                Some(&mut self.ghost_unmeasured)
+            };
             let mut counts: HashMap<u64, usize> = HashMap::new();
             for &i in &track.hits {
                 *counts.entry(truth[i as usize].particle_id).or_default() += 1;
@@ -334,6 +391,10 @@ impl<'d> Evaluator<'d> {
                 }
                 _ => None,
             };
+            if let Some(g) = ghost_bin {
+                g.0 += 1;
+                g.1 += matched.is_none() as usize;
+            }
             let Some(id) = matched else {
                 self.n_ghosts += 1;
                 continue;
@@ -360,6 +421,17 @@ impl<'d> Evaluator<'d> {
             if e.p_gev >= self.cfg.min_p_gev {
                 self.n_reconstructable += 1;
                 self.n_reconstructed += found as usize;
+                let n = e.planes.len();
+                if self.by_planes.len() <= n {
+                    self.by_planes.resize(n + 1, (0, 0));
+                }
+                self.by_planes[n].0 += 1;
+                self.by_planes[n].1 += found as usize;
+                // `planes` is sorted and distinct: the span less the planes hit.
+                let span = (e.planes[n - 1] - e.planes[0]) as usize + 1;
+                let m = &mut self.by_missing[(span - n).min(MISSING_PLANES_MAX)];
+                m.0 += 1;
+                m.1 += found as usize;
             }
         }
 
@@ -483,9 +555,52 @@ impl<'d> Evaluator<'d> {
                 self.score_sum / self.n_events as f64
             },
             efficiency_vs_p,
+            efficiency_vs_planes: self
+                .by_planes
+                .iter()
+                .enumerate()
+                .skip(self.cfg.min_planes.min(self.by_planes.len()))
+                .map(|(value, &(n, k))| class_bin(value, n, k))
+                .collect(),
+            efficiency_vs_missing: self
+                .by_missing
+                .iter()
+                .enumerate()
+                .map(|(value, &(n, k))| class_bin(value, n, k))
+                .collect(),
+            ghosts_vs_p: self
+                .ghost_bins
+                .iter()
+                .enumerate()
+                .map(|(b, &(n, g))| GhostBin {
+                    p_lo_gev: edges[b],
+                    p_hi_gev: edges[b + 1],
+                    n_tracks: n,
+                    n_ghosts: g,
+                    ghost_rate: ratio(g, n),
+                })
+                .collect(),
+            n_tracks_unmeasured: self.ghost_unmeasured.0,
+            n_ghosts_unmeasured: self.ghost_unmeasured.1,
             momentum_resolution: robust_stat(&self.resolution),
             pulls,
         }
+    }
+}
+
+/// A [`ClassBin`] of `n` particles, `k` found.
+fn class_bin(value: usize, n: usize, k: usize) -> ClassBin {
+    let e = if n == 0 { 0.0 } else { k as f64 / n as f64 };
+    ClassBin {
+        value,
+        n_particles: n,
+        n_found: k,
+        efficiency: e,
+        efficiency_error: if n == 0 {
+            0.0
+        } else {
+            (e * (1.0 - e) / n as f64).sqrt()
+        },
     }
 }
 
@@ -593,6 +708,47 @@ impl EvalReport {
                 b.resolution.width
             );
         }
+        for (title, bins, last) in [
+            ("planes hit", &self.efficiency_vs_planes, usize::MAX),
+            (
+                "missing planes",
+                &self.efficiency_vs_missing,
+                MISSING_PLANES_MAX,
+            ),
+        ] {
+            let _ = writeln!(
+                s,
+                "\n| {title} | particles | found | efficiency |\n| --- | --- | --- | --- |"
+            );
+            for b in bins {
+                let more = if b.value == last { "+" } else { "" };
+                let _ = writeln!(
+                    s,
+                    "| {}{more} | {} | {} | {:.3} ± {:.3} |",
+                    b.value, b.n_particles, b.n_found, b.efficiency, b.efficiency_error
+                );
+            }
+        }
+        let _ = writeln!(
+            s,
+            "\n| fitted p (GeV/c) | tracks | ghosts | ghost rate |\n| --- | --- | --- | --- |"
+        );
+        for b in self.ghosts_vs_p.iter().filter(|b| b.n_tracks > 0) {
+            let _ = writeln!(
+                s,
+                "| {}–{} | {} | {} | {:.4} |",
+                b.p_lo_gev, b.p_hi_gev, b.n_tracks, b.n_ghosts, b.ghost_rate
+            );
+        }
+        if self.n_tracks_unmeasured > 0 {
+            let _ = writeln!(
+                s,
+                "| unmeasured | {} | {} | {:.4} |",
+                self.n_tracks_unmeasured,
+                self.n_ghosts_unmeasured,
+                self.n_ghosts_unmeasured as f64 / self.n_tracks_unmeasured as f64
+            );
+        }
         let _ = writeln!(
             s,
             "\n| pull | mean | width | n |\n| --- | --- | --- | --- |"
@@ -608,7 +764,8 @@ impl EvalReport {
     }
 }
 
-/// Writes `efficiency_vs_p.{svg,png}` and `pulls.{svg,png}` into `dir`. Text needs a
+/// Writes `efficiency_vs_p`, `efficiency_vs_planes`, `efficiency_vs_missing`,
+/// `ghosts_vs_p` and `pulls` (each `.svg` and `.png`) into `dir`. Text needs a
 /// TrueType font: `TRIGD_FONT` (a .ttf path) or DejaVu Sans / Liberation Sans from the
 /// usual system paths; without one the plots are drawn without text (the markdown and
 /// JSON carry the numbers).
@@ -635,6 +792,51 @@ pub fn write_plots(
         text,
     )
     .map_err(err)?;
+    plot::ghosts(
+        SVGBackend::new(&dir.join("ghosts_vs_p.svg"), size).into_drawing_area(),
+        report,
+        text,
+    )
+    .map_err(err)?;
+    plot::ghosts(
+        BitMapBackend::new(&dir.join("ghosts_vs_p.png"), size).into_drawing_area(),
+        report,
+        text,
+    )
+    .map_err(err)?;
+    for (name, bins, title, x_desc) in [
+        (
+            "efficiency_vs_planes",
+            &report.efficiency_vs_planes,
+            "Efficiency by planes hit",
+            "planes hit",
+        ),
+        (
+            "efficiency_vs_missing",
+            &report.efficiency_vs_missing,
+            "Efficiency by missing planes (last: or more)",
+            "missing planes",
+        ),
+    ] {
+        let svg = dir.join(format!("{name}.svg"));
+        plot::classes(
+            SVGBackend::new(&svg, size).into_drawing_area(),
+            bins,
+            text,
+            title,
+            x_desc,
+        )
+        .map_err(err)?;
+        let png = dir.join(format!("{name}.png"));
+        plot::classes(
+            BitMapBackend::new(&png, size).into_drawing_area(),
+            bins,
+            text,
+            title,
+            x_desc,
+        )
+        .map_err(err)?;
+    }
     let size = (1200, 700);
     plot::pulls(
         SVGBackend::new(&dir.join("pulls.svg"), size).into_drawing_area(),
@@ -653,6 +855,8 @@ pub fn write_plots(
 
 mod plot {
     use super::{EvalReport, PULL_BINS, PULL_RANGE};
+    use plotters::coord::ranged1d::ValueFormatter;
+    use plotters::coord::types::RangedCoordf64;
     use plotters::coord::Shift;
     use plotters::prelude::*;
     use std::error::Error;
@@ -688,40 +892,65 @@ mod plot {
         })
     }
 
-    pub fn efficiency<DB: DrawingBackend>(
+    /// Points with error bars against momentum (log scale) from `(p_lo, p_hi, value,
+    /// error)` bins, up to `y_max`, with a vertical line at the momentum cut.
+    #[allow(clippy::too_many_arguments)]
+    fn log_p_points<DB: DrawingBackend>(
         root: DrawingArea<DB, Shift>,
         r: &EvalReport,
         text: bool,
+        title: &str,
+        y_desc: &str,
+        y_max: f64,
+        bins: &[(f64, f64, f64, f64)],
     ) -> Result<(), Box<dyn Error>>
     where
         DB::ErrorType: 'static,
     {
         root.fill(&WHITE)?;
-        let lo = r
-            .efficiency_vs_p
-            .first()
-            .map_or(0.1, |b| b.p_lo_gev.max(0.05));
-        let hi = r
-            .efficiency_vs_p
-            .last()
-            .map_or(100.0, |b| b.p_hi_gev.max(lo * 2.0));
+        let lo = bins.first().map_or(0.1, |b| b.0.max(0.05));
+        let hi = bins.last().map_or(100.0, |b| b.1.max(lo * 2.0));
         let mut builder = ChartBuilder::on(&root);
         builder.margin(20);
         if text {
             builder
-                .caption(
-                    format!("Tracking efficiency (overall {:.3})", r.efficiency),
-                    ("sans-serif", 24),
-                )
+                .caption(title, ("sans-serif", 24))
                 .x_label_area_size(45)
                 .y_label_area_size(60);
         }
-        let mut chart = builder.build_cartesian_2d((lo..hi).log_scale(), 0.0..1.05)?;
+        let mut chart = builder.build_cartesian_2d((lo..hi).log_scale(), 0.0..y_max)?;
+        mesh(&mut chart, text, "p (GeV/c)", y_desc)?;
+        let points: Vec<(f64, f64, f64)> = bins
+            .iter()
+            .map(|&(a, b, v, e)| ((a.max(lo) * b).sqrt(), v, e))
+            .collect();
+        draw_points(&mut chart, &points, y_max)?;
+        let threshold = r.config.min_p_gev;
+        if threshold > lo && threshold < hi {
+            chart.draw_series(LineSeries::new(
+                [(threshold, 0.0), (threshold, y_max)],
+                RED.stroke_width(1),
+            ))?;
+        }
+        root.present()?;
+        Ok(())
+    }
+
+    /// The axes' mesh, with labels where there is a font.
+    fn mesh<DB: DrawingBackend, X: Ranged<ValueType = f64> + ValueFormatter<f64>>(
+        chart: &mut ChartContext<'_, DB, Cartesian2d<X, RangedCoordf64>>,
+        text: bool,
+        x_desc: &str,
+        y_desc: &str,
+    ) -> Result<(), Box<dyn Error>>
+    where
+        DB::ErrorType: 'static,
+    {
         if text {
             chart
                 .configure_mesh()
-                .x_desc("p (GeV/c)")
-                .y_desc("efficiency")
+                .x_desc(x_desc)
+                .y_desc(y_desc)
                 .draw()?;
         } else {
             chart
@@ -732,21 +961,21 @@ mod plot {
                 .y_labels(0)
                 .draw()?;
         }
-        let points: Vec<(f64, f64, f64)> = r
-            .efficiency_vs_p
-            .iter()
-            .filter(|b| b.n_particles > 0)
-            .map(|b| {
-                (
-                    (b.p_lo_gev.max(lo) * b.p_hi_gev).sqrt(),
-                    b.efficiency,
-                    b.efficiency_error,
-                )
-            })
-            .collect();
+        Ok(())
+    }
+
+    /// Points `(x, y)` with error bars `+-e`, clipped to `[0, y_max]`.
+    fn draw_points<DB: DrawingBackend, X: Ranged<ValueType = f64>>(
+        chart: &mut ChartContext<'_, DB, Cartesian2d<X, RangedCoordf64>>,
+        points: &[(f64, f64, f64)],
+        y_max: f64,
+    ) -> Result<(), Box<dyn Error>>
+    where
+        DB::ErrorType: 'static,
+    {
         chart.draw_series(points.iter().map(|&(x, y, e)| {
             PathElement::new(
-                vec![(x, (y - e).max(0.0)), (x, (y + e).min(1.05))],
+                vec![(x, (y - e).max(0.0)), (x, (y + e).min(y_max))],
                 BLUE.stroke_width(2),
             )
         }))?;
@@ -755,13 +984,80 @@ mod plot {
                 .iter()
                 .map(|&(x, y, _)| Circle::new((x, y), 4, BLUE.filled())),
         )?;
-        let threshold = r.config.min_p_gev;
-        if threshold > lo && threshold < hi {
-            chart.draw_series(LineSeries::new(
-                [(threshold, 0.0), (threshold, 1.05)],
-                RED.stroke_width(1),
-            ))?;
+        Ok(())
+    }
+
+    pub fn efficiency<DB: DrawingBackend>(
+        root: DrawingArea<DB, Shift>,
+        r: &EvalReport,
+        text: bool,
+    ) -> Result<(), Box<dyn Error>>
+    where
+        DB::ErrorType: 'static,
+    {
+        let bins: Vec<_> = r
+            .efficiency_vs_p
+            .iter()
+            .filter(|b| b.n_particles > 0)
+            .map(|b| (b.p_lo_gev, b.p_hi_gev, b.efficiency, b.efficiency_error))
+            .collect();
+        let title = format!("Tracking efficiency (overall {:.3})", r.efficiency);
+        log_p_points(root, r, text, &title, "efficiency", 1.05, &bins)
+    }
+
+    /// Ghost rate against the fitted momentum.
+    pub fn ghosts<DB: DrawingBackend>(
+        root: DrawingArea<DB, Shift>,
+        r: &EvalReport,
+        text: bool,
+    ) -> Result<(), Box<dyn Error>>
+    where
+        DB::ErrorType: 'static,
+    {
+        let bins: Vec<_> = r
+            .ghosts_vs_p
+            .iter()
+            .filter(|b| b.n_tracks > 0)
+            .map(|b| {
+                let e = (b.ghost_rate * (1.0 - b.ghost_rate) / b.n_tracks as f64).sqrt();
+                (b.p_lo_gev, b.p_hi_gev, b.ghost_rate, e)
+            })
+            .collect();
+        let y_max = bins.iter().map(|b| b.2 + b.3).fold(0.01, f64::max) * 1.2;
+        let title = format!("Ghost rate (overall {:.4})", r.ghost_rate);
+        log_p_points(root, r, text, &title, "ghost rate", y_max, &bins)
+    }
+
+    /// Efficiency against a class of particles (planes hit, missing planes).
+    pub fn classes<DB: DrawingBackend>(
+        root: DrawingArea<DB, Shift>,
+        bins: &[super::ClassBin],
+        text: bool,
+        title: &str,
+        x_desc: &str,
+    ) -> Result<(), Box<dyn Error>>
+    where
+        DB::ErrorType: 'static,
+    {
+        root.fill(&WHITE)?;
+        let lo = bins.first().map_or(0.0, |b| b.value as f64) - 0.5;
+        let hi = bins.last().map_or(1.0, |b| b.value as f64) + 0.5;
+        let mut builder = ChartBuilder::on(&root);
+        builder.margin(20);
+        if text {
+            builder
+                .caption(title, ("sans-serif", 24))
+                .x_label_area_size(45)
+                .y_label_area_size(60);
         }
+        let mut chart = builder.build_cartesian_2d(lo..hi, 0.0..1.05)?;
+        mesh(&mut chart, text, x_desc, "efficiency")?;
+        let points: Vec<(f64, f64, f64)> = bins
+            .iter()
+            .filter(|b| b.n_particles > 0)
+            .map(|b| (b.value as f64, b.efficiency, b.efficiency_error))
+            .collect();
+        draw_points(&mut chart, &points, 1.05)?;
         root.present()?;
         Ok(())
     }
@@ -835,6 +1131,88 @@ mod tests {
     use super::*;
     use crate::tracking::simulate::{event_rng, simulate_event, Preset, SimConfig};
     use crate::tracking::track::TrackState;
+
+    /// Hand-made event: particle 1 on planes 0-7 (found), 2 on 0,1,3,4,5 (one missing,
+    /// found), 3 on 0,1,4,5,7 (missing 2, 3 and 6: three, not found), 4 on 0,2,4,6 (three
+    /// missing, 4 planes, found), plus a ghost of fitted p 3.3 GeV/c and one without a
+    /// measured momentum.
+    #[test]
+    fn efficiency_by_planes_and_missing_planes_and_ghosts_by_fitted_momentum() {
+        let layout: [(u64, &[u16]); 4] = [
+            (1, &[0, 1, 2, 3, 4, 5, 6, 7]),
+            (2, &[0, 1, 3, 4, 5]),
+            (3, &[0, 1, 4, 5, 7]),
+            (4, &[0, 2, 4, 6]),
+        ];
+        let (mut hits, mut truth) = (Vec::new(), Vec::new());
+        let mut of = HashMap::<u64, Vec<u32>>::new();
+        for (id, planes) in layout {
+            for &p in planes {
+                of.entry(id).or_default().push(hits.len() as u32);
+                hits.push(HitRecord {
+                    x_mm: id as f32,
+                    y_mm: 0.0,
+                    z_mm: 100.0 * (p + 1) as f32,
+                    plane: p,
+                    hit_id: hits.len() as u32 + 1,
+                });
+                truth.push(HitTruth {
+                    particle_id: id,
+                    pos_mm: [id as f64, 0.0, 100.0 * (p + 1) as f64],
+                    momentum_gev: [0.0, 0.0, 5.0],
+                    weight: 0.0,
+                });
+            }
+        }
+        let track = |hits: Vec<u32>, qop: f32| Track {
+            hits,
+            state: TrackState {
+                qop,
+                ..Default::default()
+            },
+            ..Track::default()
+        };
+        // The ghost: two hits of 1, two of 2, one of 3.
+        let ghost = vec![of[&1][0], of[&1][1], of[&2][2], of[&2][3], of[&3][4]];
+        let tracks = vec![
+            track(of[&1].clone(), 0.125),
+            track(of[&2].clone(), -0.125),
+            track(of[&4].clone(), 0.125),
+            track(ghost.clone(), 0.3),
+            track(ghost, 0.0),
+        ];
+        let mut ev = Evaluator::new(EvalConfig::default(), None);
+        ev.add_event(0, &hits, &truth, None, &tracks).unwrap();
+        let r = ev.finish();
+        assert_eq!((r.n_reconstructable, r.n_reconstructed), (4, 3));
+        let planes: Vec<_> = r
+            .efficiency_vs_planes
+            .iter()
+            .map(|b| (b.value, b.n_particles, b.n_found))
+            .collect();
+        assert_eq!(
+            planes,
+            [(4, 1, 1), (5, 2, 1), (6, 0, 0), (7, 0, 0), (8, 1, 1)]
+        );
+        let missing: Vec<_> = r
+            .efficiency_vs_missing
+            .iter()
+            .map(|b| (b.value, b.n_particles, b.n_found))
+            .collect();
+        assert_eq!(missing, [(0, 1, 1), (1, 1, 1), (2, 0, 0), (3, 2, 1)]);
+        let g = r
+            .ghosts_vs_p
+            .iter()
+            .find(|b| b.p_lo_gev <= 3.33 && 3.33 < b.p_hi_gev)
+            .unwrap();
+        assert_eq!((g.n_tracks, g.n_ghosts), (1, 1));
+        let eight = r.ghosts_vs_p.iter().find(|b| b.p_lo_gev == 7.0).unwrap();
+        assert_eq!((eight.n_tracks, eight.n_ghosts), (3, 0));
+        assert_eq!((r.n_tracks_unmeasured, r.n_ghosts_unmeasured), (1, 1));
+        assert_eq!(r.n_ghosts, 2);
+        let md = r.to_markdown();
+        assert!(md.contains("| 3+ | 2 | 1 | 0.500"), "{md}");
+    }
 
     fn detector() -> Detector {
         Detector::from_toml_file(concat!(
