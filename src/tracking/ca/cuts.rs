@@ -83,7 +83,10 @@ pub struct FinderConfig {
     /// Largest |dy/dz| of a doublet, as `max_tx`.
     pub max_ty: f64,
     /// Largest |d2x/dz2| of a track above the minimum momentum, 1/mm. Default from the
-    /// field sampled along the axis and `momentum_slack`.
+    /// largest field on the lines from the origin through the acceptance up to the last
+    /// plane ([`max_curvature_per_mm`]) and `momentum_slack`. It bounds the windows where
+    /// no pointing is possible, the exit margins and `max_tx`; the pointing and triplet
+    /// windows use the field of each plane pair and triple ([`super::bending`]).
     pub max_curvature_x_per_mm: f64,
     /// Largest |d2y/dz2|, as `max_curvature_x_per_mm`.
     pub max_curvature_y_per_mm: f64,
