@@ -36,6 +36,7 @@ use crate::tracking::propagate::F32Avx2;
 use crate::tracking::propagate::{
     propagate_gap_in, steps_for, GapField, JacobianPacks, Pack, Real, K_GEV_PER_T_MM,
 };
+use crate::tracking::simulate::highland_theta0;
 use crate::tracking::track::{Track, TrackState};
 use serde::Deserialize;
 #[cfg(target_arch = "x86_64")]
@@ -125,12 +126,7 @@ fn gap_profiles(det: &Detector) -> Vec<bool> {
             };
             let (za, zb) = (planes[p].z_mm, next.z_mm);
             // Scattering angle times momentum at plane p (unit charge, beta = 1), GeV.
-            let x0 = planes[p].x0_fraction.max(0.0);
-            let theta_p = if x0 > 0.0 {
-                HIGHLAND_GEV * x0.sqrt() * (1.0 + 0.038 * x0.ln())
-            } else {
-                0.0
-            };
+            let theta_p = highland_theta0(1.0, 1.0, planes[p].x0_fraction);
             let tol = PROFILE_MS_FRACTION * theta_p / (K_GEV_PER_T_MM * (zb - za).max(1e-3));
             let mut lines = Vec::new();
             for i in -2..=2 {

@@ -21,6 +21,7 @@
 use crate::tracking::geometry::Detector;
 use crate::tracking::kalman::{FitConfig, MAX_PLANES};
 use crate::tracking::propagate::K_GEV_PER_T_MM;
+use crate::tracking::simulate::highland_theta0;
 use serde::Deserialize;
 
 use super::{bending, FinderGeometry};
@@ -480,13 +481,7 @@ pub fn max_curvature_per_mm(
 /// variance of a hit (resolution plus the scattering angle on the plane before times the
 /// gap) grows from a track at `p_assumed_gev` to one at `min_p_gev`; at least 1.
 pub fn no_field_chi2_scale(det: &Detector, min_p_gev: f64, p_assumed_gev: f64) -> f64 {
-    let theta = |x0: f64, p: f64| {
-        if x0 > 0.0 {
-            0.0136 / p.max(1e-3) * x0.sqrt() * (1.0 + 0.038 * x0.ln())
-        } else {
-            0.0
-        }
-    };
+    let theta = |x0: f64, p: f64| highland_theta0(p.max(1e-3), 1.0, x0);
     det.planes
         .windows(2)
         .map(|w| {
