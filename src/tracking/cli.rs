@@ -203,7 +203,8 @@ pub struct EvalTrackingArgs {
     /// Score this submission file (`event_id,hit_id,track_id`) instead of reconstructing.
     #[arg(long)]
     pub tracks: Option<PathBuf>,
-    /// Write efficiency and pull plots (SVG and PNG) here.
+    /// Write the plots (SVG and PNG) here: efficiency by momentum, planes hit and missing
+    /// planes, ghost rate by fitted momentum, and pulls.
     #[arg(long)]
     pub plots: Option<PathBuf>,
     /// Write the report as JSON to this file.

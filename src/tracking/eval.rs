@@ -18,13 +18,17 @@
 //!   summed truth weight of those shared hits over the event's total weight; the reported
 //!   score is the mean over events. Weights come from the truth file (uniform over particle
 //!   hits when it has none).
-//! - Efficiency against the planes a reconstructable particle hit (distinct planes) and
-//!   against its missing planes (planes inside its span, from its first to its last plane
-//!   hit, that have no hit of it: an inefficient plane or a crack), counted over the same
-//!   particles as the overall efficiency (the last bin holds that many and more).
-//! - Ghost rate against momentum: ghosts and tracks per bin of the *fitted* momentum
-//!   (a ghost has no true one); tracks without a measured momentum (no field) are counted
-//!   apart.
+//! - Efficiency against the planes a reconstructable particle hit (distinct planes, from
+//!   `min_planes` to the detector's plane count) and against its missing planes: planes
+//!   inside its span that have no hit of it (an inefficient plane or a crack), that is
+//!   `last plane - first plane + 1 - distinct planes`, so hits on planes 0, 1, 3, 4, 5 miss
+//!   one; classes 0, 1, 2 and 3 or more. Both are counted over the same particles as the
+//!   overall efficiency, so each table sums to its numerator and denominator.
+//! - Ghost rate against momentum: ghosts and tracks per bin of the *fitted* momentum,
+//!   `1 / |q/p|` of the track's state (a ghost has no true one), with the edges of the
+//!   efficiency. Tracks with q/p of zero (no field, or a submission file without a fit) are
+//!   counted apart as *unmeasured*, not in the top bin; a fitted momentum outside the edges
+//!   is in no bin.
 //! - Pulls: `(fitted - true) / sqrt(variance)` for x, y, tx, ty, q/p at the track's z, the
 //!   truth state taken from the matched particle's truth hit at that z (transported with the
 //!   detector's field when the particle has no hit there and a detector is given). Only
@@ -218,13 +222,16 @@ pub struct EvalReport {
     /// Mean over events of the TrackML double-majority score.
     pub trackml_score: f64,
     pub efficiency_vs_p: Vec<MomentumBin>,
-    /// Efficiency by the number of distinct planes hit (from `min_planes` up).
+    /// Efficiency by the number of distinct planes hit, from `min_planes` up to the
+    /// detector's plane count (without a detector: up to the most planes a particle hit).
     pub efficiency_vs_planes: Vec<ClassBin>,
     /// Efficiency by the number of missing planes (0, 1, 2, 3 or more).
     pub efficiency_vs_missing: Vec<ClassBin>,
-    /// Ghost rate by fitted momentum (bins of `p_bin_edges_gev`).
+    /// Ghost rate by fitted momentum (bins of `p_bin_edges_gev`; a fitted momentum outside
+    /// the edges is in no bin).
     pub ghosts_vs_p: Vec<GhostBin>,
-    /// Tracks and ghosts without a measured momentum (q/p of zero).
+    /// Tracks and ghosts without a measured momentum (q/p of zero or not finite: no field,
+    /// or a submission file, which carries no fit); they are in no bin of `ghosts_vs_p`.
     pub n_tracks_unmeasured: usize,
     pub n_ghosts_unmeasured: usize,
     /// (p_fit - p_true) / p_true over all matched fitted tracks.
@@ -256,7 +263,8 @@ pub struct Evaluator<'d> {
     resolution: Vec<f64>,
     resolution_bins: Vec<Vec<f64>>,
     pulls: [Vec<f64>; 5],
-    /// `(particles, found)` by planes hit (index: planes) and by missing planes.
+    /// `(particles, found)` by planes hit (index: planes; up to the detector's plane count
+    /// when there is a detector, else up to the most planes seen) and by missing planes.
     by_planes: Vec<(usize, usize)>,
     by_missing: [(usize, usize); MISSING_PLANES_MAX + 1],
     /// `(tracks, ghosts)` by fitted-momentum bin, and unmeasured.
@@ -269,6 +277,12 @@ impl<'d> Evaluator<'d> {
     /// particle has no hit there.
     pub fn new(cfg: EvalConfig, detector: Option<&'d Detector>) -> Self {
         let n_bins = cfg.p_bin_edges_gev.len().saturating_sub(1);
+        // With a detector the planes table runs up to its plane count even where no particle
+        // hit them all (a row of zeros says so rather than a shorter table).
+        let by_planes = match detector {
+            Some(d) if d.planes.len() >= cfg.min_planes => vec![(0, 0); d.planes.len() + 1],
+            _ => Vec::new(),
+        };
         Evaluator {
             cfg,
             detector,
@@ -285,7 +299,7 @@ impl<'d> Evaluator<'d> {
             resolution: Vec::new(),
             resolution_bins: vec![Vec::new(); n_bins],
             pulls: Default::default(),
-            by_planes: Vec::new(),
+            by_planes,
             by_missing: [(0, 0); MISSING_PLANES_MAX + 1],
             ghost_bins: vec![(0, 0); n_bins],
             ghost_unmeasured: (0, 0),
@@ -919,7 +933,7 @@ mod plot {
                 .y_label_area_size(60);
         }
         let mut chart = builder.build_cartesian_2d((lo..hi).log_scale(), 0.0..y_max)?;
-        mesh(&mut chart, text, "p (GeV/c)", y_desc)?;
+        mesh(&mut chart, text, "p (GeV/c)", y_desc, false)?;
         let points: Vec<(f64, f64, f64)> = bins
             .iter()
             .map(|&(a, b, v, e)| ((a.max(lo) * b).sqrt(), v, e))
@@ -936,22 +950,32 @@ mod plot {
         Ok(())
     }
 
-    /// The axes' mesh, with labels where there is a font.
+    /// The axes' mesh, with labels where there is a font; `x_integers` labels only the
+    /// whole numbers of x (classes that are counts).
     fn mesh<DB: DrawingBackend, X: Ranged<ValueType = f64> + ValueFormatter<f64>>(
         chart: &mut ChartContext<'_, DB, Cartesian2d<X, RangedCoordf64>>,
         text: bool,
         x_desc: &str,
         y_desc: &str,
+        x_integers: bool,
     ) -> Result<(), Box<dyn Error>>
     where
         DB::ErrorType: 'static,
     {
+        let whole = |x: &f64| {
+            if (x - x.round()).abs() < 1e-9 {
+                format!("{}", x.round())
+            } else {
+                String::new()
+            }
+        };
         if text {
-            chart
-                .configure_mesh()
-                .x_desc(x_desc)
-                .y_desc(y_desc)
-                .draw()?;
+            let mut m = chart.configure_mesh();
+            m.x_desc(x_desc).y_desc(y_desc);
+            if x_integers {
+                m.x_label_formatter(&whole);
+            }
+            m.draw()?;
         } else {
             chart
                 .configure_mesh()
@@ -1051,7 +1075,7 @@ mod plot {
                 .y_label_area_size(60);
         }
         let mut chart = builder.build_cartesian_2d(lo..hi, 0.0..1.05)?;
-        mesh(&mut chart, text, x_desc, "efficiency")?;
+        mesh(&mut chart, text, x_desc, "efficiency", true)?;
         let points: Vec<(f64, f64, f64)> = bins
             .iter()
             .filter(|b| b.n_particles > 0)
@@ -1132,21 +1156,23 @@ mod tests {
     use crate::tracking::simulate::{event_rng, simulate_event, Preset, SimConfig};
     use crate::tracking::track::TrackState;
 
-    /// Hand-made event: particle 1 on planes 0-7 (found), 2 on 0,1,3,4,5 (one missing,
-    /// found), 3 on 0,1,4,5,7 (missing 2, 3 and 6: three, not found), 4 on 0,2,4,6 (three
-    /// missing, 4 planes, found), plus a ghost of fitted p 3.3 GeV/c and one without a
-    /// measured momentum.
-    #[test]
-    fn efficiency_by_planes_and_missing_planes_and_ghosts_by_fitted_momentum() {
-        let layout: [(u64, &[u16]); 4] = [
-            (1, &[0, 1, 2, 3, 4, 5, 6, 7]),
-            (2, &[0, 1, 3, 4, 5]),
-            (3, &[0, 1, 4, 5, 7]),
-            (4, &[0, 2, 4, 6]),
+    /// Hand-made event, 5 GeV/c particles unless said: 1 on planes 0-6 (none missing,
+    /// found), 2 on 0, 1, 3, 4, 5 (one missing, found), 3 on 0, 1, 4, 5, 6 (two missing, not
+    /// found), 4 on 0, 2, 4, 6 (three missing, found), 5 on 0, 1, 3 (too few planes) and 6 on
+    /// 0-5 at 0.5 GeV/c (too soft); plus ghosts of fitted p 3.3 GeV/c, 1 TeV/c (outside
+    /// the bins) and one without a measured momentum.
+    fn hand_made_event() -> (Vec<HitRecord>, Vec<HitTruth>, Vec<Track>) {
+        let layout: [(u64, &[u16], f64); 6] = [
+            (1, &[0, 1, 2, 3, 4, 5, 6], 5.0),
+            (2, &[0, 1, 3, 4, 5], 5.0),
+            (3, &[0, 1, 4, 5, 6], 5.0),
+            (4, &[0, 2, 4, 6], 5.0),
+            (5, &[0, 1, 3], 5.0),
+            (6, &[0, 1, 2, 3, 4, 5], 0.5),
         ];
         let (mut hits, mut truth) = (Vec::new(), Vec::new());
         let mut of = HashMap::<u64, Vec<u32>>::new();
-        for (id, planes) in layout {
+        for (id, planes, p_gev) in layout {
             for &p in planes {
                 of.entry(id).or_default().push(hits.len() as u32);
                 hits.push(HitRecord {
@@ -1159,7 +1185,7 @@ mod tests {
                 truth.push(HitTruth {
                     particle_id: id,
                     pos_mm: [id as f64, 0.0, 100.0 * (p + 1) as f64],
-                    momentum_gev: [0.0, 0.0, 5.0],
+                    momentum_gev: [0.0, 0.0, p_gev],
                     weight: 0.0,
                 });
             }
@@ -1172,46 +1198,88 @@ mod tests {
             },
             ..Track::default()
         };
-        // The ghost: two hits of 1, two of 2, one of 3.
+        // The ghost: two hits of 1, two of 2, one of 3 (40 % at most from one particle).
         let ghost = vec![of[&1][0], of[&1][1], of[&2][2], of[&2][3], of[&3][4]];
         let tracks = vec![
             track(of[&1].clone(), 0.125),
             track(of[&2].clone(), -0.125),
             track(of[&4].clone(), 0.125),
+            track(of[&6].clone(), 2.0),
             track(ghost.clone(), 0.3),
+            track(ghost.clone(), 1e-3),
             track(ghost, 0.0),
         ];
+        (hits, truth, tracks)
+    }
+
+    fn classes(bins: &[ClassBin]) -> Vec<(usize, usize, usize)> {
+        bins.iter()
+            .map(|b| (b.value, b.n_particles, b.n_found))
+            .collect()
+    }
+
+    #[test]
+    fn efficiency_by_planes_and_missing_planes_and_ghosts_by_fitted_momentum() {
+        let (hits, truth, tracks) = hand_made_event();
         let mut ev = Evaluator::new(EvalConfig::default(), None);
         ev.add_event(0, &hits, &truth, None, &tracks).unwrap();
         let r = ev.finish();
         assert_eq!((r.n_reconstructable, r.n_reconstructed), (4, 3));
-        let planes: Vec<_> = r
-            .efficiency_vs_planes
-            .iter()
-            .map(|b| (b.value, b.n_particles, b.n_found))
-            .collect();
+        // Without a detector the table stops at the most planes hit (7).
         assert_eq!(
-            planes,
-            [(4, 1, 1), (5, 2, 1), (6, 0, 0), (7, 0, 0), (8, 1, 1)]
+            classes(&r.efficiency_vs_planes),
+            [(4, 1, 1), (5, 2, 1), (6, 0, 0), (7, 1, 1)]
         );
-        let missing: Vec<_> = r
-            .efficiency_vs_missing
-            .iter()
-            .map(|b| (b.value, b.n_particles, b.n_found))
-            .collect();
-        assert_eq!(missing, [(0, 1, 1), (1, 1, 1), (2, 0, 0), (3, 2, 1)]);
-        let g = r
+        assert_eq!(
+            classes(&r.efficiency_vs_missing),
+            [(0, 1, 1), (1, 1, 1), (2, 1, 0), (3, 1, 1)]
+        );
+        for bins in [&r.efficiency_vs_planes, &r.efficiency_vs_missing] {
+            let n: usize = bins.iter().map(|b| b.n_particles).sum();
+            let k: usize = bins.iter().map(|b| b.n_found).sum();
+            assert_eq!((n, k), (r.n_reconstructable, r.n_reconstructed));
+        }
+        let five = &r.efficiency_vs_planes[1];
+        assert_eq!(five.efficiency, 0.5);
+        assert!((five.efficiency_error - (0.25f64 / 2.0).sqrt()).abs() < 1e-12);
+
+        let ghosts: Vec<_> = r
             .ghosts_vs_p
             .iter()
-            .find(|b| b.p_lo_gev <= 3.33 && 3.33 < b.p_hi_gev)
-            .unwrap();
-        assert_eq!((g.n_tracks, g.n_ghosts), (1, 1));
-        let eight = r.ghosts_vs_p.iter().find(|b| b.p_lo_gev == 7.0).unwrap();
-        assert_eq!((eight.n_tracks, eight.n_ghosts), (3, 0));
+            .filter(|b| b.n_tracks > 0)
+            .map(|b| (b.p_lo_gev, b.n_tracks, b.n_ghosts))
+            .collect();
+        assert_eq!(ghosts, [(0.5, 1, 0), (3.0, 1, 1), (7.0, 3, 0)]);
+        assert_eq!(r.ghosts_vs_p[4].ghost_rate, 1.0);
         assert_eq!((r.n_tracks_unmeasured, r.n_ghosts_unmeasured), (1, 1));
-        assert_eq!(r.n_ghosts, 2);
+        assert_eq!((r.n_tracks, r.n_ghosts), (7, 3));
+
         let md = r.to_markdown();
-        assert!(md.contains("| 3+ | 2 | 1 | 0.500"), "{md}");
+        for row in [
+            "| 2 | 1 | 0 | 0.000 ± 0.000 |",
+            "| 3+ | 1 | 1 | 1.000 ± 0.000 |",
+            "| 5 | 2 | 1 | 0.500 ± 0.354 |",
+            "| 3–5 | 1 | 1 | 1.0000 |",
+            "| unmeasured | 1 | 1 | 1.0000 |",
+        ] {
+            assert!(md.contains(row), "{row} not in\n{md}");
+        }
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["efficiency_vs_missing"][2]["n_particles"], 1);
+        assert_eq!(json["ghosts_vs_p"][4]["n_ghosts"], 1);
+    }
+
+    #[test]
+    fn planes_table_runs_to_the_detectors_plane_count() {
+        let (hits, truth, tracks) = hand_made_event();
+        let det = detector();
+        assert_eq!(det.planes.len(), 8);
+        let mut ev = Evaluator::new(EvalConfig::default(), Some(&det));
+        ev.add_event(0, &hits, &truth, None, &tracks).unwrap();
+        assert_eq!(
+            classes(&ev.finish().efficiency_vs_planes),
+            [(4, 1, 1), (5, 2, 1), (6, 0, 0), (7, 1, 1), (8, 0, 0)]
+        );
     }
 
     fn detector() -> Detector {
@@ -1444,6 +1512,12 @@ mod tests {
         for f in [
             "efficiency_vs_p.svg",
             "efficiency_vs_p.png",
+            "efficiency_vs_planes.svg",
+            "efficiency_vs_planes.png",
+            "efficiency_vs_missing.svg",
+            "efficiency_vs_missing.png",
+            "ghosts_vs_p.svg",
+            "ghosts_vs_p.png",
             "pulls.svg",
             "pulls.png",
         ] {
