@@ -142,14 +142,19 @@ impl Reconstructor {
         self.times.hit_sorting_ns += (t1 - t0).as_nanos() as u64;
         let n_planes = self.geo.planes.len();
         let two_pass = self.cfg.allow_missing_plane && self.cfg.first_pass_min_hits <= n_planes;
+        // Doublets over up to `max_gap_planes` missing planes in a row.
+        let reach = if self.cfg.allow_missing_plane {
+            1 + self.cfg.max_gap_planes
+        } else {
+            1
+        };
         if two_pass {
             // Tracks without a gap first, on consecutive-plane doublets; then the hits left,
-            // with doublets skipping a plane.
+            // with doublets skipping planes.
             let to_last_plane = self.cfg.first_pass_to_last_plane;
             self.find_pass(1, self.cfg.first_pass_min_hits, to_last_plane, false);
-            self.find_pass(2, self.cfg.min_hits, false, true);
+            self.find_pass(reach, self.cfg.min_hits, false, true);
         } else {
-            let reach = if self.cfg.allow_missing_plane { 2 } else { 1 };
             self.find_pass(reach, self.cfg.min_hits, false, false);
         }
         let t6 = Instant::now();

@@ -20,6 +20,7 @@
 //! the windows that must hold every trajectory. [`max_field_tesla`] bounds the field itself
 //! along the same lines, from the origin to the last plane.
 
+use super::MAX_REACH;
 use crate::tracking::geometry::Field;
 
 /// Nodes per axis of a [`TentTable`]: the directions from the origin are sampled every
@@ -165,7 +166,7 @@ pub fn max_field_tesla(
     bound
 }
 
-/// The tent tables of a detector: per doublet planes `(i, j)` (`j <= i + 2`) the pointing
+/// The tent tables of a detector: per doublet planes `(i, j)` (`j <= i + MAX_REACH`) the pointing
 /// tent `(origin, i, j)`, per plane triple `(i, j, j + 1 + s)` the triplet's tent; `None`
 /// in a uniform field (the mean is the field) and where there is no such tent.
 #[derive(Debug, Clone, Default)]
@@ -173,7 +174,7 @@ pub struct Bending {
     n_planes: usize,
     /// At `i * n_planes + j`.
     pub pointing: Vec<Option<TentTable>>,
-    /// At `(i * n_planes + j) * 2 + s`.
+    /// At `(i * n_planes + j) * MAX_REACH + s`.
     pub triple: Vec<Option<TentTable>>,
     /// Per plane, `1 / (z - z_origin)` (0 where the plane is not downstream of the origin).
     pub inv_lever: Vec<f32>,
@@ -198,23 +199,23 @@ impl Bending {
         let mut b = Bending {
             n_planes: n,
             pointing: vec![None; n * n],
-            triple: vec![None; n * n * 2],
+            triple: vec![None; n * n * MAX_REACH],
             inv_lever,
         };
         if field.is_uniform() {
             return b;
         }
         for i in 0..n {
-            for j in (i + 1)..(i + 3).min(n) {
+            for j in (i + 1)..(i + 1 + MAX_REACH).min(n) {
                 if z_mm[i] - z_origin_mm > 1.0 && z_mm[j] > z_mm[i] {
                     let tent = [z_origin_mm, z_mm[i], z_mm[j]];
                     b.pointing[i * n + j] = Some(TentTable::new(field, z_origin_mm, tent, t_max));
                 }
-                for s in 0..2 {
+                for s in 0..MAX_REACH {
                     let k = j + 1 + s;
                     if k < n && z_mm[k] > z_mm[j] {
                         let tent = [z_mm[i], z_mm[j], z_mm[k]];
-                        b.triple[(i * n + j) * 2 + s] =
+                        b.triple[(i * n + j) * MAX_REACH + s] =
                             Some(TentTable::new(field, z_origin_mm, tent, t_max));
                     }
                 }
@@ -232,7 +233,9 @@ impl Bending {
     /// The triplet tent's table of planes `(i, j, j + 1 + s)`.
     #[inline(always)]
     pub fn triple(&self, i: usize, j: usize, s: usize) -> Option<&TentTable> {
-        self.triple.get((i * self.n_planes + j) * 2 + s)?.as_ref()
+        self.triple
+            .get((i * self.n_planes + j) * MAX_REACH + s)?
+            .as_ref()
     }
 }
 

@@ -3,12 +3,16 @@
 //! other does not use, lying on the other's trajectory. Each short track (at most
 //! `n_planes - 3` hits) is compared with the longer accepted tracks: when all its hits lie
 //! within `clone_window_mm` of a longer track's fitted trajectory (Runge-Kutta through the
-//! field), it is a clone and dropped. Ghosts (random combinations) are removed earlier by
+//! field), it is a clone and dropped. Before the Runge-Kutta, each hit is compared with the
+//! straight line of the longer track's state, which cannot be further from the trajectory
+//! than the bending of the largest field over the distance at the track's momentum (plus
+//! three standard deviations of its q/p and slopes): most pairs fail there. Ghosts (random combinations) are removed earlier by
 //! the triplet, neighbour and fit chi-square cuts and `min_hits`.
 
 use super::cuts::FinderConfig;
 use super::{CaBuffers, FinderGeometry};
-use crate::tracking::propagate::propagate;
+use crate::tracking::kalman::tri;
+use crate::tracking::propagate::{propagate, K_GEV_PER_T_MM};
 
 /// Removes clones from `buf.accepted`; returns how many were removed.
 pub fn suppress_clones(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuffers) -> usize {
@@ -18,6 +22,13 @@ pub fn suppress_clones(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuf
     }
     let short_max = n_planes - 3;
     let n = buf.accepted.len();
+    // Curvature per unit |q/p| bounding every track's in the acceptance: the largest field
+    // components and slopes.
+    let (tx, ty) = (cfg.max_tx, cfg.max_ty);
+    let [bx, by, bz] = geo.b_max_tesla;
+    let nn = (1.0 + tx * tx + ty * ty).sqrt();
+    let bend_x = K_GEV_PER_T_MM * nn * (tx * ty * bx + (1.0 + tx * tx) * by + ty * bz);
+    let bend_y = K_GEV_PER_T_MM * nn * ((1.0 + ty * ty) * bx + tx * ty * by + tx * bz);
     let mut removed = 0;
     // Per accepted track, its planes modulo 64 as bits: tracks with disjoint masks have
     // disjoint planes, and up to 64 planes overlapping masks mean a shared plane.
@@ -64,14 +75,21 @@ pub fn suppress_clones(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuf
                 continue;
             }
             let fa = &buf.fits[ca.fit as usize];
-            // Quick slope pre-check on the first hit of b (straight line).
-            let hb0 = hits_b[0] as usize;
-            let zb0 = geo.planes[buf.hits.plane[hb0] as usize].z_mm;
-            let dz = zb0 - fa.z_mm;
-            let y_lin = fa.state[1] + fa.state[3] * dz;
-            if (y_lin - buf.hits.y_mm[hb0] as f64).abs()
-                > 10.0 * cfg.clone_window_mm + 0.05 * dz.abs()
-            {
+            // Every hit of b near a's straight line, within the largest bending.
+            let sd = |k: usize| 3.0 * fa.cov[k].max(0.0).sqrt();
+            let q = fa.state[4].abs() + sd(tri(4, 4));
+            let near_line = hits_b.iter().all(|&hb| {
+                let hb = hb as usize;
+                let dz = geo.planes[buf.hits.plane[hb] as usize].z_mm - fa.z_mm;
+                let bend = 0.5 * q * dz * dz;
+                let x_lin = fa.state[0] + fa.state[2] * dz;
+                let y_lin = fa.state[1] + fa.state[3] * dz;
+                let wx = cfg.clone_window_mm + bend * bend_x + sd(tri(2, 2)) * dz.abs();
+                let wy = cfg.clone_window_mm + bend * bend_y + sd(tri(3, 3)) * dz.abs();
+                (x_lin - buf.hits.x_mm[hb] as f64).abs() <= wx
+                    && (y_lin - buf.hits.y_mm[hb] as f64).abs() <= wy
+            });
+            if !near_line {
                 continue;
             }
             let mut all_close = true;

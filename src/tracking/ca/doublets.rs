@@ -1,5 +1,5 @@
-//! Doublets: pairs of hits on planes `i` and `i + 1` (and `i + 2` when a plane may be
-//! missing), kept when the pair's slopes lie inside the detector's slope limits and its
+//! Doublets: pairs of hits on planes `i` and `i + 1` (and up to `i + reach`, at most
+//! `i + MAX_REACH`, when planes may be missing), kept when the pair's slopes lie inside the detector's slope limits and its
 //! straight extrapolation points back to the origin region within a window made of
 //! (a) the origin's half size, (b) the bending of a track at the minimum momentum,
 //! (c) `n_sigma` times the multiple scattering of the planes up to `i` at that momentum
@@ -19,7 +19,7 @@
 #![allow(clippy::neg_cmp_op_on_partial_ord, clippy::needless_range_loop)]
 
 use super::cuts::FinderConfig;
-use super::{push_doublet, CaBuffers, Doublet, FinderGeometry, Kernel};
+use super::{push_doublet, CaBuffers, Doublet, FinderGeometry, Kernel, MAX_REACH};
 use crate::tracking::propagate::K_GEV_PER_T_MM;
 use std::ops::Range;
 
@@ -28,7 +28,8 @@ pub(crate) const LANES: usize = 8;
 
 /// Fills `buf.doublets` (with `buf.dbl_lanes`) and `buf.dbl_start`
 /// (per sorted hit, its outgoing doublets) with the pairs of hits not yet used by a track,
-/// on planes at most `reach` apart (1: consecutive planes only; 2: also skipping one).
+/// on planes at most `reach` apart (1: consecutive planes only; 2: also skipping one; 3:
+/// also skipping two in a row).
 /// Each hit's doublets are ordered by target plane, then by grid cell and x.
 pub fn find_doublets(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize, buf: &mut CaBuffers) {
     let n_planes = geo.planes.len();
@@ -128,7 +129,7 @@ pub(crate) struct PlaneWindows {
     pointing: bool,
     inv_lever_a: f32,
     ms: f32,
-    targets: [Target; 2],
+    targets: [Target; MAX_REACH],
     n_target: usize,
     max_t: [f32; 2],
     max_c: [f32; 2],
@@ -139,17 +140,18 @@ pub(crate) struct PlaneWindows {
 
 /// Per target, the boxes `[x0, x1, y0, y1]` of [`LANES`] hits (an empty box has
 /// `x0 > x1` or `y0 > y1`).
-pub(crate) type Boxes = [[[f32; LANES]; 4]; 2];
+pub(crate) type Boxes = [[[f32; LANES]; 4]; MAX_REACH];
 
 impl PlaneWindows {
-    /// Windows of plane `i` towards the planes `i + 1 ..= i + reach` (reach 1 or 2).
+    /// Windows of plane `i` towards the planes `i + 1 ..= i + reach` (reach 1 to
+    /// [`MAX_REACH`]).
     pub(crate) fn new(geo: &FinderGeometry, cfg: &FinderConfig, i: usize, reach: usize) -> Self {
         let n_planes = geo.planes.len();
         let gi = &geo.planes[i];
         let lever_a = gi.z_mm - cfg.origin_z_mm;
-        let mut targets = [Target::default(); 2];
+        let mut targets = [Target::default(); MAX_REACH];
         let mut n_target = 0;
-        for j in (i + 1)..(i + 1 + reach.clamp(1, 2)).min(n_planes) {
+        for j in (i + 1)..(i + 1 + reach.clamp(1, MAX_REACH)).min(n_planes) {
             let gj = &geo.planes[j];
             let dz = gj.z_mm - gi.z_mm;
             if dz <= 0.0 {
@@ -233,7 +235,7 @@ impl PlaneWindows {
             let t = tx[l].max(ty[l]);
             sf[l] = (((1.0 + t * t) * n2).sqrt() * nn.sqrt()).min(self.sf_max);
         }
-        let mut boxes = [[[0.0f32; LANES]; 4]; 2];
+        let mut boxes = [[[0.0f32; LANES]; 4]; MAX_REACH];
         for (k, tg) in self.targets[..self.n_target].iter().enumerate() {
             let bx = &mut boxes[k];
             let b = tg.b;
@@ -576,7 +578,7 @@ mod tests {
                 hit_id: hits.len() as u32,
             });
         }
-        for reach in [1, 2] {
+        for reach in 1..=MAX_REACH {
             // One cell per plane: every hit of the plane is a candidate of every window.
             let all = doublets(&hits, (1, 1), reach, Kernel::Portable);
             assert!(all.len() > segments.len());
@@ -631,7 +633,7 @@ mod tests {
             *u = rng.random_bool(0.7);
         }
         let n_hits = buf.hits.x_mm.len();
-        for reach in [1, 2] {
+        for reach in 1..=MAX_REACH {
             for a_planes in [0..5, 1..3] {
                 let mut found = Vec::new();
                 for copy in [false, true] {

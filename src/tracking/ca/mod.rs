@@ -1,6 +1,6 @@
 //! Cellular-automaton track finding, one file per step of the algorithm:
 //! [`hit_sorting`] (hits by plane into grid bins) -> [`doublets`] (hit pairs on consecutive
-//! planes or skipping one, inside windows from the geometry and the minimum momentum) ->
+//! planes or skipping up to [`MAX_REACH`] - 1, inside windows from the geometry and the minimum momentum) ->
 //! [`triplets`] (two doublets sharing a hit with a multiple-scattering-compatible kink and a
 //! curvature within the momentum cut) -> [`neighbours`] (triplets sharing two hits with
 //! compatible curvature) -> [`evolution`] (CA levels) -> [`candidates`] (longest, best
@@ -8,8 +8,8 @@
 //!
 //! The steps from the doublets on run in two passes: the first on doublets of consecutive
 //! planes only, for tracks of at least `first_pass_min_hits` hits (no gap inside); the
-//! second, with the doublets skipping a plane, on the hits the first pass left (tracks
-//! with an inefficient plane, short tracks). Most hits are taken by the first pass, whose
+//! second, with the doublets skipping up to `max_gap_planes` planes (one or two in a row),
+//! on the hits the first pass left (tracks with inefficient planes, short tracks). Most hits are taken by the first pass, whose
 //! doublets are a fraction of the combinations the skipping ones make. The first pass
 //! keeps only chains that reach the last plane or may leave the detector before it
 //! (`first_pass_to_last_plane`, [`FinderGeometry::may_leave`]): a track that stops early
@@ -44,6 +44,10 @@ pub mod triplets;
 use crate::tracking::geometry::{Detector, Field};
 use crate::tracking::kalman::FitHit;
 pub use cuts::{max_curvature_per_mm, slope_factor};
+
+/// The largest plane distance of a doublet: consecutive planes (1), or skipping one (2) or
+/// two planes in a row (3).
+pub const MAX_REACH: usize = 3;
 use cuts::{FinderConfig, Limits};
 
 /// Which code the finder's vector steps run: compiled for the target's baseline, or for
@@ -102,7 +106,8 @@ impl SortedHits {
     }
 }
 
-/// Two hits on planes `i < j` (`j = i + 1`, or `i + 2` when a plane is skipped).
+/// Two hits on planes `i < j` (`j = i + 1`, or up to `i + MAX_REACH` when planes are
+/// skipped).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Doublet {
     /// Sorted-hit indices, upstream first.
@@ -113,7 +118,7 @@ pub struct Doublet {
 }
 
 /// Doublet `d`'s slopes `tx[d]`, `ty[d]` (as in `CaBuffers::doublets[d]`) and the planes it
-/// skips `gap[d]` (0 or 1, as `f32`), structure of arrays.
+/// skips `gap[d]` (0 to `MAX_REACH - 1`, as `f32`), structure of arrays.
 #[derive(Debug, Default)]
 pub struct DoubletLanes {
     pub tx: Vec<f32>,
@@ -288,12 +293,12 @@ pub struct PairLanes {
     /// the resolution (0 without pointing).
     pub kvar_ms_per_qop2: f32,
     pub kvar_res: f32,
-    /// Plane triples `(i, j, j + 1 + s)` inside the detector (0, 1 or 2).
+    /// Plane triples `(i, j, j + 1 + s)` inside the detector (0 to `MAX_REACH`).
     pub n_triples: u8,
     /// Per `s`: [`TripleGeometry::half`], `theta2_per_qop2`, `var_res`.
-    pub half: [f32; 2],
-    pub theta2_per_qop2: [f32; 2],
-    pub var_res: [f32; 2],
+    pub half: [f32; MAX_REACH],
+    pub theta2_per_qop2: [f32; MAX_REACH],
+    pub var_res: [f32; MAX_REACH],
 }
 
 /// The geometry tables of the finder.
@@ -302,7 +307,8 @@ pub struct FinderGeometry {
     pub planes: Vec<PlaneGeometry>,
     /// Doublet planes `(i, j)` at `i * n_planes + j`.
     pub pairs: Vec<PairGeometry>,
-    /// Triplet planes `(i, j, j + 1 + s)`, `s` in 0..2, at `(i * n_planes + j) * 2 + s`.
+    /// Triplet planes `(i, j, j + 1 + s)`, `s` in `0..MAX_REACH`, at
+    /// `(i * n_planes + j) * MAX_REACH + s`.
     pub triples: Vec<TripleGeometry>,
     /// [`PairLanes`] of planes `(i, j)` at `i * n_planes + j`.
     pub pair_lanes: Vec<PairLanes>,
@@ -314,6 +320,9 @@ pub struct FinderGeometry {
     /// the pointing tent `(origin, i, j)` over the acceptance, tesla (the field in a
     /// uniform field).
     pub pointing_b_max_tesla: Vec<[f64; 3]>,
+    /// The largest |B| components on the lines through the acceptance from the origin to
+    /// the last plane, tesla (the field in a uniform field).
+    pub b_max_tesla: [f64; 3],
 }
 
 impl FinderGeometry {
@@ -396,9 +405,18 @@ impl FinderGeometry {
                 };
             }
         }
+        let b_max_tesla = match &det.field {
+            Field::Uniform { b_tesla } => b_tesla.map(f64::abs),
+            f => bending::max_field_tesla(
+                f,
+                cfg.origin_z_mm,
+                zs.last().copied().unwrap_or(0.0),
+                t_max,
+            ),
+        };
         let n = planes.len();
         let mut pairs = vec![PairGeometry::default(); n * n];
-        let mut triples = vec![TripleGeometry::default(); n * n * 2];
+        let mut triples = vec![TripleGeometry::default(); n * n * MAX_REACH];
         let var_hit = |g: &PlaneGeometry| g.var_x.max(g.var_y);
         let origin_finite = cfg.origin_half_x_mm.is_finite() && cfg.origin_half_y_mm.is_finite();
         for i in 0..n {
@@ -423,7 +441,7 @@ impl FinderGeometry {
                     pg.kappa_var_res =
                         4.0 / (zj * zj) * (var_hit(gi) * r * r + var_hit(gj) / (dz * dz));
                 }
-                for s in 0..2 {
+                for s in 0..MAX_REACH {
                     let k = j + 1 + s;
                     if k >= n {
                         break;
@@ -439,7 +457,7 @@ impl FinderGeometry {
                         ((i + 1)..k).map(|p| planes[p].theta2_per_qop2).sum();
                     let var_res =
                         var_hit(gi) / (dz * dz) + var_hit(gj) * w * w + var_hit(gk) / (dz2 * dz2);
-                    triples[(i * n + j) * 2 + s] = TripleGeometry {
+                    triples[(i * n + j) * MAX_REACH + s] = TripleGeometry {
                         half,
                         theta2_per_qop2,
                         var_res,
@@ -471,8 +489,8 @@ impl FinderGeometry {
                         ..Default::default()
                     }
                 };
-                for s in 0..2 {
-                    let tg = &triples[(i * n + j) * 2 + s];
+                for s in 0..MAX_REACH {
+                    let tg = &triples[(i * n + j) * MAX_REACH + s];
                     if j + 1 + s >= n || tg.half <= 0.0 {
                         break;
                     }
@@ -493,6 +511,7 @@ impl FinderGeometry {
             field: det.field.clone(),
             bending,
             pointing_b_max_tesla,
+            b_max_tesla,
         }
     }
 

@@ -32,6 +32,7 @@ use super::cuts::FinderConfig;
 use super::doublets::{scan_cells, slopes, PlaneWindows};
 use super::{
     push_doublet, CaBuffers, Doublet, DoubletLanes, FinderGeometry, Kernel, SortedHits, Triplet,
+    MAX_REACH,
 };
 use crate::tracking::geometry::Field;
 use crate::tracking::propagate::K_GEV_PER_T_MM;
@@ -68,7 +69,7 @@ struct Cuts {
     uniform: Option<[f32; 3]>,
     /// Slope limits of the doublets.
     max_t: [f32; 2],
-    /// Largest plane distance of the doublets (1 or 2).
+    /// Largest plane distance of the doublets (1 to [`MAX_REACH`]).
     reach: u8,
 }
 
@@ -79,14 +80,14 @@ pub struct ChunkWindows {
     t1x: [f32; CHUNK],
     t1y: [f32; CHUNK],
     /// The tent-weighted mean field of each plane triple (`s`), per component.
-    bg: [[[f32; CHUNK]; 3]; 2],
+    bg: [[[f32; CHUNK]; 3]; MAX_REACH],
     q_hi: [f32; CHUNK],
     /// Index of the plane pair's [`super::PairLanes`].
     pair: [u32; CHUNK],
-    pred_x: [[f32; CHUNK]; 2],
-    pred_y: [[f32; CHUNK]; 2],
-    wx: [[f32; CHUNK]; 2],
-    wy: [[f32; CHUNK]; 2],
+    pred_x: [[f32; CHUNK]; MAX_REACH],
+    pred_y: [[f32; CHUNK]; MAX_REACH],
+    wx: [[f32; CHUNK]; MAX_REACH],
+    wy: [[f32; CHUNK]; MAX_REACH],
     /// The union of the windows in x (`lo > hi` when there is none).
     lo: [f32; CHUNK],
     hi: [f32; CHUNK],
@@ -97,13 +98,13 @@ impl ChunkWindows {
         Box::new(ChunkWindows {
             t1x: [0.0; CHUNK],
             t1y: [0.0; CHUNK],
-            bg: [[[0.0; CHUNK]; 3]; 2],
+            bg: [[[0.0; CHUNK]; 3]; MAX_REACH],
             q_hi: [0.0; CHUNK],
             pair: [0; CHUNK],
-            pred_x: [[0.0; CHUNK]; 2],
-            pred_y: [[0.0; CHUNK]; 2],
-            wx: [[0.0; CHUNK]; 2],
-            wy: [[0.0; CHUNK]; 2],
+            pred_x: [[0.0; CHUNK]; MAX_REACH],
+            pred_y: [[0.0; CHUNK]; MAX_REACH],
+            wx: [[0.0; CHUNK]; MAX_REACH],
+            wy: [[0.0; CHUNK]; MAX_REACH],
             lo: [0.0; CHUNK],
             hi: [0.0; CHUNK],
         })
@@ -209,21 +210,21 @@ fn search_impl<const AVX2: bool>(
 
 /// Right doublets `h..min(h + 8, e)` inside the window of their plane triple (`win[s]`:
 /// predicted slopes x and y, half widths x and y; `s` the doublet's skipped planes): a bit
-/// per doublet inside, and a bit per doublet skipping a plane.
+/// per doublet inside.
 #[inline(always)]
-fn match_group(lanes: &DoubletLanes, h: usize, e: usize, win: &[[f32; 4]; 2]) -> (u32, u32) {
+fn match_group(lanes: &DoubletLanes, h: usize, e: usize, win: &[[f32; 4]; MAX_REACH]) -> u32 {
     let (tx, ty, gap) = (&lanes.tx, &lanes.ty, &lanes.gap);
-    let (mut bits, mut skip) = (0u32, 0u32);
+    let mut bits = 0u32;
     for k in 0..(e - h).min(8) {
         let d = h + k;
-        let g = gap[d] != 0.0;
-        let w = &win[g as usize];
+        let Some(w) = win.get(gap[d] as usize) else {
+            continue;
+        };
         if (tx[d] - w[0]).abs() <= w[2] && (ty[d] - w[1]).abs() <= w[3] {
             bits |= 1 << k;
         }
-        skip |= (g as u32) << k;
     }
-    (bits, skip & bits)
+    bits
 }
 
 /// [`match_group`] with eight doublets per vector comparison.
@@ -233,12 +234,12 @@ fn match_group(lanes: &DoubletLanes, h: usize, e: usize, win: &[[f32; 4]; 2]) ->
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn match_avx2<const REACH2: bool>(
+unsafe fn match_avx2<const R: usize>(
     lanes: &DoubletLanes,
     h: usize,
     e: usize,
-    win: &[[f32; 4]; 2],
-) -> (u32, u32) {
+    win: &[[f32; 4]; MAX_REACH],
+) -> u32 {
     use std::arch::x86_64::*;
     let (tx, ty, gap) = (&lanes.tx, &lanes.ty, &lanes.gap);
     assert!(h < e && e <= tx.len() && e <= ty.len() && e <= gap.len());
@@ -271,15 +272,14 @@ unsafe fn match_avx2<const REACH2: bool>(
             _mm256_cmp_ps::<_CMP_LE_OQ>(dy, _mm256_set1_ps(w[3])),
         )
     };
-    let skips = _mm256_cmp_ps::<_CMP_NEQ_UQ>(vg, _mm256_setzero_ps());
-    // Without doublets skipping a plane, the second window is closed: not computed.
-    let pass = if REACH2 {
-        _mm256_blendv_ps(inside(&win[0]), inside(&win[1]), skips)
-    } else {
-        _mm256_andnot_ps(skips, inside(&win[0]))
-    };
-    let bits = _mm256_movemask_ps(pass) as u32 & valid;
-    (bits, _mm256_movemask_ps(skips) as u32 & bits)
+    // Each doublet against the window of its gap; the windows past the reach `R` are
+    // closed: not computed.
+    let mut pass = _mm256_setzero_ps();
+    for (s, w) in win.iter().enumerate().take(R) {
+        let of_gap = _mm256_cmp_ps::<_CMP_EQ_OQ>(vg, _mm256_set1_ps(s as f32));
+        pass = _mm256_or_ps(pass, _mm256_and_ps(of_gap, inside(w)));
+    }
+    _mm256_movemask_ps(pass) as u32 & valid
 }
 
 /// The cuts of a call, in `f32`.
@@ -297,7 +297,7 @@ fn cuts(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize) -> Cuts {
             _ => None,
         },
         max_t: [cfg.max_tx as f32, cfg.max_ty as f32],
-        reach: reach.clamp(1, 2) as u8,
+        reach: reach.clamp(1, MAX_REACH) as u8,
     }
 }
 
@@ -311,15 +311,15 @@ fn tent_fields(
     (pa, pb): (usize, usize),
     xb: f32,
     yb: f32,
-) -> ([f32; 3], [[f32; 3]; 2]) {
+) -> ([f32; 3], [[f32; 3]; MAX_REACH]) {
     if let Some(b) = cuts.uniform {
-        return (b, [b, b]);
+        return (b, [b; MAX_REACH]);
     }
     let bend = &geo.bending;
     let inv = bend.inv_lever[pb];
     let (tx, ty) = (xb * inv, yb * inv);
     let bd = bend.pointing(pa, pb).map_or([0.0; 3], |t| t.at(tx, ty));
-    let mut bg = [[0.0f32; 3]; 2];
+    let mut bg = [[0.0f32; 3]; MAX_REACH];
     for (s, b) in bg.iter_mut().enumerate().take(cuts.reach as usize) {
         if let Some(t) = bend.triple(pa, pb, s) {
             *b = t.at(tx, ty);
@@ -340,12 +340,11 @@ fn find_triplets_impl<const AVX2: bool>(
     let mut w = buf.trip_windows.take().unwrap_or_else(ChunkWindows::new);
     let mut cands = std::mem::take(&mut buf.trip_candidates);
     let lefts = Lefts::Range(0..buf.doublets.len());
-    if cuts.reach == 2 {
-        left_doublets_outgoing::<AVX2, true>(geo, &cuts, cfg, buf, lefts, None, &mut w, &mut cands);
-    } else {
-        left_doublets_outgoing::<AVX2, false>(
-            geo, &cuts, cfg, buf, lefts, None, &mut w, &mut cands,
-        );
+    let (wr, cr) = (&mut w, &mut cands);
+    match cuts.reach {
+        1 => left_doublets_outgoing::<AVX2, 1>(geo, &cuts, cfg, buf, lefts, None, wr, cr),
+        2 => left_doublets_outgoing::<AVX2, 2>(geo, &cuts, cfg, buf, lefts, None, wr, cr),
+        _ => left_doublets_outgoing::<AVX2, 3>(geo, &cuts, cfg, buf, lefts, None, wr, cr),
     }
     buf.trip_candidates = cands;
     buf.trip_windows = Some(w);
@@ -564,7 +563,7 @@ fn pair_tests(
         return;
     }
     let p = &geo.pair_lanes[pairs.planes.0 * geo.planes.len() + pairs.planes.1];
-    let mut pf = [[0.0f32; LANES]; 15];
+    let mut pf = [[0.0f32; LANES]; PF_N];
     for l in 0..LANES {
         pair_constants(p, cuts.reach, &mut pf, l);
     }
@@ -581,9 +580,9 @@ fn pair_tests(
         let t2 = [at(&pairs.t2[0]), at(&pairs.t2[1])];
         let bd = [at(&pairs.b[0]), at(&pairs.b[1]), at(&pairs.b[2])];
         let bg = [at(&pairs.b[3]), at(&pairs.b[4]), at(&pairs.b[5])];
-        let bgs = [bg, [[0.0; LANES]; 3]];
-        let win = window_lanes::<false>(cuts, &pf, &xa, &ya, &t1[0], &t1[1], &bd, &bgs);
-        let (pass, res) = kink_lanes(cuts, &t1, &t2, &bg, &win[10], &tg);
+        let bgs = std::array::from_fn(|s| if s == 0 { bg } else { [[0.0; LANES]; 3] });
+        let win = window_lanes::<1>(cuts, &pf, &xa, &ya, &t1[0], &t1[1], &bd, &bgs);
+        let (pass, res) = kink_lanes(cuts, &t1, &t2, &bg, &win[OUT_Q_HI], &tg);
         let mut bits = 0u32;
         for l in 0..LANES {
             // The window test of `match_avx2` (closed windows have a negative width).
@@ -617,7 +616,7 @@ fn pair_tests(
 /// vector comparison).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn left_doublets_outgoing<const AVX2: bool, const REACH2: bool>(
+fn left_doublets_outgoing<const AVX2: bool, const R: usize>(
     geo: &FinderGeometry,
     cuts: &Cuts,
     cfg: &FinderConfig,
@@ -640,7 +639,7 @@ fn left_doublets_outgoing<const AVX2: bool, const REACH2: bool>(
         let ids = &ids[..c1 - c0];
         for p0 in (0..ids.len()).step_by(LANES) {
             let lane_ids = &ids[p0..(p0 + LANES).min(ids.len())];
-            chunk_windows::<REACH2>(geo, cuts, buf, lane_ids, lefts.planes(), p0, w);
+            chunk_windows::<R>(geo, cuts, buf, lane_ids, lefts.planes(), p0, w);
         }
         for (i, &d1) in ids.iter().enumerate() {
             let (lo, hi) = (w.lo[i], w.hi[i]);
@@ -662,21 +661,19 @@ fn left_doublets_outgoing<const AVX2: bool, const REACH2: bool>(
                     (&r.lanes, s, e, Some(&r.ids[..]))
                 }
             };
-            let win = [
-                [w.pred_x[0][i], w.pred_y[0][i], w.wx[0][i], w.wy[0][i]],
-                [w.pred_x[1][i], w.pred_y[1][i], w.wx[1][i], w.wy[1][i]],
-            ];
+            let win: [[f32; 4]; MAX_REACH] =
+                std::array::from_fn(|s| [w.pred_x[s][i], w.pred_y[s][i], w.wx[s][i], w.wy[s][i]]);
             let mut h = s;
             while h < e {
                 #[cfg(target_arch = "x86_64")]
-                let (mut bits, skip) = if AVX2 {
+                let mut bits = if AVX2 {
                     // SAFETY: this instance only runs where the CPU has AVX2.
-                    unsafe { match_avx2::<REACH2>(lanes, h, e, &win) }
+                    unsafe { match_avx2::<R>(lanes, h, e, &win) }
                 } else {
                     match_group(lanes, h, e, &win)
                 };
                 #[cfg(not(target_arch = "x86_64"))]
-                let (mut bits, skip) = match_group(lanes, h, e, &win);
+                let mut bits = match_group(lanes, h, e, &win);
                 while bits != 0 {
                     let k = bits.trailing_zeros();
                     bits &= bits - 1;
@@ -684,7 +681,7 @@ fn left_doublets_outgoing<const AVX2: bool, const REACH2: bool>(
                     cands.push(Candidate {
                         left: i as u32,
                         right: map.map_or(r as u32, |m| m[r]),
-                        s: (skip >> k) & 1,
+                        s: lanes.gap[r] as u32,
                     });
                     if cands.len() == CANDIDATES {
                         kink_tests(geo, cuts, cfg, buf, cands, ids, w);
@@ -1070,7 +1067,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                 planes: (i, j),
             };
             let r = Some(&rights);
-            left_doublets_outgoing::<AVX2, false>(geo, &cuts, cfg, buf, l, r, &mut w, &mut cands);
+            left_doublets_outgoing::<AVX2, 1>(geo, &cuts, cfg, buf, l, r, &mut w, &mut cands);
         } else {
             // The pairs left.
             pair_tests(
@@ -1108,10 +1105,25 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
     buf.trip_windows = Some(w);
 }
 
+/// Rows of [`window_lanes`]' output after the windows: the union in x, the largest |q/p|.
+const OUT_LO: usize = 4 * MAX_REACH;
+const OUT_HI: usize = OUT_LO + 1;
+const OUT_Q_HI: usize = OUT_LO + 2;
+const OUT_N: usize = OUT_LO + 3;
+
+/// Rows of [`pair_constants`]' table: the pair's seven scalars, then per plane triple `s`
+/// its half lever arm, scattering per (q/p)^2, resolution variance and whether its window
+/// is open.
+const PF_HALF: usize = 7;
+const PF_TH2: usize = PF_HALF + MAX_REACH;
+const PF_VAR: usize = PF_TH2 + MAX_REACH;
+const PF_OPEN: usize = PF_VAR + MAX_REACH;
+const PF_N: usize = PF_OPEN + MAX_REACH;
+
 /// The constants of plane pair `p` by quantity, in lane `l` of `pf` (so the arithmetic
 /// of [`window_lanes`] runs on whole lanes).
 #[inline(always)]
-fn pair_constants(p: &super::PairLanes, reach: u8, pf: &mut [[f32; LANES]; 15], l: usize) {
+fn pair_constants(p: &super::PairLanes, reach: u8, pf: &mut [[f32; LANES]; PF_N], l: usize) {
     let n_win = p.n_triples.min(reach);
     pf[0][l] = p.pointing;
     pf[1][l] = p.inv_zi;
@@ -1120,18 +1132,18 @@ fn pair_constants(p: &super::PairLanes, reach: u8, pf: &mut [[f32; LANES]; 15], 
     pf[4][l] = p.hard_ky;
     pf[5][l] = p.kvar_ms_per_qop2;
     pf[6][l] = p.kvar_res;
-    for s in 0..2 {
-        pf[7 + s][l] = p.half[s];
-        pf[9 + s][l] = p.theta2_per_qop2[s];
-        pf[11 + s][l] = p.var_res[s];
-        pf[13 + s][l] = if (s as u8) < n_win { 1.0 } else { 0.0 };
+    for s in 0..MAX_REACH {
+        pf[PF_HALF + s][l] = p.half[s];
+        pf[PF_TH2 + s][l] = p.theta2_per_qop2[s];
+        pf[PF_VAR + s][l] = p.var_res[s];
+        pf[PF_OPEN + s][l] = if (s as u8) < n_win { 1.0 } else { 0.0 };
     }
 }
 
 /// Phase 1: the windows of doublets `ids` (at most [`LANES`]; all on the planes `planes`
 /// where given), stored at `i0..` in `w`.
 #[inline(always)]
-fn chunk_windows<const REACH2: bool>(
+fn chunk_windows<const R: usize>(
     geo: &FinderGeometry,
     cuts: &Cuts,
     buf: &CaBuffers,
@@ -1142,11 +1154,11 @@ fn chunk_windows<const REACH2: bool>(
 ) {
     let n_planes = geo.planes.len();
     let sh = &buf.hits;
-    let mut pf = [[0.0f32; LANES]; 15];
+    let mut pf = [[0.0f32; LANES]; PF_N];
     let (mut xa, mut ya) = ([0.0f32; LANES], [0.0f32; LANES]);
     let (mut t1x, mut t1y) = ([0.0f32; LANES], [0.0f32; LANES]);
     let mut bd = [[0.0f32; LANES]; 3];
-    let mut bg = [[[0.0f32; LANES]; 3]; 2];
+    let mut bg = [[[0.0f32; LANES]; 3]; MAX_REACH];
     if let Some((pa, pb)) = planes {
         // One plane pair: its constants in every lane.
         let p = &geo.pair_lanes[pa * n_planes + pb];
@@ -1173,39 +1185,40 @@ fn chunk_windows<const REACH2: bool>(
         let (d_field, g_field) = tent_fields(geo, cuts, (pa, pb), xb, yb);
         for c in 0..3 {
             bd[c][l] = d_field[c];
-            bg[0][c][l] = g_field[0][c];
-            bg[1][c][l] = g_field[1][c];
+            for s in 0..R {
+                bg[s][c][l] = g_field[s][c];
+            }
         }
         w.pair[i0 + l] = pair as u32;
     }
-    let out = window_lanes::<REACH2>(cuts, &pf, &xa, &ya, &t1x, &t1y, &bd, &bg);
+    let out = window_lanes::<R>(cuts, &pf, &xa, &ya, &t1x, &t1y, &bd, &bg);
     // Whole lanes (`i0 + LANES <= CHUNK`); those past the end are never read.
     let r = i0..i0 + LANES;
     w.t1x[r.clone()].copy_from_slice(&t1x);
     w.t1y[r.clone()].copy_from_slice(&t1y);
-    for s in 0..2 {
+    for s in 0..R {
         for c in 0..3 {
             w.bg[s][c][r.clone()].copy_from_slice(&bg[s][c]);
         }
     }
-    for s in 0..2 {
+    for s in 0..MAX_REACH {
         w.pred_x[s][r.clone()].copy_from_slice(&out[s * 4]);
         w.pred_y[s][r.clone()].copy_from_slice(&out[s * 4 + 1]);
         w.wx[s][r.clone()].copy_from_slice(&out[s * 4 + 2]);
         w.wy[s][r.clone()].copy_from_slice(&out[s * 4 + 3]);
     }
-    w.lo[r.clone()].copy_from_slice(&out[8]);
-    w.hi[r.clone()].copy_from_slice(&out[9]);
-    w.q_hi[r].copy_from_slice(&out[10]);
+    w.lo[r.clone()].copy_from_slice(&out[OUT_LO]);
+    w.hi[r.clone()].copy_from_slice(&out[OUT_HI]);
+    w.q_hi[r].copy_from_slice(&out[OUT_Q_HI]);
 }
 
 /// The continuation windows of eight doublets from their first hits `(xa, ya)`, slopes
 /// `(t1x, t1y)`, the tent-weighted mean fields of their pointing tents `bd` and of their
 /// plane triples `bg` ([`super::bending`]) and plane pairs' constants `pf`
 /// ([`pair_constants`]): per lane, the predicted slopes x and y and the half widths x and y
-/// of window 0 (`out[0..4]`) and of window 1 (`out[4..8]`, closed without `REACH2`), the
-/// union of the open windows in x (`out[8]`, `out[9]`) and the doublet's largest |q/p|
-/// (`out[10]`). A closed window has a negative width.
+/// of window `s` (`out[4 s..4 s + 4]`, closed from the reach `R` on), the union of the open
+/// windows in x (`out[OUT_LO]`, `out[OUT_HI]`) and the doublet's largest |q/p|
+/// (`out[OUT_Q_HI]`). A closed window has a negative width.
 ///
 /// The pointing parabola's curvature `kappa` predicts the change of chord slope
 /// `kappa h` where the field is the same along the pointing and the triplet tents; where
@@ -1215,19 +1228,19 @@ fn chunk_windows<const REACH2: bool>(
 /// widens by `dq |c_g - c_d| h` (together at most `qmax |c_g - c_d| h`).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn window_lanes<const REACH2: bool>(
+fn window_lanes<const R: usize>(
     cuts: &Cuts,
-    pf: &[[f32; LANES]; 15],
+    pf: &[[f32; LANES]; PF_N],
     xa: &[f32; LANES],
     ya: &[f32; LANES],
     t1x: &[f32; LANES],
     t1y: &[f32; LANES],
     bd: &[[f32; LANES]; 3],
-    bg: &[[[f32; LANES]; 3]; 2],
-) -> [[f32; LANES]; 11] {
+    bg: &[[[f32; LANES]; 3]; MAX_REACH],
+) -> [[f32; LANES]; OUT_N] {
     let ns = cuts.n_sigma;
     let qmax = cuts.qop_max;
-    let mut out = [[0.0f32; LANES]; 11];
+    let mut out = [[0.0f32; LANES]; OUT_N];
     for l in 0..LANES {
         let (pointing, inv_zi, two_inv_zj) = (pf[0][l], pf[1][l], pf[2][l]);
         let (hard_kx, hard_ky) = (pf[3][l], pf[4][l]);
@@ -1272,11 +1285,13 @@ fn window_lanes<const REACH2: bool>(
         let kvar = kvar_ms * q_hi * q_hi + kvar_res;
         let mut lo = f32::INFINITY;
         let mut hi = f32::NEG_INFINITY;
-        // Without doublets skipping a plane the second window stays closed.
-        out[6][l] = -1.0;
-        for s in 0..if REACH2 { 2 } else { 1 } {
-            let h = pf[7 + s][l];
-            let var = kvar * h * h + pf[9 + s][l] * ms2 + pf[11 + s][l];
+        // The windows past the reach stay closed.
+        for s in R..MAX_REACH {
+            out[s * 4 + 2][l] = -1.0;
+        }
+        for s in 0..R {
+            let h = pf[PF_HALF + s][l];
+            let var = kvar * h * h + pf[PF_TH2 + s][l] * ms2 + pf[PF_VAR + s][l];
             let gauss = ns * var.sqrt();
             // Bending per unit q/p over the triplet's tent, less the pointing tent's.
             let (gx, gy) = bending(tx, ty, [bg[s][0][l], bg[s][1][l], bg[s][2][l]]);
@@ -1284,7 +1299,7 @@ fn window_lanes<const REACH2: bool>(
             let pred_x = tx + kappa_x * h + q_c * dcx;
             let pred_y = ty + kappa_y * h + q_c * dcy;
             // A plane triple outside the detector or beyond the reach gets no window.
-            let open = pf[13 + s][l] > 0.0;
+            let open = pf[PF_OPEN + s][l] > 0.0;
             let wx = if open {
                 hard_kx * h + gauss + dq * dcx.abs()
             } else {
@@ -1298,9 +1313,9 @@ fn window_lanes<const REACH2: bool>(
             out[s * 4 + 2][l] = wx;
             out[s * 4 + 3][l] = wy;
         }
-        out[8][l] = lo;
-        out[9][l] = hi;
-        out[10][l] = q_hi;
+        out[OUT_LO][l] = lo;
+        out[OUT_HI][l] = hi;
+        out[OUT_Q_HI][l] = q_hi;
     }
     out
 }
