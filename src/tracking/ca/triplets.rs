@@ -425,10 +425,18 @@ impl Rights {
         }
     }
 
-    /// The back box of every right doublet on plane `i` ([`BackWindow::bounds`]), and its
-    /// cells there (an empty box keeps `x0 > x1` or `y0 > y1`).
+    /// The back box of every right doublet on plane `i` ([`BackWindow::bounds`] with the
+    /// widths of [`BackWindow::local_widths`]), and its cells there (an empty box keeps
+    /// `x0 > x1` or `y0 > y1`).
     #[inline(always)]
-    fn back_boxes(&mut self, geo: &FinderGeometry, back: &BackWindow, i: usize, sh: &SortedHits) {
+    fn back_boxes(
+        &mut self,
+        geo: &FinderGeometry,
+        cuts: &Cuts,
+        back: &BackWindow,
+        i: usize,
+        sh: &SortedHits,
+    ) {
         let n = self.ids.len();
         // The middle hit of each right doublet.
         self.xb.clear();
@@ -440,31 +448,27 @@ impl Rights {
             self.yb.extend(std::iter::repeat_n(sh.y_mm[h], m));
         }
         let g = &geo.planes[i];
-        // One coordinate at a time, in lane loops.
-        for c in 0..2 {
-            let (v, t) = if c == 0 {
-                (&self.xb[..n], &self.lanes.tx[..n])
-            } else {
-                (&self.yb[..n], &self.lanes.ty[..n])
-            };
-            let [x0, x1, y0, y1] = &mut self.boxes;
-            let (b0, b1) = if c == 0 { (x0, x1) } else { (y0, y1) };
-            for b in [&mut *b0, &mut *b1] {
-                b.clear();
-                b.resize(n, 0.0);
-            }
-            let (b0, b1) = (&mut b0[..n], &mut b1[..n]);
-            for r in 0..n {
-                (b0[r], b1[r]) = back.bounds(c, v[r] as f64, t[r]);
-            }
-            for (k, b) in [(2 * c, &*b0), (2 * c + 1, &*b1)] {
-                let cells = &mut self.cells[k];
-                cells.clear();
-                cells.resize(n, 0);
-                for (cell, &v) in cells.iter_mut().zip(b) {
-                    *cell = g.bin_1d(c, v);
-                }
-            }
+        for b in self.boxes.iter_mut() {
+            b.clear();
+            b.resize(n, 0.0);
+        }
+        for r in 0..n {
+            let (xb, yb) = (self.xb[r], self.yb[r]);
+            let (tx, ty) = (self.lanes.tx[r], self.lanes.ty[r]);
+            let (x0, x1) = back.bounds(xb as f64, tx, back.w[0]);
+            let (y0, y1) = back.bounds(yb as f64, ty, back.w[1]);
+            let [wx, wy] = back.local_widths(geo, cuts, xb, yb, [x0, x1, y0, y1]);
+            let ((x0, x1), (y0, y1)) = (
+                back.bounds(xb as f64, tx, wx),
+                back.bounds(yb as f64, ty, wy),
+            );
+            let [bx0, bx1, by0, by1] = &mut self.boxes;
+            (bx0[r], bx1[r], by0[r], by1[r]) = (x0, x1, y0, y1);
+        }
+        for k in 0..4 {
+            let cells = &mut self.cells[k];
+            cells.clear();
+            cells.extend(self.boxes[k].iter().map(|&v| g.bin_1d(k / 2, v)));
         }
     }
 
@@ -809,6 +813,14 @@ struct BackWindow {
     dz: f64,
     /// Largest window half widths in x and y.
     w: [f64; 2],
+    /// The half widths without the tents' difference (origin size, scattering and
+    /// resolution), and the largest |q/p| times the field constant and the half lever
+    /// arm, which the difference of the tents' bending multiplies (0 where it does not
+    /// enter: [`BackWindow::local_widths`]).
+    base: [f64; 2],
+    qkh: f64,
+    planes: (usize, usize),
+    max_t: [f64; 2],
 }
 
 impl BackWindow {
@@ -832,10 +844,11 @@ impl BackWindow {
         // Where the pointing and the triplet tents see different fields, the prediction
         // moves and the window widens by together at most the largest q/p times the
         // difference of their bending ([`window_lanes`]).
+        let tents = pointing * f(cuts.fit_momentum) > 0.0;
         let profile = match (
             geo.bending.pointing(i, j),
             geo.bending.triple(i, j, 0),
-            pointing * f(cuts.fit_momentum) > 0.0,
+            tents,
         ) {
             (Some(d), Some(g), true) => {
                 let db = g.bound_of_difference(d);
@@ -849,20 +862,67 @@ impl BackWindow {
         };
         // A relative margin for the single-precision arithmetic of the window.
         let w = |hard: f32, c: usize| (f(hard) * h + gauss + profile[c]) * (1.0 + 1e-4) + 1e-7;
+        let has_tents =
+            geo.bending.pointing(i, j).is_some() && geo.bending.triple(i, j, 0).is_some();
         Some(BackWindow {
             inv_a: 1.0 / (1.0 + k * (1.0 + dz * f(p.inv_zi))),
             c: k * f(p.inv_zi),
             dz,
             w: [w(p.hard_kx, 0), w(p.hard_ky, 1)],
+            base: [f(p.hard_kx) * h + gauss, f(p.hard_ky) * h + gauss],
+            qkh: if tents && has_tents {
+                q * K_GEV_PER_T_MM * h
+            } else {
+                0.0
+            },
+            planes: (i, j),
+            max_t: cuts.max_t.map(f),
         })
     }
 
-    /// The box's bounds in coordinate `c` (0: x, 1: y) on plane `i`, for the middle hit's
-    /// coordinate `v` and the right doublet's slope `t2` in that coordinate.
+    /// The half widths for the middle hit at `(xb, yb)` whose box with the largest widths
+    /// is `wide` (`[x0, x1, y0, y1]`): the difference of the tents' bending taken at the
+    /// middle hit (where the window looks the tents up, [`tent_fields`]) and at the
+    /// largest slopes of the doublets from that box to it, instead of the largest over
+    /// the acceptance. Every hit whose doublet's window can hold the right doublet lies in
+    /// the wide box, so its slopes are among those.
     #[inline(always)]
-    fn bounds(&self, c: usize, v: f64, t2: f32) -> (f32, f32) {
+    fn local_widths(
+        &self,
+        geo: &FinderGeometry,
+        cuts: &Cuts,
+        xb: f32,
+        yb: f32,
+        wide: [f32; 4],
+    ) -> [f64; 2] {
+        if self.qkh == 0.0 {
+            return self.w;
+        }
+        let (bd, bg) = tent_fields(geo, cuts, self.planes, xb, yb);
+        let db: [f64; 3] = std::array::from_fn(|c| (bg[0][c] as f64 - bd[c] as f64).abs());
+        let slope = |v: f32, lo: f32, hi: f32, c: usize| {
+            let (a, b) = (
+                (v as f64 - hi as f64) / self.dz,
+                (v as f64 - lo as f64) / self.dz,
+            );
+            a.abs().max(b.abs()).min(self.max_t[c])
+        };
+        let tx = slope(xb, wide[0], wide[1], 0);
+        let ty = slope(yb, wide[2], wide[3], 1);
+        let kn = self.qkh * (1.0 + tx * tx + ty * ty).sqrt();
+        let ax = tx * ty * db[0] + (1.0 + tx * tx) * db[1] + ty * db[2];
+        let ay = (1.0 + ty * ty) * db[0] + tx * ty * db[1] + tx * db[2];
+        let w = |c: usize, a: f64| ((self.base[c] + kn * a) * (1.0 + 1e-4) + 1e-7).min(self.w[c]);
+        [w(0, ax), w(1, ay)]
+    }
+
+    /// The box's bounds in coordinate `c` (0: x, 1: y) on plane `i`, for the middle hit's
+    /// coordinate `v`, the right doublet's slope `t2` in that coordinate and the half
+    /// width `w`.
+    #[inline(always)]
+    fn bounds(&self, v: f64, t2: f32, w: f64) -> (f32, f32) {
         let t = t2 as f64 + self.c * v;
-        let (e0, e1) = ((t - self.w[c]) * self.inv_a, (t + self.w[c]) * self.inv_a);
+        let (e0, e1) = ((t - w) * self.inv_a, (t + w) * self.inv_a);
         let (t1_lo, t1_hi) = (e0.min(e1), e0.max(e1));
         let margin = 1e-3 + 1e-5 * (v.abs() + self.dz * (t1_lo.abs() + t1_hi.abs()));
         (
@@ -995,7 +1055,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                     v.extend_from_slice(&b[..n]);
                 }
             }
-            rights.back_boxes(geo, &back, i, &buf.hits);
+            rights.back_boxes(geo, &cuts, &back, i, &buf.hits);
             let CaBuffers {
                 hits: sh,
                 doublets,
