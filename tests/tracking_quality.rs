@@ -182,9 +182,19 @@ fn dipole_spectrometer_in_a_field_map_minbias_events() {
     check(&evaluate(&dipole(), Preset::Minbias, 41, 40), &ALL);
 }
 
+/// Close pairs of particles whose field-free upstream segments could be swapped across the
+/// magnet (each swapped track fits well) are found with their own segments: the chains
+/// through both of two equally good left neighbours are fitted and the fits choose. Taking
+/// the best kink alone loses about 1 % of the particles here (0.990).
 #[test]
 fn dipole_spectrometer_in_a_field_map_central_events() {
-    check(&evaluate(&dipole(), Preset::Central, 42, 1), &ALL);
+    let report = evaluate(&dipole(), Preset::Central, 42, 1);
+    check(&report, &ALL);
+    assert!(
+        report.efficiency >= 0.995,
+        "efficiency {:.4} < 0.995: segments swapped across the magnet?",
+        report.efficiency
+    );
 }
 
 #[test]

@@ -1,6 +1,10 @@
 //! Candidates: from every triplet that is nobody's left neighbour (the downstream end of a
 //! chain) with a level high enough for `min_hits`, follow the left neighbours of one level
-//! lower (best kink chi-square first) to the upstream end; chains are taken longest first,
+//! lower (best kink chi-square first) to the upstream end, and where two neighbours were
+//! as good (kink chi-squares within [`FORK_CHI2`]) also the chain through the other one at
+//! the closest such step, so that the fits choose between them (close pairs of particles
+//! whose straight segments fit either continuation, as across a magnet with field-free
+//! planes upstream); chains are taken longest first,
 //! Kalman fitted in chunks and accepted best chi-square per degree of freedom first, each
 //! hit used once (hits a better track took are left out and the rest refitted; a failed
 //! fit gets a second chance without an end hit).
@@ -79,8 +83,22 @@ pub fn extract_and_select(
                 || buf.candidate_hits.len() + MAX_CHAIN > buf.candidate_hits.capacity() / 2
             {
                 buf.overflow.candidates += 1;
-            } else if let Some(c) = build_chain(buf, t, min_hits) {
-                buf.candidates.push(c);
+            } else {
+                let (c, fork) = build_chain(buf, t, min_hits, None);
+                if let Some(c) = c {
+                    buf.candidates.push(c);
+                }
+                // Where two left neighbours were as good, the chain through the other one
+                // too: the fits choose.
+                if let Some(fork) = fork {
+                    if buf.candidates.len() < cfg.limits.max_candidates
+                        && buf.candidate_hits.len() + MAX_CHAIN <= buf.candidate_hits.capacity() / 2
+                    {
+                        if let (Some(c), _) = build_chain(buf, t, min_hits, Some(fork)) {
+                            buf.candidates.push(c);
+                        }
+                    }
+                }
             }
         }
         let pending = buf.candidates.len() - pending_from;
@@ -98,9 +116,22 @@ pub fn extract_and_select(
 /// Longest chain a candidate can have (one hit per plane).
 const MAX_CHAIN: usize = crate::tracking::kalman::MAX_PLANES;
 
-/// Builds the chain ending with triplet `t` into `buf.candidate_hits` (upstream first);
-/// `None` (and nothing kept) when it touches a used hit.
-fn build_chain(buf: &mut CaBuffers, t: usize, min_hits: usize) -> Option<Candidate> {
+/// Left neighbours whose kink chi-squares differ by less than this are as good as each
+/// other (about one standard deviation of the difference of two chi-squares of two degrees
+/// of freedom): the chain is built through both.
+const FORK_CHI2: f32 = 2.0;
+
+/// Builds the chain ending with triplet `t` into `buf.candidate_hits` (upstream first),
+/// following the left neighbour of one level lower with the best kink chi-square, except
+/// at `fork = (triplet, left neighbour)`, where it takes that neighbour; `None` (and
+/// nothing kept) when it touches a used hit. Without `fork`, also returns the step where
+/// the second-best neighbour came closest to the best (within [`FORK_CHI2`]), as a fork.
+fn build_chain(
+    buf: &mut CaBuffers,
+    t: usize,
+    min_hits: usize,
+    fork: Option<(usize, usize)>,
+) -> (Option<Candidate>, Option<(usize, usize)>) {
     let start = buf.candidate_hits.len();
     let tr = buf.triplets[t];
     let right = buf.doublets[tr.right as usize];
@@ -112,8 +143,9 @@ fn build_chain(buf: &mut CaBuffers, t: usize, min_hits: usize) -> Option<Candida
         .filter(|&&h| used[h as usize])
         .count();
     if buf.level[t] as usize + 2 - taken < min_hits {
-        return None;
+        return (None, None);
     }
+    let mut closest: Option<(usize, usize, f32)> = None;
     buf.candidate_hits.push(right.b);
     buf.candidate_hits.push(right.a);
     buf.candidate_hits.push(buf.doublets[tr.left as usize].a);
@@ -126,6 +158,7 @@ fn build_chain(buf: &mut CaBuffers, t: usize, min_hits: usize) -> Option<Candida
             buf.left_start[cur + 1] as usize,
         );
         let mut best: Option<(usize, f32)> = None;
+        let mut second: Option<(usize, f32)> = None;
         for &l in &buf.left[s..e] {
             let l = l as usize;
             if buf.level[l] != want {
@@ -133,10 +166,27 @@ fn build_chain(buf: &mut CaBuffers, t: usize, min_hits: usize) -> Option<Candida
             }
             let c = buf.triplets[l].chi2;
             if best.is_none_or(|(_, bc)| c < bc) {
+                second = best;
                 best = Some((l, c));
+            } else if second.is_none_or(|(_, sc)| c < sc) {
+                second = Some((l, c));
             }
         }
-        let Some((l, c)) = best else { break };
+        let Some((mut l, mut c)) = best else { break };
+        match fork {
+            Some((at, other)) if at == cur => {
+                (l, c) = (other, buf.triplets[other].chi2);
+            }
+            None => {
+                if let Some((l2, c2)) = second {
+                    let gap = c2 - c;
+                    if gap < FORK_CHI2 && closest.is_none_or(|(_, _, g)| gap < g) {
+                        closest = Some((cur, l2, gap));
+                    }
+                }
+            }
+            _ => {}
+        }
         chi2 += c;
         buf.candidate_hits
             .push(buf.doublets[buf.triplets[l].left as usize].a);
@@ -153,19 +203,21 @@ fn build_chain(buf: &mut CaBuffers, t: usize, min_hits: usize) -> Option<Candida
         }
     }
     buf.candidate_hits.truncate(w);
+    let fork = closest.map(|(at, l, _)| (at, l));
     if w - start < min_hits {
         buf.candidate_hits.truncate(start);
-        return None;
+        return (None, fork);
     }
     buf.candidate_hits[start..].reverse();
     let len = buf.candidate_hits.len() - start;
-    Some(Candidate {
+    let c = Candidate {
         start: start as u32,
         len: len as u16,
         chi2,
         ndf: 0,
         fit: 0,
-    })
+    };
+    (Some(c), fork)
 }
 
 fn good(cfg: &FinderConfig, c: &Candidate, min_hits: usize) -> bool {
