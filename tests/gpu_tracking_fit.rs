@@ -248,7 +248,10 @@ fn fits_agree_with_the_cpu_on_every_shipped_detector() {
         // The tracks found are fitted (well over nine in ten; a few candidates of the
         // finder may end with a negative variance), and the unfittable variants are not.
         assert!(a.ok * 10 > all.len() * 9, "{name}: {a:?}");
-        assert!(a.ok < all.len(), "{name}: the unfittable variants were fitted");
+        assert!(
+            a.ok < all.len(),
+            "{name}: the unfittable variants were fitted"
+        );
     }
 }
 
@@ -340,8 +343,8 @@ fn fit_throughput_against_one_cpu_core() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(40);
-    let mut table = format!(
-        "| detector | events | fits per batch | CPU 1 core (fits/s) | GPU end to end (fits/s) | GPU kernel, hits resident (fits/s) | end to end / CPU |\n| --- | --- | --- | --- | --- | --- | --- |\n"
+    let mut table = String::from(
+        "| detector | events | fits per batch | CPU 1 core (fits/s) | GPU end to end (fits/s) | GPU kernel, hits resident (fits/s) | end to end / CPU |\n| --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for (name, det, sim) in detectors() {
         let (fitter, found) = found_tracks(&det, &sim, s, events);
@@ -380,7 +383,10 @@ fn fit_throughput_against_one_cpu_core() {
         );
         eprint!("{line}");
         table.push_str(&line);
-        assert!(ker_r > e2e_r * 0.5, "{name}: kernel alone slower than end to end");
+        assert!(
+            ker_r > e2e_r * 0.5,
+            "{name}: kernel alone slower than end to end"
+        );
     }
     eprintln!("device: {}\n{table}", dev);
     if let Some(path) = std::env::var_os("TRIGD_BENCH_OUT") {

@@ -324,9 +324,7 @@ impl FitTables {
         let field = fitter.field();
         let gap_kind = (0..n)
             .map(|p| match field {
-                Field::Uniform { b_tesla } if b_tesla[0] == 0.0 && b_tesla[2] == 0.0 => {
-                    GAP_BY_ONLY
-                }
+                Field::Uniform { b_tesla } if b_tesla[0] == 0.0 && b_tesla[2] == 0.0 => GAP_BY_ONLY,
                 Field::Uniform { .. } => GAP_UNIFORM,
                 Field::Grid(_) if parabolic(p) => GAP_PROFILE,
                 Field::Grid(_) => GAP_MAP,
@@ -441,7 +439,9 @@ impl GpuFitEngine {
         limits.validate()?;
         let tables = FitTables::new(fitter);
         if tables.rows32.is_empty() {
-            return Err(GpuError::Config("the detector has no planes to fit on".into()));
+            return Err(GpuError::Config(
+                "the detector has no planes to fit on".into(),
+            ));
         }
         let need = tables.device_bytes() + limits.device_bytes();
         let ctx = device.open()?;
@@ -725,7 +725,10 @@ mod tests {
         match check_batch(&limits, &with_long) {
             Err(e @ FitError::Overflow { .. }) => {
                 let msg = e.to_string();
-                assert!(msg.contains("hits per candidate") && msg.contains("CPU"), "{msg}");
+                assert!(
+                    msg.contains("hits per candidate") && msg.contains("CPU"),
+                    "{msg}"
+                );
             }
             other => panic!("{other:?}"),
         }
@@ -802,10 +805,9 @@ mod tests {
     #[test]
     fn tables_follow_the_cpu_fitter() {
         let uniform = Detector::from_toml_file(Path::new("fixtures/detector.toml")).unwrap();
-        let forward = Detector::from_toml_file(Path::new(
-            "fixtures/tracking/forward/detector_forward.toml",
-        ))
-        .unwrap();
+        let forward =
+            Detector::from_toml_file(Path::new("fixtures/tracking/forward/detector_forward.toml"))
+                .unwrap();
         let f = KalmanFitter::new(&uniform, FitConfig::from_detector(&uniform));
         let t = FitTables::new(&f);
         let n = uniform.planes.len();
