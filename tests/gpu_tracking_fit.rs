@@ -155,8 +155,10 @@ struct Agreement {
     state_sigma_max: f64,
     /// Largest |GPU - CPU| / sqrt(C_ii C_jj) over the covariance entries.
     cov_rel_max: f64,
-    /// Largest |GPU - CPU| / chi2.
+    /// Largest |GPU - CPU| / |chi2|.
     chi2_rel_max: f64,
+    /// Fits the CPU marks ok with a negative chi-square.
+    negative_chi2: usize,
 }
 
 fn compare(what: &str, cpu: &[FitOutput], gpu: &[FitOutput]) -> Agreement {
@@ -180,9 +182,12 @@ fn compare(what: &str, cpu: &[FitOutput], gpu: &[FitOutput]) -> Agreement {
         if c == g {
             a.bit_identical += 1;
         }
+        // A difference in units of a scale (zero where the values are equal, also where
+        // the CPU's scale is zero).
+        let ratio = |d: f64, scale: f64| if d == 0.0 { 0.0 } else { d / scale };
         for i in 0..5 {
             let sigma = c.cov[tri(i, i)].sqrt();
-            let d = (g.state[i] - c.state[i]).abs() / sigma;
+            let d = ratio((g.state[i] - c.state[i]).abs(), sigma);
             a.state_sigma_max = a.state_sigma_max.max(d);
             assert!(
                 d <= 1e-3,
@@ -194,7 +199,7 @@ fn compare(what: &str, cpu: &[FitOutput], gpu: &[FitOutput]) -> Agreement {
         for i in 0..5 {
             for j in 0..=i {
                 let scale = (c.cov[tri(i, i)] * c.cov[tri(j, j)]).sqrt();
-                let d = (g.cov[tri(i, j)] - c.cov[tri(i, j)]).abs() / scale;
+                let d = ratio((g.cov[tri(i, j)] - c.cov[tri(i, j)]).abs(), scale);
                 a.cov_rel_max = a.cov_rel_max.max(d);
                 assert!(
                     d <= 1e-4,
@@ -204,10 +209,16 @@ fn compare(what: &str, cpu: &[FitOutput], gpu: &[FitOutput]) -> Agreement {
                 );
             }
         }
+        // The CPU marks a few fits ok whose chi-square came out negative (a covariance
+        // that lost its positive definiteness in single precision): counted, and compared
+        // as the others.
+        if c.chi2 < 0.0 {
+            a.negative_chi2 += 1;
+        }
         let d = (g.chi2 - c.chi2).abs();
-        a.chi2_rel_max = a.chi2_rel_max.max(d / c.chi2.max(1e-12));
+        a.chi2_rel_max = a.chi2_rel_max.max(ratio(d, c.chi2.abs()));
         assert!(
-            d <= 1e-3 * c.chi2 + 1e-6,
+            d <= 1e-3 * c.chi2.abs() + 1e-6,
             "{what} track {k} chi2: GPU {} CPU {}",
             g.chi2,
             c.chi2
@@ -344,7 +355,7 @@ fn fit_throughput_against_one_cpu_core() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(40);
     let mut table = String::from(
-        "| detector | events | fits per batch | CPU 1 core (fits/s) | GPU end to end (fits/s) | GPU kernel, hits resident (fits/s) | end to end / CPU |\n| --- | --- | --- | --- | --- | --- | --- |\n",
+        "| detector | events | fits per batch | CPU 1 core (fits/s) | GPU end to end (fits/s; pack + device + unpack) | GPU kernel, hits resident (fits/s) | GPU kernel, 2^20 fits resident (fits/s) | end to end / CPU |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     for (name, det, sim) in detectors() {
         let (fitter, found) = found_tracks(&det, &sim, s, events);
@@ -367,18 +378,46 @@ fn fit_throughput_against_one_cpu_core() {
         let mut gpu_out = Vec::new();
         e.fit_batch_into(&refs, &mut gpu_out).expect("warm-up");
         let mut e2e_s = f64::INFINITY;
+        let mut times = e.last_times();
         for _ in 0..10 {
             let t0 = Instant::now();
             e.fit_batch_into(&refs, &mut gpu_out).expect("fit");
-            e2e_s = e2e_s.min(t0.elapsed().as_secs_f64());
+            let t = t0.elapsed().as_secs_f64();
+            if t < e2e_s {
+                e2e_s = t;
+                times = e.last_times();
+            }
         }
+        eprintln!("{name}: best batch {:.0} us: {times:?}", e2e_s * 1e6);
         compare(name, &cpu_out, &gpu_out);
         let launches = 50;
         let resident = e.time_resident(&refs, launches).expect("resident");
         let kernel_s = resident.as_secs_f64() / launches as f64;
+        // The kernel alone on a batch of 2^20 fits (the found tracks repeated), where
+        // launch and tail effects are small.
+        let big_n = 1 << 20;
+        let big: Vec<&[FitHit]> = refs.iter().copied().cycle().take(big_n).collect();
+        let mut big_e = engine(
+            &dev,
+            &fitter,
+            FitLimits {
+                max_candidates: big_n,
+                ..limits
+            },
+        );
+        let big_s = big_e
+            .time_resident(&big, 20)
+            .expect("resident")
+            .as_secs_f64()
+            / 20.0;
+        drop(big_e);
+        let big_r = big_n as f64 / big_s;
         let (cpu_r, e2e_r, ker_r) = (n as f64 / cpu_s, n as f64 / e2e_s, n as f64 / kernel_s);
         let line = format!(
-            "| {name} | {events} | {n} | {cpu_r:.3e} | {e2e_r:.3e} | {ker_r:.3e} | {:.0}x |\n",
+            "| {name} | {events} | {n} | {cpu_r:.3e} | {e2e_r:.3e} ({:.0} + {:.0} + {:.0} us) | {ker_r:.3e} | {big_r:.3e} | {:.1}x |\n",
+            times.pack_us,
+            times.device_us,
+            times.unpack_us,
             e2e_r / cpu_r
         );
         eprint!("{line}");

@@ -224,10 +224,17 @@ pub fn pack_hits(tracks: &[&[FitHit]], shape: &BatchShape, words: &mut [u32]) {
     let (ys, planes) = rest.split_at_mut(rows);
     for (c, t) in tracks.iter().enumerate() {
         counts[c] = t.len() as u32;
-        for (k, h) in t.iter().enumerate() {
-            xs[k * s + c] = h.x_mm.to_bits();
-            ys[k * s + c] = h.y_mm.to_bits();
-            planes[k * s + c] = u32::from(h.plane);
+    }
+    // Row by row, so that the writes run along the rows.
+    for k in 0..shape.kmax {
+        let row = k * s..k * s + shape.n;
+        let (xr, yr, pr) = (&mut xs[row.clone()], &mut ys[row.clone()], &mut planes[row]);
+        for (c, t) in tracks.iter().enumerate() {
+            if let Some(h) = t.get(k) {
+                xr[c] = h.x_mm.to_bits();
+                yr[c] = h.y_mm.to_bits();
+                pr[c] = u32::from(h.plane);
+            }
         }
     }
 }
@@ -401,6 +408,17 @@ impl Default for FitEngineConfig {
     }
 }
 
+/// Where the time of the last batch went, microseconds (host clock).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct FitTimes {
+    /// Writing the hits into the pinned staging buffer.
+    pub pack_us: f64,
+    /// Copy in, kernel, copy out, until the stream is done.
+    pub device_us: f64,
+    /// Reading the results out of the pinned buffer.
+    pub unpack_us: f64,
+}
+
 /// The Kalman fit on one GPU. See the module documentation.
 pub struct GpuFitEngine {
     ctx: Arc<CudaContext>,
@@ -422,6 +440,7 @@ pub struct GpuFitEngine {
     out_host: PinnedBuffer<u32>,
     limits: FitLimits,
     inject_fault: bool,
+    times: FitTimes,
     /// Whether the kernel came from the on-disk cache, and how long loading took (ms).
     pub kernels_from_cache: bool,
     pub kernel_load_ms: f64,
@@ -488,6 +507,7 @@ impl GpuFitEngine {
             device: device.clone(),
             limits,
             inject_fault: false,
+            times: FitTimes::default(),
             ctx,
         };
         tracing::info!(
@@ -507,6 +527,11 @@ impl GpuFitEngine {
 
     pub fn limits(&self) -> FitLimits {
         self.limits
+    }
+
+    /// Where the time of the last batch fitted by [`Self::fit_batch_into`] went.
+    pub fn last_times(&self) -> FitTimes {
+        self.times
     }
 
     /// Test hook: the next batch's launch is made with an invalid configuration, so the
@@ -536,11 +561,13 @@ impl GpuFitEngine {
             return Ok(());
         }
         driver("cuCtxSetCurrent", self.ctx.bind_to_thread())?;
+        let t0 = Instant::now();
         pack_hits(
             tracks,
             &shape,
             &mut self.hits_host.as_mut_slice()[..shape.input_words()],
         );
+        let t1 = Instant::now();
         let run = self
             .upload(&shape)
             .and_then(|()| self.launch(&shape))
@@ -558,11 +585,18 @@ impl GpuFitEngine {
             let _ = self.stream.synchronize();
             return Err(e.into());
         }
+        let t2 = Instant::now();
         unpack_outputs(
             &self.out_host.as_slice()[..shape.output_words()],
             &shape,
             out,
         );
+        let us = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e6;
+        self.times = FitTimes {
+            pack_us: us(t0, t1),
+            device_us: us(t1, t2),
+            unpack_us: us(t2, Instant::now()),
+        };
         Ok(())
     }
 
