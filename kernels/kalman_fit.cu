@@ -110,7 +110,8 @@ __device__ void at_f64(const Grid& g, double px, double py, double pz, double b[
         } else {
             u = u < 0.0 ? 0.0 : (u > (double)(n - 1) ? (double)(n - 1) : u);
         }
-        int i = min((int)floor(u), n - 2);
+        // u is in [0, n - 1]: truncation is the floor.
+        int i = min((int)u, n - 2);
         cell[a] = i;
         frac[a] = u - (double)i;
     }
