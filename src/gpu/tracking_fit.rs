@@ -40,6 +40,9 @@ const KERNEL_OPTIONS: [&str; 1] = ["--fmad=false"];
 const BLOCK_THREADS: u32 = 128;
 /// Candidates are laid out in rows of a multiple of this (a warp's coalesced line).
 const STRIDE_ALIGN: usize = 32;
+/// Candidates packed together, row by row ([`pack_hits`]): their hits (a few KiB) stay
+/// in the first-level cache while the rows are written.
+const PACK_BLOCK: usize = 256;
 /// Words per candidate in the output (OUT_WORDS in kernels/kalman_fit.cu): state (5),
 /// covariance (15), z, chi-square (floats), ndf, ok (integers).
 pub const OUT_WORDS: usize = 24;
@@ -225,15 +228,19 @@ pub fn pack_hits(tracks: &[&[FitHit]], shape: &BatchShape, words: &mut [u32]) {
     for (c, t) in tracks.iter().enumerate() {
         counts[c] = t.len() as u32;
     }
-    // Row by row, so that the writes run along the rows.
-    for k in 0..shape.kmax {
-        let row = k * s..k * s + shape.n;
-        let (xr, yr, pr) = (&mut xs[row.clone()], &mut ys[row.clone()], &mut planes[row]);
-        for (c, t) in tracks.iter().enumerate() {
-            if let Some(h) = t.get(k) {
-                xr[c] = h.x_mm.to_bits();
-                yr[c] = h.y_mm.to_bits();
-                pr[c] = u32::from(h.plane);
+    // A block of candidates at a time, row by row inside it: the writes run along the
+    // rows and the block's hits stay in the cache over its rows.
+    for c0 in (0..shape.n).step_by(PACK_BLOCK) {
+        let block = &tracks[c0..(c0 + PACK_BLOCK).min(shape.n)];
+        for k in 0..shape.kmax {
+            let row = k * s + c0..k * s + c0 + block.len();
+            let (xr, yr, pr) = (&mut xs[row.clone()], &mut ys[row.clone()], &mut planes[row]);
+            for (c, t) in block.iter().enumerate() {
+                if let Some(h) = t.get(k) {
+                    xr[c] = h.x_mm.to_bits();
+                    yr[c] = h.y_mm.to_bits();
+                    pr[c] = u32::from(h.plane);
+                }
             }
         }
     }
@@ -791,7 +798,12 @@ mod tests {
             },
         ];
         let d: Vec<FitHit> = Vec::new();
-        let batch: Vec<&[FitHit]> = vec![&a, &b, &c, &d, &a];
+        let mut batch: Vec<&[FitHit]> = vec![&a, &b, &c, &d, &a];
+        // Over more than one packing block.
+        let e: Vec<Vec<FitHit>> = (0..2 * PACK_BLOCK + 7)
+            .map(|k| hits(&[0, 1, 2, 4, 5][..3 + k % 3], k as f32))
+            .collect();
+        batch.extend(e.iter().map(|v| &v[..]));
         let shape = check_batch(&FitLimits::default(), &batch).unwrap();
         assert_eq!(shape.kmax, 6);
         let mut words = vec![0xdead_beef; shape.input_words()];
