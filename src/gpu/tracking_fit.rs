@@ -711,6 +711,13 @@ mod tests {
             .collect()
     }
 
+    /// A backend worker thread can own the engine.
+    #[test]
+    fn the_engine_can_move_to_a_worker_thread() {
+        fn assert_send<T: Send>() {}
+        assert_send::<GpuFitEngine>();
+    }
+
     #[test]
     fn buffers_are_sized_from_the_limits() {
         let limits = FitLimits {
