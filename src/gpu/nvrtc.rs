@@ -292,12 +292,27 @@ pub fn load_module(
     arch: &str,
     cache: &KernelCache,
 ) -> Result<LoadedModule, GpuError> {
+    load_module_with_options(ctx, name, source, arch, &[], cache)
+}
+
+/// [`load_module`] with further NVRTC options after the architecture and language
+/// standard (such as `--fmad=false` for kernels that must round as the CPU does); they
+/// are part of the cache key.
+pub fn load_module_with_options(
+    ctx: &Arc<CudaContext>,
+    name: &str,
+    source: &str,
+    arch: &str,
+    extra_options: &[&str],
+    cache: &KernelCache,
+) -> Result<LoadedModule, GpuError> {
     let start = Instant::now();
     let version = nvrtc_version()?;
-    let options = vec![
+    let mut options = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
     ];
+    options.extend(extra_options.iter().map(|o| o.to_string()));
     let key = cache_key(source, &options, arch, version);
     if let Some(image) = cache.read(&key) {
         match load_image(ctx, &image) {
@@ -316,10 +331,11 @@ pub fn load_module(
         Err(e) => {
             let virt = arch.replace("sm_", "compute_");
             tracing::warn!("NVRTC could not build {name} for {arch} ({e}); trying PTX for {virt}");
-            let opts = vec![
+            let mut opts = vec![
                 format!("--gpu-architecture={virt}"),
                 "--std=c++17".to_string(),
             ];
+            opts.extend(extra_options.iter().map(|o| o.to_string()));
             compile(name, source, &opts, false)?
         }
     };

@@ -402,6 +402,31 @@ impl KalmanFitter {
         &self.cfg
     }
 
+    /// The field the fit propagates in.
+    pub fn field(&self) -> &Field {
+        &self.field
+    }
+
+    /// Per plane the constants the fit reads, `[z_mm, var_x, var_y, x0, ln_x0]` (`x0` the
+    /// material in radiation lengths, 0 for none; `ln_x0` its logarithm, 0 for none), in
+    /// double precision; the single-precision fit reads them rounded to `f32`.
+    pub fn plane_constants(&self) -> &[[f64; 5]] {
+        &self.rows64
+    }
+
+    /// Per plane `p`, whether the step over the gap from plane `p + 1` to `p` reads the
+    /// field map's parabolic profile along the track (one step, three lookups) instead of
+    /// the map at every Runge-Kutta stage.
+    pub fn gap_profiles(&self) -> &[bool] {
+        &self.profile
+    }
+
+    /// Whether one Runge-Kutta step spans any gap (`max_step_mm` at least the detector's
+    /// length).
+    pub fn single_step(&self) -> bool {
+        self.one_step
+    }
+
     /// Whether a track's hits can be fitted: at least three, planes strictly increasing and
     /// known.
     pub fn fittable(&self, hits: &[FitHit]) -> bool {

@@ -1,0 +1,693 @@
+// Kalman fit of track candidates on the GPU: the device side of src/gpu/tracking_fit.rs.
+//
+// One thread per candidate, over a batch of candidates from many events. It mirrors the
+// CPU fitter (src/tracking/kalman.rs, src/tracking/propagate.rs) operation by operation,
+// in the same number types: single precision for the state, the covariance and the
+// steps, double precision where the CPU computes in double (the field at the seeding
+// hits, the scattering in planes skipped between the two seeding hits). The module is
+// compiled with --fmad=false so that no product and sum are contracted into one rounding
+// the CPU does not make: the fits then agree with the CPU's to the last bits.
+//
+// The fit: seed from the last two hits (position, chord slopes corrected by the bending
+// between them) and a three-hit q/p with a wide prior; then plane by plane upstream, one
+// Runge-Kutta step (several where the field map asks for them) with the derivatives of
+// the stage slopes only, the covariance transport with the block structure of the
+// Jacobian, the 2D update of x and y, and the multiple-scattering noise of the plane
+// crossed (Highland, Pade logarithms). The state is reported at the most upstream hit.
+//
+// Layout (structure of arrays, `stride` = candidates of the batch rounded up):
+//   hits:  [n_hits: stride][x: kmax * stride][y: kmax * stride][plane: kmax * stride]
+//          as 32-bit words, hit k of candidate c at k * stride + c of its region;
+//   out:   [OUT_WORDS][stride] words: x, y, tx, ty, qop, covariance (15, lower triangle
+//          row by row), z, chi2 (floats), ndf, ok (integers).
+// Per plane p: rows32/rows64 [z, var_x, var_y, x0, ln_x0]; gap_steps[p] and gap_kind[p]
+// for the step over the gap from plane p + 1 to p.
+
+// Indices of the parameter arrays (PARAM_* in src/gpu/tracking_fit.rs).
+#define PI_N_PLANES 0
+#define PI_FIT_MOMENTUM 1
+#define PI_NX 2
+#define PI_NY 3
+#define PI_NZ 4
+#define PI_FIELD_MAP 5
+#define PF_QOP_FIXED 0
+#define PF_QOP_FIXED_VAR 1
+#define PF_PRIOR_REL 2
+#define PF_PRIOR_FLOOR 3
+#define PF_MASS2 4
+#define PF_B 5
+#define PF_ORIGIN 8
+#define PF_INV_STEP 11
+#define PD_MASS 0
+#define PD_ORIGIN 1
+#define PD_INV_STEP 4
+
+// How the step over a gap reads the field (GapField in propagate.rs).
+#define GAP_BY_ONLY 0
+#define GAP_UNIFORM 1
+#define GAP_MAP 2
+#define GAP_PROFILE 3
+
+#define OUT_WORDS 24
+#define ROW 5
+
+// K_GEV_PER_T_MM and the Highland constant, as the CPU rounds them.
+#define K_F ((float)0.299792458e-3)
+#define HALF_K_F ((float)(0.5 * 0.299792458e-3))
+#define HIGHLAND_D 0.0136
+#define HIGHLAND2_F ((float)(0.0136 * 0.0136))
+
+struct Grid {
+    const float* nodes;  // [nx][ny][nz][3], tesla
+    int n[3];
+    float o32[3], is32[3];
+    double o64[3], is64[3];
+};
+
+// FieldMap::at_f32: clamped trilinear interpolation in single precision.
+__device__ __forceinline__ void at_f32(const Grid& g, float px, float py, float pz, float b[3]) {
+    const float pos[3] = {px, py, pz};
+    int cell[3];
+    float frac[3];
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+        float u = (pos[a] - g.o32[a]) * g.is32[a];
+        u = fminf(fmaxf(u, 0.0f), (float)(g.n[a] - 1));
+        int i = min((int)u, g.n[a] - 2);
+        cell[a] = i;
+        frac[a] = u - (float)i;
+    }
+    const int sy = g.n[2], sx = g.n[1] * g.n[2];
+    const int base = cell[0] * sx + cell[1] * sy + cell[2];
+    const float* c = g.nodes + 3 * base;
+    const float fx = frac[0], fy = frac[1], fz = frac[2];
+#pragma unroll
+    for (int k = 0; k < 3; ++k) {
+        float a0 = c[k], a1 = c[3 + k];
+        float b0 = c[3 * sy + k], b1 = c[3 * (sy + 1) + k];
+        float d0 = c[3 * sx + k], d1 = c[3 * (sx + 1) + k];
+        float e0 = c[3 * (sx + sy) + k], e1 = c[3 * (sx + sy + 1) + k];
+        float c00 = a0 + fz * (a1 - a0);
+        float c01 = b0 + fz * (b1 - b0);
+        float c10 = d0 + fz * (d1 - d0);
+        float c11 = e0 + fz * (e1 - e0);
+        float l0 = c00 + fy * (c01 - c00);
+        float l1 = c10 + fy * (c11 - c10);
+        b[k] = l0 + fx * (l1 - l0);
+    }
+}
+
+// FieldMap::at: the same interpolation in double precision (seeding).
+__device__ void at_f64(const Grid& g, double px, double py, double pz, double b[3]) {
+    const double pos[3] = {px, py, pz};
+    int cell[3];
+    double frac[3];
+    for (int a = 0; a < 3; ++a) {
+        const int n = g.n[a];
+        double u = (pos[a] - g.o64[a]) * g.is64[a];
+        if (isnan(u)) {
+            u = 0.0;
+        } else {
+            u = u < 0.0 ? 0.0 : (u > (double)(n - 1) ? (double)(n - 1) : u);
+        }
+        // u is in [0, n - 1]: truncation is the floor.
+        int i = min((int)u, n - 2);
+        cell[a] = i;
+        frac[a] = u - (double)i;
+    }
+    b[0] = 0.0;
+    b[1] = 0.0;
+    b[2] = 0.0;
+    for (int dx = 0; dx < 2; ++dx) {
+        const double wx = dx ? frac[0] : 1.0 - frac[0];
+        for (int dy = 0; dy < 2; ++dy) {
+            const double wy = dy ? frac[1] : 1.0 - frac[1];
+            for (int dz = 0; dz < 2; ++dz) {
+                const double wz = dz ? frac[2] : 1.0 - frac[2];
+                const double w = wx * wy * wz;
+                const int idx = ((cell[0] + dx) * g.n[1] + cell[1] + dy) * g.n[2] + cell[2] + dz;
+                const float* v = g.nodes + 3 * idx;
+                b[0] += w * (double)v[0];
+                b[1] += w * (double)v[1];
+                b[2] += w * (double)v[2];
+            }
+        }
+    }
+}
+
+// Where a Runge-Kutta step reads the field (Source in propagate.rs).
+struct Source {
+    int kind;  // GAP_*; GAP_BY_ONLY and GAP_UNIFORM read `b`
+    float b[3];
+    float z0, inv_dz;
+    float c[3][3];
+};
+
+__device__ __forceinline__ void field_at(const Source& s, const Grid& g, float x, float y, float z,
+                                         float b[3]) {
+    if (s.kind == GAP_PROFILE) {
+        const float u = (z - s.z0) * s.inv_dz;
+#pragma unroll
+        for (int k = 0; k < 3; ++k) b[k] = s.c[0][k] + u * (s.c[1][k] + u * s.c[2][k]);
+    } else if (s.kind == GAP_MAP) {
+        at_f32(g, x, y, z, b);
+    } else {
+        b[0] = s.b[0];
+        b[1] = s.b[1];
+        b[2] = s.b[2];
+    }
+}
+
+// Slope derivatives of one stage and their derivatives (stage_packs + stage_result).
+struct Stage {
+    float p[2];
+    float dpx[3], dpy[3];
+};
+
+__device__ __forceinline__ void stage(bool by_only, float tx, float ty, float qop, const float b[3],
+                                      const float* dtx, const float* dty, Stage& s) {
+    const float one = 1.0f, two = 2.0f;
+    const float bx = b[0], by = b[1], bz = b[2];
+    const float txy = tx * ty;
+    const float tx2 = tx * tx;
+    const float ty2 = ty * ty;
+    const float n2 = one + tx2 + ty2;
+    const float n = sqrtf(n2);
+    float gx, gy, gx_tx, gx_ty, gy_tx, gy_ty;
+    if (by_only) {
+        const float kb = K_F * -by;
+        const float qkb = qop * kb;
+        const float a = one + tx2;
+        const float inv_n = n * (one / n2);
+        const float qa = qkb * a, qb = qkb * txy;
+        const float t = qa * inv_n, u = qb * inv_n, w = qkb * n;
+        s.p[0] = qa * n;
+        s.p[1] = qb * n;
+        gx = (kb * a) * n;
+        gy = (kb * txy) * n;
+        gx_tx = tx * (t + two * w);
+        gx_ty = ty * t;
+        gy_tx = tx * u + ty * w;
+        gy_ty = ty * u + tx * w;
+    } else {
+        const float kn = K_F * n;
+        const float qkn = qop * kn;
+        const float qk_n = qkn / n2;
+        const float ax = txy * bx - (one + tx2) * by + ty * bz;
+        const float ay = (one + ty2) * bx - txy * by - tx * bz;
+        gx = kn * ax;
+        gy = kn * ay;
+        gx_tx = qk_n * tx * ax + qkn * (ty * bx - two * tx * by);
+        gx_ty = qk_n * ty * ax + qkn * (tx * bx + bz);
+        gy_tx = qk_n * tx * ay - qkn * (ty * by + bz);
+        gy_ty = qk_n * ty * ay + qkn * (two * ty * bx - tx * by);
+        s.p[0] = qop * gx;
+        s.p[1] = qop * gy;
+    }
+    if (dtx == nullptr) {
+        s.dpx[0] = gx_tx;
+        s.dpx[1] = gx_ty;
+        s.dpx[2] = gx;
+        s.dpy[0] = gy_tx;
+        s.dpy[1] = gy_ty;
+        s.dpy[2] = gy;
+    } else {
+#pragma unroll
+        for (int c = 0; c < 3; ++c) {
+            s.dpx[c] = gx_tx * dtx[c] + gx_ty * dty[c];
+            s.dpy[c] = gy_tx * dtx[c] + gy_ty * dty[c];
+        }
+        s.dpx[2] += gx;
+        s.dpy[2] += gy;
+    }
+}
+
+// Slopes of the next stage and their derivatives (next_stage).
+__device__ __forceinline__ void next_stage(float tx, float ty, float a, const Stage& s, float& ntx,
+                                           float& nty, float dtx[3], float dty[3]) {
+#pragma unroll
+    for (int c = 0; c < 3; ++c) {
+        dtx[c] = a * s.dpx[c];
+        dty[c] = a * s.dpy[c];
+    }
+    dtx[0] += 1.0f;
+    dty[1] += 1.0f;
+    ntx = tx + a * s.p[0];
+    nty = ty + a * s.p[1];
+}
+
+// One RK4 step of length h (rk4_step_packs); writes the step's Jacobian.
+__device__ __forceinline__ void rk4_step(const Source& src, const Grid& g, float& z, float& x,
+                                         float& y, float& tx, float& ty, float qop, float h,
+                                         float jac[4][3]) {
+    const bool by_only = src.kind == GAP_BY_ONLY;
+    const float hh = h * 0.5f;
+    float b[3];
+    Stage s1, s2, s3, s4;
+    float tx2, ty2, tx3, ty3, tx4, ty4;
+    float dtx2[3], dty2[3], dtx3[3], dty3[3], dtx4[3], dty4[3];
+    field_at(src, g, x, y, z, b);
+    stage(by_only, tx, ty, qop, b, nullptr, nullptr, s1);
+    next_stage(tx, ty, hh, s1, tx2, ty2, dtx2, dty2);
+    float sp[2] = {s1.p[0], s1.p[1]};
+    float sdx[3] = {s1.dpx[0], s1.dpx[1], s1.dpx[2]};
+    float sdy[3] = {s1.dpy[0], s1.dpy[1], s1.dpy[2]};
+    field_at(src, g, x + hh * tx, y + hh * ty, z + hh, b);
+    stage(by_only, tx2, ty2, qop, b, dtx2, dty2, s2);
+    next_stage(tx, ty, hh, s2, tx3, ty3, dtx3, dty3);
+    float mp[2] = {s2.p[0], s2.p[1]};
+    float mdx[3] = {s2.dpx[0], s2.dpx[1], s2.dpx[2]};
+    float mdy[3] = {s2.dpy[0], s2.dpy[1], s2.dpy[2]};
+    sp[0] += s2.p[0];
+    sp[1] += s2.p[1];
+#pragma unroll
+    for (int c = 0; c < 3; ++c) {
+        sdx[c] += s2.dpx[c];
+        sdy[c] += s2.dpy[c];
+    }
+    field_at(src, g, x + hh * tx2, y + hh * ty2, z + hh, b);
+    stage(by_only, tx3, ty3, qop, b, dtx3, dty3, s3);
+    next_stage(tx, ty, h, s3, tx4, ty4, dtx4, dty4);
+    sp[0] += s3.p[0];
+    sp[1] += s3.p[1];
+#pragma unroll
+    for (int c = 0; c < 3; ++c) {
+        sdx[c] += s3.dpx[c];
+        sdy[c] += s3.dpy[c];
+    }
+    mp[0] += s3.p[0];
+    mp[1] += s3.p[1];
+#pragma unroll
+    for (int c = 0; c < 3; ++c) {
+        mdx[c] += s3.dpx[c];
+        mdy[c] += s3.dpy[c];
+    }
+    field_at(src, g, x + h * tx3, y + h * ty3, z + h, b);
+    stage(by_only, tx4, ty4, qop, b, dtx4, dty4, s4);
+
+    const float h6 = h * (float)(1.0 / 6.0);
+    const float hh6 = h * h6;
+    x += h * tx + hh6 * sp[0];
+    y += h * ty + hh6 * sp[1];
+    tx += h6 * (sp[0] + mp[0] + s4.p[0]);
+    ty += h6 * (sp[1] + mp[1] + s4.p[1]);
+    z += h;
+#pragma unroll
+    for (int c = 0; c < 3; ++c) {
+        jac[0][c] = hh6 * sdx[c];
+        jac[1][c] = hh6 * sdy[c];
+        jac[2][c] = h6 * (sdx[c] + mdx[c] + s4.dpx[c]);
+        jac[3][c] = h6 * (sdy[c] + mdy[c] + s4.dpy[c]);
+    }
+    jac[0][0] += h;
+    jac[1][1] += h;
+    jac[2][0] += 1.0f;
+    jac[3][1] += 1.0f;
+}
+
+// Propagates to z_to in n_steps equal steps (propagate_gap_in), composing the Jacobian.
+__device__ void propagate_gap(int kind, const float bu[3], const Grid& g, float& z, float& x,
+                              float& y, float& tx, float& ty, float qop, float z_to,
+                              int n_steps, float jac[4][3]) {
+    Source src;
+    src.kind = kind;
+    src.b[0] = bu[0];
+    src.b[1] = bu[1];
+    src.b[2] = bu[2];
+    src.z0 = 0.0f;
+    src.inv_dz = 0.0f;
+    if (kind == GAP_PROFILE) {
+        // The straight line over the gap: ends and middle.
+        const float dz = z_to - z;
+        const float half = 0.5f;
+        float b0[3], bm[3], b1[3];
+        at_f32(g, x, y, z, b0);
+        at_f32(g, x + half * dz * tx, y + half * dz * ty, z + half * dz, bm);
+        at_f32(g, x + dz * tx, y + dz * ty, z_to, b1);
+#pragma unroll
+        for (int k = 0; k < 3; ++k) {
+            src.c[0][k] = b0[k];
+            src.c[1][k] = 4.0f * bm[k] - 3.0f * b0[k] - b1[k];
+            src.c[2][k] = 2.0f * (b0[k] + b1[k]) - 4.0f * bm[k];
+        }
+        // A track that does not move reads the field at its start.
+        src.inv_dz = dz != 0.0f ? 1.0f / dz : 0.0f;
+        src.z0 = z;
+    }
+    const int n = n_steps > 1 ? n_steps : 1;
+    const float h = (z_to - z) * (float)(1.0 / (double)n);
+    rk4_step(src, g, z, x, y, tx, ty, qop, h, jac);
+    for (int s = 1; s < n; ++s) {
+        float step[4][3];
+        rk4_step(src, g, z, x, y, tx, ty, qop, h, step);
+        float prev[4][3];
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+            for (int c = 0; c < 3; ++c) prev[r][c] = jac[r][c];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+#pragma unroll
+            for (int c = 0; c < 3; ++c) {
+                float v = step[r][0] * prev[2][c] + step[r][1] * prev[3][c];
+                if (r < 2) v += prev[r][c];
+                if (c == 2) v += step[r][2];
+                jac[r][c] = v;
+            }
+        }
+    }
+    // Land exactly on the target plane despite rounding.
+    z = z_to;
+}
+
+__device__ __forceinline__ int tri(int i, int j) { return j <= i ? i * (i + 1) / 2 + j : j * (j + 1) / 2 + i; }
+
+// C <- J C J^T with the block-structured Jacobian (transport_cov).
+__device__ __forceinline__ void transport_cov(float c[15], const float jac[4][3]) {
+    float e[15];
+#pragma unroll
+    for (int i = 0; i < 15; ++i) e[i] = c[i];
+#define E(i, k) e[tri(i, k)]
+#define DOT(r, i) (r[0] * E(i, 2) + r[1] * E(i, 3) + r[2] * E(i, 4))
+#define ROWV(r, v2, v3, v4) (r[0] * (v2) + r[1] * (v3) + r[2] * (v4))
+    const float* ja = jac[0];
+    const float* jb = jac[1];
+    const float* jc = jac[2];
+    const float* jd = jac[3];
+    const float b20 = E(2, 0) + DOT(ja, 2);
+    const float b30 = E(3, 0) + DOT(ja, 3);
+    const float b40 = E(4, 0) + DOT(ja, 4);
+    c[tri(0, 0)] = E(0, 0) + DOT(ja, 0) + ROWV(ja, b20, b30, b40);
+    c[tri(1, 0)] = E(1, 0) + DOT(ja, 1) + ROWV(jb, b20, b30, b40);
+    c[tri(2, 0)] = ROWV(jc, b20, b30, b40);
+    c[tri(3, 0)] = ROWV(jd, b20, b30, b40);
+    c[tri(4, 0)] = b40;
+    const float b21 = E(2, 1) + DOT(jb, 2);
+    const float b31 = E(3, 1) + DOT(jb, 3);
+    const float b41 = E(4, 1) + DOT(jb, 4);
+    c[tri(1, 1)] = E(1, 1) + DOT(jb, 1) + ROWV(jb, b21, b31, b41);
+    c[tri(2, 1)] = ROWV(jc, b21, b31, b41);
+    c[tri(3, 1)] = ROWV(jd, b21, b31, b41);
+    c[tri(4, 1)] = b41;
+    const float b22 = DOT(jc, 2), b32 = DOT(jc, 3), b42 = DOT(jc, 4);
+    c[tri(2, 2)] = ROWV(jc, b22, b32, b42);
+    c[tri(3, 2)] = ROWV(jd, b22, b32, b42);
+    c[tri(4, 2)] = b42;
+    const float b23 = DOT(jd, 2), b33 = DOT(jd, 3), b43 = DOT(jd, 4);
+    c[tri(3, 3)] = ROWV(jd, b23, b33, b43);
+    c[tri(4, 3)] = b43;
+#undef E
+#undef DOT
+#undef ROWV
+}
+
+// 2D measurement update of x and y weighted by `mask` (update).
+__device__ __forceinline__ void update(float st[5], float c[15], float& chi2, float mx, float my,
+                                       float vx, float vy, float mask) {
+    const float s00 = c[0] + vx;
+    const float s01 = c[1];
+    const float s11 = c[2] + vy;
+    const float inv_det = 1.0f / (s00 * s11 - s01 * s01);
+    const float r0 = (mx - st[0]) * mask;
+    const float r1 = (my - st[1]) * mask;
+    const float w0 = (s11 * r0 - s01 * r1) * inv_det;
+    const float w1 = (s00 * r1 - s01 * r0) * inv_det;
+    const float i00 = s11 * inv_det;
+    const float i01 = -s01 * inv_det;
+    const float i11 = s00 * inv_det;
+    float cx[5], cy[5];
+#pragma unroll
+    for (int i = 0; i < 5; ++i) {
+        cx[i] = c[tri(i, 0)];
+        cy[i] = c[tri(i, 1)];
+    }
+    const float mi00 = i00 * mask;
+    const float mi01 = i01 * mask;
+    const float mi11 = i11 * mask;
+    float k0[5], k1[5];
+#pragma unroll
+    for (int i = 0; i < 5; ++i) {
+        st[i] += cx[i] * w0 + cy[i] * w1;
+        k0[i] = cx[i] * mi00 + cy[i] * mi01;
+        k1[i] = cx[i] * mi01 + cy[i] * mi11;
+    }
+#pragma unroll
+    for (int i = 0; i < 5; ++i)
+#pragma unroll
+        for (int j = 0; j <= i; ++j) c[tri(i, j)] -= k0[i] * cx[j] + k1[i] * cy[j];
+    chi2 += r0 * w0 + r1 * w1;
+}
+
+// Multiple-scattering noise for crossing x0 radiation lengths (scatter).
+__device__ __forceinline__ void scatter(float c[15], float tx, float ty, float qop, float x0,
+                                        float ln_x0, float mass2) {
+    const float one = 1.0f, six = 6.0f, four = 4.0f;
+    const float u = tx * tx + ty * ty;
+    const float n2 = one + u;
+    const float w = mass2 * qop * qop;
+    const float xr = x0 * sqrtf(n2);
+    const float pu = u * (six + u), qu = six + four * u;
+    const float pw = w * (six + w), qw = six + four * w;
+    const float log_term = ln_x0 + (0.5f * pu * qw + pw * qu) / (qu * qw);
+    const float g = one + (float)0.038 * log_term;
+    const float f2 = HIGHLAND2_F * qop * qop * (one + w) * g * g;
+    const float th2n = f2 * xr * n2;
+    c[tri(2, 2)] += th2n * (one + tx * tx);
+    c[tri(3, 3)] += th2n * (one + ty * ty);
+    c[tri(3, 2)] += th2n * tx * ty;
+}
+
+// Scattering angle variance at plane p, double precision (KalmanFitter::theta0_sq).
+__device__ double theta0_sq(const double* row, double mass, double qop, double tx, double ty) {
+    const double x0 = row[3];
+    if (x0 <= 0.0) return 0.0;
+    const double n2 = 1.0 + tx * tx + ty * ty;
+    const double xr = x0 * sqrt(n2);
+    const double inv_beta2 = 1.0 + mass * mass * qop * qop;
+    const double f = HIGHLAND_D * qop * sqrt(inv_beta2) * (1.0 + 0.038 * log(xr * inv_beta2));
+    return f * f * xr;
+}
+
+__device__ __forceinline__ void bending(float tx, float ty, const float b[3], float& ax, float& ay) {
+    const float one = 1.0f;
+    const float txy = tx * ty;
+    ax = txy * b[0] - (one + tx * tx) * b[1] + ty * b[2];
+    ay = (one + ty * ty) * b[0] - txy * b[1] - tx * b[2];
+}
+
+__device__ __forceinline__ void write_empty(unsigned* out, int stride, int t) {
+    for (int k = 0; k < OUT_WORDS; ++k) out[k * stride + t] = 0u;
+}
+
+extern "C" __global__ void kalman_fit(const unsigned* __restrict__ hits, int n_tracks, int stride,
+                                      int kmax, const float* __restrict__ rows32,
+                                      const double* __restrict__ rows64,
+                                      const int* __restrict__ gap_steps,
+                                      const int* __restrict__ gap_kind,
+                                      const float* __restrict__ pf, const double* __restrict__ pd,
+                                      const int* __restrict__ pi, const float* __restrict__ nodes,
+                                      unsigned* __restrict__ out) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n_tracks) return;
+    const int n_planes = pi[PI_N_PLANES];
+    const unsigned* hx = hits + stride;
+    const unsigned* hy = hx + (size_t)kmax * stride;
+    const unsigned* hp = hy + (size_t)kmax * stride;
+    const int n = (int)hits[t];
+#define PLANE(k) ((int)hp[(size_t)(k) * stride + t])
+#define HX(k) __uint_as_float(hx[(size_t)(k) * stride + t])
+#define HY(k) __uint_as_float(hy[(size_t)(k) * stride + t])
+
+    // Seedable (seedable_hits) and planes strictly increasing (`ordered`); others get an
+    // empty result with ok = 0, as on the CPU.
+    if (n < 3 || n > kmax) {
+        write_empty(out, stride, t);
+        return;
+    }
+    const int pa = PLANE(0), pb = PLANE(n / 2), pm = PLANE(n - 2), pl = PLANE(n - 1);
+    bool valid = (pa < pb) && (pb <= pm) && (pm < pl) && (pl < n_planes);
+    int prev = -1;
+    for (int k = 0; k < n - 2; ++k) {
+        const int p = PLANE(k);
+        valid = valid && p > prev;
+        prev = p;
+    }
+    valid = valid && prev < pm;
+    if (!valid) {
+        write_empty(out, stride, t);
+        return;
+    }
+
+    Grid g;
+    g.nodes = nodes;
+#pragma unroll
+    for (int a = 0; a < 3; ++a) {
+        g.n[a] = pi[PI_NX + a];
+        g.o32[a] = pf[PF_ORIGIN + a];
+        g.is32[a] = pf[PF_INV_STEP + a];
+        g.o64[a] = pd[PD_ORIGIN + a];
+        g.is64[a] = pd[PD_INV_STEP + a];
+    }
+    const bool field_map = pi[PI_FIELD_MAP] != 0;
+    const float bu[3] = {pf[PF_B], pf[PF_B + 1], pf[PF_B + 2]};
+
+    const float* ra = rows32 + ROW * pa;
+    const float* rb = rows32 + ROW * pb;
+    const float* rm = rows32 + ROW * pm;
+    const float* rn = rows32 + ROW * pl;
+    const float za = ra[0], zb = rb[0], zm = rm[0], zn = rn[0];
+    const float xa = HX(0), xb = HX(n / 2), xm = HX(n - 2), xn = HX(n - 1);
+    const float ya = HY(0), yb = HY(n / 2), ym = HY(n - 2), yn = HY(n - 1);
+    const float vxm = rm[1], vym = rm[2], vxn = rn[1], vyn = rn[2];
+    const bool gap = pl > pm + 1;
+
+    // Field at the middle hit (three-hit curvature) and between the last two hits.
+    float b_mid[3], b_last[3];
+    if (field_map) {
+        double m[3], l[3];
+        at_f64(g, (double)xb, (double)yb, (double)zb, m);
+        at_f64(g, 0.5 * ((double)xn + (double)xm), 0.5 * ((double)yn + (double)ym),
+               0.5 * ((double)zn + (double)zm), l);
+        for (int k = 0; k < 3; ++k) {
+            b_mid[k] = (float)m[k];
+            b_last[k] = (float)l[k];
+        }
+    } else {
+        for (int k = 0; k < 3; ++k) {
+            b_mid[k] = bu[k];
+            b_last[k] = bu[k];
+        }
+    }
+
+    // Three-hit q/p and its prior variance (seed_qop).
+    float qop, cq;
+    if (pi[PI_FIT_MOMENTUM] == 0) {
+        qop = pf[PF_QOP_FIXED];
+        cq = pf[PF_QOP_FIXED_VAR];
+    } else {
+        const float one = 1.0f;
+        const float inv_ab = one / (zb - za);
+        const float inv_bc = one / (zn - zb);
+        const float inv_ac = one / (zn - za);
+        const float sx1 = (xb - xa) * inv_ab;
+        const float sx2 = (xn - xb) * inv_bc;
+        const float sy1 = (yb - ya) * inv_ab;
+        const float sy2 = (yn - yb) * inv_bc;
+        const float two_ac = 2.0f * inv_ac;
+        const float ddx = (sx2 - sx1) * two_ac;
+        const float ddy = (sy2 - sy1) * two_ac;
+        const float tx = (xn - xa) * inv_ac;
+        const float ty = (yn - ya) * inv_ac;
+        float ax, ay;
+        bending(tx, ty, b_mid, ax, ay);
+        const float kn = K_F * sqrtf(one + tx * tx + ty * ty);
+        const float gx = kn * ax;
+        const float gy = kn * ay;
+        const float g2 = gx * gx + gy * gy;
+        float q = (ddx * gx + ddy * gy) / g2;
+        // No bending (g2 = 0) or a degenerate geometry: no curvature estimate.
+        q = 0.0f < g2 ? q : 0.0f;
+        q = fabsf(q) < __int_as_float(0x7f800000) ? q : 0.0f;
+        const float s = pf[PF_PRIOR_REL] * fabsf(q) + pf[PF_PRIOR_FLOOR];
+        qop = q;
+        cq = s * s;
+    }
+
+    // Seed: the last hit, chord slopes corrected by the bending between the last two.
+    const float dz = zn - zm;
+    const float inv_dz = 1.0f / dz;
+    const float chord_x = (xn - xm) * inv_dz;
+    const float chord_y = (yn - ym) * inv_dz;
+    float ax, ay;
+    bending(chord_x, chord_y, b_last, ax, ay);
+    const float f = HALF_K_F * dz * sqrtf(1.0f + chord_x * chord_x + chord_y * chord_y);
+    const float gx = f * ax, gy = f * ay;
+    float z = zn, x = xn, y = yn;
+    float tx = chord_x + gx * qop;
+    float ty = chord_y + gy * qop;
+    // Scattering in planes skipped between the two seeding hits, in double precision.
+    float ms[3] = {0.0f, 0.0f, 0.0f};
+    if (gap) {
+        const double mass = pd[PD_MASS];
+        const double zpm = rows64[ROW * pm];
+        const double dzd = (double)dz;
+        const double q = (double)qop, cx = (double)chord_x, cy = (double)chord_y;
+        const double n2 = 1.0 + cx * cx + cy * cy;
+        double m0 = 0.0, m1 = 0.0, m2 = 0.0;
+        for (int p = pm + 1; p < pl; ++p) {
+            const double w = (rows64[ROW * p] - zpm) / dzd;
+            const double th2 = theta0_sq(rows64 + ROW * p, mass, q, cx, cy) * w * w;
+            m0 += th2 * (1.0 + cx * cx) * n2;
+            m1 += th2 * (1.0 + cy * cy) * n2;
+            m2 += th2 * cx * cy * n2;
+        }
+        ms[0] = (float)m0;
+        ms[1] = (float)m1;
+        ms[2] = (float)m2;
+    }
+    const float inv_dz2 = inv_dz * inv_dz;
+    float c[15];
+#pragma unroll
+    for (int i = 0; i < 15; ++i) c[i] = 0.0f;
+    c[0] = vxn;
+    c[2] = vyn;
+    c[3] = vxn * inv_dz;
+    c[5] = (vxn + vxm) * inv_dz2 + gx * gx * cq + ms[0];
+    c[7] = vyn * inv_dz;
+    c[8] = gx * gy * cq + ms[2];
+    c[9] = (vyn + vym) * inv_dz2 + gy * gy * cq + ms[1];
+    c[12] = gx * cq;
+    c[13] = gy * cq;
+    c[14] = cq;
+    float chi2 = 0.0f;
+    const float mass2 = pf[PF_MASS2];
+
+    // Plane by plane upstream: step, transport, update with the hit on the plane (none on
+    // the second-to-last hit's plane: the seed used it), scattering in the plane's
+    // material (none at the first hit's plane: the state is reported just downstream).
+    int k = n - 3;
+    for (int p = pl - 1; p >= pa; --p) {
+        const float* r = rows32 + ROW * p;
+        const float z_to = r[0];
+        const float x0 = pa < p ? r[3] : 0.0f;
+        float mx = 0.0f, my = 0.0f, hit = 0.0f;
+        if (k >= 0 && PLANE(k) == p) {
+            mx = HX(k);
+            my = HY(k);
+            hit = 1.0f;
+            --k;
+        }
+        float jac[4][3];
+        propagate_gap(gap_kind[p], bu, g, z, x, y, tx, ty, qop, z_to, gap_steps[p], jac);
+        transport_cov(c, jac);
+        float st[5] = {x, y, tx, ty, qop};
+        update(st, c, chi2, mx, my, r[1], r[2], hit);
+        x = st[0];
+        y = st[1];
+        tx = st[2];
+        ty = st[3];
+        qop = st[4];
+        scatter(c, tx, ty, qop, x0, r[4], mass2);
+    }
+
+    // Not finite anywhere, or a negative variance: not ok.
+    bool ok = isfinite(chi2) && isfinite(x) && isfinite(y) && isfinite(tx) && isfinite(ty) &&
+              isfinite(qop) && isfinite(z);
+#pragma unroll
+    for (int i = 0; i < 15; ++i) ok = ok && isfinite(c[i]);
+#pragma unroll
+    for (int i = 0; i < 5; ++i) ok = ok && !(c[tri(i, i)] < 0.0f);
+    const int ndf = 2 * n - (pi[PI_FIT_MOMENTUM] ? 5 : 4);
+    const float st[5] = {x, y, tx, ty, qop};
+#pragma unroll
+    for (int i = 0; i < 5; ++i) out[i * stride + t] = __float_as_uint(st[i]);
+#pragma unroll
+    for (int i = 0; i < 15; ++i) out[(5 + i) * stride + t] = __float_as_uint(c[i]);
+    out[20 * stride + t] = __float_as_uint(z);
+    out[21 * stride + t] = __float_as_uint(chi2);
+    out[22 * stride + t] = (unsigned)(ndf > 0 ? ndf : 0);
+    out[23 * stride + t] = ok ? 1u : 0u;
+#undef PLANE
+#undef HX
+#undef HY
+}
