@@ -689,6 +689,64 @@ mod tests {
         assert!(tracks.iter().all(|t| t.hits.len() < 7 || t.hits.len() == 8));
     }
 
+    /// A particle that misses two planes in a row (3 and 4 of 8) is found whole with
+    /// doublets over two missing planes; with `max_gap_planes = 1` it falls into two pieces
+    /// of three hits, neither a track.
+    #[test]
+    fn track_missing_two_planes_in_a_row_is_found_whole() {
+        let det = detector(8, [0.0, 0.8, 0.0], 0.004, 0.016);
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let mut hits = Vec::new();
+        let (a, _) = track(
+            &det,
+            [0.0, 0.0, 0.08, 0.03, 1.0 / 3.0],
+            true,
+            true,
+            &mut rng,
+            &mut hits,
+        );
+        let (b, _) = track(
+            &det,
+            [0.1, 0.0, -0.06, -0.04, -1.0 / 2.0],
+            true,
+            true,
+            &mut rng,
+            &mut hits,
+        );
+        // Drop b's hits on planes 3 and 4, renumbering the hits after them.
+        let drop = [b[3], b[4]];
+        let keep: Vec<u32> = (0..hits.len() as u32)
+            .filter(|h| !drop.contains(h))
+            .collect();
+        let renumber = |h: u32| keep.iter().position(|&k| k == h).unwrap() as u32;
+        let hits: Vec<_> = keep.iter().map(|&h| hits[h as usize]).collect();
+        let a: Vec<u32> = a.iter().map(|&h| renumber(h)).collect();
+        let b: Vec<u32> = b
+            .iter()
+            .filter(|h| !drop.contains(h))
+            .map(|&h| renumber(h))
+            .collect();
+        assert_eq!(b.len(), 6);
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        assert_eq!(cfg.max_gap_planes, 2);
+        let mut reco = Reconstructor::new(&det, cfg.clone());
+        let mut tracks = Vec::new();
+        reco.reconstruct(&hits, &mut tracks);
+        let mut found: Vec<Vec<u32>> = tracks.iter().map(|t| t.hits.clone()).collect();
+        found.sort();
+        let mut want = vec![a.clone(), b];
+        want.sort();
+        assert_eq!(found, want);
+        let one = FinderConfig {
+            max_gap_planes: 1,
+            ..cfg
+        };
+        let mut reco = Reconstructor::new(&det, one);
+        reco.reconstruct(&hits, &mut tracks);
+        let found: Vec<Vec<u32>> = tracks.iter().map(|t| t.hits.clone()).collect();
+        assert_eq!(found, vec![a]);
+    }
+
     #[test]
     fn overrides_replace_derived_values_and_refuse_unknown_keys() {
         let det = detector(6, [0.0, 1.0, 0.0], 0.004, 0.01);
