@@ -412,11 +412,15 @@ fn validated(cfg: Config) -> anyhow::Result<Config> {
     Ok(cfg)
 }
 
+/// 0: every frame decided and every decision written; 3: accounting violated; 4:
+/// decisions (or accepted frames) not durably written.
 fn exit_code(summary: &crate::pipeline::Summary) -> ExitCode {
-    if summary.balanced() {
-        ExitCode::SUCCESS
-    } else {
+    if !summary.balanced() {
         ExitCode::from(3)
+    } else if summary.undelivered() > 0 {
+        ExitCode::from(4)
+    } else {
+        ExitCode::SUCCESS
     }
 }
 

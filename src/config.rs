@@ -8,6 +8,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::sinks::file::Rotation;
+use crate::sinks::guard::GuardSettings;
+use crate::sinks::SinkPolicy;
+
 /// Everything trigd reads at start (and re-reads on SIGHUP for trigger thresholds).
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -190,6 +194,53 @@ pub struct OutputConfig {
     pub accepted_recording: Option<PathBuf>,
     /// fsync policy of written recordings: `never`, `always`, `every:N`, `interval:100ms`.
     pub fsync: Option<String>,
+    /// What the JSON lines log does when it cannot write: `block` (default), `spill`, `drop`.
+    pub jsonl_policy: Option<SinkPolicy>,
+    /// Second path of the JSON lines log for `jsonl_policy = "spill"`.
+    pub jsonl_spill: Option<PathBuf>,
+    /// What the binary log does when it cannot write: `block` (default), `spill`, `drop`.
+    pub binlog_policy: Option<SinkPolicy>,
+    /// Second path of the binary log for `binlog_policy = "spill"`.
+    pub binlog_spill: Option<PathBuf>,
+    /// What the UDP decision stream does when a send fails: `drop` (the only choice: a
+    /// datagram stream is best effort).
+    pub udp_policy: Option<SinkPolicy>,
+    /// Decisions a blocked log holds before it loses them (default 65536).
+    pub sink_backlog: Option<usize>,
+    /// How often a failing sink is tried again, milliseconds (default 100).
+    pub sink_retry_ms: Option<u64>,
+    /// Longest a blocked log pauses the inputs, seconds (default 30; 0: until it works
+    /// again or the daemon stops).
+    pub sink_block_max_s: Option<f64>,
+    /// Rotate each decision log when it reaches this many bytes (default: never; SIGHUP
+    /// reopens the logs for outside rotation).
+    pub rotate_bytes: Option<u64>,
+    /// Rotated decision logs kept (`FILE.1` .. `FILE.N`, default 5).
+    pub rotate_keep: Option<usize>,
+}
+
+impl OutputConfig {
+    /// Backlog, retry and pause limit of the decision sinks.
+    pub fn guard_settings(&self) -> GuardSettings {
+        let d = GuardSettings::default();
+        GuardSettings {
+            backlog: self.sink_backlog.unwrap_or(d.backlog),
+            retry: self.sink_retry_ms.map_or(d.retry, Duration::from_millis),
+            block_max: match self.sink_block_max_s {
+                None => d.block_max,
+                Some(s) if s == 0.0 => None,
+                Some(s) => Some(Duration::from_secs_f64(s)),
+            },
+        }
+    }
+
+    /// Size rotation of the decision logs.
+    pub fn rotation(&self) -> Rotation {
+        Rotation {
+            max_bytes: self.rotate_bytes,
+            keep: self.rotate_keep.unwrap_or(5),
+        }
+    }
 }
 
 /// Accept an event with at least `min_hits` hits on at least `min_planes` distinct planes.
@@ -241,6 +292,59 @@ impl Config {
             message,
         })?;
         Ok(cfg)
+    }
+
+    fn validate_output(&self) -> Result<(), String> {
+        let o = &self.output;
+        for (what, path, policy, spill) in [
+            ("jsonl", &o.decisions_jsonl, o.jsonl_policy, &o.jsonl_spill),
+            (
+                "binlog",
+                &o.decisions_binlog,
+                o.binlog_policy,
+                &o.binlog_spill,
+            ),
+        ] {
+            match (policy, spill) {
+                (Some(SinkPolicy::Spill), None) => return Err(format!(
+                    "output.{what}_policy = \"spill\" needs output.{what}_spill, the second path"
+                )),
+                (Some(SinkPolicy::Spill), Some(s)) if Some(s) == path.as_ref() => {
+                    return Err(format!(
+                        "output.{what}_spill must differ from the log's own path"
+                    ))
+                }
+                (p, Some(_)) if p != Some(SinkPolicy::Spill) => {
+                    return Err(format!(
+                        "output.{what}_spill applies only with {what}_policy = \"spill\""
+                    ))
+                }
+                _ => {}
+            }
+        }
+        if o.udp_policy.is_some_and(|p| p != SinkPolicy::Drop) {
+            return Err(
+                "output.udp_policy must be \"drop\": a datagram stream is best effort".into(),
+            );
+        }
+        if o.sink_backlog.is_some_and(|n| n == 0 || n > 1 << 24) {
+            return Err("output.sink_backlog must be in 1..=16777216".into());
+        }
+        if o.sink_retry_ms.is_some_and(|ms| ms == 0 || ms > 60_000) {
+            return Err("output.sink_retry_ms must be in 1..=60000".into());
+        }
+        if o.sink_block_max_s
+            .is_some_and(|s| !(s.is_finite() && s >= 0.0))
+        {
+            return Err("output.sink_block_max_s must be a number of seconds >= 0".into());
+        }
+        if o.rotate_bytes.is_some_and(|b| b < 4096) {
+            return Err("output.rotate_bytes must be at least 4096".into());
+        }
+        if o.rotate_keep.is_some_and(|k| k == 0 || k > 1000) {
+            return Err("output.rotate_keep must be in 1..=1000".into());
+        }
+        Ok(())
     }
 
     /// Checks what serde cannot: ranges and combinations. Errors name the field.
@@ -313,6 +417,7 @@ impl Config {
                 ));
             }
         }
+        self.validate_output()?;
         if let Some(f) = &self.output.fsync {
             f.parse::<crate::recording::FsyncPolicy>()
                 .map_err(|e| format!("output.fsync: {e}"))?;

@@ -15,7 +15,8 @@ use crate::decision::{Decision, Names, Outcome, Workload};
 use crate::metrics::{BackendMetrics, Metrics, RingMetrics, SourceMetrics};
 use crate::pipeline::{self, Input, Observe, Runtime, Stage, Summary};
 use crate::ring::Fill;
-use crate::sinks::Sink;
+use crate::sinks::guard::GuardedSink;
+use crate::sinks::{Sink, SinkPolicy};
 use crate::workload;
 
 /// How a run differs between the daemon and a replay.
@@ -43,8 +44,9 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
     }
+    let reopen = Arc::new(AtomicBool::new(false));
     let reload = if opts.reload_on_hup {
-        Some(spawn_reloader(cfg.clone(), stop.clone())?)
+        Some(spawn_reloader(cfg.clone(), stop.clone(), reopen.clone())?)
     } else {
         None
     };
@@ -140,8 +142,15 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
 
     let mut decisions = None::<crate::metrics::DecisionMetrics>;
     let metrics_for_decisions = metrics.clone();
-    let make_sinks = |names: &Names| -> anyhow::Result<Vec<Box<dyn Sink>>> {
-        build_sinks(&output, names, &metrics.udp_send_errors())
+    let make_sinks = |names: &Names| -> anyhow::Result<Vec<GuardedSink>> {
+        let sinks = build_sinks(&output, names, &metrics.udp_send_errors())?;
+        for s in &sinks {
+            metrics.prepare_sink(s.kind());
+        }
+        if output.accepted_recording.is_some() {
+            metrics.prepare_sink("recording");
+        }
+        Ok(sinks)
     };
     let on_decision = {
         let m = metrics_for_decisions;
@@ -169,6 +178,7 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
         reload,
         ready: Some(ready.clone()),
         progress: progress_cb,
+        reopen: Some(reopen),
     };
     let started = Instant::now();
     let make = |w: usize| plan.make(w);
@@ -219,38 +229,64 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
     Ok(summary)
 }
 
+/// Every configured decision sink behind its failure policy (a spill path is created
+/// up front, so a spill that cannot even start stops the run before any frame).
 fn build_sinks(
     output: &crate::config::OutputConfig,
     names: &Names,
     udp_errors: &prometheus::IntCounter,
-) -> anyhow::Result<Vec<Box<dyn Sink>>> {
-    let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
+) -> anyhow::Result<Vec<GuardedSink>> {
+    use crate::sinks::binlog::BinlogSink;
+    use crate::sinks::jsonl::JsonlSink;
+    let settings = output.guard_settings();
+    let rotation = output.rotation();
+    let mut sinks = Vec::new();
     if let Some(p) = &output.decisions_jsonl {
-        sinks.push(Box::new(
-            crate::sinks::jsonl::JsonlSink::create(p)
-                .with_context(|| format!("creating {}", p.display()))?,
-        ));
+        let policy = output.jsonl_policy.unwrap_or(SinkPolicy::Block);
+        let sink = JsonlSink::create_rotating(p, rotation)
+            .with_context(|| format!("creating {}", p.display()))?;
+        let spill: Option<Box<dyn Sink>> = match (&output.jsonl_spill, policy) {
+            (Some(sp), SinkPolicy::Spill) => Some(Box::new(
+                JsonlSink::create_rotating(sp, rotation)
+                    .with_context(|| format!("creating the spill path {}", sp.display()))?,
+            )),
+            _ => None,
+        };
+        sinks.push(GuardedSink::new(Box::new(sink), policy, spill, settings));
     }
     if let Some(p) = &output.decisions_binlog {
-        sinks.push(Box::new(
-            crate::sinks::binlog::BinlogSink::create(p, names)
-                .with_context(|| format!("creating {}", p.display()))?,
-        ));
+        let policy = output.binlog_policy.unwrap_or(SinkPolicy::Block);
+        let sink = BinlogSink::create_rotating(p, names, rotation)
+            .with_context(|| format!("creating {}", p.display()))?;
+        let spill: Option<Box<dyn Sink>> = match (&output.binlog_spill, policy) {
+            (Some(sp), SinkPolicy::Spill) => Some(Box::new(
+                BinlogSink::create_rotating(sp, names, rotation)
+                    .with_context(|| format!("creating the spill path {}", sp.display()))?,
+            )),
+            _ => None,
+        };
+        sinks.push(GuardedSink::new(Box::new(sink), policy, spill, settings));
     }
     if let Some(a) = &output.decisions_udp {
-        sinks.push(Box::new(
-            crate::sinks::udp::UdpSink::connect(&a.to_string())
-                .map(|u| u.with_error_counter(udp_errors.clone()))
-                .with_context(|| format!("decision stream to {a}"))?,
+        let sink = crate::sinks::udp::UdpSink::connect(&a.to_string())
+            .map(|u| u.with_error_counter(udp_errors.clone()))
+            .with_context(|| format!("decision stream to {a}"))?;
+        sinks.push(GuardedSink::new(
+            Box::new(sink),
+            output.udp_policy.unwrap_or(SinkPolicy::Drop),
+            None,
+            settings,
         ));
     }
     Ok(sinks)
 }
 
-/// SIGHUP: re-read the configuration file and hand it to the workers.
+/// SIGHUP: reopen the decision logs, re-read the configuration file and hand it to the
+/// workers.
 fn spawn_reloader(
     cfg: Arc<Config>,
     stop: Arc<AtomicBool>,
+    reopen: Arc<AtomicBool>,
 ) -> anyhow::Result<crossbeam_channel::Receiver<Arc<Config>>> {
     let (tx, rx) = crossbeam_channel::bounded(4);
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGHUP])
@@ -258,6 +294,8 @@ fn spawn_reloader(
     let handle = signals.handle();
     std::thread::Builder::new().name("reload".into()).spawn(move || {
         for _ in signals.forever() {
+            // Decision logs reopen on every SIGHUP (after logrotate moved them away).
+            reopen.store(true, Ordering::Release);
             let Some(path) = cfg.path.clone() else {
                 tracing::warn!("SIGHUP: no configuration file to reload (started without --config)");
                 continue;
@@ -333,6 +371,13 @@ impl Observe for MetricsObserver {
     fn failover(&self) {
         self.metrics.failovers().inc();
     }
+    fn sink_error(&self, sink: &'static str, error: &std::io::Error) {
+        self.metrics
+            .sink_error(sink, crate::sinks::error_kind(error));
+    }
+    fn sink_lost(&self, sink: &'static str, n: u64) {
+        self.metrics.sink_lost(sink, n);
+    }
     fn ring_fill(&self, ring: &str, fill: &Fill) {
         let mut rings = match self.rings.lock() {
             Ok(g) => g,
@@ -343,6 +388,7 @@ impl Observe for MetricsObserver {
         } else {
             let m = self.metrics.ring(ring, fill.capacity());
             m.set_fill(fill.len());
+            self.metrics.watch_ring(ring, fill.clone());
             rings.push((ring.to_string(), m));
         }
     }
@@ -389,6 +435,34 @@ pub fn print_summary(summary: &Summary, out: &mut dyn std::io::Write) -> std::io
             )?;
         }
     }
+    for s in &summary.sinks {
+        if s.errors + s.lost + s.spilled == 0 {
+            continue;
+        }
+        let policy = s.policy.map_or("", SinkPolicy::as_str);
+        writeln!(
+            out,
+            "sink        {} {}: {} errors, {} decisions not written, {} spilled (policy {policy})",
+            s.kind, s.target, s.errors, s.lost, s.spilled
+        )?;
+    }
+    if summary.recording_lost > 0 {
+        writeln!(
+            out,
+            "sink        recording: {} accepted frames not recorded",
+            summary.recording_lost
+        )?;
+    }
+    let undelivered = summary.undelivered();
+    writeln!(
+        out,
+        "written     {}",
+        if undelivered == 0 {
+            "every decision reached every log".to_string()
+        } else {
+            format!("FAILED: {undelivered} decisions or accepted frames not durably written")
+        }
+    )?;
     let balanced = summary.balanced();
     writeln!(
         out,

@@ -342,6 +342,12 @@ pub struct Metrics {
     line_fired: IntCounterVec,
     accounting_balanced: IntGaugeVec,
     udp_send_errors: IntCounter,
+    sink_errors: IntCounterVec,
+    sink_lost: IntCounterVec,
+    ring_fill_max: GaugeVec,
+    input_refused: IntCounterVec,
+    /// Rings whose peak fill is read (and reset) at each scrape.
+    watched_rings: Mutex<Vec<(Gauge, crate::ring::Fill)>>,
     sources: Mutex<Vec<Arc<SourceShared>>>,
     in_flight_max_frames: AtomicU64,
 }
@@ -487,6 +493,34 @@ impl Metrics {
                 source,
             })?,
         )?;
+        let sink_errors = family!(
+            &r,
+            IntCounterVec,
+            "trigd_sink_errors_total",
+            "Write and flush errors of a sink (jsonl, binlog, udp, recording) by kind of OS error.",
+            ["sink", "kind"]
+        );
+        let sink_lost = family!(
+            &r,
+            IntCounterVec,
+            "trigd_sink_lost_total",
+            "Decisions (recording: accepted frames) a sink failed to write and will not write.",
+            ["sink"]
+        );
+        let ring_fill_max = family!(
+            &r,
+            GaugeVec,
+            "trigd_ring_fill_max_ratio",
+            "Largest occupied fraction of a ring buffer since the previous scrape (0..1).",
+            ["ring"]
+        );
+        let input_refused = family!(
+            &r,
+            IntCounterVec,
+            "trigd_input_refused_total",
+            "Datagrams and connections an input refused before they became frames (not_allowed, too_many_connections, idle, stalled, too_large).",
+            ["source", "reason"]
+        );
         let build_info = family!(
             &r,
             IntGaugeVec,
@@ -534,6 +568,11 @@ impl Metrics {
             line_fired,
             accounting_balanced,
             udp_send_errors,
+            sink_errors,
+            sink_lost,
+            ring_fill_max,
+            input_refused,
+            watched_rings: Mutex::new(Vec::new()),
             sources: Mutex::new(Vec::new()),
             in_flight_max_frames: AtomicU64::new(0),
         })
@@ -642,6 +681,48 @@ impl Metrics {
         self.udp_send_errors.clone()
     }
 
+    /// Counts one error of `sink` in `trigd_sink_errors_total{sink,kind}` (error path only).
+    pub fn sink_error(&self, sink: &str, kind: &str) {
+        self.sink_errors.with_label_values(&[sink, kind]).inc();
+    }
+
+    /// Counts `n` decisions `sink` lost in `trigd_sink_lost_total{sink}` (error path only).
+    pub fn sink_lost(&self, sink: &str, n: u64) {
+        self.sink_lost.with_label_values(&[sink]).inc_by(n);
+    }
+
+    /// Exports `trigd_sink_errors_total` and `trigd_sink_lost_total` at 0 for `sink`, so
+    /// that alerts and dashboards see the series before the first error.
+    pub fn prepare_sink(&self, sink: &str) {
+        let _ = self.sink_lost.with_label_values(&[sink]);
+    }
+
+    /// `trigd_input_refused_total{source,reason}` child for an input (resolve once).
+    pub fn input_refused(&self, source: &str, reason: &str) -> IntCounter {
+        self.input_refused.with_label_values(&[source, reason])
+    }
+
+    /// Reads `fill`'s peak at every scrape into `trigd_ring_fill_max_ratio{ring}` (and its
+    /// current level into `trigd_ring_fill_ratio`), then starts a new peak.
+    pub fn watch_ring(&self, name: &str, fill: crate::ring::Fill) {
+        let g = self.ring_fill_max.with_label_values(&[name]);
+        self.watched_rings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((g, fill));
+    }
+
+    fn refresh_rings(&self) {
+        let rings = self
+            .watched_rings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for (g, fill) in rings.iter() {
+            let cap = fill.capacity().max(1) as f64;
+            g.set(fill.take_max() as f64 / cap);
+        }
+    }
+
     /// Sets how many frames may legitimately be between arrival and decision;
     /// `trigd_accounting_balanced` tolerates this many. Starts at 0 (exact) and grows with
     /// every [`Metrics::ring`]; add batch and worker slots with [`Metrics::add_in_flight_frames`].
@@ -678,6 +759,7 @@ impl Metrics {
     /// Text exposition format (0.0.4) of every family; refreshes the accounting gauges first.
     pub fn render(&self) -> Result<String, MetricsError> {
         let _ = self.check_accounting(None);
+        self.refresh_rings();
         let families = self.registry.gather();
         let mut buf = Vec::with_capacity(16 * 1024);
         TextEncoder::new()

@@ -30,7 +30,7 @@ use crate::config::{Config, DaemonConfig, Speed, TimeoutPolicy};
 use crate::decision::{Decision, Names, Outcome, Workload};
 use crate::frame::{self, FrameKind, FrameView};
 use crate::ring::{self, Fill, Rx, Slot, Tx};
-use crate::sinks::Sink;
+use crate::sinks::guard::{Episode, GuardedSink, SinkTotals};
 use crate::sources::{Received, SeqEvent, SequenceTracker};
 
 /// Pipeline stages timed for metrics.
@@ -75,7 +75,10 @@ pub trait Observe: Send + Sync {
     fn sequence_gap(&self, _source: u16, _missing: u64) {}
     fn sequence_repeat(&self, _source: u16) {}
     fn failover(&self) {}
-    fn sink_error(&self, _error: &std::io::Error) {}
+    /// A sink (`jsonl`, `binlog`, `udp`, `recording`) failed to write or flush.
+    fn sink_error(&self, _sink: &'static str, _error: &std::io::Error) {}
+    /// `n` decisions (or accepted frames) a sink will never hold.
+    fn sink_lost(&self, _sink: &'static str, _n: u64) {}
     fn ring_fill(&self, _ring: &str, _fill: &Fill) {}
     fn accounting(&self, _source: u16, _balanced: bool) {}
 }
@@ -211,7 +214,12 @@ pub struct Summary {
     /// Frames decided per backend kind (cpu, gpu).
     pub by_backend: [u64; 2],
     pub failovers: u64,
+    /// Write and flush errors of every sink, the accepted-frame recording included.
     pub sink_errors: u64,
+    /// What each decision sink did.
+    pub sinks: Vec<SinkTotals>,
+    /// Accepted frames the accepted-frame recording failed to take.
+    pub recording_lost: u64,
 }
 
 impl Summary {
@@ -224,13 +232,19 @@ impl Summary {
     pub fn balanced(&self) -> bool {
         self.sources.iter().all(SourceTotals::balanced)
     }
+    /// Decisions (and accepted frames) not written where they should be, best-effort sinks
+    /// aside: non-zero makes the run fail.
+    pub fn undelivered(&self) -> u64 {
+        self.sinks.iter().map(SinkTotals::undelivered).sum::<u64>() + self.recording_lost
+    }
 }
 
 /// Builds a backend for worker `i` (each worker owns one).
 pub type BackendFactory<'a> = &'a (dyn Fn(usize) -> anyhow::Result<Box<dyn Backend>> + Sync);
 
-/// Builds the sinks once the names (sources, trigger lines) are known.
-pub type MakeSinks<'a> = Box<dyn FnOnce(&Names) -> anyhow::Result<Vec<Box<dyn Sink>>> + Send + 'a>;
+/// Builds the sinks, each behind its failure policy, once the names (sources, trigger
+/// lines) are known.
+pub type MakeSinks<'a> = Box<dyn FnOnce(&Names) -> anyhow::Result<Vec<GuardedSink>> + Send + 'a>;
 /// Sees every decision, on the decision thread.
 pub type OnDecision<'a> = Box<dyn FnMut(&Decision, &Names) + Send + 'a>;
 /// Receives the bytes of every accepted frame.
@@ -260,16 +274,25 @@ pub struct Runtime<'a> {
     pub ready: Option<Arc<AtomicBool>>,
     /// Called with the running count of decided frames (progress bars).
     pub progress: Option<Box<dyn Fn(u64) + Send>>,
+    /// Set (by SIGHUP) to reopen the decision logs; the decision thread clears it.
+    pub reopen: Option<Arc<AtomicBool>>,
 }
 
 /// What the decision thread owns.
 struct DecideCtx<'a> {
-    sinks: Vec<Box<dyn Sink>>,
+    sinks: Vec<GuardedSink>,
     on_decision: OnDecision<'a>,
     accepted: Option<AcceptedFrames>,
+    /// Failure episode of the accepted-frame recording.
+    accepted_episode: Episode,
     observer: Arc<dyn Observe>,
     progress: Option<Box<dyn Fn(u64) + Send>>,
     workload: Workload,
+    ready: Option<Arc<AtomicBool>>,
+    reopen: Option<Arc<AtomicBool>>,
+    stop: Arc<AtomicBool>,
+    /// Set while a blocking sink pauses the decision thread (sources drop `sink_blocked`).
+    sink_blocked: Arc<AtomicBool>,
 }
 
 struct SideRecord {
@@ -320,6 +343,7 @@ pub fn run(
         reload,
         ready,
         progress,
+        reopen,
     } = rt;
     let workers = daemon.workers.max(1);
     let slots = daemon.ring_slots;
@@ -340,13 +364,19 @@ pub fn run(
     };
     names.lines = backends[0].line_names().to_vec();
     let names = Arc::new(names);
+    let sink_blocked = Arc::new(AtomicBool::new(false));
     let mut dctx = DecideCtx {
         sinks: make_sinks(&names)?,
         on_decision,
         accepted,
+        accepted_episode: Episode::default(),
         observer: observer.clone(),
         progress,
         workload,
+        ready: ready.clone(),
+        reopen,
+        stop: stop.clone(),
+        sink_blocked: sink_blocked.clone(),
     };
 
     // Rings: per input, a free-slot ring (decision thread -> source) and one work ring per
@@ -414,6 +444,7 @@ pub fn run(
                 observer: observer.clone(),
                 tracker: SequenceTracker::default(),
                 spare: None,
+                sink_blocked: sink_blocked.clone(),
             };
             let stop = stop.clone();
             let live = sources_live.clone();
@@ -546,6 +577,8 @@ struct SourceCtx {
     observer: Arc<dyn Observe>,
     tracker: SequenceTracker,
     spare: Option<Box<Slot>>,
+    /// See [`DecideCtx::sink_blocked`].
+    sink_blocked: Arc<AtomicBool>,
 }
 
 impl SourceCtx {
@@ -610,13 +643,22 @@ impl SourceCtx {
         };
         self.observe_sequence(&view);
         let Some(mut slot) = self.spare.take().or_else(|| self.free.try_pop()) else {
-            self.side(bytes, Outcome::Dropped, "ring_full", arrival);
+            self.side(bytes, Outcome::Dropped, self.full_reason(), arrival);
             return;
         };
         slot.fill(bytes, arrival);
         if let Err(slot) = self.push(slot) {
-            self.side(&slot.bytes, Outcome::Dropped, "ring_full", arrival);
+            self.side(&slot.bytes, Outcome::Dropped, self.full_reason(), arrival);
             self.spare = Some(slot);
+        }
+    }
+
+    /// Why there is no room: a blocked sink holds the slots, or the workers are behind.
+    fn full_reason(&self) -> &'static str {
+        if self.sink_blocked.load(Ordering::Relaxed) {
+            "sink_blocked"
+        } else {
+            "ring_full"
         }
     }
 
@@ -1081,9 +1123,24 @@ fn decide_loop(
     let mut idle = Idle::default();
     let mut last_fill = Instant::now();
     let mut side_open = true;
+    let mut paused = false;
     loop {
         let mut any = false;
-        for rx in done.iter_mut() {
+        // A blocking sink that fails holds back reconstructed frames (their slots stay
+        // taken, so the inputs fill up); side records still flow, into its backlog. At
+        // shutdown nothing waits any more.
+        let now = Instant::now();
+        let pause = !rt.stop.load(Ordering::Relaxed) && rt.sinks.iter().any(|s| s.pauses(now));
+        if pause != paused {
+            paused = pause;
+            rt.sink_blocked.store(pause, Ordering::Relaxed);
+            if pause {
+                tracing::warn!("inputs paused: a decision sink blocks");
+            } else {
+                tracing::info!("inputs resumed");
+            }
+        }
+        for rx in done.iter_mut().filter(|_| !paused) {
             // Bounded per pass so side records and other workers are served too.
             for _ in 0..256 {
                 let Some(Done { decision, mut slot }) = rx.try_pop() else {
@@ -1091,12 +1148,7 @@ fn decide_loop(
                 };
                 any = true;
                 if decision.accepted {
-                    if let Some(acc) = rt.accepted.as_mut() {
-                        if let Err(e) = acc(&slot.bytes) {
-                            summary.sink_errors += 1;
-                            rt.observer.sink_error(&e);
-                        }
-                    }
+                    record_accepted(rt, &mut summary, &slot.bytes);
                 }
                 record(rt, names, &mut summary, &decision);
                 decided += 1;
@@ -1154,32 +1206,93 @@ fn decide_loop(
             for (name, fill) in fills {
                 rt.observer.ring_fill(name, fill);
             }
-            flush_sinks(rt, &mut summary);
+            flush_sinks(rt, names);
         }
+        for s in rt.sinks.iter_mut() {
+            s.retry(names, &*rt.observer, false);
+        }
+        if rt
+            .reopen
+            .as_ref()
+            .is_some_and(|r| r.swap(false, Ordering::AcqRel))
+        {
+            for s in rt.sinks.iter_mut() {
+                s.reopen(&*rt.observer);
+            }
+        }
+        update_readiness(rt);
     }
-    flush_sinks(rt, &mut summary);
+    for s in rt.sinks.iter_mut() {
+        let t = s.finish(names, &*rt.observer);
+        summary.sink_errors += t.errors;
+        summary.sinks.push(t);
+    }
+    rt.sink_blocked.store(false, Ordering::Relaxed);
     if let Some(p) = &rt.progress {
         p(decided);
     }
     summary
 }
 
-fn flush_sinks(rt: &mut DecideCtx<'_>, summary: &mut Summary) {
-    for s in rt.sinks.iter_mut() {
-        if let Err(e) = s.flush() {
-            summary.sink_errors += 1;
-            rt.observer.sink_error(&e);
+/// `/readyz`: ready while no sink is in a failure episode.
+fn update_readiness(rt: &DecideCtx<'_>) {
+    if let Some(r) = &rt.ready {
+        let ok = !rt.accepted_episode.active() && !rt.sinks.iter().any(GuardedSink::failing);
+        if r.load(Ordering::Relaxed) != ok {
+            r.store(ok, Ordering::Release);
         }
+    }
+}
+
+/// Appends an accepted frame to the accepted-frame recording; a failure is counted, logged
+/// once per episode, and the frame is lost to the recording (counted).
+fn record_accepted(rt: &mut DecideCtx<'_>, summary: &mut Summary, bytes: &[u8]) {
+    let Some(acc) = rt.accepted.as_mut() else {
+        return;
+    };
+    match acc(bytes) {
+        Ok(()) => {
+            if rt.accepted_episode.active() {
+                let lost = summary.recording_lost;
+                if let Some((errors, lost)) = rt.accepted_episode.end(
+                    Instant::now(),
+                    crate::sinks::guard::QUIET_FOR_RECOVERY,
+                    lost,
+                ) {
+                    tracing::warn!(
+                        "the accepted-frame recording works again after {errors} errors; {lost} frames lost meanwhile"
+                    );
+                }
+            }
+        }
+        Err(e) => {
+            summary.sink_errors += 1;
+            summary.recording_lost += 1;
+            rt.observer.sink_error("recording", &e);
+            rt.observer.sink_lost("recording", 1);
+            if rt
+                .accepted_episode
+                .error(Instant::now(), summary.recording_lost - 1)
+            {
+                tracing::error!(
+                    sink = "recording",
+                    "the accepted-frame recording failed: {e}; accepted frames are counted as lost until it works again"
+                );
+            }
+        }
+    }
+}
+
+fn flush_sinks(rt: &mut DecideCtx<'_>, names: &Names) {
+    for s in rt.sinks.iter_mut() {
+        s.flush(names, &*rt.observer);
     }
 }
 
 fn record(rt: &mut DecideCtx<'_>, names: &Names, summary: &mut Summary, d: &Decision) {
     let t0 = Instant::now();
     for s in rt.sinks.iter_mut() {
-        if let Err(e) = s.write(d, names) {
-            summary.sink_errors += 1;
-            rt.observer.sink_error(&e);
-        }
+        s.deliver(d, names, &*rt.observer);
     }
     rt.observer.stage(Stage::Sink, t0.elapsed().as_secs_f64());
     (rt.on_decision)(d, names);
@@ -1198,6 +1311,7 @@ mod tests {
     use crate::backend::multiplicity::CpuMultiplicity;
     use crate::config::MultiplicityConfig;
     use crate::frame::{encode_hit_event, HitRecord, Stamp};
+    use crate::sinks::Sink;
 
     struct VecFeed {
         frames: Vec<Vec<u8>>,
@@ -1267,7 +1381,14 @@ mod tests {
             },
             workload: Workload::Multiplicity,
             deadlines: false,
-            make_sinks: Box::new(move |_| Ok(vec![Box::new(sink) as Box<dyn Sink>])),
+            make_sinks: Box::new(move |_| {
+                Ok(vec![GuardedSink::new(
+                    Box::new(sink),
+                    crate::sinks::SinkPolicy::Block,
+                    None,
+                    Default::default(),
+                )])
+            }),
             on_decision: Box::new(|_, _| {}),
             accepted: None,
             observer: Arc::new(NoObserver),
@@ -1275,6 +1396,7 @@ mod tests {
             reload: None,
             ready: None,
             progress: None,
+            reopen: None,
         }
     }
 

@@ -17,6 +17,7 @@ use ringbuf::{HeapCons, HeapProd, HeapRb};
 pub struct Tx<T> {
     inner: HeapProd<T>,
     len: Arc<AtomicUsize>,
+    max: Arc<AtomicUsize>,
 }
 
 /// Receiving half of an SPSC ring.
@@ -25,16 +26,25 @@ pub struct Rx<T> {
     len: Arc<AtomicUsize>,
 }
 
-/// An observer of a ring's fill level, for metrics (may be read from any thread).
-#[derive(Clone)]
+/// An observer of a ring's fill level, for metrics (may be read from any thread): the
+/// current level and the peak since the last [`Fill::take_max`], so a burst between two
+/// scrapes is seen.
+#[derive(Clone, Debug)]
 pub struct Fill {
     len: Arc<AtomicUsize>,
+    max: Arc<AtomicUsize>,
     capacity: usize,
 }
 
 impl Fill {
     pub fn len(&self) -> usize {
         self.len.load(Ordering::Relaxed)
+    }
+    /// The largest level since the previous call (or creation); starts a new peak at the
+    /// current level.
+    pub fn take_max(&self) -> usize {
+        let now = self.len();
+        self.max.swap(now, Ordering::Relaxed).max(now)
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -52,16 +62,18 @@ pub fn channel<T>(capacity: usize) -> (Tx<T>, Rx<T>, Fill) {
     let capacity = capacity.max(1);
     let (p, c) = HeapRb::<T>::new(capacity).split();
     let len = Arc::new(AtomicUsize::new(0));
+    let max = Arc::new(AtomicUsize::new(0));
     (
         Tx {
             inner: p,
             len: len.clone(),
+            max: max.clone(),
         },
         Rx {
             inner: c,
             len: len.clone(),
         },
-        Fill { len, capacity },
+        Fill { len, max, capacity },
     )
 }
 
@@ -70,7 +82,11 @@ impl<T> Tx<T> {
     #[inline]
     pub fn try_push(&mut self, item: T) -> Result<(), T> {
         self.inner.try_push(item)?;
-        self.len.fetch_add(1, Ordering::Relaxed);
+        let len = self.len.fetch_add(1, Ordering::Relaxed) + 1;
+        // A plain load first: the peak rarely moves, and a load does not contend.
+        if len > self.max.load(Ordering::Relaxed) {
+            self.max.fetch_max(len, Ordering::Relaxed);
+        }
         Ok(())
     }
     pub fn is_full(&self) -> bool {
@@ -133,6 +149,12 @@ mod tests {
         assert_eq!(rx.try_pop(), Some(2));
         assert_eq!(rx.try_pop(), None);
         assert!(fill.is_empty());
+        // The burst to 2 is remembered once, then the peak restarts at the current level.
+        assert_eq!(fill.take_max(), 2);
+        assert_eq!(fill.take_max(), 0);
+        tx.try_push(4).unwrap();
+        rx.try_pop();
+        assert_eq!(fill.take_max(), 1);
     }
 
     #[test]

@@ -15,13 +15,14 @@
 //! (codes in range, source and lines inside the names table, CRC).
 
 use std::fs::File;
-use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::io::{self, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
 use zerocopy::little_endian::{F32, F64, U16, U32, U64};
 use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout, Unaligned};
 
+use super::file::{LogFile, LogOut, Rotation};
 use super::Sink;
 use crate::backend::{BackendKind, Detail};
 use crate::decision::{Decision, Names, Outcome, Workload};
@@ -57,6 +58,11 @@ pub static KNOWN_REASONS: &[&str] = &[
     "bad_crc",
     "bad_payload",
     "non_finite",
+    "sink_blocked",
+    "overload",
+    "shutdown",
+    "backend_error",
+    "wrong_kind",
 ];
 
 /// One decision, fixed size, little-endian, no padding.
@@ -425,26 +431,42 @@ pub fn encode_header(names: &Names) -> Result<Vec<u8>, BinlogError> {
     Ok(h)
 }
 
-/// Writes decisions to a binary log through a `BufWriter`.
-pub struct BinlogSink<W: Write + Send> {
+/// Writes decisions to a binary log through a `BufWriter`. A record is handed over in one
+/// piece, so a failed write leaves no partial record behind.
+pub struct BinlogSink<W: LogOut> {
     out: W,
     n_sources: usize,
     n_lines: usize,
 }
 
-impl BinlogSink<BufWriter<File>> {
+impl BinlogSink<LogFile> {
     /// Creates (truncates) `path` and writes the header for `names`.
     pub fn create(path: impl AsRef<Path>, names: &Names) -> Result<Self, BinlogError> {
+        Self::create_rotating(path, names, Rotation::default())
+    }
+
+    /// Creates (truncates) `path`, rotated by size as `rotation` says; every file of the
+    /// rotation starts with the header.
+    pub fn create_rotating(
+        path: impl AsRef<Path>,
+        names: &Names,
+        rotation: Rotation,
+    ) -> Result<Self, BinlogError> {
         let path = path.as_ref();
-        let file = File::create(path).map_err(|source| BinlogError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
-        Self::new(BufWriter::with_capacity(256 * RECORD_SIZE, file), names)
+        let file = LogFile::create(path, encode_header(names)?, rotation, 256 * RECORD_SIZE)
+            .map_err(|source| BinlogError::Io {
+                path: path.to_owned(),
+                source,
+            })?;
+        Ok(Self {
+            out: file,
+            n_sources: names.sources.len(),
+            n_lines: names.lines.len(),
+        })
     }
 }
 
-impl<W: Write + Send> BinlogSink<W> {
+impl<W: LogOut> BinlogSink<W> {
     /// Writes the header for `names` to `out`; records follow.
     pub fn new(mut out: W, names: &Names) -> Result<Self, BinlogError> {
         out.write_all(&encode_header(names)?)?;
@@ -462,15 +484,25 @@ impl<W: Write + Send> BinlogSink<W> {
     }
 }
 
-impl<W: Write + Send> Sink for BinlogSink<W> {
+impl<W: LogOut> Sink for BinlogSink<W> {
     /// `names` must be the table the log was created with (it is in the header).
     fn write(&mut self, d: &Decision, _names: &Names) -> io::Result<()> {
         check_against_names(d, self.n_sources, self.n_lines)?;
         let r = DecisionRecord::from_decision(d)?;
-        self.out.write_all(r.as_bytes())
+        self.out.write_all(r.as_bytes())?;
+        self.out.after_record()
     }
     fn flush(&mut self) -> io::Result<()> {
         self.out.flush()
+    }
+    fn kind(&self) -> &'static str {
+        "binlog"
+    }
+    fn target(&self) -> String {
+        self.out.target()
+    }
+    fn reopen(&mut self) -> io::Result<()> {
+        self.out.reopen()
     }
 }
 

@@ -13,37 +13,42 @@
 //! Records are formatted straight into a `BufWriter` (no per-record heap allocation).
 
 use std::fmt::Display;
-use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::path::Path;
 
+use super::file::{LogFile, LogOut, Rotation};
 use super::Sink;
 use crate::backend::Detail;
 use crate::decision::{Decision, Names, Outcome};
 
-/// Writes one JSON object per decision, newline-terminated.
-pub struct JsonlSink<W: Write + Send> {
+/// Writes one JSON object per decision, newline-terminated. Each record is formatted into
+/// a reused line buffer first and handed to the writer in one piece, so a failed write
+/// leaves no partial record behind (a `BufWriter` takes a short record whole or not at all).
+pub struct JsonlSink<W: LogOut> {
     out: W,
+    line: Vec<u8>,
 }
 
-impl JsonlSink<BufWriter<File>> {
+impl JsonlSink<LogFile> {
     /// Creates (truncates) `path`.
     pub fn create(path: impl AsRef<Path>) -> io::Result<Self> {
-        let path = path.as_ref();
-        let file = File::create(path).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("creating decision log {}: {e}", path.display()),
-            )
-        })?;
-        Ok(Self::new(BufWriter::with_capacity(64 * 1024, file)))
+        Self::create_rotating(path, Rotation::default())
+    }
+
+    /// Creates (truncates) `path`, rotated by size as `rotation` says.
+    pub fn create_rotating(path: impl AsRef<Path>, rotation: Rotation) -> io::Result<Self> {
+        let file = LogFile::create(path.as_ref(), Vec::new(), rotation, 64 * 1024)?;
+        Ok(Self::new(file))
     }
 }
 
-impl<W: Write + Send> JsonlSink<W> {
+impl<W: LogOut> JsonlSink<W> {
     /// Writes to `out` as is; wrap files and sockets in a `BufWriter`.
     pub fn new(out: W) -> Self {
-        Self { out }
+        Self {
+            out,
+            line: Vec::with_capacity(1024),
+        }
     }
 
     /// Flushes and returns the writer.
@@ -159,12 +164,24 @@ pub fn write_decision(out: &mut impl Write, d: &Decision, names: &Names) -> io::
     out.write_all(b"}\n")
 }
 
-impl<W: Write + Send> Sink for JsonlSink<W> {
+impl<W: LogOut> Sink for JsonlSink<W> {
     fn write(&mut self, d: &Decision, names: &Names) -> io::Result<()> {
-        write_decision(&mut self.out, d, names)
+        self.line.clear();
+        write_decision(&mut self.line, d, names)?;
+        self.out.write_all(&self.line)?;
+        self.out.after_record()
     }
     fn flush(&mut self) -> io::Result<()> {
         self.out.flush()
+    }
+    fn kind(&self) -> &'static str {
+        "jsonl"
+    }
+    fn target(&self) -> String {
+        self.out.target()
+    }
+    fn reopen(&mut self) -> io::Result<()> {
+        self.out.reopen()
     }
 }
 

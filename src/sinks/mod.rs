@@ -1,21 +1,87 @@
 //! Decision sinks: where every [`Decision`] goes after the trigger. Each sink writes the
 //! same record in its own form: JSON lines for people and scripts ([`jsonl`]), a compact
 //! binary log for tools and replays ([`binlog`]), a UDP datagram stream for downstream
-//! DAQ ([`udp`]). The decision thread owns the sinks and calls them in order.
+//! DAQ ([`udp`]). The decision thread owns the sinks and calls them in order, each behind
+//! a [`guard::GuardedSink`] that counts its errors and applies its [`SinkPolicy`].
 
 use std::io;
+
+use serde::Deserialize;
 
 use crate::decision::{Decision, Names};
 
 pub mod binlog;
+pub mod file;
+pub mod guard;
 pub mod jsonl;
 pub mod udp;
 
 /// A destination for decision records. `write` is called once per decision, in decision
 /// order, from the decision thread; `flush` at the end of a batch and at shutdown.
+///
+/// `write` takes a record whole or not at all: after an error nothing of the record is
+/// buffered, so the same record can be written again. `flush` keeps what it could not
+/// write and tries it again on the next call.
 pub trait Sink: Send {
     fn write(&mut self, d: &Decision, names: &Names) -> io::Result<()>;
     fn flush(&mut self) -> io::Result<()>;
+    /// Label of the sink in metrics and logs (`jsonl`, `binlog`, `udp`).
+    fn kind(&self) -> &'static str {
+        "other"
+    }
+    /// Where the records go (a path, an address), for logs.
+    fn target(&self) -> String {
+        String::new()
+    }
+    /// Closes and opens the destination again (SIGHUP, after a log was moved away).
+    fn reopen(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// What a sink does with decisions it cannot write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkPolicy {
+    /// Keep the decisions (a bounded backlog) and pause the inputs until the sink takes
+    /// them again: frames queue in the rings, then drop with reason `sink_blocked`.
+    /// The default of decision logs.
+    Block,
+    /// Write to a second path while the first fails; go back once it works again.
+    Spill,
+    /// Count the decision as lost and go on: for best-effort sinks (the UDP stream).
+    Drop,
+}
+
+impl SinkPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Block => "block",
+            Self::Spill => "spill",
+            Self::Drop => "drop",
+        }
+    }
+}
+
+/// The label of an OS error in `trigd_sink_errors_total{kind}`: a fixed, small set.
+pub fn error_kind(e: &io::Error) -> &'static str {
+    use io::ErrorKind as K;
+    match e.kind() {
+        K::StorageFull => "storage_full",
+        K::PermissionDenied => "permission_denied",
+        K::NotFound => "not_found",
+        K::ConnectionRefused => "connection_refused",
+        K::ConnectionReset | K::BrokenPipe | K::NotConnected => "connection_lost",
+        K::WouldBlock => "would_block",
+        K::WriteZero => "short_write",
+        K::InvalidInput | K::InvalidData => "invalid_record",
+        _ => match e.raw_os_error() {
+            Some(libc::EIO) => "io",
+            Some(libc::EDQUOT) => "quota",
+            Some(libc::EFBIG) => "file_too_large",
+            _ => "other",
+        },
+    }
 }
 
 /// Several sinks fed the same decisions. Every sink sees every decision even when an

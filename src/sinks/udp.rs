@@ -1,8 +1,9 @@
 //! UDP decision stream: one datagram per decision carrying the binary log's fixed
 //! [`DecisionRecord`] (112 bytes, see [`super::binlog`]; decode with
 //! [`super::binlog::decode_record`]). Sending never blocks the decision thread: the socket
-//! is non-blocking, and a failed send (full socket buffer, nobody listening) is counted,
-//! not fatal. Receivers map the record's source index to a name through the configuration.
+//! is non-blocking, and a failed send (full socket buffer, nobody listening) is returned
+//! to the sink's guard, which counts it and drops the datagram (policy `drop`). Receivers
+//! map the record's source index to a name through the configuration.
 
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs, UdpSocket};
@@ -84,33 +85,38 @@ impl UdpSink {
         if let Some(c) = &self.error_counter {
             c.inc();
         }
-        if self.send_errors.is_power_of_two() {
-            tracing::warn!(
-                "decision stream to {}: send failed ({e}); {} datagrams lost so far",
-                self.target,
-                self.send_errors
-            );
-        }
+        tracing::debug!(
+            "decision stream to {}: send failed ({e}); {} datagrams lost so far",
+            self.target,
+            self.send_errors
+        );
     }
 }
 
 impl Sink for UdpSink {
-    /// Encoding errors (a reason too long for the record) are returned; send errors are
-    /// counted and the call succeeds.
+    /// Encoding and send errors are returned (and send errors counted here too); the
+    /// datagram is not retried.
     fn write(&mut self, d: &Decision, _names: &Names) -> io::Result<()> {
         let r = DecisionRecord::from_decision(d)?;
-        match self.socket.send(r.as_bytes()) {
-            Ok(n) if n == std::mem::size_of::<DecisionRecord>() => self.sent += 1,
-            Ok(n) => self.count_error(&io::Error::new(
-                io::ErrorKind::WriteZero,
-                format!("short send of {n} bytes"),
-            )),
-            Err(e) => self.count_error(&e),
-        }
-        Ok(())
+        let e = match self.socket.send(r.as_bytes()) {
+            Ok(n) if n == std::mem::size_of::<DecisionRecord>() => {
+                self.sent += 1;
+                return Ok(());
+            }
+            Ok(n) => io::Error::new(io::ErrorKind::WriteZero, format!("short send of {n} bytes")),
+            Err(e) => e,
+        };
+        self.count_error(&e);
+        Err(e)
     }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+    fn kind(&self) -> &'static str {
+        "udp"
+    }
+    fn target(&self) -> String {
+        self.target.to_string()
     }
 }
 
@@ -142,7 +148,7 @@ mod tests {
     }
 
     #[test]
-    fn nobody_listening_is_counted_not_fatal() {
+    fn nobody_listening_is_counted_and_returned() {
         // Bind then drop a socket so its port is (almost certainly) closed: Linux reports
         // ICMP port unreachable as ECONNREFUSED on the next send of a connected socket.
         let port = UdpSocket::bind("127.0.0.1:0")
@@ -156,10 +162,15 @@ mod tests {
             .with_error_counter(registry_counter.clone());
         let names = testdata::names();
         let d = &testdata::decisions()[0];
+        let mut returned = 0;
         for _ in 0..20 {
-            sink.write(d, &names).unwrap();
+            if let Err(e) = sink.write(d, &names) {
+                assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
+                returned += 1;
+            }
             std::thread::sleep(Duration::from_millis(2));
         }
+        assert_eq!(returned, sink.send_errors());
         assert_eq!(sink.sent() + sink.send_errors(), 20);
         assert!(
             sink.send_errors() > 0,
