@@ -142,6 +142,9 @@ struct RunArgs {
     /// Prometheus endpoint address (default 127.0.0.1:9187).
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Sender network (CIDR) the `--listen` inputs accept (repeatable); others are refused.
+    #[arg(long)]
+    allow: Vec<crate::sources::Cidr>,
 }
 
 #[derive(Args, Debug)]
@@ -432,6 +435,11 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
             listen: Some(l.clone()),
             file: None,
             speed: None,
+            allow: (!a.allow.is_empty()).then(|| a.allow.clone()),
+            max_connections: None,
+            max_frame_bytes: None,
+            idle_timeout_s: None,
+            stall_timeout_s: None,
         });
     }
     if let Some(m) = a.metrics_addr {
@@ -472,7 +480,7 @@ fn open_inputs(cfg: &Config) -> anyhow::Result<Vec<Input>> {
                     .bind()
                     .with_context(|| format!("input {name}: binding {ep}"))?;
                 tracing::info!(input = %name, addr = %bound.local_addr()?, "listening");
-                InputKind::Socket(bound)
+                InputKind::Socket(bound, ic.limits())
             }
             (None, Some(f)) => InputKind::File(
                 open_feed(f, cfg, index as u32)?,
@@ -524,6 +532,11 @@ fn cmd_replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
         listen: None,
         file: Some(a.input.clone()),
         speed: Some(a.speed),
+        allow: None,
+        max_connections: None,
+        max_frame_bytes: None,
+        idle_timeout_s: None,
+        stall_timeout_s: None,
     }];
     if let Some(m) = a.metrics_addr {
         cfg.daemon.metrics_addr = m;
@@ -532,7 +545,7 @@ fn cmd_replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
     let inputs = open_inputs(&cfg)?;
     let total = match &inputs[0].kind {
         InputKind::File(f, _) => f.total(),
-        InputKind::Socket(_) => None,
+        InputKind::Socket(..) => None,
     };
     let show_progress = !a.no_progress && std::io::stderr().is_terminal();
     let summary = daemon::execute(

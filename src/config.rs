@@ -166,9 +166,79 @@ pub struct InputConfig {
     pub file: Option<PathBuf>,
     /// File pace: `"max"` or a factor of the recorded pace.
     pub speed: Option<Speed>,
+    /// Sender networks this socket input accepts (CIDR, e.g. `["10.0.0.0/8", "::1"]`);
+    /// others are refused and counted. Absent: every sender.
+    pub allow: Option<Vec<crate::sources::Cidr>>,
+    /// TCP: connections served at once (default 64).
+    pub max_connections: Option<usize>,
+    /// TCP: largest frame a connection may send, bytes; bounds its receive buffer
+    /// (default and most 16 MiB).
+    pub max_frame_bytes: Option<usize>,
+    /// TCP: close a connection that sends nothing for this long, seconds (default 300).
+    pub idle_timeout_s: Option<f64>,
+    /// TCP: close a connection that stops inside a frame for this long, seconds (default 10).
+    pub stall_timeout_s: Option<f64>,
 }
 
 impl InputConfig {
+    /// What this (socket) input admits.
+    pub fn limits(&self) -> crate::sources::Limits {
+        let d = crate::sources::Limits::default();
+        crate::sources::Limits {
+            allow: self.allow.clone().unwrap_or_default(),
+            max_connections: self.max_connections.unwrap_or(d.max_connections),
+            max_frame_bytes: self.max_frame_bytes.unwrap_or(d.max_frame_bytes),
+            idle_timeout: self
+                .idle_timeout_s
+                .map_or(d.idle_timeout, Duration::from_secs_f64),
+            stall_timeout: self
+                .stall_timeout_s
+                .map_or(d.stall_timeout, Duration::from_secs_f64),
+        }
+    }
+
+    fn validate_limits(&self, i: usize) -> Result<(), String> {
+        let socket_only = self.allow.is_some()
+            || self.max_connections.is_some()
+            || self.max_frame_bytes.is_some()
+            || self.idle_timeout_s.is_some()
+            || self.stall_timeout_s.is_some();
+        if socket_only && self.listen.is_none() {
+            return Err(format!(
+                "input[{i}]: allow, max_connections, max_frame_bytes, idle_timeout_s and stall_timeout_s apply to `listen` inputs only"
+            ));
+        }
+        if self.allow.as_ref().is_some_and(Vec::is_empty) {
+            return Err(format!(
+                "input[{i}].allow is empty: it would refuse every sender (leave it out to accept all)"
+            ));
+        }
+        if self.max_connections.is_some_and(|n| n == 0 || n > 4096) {
+            return Err(format!("input[{i}].max_connections must be in 1..=4096"));
+        }
+        if self
+            .max_frame_bytes
+            .is_some_and(|n| !(crate::frame::HEADER_LEN..=crate::frame::MAX_FRAME_LEN).contains(&n))
+        {
+            return Err(format!(
+                "input[{i}].max_frame_bytes must be in {}..={}",
+                crate::frame::HEADER_LEN,
+                crate::frame::MAX_FRAME_LEN
+            ));
+        }
+        for (name, v) in [
+            ("idle_timeout_s", self.idle_timeout_s),
+            ("stall_timeout_s", self.stall_timeout_s),
+        ] {
+            if v.is_some_and(|s| !(s.is_finite() && s > 0.0 && s <= 86_400.0)) {
+                return Err(format!(
+                    "input[{i}].{name} must be a number of seconds in (0, 86400]"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub fn display_name(&self) -> String {
         if let Some(n) = &self.name {
             return n.clone();
@@ -306,9 +376,11 @@ impl Config {
             ),
         ] {
             match (policy, spill) {
-                (Some(SinkPolicy::Spill), None) => return Err(format!(
+                (Some(SinkPolicy::Spill), None) => {
+                    return Err(format!(
                     "output.{what}_policy = \"spill\" needs output.{what}_spill, the second path"
-                )),
+                ))
+                }
                 (Some(SinkPolicy::Spill), Some(s)) if Some(s) == path.as_ref() => {
                     return Err(format!(
                         "output.{what}_spill must differ from the log's own path"
@@ -410,6 +482,7 @@ impl Config {
                     ))
                 }
             }
+            input.validate_limits(i)?;
             if !names.insert(input.display_name()) {
                 return Err(format!(
                     "input[{i}].name {:?} is used twice",

@@ -17,6 +17,7 @@ use crate::pipeline::{self, Input, Observe, Runtime, Stage, Summary};
 use crate::ring::Fill;
 use crate::sinks::guard::GuardedSink;
 use crate::sinks::{Sink, SinkPolicy};
+use crate::sources::limits::REFUSED_REASONS;
 use crate::workload;
 
 /// How a run differs between the daemon and a replay.
@@ -83,9 +84,16 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
     let source_names: Vec<String> = inputs.iter().map(|i| i.name.clone()).collect();
     let source_metrics: Vec<SourceMetrics> =
         source_names.iter().map(|n| metrics.source(n)).collect();
+    // Refusal counters resolved now, so they are exported at 0 and a flood of refused
+    // datagrams costs one atomic increment each.
+    let refused = source_names
+        .iter()
+        .map(|n| REFUSED_REASONS.map(|r| metrics.input_refused(n, r)))
+        .collect();
     let observer = Arc::new(MetricsObserver {
         metrics: metrics.clone(),
         sources: source_metrics,
+        refused,
         backends: [
             metrics.backend(BackendKind::Cpu),
             metrics.backend(BackendKind::Gpu),
@@ -340,6 +348,8 @@ fn reload_config(path: &Path, running: &Config) -> anyhow::Result<Config> {
 struct MetricsObserver {
     metrics: Arc<Metrics>,
     sources: Vec<SourceMetrics>,
+    /// Per source, `trigd_input_refused_total` children in [`REFUSED_REASONS`] order.
+    refused: Vec<[prometheus::IntCounter; REFUSED_REASONS.len()]>,
     backends: [BackendMetrics; 2],
     stages: [prometheus::Histogram; 5],
     rings: Mutex<Vec<(String, RingMetrics)>>,
@@ -377,6 +387,12 @@ impl Observe for MetricsObserver {
     }
     fn sink_lost(&self, sink: &'static str, n: u64) {
         self.metrics.sink_lost(sink, n);
+    }
+    fn refused(&self, source: u16, reason: &'static str) {
+        let i = REFUSED_REASONS.iter().position(|r| *r == reason);
+        if let (Some(c), Some(i)) = (self.refused.get(source as usize), i) {
+            c[i].inc();
+        }
     }
     fn ring_fill(&self, ring: &str, fill: &Fill) {
         let mut rings = match self.rings.lock() {

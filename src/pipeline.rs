@@ -81,6 +81,8 @@ pub trait Observe: Send + Sync {
     fn sink_lost(&self, _sink: &'static str, _n: u64) {}
     fn ring_fill(&self, _ring: &str, _fill: &Fill) {}
     fn accounting(&self, _source: u16, _balanced: bool) {}
+    /// A network input refused a datagram or connection (never a frame).
+    fn refused(&self, _source: u16, _reason: &'static str) {}
 }
 
 /// An observer that records nothing.
@@ -106,8 +108,8 @@ pub trait FrameFeed: Send {
 
 /// One input of the pipeline.
 pub enum InputKind {
-    /// A bound UDP socket or TCP listener; never waits for the pipeline.
-    Socket(crate::sources::BoundSource),
+    /// A bound UDP socket or TCP listener and what it admits; never waits for the pipeline.
+    Socket(crate::sources::BoundSource, crate::sources::Limits),
     File(Box<dyn FrameFeed>, Speed),
 }
 
@@ -689,9 +691,19 @@ impl SourceCtx {
 
 fn run_source(mut ctx: SourceCtx, kind: InputKind, stop: &AtomicBool) -> anyhow::Result<()> {
     match kind {
-        InputKind::Socket(source) => {
+        InputKind::Socket(source, limits) => {
+            let mut refused = 0u64;
             let on = |r: Received<'_>, arrival: Instant| {
                 match r {
+                    Received::Refused { reason, peer } => {
+                        refused += 1;
+                        ctx.observer.refused(ctx.index, reason);
+                        // The first refusals, then every power of two: a flood does not
+                        // flood the log.
+                        if refused.is_power_of_two() {
+                            tracing::warn!(source = ctx.index, %peer, reason, refused, "refused a sender");
+                        }
+                    }
                     Received::Frame(bytes) => ctx.admit(bytes, arrival),
                     Received::Malformed { reason, detail } => {
                         ctx.count_in();
@@ -701,11 +713,12 @@ fn run_source(mut ctx: SourceCtx, kind: InputKind, stop: &AtomicBool) -> anyhow:
                 }
                 std::ops::ControlFlow::Continue(())
             };
-            let stats = source.run(stop, on)?;
+            let stats = source.run_limited(&limits, stop, on)?;
             tracing::info!(
                 source = ctx.index,
                 frames = stats.frames,
                 malformed = stats.malformed,
+                refused = stats.refused,
                 "source stopped"
             );
             Ok(())

@@ -121,6 +121,10 @@ pub fn record_from(
             note_malformed(reason, &detail);
             ControlFlow::Continue(())
         }
+        Received::Refused { reason, peer } => {
+            tracing::debug!(%peer, reason, "refused");
+            ControlFlow::Continue(())
+        }
     });
     if let Some(e) = write_failure {
         // Dropping the writer flushes what it can; readers rebuild the index.

@@ -10,6 +10,7 @@
 //! Both loops stop within about [`POLL_INTERVAL`] of the shared stop flag being set, or as
 //! soon as the closure returns [`ControlFlow::Break`].
 
+pub mod limits;
 pub mod replay;
 pub mod tcp;
 pub mod udp;
@@ -23,8 +24,9 @@ use std::str::FromStr;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-pub use tcp::{run_tcp, MAX_TCP_CONNECTIONS};
-pub use udp::{run_udp, UDP_BUFFER_BYTES};
+pub use limits::{Cidr, Limits};
+pub use tcp::{run_tcp, run_tcp_limited, MAX_TCP_CONNECTIONS};
+pub use udp::{run_udp, run_udp_limited, UDP_BUFFER_BYTES};
 
 /// How long a source blocks waiting for data before it looks at the stop flag again.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
@@ -134,9 +136,19 @@ impl BoundSource {
         stop: &AtomicBool,
         on: impl FnMut(Received<'_>, Instant) -> ControlFlow<()>,
     ) -> io::Result<SourceStats> {
+        self.run_limited(&Limits::default(), stop, on)
+    }
+
+    /// [`BoundSource::run`] admitting only what `limits` lets in.
+    pub fn run_limited(
+        &self,
+        limits: &Limits,
+        stop: &AtomicBool,
+        on: impl FnMut(Received<'_>, Instant) -> ControlFlow<()>,
+    ) -> io::Result<SourceStats> {
         match self {
-            Self::Udp(s) => run_udp(s, stop, on),
-            Self::Tcp(l) => run_tcp(l, stop, on),
+            Self::Udp(s) => run_udp_limited(s, limits, stop, on),
+            Self::Tcp(l) => run_tcp_limited(l, limits, stop, on),
         }
     }
 }
@@ -152,6 +164,12 @@ pub enum Received<'a> {
     Malformed {
         reason: &'static str,
         detail: String,
+    },
+    /// A datagram or connection refused by the input's [`Limits`] (reason one of
+    /// [`limits::REFUSED_REASONS`]); it is not a frame and never enters the pipeline.
+    Refused {
+        reason: &'static str,
+        peer: SocketAddr,
     },
 }
 
@@ -169,8 +187,13 @@ pub struct SourceStats {
     pub bytes: u64,
     /// TCP connections accepted.
     pub connections: u64,
-    /// TCP connections refused because [`MAX_TCP_CONNECTIONS`] were open.
+    /// TCP connections refused because the most connections were open.
     pub connections_refused: u64,
+    /// Datagrams and connections refused by the input's [`Limits`] (allowlist, idle,
+    /// stalled, connections), all reasons together.
+    pub refused: u64,
+    /// TCP: the largest receive buffer any connection held, bytes.
+    pub buffer_bytes_max: usize,
 }
 
 /// What a frame's sequence number says about the frames of its producer.

@@ -9,7 +9,8 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use super::{Received, SourceStats, POLL_INTERVAL};
+use super::limits::REFUSED_NOT_ALLOWED;
+use super::{Limits, Received, SourceStats, POLL_INTERVAL};
 
 /// Size of the datagram buffer: above the 65,507-byte UDP payload limit, so no datagram is
 /// ever cut short.
@@ -27,6 +28,17 @@ pub const RECV_BUFFER_BYTES: usize = 8 << 20;
 pub fn run_udp(
     socket: &UdpSocket,
     stop: &AtomicBool,
+    on: impl FnMut(Received<'_>, Instant) -> ControlFlow<()>,
+) -> io::Result<SourceStats> {
+    run_udp_limited(socket, &Limits::default(), stop, on)
+}
+
+/// [`run_udp`] for the senders `limits` allows: a datagram from any other address is
+/// handed over as [`Received::Refused`] (without its bytes) and is not a frame.
+pub fn run_udp_limited(
+    socket: &UdpSocket,
+    limits: &Limits,
+    stop: &AtomicBool,
     mut on: impl FnMut(Received<'_>, Instant) -> ControlFlow<()>,
 ) -> io::Result<SourceStats> {
     socket.set_read_timeout(Some(POLL_INTERVAL))?;
@@ -34,6 +46,16 @@ pub fn run_udp(
     let mut stats = SourceStats::default();
     while !stop.load(Ordering::Relaxed) {
         match socket.recv_from(&mut buf) {
+            Ok((_, peer)) if !limits.allows(peer.ip()) => {
+                stats.refused += 1;
+                let refused = Received::Refused {
+                    reason: REFUSED_NOT_ALLOWED,
+                    peer,
+                };
+                if on(refused, Instant::now()).is_break() {
+                    break;
+                }
+            }
             Ok((n, _peer)) => {
                 let arrival = Instant::now();
                 stats.frames += 1;
@@ -185,5 +207,43 @@ mod tests {
         let stop = AtomicBool::new(false);
         let stats = run_udp(&sock, &stop, |_, _| ControlFlow::Break(())).unwrap();
         assert_eq!(stats.frames, 1);
+    }
+
+    #[test]
+    fn datagrams_from_outside_the_allowlist_are_refused_and_never_framed() {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = sock.local_addr().unwrap();
+        let limits = Limits {
+            allow: vec!["127.0.0.1/32".parse().unwrap()],
+            ..Limits::default()
+        };
+        let other = UdpSocket::bind("127.0.0.2:0").unwrap();
+        let allowed = UdpSocket::bind("127.0.0.1:0").unwrap();
+        for i in 0..5u8 {
+            other.send_to(&[i; 64], to).unwrap();
+            allowed.send_to(&[100 + i; 64], to).unwrap();
+        }
+        let stop = AtomicBool::new(false);
+        let mut frames = Vec::new();
+        let mut refused = Vec::new();
+        let stats = run_udp_limited(&sock, &limits, &stop, |r, _| {
+            match r {
+                Received::Frame(b) => frames.push(b[0]),
+                Received::Refused { reason, peer } => refused.push((reason, peer)),
+                Received::Malformed { .. } => panic!("UDP never reports malformed"),
+            }
+            if frames.len() + refused.len() == 10 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+        .unwrap();
+        assert_eq!(frames, vec![100, 101, 102, 103, 104]);
+        assert_eq!(refused.len(), 5);
+        assert!(refused
+            .iter()
+            .all(|(r, p)| *r == REFUSED_NOT_ALLOWED && p.ip().to_string() == "127.0.0.2"));
+        assert_eq!((stats.frames, stats.refused), (5, 5));
     }
 }
