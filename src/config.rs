@@ -61,6 +61,19 @@ impl WorkloadKind {
     }
 }
 
+/// Whether socket inputs shed load before the deadline does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Admission {
+    /// Take every frame there is room for; late frames time out.
+    #[default]
+    None,
+    /// Drop a frame at its input (reason `overload`) when the work already queued in the
+    /// rings, at the measured reconstruction time per frame, exceeds `budget_ms`: it could
+    /// only time out.
+    Deadline,
+}
+
 /// What a frame whose deadline passed before reconstruction is recorded as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -92,6 +105,8 @@ pub struct DaemonConfig {
     /// Reconstruction workers. EEG streams (one per frame `source_id`) are spread over them,
     /// each stream on one worker; EEG on GPUs runs one worker per GPU instead.
     pub workers: usize,
+    /// Load shedding at the socket inputs: `none` or `deadline`.
+    pub admission: Admission,
 }
 
 impl Default for DaemonConfig {
@@ -107,6 +122,7 @@ impl Default for DaemonConfig {
             ring_slots: 1024,
             slot_bytes: 64 * 1024,
             workers: 1,
+            admission: Admission::None,
         }
     }
 }

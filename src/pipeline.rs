@@ -26,7 +26,7 @@ use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use zerocopy::FromBytes;
 
 use crate::backend::{Backend, BackendKind, Detail, Verdict};
-use crate::config::{Config, DaemonConfig, Speed, TimeoutPolicy};
+use crate::config::{Admission, Config, DaemonConfig, Speed, TimeoutPolicy};
 use crate::decision::{Decision, Names, Outcome, Workload};
 use crate::frame::{self, FrameKind, FrameView};
 use crate::ring::{self, Fill, Rx, Slot, Tx};
@@ -318,6 +318,39 @@ struct SourceShared {
     repeats: AtomicU64,
 }
 
+/// The work waiting in the rings, as the admission policy measures it.
+struct Load {
+    /// Frames pushed to the worker rings and not yet taken by a worker.
+    queued: AtomicUsize,
+    /// Reconstruction time per frame, nanoseconds, smoothed over batches; 0 until measured.
+    per_frame_ns: AtomicU64,
+    workers: u64,
+}
+
+impl Load {
+    /// Time the frames already queued will take to reconstruct, nanoseconds.
+    #[inline]
+    fn wait_ns(&self) -> u64 {
+        let queued = self.queued.load(Ordering::Relaxed) as u64;
+        queued.saturating_mul(self.per_frame_ns.load(Ordering::Relaxed)) / self.workers.max(1)
+    }
+
+    /// A batch of `frames` took `ns`: an exponential average with weight 1/8.
+    fn observe(&self, ns: u64, frames: usize) {
+        if frames == 0 {
+            return;
+        }
+        let sample = ns / frames as u64;
+        let old = self.per_frame_ns.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            sample
+        } else {
+            old - old / 8 + sample / 8
+        };
+        self.per_frame_ns.store(new.max(1), Ordering::Relaxed);
+    }
+}
+
 /// Runs the pipeline until every input has ended (files) or `stop` is set (sockets), and
 /// every frame taken in has its decision. Returns the accounting.
 pub fn run(
@@ -427,6 +460,14 @@ pub fn run(
             .collect(),
     );
     let sources_live = Arc::new(AtomicUsize::new(n_inputs));
+    let load = Arc::new(Load {
+        queued: AtomicUsize::new(0),
+        per_frame_ns: AtomicU64::new(0),
+        workers: workers as u64,
+    });
+    // Shedding applies where deadlines do.
+    let admission_budget_ns = (deadlines && daemon.admission == Admission::Deadline)
+        .then(|| daemon.budget().as_nanos() as u64);
     let workers_live = Arc::new(AtomicUsize::new(workers));
     let failovers = Arc::new(AtomicU64::new(0));
     let mut reloads: Vec<Sender<Arc<Config>>> = Vec::new();
@@ -447,6 +488,8 @@ pub fn run(
                 tracker: SequenceTracker::default(),
                 spare: None,
                 sink_blocked: sink_blocked.clone(),
+                load: load.clone(),
+                admission_budget_ns,
             };
             let stop = stop.clone();
             let live = sources_live.clone();
@@ -490,6 +533,7 @@ pub fn run(
                 sources_live: sources_live.clone(),
                 reload: rrx,
                 failovers: failovers.clone(),
+                load: load.clone(),
             };
             let live = workers_live.clone();
             worker_handles.push(
@@ -581,6 +625,9 @@ struct SourceCtx {
     spare: Option<Box<Slot>>,
     /// See [`DecideCtx::sink_blocked`].
     sink_blocked: Arc<AtomicBool>,
+    load: Arc<Load>,
+    /// Admission `deadline`: shed a socket frame when the queued work exceeds this.
+    admission_budget_ns: Option<u64>,
 }
 
 impl SourceCtx {
@@ -644,6 +691,12 @@ impl SourceCtx {
             }
         };
         self.observe_sequence(&view);
+        if let Some(budget_ns) = self.admission_budget_ns {
+            if self.load.wait_ns() > budget_ns {
+                self.side(bytes, Outcome::Dropped, "overload", arrival);
+                return;
+            }
+        }
         let Some(mut slot) = self.spare.take().or_else(|| self.free.try_pop()) else {
             self.side(bytes, Outcome::Dropped, self.full_reason(), arrival);
             return;
@@ -664,9 +717,16 @@ impl SourceCtx {
         }
     }
 
+    /// Pushes the slot to a worker ring (see [`SourceCtx::push_ring`]) and counts it queued.
+    fn push(&mut self, slot: Box<Slot>) -> Result<(), Box<Slot>> {
+        self.push_ring(slot)?;
+        self.load.queued.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Round-robin over the workers' rings; a full ring passes the frame to the next one.
     /// Ordered by source: only the ring of the frame's worker (a full ring is full).
-    fn push(&mut self, mut slot: Box<Slot>) -> Result<(), Box<Slot>> {
+    fn push_ring(&mut self, mut slot: Box<Slot>) -> Result<(), Box<Slot>> {
         let n = self.work.len();
         if self.by_source {
             // The header was validated before the slot was filled.
@@ -877,6 +937,7 @@ struct WorkerCtx {
     sources_live: Arc<AtomicUsize>,
     reload: Receiver<Arc<Config>>,
     failovers: Arc<AtomicU64>,
+    load: Arc<Load>,
 }
 
 fn expected_kind(w: Workload) -> FrameKind {
@@ -917,6 +978,7 @@ fn run_worker(mut ctx: WorkerCtx) {
             for k in 0..n {
                 let r = (next_ring + k) % n;
                 if let Some(s) = ctx.rings[r].try_pop() {
+                    ctx.load.queued.fetch_sub(1, Ordering::Relaxed);
                     batch.push(s);
                     got = true;
                     next_ring = (r + 1) % n;
@@ -1046,8 +1108,9 @@ fn process_batch(
                 }
             }
         }
-        ctx.observer
-            .stage(Stage::Reconstruct, t0.elapsed().as_secs_f64());
+        let took = t0.elapsed();
+        ctx.load.observe(took.as_nanos() as u64, views.len());
+        ctx.observer.stage(Stage::Reconstruct, took.as_secs_f64());
         ctx.observer.batch(backend_kind, views.len());
         views.clear();
         ctx.views = views.into_iter().map(|_| unreachable!()).collect();
