@@ -969,6 +969,59 @@ mod tests {
     }
 
     #[test]
+    fn ring_peaks_sink_errors_and_refusals_are_exported() {
+        let m = Metrics::new().unwrap();
+        let (mut tx, mut rx, fill) = crate::ring::channel::<u8>(10);
+        m.watch_ring("udp0->w0", fill);
+        for i in 0..8 {
+            tx.try_push(i).unwrap();
+        }
+        for _ in 0..7 {
+            rx.try_pop();
+        }
+        // The burst to 8 of 10 is gone by the scrape but its peak is not.
+        let t = m.render().unwrap();
+        assert_eq!(
+            sample(&t, r#"trigd_ring_fill_max_ratio{ring="udp0->w0"}"#),
+            Some(0.8)
+        );
+        let t = m.render().unwrap();
+        assert_eq!(
+            sample(&t, r#"trigd_ring_fill_max_ratio{ring="udp0->w0"}"#),
+            Some(0.1),
+            "a new peak starts at each scrape"
+        );
+        m.prepare_sink("jsonl");
+        m.sink_error("jsonl", "storage_full");
+        m.sink_error("jsonl", "storage_full");
+        m.sink_lost("udp", 3);
+        m.input_refused("udp0", "not_allowed").inc();
+        let t = m.render().unwrap();
+        assert_eq!(
+            sample(
+                &t,
+                r#"trigd_sink_errors_total{kind="storage_full",sink="jsonl"}"#
+            ),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&t, r#"trigd_sink_lost_total{sink="jsonl"}"#),
+            Some(0.0)
+        );
+        assert_eq!(
+            sample(&t, r#"trigd_sink_lost_total{sink="udp"}"#),
+            Some(3.0)
+        );
+        assert_eq!(
+            sample(
+                &t,
+                r#"trigd_input_refused_total{reason="not_allowed",source="udp0"}"#
+            ),
+            Some(1.0)
+        );
+    }
+
+    #[test]
     fn stages_rings_and_backends() {
         let m = Metrics::new().unwrap();
         m.stage(Stage::Reconstruct).observe(0.25e-3);
