@@ -314,7 +314,7 @@ impl OutputConfig {
             retry: self.sink_retry_ms.map_or(d.retry, Duration::from_millis),
             block_max: match self.sink_block_max_s {
                 None => d.block_max,
-                Some(s) if s == 0.0 => None,
+                Some(0.0) => None,
                 Some(s) => Some(Duration::from_secs_f64(s)),
             },
         }

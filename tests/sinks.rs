@@ -275,7 +275,7 @@ fn a_closed_udp_decision_peer_is_counted_best_effort_and_the_log_is_whole() {
         .filter(|l| l.contains(&format!("decision sink {closed} failed to")))
         .count();
     assert!(
-        episodes >= 1 && episodes <= 2,
+        (1..=2).contains(&episodes),
         "logged once per episode, not per datagram:\n{}",
         log.join("\n")
     );

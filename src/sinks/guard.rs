@@ -240,7 +240,7 @@ impl GuardedSink {
         }
     }
 
-    fn to_spill(&mut self, d: &Decision, names: &Names, obs: &dyn Observe) {
+    fn spill_one(&mut self, d: &Decision, names: &Names, obs: &dyn Observe) {
         let r = match self.spill.as_mut() {
             Some(s) => s.write(d, names),
             None => Err(io::Error::other("no spill path configured")),
@@ -269,7 +269,7 @@ impl GuardedSink {
     fn spill_recent(&mut self, names: &Names, obs: &dyn Observe) {
         let recent = std::mem::take(&mut self.recent);
         for d in &recent {
-            self.to_spill(d, names, obs);
+            self.spill_one(d, names, obs);
         }
         // Those the copy could not hold (more than the backlog since the last flush).
         let uncopied = self.unflushed.saturating_sub(recent.len() as u64);
@@ -289,7 +289,7 @@ impl GuardedSink {
                     self.lose(1, obs);
                 }
             }
-            SinkPolicy::Spill => self.to_spill(d, names, obs),
+            SinkPolicy::Spill => self.spill_one(d, names, obs),
             SinkPolicy::Drop => self.lose(1, obs),
         }
     }
@@ -479,7 +479,10 @@ mod tests {
         }
     }
 
-    fn flaky() -> (Flaky, Arc<Mutex<bool>>, Arc<Mutex<Vec<u64>>>) {
+    type Switch = Arc<Mutex<bool>>;
+    type Taken = Arc<Mutex<Vec<u64>>>;
+
+    fn flaky() -> (Flaky, Switch, Taken) {
         let fail = Arc::new(Mutex::new(false));
         let taken = Arc::new(Mutex::new(Vec::new()));
         (
