@@ -1287,10 +1287,11 @@ fn decide_loop(
         for s in rt.sinks.iter_mut() {
             s.retry(names, &*rt.observer, false);
         }
+        // A load first: the flag is almost never set, and a load does not write the line.
         if rt
             .reopen
             .as_ref()
-            .is_some_and(|r| r.swap(false, Ordering::AcqRel))
+            .is_some_and(|r| r.load(Ordering::Relaxed) && r.swap(false, Ordering::AcqRel))
         {
             for s in rt.sinks.iter_mut() {
                 s.reopen(&*rt.observer);

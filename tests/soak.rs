@@ -307,9 +307,10 @@ fn twice_capacity_is_shed_at_the_input_with_flat_memory_and_full_accounting() {
         timeout_ratio > 4.0 * shed_timeout_ratio,
         "admission cut timeouts from {timeout_ratio:.3} to {shed_timeout_ratio:.3} only"
     );
+    // More than a deadline's worth of work queues up (20 ms / 200 us = 100 frames).
     assert!(
-        q.ring_peak > 2 * p.ring_peak,
-        "the queue grows past the deadline: peak {} vs {} with admission",
+        q.ring_peak > 100,
+        "the queue grows past the deadline: peak {} (with admission {})",
         q.ring_peak,
         p.ring_peak
     );
