@@ -332,3 +332,47 @@ fn sighup_reopens_a_moved_decision_log() {
         "decisions from before the move went to the new file"
     );
 }
+
+#[test]
+fn a_full_binary_log_is_counted_and_fails_the_run_too() {
+    let mut d = Daemon::spawn(&[
+        "run",
+        "--listen",
+        "udp://127.0.0.1:0",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--decisions-bin",
+        "/dev/full",
+        "--budget-ms",
+        "5000",
+    ]);
+    let udp = d.addr_from_log("listening");
+    let metrics = d.addr_from_log("metrics at");
+    wait_ready(metrics, 200);
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    send(&sock, udp, 0..300);
+    wait_ready(metrics, 503);
+    let body = wait_metrics(metrics, |b| {
+        metric_sum(b, "trigd_frames_received_total", &[]) >= 300.0
+    });
+    assert!(
+        metric_sum(
+            &body,
+            "trigd_sink_errors_total",
+            &[("sink", "binlog"), ("kind", "storage_full")]
+        ) >= 1.0,
+        "{body}"
+    );
+    d.signal("TERM");
+    let (code, stdout, _) = d.wait(T);
+    assert_eq!(code, 4, "{stdout}");
+    assert_eq!(
+        number_before(
+            &stdout,
+            "sink        binlog /dev/full",
+            "decisions not written"
+        ),
+        summary_count(&stdout, "frames"),
+        "{stdout}"
+    );
+}
