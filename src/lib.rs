@@ -16,6 +16,7 @@ pub mod frame;
 pub mod gpu;
 pub mod http;
 pub mod metrics;
+pub mod npy;
 pub mod pipeline;
 pub mod record;
 pub mod recording;

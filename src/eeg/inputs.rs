@@ -75,6 +75,7 @@ pub fn parse_npy(bytes: &[u8], path: &Path) -> Result<NpyArray, EegInputError> {
         path: path.to_path_buf(),
         reason,
     };
+    crate::npy::check_header(bytes).map_err(|e| npy_err(e.to_string()))?;
     let mut rest: &[u8] = bytes;
     let header = npyz::NpyHeader::from_reader(&mut rest).map_err(|e| npy_err(e.to_string()))?;
     let shape: Vec<usize> = header
@@ -503,6 +504,34 @@ mod tests {
     use super::*;
     use npyz::WriterBuilder;
     use proptest::prelude::*;
+
+    /// Inputs found by the `npy` fuzz target that made the header parser run for minutes
+    /// (brackets nested dozens deep); they are refused before parsing now.
+    #[test]
+    fn deeply_nested_headers_are_refused_at_once() {
+        let found: [&[u8]; 2] = [
+            b"\x93NUMPY\x01\x00@\x00{[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[['descr\x0d\x0d\
+              \x0d\x0d\x0d\x22\x22\x22\x0d\x0d+\x0d\x00\x00\x07\x00\x00\x00\x00\x00\x00   * \
+              \x1a\x00\x00\x07\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00    \x00\x00\
+              ,\x00\x00\x00\x00\x00\x01  \x0a\x98\x8fn1110\x01  \x0a\x98\x8fn\x01\x00\x00d1\
+              \x98",
+            b"\x93NUMPY\x01\x00v\x00\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\
+              \x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\
+              \x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09(\
+              \x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09{\x09\x09\x09{{{\
+              {{{{{{\x09\x09\x09\x09\x09\x09\x09{'descr':\x09\x09\x09\x09\x09\x09\x09\x09\x09\
+              \x09\x09\x09\x09{'descr':\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\
+              \x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09\x09(\x09\x09\x09\x09\x09\x09 Fa\
+              lse,1'''1111111111112ran_ordG\x00\x00\x00 Fal<f8\xd9\xd3\xff\x9cr'e\x04\x00\x00\
+              \x00\x00\x00\x00\x00? ('2: ,6), ?",
+        ];
+        for bytes in found {
+            let started = std::time::Instant::now();
+            let err = parse_npy(bytes, &p()).unwrap_err();
+            assert!(err.to_string().contains("nests brackets"), "{err}");
+            assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        }
+    }
 
     fn npy_bytes(shape: &[u64], data: &[f64]) -> Vec<u8> {
         let mut out = Vec::new();

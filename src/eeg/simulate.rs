@@ -43,8 +43,9 @@ pub fn read_npy_f64(path: &Path) -> Result<NpyArray, SimulateError> {
         path: path.to_path_buf(),
         reason,
     };
-    let file = std::fs::File::open(path).map_err(io)?;
-    let npy = npyz::NpyFile::new(std::io::BufReader::new(file)).map_err(io)?;
+    let bytes = std::fs::read(path).map_err(io)?;
+    crate::npy::check_header(&bytes).map_err(|e| input(e.to_string()))?;
+    let npy = npyz::NpyFile::new(&bytes[..]).map_err(io)?;
     let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
     let order = npy.order();
     let descr = match npy.dtype() {

@@ -115,6 +115,7 @@ impl FieldMap {
         step_mm: [f64; 3],
     ) -> Result<Self, FieldMapError> {
         use npyz::{DType, Order, TypeChar};
+        crate::npy::check_header(bytes).map_err(|e| FieldMapError::Npy(e.to_string()))?;
         let npy = npyz::NpyFile::new(bytes).map_err(|e| FieldMapError::Npy(e.to_string()))?;
         match npy.dtype() {
             DType::Plain(ts) if ts.type_char() == TypeChar::Float && ts.size_field() == 4 => {}
@@ -237,5 +238,24 @@ impl FieldMap {
             }
         }
         b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A field map's header goes through the same bound as the EEG inputs' (see
+    /// `crate::npy`): brackets nested dozens deep took the header parser minutes.
+    #[test]
+    fn deeply_nested_header_is_refused_at_once() {
+        let header = format!("{{'descr': {}'<f4', }}\n", "[".repeat(40));
+        let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+        bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        bytes.extend_from_slice(header.as_bytes());
+        let started = std::time::Instant::now();
+        let err = FieldMap::from_npy_bytes(&bytes, [0.0; 3], [1.0; 3]).unwrap_err();
+        assert!(err.to_string().contains("nests brackets"), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
     }
 }
