@@ -13,6 +13,7 @@ pub mod daemon;
 pub mod decision;
 pub mod eeg;
 pub mod frame;
+pub mod fuzz;
 pub mod gpu;
 pub mod http;
 pub mod metrics;

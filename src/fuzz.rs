@@ -1,0 +1,206 @@
+//! Fuzz entry points: one function per target under `fuzz/fuzz_targets/`, each feeding
+//! arbitrary bytes to a parser and checking what must hold for any input (no panic, and
+//! whatever parses agrees with itself or re-encodes to the same bytes).
+//!
+//! The fuzz targets are one-line wrappers around these functions, and
+//! `tests/fuzz_corpus.rs` replays every committed corpus file through the same functions
+//! with an ordinary `cargo test`, so the two cannot drift apart. A panic here is a finding:
+//! the assertions are the property under test.
+
+use std::path::Path;
+
+use crate::frame::{self, HitRecord};
+use crate::recording;
+use crate::sinks::binlog::{decode_record, encode_header, encode_record, parse_binlog};
+use crate::tracking::geometry::{Detector, Field, Plane};
+use crate::tracking::reco::{FinderConfig, FinderOverrides, Reconstructor};
+
+/// A fuzz target's name (its file name under `fuzz/fuzz_targets/` and its corpus directory
+/// under `fuzz/corpus/`) and its entry point.
+pub type Target = (&'static str, fn(&[u8]));
+
+/// Every fuzz target, by name.
+pub const TARGETS: &[Target] = &[
+    ("binlog", binlog),
+    ("detector_toml", detector_toml),
+    ("edf", edf),
+    ("finder_overrides", finder_overrides),
+    ("frame", frame),
+    ("kernel_cache_entry", kernel_cache_entry),
+    ("npy", npy),
+    ("recording", recording),
+    ("trackml_csv", trackml_csv),
+    ("trigger_lines", trigger_lines),
+];
+
+/// The binary decision log reader and the single-record decoder (UDP stream): whatever
+/// parses re-encodes to the same bytes (one encoding per log).
+pub fn binlog(data: &[u8]) {
+    if let Ok((names, decisions)) = parse_binlog(data) {
+        let mut out = encode_header(&names).expect("parsed names re-encode");
+        for d in &decisions {
+            out.extend_from_slice(&encode_record(d).expect("parsed record re-encodes"));
+        }
+        assert_eq!(out, data);
+    }
+    if let Ok(d) = decode_record(data) {
+        assert_eq!(
+            encode_record(&d).expect("decoded record re-encodes")[..],
+            data[..]
+        );
+    }
+}
+
+/// The detector description parser (TOML) and the NPY field-map reader.
+pub fn detector_toml(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = Detector::from_toml_str(text, "fuzz.toml");
+    }
+    let _ = crate::tracking::field::FieldMap::from_npy_bytes(data, [0.0; 3], [1.0; 3]);
+}
+
+/// The EDF/BDF reader: header validation, annotations (TALs) and block decoding return
+/// errors, never panic.
+pub fn edf(data: &[u8]) {
+    if let Ok(reader) = crate::eeg::edf::EdfReader::from_bytes(data.to_vec()) {
+        let _ = reader.annotations();
+        let signals = reader.data_signals();
+        for &s in &signals {
+            let n = reader.header().n_samples(s).min(256);
+            let mut out = vec![0.0; n];
+            let _ = reader.read_signal(s, 0, &mut out);
+        }
+        if let Ok(mut blocks) = reader.blocks(&signals, 31) {
+            let mut buf = Vec::new();
+            let mut n_blocks = 0;
+            while let Ok(Some(_)) = blocks.next_f32(&mut buf) {
+                n_blocks += 1;
+                if n_blocks > 64 {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// The `[finder]` overrides parser and the reconstruction on arbitrary hits: the first
+/// byte says how many of the following bytes are overrides text, the rest are hits of 10
+/// bytes each (x and y as `f32`, plane as `u16`, little-endian). Any input gives a
+/// configuration or an error, and any hits give tracks whose hit indices lie in the event.
+pub fn finder_overrides(data: &[u8]) {
+    let det = Detector {
+        planes: (0..5)
+            .map(|i| Plane {
+                z_mm: 300.0 + 100.0 * i as f64,
+                half_x_mm: 100.0,
+                half_y_mm: 100.0,
+                sigma_x_mm: 0.01,
+                sigma_y_mm: 0.01,
+                x0_fraction: 0.004,
+                efficiency: 1.0,
+            })
+            .collect(),
+        field: Field::Uniform {
+            b_tesla: [0.0, 1.0, 0.0],
+        },
+    };
+    let split = data
+        .first()
+        .map(|&b| b as usize)
+        .unwrap_or(0)
+        .min(data.len());
+    let (text, rest) = data.split_at(split);
+    let ov = std::str::from_utf8(text)
+        .ok()
+        .and_then(|t| FinderOverrides::from_toml_str(t).ok())
+        .unwrap_or_default();
+    let mut cfg = FinderConfig::from_detector_with(&det, 1.0, &ov);
+    cfg.limits.max_doublets = cfg.limits.max_doublets.min(1 << 14);
+    cfg.limits.max_triplets = cfg.limits.max_triplets.min(1 << 14);
+    cfg.limits.max_neighbours = cfg.limits.max_neighbours.min(1 << 15);
+    if cfg.validate(&det).is_err() {
+        return;
+    }
+    let hits: Vec<HitRecord> = rest
+        .chunks_exact(10)
+        .map(|c| HitRecord {
+            x_mm: f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+            y_mm: f32::from_le_bytes([c[4], c[5], c[6], c[7]]),
+            z_mm: 0.0,
+            plane: u16::from_le_bytes([c[8], c[9]]) % 8,
+            hit_id: 0,
+        })
+        .collect();
+    let mut reco = Reconstructor::new(&det, cfg);
+    let mut tracks = Vec::new();
+    reco.reconstruct(&hits, &mut tracks);
+    for t in &tracks {
+        assert!(t.hits.iter().all(|&h| (h as usize) < hits.len()));
+    }
+}
+
+/// `frame::parse` and `frame::peek_header` (which framing on TCP relies on): whatever
+/// parses agrees with its own header, and `peek_header` accepts it too.
+pub fn frame(data: &[u8]) {
+    let peeked = frame::peek_header(data).is_ok();
+    if let Ok(view) = frame::parse(data) {
+        assert!(peeked, "parse accepted what peek_header refused");
+        assert_eq!(
+            frame::HEADER_LEN + view.header.payload_len.get() as usize,
+            data.len()
+        );
+    }
+}
+
+/// The kernel-cache entry parser: whatever parses encodes back to the same bytes.
+pub fn kernel_cache_entry(data: &[u8]) {
+    if let Ok(image) = crate::gpu::nvrtc::decode_cache_entry(data) {
+        assert_eq!(crate::gpu::nvrtc::encode_cache_entry(&image), data);
+    }
+}
+
+/// The NPY reader (lead field, source positions, noise covariance) and the inverse-kernel
+/// cache parser.
+pub fn npy(data: &[u8]) {
+    let _ = crate::eeg::inputs::parse_npy(data, Path::new("fuzz.npy"));
+    let _ = crate::eeg::kernel::InverseKernel::parse_cache(data, Path::new("fuzz.bin"));
+}
+
+/// The recording reader (`Recording::from_bytes`, the checks of `Recording::open` without
+/// the file): every frame it hands out lies in the input and has a valid frame header. The
+/// input is read twice: as a whole file, and behind a valid file header so that the record,
+/// index and trailer parsing is reached.
+pub fn recording(data: &[u8]) {
+    fn check(bytes: Vec<u8>) {
+        if let Ok(rec) = recording::Recording::from_bytes(bytes) {
+            for (i, f) in rec.iter().enumerate() {
+                assert!(frame::peek_header(f).is_ok());
+                assert_eq!(rec.entry(i).len_bytes as usize, f.len());
+            }
+            if let Some(t) = rec.torn_tail() {
+                assert!(t.usable_len_bytes <= t.file_len_bytes);
+            }
+            let _ = rec.index_at_or_after_timestamp(u64::MAX / 2);
+        }
+    }
+    check(data.to_vec());
+    let mut with_header = recording::encode_file_header(0, 0).to_vec();
+    with_header.extend_from_slice(data);
+    check(with_header);
+}
+
+/// The TrackML-style CSV parsers (hits, truth, particles, submission).
+pub fn trackml_csv(data: &[u8]) {
+    crate::tracking::trackml::fuzz_parsers(data);
+}
+
+/// The trigger-line configuration parser: any text gives lines or an error; accepted lines
+/// are within the limit and evaluate on an empty event.
+pub fn trigger_lines(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        if let Ok(lines) = crate::tracking::lines::parse_lines(text) {
+            assert!(lines.len() <= crate::tracking::lines::MAX_LINES);
+            let _ = crate::tracking::lines::evaluate(&lines, &[]);
+        }
+    }
+}
