@@ -691,8 +691,9 @@ impl Metrics {
         self.sink_lost.with_label_values(&[sink]).inc_by(n);
     }
 
-    /// Exports `trigd_sink_errors_total` and `trigd_sink_lost_total` at 0 for `sink`, so
-    /// that alerts and dashboards see the series before the first error.
+    /// Exports `trigd_sink_lost_total` at 0 for `sink`, so that alerts and dashboards see
+    /// the series before the first loss (`trigd_sink_errors_total` has a child per error
+    /// kind, made at its first error).
     pub fn prepare_sink(&self, sink: &str) {
         let _ = self.sink_lost.with_label_values(&[sink]);
     }

@@ -271,6 +271,11 @@ fn dashboard_queries_are_valid_promql_over_real_families() {
     s.sequence_repeat();
     let _ = m.stages();
     m.ring("r", 8).set_fill(1);
+    let (_tx, _rx, fill) = trigd::ring::channel::<u8>(8);
+    m.watch_ring("r", fill);
+    m.prepare_sink("jsonl");
+    m.sink_error("jsonl", "storage_full");
+    m.input_refused("s", "not_allowed").inc();
     m.backend(BackendKind::Gpu).observe_batch(4);
     let rendered = m.render().unwrap();
     let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
