@@ -1,4 +1,4 @@
-//! The command line: `trigd run | replay | send | record | convert | simulate | eval | check`.
+//! The command line: `trigd run | replay | send | record | convert | simulate | eval | check | top`.
 //! Parsing and flag-to-configuration overlay live here; the work is in the library.
 
 use std::io::IsTerminal;
@@ -51,6 +51,8 @@ enum Command {
     Eval(EvalCmd),
     /// Check a configuration file and exit.
     Check(CheckArgs),
+    /// A running daemon at a glance: rates, outcomes, latency, rings, sinks, backend.
+    Top(TopArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -207,6 +209,19 @@ struct ConvertArgs {
 }
 
 #[derive(Args, Debug)]
+struct TopArgs {
+    /// The daemon's metrics endpoint (its `--metrics-addr`).
+    #[arg(long, default_value = "127.0.0.1:9187")]
+    metrics_addr: std::net::SocketAddr,
+    /// Time between refreshes, milliseconds (the rates are over this interval).
+    #[arg(long, default_value_t = 1000)]
+    interval_ms: u64,
+    /// Print one screen (after two scrapes an interval apart) and exit.
+    #[arg(long)]
+    once: bool,
+}
+
+#[derive(Args, Debug)]
 struct CheckArgs {
     /// Configuration file to validate.
     #[arg(long)]
@@ -306,6 +321,14 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 r.reconstruct(hits, &mut tracks);
                 Ok(tracks)
             })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Top(a) => {
+            crate::top::run(
+                a.metrics_addr,
+                std::time::Duration::from_millis(a.interval_ms.max(10)),
+                a.once,
+            )?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Check(a) => {
@@ -457,6 +480,7 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
             deadlines: true,
             serve_metrics: true,
             reload_on_hup: true,
+            notify: true,
             progress_total: None,
             outputs: Outputs::default(),
         },
@@ -555,6 +579,7 @@ fn cmd_replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
             deadlines: a.speed != Speed::Max,
             serve_metrics: a.metrics_addr.is_some(),
             reload_on_hup: false,
+            notify: false,
             progress_total: if show_progress { total } else { None },
             outputs: Outputs {
                 tracks_out: a.tracks_out,
