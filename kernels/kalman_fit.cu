@@ -2,9 +2,10 @@
 //
 // One thread per candidate, over a batch of candidates from many events. It mirrors the
 // CPU fitter (src/tracking/kalman.rs, src/tracking/propagate.rs) operation by operation,
-// in the same number types: single precision for the state, the covariance and the
-// steps, double precision where the CPU computes in double (the field at the seeding
-// hits, the scattering in planes skipped between the two seeding hits). The module is
+// in the same number types: single precision for the state, the covariance, the steps
+// and the field map's slices, double precision where the CPU computes in double (the
+// field between the last two hits where a plane between them is missing, the scattering
+// in planes skipped between the two seeding hits). The module is
 // compiled with --fmad=false so that no product and sum are contracted into one rounding
 // the CPU does not make: the fits then agree with the CPU's to the last bits.
 //
@@ -21,7 +22,10 @@
 //   out:   [OUT_WORDS][stride] words: x, y, tx, ty, qop, covariance (15, lower triangle
 //          row by row), z, chi2 (floats), ndf, ok (integers).
 // Per plane p: rows32/rows64 [z, var_x, var_y, x0, ln_x0]; gap_steps[p] and gap_kind[p]
-// for the step over the gap from plane p + 1 to p.
+// for the step over the gap from plane p + 1 to p; in a field map, gap_slice[p], the first
+// of the map's slices (FieldSlices in src/tracking/field.rs: the map's (x, y) nodes at the
+// z of the stages, [slice][nx][ny][3]) that the steps over that gap read: step i reads
+// slices gap_slice[p] + 2 i + {0, 1, 1, 2} at its four stages.
 
 // Indices of the parameter arrays (PARAM_* in src/gpu/tracking_fit.rs).
 #define PI_N_PLANES 0
@@ -64,36 +68,31 @@ struct Grid {
     double o64[3], is64[3];
 };
 
-// FieldMap::at_f32: clamped trilinear interpolation in single precision.
-__device__ __forceinline__ void at_f32(const Grid& g, float px, float py, float pz, float b[3]) {
-    const float pos[3] = {px, py, pz};
-    int cell[3];
-    float frac[3];
+// FieldSlices::at_f32: slice k at (x, y), bilinear in single precision (the map's (x, y)
+// grid, clamped as at_f32), along y first, then along x.
+__device__ __forceinline__ void at_slice(const Grid& g, const float* slices, int k, float px,
+                                         float py, float b[3]) {
+    const float pos[2] = {px, py};
+    int cell[2];
+    float frac[2];
 #pragma unroll
-    for (int a = 0; a < 3; ++a) {
+    for (int a = 0; a < 2; ++a) {
         float u = (pos[a] - g.o32[a]) * g.is32[a];
         u = fminf(fmaxf(u, 0.0f), (float)(g.n[a] - 1));
         int i = min((int)u, g.n[a] - 2);
         cell[a] = i;
         frac[a] = u - (float)i;
     }
-    const int sy = g.n[2], sx = g.n[1] * g.n[2];
-    const int base = cell[0] * sx + cell[1] * sy + cell[2];
-    const float* c = g.nodes + 3 * base;
-    const float fx = frac[0], fy = frac[1], fz = frac[2];
+    const int ny = g.n[1];
+    const float* c = slices + 3 * ((k * g.n[0] + cell[0]) * ny + cell[1]);
+    const float fx = frac[0], fy = frac[1];
 #pragma unroll
-    for (int k = 0; k < 3; ++k) {
-        float a0 = c[k], a1 = c[3 + k];
-        float b0 = c[3 * sy + k], b1 = c[3 * (sy + 1) + k];
-        float d0 = c[3 * sx + k], d1 = c[3 * (sx + 1) + k];
-        float e0 = c[3 * (sx + sy) + k], e1 = c[3 * (sx + sy + 1) + k];
-        float c00 = a0 + fz * (a1 - a0);
-        float c01 = b0 + fz * (b1 - b0);
-        float c10 = d0 + fz * (d1 - d0);
-        float c11 = e0 + fz * (e1 - e0);
-        float l0 = c00 + fy * (c01 - c00);
-        float l1 = c10 + fy * (c11 - c10);
-        b[k] = l0 + fx * (l1 - l0);
+    for (int j = 0; j < 3; ++j) {
+        const float a0 = c[j], a1 = c[3 + j];
+        const float d0 = c[3 * ny + j], d1 = c[3 * (ny + 1) + j];
+        const float v0 = a0 + fy * (a1 - a0);
+        const float v1 = d0 + fy * (d1 - d0);
+        b[j] = v0 + fx * (v1 - v0);
     }
 }
 
@@ -141,16 +140,20 @@ struct Source {
     float b[3];
     float z0, inv_dz;
     float c[3][3];
+    const float* slices;  // GAP_MAP: the map's slices, the step's first at `k`
+    int k;
 };
 
+// The field at stage point (x, y, z); `off` the stage's slice after the step's first (0,
+// 1, 1, 2 for stages 1 to 4).
 __device__ __forceinline__ void field_at(const Source& s, const Grid& g, float x, float y, float z,
-                                         float b[3]) {
+                                         int off, float b[3]) {
     if (s.kind == GAP_PROFILE) {
         const float u = (z - s.z0) * s.inv_dz;
 #pragma unroll
         for (int k = 0; k < 3; ++k) b[k] = s.c[0][k] + u * (s.c[1][k] + u * s.c[2][k]);
     } else if (s.kind == GAP_MAP) {
-        at_f32(g, x, y, z, b);
+        at_slice(g, s.slices, s.k + off, x, y, b);
     } else {
         b[0] = s.b[0];
         b[1] = s.b[1];
@@ -246,13 +249,13 @@ __device__ __forceinline__ void rk4_step(const Source& src, const Grid& g, float
     Stage s1, s2, s3, s4;
     float tx2, ty2, tx3, ty3, tx4, ty4;
     float dtx2[3], dty2[3], dtx3[3], dty3[3], dtx4[3], dty4[3];
-    field_at(src, g, x, y, z, b);
+    field_at(src, g, x, y, z, 0, b);
     stage(by_only, tx, ty, qop, b, nullptr, nullptr, s1);
     next_stage(tx, ty, hh, s1, tx2, ty2, dtx2, dty2);
     float sp[2] = {s1.p[0], s1.p[1]};
     float sdx[3] = {s1.dpx[0], s1.dpx[1], s1.dpx[2]};
     float sdy[3] = {s1.dpy[0], s1.dpy[1], s1.dpy[2]};
-    field_at(src, g, x + hh * tx, y + hh * ty, z + hh, b);
+    field_at(src, g, x + hh * tx, y + hh * ty, z + hh, 1, b);
     stage(by_only, tx2, ty2, qop, b, dtx2, dty2, s2);
     next_stage(tx, ty, hh, s2, tx3, ty3, dtx3, dty3);
     float mp[2] = {s2.p[0], s2.p[1]};
@@ -265,7 +268,7 @@ __device__ __forceinline__ void rk4_step(const Source& src, const Grid& g, float
         sdx[c] += s2.dpx[c];
         sdy[c] += s2.dpy[c];
     }
-    field_at(src, g, x + hh * tx2, y + hh * ty2, z + hh, b);
+    field_at(src, g, x + hh * tx2, y + hh * ty2, z + hh, 1, b);
     stage(by_only, tx3, ty3, qop, b, dtx3, dty3, s3);
     next_stage(tx, ty, h, s3, tx4, ty4, dtx4, dty4);
     sp[0] += s3.p[0];
@@ -282,7 +285,7 @@ __device__ __forceinline__ void rk4_step(const Source& src, const Grid& g, float
         mdx[c] += s3.dpx[c];
         mdy[c] += s3.dpy[c];
     }
-    field_at(src, g, x + h * tx3, y + h * ty3, z + h, b);
+    field_at(src, g, x + h * tx3, y + h * ty3, z + h, 2, b);
     stage(by_only, tx4, ty4, qop, b, dtx4, dty4, s4);
 
     const float h6 = h * (float)(1.0 / 6.0);
@@ -306,9 +309,10 @@ __device__ __forceinline__ void rk4_step(const Source& src, const Grid& g, float
 }
 
 // Propagates to z_to in n_steps equal steps (propagate_gap_in), composing the Jacobian.
-__device__ void propagate_gap(int kind, const float bu[3], const Grid& g, float& z, float& x,
-                              float& y, float& tx, float& ty, float qop, float z_to,
-                              int n_steps, float jac[4][3]) {
+// In a field map the steps read the slices from `first` on.
+__device__ void propagate_gap(int kind, const float bu[3], const Grid& g, const float* slices,
+                              int first, float& z, float& x, float& y, float& tx, float& ty,
+                              float qop, float z_to, int n_steps, float jac[4][3]) {
     Source src;
     src.kind = kind;
     src.b[0] = bu[0];
@@ -316,14 +320,17 @@ __device__ void propagate_gap(int kind, const float bu[3], const Grid& g, float&
     src.b[2] = bu[2];
     src.z0 = 0.0f;
     src.inv_dz = 0.0f;
+    src.slices = slices;
+    src.k = first;
     if (kind == GAP_PROFILE) {
-        // The straight line over the gap: ends and middle.
+        // The straight line over the gap: ends and middle (slices first, first + 1,
+        // first + 2).
         const float dz = z_to - z;
         const float half = 0.5f;
         float b0[3], bm[3], b1[3];
-        at_f32(g, x, y, z, b0);
-        at_f32(g, x + half * dz * tx, y + half * dz * ty, z + half * dz, bm);
-        at_f32(g, x + dz * tx, y + dz * ty, z_to, b1);
+        at_slice(g, slices, first, x, y, b0);
+        at_slice(g, slices, first + 1, x + half * dz * tx, y + half * dz * ty, bm);
+        at_slice(g, slices, first + 2, x + dz * tx, y + dz * ty, b1);
 #pragma unroll
         for (int k = 0; k < 3; ++k) {
             src.c[0][k] = b0[k];
@@ -339,6 +346,7 @@ __device__ void propagate_gap(int kind, const float bu[3], const Grid& g, float&
     rk4_step(src, g, z, x, y, tx, ty, qop, h, jac);
     for (int s = 1; s < n; ++s) {
         float step[4][3];
+        src.k = first + 2 * s;
         rk4_step(src, g, z, x, y, tx, ty, qop, h, step);
         float prev[4][3];
 #pragma unroll
@@ -401,13 +409,17 @@ __device__ __forceinline__ void transport_cov(float c[15], const float jac[4][3]
 #undef ROWV
 }
 
-// 2D measurement update of x and y weighted by `mask` (update).
-__device__ __forceinline__ void update(float st[5], float c[15], float& chi2, float mx, float my,
-                                       float vx, float vy, float mask) {
+// 2D measurement update of x and y weighted by `mask` (update): the chi-square increment
+// over the pivots of S (never negative while they are positive); `untrusted` set where a
+// pivot is not positive (or NaN).
+__device__ __forceinline__ void update(float st[5], float c[15], float& chi2, bool& untrusted,
+                                       float mx, float my, float vx, float vy, float mask) {
     const float s00 = c[0] + vx;
     const float s01 = c[1];
     const float s11 = c[2] + vy;
-    const float inv_det = 1.0f / (s00 * s11 - s01 * s01);
+    const float det = s00 * s11 - s01 * s01;
+    const float inv_det = 1.0f / det;
+    if (!(0.0f < s00) || !(0.0f < det)) untrusted = true;
     const float r0 = (mx - st[0]) * mask;
     const float r1 = (my - st[1]) * mask;
     const float w0 = (s11 * r0 - s01 * r1) * inv_det;
@@ -435,7 +447,9 @@ __device__ __forceinline__ void update(float st[5], float c[15], float& chi2, fl
     for (int i = 0; i < 5; ++i)
 #pragma unroll
         for (int j = 0; j <= i; ++j) c[tri(i, j)] -= k0[i] * cx[j] + k1[i] * cy[j];
-    chi2 += r0 * w0 + r1 * w1;
+    const float inv_s00 = 1.0f / s00;
+    const float e = r1 - s01 * r0 * inv_s00;
+    chi2 += r0 * r0 * inv_s00 + e * e * s00 * inv_det;
 }
 
 // Multiple-scattering noise for crossing x0 radiation lengths (scatter).
@@ -484,6 +498,8 @@ extern "C" __global__ void kalman_fit(const unsigned* __restrict__ hits, int n_t
                                       const double* __restrict__ rows64,
                                       const int* __restrict__ gap_steps,
                                       const int* __restrict__ gap_kind,
+                                      const int* __restrict__ gap_slice,
+                                      const float* __restrict__ slices,
                                       const float* __restrict__ pf, const double* __restrict__ pd,
                                       const int* __restrict__ pi, const float* __restrict__ nodes,
                                       unsigned* __restrict__ out) {
@@ -541,16 +557,21 @@ extern "C" __global__ void kalman_fit(const unsigned* __restrict__ hits, int n_t
     const float vxm = rm[1], vym = rm[2], vxn = rn[1], vyn = rn[2];
     const bool gap = pl > pm + 1;
 
-    // Field at the middle hit (three-hit curvature) and between the last two hits.
+    // Field at the middle hit (three-hit curvature) and between the last two hits: in a
+    // field map from the slices at the middle hit's plane and, where the last two hits are
+    // on adjacent planes, at the middle of their gap (else from the map, in double
+    // precision).
     float b_mid[3], b_last[3];
     if (field_map) {
-        double m[3], l[3];
-        at_f64(g, (double)xb, (double)yb, (double)zb, m);
-        at_f64(g, 0.5 * ((double)xn + (double)xm), 0.5 * ((double)yn + (double)ym),
-               0.5 * ((double)zn + (double)zm), l);
-        for (int k = 0; k < 3; ++k) {
-            b_mid[k] = (float)m[k];
-            b_last[k] = (float)l[k];
+        at_slice(g, slices, gap_slice[pb] + 2 * gap_steps[pb], xb, yb, b_mid);
+        if (pl == pm + 1) {
+            at_slice(g, slices, gap_slice[pm] + gap_steps[pm], 0.5f * (xn + xm),
+                     0.5f * (yn + ym), b_last);
+        } else {
+            double l[3];
+            at_f64(g, 0.5 * ((double)xn + (double)xm), 0.5 * ((double)yn + (double)ym),
+                   0.5 * ((double)zn + (double)zm), l);
+            for (int k = 0; k < 3; ++k) b_last[k] = (float)l[k];
         }
     } else {
         for (int k = 0; k < 3; ++k) {
@@ -640,6 +661,7 @@ extern "C" __global__ void kalman_fit(const unsigned* __restrict__ hits, int n_t
     c[13] = gy * cq;
     c[14] = cq;
     float chi2 = 0.0f;
+    bool untrusted = false;
     const float mass2 = pf[PF_MASS2];
 
     // Plane by plane upstream: step, transport, update with the hit on the plane (none on
@@ -658,10 +680,11 @@ extern "C" __global__ void kalman_fit(const unsigned* __restrict__ hits, int n_t
             --k;
         }
         float jac[4][3];
-        propagate_gap(gap_kind[p], bu, g, z, x, y, tx, ty, qop, z_to, gap_steps[p], jac);
+        propagate_gap(gap_kind[p], bu, g, slices, gap_slice[p], z, x, y, tx, ty, qop, z_to,
+                      gap_steps[p], jac);
         transport_cov(c, jac);
         float st[5] = {x, y, tx, ty, qop};
-        update(st, c, chi2, mx, my, r[1], r[2], hit);
+        update(st, c, chi2, untrusted, mx, my, r[1], r[2], hit);
         x = st[0];
         y = st[1];
         tx = st[2];
@@ -670,13 +693,14 @@ extern "C" __global__ void kalman_fit(const unsigned* __restrict__ hits, int n_t
         scatter(c, tx, ty, qop, x0, r[4], mass2);
     }
 
-    // Not finite anywhere, or a negative variance: not ok.
-    bool ok = isfinite(chi2) && isfinite(x) && isfinite(y) && isfinite(tx) && isfinite(ty) &&
-              isfinite(qop) && isfinite(z);
+    // Not finite anywhere, a variance that is not positive, or a covariance that lost
+    // positive definiteness on the way: not ok.
+    bool ok = !untrusted && isfinite(chi2) && isfinite(x) && isfinite(y) && isfinite(tx) &&
+              isfinite(ty) && isfinite(qop) && isfinite(z);
 #pragma unroll
     for (int i = 0; i < 15; ++i) ok = ok && isfinite(c[i]);
 #pragma unroll
-    for (int i = 0; i < 5; ++i) ok = ok && !(c[tri(i, i)] < 0.0f);
+    for (int i = 0; i < 5; ++i) ok = ok && 0.0f < c[tri(i, i)];
     const int ndf = 2 * n - (pi[PI_FIT_MOMENTUM] ? 5 : 4);
     const float st[5] = {x, y, tx, ty, qop};
 #pragma unroll

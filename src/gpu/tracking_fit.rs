@@ -30,7 +30,6 @@ use super::runtime::{copy_to_device, copy_to_host, DeviceBuffer, PinnedBuffer};
 use super::{driver, GpuDevice, GpuError};
 use crate::tracking::geometry::Field;
 use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter};
-use crate::tracking::propagate::steps_for;
 
 const KERNEL_SOURCE: &str = include_str!("../../kernels/kalman_fit.cu");
 /// NVRTC options of the fit: no contraction of products and sums into fused
@@ -304,6 +303,13 @@ pub struct FitTables {
     /// Per plane `p`: how that step reads the field (uniform along y, uniform, map,
     /// parabolic profile of the map).
     pub gap_kind: Vec<i32>,
+    /// Per plane `p`: the first of the map's slices that the steps over that gap read
+    /// (0 in a uniform field).
+    pub gap_slice: Vec<i32>,
+    /// The map's slices at the z of the steps' stages (`nodes32` of
+    /// [`FieldSlices`](crate::tracking::field::FieldSlices),
+    /// `[slice][nx][ny][3]`; one zero node in a uniform field).
+    pub slices: Vec<f32>,
     pub ints: [i32; PARAM_INTS],
     pub floats: [f32; PARAM_FLOATS],
     pub doubles: [f64; PARAM_DOUBLES],
@@ -322,19 +328,17 @@ impl FitTables {
         let profile = fitter.gap_profiles();
         let parabolic = |p: usize| profile.get(p).copied().unwrap_or(false);
         let rows32: Vec<f32> = rows64.iter().flat_map(|r| r.map(|v| v as f32)).collect();
-        let gap_steps = (0..n)
-            .map(|p| {
-                if p + 1 >= n || fitter.single_step() || parabolic(p) {
-                    return 1;
-                }
-                let dz = (rows64[p][0] - f64::from(rows64[p + 1][0] as f32)).abs();
-                if dz <= cfg.max_step_mm {
-                    1
-                } else {
-                    steps_for(dz, cfg.max_step_mm) as i32
-                }
-            })
-            .collect();
+        // The CPU's steps (a track that reaches plane `p + 1` sits at its z, rounded to
+        // `f32`, so every track takes the same steps over the gap to `p`).
+        let gap_steps: Vec<i32> = fitter.gap_steps().iter().map(|&k| k as i32).collect();
+        let (field_slices, slice_first) = fitter.field_slices();
+        let (gap_slice, slices) = match field_slices {
+            Some(s) => (
+                slice_first.iter().map(|&k| k as i32).collect(),
+                s.nodes32.iter().flatten().copied().collect(),
+            ),
+            None => (vec![0; n], vec![0.0; 3]),
+        };
         let field = fitter.field();
         let gap_kind = (0..n)
             .map(|p| match field {
@@ -383,6 +387,8 @@ impl FitTables {
             rows64: rows64.iter().flatten().copied().collect(),
             gap_steps,
             gap_kind,
+            gap_slice,
+            slices,
             ints,
             floats,
             doubles,
@@ -392,7 +398,12 @@ impl FitTables {
 
     /// Bytes the tables take on the device.
     pub fn device_bytes(&self) -> usize {
-        4 * (self.rows32.len() + self.gap_steps.len() + self.gap_kind.len() + self.nodes.len())
+        4 * (self.rows32.len()
+            + self.gap_steps.len()
+            + self.gap_kind.len()
+            + self.gap_slice.len()
+            + self.slices.len()
+            + self.nodes.len())
             + 8 * self.rows64.len()
             + 4 * (PARAM_INTS + PARAM_FLOATS)
             + 8 * PARAM_DOUBLES
@@ -437,6 +448,8 @@ pub struct GpuFitEngine {
     rows64: DeviceBuffer<f64>,
     gap_steps: DeviceBuffer<i32>,
     gap_kind: DeviceBuffer<i32>,
+    gap_slice: DeviceBuffer<i32>,
+    slices: DeviceBuffer<f32>,
     ints: DeviceBuffer<i32>,
     floats: DeviceBuffer<f32>,
     doubles: DeviceBuffer<f64>,
@@ -498,6 +511,8 @@ impl GpuFitEngine {
             rows64: DeviceBuffer::from_host(&ctx, &tables.rows64)?,
             gap_steps: DeviceBuffer::from_host(&ctx, &tables.gap_steps)?,
             gap_kind: DeviceBuffer::from_host(&ctx, &tables.gap_kind)?,
+            gap_slice: DeviceBuffer::from_host(&ctx, &tables.gap_slice)?,
+            slices: DeviceBuffer::from_host(&ctx, &tables.slices)?,
             ints: DeviceBuffer::from_host(&ctx, &tables.ints)?,
             floats: DeviceBuffer::from_host(&ctx, &tables.floats)?,
             doubles: DeviceBuffer::from_host(&ctx, &tables.doubles)?,
@@ -654,12 +669,14 @@ impl GpuFitEngine {
         let mut rows64 = self.rows64.ptr();
         let mut gap_steps = self.gap_steps.ptr();
         let mut gap_kind = self.gap_kind.ptr();
+        let mut gap_slice = self.gap_slice.ptr();
+        let mut slices = self.slices.ptr();
         let mut floats = self.floats.ptr();
         let mut doubles = self.doubles.ptr();
         let mut ints = self.ints.ptr();
         let mut nodes = self.nodes.ptr();
         let mut out = self.out_dev.ptr();
-        let mut params: [*mut std::ffi::c_void; 13] = [
+        let mut params: [*mut std::ffi::c_void; 15] = [
             (&mut hits as *mut u64).cast(),
             (&mut n_tracks as *mut i32).cast(),
             (&mut stride as *mut i32).cast(),
@@ -668,6 +685,8 @@ impl GpuFitEngine {
             (&mut rows64 as *mut u64).cast(),
             (&mut gap_steps as *mut u64).cast(),
             (&mut gap_kind as *mut u64).cast(),
+            (&mut gap_slice as *mut u64).cast(),
+            (&mut slices as *mut u64).cast(),
             (&mut floats as *mut u64).cast(),
             (&mut doubles as *mut u64).cast(),
             (&mut ints as *mut u64).cast(),
@@ -877,19 +896,39 @@ mod tests {
         let mut cfg = FitConfig::from_detector(&forward);
         let f = KalmanFitter::new(&forward, cfg.clone());
         let t = FitTables::new(&f);
-        // The field map: parabolic profiles in one step where the CPU reads them, steps
-        // of at most max_step_mm over the other gaps.
+        // The field map: parabolic profiles in one step where the CPU reads them, the
+        // CPU's steps (at most those of max_step_mm) over the other gaps.
         for p in 0..forward.planes.len() - 1 {
             let dz = forward.planes[p + 1].z_mm - forward.planes[p].z_mm;
             if f.gap_profiles()[p] {
                 assert_eq!((t.gap_kind[p], t.gap_steps[p]), (GAP_PROFILE, 1));
             } else {
                 assert_eq!(t.gap_kind[p], GAP_MAP);
-                assert_eq!(t.gap_steps[p], (dz / cfg.max_step_mm).ceil() as i32, "{p}");
+                assert_eq!(t.gap_steps[p] as usize, f.gap_steps()[p], "{p}");
+                assert!(
+                    t.gap_steps[p] <= (dz / cfg.max_step_mm).ceil() as i32,
+                    "{p}"
+                );
             }
         }
         assert!(t.gap_kind.contains(&GAP_PROFILE));
         assert_eq!(t.ints[5], 1);
+        // The slices of each gap follow those of the gap after it: 2 steps + 1 each.
+        let (Some(slices), first) = f.field_slices() else {
+            panic!("a field map has slices")
+        };
+        assert_eq!(t.slices.len(), 3 * slices.nodes32.len());
+        for p in 0..forward.planes.len() - 1 {
+            assert_eq!(t.gap_slice[p] as usize, first[p]);
+            assert_eq!(first[p + 1], first[p] + 2 * t.gap_steps[p] as usize + 1);
+        }
+        assert!(FitTables::new(&KalmanFitter::new(
+            &uniform,
+            FitConfig::from_detector(&uniform)
+        ))
+        .gap_slice
+        .iter()
+        .all(|&k| k == 0));
         let Field::Grid(map) = &forward.field else {
             panic!("forward detector has a map")
         };

@@ -241,6 +241,136 @@ impl FieldMap {
     }
 }
 
+/// The field map sampled at a list of z: per z a slice of the map's (x, y) nodes, whose
+/// bilinear interpolation is the map's trilinear one at that z (the interpolation is
+/// separable). The fitter's Runge-Kutta steps read the field at z values known before the
+/// fit (the ends and middles of their steps between two planes), so each lookup is a
+/// bilinear one on a slice made at construction: four nodes instead of eight, no search
+/// along z, and the cell of all lanes of a pack found with vector instructions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldSlices {
+    /// Nodes along x and y (each at least 2).
+    pub dims: [usize; 2],
+    /// `[origin_x, origin_y, 1 / step_x, 1 / step_y]` in mm and 1/mm, in single and
+    /// double precision (as the map rounds them for its lookups).
+    pub grid32: [f32; 4],
+    pub grid64: [f64; 4],
+    /// The z of each slice, mm.
+    pub z_mm: Vec<f64>,
+    /// Node values `(bx, by, bz)`, tesla: slice `k`, node `(ix, iy)` at
+    /// `(k * nx + ix) * ny + iy`; in single precision (rounded from the double-precision
+    /// values) and in double precision.
+    pub nodes32: Vec<[f32; 3]>,
+    pub nodes64: Vec<[f64; 3]>,
+}
+
+impl FieldSlices {
+    /// Nodes per slice.
+    #[inline(always)]
+    pub fn slice_len(&self) -> usize {
+        self.dims[0] * self.dims[1]
+    }
+
+    /// Number of slices.
+    pub fn len(&self) -> usize {
+        self.z_mm.len()
+    }
+
+    /// Whether there are no slices.
+    pub fn is_empty(&self) -> bool {
+        self.z_mm.is_empty()
+    }
+
+    /// Cell index and fractional position along axis `a` (0 = x, 1 = y) of slices, in
+    /// single precision: clamped to the grid as [`FieldMap::at_f32`] does (NaN to the first
+    /// cell).
+    #[inline(always)]
+    pub fn locate_f32(&self, a: usize, pos_mm: f32) -> (usize, f32) {
+        let n = self.dims[a];
+        let u = (pos_mm - self.grid32[a]) * self.grid32[2 + a];
+        let u = u.max(0.0).min((n - 1) as f32);
+        let i = (u as usize).min(n - 2);
+        (i, u - i as f32)
+    }
+
+    /// [`FieldSlices::locate_f32`] in double precision.
+    #[inline(always)]
+    pub fn locate_f64(&self, a: usize, pos_mm: f64) -> (usize, f64) {
+        let n = self.dims[a];
+        let u = (pos_mm - self.grid64[a]) * self.grid64[2 + a];
+        let u = u.max(0.0).min((n - 1) as f64);
+        let i = (u as usize).min(n - 2);
+        (i, u - i as f64)
+    }
+
+    /// Field on slice `k` at `(x, y)`, bilinear in single precision: along y first, then
+    /// along x, each as `a + f (b - a)`.
+    #[inline(always)]
+    pub fn at_f32(&self, k: usize, x_mm: f32, y_mm: f32) -> [f32; 3] {
+        let (ix, fx) = self.locate_f32(0, x_mm);
+        let (iy, fy) = self.locate_f32(1, y_mm);
+        let ny = self.dims[1];
+        let base = k * self.slice_len() + ix * ny + iy;
+        let c = &self.nodes32[base..=base + ny + 1];
+        std::array::from_fn(|j| {
+            let v0 = c[0][j] + fy * (c[1][j] - c[0][j]);
+            let v1 = c[ny][j] + fy * (c[ny + 1][j] - c[ny][j]);
+            v0 + fx * (v1 - v0)
+        })
+    }
+
+    /// [`FieldSlices::at_f32`] in double precision.
+    #[inline(always)]
+    pub fn at_f64(&self, k: usize, x_mm: f64, y_mm: f64) -> [f64; 3] {
+        let (ix, fx) = self.locate_f64(0, x_mm);
+        let (iy, fy) = self.locate_f64(1, y_mm);
+        let ny = self.dims[1];
+        let base = k * self.slice_len() + ix * ny + iy;
+        let c = &self.nodes64[base..=base + ny + 1];
+        std::array::from_fn(|j| {
+            let v0 = c[0][j] + fy * (c[1][j] - c[0][j]);
+            let v1 = c[ny][j] + fy * (c[ny + 1][j] - c[ny][j]);
+            v0 + fx * (v1 - v0)
+        })
+    }
+}
+
+impl FieldMap {
+    /// The map sampled at each of `z_mm` (see [`FieldSlices`]): node `(ix, iy)` of slice
+    /// `k` is the map at `(x_ix, y_iy, z_k)`, linear in z between the map's nodes (clamped
+    /// to the grid as every lookup is).
+    pub fn slices(&self, z_mm: &[f64]) -> FieldSlices {
+        let [nx, ny, _] = self.dims;
+        let mut nodes64 = Vec::with_capacity(z_mm.len() * nx * ny);
+        for &z in z_mm {
+            let (iz, fz) = self.locate(2, z);
+            for ix in 0..nx {
+                for iy in 0..ny {
+                    let a = self.node(ix, iy, iz);
+                    let b = self.node(ix, iy, iz + 1);
+                    nodes64.push(std::array::from_fn(|j| {
+                        a[j] as f64 + fz * (b[j] as f64 - a[j] as f64)
+                    }));
+                }
+            }
+        }
+        let grid64 = [
+            self.origin_mm[0],
+            self.origin_mm[1],
+            self.inv_step_mm[0],
+            self.inv_step_mm[1],
+        ];
+        FieldSlices {
+            dims: [nx, ny],
+            grid32: grid64.map(|v| v as f32),
+            grid64,
+            z_mm: z_mm.to_vec(),
+            nodes32: nodes64.iter().map(|b| b.map(|v| v as f32)).collect(),
+            nodes64,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,5 +387,48 @@ mod tests {
         let err = FieldMap::from_npy_bytes(&bytes, [0.0; 3], [1.0; 3]).unwrap_err();
         assert!(err.to_string().contains("nests brackets"), "{err}");
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
+
+    /// A slice's bilinear interpolation is the map's trilinear one at the slice's z,
+    /// inside the grid and clamped outside it.
+    #[test]
+    fn slices_interpolate_as_the_map_at_their_z() {
+        let dims = [5, 4, 6];
+        let mut nodes = Vec::new();
+        for ix in 0..dims[0] {
+            for iy in 0..dims[1] {
+                for iz in 0..dims[2] {
+                    let (x, y, z) = (ix as f32, iy as f32, iz as f32);
+                    nodes.push([0.1 * x * z - 0.2 * y, 1.0 + 0.05 * x * y * z, 0.3 * z * z]);
+                }
+            }
+        }
+        let map = FieldMap::new(dims, [-100.0, -50.0, 10.0], [50.0, 40.0, 30.0], nodes).unwrap();
+        let zs = [-20.0, 10.0, 47.5, 100.0, 171.0, 400.0];
+        let s = map.slices(&zs);
+        assert_eq!((s.len(), s.dims), (zs.len(), [5, 4]));
+        for (k, &z) in zs.iter().enumerate() {
+            for &(x, y) in &[
+                (-100.0, -50.0),
+                (-37.5, 11.0),
+                (12.3, 77.7),
+                (99.0, 69.0),
+                (-400.0, 300.0),
+                (1e9, -1e9),
+            ] {
+                let m = map.at([x, y, z]);
+                let a = s.at_f64(k, x, y);
+                let b = s.at_f32(k, x as f32, y as f32);
+                for j in 0..3 {
+                    assert!(
+                        (a[j] - m[j]).abs() < 1e-12 * (1.0 + m[j].abs()),
+                        "{k} {x} {y}"
+                    );
+                    assert!((b[j] as f64 - m[j]).abs() < 1e-5 * (1.0 + m[j].abs()));
+                }
+            }
+        }
+        // NaN positions read the first cell, as the map's lookups do.
+        assert_eq!(s.at_f32(1, f32::NAN, f32::NAN), s.at_f32(1, -1e9, -1e9));
     }
 }

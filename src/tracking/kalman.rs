@@ -20,8 +20,10 @@
 //! and the fitter picks the one the CPU runs when it is built ([`FitKernel`]).
 //!
 //! Per plane, the same plane in every lane (lanes outside their span take an exact
-//! identity step): one RK4 step through the gap (several where the field is not uniform)
-//! with the derivatives of the stage slopes only ([`propagate_gap_in`]), the covariance
+//! identity step): one RK4 step through the gap (several where a field map is not smooth
+//! enough, as many as [`adaptive_steps`] finds the scattering allows) with the derivatives
+//! of the stage slopes only ([`propagate_gap_in`]), the field map read from its slices at
+//! the z of the stages ([`FieldSlices`], made at construction), the covariance
 //! transport with the block structure of the Jacobian, the 2D update of x and y and the
 //! scattering noise from constants of the plane computed once. The hits each step
 //! updates with are laid out by plane before the steps (one row of packs per plane).
@@ -30,11 +32,13 @@
 // vectorises); iterator chains over one of them would hide that.
 #![allow(clippy::needless_range_loop)]
 
+use crate::tracking::field::FieldSlices;
 use crate::tracking::geometry::{Detector, Field};
 #[cfg(target_arch = "x86_64")]
 use crate::tracking::propagate::F32Avx2;
 use crate::tracking::propagate::{
-    propagate_gap_in, steps_for, GapField, JacobianPacks, Pack, Real, K_GEV_PER_T_MM,
+    propagate, propagate_gap_in, slice_packs_per_lane, steps_for, GapField, JacobianPacks, Pack,
+    Real, K_GEV_PER_T_MM,
 };
 use crate::tracking::simulate::highland_theta0;
 use crate::tracking::track::{Track, TrackState};
@@ -110,15 +114,7 @@ fn gap_profiles(det: &Detector) -> Vec<bool> {
     if det.field.is_uniform() || planes.len() < 2 {
         return vec![false; planes.len()];
     }
-    let t_max = planes
-        .iter()
-        .filter(|p| p.z_mm > 1.0)
-        .fold([0.0f64; 2], |t, p| {
-            [
-                t[0].max(p.half_x_mm / p.z_mm),
-                t[1].max(p.half_y_mm / p.z_mm),
-            ]
-        });
+    let t_max = acceptance_slopes(det);
     (0..planes.len())
         .map(|p| {
             let Some(next) = planes.get(p + 1) else {
@@ -138,6 +134,89 @@ fn gap_profiles(det: &Detector) -> Vec<bool> {
             crate::tracking::propagate::profile_is_parabolic(&det.field, za, zb, &lines, tol)
         })
         .collect()
+}
+
+/// The softest tracks whose steps through a field map [`adaptive_steps`] keeps exact,
+/// GeV/c: below the 1 GeV/c that the shipped finders are run with and the 0.6 GeV/c where
+/// the forward tracker's spectra start (a Runge-Kutta step's error grows with the
+/// curvature, so harder tracks are followed more exactly).
+pub const STEP_PROBE_P_GEV: f64 = 0.5;
+
+/// Per plane `p`, the Runge-Kutta steps over the gap from plane `p + 1` to `p` in a field
+/// map: the fewest (at most those of `max_step_mm`) whose end states agree with those of
+/// steps half as long as `max_step_mm` allows, for tracks of [`STEP_PROBE_P_GEV`] of
+/// either charge along the lines from the origin through the corners, edges and centre of
+/// the planes, to a tenth of what the fit cannot know better over the gap: in slope, the
+/// scattering angle `theta` at that momentum (the smaller of the two planes'); in
+/// position, the larger of the hit resolution at plane `p` and `theta` times the gap.
+/// Both the step's error (from the field's variation along the gap, to first order) and
+/// the scattering scale as 1/p, so the bound holds at every momentum above the probe's;
+/// against the resolution, harder tracks have smaller errors still. Planes without
+/// material bound by the resolution alone (over the gap, in slope). Where the field is
+/// smooth over a gap, a few long steps are then as exact as many short ones. Gaps
+/// `parabolic` or spanned by one step take one.
+fn adaptive_steps(
+    det: &Detector,
+    cfg: &FitConfig,
+    one_step: bool,
+    parabolic: &[bool],
+) -> Vec<usize> {
+    let planes = &det.planes;
+    let t_max = acceptance_slopes(det);
+    (0..planes.len())
+        .map(|p| {
+            let Some(next) = planes.get(p + 1) else {
+                return 1;
+            };
+            if one_step || parabolic[p] {
+                return 1;
+            }
+            let (za, zb) = (next.z_mm, planes[p].z_mm);
+            let dz = (zb - f64::from(za as f32)).abs();
+            if dz <= cfg.max_step_mm {
+                return 1;
+            }
+            let n_max = steps_for(dz, cfg.max_step_mm);
+            let sigma = planes[p].sigma_x_mm.min(planes[p].sigma_y_mm);
+            let theta = highland_theta0(STEP_PROBE_P_GEV, 1.0, planes[p].x0_fraction)
+                .min(highland_theta0(STEP_PROBE_P_GEV, 1.0, next.x0_fraction));
+            let tol_mm = 0.1 * sigma.max(theta * dz);
+            let tol_slope = 0.1 * if theta > 0.0 { theta } else { sigma / dz };
+            let mut probes = Vec::new();
+            for i in -2..=2 {
+                for j in -2..=2 {
+                    let t = [t_max[0] * i as f64 / 2.0, t_max[1] * j as f64 / 2.0];
+                    for q in [-1.0, 1.0] {
+                        let s = [t[0] * za, t[1] * za, t[0], t[1], q / STEP_PROBE_P_GEV];
+                        let fine = propagate(&det.field, za, s, zb, dz / (2 * n_max) as f64).0;
+                        probes.push((s, fine));
+                    }
+                }
+            }
+            (1..n_max)
+                .find(|&n| {
+                    probes.iter().all(|(s, fine)| {
+                        let e = propagate(&det.field, za, *s, zb, dz / n as f64 * (1.0 + 1e-9)).0;
+                        (0..2).all(|k| (e[k] - fine[k]).abs() <= tol_mm)
+                            && (2..4).all(|k| (e[k] - fine[k]).abs() <= tol_slope)
+                    })
+                })
+                .unwrap_or(n_max)
+        })
+        .collect()
+}
+
+/// The largest slopes from the origin (z = 0) to the planes' edges, x and y.
+fn acceptance_slopes(det: &Detector) -> [f64; 2] {
+    det.planes
+        .iter()
+        .filter(|p| p.z_mm > 1.0)
+        .fold([0.0f64; 2], |t, p| {
+            [
+                t[0].max(p.half_x_mm / p.z_mm),
+                t[1].max(p.half_y_mm / p.z_mm),
+            ]
+        })
 }
 
 /// Sagitta of a 100 GeV/c track over the detector (mm), detector length (mm), smallest
@@ -183,7 +262,8 @@ pub struct FitOutput {
     pub chi2: f64,
     pub ndf: u16,
     /// False when the track could not be fitted (fewer than three hits, bad planes,
-    /// non-finite result).
+    /// non-finite result, a covariance that lost positive definiteness on the way). An ok
+    /// fit has a chi-square of at least zero.
     pub ok: bool,
 }
 
@@ -281,6 +361,15 @@ pub struct KalmanFitter {
     /// [`PROFILE_MS_FRACTION`] of the scattering ([`gap_profiles`]): the steps over it
     /// then read three field values per lane instead of four per Runge-Kutta step.
     profile: Vec<bool>,
+    /// Per plane `p`, the Runge-Kutta steps over the gap from plane `p + 1` to `p` (1
+    /// over parabolic profiles and where one step spans any gap, else steps of at most
+    /// `max_step_mm`); 1 for the last plane.
+    steps: Vec<usize>,
+    /// A field map sampled at the z of every stage of the steps ([`FieldSlices`]): per
+    /// plane `p`, slices `slice_first[p] + j`, `j = 0..=2 steps[p]`, at
+    /// `z[p + 1] + j (z[p] - z[p + 1]) / (2 steps[p])`. `None` in a uniform field.
+    slices: Option<FieldSlices>,
+    slice_first: Vec<usize>,
 }
 
 /// The largest deflection an approximate field profile may add over a gap, as a fraction
@@ -371,6 +460,37 @@ impl KalmanFitter {
         };
         let one_step = length <= cfg.max_step_mm;
         let profile = gap_profiles(det);
+        // A track that reaches plane `p + 1` sits at its z rounded to `f32`: every track
+        // steps over the gap to `p` in the same number of steps.
+        let steps: Vec<usize> = match det.field {
+            Field::Grid(_) => adaptive_steps(det, &cfg, one_step, &profile),
+            Field::Uniform { .. } => (0..planes.len())
+                .map(|p| {
+                    if p + 1 >= planes.len() || one_step {
+                        return 1;
+                    }
+                    let dz = (planes[p].z_mm - f64::from(planes[p + 1].z_mm as f32)).abs();
+                    steps_for(dz, cfg.max_step_mm)
+                })
+                .collect(),
+        };
+        let (slices, slice_first) = match &det.field {
+            Field::Grid(map) => {
+                let mut z = Vec::new();
+                let mut first = Vec::with_capacity(planes.len());
+                for p in 0..planes.len() {
+                    first.push(z.len());
+                    let (za, zb) = match planes.get(p + 1) {
+                        Some(next) => (next.z_mm, planes[p].z_mm),
+                        None => (planes[p].z_mm, planes[p].z_mm),
+                    };
+                    let m = 2 * steps[p];
+                    z.extend((0..=m).map(|j| za + (zb - za) * j as f64 / m as f64));
+                }
+                (Some(map.slices(&z)), first)
+            }
+            Field::Uniform { .. } => (None, vec![0; planes.len()]),
+        };
         KalmanFitter {
             field: det.field.clone(),
             planes,
@@ -380,6 +500,9 @@ impl KalmanFitter {
             kernel: FitKernel::detect(),
             one_step,
             profile,
+            steps,
+            slices,
+            slice_first,
         }
     }
 
@@ -425,6 +548,18 @@ impl KalmanFitter {
     /// length).
     pub fn single_step(&self) -> bool {
         self.one_step
+    }
+
+    /// Per plane `p`, the Runge-Kutta steps over the gap from plane `p + 1` to `p`.
+    pub fn gap_steps(&self) -> &[usize] {
+        &self.steps
+    }
+
+    /// The field map's slices the steps read (`None` in a uniform field), and per plane
+    /// `p` the first slice of the gap from plane `p + 1` to `p` (see [`FieldSlices`]: the
+    /// steps over it read `2 steps + 1` slices from there).
+    pub fn field_slices(&self) -> (Option<&FieldSlices>, &[usize]) {
+        (self.slices.as_ref(), &self.slice_first)
     }
 
     /// Whether a track's hits can be fitted: at least three, planes strictly increasing and
@@ -571,10 +706,43 @@ impl KalmanFitter {
             first_f.0[l] = T::of(first_plane[l] as f64);
             last_f.0[l] = T::of(last_plane[l] as f64);
         }
-        // Field at the middle hit (three-hit curvature) and between the last two hits.
-        let (b_mid, b_last) = match &self.field {
-            Field::Uniform { b_tesla } => (b_tesla.map(P::of), b_tesla.map(P::of)),
-            field => {
+        let half = P::of(0.5);
+        // Field at the middle hit (three-hit curvature) and between the last two hits: in a
+        // field map from the slices at the middle hit's plane and, where the last two hits
+        // are on adjacent planes, at the middle of their gap (else from the map itself).
+        let (b_mid, b_last) = match (&self.field, &self.slices) {
+            (Field::Uniform { b_tesla }, _) => (b_tesla.map(P::of), b_tesla.map(P::of)),
+            (field, Some(slices)) => {
+                let mut kb = [0usize; L];
+                let mut km = [0usize; L];
+                for l in 0..L {
+                    let h = lane_hits[l];
+                    let n = h.len();
+                    let (pb, pm) = (h[n / 2].plane as usize, h[n - 2].plane as usize);
+                    kb[l] = self.slice_first[pb] + 2 * self.steps[pb];
+                    km[l] = self.slice_first[pm] + self.steps[pm];
+                }
+                let bm = slice_packs_per_lane(slices, kb, xb, yb);
+                let mut bl = slice_packs_per_lane(slices, km, half * (xn + xm), half * (yn + ym));
+                if gap {
+                    for l in 0..L {
+                        let h = lane_hits[l];
+                        let n = h.len();
+                        if h[n - 1].plane > h[n - 2].plane + 1 {
+                            let t = field.at([
+                                0.5 * (xn.0[l].to_f64() + xm.0[l].to_f64()),
+                                0.5 * (yn.0[l].to_f64() + ym.0[l].to_f64()),
+                                0.5 * (zn.0[l].to_f64() + zm.0[l].to_f64()),
+                            ]);
+                            for k in 0..3 {
+                                bl[k].0[l] = T::of(t[k]);
+                            }
+                        }
+                    }
+                }
+                (bm, bl)
+            }
+            (field, None) => {
                 let mut bm = [P::of(0.0); 3];
                 let mut bl = bm;
                 for l in 0..L {
@@ -650,6 +818,8 @@ impl KalmanFitter {
         c[tri(4, 3)] = gy * cq;
         c[tri(4, 4)] = cq;
         let mut chi2 = P::of(0.0);
+        // 1 in lanes whose covariance lost positive definiteness ([`update`]).
+        let mut untrusted = P::of(0.0);
 
         let mut jac: JacobianPacks<T, L> = [[P::of(0.0); 3]; 4];
         let gap_field = GapField::new(&self.field);
@@ -662,7 +832,6 @@ impl KalmanFitter {
         // identity), so each lane computes what it would alone.
         let (zero_t, one_t) = (T::of(0.0), T::of(1.0));
         let zero = P::of(0.0);
-        let half = P::of(0.5);
         // The hits the lanes update with (all but the seed's last two), laid out by plane
         // before the steps: per plane `[x, y, w]` with `w` = 1 in lanes with a hit on the
         // plane and x = y = w = 0 in the others. Rows `min_first..max_last` are written
@@ -706,6 +875,7 @@ impl KalmanFitter {
             let r = &rows[p];
             let pf = P::splat(T::of(p as f64));
             // Where the lane takes the step: `p < last` and `first - p < 1/2`.
+            let active = pf.lt_select(last_f, (first_f - pf).lt_select(half, one, zero), zero);
             let z_to = pf.lt_select(
                 last_f,
                 (first_f - pf).lt_select(half, P::splat(r[Row::Z]), z),
@@ -725,6 +895,8 @@ impl KalmanFitter {
             let parabolic = self.profile.get(p).copied().unwrap_or(false);
             let n_steps = if self.one_step || parabolic {
                 1
+            } else if self.slices.is_some() {
+                self.steps[p]
             } else {
                 let mut dz_max = 0.0f64;
                 for l in 0..L {
@@ -738,9 +910,18 @@ impl KalmanFitter {
                     steps_for(dz_max, self.cfg.max_step_mm)
                 }
             };
-            let gap_field = match (&gap_field, parabolic) {
-                (GapField::Map, true) => &profile_field,
-                (gf, _) => gf,
+            let sliced;
+            let gap_field = match (&self.slices, &gap_field, parabolic) {
+                (Some(slices), _, _) => {
+                    sliced = GapField::Slices {
+                        slices,
+                        first: self.slice_first[p],
+                        profile: parabolic,
+                    };
+                    &sliced
+                }
+                (None, GapField::Map, true) => &profile_field,
+                (None, gf, _) => gf,
             };
             propagate_gap_in(
                 &self.field,
@@ -758,13 +939,23 @@ impl KalmanFitter {
             transport_cov(&mut c, &jac);
             let mut st = [x, y, tx, ty, qop];
             let var = [P::splat(r[Row::VAR_X]), P::splat(r[Row::VAR_Y])];
-            update(&mut st, &mut c, &mut chi2, [mx, my], var, hit);
+            update(
+                &mut st,
+                &mut c,
+                &mut chi2,
+                &mut untrusted,
+                active,
+                [mx, my],
+                var,
+                hit,
+            );
             [x, y, tx, ty, qop] = st;
             scatter(&mut c, tx, ty, qop, x0, P::splat(r[Row::LN_X0]), m2);
         }
 
-        // Lanes whose result is not finite (a non-finite value times zero is NaN) or
-        // has a negative variance.
+        // Lanes whose result is not finite (a non-finite value times zero is NaN), has a
+        // variance that is not positive or whose covariance lost positive definiteness on
+        // the way.
         let mut probe = chi2 * zero;
         for v in [x, y, tx, ty, qop] {
             probe += v * zero;
@@ -772,9 +963,11 @@ impl KalmanFitter {
         for v in c {
             probe += v * zero;
         }
-        let mut negative = zero;
+        // A variance of zero (what is left of a larger one after rounding) is no more
+        // trustworthy than a negative one: every variance must be positive.
+        let mut negative = untrusted;
         for k in 0..5 {
-            negative += c[tri(k, k)].lt_select(zero, one, zero);
+            negative += zero.lt_select(c[tri(k, k)], zero, one);
         }
         let ndf_sub = if self.cfg.fit_momentum { 5 } else { 4 };
         // Per lane: state (0..5), covariance (5..20), z (20), chi-square (21) as f64.
@@ -935,25 +1128,42 @@ fn transport_cov<T: Real, const L: usize>(c: &mut [Pack<T, L>; 15], jac: &Jacobi
 
 /// 2D measurement update of x and y (`st` = x, y, tx, ty, qop; measurement `m`, variances
 /// `v`), weighted by `mask` (1 = hit on this plane, 0 = none).
+///
+/// The chi-square grows by `r^T S^-1 r` written over the pivots of `S = L D L^T`,
+/// `r0^2 / s00 + e^2 s00 / det` with `e = r1 - s01 r0 / s00`: a sum of squares times the
+/// pivots `s00` and `det / s00`, so never negative while they are positive. A lane whose
+/// `S` (the predicted covariance of x and y plus the hit's) has a pivot that is not
+/// positive has lost the positive definiteness of its covariance (rounding in single
+/// precision after a prior far wider than the measurements, e.g. a three-hit q/p from
+/// the field at a middle hit outside the magnet): `untrusted` grows by `active` (1 in
+/// lanes that take this plane's step, 0 in the others) there, and the fit is not ok.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn update<T: Real, const L: usize>(
     st: &mut [Pack<T, L>; 5],
     c: &mut [Pack<T, L>; 15],
     chi2: &mut Pack<T, L>,
+    untrusted: &mut Pack<T, L>,
+    active: Pack<T, L>,
     m: [Pack<T, L>; 2],
     v: [Pack<T, L>; 2],
     mask: Pack<T, L>,
 ) {
+    let zero = Pack::of(0.0);
+    let one = Pack::of(1.0);
     let s00 = c[0] + v[0];
     let s01 = c[1];
     let s11 = c[2] + v[1];
-    let inv_det = Pack::of(1.0) / (s00 * s11 - s01 * s01);
+    let det = s00 * s11 - s01 * s01;
+    let inv_det = one / det;
+    // Both pivots positive (NaN is not): `0 < s00` and `0 < det`.
+    let not_pd = zero.lt_select(s00, zero.lt_select(det, zero, one), one);
+    *untrusted += not_pd * active;
     let r0 = (m[0] - st[0]) * mask;
     let r1 = (m[1] - st[1]) * mask;
     // The weighted residual S^-1 r (zero without a hit), its numerators formed while the
-    // division runs: the state moves by `C H^T S^-1 r` and the chi-square grows by
-    // `r^T S^-1 r`, each a few operations after the division (the state is what the
-    // next plane's propagation waits for).
+    // division runs: the state moves by `C H^T S^-1 r`, a few operations after the
+    // division (the state is what the next plane's propagation waits for).
     let w0 = (s11 * r0 - s01 * r1) * inv_det;
     let w1 = (s00 * r1 - s01 * r0) * inv_det;
     let i00 = s11 * inv_det;
@@ -992,7 +1202,9 @@ fn update<T: Real, const L: usize>(
             }
         }
     }
-    *chi2 += r0 * w0 + r1 * w1;
+    let inv_s00 = one / s00;
+    let e = r1 - s01 * r0 * inv_s00;
+    *chi2 += r0 * r0 * inv_s00 + e * e * s00 * inv_det;
 }
 
 /// Adds multiple-scattering noise on the slopes for crossing a plane of `x0` radiation
@@ -1347,6 +1559,92 @@ mod tests {
 }
 
 #[cfg(test)]
+mod chi_square_tests {
+    use super::*;
+    use crate::tracking::reco::{FinderConfig, Reconstructor};
+    use crate::tracking::simulate::{simulate_events, Preset, SimConfig};
+
+    /// No ok fit has a negative chi-square, over the tracks the finder returns in central
+    /// events of both shipped field maps and subsets of them (the last hit but one or the
+    /// second hit dropped, the last three hits): the candidates a finder fits. A fit whose
+    /// covariance loses positive definiteness in single precision is not ok. Before the
+    /// chi-square was summed over the pivots of `S` and the pivots checked, a candidate of
+    /// the dipole spectrometer on planes 0, 1, 2 and 4 (its three-hit q/p from the field
+    /// at plane 2, upstream of the magnet, and a q/p prior far wider than what the hits
+    /// measure) fitted ok with chi2 -36.7 in single precision (2598 in double precision),
+    /// which passes any chi-square cut.
+    #[test]
+    fn no_ok_fit_has_a_negative_chi_square_in_the_field_maps() {
+        for (file, sim) in [
+            (
+                "fixtures/tracking/dipole/detector_dipole.toml",
+                SimConfig::preset(Preset::Central),
+            ),
+            (
+                "fixtures/tracking/forward/detector_forward.toml",
+                SimConfig::forward(Preset::Central),
+            ),
+        ] {
+            let det = Detector::from_toml_file(std::path::Path::new(file)).unwrap();
+            let mut reco = Reconstructor::new(&det, FinderConfig::from_detector(&det, 0.5));
+            let mut tracks = Vec::new();
+            let mut sets: Vec<Vec<FitHit>> = Vec::new();
+            for ev in simulate_events(&det, &sim, 5, 0, 3) {
+                reco.reconstruct(&ev.hits, &mut tracks);
+                for t in &tracks {
+                    let v: Vec<FitHit> = t
+                        .hits
+                        .iter()
+                        .map(|&i| {
+                            let h = &ev.hits[i as usize];
+                            FitHit {
+                                plane: h.plane,
+                                x_mm: h.x_mm,
+                                y_mm: h.y_mm,
+                            }
+                        })
+                        .collect();
+                    let n = v.len();
+                    if n >= 5 {
+                        let mut a = v.clone();
+                        a.remove(n - 2);
+                        sets.push(a);
+                        let mut b = v.clone();
+                        b.remove(1);
+                        sets.push(b);
+                    }
+                    sets.push(v[n - 3..].to_vec());
+                    sets.push(v);
+                }
+            }
+            let fitter = reco.fitter().clone();
+            let refs: Vec<&[FitHit]> = sets.iter().map(|s| &s[..]).collect();
+            let mut out = Vec::new();
+            fitter.fit_batch(&refs, &mut out);
+            let mut ok = 0;
+            for (s, o) in sets.iter().zip(&out) {
+                if o.ok {
+                    ok += 1;
+                    let planes: Vec<u16> = s.iter().map(|h| h.plane).collect();
+                    assert!(o.chi2 >= 0.0, "{file}: planes {planes:?} chi2 {}", o.chi2);
+                    for i in 0..5 {
+                        let v = o.cov[tri(i, i)];
+                        assert!(v > 0.0, "{file}: planes {planes:?} var {i} {v}");
+                    }
+                }
+            }
+            // Nearly every candidate fits: only broken covariances are refused.
+            assert!(sets.len() > 10_000, "{file}: {} candidates", sets.len());
+            assert!(
+                ok * 1000 >= sets.len() * 998,
+                "{file}: {ok} of {} ok",
+                sets.len()
+            );
+        }
+    }
+}
+
+#[cfg(test)]
 mod profile_tests {
     use super::*;
 
@@ -1363,19 +1661,64 @@ mod profile_tests {
         }
     }
 
-    /// In the field concentrated between the planes, the fit whose steps read parabolic
-    /// profiles gives the states of the reference fit without them (f64, a lookup at every
-    /// stage of steps of at most `max_step_mm`) to a small fraction of their errors.
+    /// In the field concentrated between the planes (forward tracker) and in the dipole
+    /// spectrometer's magnet, the fit whose steps read parabolic profiles and the map's
+    /// slices gives the states of the reference fit without them (f64, a trilinear lookup
+    /// at every stage of steps of at most `max_step_mm`) to a small fraction of their
+    /// errors.
     #[test]
     fn parabolic_profiles_fit_as_the_reference_does() {
+        for (file, min_profiles) in [
+            ("fixtures/tracking/forward/detector_forward.toml", 4),
+            ("fixtures/tracking/dipole/detector_dipole.toml", 1),
+        ] {
+            profiles_fit_as_the_reference_does(file, min_profiles);
+        }
+    }
+
+    /// The steps over each gap of the shipped maps: at most those of `max_step_mm`, and
+    /// fewer over the dipole spectrometer's magnet (425 mm, nine steps of at most 50 mm),
+    /// where the field is smooth enough for longer steps ([`adaptive_steps`]; the
+    /// accuracy is what `parabolic_profiles_fit_as_the_reference_does` checks).
+    #[test]
+    fn steps_over_the_gaps_of_the_shipped_maps() {
+        for file in [
+            "fixtures/tracking/forward/detector_forward.toml",
+            "fixtures/tracking/dipole/detector_dipole.toml",
+        ] {
+            let det = Detector::from_toml_file(std::path::Path::new(file)).unwrap();
+            let cfg = FitConfig::from_detector(&det);
+            let fitter = KalmanFitter::new(&det, cfg.clone());
+            let mut fewer = 0;
+            for p in 0..det.planes.len() - 1 {
+                let dz = det.planes[p + 1].z_mm - det.planes[p].z_mm;
+                let most = steps_for(dz, cfg.max_step_mm);
+                let n = fitter.gap_steps()[p];
+                eprintln!(
+                    "{file}: gap {p} ({dz} mm): {n} steps of at most {most}, parabolic {}",
+                    fitter.profile[p]
+                );
+                assert!(n >= 1 && n <= most, "{file} gap {p}");
+                fewer += usize::from(n < most && !fitter.profile[p]);
+            }
+            if file.contains("dipole") {
+                let most = steps_for(425.0, cfg.max_step_mm);
+                assert!(fitter.gap_steps()[3] < most, "{file}: magnet gap");
+                assert!(fewer >= 1, "{file}");
+            }
+        }
+    }
+
+    fn profiles_fit_as_the_reference_does(file: &str, min_profiles: usize) {
         use crate::tracking::reco::synthetic::track;
         use rand::SeedableRng;
-        let file = "fixtures/tracking/forward/detector_forward.toml";
         let det = Detector::from_toml_file(std::path::Path::new(file)).unwrap();
         let fitter = KalmanFitter::new(&det, FitConfig::from_detector(&det));
-        assert!(fitter.profile.iter().filter(|&&b| b).count() >= 4);
+        assert!(fitter.profile.iter().filter(|&&b| b).count() >= min_profiles);
+        assert!(fitter.slices.is_some());
         let mut exact = fitter.clone();
         exact.profile.fill(false);
+        exact.slices = None;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
         let mut sets = Vec::new();
         for k in 0..40 {
@@ -1409,15 +1752,18 @@ mod profile_tests {
         fitter.fit_batch(&refs, &mut out);
         for (k, h) in sets.iter().enumerate() {
             let r = exact.fit_reference(h);
-            assert!(out[k].ok && r.ok);
+            assert!(out[k].ok && r.ok, "{file} track {k}");
             for i in 0..5 {
                 let sigma = r.cov[tri(i, i)].sqrt();
+                // Each gap's field model (profile, steps) is bound to a tenth of the
+                // scattering or resolution there ([`PROFILE_MS_FRACTION`],
+                // [`adaptive_steps`]): the states agree to a tenth of their errors.
                 let d = (out[k].state[i] - r.state[i]).abs() / sigma;
-                assert!(d < 0.05, "track {k} param {i}: {d} sigma");
+                assert!(d < 0.1, "{file} track {k} param {i}: {d} sigma");
             }
             assert!(
                 (out[k].chi2 - r.chi2).abs() < 0.05 * (1.0 + r.chi2),
-                "track {k}"
+                "{file} track {k}"
             );
         }
     }

@@ -23,6 +23,7 @@
 // vectorises); iterator chains over one of them would hide that.
 #![allow(clippy::needless_range_loop)]
 
+use crate::tracking::field::FieldSlices;
 use crate::tracking::geometry::Field;
 use std::ops::{Add, AddAssign, Div, DivAssign, Mul, MulAssign, Neg, Sub, SubAssign};
 
@@ -352,10 +353,15 @@ impl Real for F32Avx2 {
 /// inlined into that kernel, which enables the instructions.
 #[cfg(target_arch = "x86_64")]
 mod avx {
-    use super::{F32Avx2, Pack};
+    use super::{F32Avx2, FieldSlices, Pack};
     use std::any::TypeId;
     pub(super) use std::arch::x86_64::{
         __m256, _mm256_add_ps, _mm256_div_ps, _mm256_mul_ps, _mm256_sub_ps,
+    };
+    use std::arch::x86_64::{
+        _mm256_add_epi32, _mm256_cvtepi32_ps, _mm256_cvttps_epi32, _mm256_i32gather_ps,
+        _mm256_loadu_si256, _mm256_max_ps, _mm256_min_epi32, _mm256_min_ps, _mm256_mullo_epi32,
+        _mm256_setzero_ps,
     };
     use std::arch::x86_64::{
         _mm256_and_ps, _mm256_blendv_ps, _mm256_castps256_ps128, _mm256_castsi256_ps,
@@ -417,6 +423,70 @@ mod avx {
         }
         // SAFETY: every row (L = 8) and every value (N in blocks of 8) was written.
         unsafe { rows.assume_init() }
+    }
+
+    /// [`super::slice_packs`] for eight lanes: the cell and fractions of each lane as
+    /// [`FieldSlices::locate_f32`] computes them (`max` takes NaN to 0 as `f32::max`
+    /// does, truncation is the floor on `[0, n - 1]`), the four nodes of each component
+    /// gathered, and the bilinear interpolation of [`FieldSlices::at_f32`].
+    ///
+    /// # Safety
+    /// `is::<T, L>()`, the CPU runs AVX2 and FMA, and every `k` below `s.len()`.
+    #[inline(always)]
+    pub(super) unsafe fn slice_lookup<T: Copy, const L: usize>(
+        s: &FieldSlices,
+        k: [usize; L],
+        x: Pack<T, L>,
+        y: Pack<T, L>,
+    ) -> [Pack<T, L>; 3] {
+        unsafe {
+            let zero = _mm256_setzero_ps();
+            let (nx, ny) = (s.dims[0] as i32, s.dims[1] as i32);
+            // Cell and fraction along x, then along y (written out: closures here were
+            // left as calls, their vectors passed through memory).
+            let u = _mm256_mul_ps(
+                _mm256_sub_ps(get(x), _mm256_set1_ps(s.grid32[0])),
+                _mm256_set1_ps(s.grid32[2]),
+            );
+            let u = _mm256_min_ps(_mm256_max_ps(u, zero), _mm256_set1_ps((nx - 1) as f32));
+            let ix = _mm256_min_epi32(_mm256_cvttps_epi32(u), _mm256_set1_epi32(nx - 2));
+            let fx = _mm256_sub_ps(u, _mm256_cvtepi32_ps(ix));
+            let v = _mm256_mul_ps(
+                _mm256_sub_ps(get(y), _mm256_set1_ps(s.grid32[1])),
+                _mm256_set1_ps(s.grid32[3]),
+            );
+            let v = _mm256_min_ps(_mm256_max_ps(v, zero), _mm256_set1_ps((ny - 1) as f32));
+            let iy = _mm256_min_epi32(_mm256_cvttps_epi32(v), _mm256_set1_epi32(ny - 2));
+            let fy = _mm256_sub_ps(v, _mm256_cvtepi32_ps(iy));
+            // Node index of each lane's cell, times three (x, y, z components in a row).
+            let mut first = [0i32; 8];
+            for l in 0..8 {
+                first[l] = (k[l % L] * s.slice_len()) as i32;
+            }
+            let node = _mm256_add_epi32(
+                _mm256_add_epi32(_mm256_mullo_epi32(ix, _mm256_set1_epi32(ny)), iy),
+                _mm256_loadu_si256(first.as_ptr().cast()),
+            );
+            let idx = _mm256_add_epi32(_mm256_add_epi32(node, node), node);
+            // SAFETY: `ix <= nx - 2`, `iy <= ny - 2` and `k < len`: every node read, at
+            // most `(ix + 1, iy + 1)` of slice `k`, is one of `nodes32` (whose length the
+            // indices, small tables, keep far below `i32::MAX`).
+            let p00 = s.nodes32.as_ptr().cast::<f32>();
+            let p01 = p00.add(3);
+            let p10 = p00.add(3 * ny as usize);
+            let p11 = p10.add(3);
+            let mut b = [put::<T, L>(zero); 3];
+            for j in 0..3 {
+                let a0 = _mm256_i32gather_ps::<4>(p00.add(j), idx);
+                let a1 = _mm256_i32gather_ps::<4>(p01.add(j), idx);
+                let d0 = _mm256_i32gather_ps::<4>(p10.add(j), idx);
+                let d1 = _mm256_i32gather_ps::<4>(p11.add(j), idx);
+                let v0 = _mm256_add_ps(a0, _mm256_mul_ps(fy, _mm256_sub_ps(a1, a0)));
+                let v1 = _mm256_add_ps(d0, _mm256_mul_ps(fy, _mm256_sub_ps(d1, d0)));
+                b[j] = put(_mm256_add_ps(v0, _mm256_mul_ps(fx, _mm256_sub_ps(v1, v0))));
+            }
+            b
+        }
     }
 
     /// Whether `Pack<T, L>` is a pack of eight [`F32Avx2`] (decided at compile time).
@@ -783,7 +853,7 @@ pub fn propagate_gap<T: Real, const L: usize>(
 /// steps): a uniform field along y alone, another uniform field (as packs), or a field map
 /// read at every stage point.
 #[derive(Clone, Copy, Debug)]
-pub enum GapField<T, const L: usize> {
+pub enum GapField<'a, T, const L: usize> {
     ByOnly([Pack<T, L>; 3]),
     Uniform([Pack<T, L>; 3]),
     Map,
@@ -791,13 +861,24 @@ pub enum GapField<T, const L: usize> {
     /// to the accuracy the caller asked for ([`profile_is_parabolic`]): three lookups per
     /// lane and gap instead of four per Runge-Kutta step.
     Profile,
+    /// A map read from its slices at the z of the stages ([`FieldSlices`]): the `n`
+    /// steps over the gap read slices `first + j`, `j = 0..=2 n`, slice `first + j` at
+    /// `z + j h / 2` (`h` the step). With `profile` (one step), the parabolic profile along
+    /// each lane's straight line from the three slices (as [`GapField::Profile`]).
+    Slices {
+        slices: &'a FieldSlices,
+        first: usize,
+        profile: bool,
+    },
 }
 
 /// Where a Runge-Kutta step reads the field.
 #[derive(Clone, Copy)]
-enum Source<T, const L: usize> {
+enum Source<'a, T, const L: usize> {
     Fixed([Pack<T, L>; 3]),
     Map,
+    /// Slices `k` (stage 1), `k + 1` (stages 2 and 3) and `k + 2` (stage 4).
+    Slice(&'a FieldSlices, usize),
     /// `B(z) = c[0] + u (c[1] + u c[2])`, `u = (z - z0) inv_dz`, per lane.
     Parabola {
         z0: Pack<T, L>,
@@ -838,7 +919,7 @@ pub fn profile_is_parabolic(
     })
 }
 
-impl<T: Real, const L: usize> GapField<T, L> {
+impl<T: Real, const L: usize> GapField<'_, T, L> {
     #[inline(always)]
     pub fn new(field: &Field) -> Self {
         match field {
@@ -857,7 +938,7 @@ impl<T: Real, const L: usize> GapField<T, L> {
 #[allow(clippy::too_many_arguments)]
 pub fn propagate_gap_in<T: Real, const L: usize>(
     field: &Field,
-    gf: &GapField<T, L>,
+    gf: &GapField<'_, T, L>,
     z: &mut Pack<T, L>,
     x: &mut Pack<T, L>,
     y: &mut Pack<T, L>,
@@ -875,19 +956,29 @@ pub fn propagate_gap_in<T: Real, const L: usize>(
         }
         GapField::Uniform(b) => Source::Fixed(b),
         GapField::Map => Source::Map,
-        GapField::Profile => {
+        GapField::Slices {
+            slices,
+            first,
+            profile: false,
+        } => Source::Slice(slices, first),
+        GapField::Profile | GapField::Slices { profile: true, .. } => {
             // Each lane's straight line over the gap: ends and middle.
             let dz = z_to - *z;
             let half = Pack::of(0.5);
-            let b0 = field_packs(field, Source::Map, *x, *y, *z);
+            let (src, mid) = match *gf {
+                GapField::Slices { slices, first, .. } => (Source::Slice(slices, first), 1),
+                _ => (Source::Map, 0),
+            };
+            let b0 = field_packs(field, src, *x, *y, *z, 0);
             let bm = field_packs(
                 field,
-                Source::Map,
+                src,
                 *x + half * dz * *tx,
                 *y + half * dz * *ty,
                 *z + half * dz,
+                mid,
             );
-            let b1 = field_packs(field, Source::Map, *x + dz * *tx, *y + dz * *ty, z_to);
+            let b1 = field_packs(field, src, *x + dz * *tx, *y + dz * *ty, z_to, 2 * mid);
             let mut c = [[Pack::of(0.0); 3]; 3];
             for k in 0..3 {
                 c[0][k] = b0[k];
@@ -913,7 +1004,7 @@ pub fn propagate_gap_in<T: Real, const L: usize>(
 #[allow(clippy::too_many_arguments)]
 fn gap_steps<T: Real, const L: usize, const BY_ONLY: bool>(
     field: &Field,
-    src: Source<T, L>,
+    src: Source<'_, T, L>,
     z: &mut Pack<T, L>,
     x: &mut Pack<T, L>,
     y: &mut Pack<T, L>,
@@ -926,9 +1017,14 @@ fn gap_steps<T: Real, const L: usize, const BY_ONLY: bool>(
 ) {
     let n = n_steps.max(1);
     let h = (z_to - *z) * Pack::of(1.0 / n as f64);
-    *jac = rk4_step_packs::<T, L, BY_ONLY>(field, src, z, x, y, tx, ty, qop, h);
-    for _ in 1..n {
-        let step = rk4_step_packs::<T, L, BY_ONLY>(field, src, z, x, y, tx, ty, qop, h);
+    // Step `i` reads slices from `2 i` on.
+    let src_of = |i: usize| match src {
+        Source::Slice(s, k) => Source::Slice(s, k + 2 * i),
+        other => other,
+    };
+    *jac = rk4_step_packs::<T, L, BY_ONLY>(field, src_of(0), z, x, y, tx, ty, qop, h);
+    for i in 1..n {
+        let step = rk4_step_packs::<T, L, BY_ONLY>(field, src_of(i), z, x, y, tx, ty, qop, h);
         let mut prev = [[[T::of(0.0); L]; 3]; 4];
         let mut st = prev;
         for r in 0..4 {
@@ -959,22 +1055,30 @@ fn lookup<T: Real>(field: &Field, p: [T; 3]) -> [f64; 3] {
     }
 }
 
-/// Field at one point per lane: the uniform value, the lane's parabola in z, or a lookup
-/// per lane.
+/// Field at one point per lane: the uniform value, the lane's parabola in z, slice
+/// `k + off` of a [`Source::Slice`], or a lookup per lane.
 #[inline(always)]
 fn field_packs<T: Real, const L: usize>(
     field: &Field,
-    src: Source<T, L>,
+    src: Source<'_, T, L>,
     x: Pack<T, L>,
     y: Pack<T, L>,
     z: Pack<T, L>,
+    off: usize,
 ) -> [Pack<T, L>; 3] {
     match src {
         Source::Fixed(b) => return b,
         Source::Parabola { z0, inv_dz, c } => {
             let u = (z - z0) * inv_dz;
-            return std::array::from_fn(|k| c[0][k] + u * (c[1][k] + u * c[2][k]));
+            // A loop, not `array::from_fn`: its closure was left as a call whose pack
+            // operations were calls too (outside the AVX2 kernel's target features).
+            let mut b = c[0];
+            for k in 0..3 {
+                b[k] = c[0][k] + u * (c[1][k] + u * c[2][k]);
+            }
+            return b;
         }
+        Source::Slice(s, k) => return slice_packs(s, k + off, x, y),
         Source::Map => {}
     }
     let mut b = [Pack::of(0.0); 3];
@@ -982,6 +1086,54 @@ fn field_packs<T: Real, const L: usize>(
         let v = lookup::<T>(field, [x.0[l], y.0[l], z.0[l]]);
         for k in 0..3 {
             b[k].0[l] = T::of(v[k]);
+        }
+    }
+    b
+}
+
+/// Field on slice `k` at one point per lane ([`FieldSlices::at_f32`], or
+/// [`FieldSlices::at_f64`] for the double-precision reference): in the AVX2+FMA kernel the
+/// cells of all eight lanes at once and the nodes gathered (the same operations, so the
+/// same values as the lane-by-lane form).
+#[inline(always)]
+pub fn slice_packs<T: Real, const L: usize>(
+    s: &FieldSlices,
+    k: usize,
+    x: Pack<T, L>,
+    y: Pack<T, L>,
+) -> [Pack<T, L>; 3] {
+    slice_packs_per_lane(s, [k; L], x, y)
+}
+
+/// [`slice_packs`] with a slice per lane, `k[lane]`.
+#[inline(always)]
+pub fn slice_packs_per_lane<T: Real, const L: usize>(
+    s: &FieldSlices,
+    k: [usize; L],
+    x: Pack<T, L>,
+    y: Pack<T, L>,
+) -> [Pack<T, L>; 3] {
+    assert!(
+        k.iter().all(|&k| k < s.len()),
+        "slices {k:?} of {}",
+        s.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if avx::is::<T, L>() {
+        // SAFETY: as in `Pack::abs`; every `k` is a slice of `s` (checked above).
+        return unsafe { avx::slice_lookup(s, k, x, y) };
+    }
+    let mut b = [Pack::of(0.0); 3];
+    let f64_lanes = std::any::TypeId::of::<T>() == std::any::TypeId::of::<f64>();
+    for l in 0..L {
+        let v = if f64_lanes {
+            s.at_f64(k[l], x.0[l].to_f64(), y.0[l].to_f64())
+        } else {
+            s.at_f32(k[l], x.0[l].to_f64() as f32, y.0[l].to_f64() as f32)
+                .map(f64::from)
+        };
+        for j in 0..3 {
+            b[j].0[l] = T::of(v[j]);
         }
     }
     b
@@ -1105,7 +1257,7 @@ fn add3<T: Real, const L: usize>(acc: &mut [Pack<T, L>; 3], v: &[Pack<T, L>; 3])
 #[allow(clippy::too_many_arguments)]
 fn rk4_step_packs<T: Real, const L: usize, const BY_ONLY: bool>(
     field: &Field,
-    src: Source<T, L>,
+    src: Source<'_, T, L>,
     z: &mut Pack<T, L>,
     x: &mut Pack<T, L>,
     y: &mut Pack<T, L>,
@@ -1116,12 +1268,12 @@ fn rk4_step_packs<T: Real, const L: usize, const BY_ONLY: bool>(
 ) -> JacobianPacks<T, L> {
     let one = Pack::of(1.0);
     let hh = h * Pack::of(0.5);
-    let b1 = field_packs(field, src, *x, *y, *z);
+    let b1 = field_packs(field, src, *x, *y, *z, 0);
     let (p1, dpx1, dpy1) = stage_packs::<T, L, BY_ONLY>(*tx, *ty, qop, b1, None);
     let (tx2, ty2, dtx2, dty2) = next_stage(*tx, *ty, hh, &p1, &dpx1, &dpy1);
     // Sums over stages 1..=3 (position rows) and 2..=3 (counted twice in the slope rows).
     let (mut sp, mut sdx, mut sdy) = (p1, dpx1, dpy1);
-    let b2 = field_packs(field, src, *x + hh * *tx, *y + hh * *ty, *z + hh);
+    let b2 = field_packs(field, src, *x + hh * *tx, *y + hh * *ty, *z + hh, 1);
     let (p2, dpx2, dpy2) = stage_packs::<T, L, BY_ONLY>(tx2, ty2, qop, b2, Some((&dtx2, &dty2)));
     let (tx3, ty3, dtx3, dty3) = next_stage(*tx, *ty, hh, &p2, &dpx2, &dpy2);
     let (mut mp, mut mdx, mut mdy) = (p2, dpx2, dpy2);
@@ -1129,7 +1281,7 @@ fn rk4_step_packs<T: Real, const L: usize, const BY_ONLY: bool>(
     sp[1] += p2[1];
     add3(&mut sdx, &dpx2);
     add3(&mut sdy, &dpy2);
-    let b3 = field_packs(field, src, *x + hh * tx2, *y + hh * ty2, *z + hh);
+    let b3 = field_packs(field, src, *x + hh * tx2, *y + hh * ty2, *z + hh, 1);
     let (p3, dpx3, dpy3) = stage_packs::<T, L, BY_ONLY>(tx3, ty3, qop, b3, Some((&dtx3, &dty3)));
     let (tx4, ty4, dtx4, dty4) = next_stage(*tx, *ty, h, &p3, &dpx3, &dpy3);
     sp[0] += p3[0];
@@ -1140,7 +1292,7 @@ fn rk4_step_packs<T: Real, const L: usize, const BY_ONLY: bool>(
     mp[1] += p3[1];
     add3(&mut mdx, &dpx3);
     add3(&mut mdy, &dpy3);
-    let b4 = field_packs(field, src, *x + h * tx3, *y + h * ty3, *z + h);
+    let b4 = field_packs(field, src, *x + h * tx3, *y + h * ty3, *z + h, 2);
     let (p4, dpx4, dpy4) = stage_packs::<T, L, BY_ONLY>(tx4, ty4, qop, b4, Some((&dtx4, &dty4)));
 
     // P_1 + 2 (P_2 + P_3) + P_4 = (P_1 + P_2 + P_3) + (P_2 + P_3) + P_4.
