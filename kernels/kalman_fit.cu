@@ -471,6 +471,52 @@ __device__ __forceinline__ void scatter(float c[15], float tx, float ty, float q
     c[tri(3, 2)] += th2n * tx * ty;
 }
 
+// The mean fields the seed measures (kalman.rs: seed_fields, same operations in the same
+// order): the three-hit curvature's tent a -> b -> n and the ramp m -> n, by the midpoint
+// rule with SEED_FIELD_SAMPLES points per straight segment.
+#define SEED_FIELD_SAMPLES 3
+__device__ void seed_lerp(const double* p0, const double* p1, double f, double* out) {
+    out[0] = p0[0] + f * (p1[0] - p0[0]);
+    out[1] = p0[1] + f * (p1[1] - p0[1]);
+    out[2] = p0[2] + f * (p1[2] - p0[2]);
+}
+__device__ void seed_fields(const Grid& g, const double* a, const double* b, const double* n,
+                            const double* m, double* tent, double* ramp) {
+    const double ns = (double)SEED_FIELD_SAMPLES;
+    double acc[3] = {0.0, 0.0, 0.0};
+    double acc_w = 0.0;
+    for (int seg = 0; seg < 2; ++seg) {
+        const double* p0 = seg == 0 ? a : b;
+        const double* p1 = seg == 0 ? b : n;
+        const double len = p1[2] - p0[2];
+        for (int i = 0; i < SEED_FIELD_SAMPLES; ++i) {
+            const double f = ((double)i + 0.5) / ns;
+            const double w = (seg == 0 ? f : 1.0 - f) * len;
+            double pt[3], bf[3];
+            seed_lerp(p0, p1, f, pt);
+            at_f64(g, pt[0], pt[1], pt[2], bf);
+            for (int k = 0; k < 3; ++k) acc[k] += w * bf[k];
+            acc_w += w;
+        }
+    }
+    double racc[3] = {0.0, 0.0, 0.0};
+    double racc_w = 0.0;
+    for (int i = 0; i < SEED_FIELD_SAMPLES; ++i) {
+        const double f = ((double)i + 0.5) / ns;
+        double pt[3], bf[3];
+        seed_lerp(m, n, f, pt);
+        at_f64(g, pt[0], pt[1], pt[2], bf);
+        for (int k = 0; k < 3; ++k) racc[k] += f * bf[k];
+        racc_w += f;
+    }
+    if (acc_w > 0.0) {
+        for (int k = 0; k < 3; ++k) tent[k] = acc[k] / acc_w;
+    } else {
+        at_f64(g, b[0], b[1], b[2], tent);
+    }
+    for (int k = 0; k < 3; ++k) ramp[k] = racc[k] / racc_w;
+}
+
 // Scattering angle variance at plane p, double precision (KalmanFitter::theta0_sq).
 __device__ double theta0_sq(const double* row, double mass, double qop, double tx, double ty) {
     const double x0 = row[3];
@@ -557,21 +603,19 @@ extern "C" __global__ void kalman_fit(const unsigned* __restrict__ hits, int n_t
     const float vxm = rm[1], vym = rm[2], vxn = rn[1], vyn = rn[2];
     const bool gap = pl > pm + 1;
 
-    // Field at the middle hit (three-hit curvature) and between the last two hits: in a
-    // field map from the slices at the middle hit's plane and, where the last two hits are
-    // on adjacent planes, at the middle of their gap (else from the map, in double
-    // precision).
+    // The fields the seed's two estimates measure (seed_fields): the three-hit
+    // curvature's and the last two hits' bending.
     float b_mid[3], b_last[3];
     if (field_map) {
-        at_slice(g, slices, gap_slice[pb] + 2 * gap_steps[pb], xb, yb, b_mid);
-        if (pl == pm + 1) {
-            at_slice(g, slices, gap_slice[pm] + gap_steps[pm], 0.5f * (xn + xm),
-                     0.5f * (yn + ym), b_last);
-        } else {
-            double l[3];
-            at_f64(g, 0.5 * ((double)xn + (double)xm), 0.5 * ((double)yn + (double)ym),
-                   0.5 * ((double)zn + (double)zm), l);
-            for (int k = 0; k < 3; ++k) b_last[k] = (float)l[k];
+        double m[3], l[3];
+        const double sa[3] = {(double)xa, (double)ya, (double)za};
+        const double sb[3] = {(double)xb, (double)yb, (double)zb};
+        const double sm[3] = {(double)xm, (double)ym, (double)zm};
+        const double sn[3] = {(double)xn, (double)yn, (double)zn};
+        seed_fields(g, sa, sb, sn, sm, m, l);
+        for (int k = 0; k < 3; ++k) {
+            b_mid[k] = (float)m[k];
+            b_last[k] = (float)l[k];
         }
     } else {
         for (int k = 0; k < 3; ++k) {

@@ -6,7 +6,11 @@
 //! (`fixtures/telescope.toml`), the spectrometer in a dipole field map
 //! (`fixtures/tracking/dipole/`: no field upstream of the magnet) and the forward tracker in
 //! a field concentrated between its planes with fringe components and 97 % plane
-//! efficiency (`fixtures/tracking/forward/`, an exponential spectrum from 0.6 GeV/c).
+//! efficiency (`fixtures/tracking/forward/`, an exponential spectrum from 0.6 GeV/c), and
+//! the same planes in a field that changes sign along the detector
+//! (`fixtures/tracking/reversing/`: a track bends one way and then back, so the field at
+//! one point of it says little about its momentum; the seed of the fit must average the
+//! field as its three-hit curvature does).
 //!
 //! The CI tests use a few events; `cargo test --release --test tracking_quality -- --ignored`
 //! runs the larger samples quoted in `bench/RESULTS.md`.
@@ -237,6 +241,35 @@ fn forward_tracker_in_a_concentrated_field_minbias_events() {
 fn forward_tracker_in_a_concentrated_field_central_events() {
     check(
         &evaluate_with(&forward(), &SimConfig::forward(Preset::Central), 32, 2),
+        &ALL,
+    );
+}
+
+fn reversing() -> Detector {
+    fixture("tracking/reversing/detector_reversing.toml")
+}
+
+#[test]
+fn forward_tracker_in_a_reversing_field_central_events() {
+    check(
+        &evaluate_with(&reversing(), &SimConfig::forward(Preset::Central), 35, 2),
+        &ALL,
+    );
+}
+
+#[test]
+fn forward_tracker_in_a_reversing_field_minbias_events() {
+    check(
+        &evaluate_with(&reversing(), &SimConfig::forward(Preset::Minbias), 36, 10),
+        &ALL,
+    );
+}
+
+#[test]
+#[ignore = "larger sample; run with --release -- --ignored"]
+fn forward_tracker_in_a_reversing_field_central_events_large_sample() {
+    check(
+        &evaluate_with(&reversing(), &SimConfig::forward(Preset::Central), 37, 40),
         &ALL,
     );
 }

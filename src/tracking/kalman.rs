@@ -37,8 +37,7 @@ use crate::tracking::geometry::{Detector, Field};
 #[cfg(target_arch = "x86_64")]
 use crate::tracking::propagate::F32Avx2;
 use crate::tracking::propagate::{
-    propagate, propagate_gap_in, slice_packs_per_lane, steps_for, GapField, JacobianPacks, Pack,
-    Real, K_GEV_PER_T_MM,
+    propagate, propagate_gap_in, steps_for, GapField, JacobianPacks, Pack, Real, K_GEV_PER_T_MM,
 };
 use crate::tracking::simulate::highland_theta0;
 use crate::tracking::track::{Track, TrackState};
@@ -707,51 +706,22 @@ impl KalmanFitter {
             last_f.0[l] = T::of(last_plane[l] as f64);
         }
         let half = P::of(0.5);
-        // Field at the middle hit (three-hit curvature) and between the last two hits: in a
-        // field map from the slices at the middle hit's plane and, where the last two hits
-        // are on adjacent planes, at the middle of their gap (else from the map itself).
-        let (b_mid, b_last) = match (&self.field, &self.slices) {
-            (Field::Uniform { b_tesla }, _) => (b_tesla.map(P::of), b_tesla.map(P::of)),
-            (field, Some(slices)) => {
-                let mut kb = [0usize; L];
-                let mut km = [0usize; L];
-                for l in 0..L {
-                    let h = lane_hits[l];
-                    let n = h.len();
-                    let (pb, pm) = (h[n / 2].plane as usize, h[n - 2].plane as usize);
-                    kb[l] = self.slice_first[pb] + 2 * self.steps[pb];
-                    km[l] = self.slice_first[pm] + self.steps[pm];
-                }
-                let bm = slice_packs_per_lane(slices, kb, xb, yb);
-                let mut bl = slice_packs_per_lane(slices, km, half * (xn + xm), half * (yn + ym));
-                if gap {
-                    for l in 0..L {
-                        let h = lane_hits[l];
-                        let n = h.len();
-                        if h[n - 1].plane > h[n - 2].plane + 1 {
-                            let t = field.at([
-                                0.5 * (xn.0[l].to_f64() + xm.0[l].to_f64()),
-                                0.5 * (yn.0[l].to_f64() + ym.0[l].to_f64()),
-                                0.5 * (zn.0[l].to_f64() + zm.0[l].to_f64()),
-                            ]);
-                            for k in 0..3 {
-                                bl[k].0[l] = T::of(t[k]);
-                            }
-                        }
-                    }
-                }
-                (bm, bl)
-            }
-            (field, None) => {
+        // The fields the seed's two estimates measure (see `seed_fields`): the three-hit
+        // curvature's and the last two hits' bending.
+        let (b_mid, b_last) = match &self.field {
+            Field::Uniform { b_tesla } => (b_tesla.map(P::of), b_tesla.map(P::of)),
+            field => {
                 let mut bm = [P::of(0.0); 3];
                 let mut bl = bm;
                 for l in 0..L {
-                    let m = field.at([xb.0[l].to_f64(), yb.0[l].to_f64(), zb.0[l].to_f64()]);
-                    let t = field.at([
-                        0.5 * (xn.0[l].to_f64() + xm.0[l].to_f64()),
-                        0.5 * (yn.0[l].to_f64() + ym.0[l].to_f64()),
-                        0.5 * (zn.0[l].to_f64() + zm.0[l].to_f64()),
-                    ]);
+                    let at = |x: &P<T, L>, y: &P<T, L>, z: &P<T, L>| {
+                        [x.0[l].to_f64(), y.0[l].to_f64(), z.0[l].to_f64()]
+                    };
+                    let (m, t) = seed_fields(
+                        field,
+                        [at(&xa, &ya, &za), at(&xb, &yb, &zb), at(&xn, &yn, &zn)],
+                        at(&xm, &ym, &zm),
+                    );
                     for k in 0..3 {
                         bm[k].0[l] = T::of(m[k]);
                         bl[k].0[l] = T::of(t[k]);
@@ -1070,6 +1040,69 @@ impl KalmanFitter {
         self.fit_lanes::<f64, 1>(&[hits], &mut o);
         o[0]
     }
+}
+
+/// Field samples per straight segment in [`seed_fields`].
+pub const SEED_FIELD_SAMPLES: usize = 3;
+
+/// The mean fields the seed's two estimates measure, in double precision from the map.
+///
+/// The three-hit curvature from hits `a`, `b`, `n` (the second difference of the
+/// positions over their z) is the mean of x'' along the track weighted by a tent that
+/// rises from 0 at `a` to 1 at `b` and falls to 0 at `n`; x'' is proportional to q/p
+/// times the field, so the q/p it gives is right only with the field averaged by the same
+/// tent. Likewise the slope at `n` differs from the chord slope of `m` and `n` by the
+/// field averaged with a weight rising from 0 at `m` to 1 at `n`. The field at the middle
+/// hit alone is a fair stand-in in a uniform field and a poor one where the field
+/// concentrates between planes or changes sign along the track: there a seed off by more
+/// than its prior width left the fit biased (q/p pulls 2.6 wide in a field that reverses
+/// between the planes). Each average is taken by the midpoint rule,
+/// [`SEED_FIELD_SAMPLES`] points per straight segment (a -> b, b -> n; m -> n): the seed
+/// needs only to fall well inside the q/p prior for the filter's linearisation, and more
+/// samples changed the pulls by under 0.05 on that field.
+///
+/// `kernels/kalman_fit.cu` (`seed_fields`) computes the same, in the same order.
+pub fn seed_fields(field: &Field, abn: [[f64; 3]; 3], m: [f64; 3]) -> ([f64; 3], [f64; 3]) {
+    let [a, b, n] = abn;
+    let ns = SEED_FIELD_SAMPLES as f64;
+    let lerp = |p0: [f64; 3], p1: [f64; 3], f: f64| {
+        [
+            p0[0] + f * (p1[0] - p0[0]),
+            p0[1] + f * (p1[1] - p0[1]),
+            p0[2] + f * (p1[2] - p0[2]),
+        ]
+    };
+    let mut tent = [0.0f64; 3];
+    let mut tent_w = 0.0f64;
+    for (p0, p1, rising) in [(a, b, true), (b, n, false)] {
+        let len = p1[2] - p0[2];
+        for i in 0..SEED_FIELD_SAMPLES {
+            let f = (i as f64 + 0.5) / ns;
+            let w = (if rising { f } else { 1.0 - f }) * len;
+            let bf = field.at(lerp(p0, p1, f));
+            for k in 0..3 {
+                tent[k] += w * bf[k];
+            }
+            tent_w += w;
+        }
+    }
+    let mut ramp = [0.0f64; 3];
+    let mut ramp_w = 0.0f64;
+    for i in 0..SEED_FIELD_SAMPLES {
+        let f = (i as f64 + 0.5) / ns;
+        let bf = field.at(lerp(m, n, f));
+        for k in 0..3 {
+            ramp[k] += f * bf[k];
+        }
+        ramp_w += f;
+    }
+    // Hits on one z (not seedable, refused later): the field at the middle hit.
+    let tent = if tent_w > 0.0 {
+        tent.map(|v| v / tent_w)
+    } else {
+        field.at(b)
+    };
+    (tent, ramp.map(|v| v / ramp_w))
 }
 
 /// Curvature terms `(Ax, Ay)` of the equations of motion per lane (see [`bending`]).
