@@ -247,13 +247,8 @@ struct ReportArgs {
     #[arg(long, value_delimiter = ',', conflicts_with = "roi_sphere_mm")]
     roi_sources: Option<Vec<u32>>,
     /// EEG: region of interest as a sphere `X,Y,Z,RADIUS` in mm (instead of --config).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        num_args = 1,
-        allow_negative_numbers = true
-    )]
-    roi_sphere_mm: Option<Vec<f64>>,
+    #[arg(long, allow_hyphen_values = true, value_name = "X,Y,Z,RADIUS")]
+    roi_sphere_mm: Option<String>,
     /// EEG: the region's sliding window (with --roi-sources / --roi-sphere-mm).
     #[arg(long, default_value_t = 100.0)]
     roi_window_ms: f64,
@@ -734,9 +729,20 @@ fn report_roi(
         refractory_ms: a.roi_refractory_ms,
     };
     let roi = match (&a.roi_sphere_mm, &a.roi_sources) {
-        (Some(v), _) => {
+        (Some(text), _) => {
+            let v: Vec<f64> = text
+                .split(',')
+                .map(|x| x.trim().parse::<f64>())
+                .collect::<Result<_, _>>()
+                .map_err(|_| {
+                    anyhow::anyhow!(
+                        "--roi-sphere-mm {text:?}: give X,Y,Z,RADIUS in mm, e.g. -30,-20,50,15"
+                    )
+                })?;
             let [x, y, z, r] = v[..] else {
-                anyhow::bail!("--roi-sphere-mm takes X,Y,Z,RADIUS in mm (four numbers), got {v:?}");
+                anyhow::bail!(
+                    "--roi-sphere-mm {text:?}: give four numbers X,Y,Z,RADIUS in mm, e.g. -30,-20,50,15"
+                );
             };
             Some(from_flags(
                 Some(RoiSphere {

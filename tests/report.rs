@@ -50,7 +50,12 @@ fn svg(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let doc = roxmltree::Document::parse(&text)
         .unwrap_or_else(|e| panic!("{} is not XML: {e}", path.display()));
-    assert_eq!(doc.root_element().tag_name().name(), "svg", "{}", path.display());
+    assert_eq!(
+        doc.root_element().tag_name().name(),
+        "svg",
+        "{}",
+        path.display()
+    );
     text
 }
 
@@ -70,7 +75,10 @@ fn check_page(out: &Path, expected: &[&str]) -> Vec<String> {
     let pictures = pictures_of(&html);
     let named: HashSet<&str> = pictures.iter().map(String::as_str).collect();
     for e in expected {
-        assert!(named.contains(e), "index.html does not show {e}: {pictures:?}");
+        assert!(
+            named.contains(e),
+            "index.html does not show {e}: {pictures:?}"
+        );
     }
     for p in &pictures {
         let text = svg(&out.join(p));
@@ -154,8 +162,9 @@ fn a_tracking_replay_gives_a_page_with_the_run_and_event_displays() {
         ],
     );
     let html = std::fs::read_to_string(out.join("index.html")).unwrap();
-    // Sections left out say what to pass.
-    assert!(html.contains("--sources-out") && html.contains("--eval DIR"), "{html}");
+    // A section left out says what to pass; the EEG one is not offered to a tracking run.
+    assert!(html.contains("pass --eval DIR"), "{html}");
+    assert!(!html.contains("EEG source map"), "{html}");
 
     let histogram = svg(&out.join("latency_histogram.svg"));
     assert!(bars(&histogram) >= 1, "the latency histogram has no bars");
@@ -235,6 +244,10 @@ fn an_eeg_replay_gives_the_roi_statistic_and_the_source_map() {
     ]);
     check_page(&out, &["roi_statistic.svg", "source_map.svg"]);
     let html = std::fs::read_to_string(out.join("index.html")).unwrap();
+    assert!(
+        !html.contains("Event display"),
+        "tracking sections are not offered"
+    );
     // The statistic recomputed from the source estimates fires in the blocks the daemon
     // accepted.
     assert!(
@@ -292,7 +305,11 @@ fn a_malformed_decision_log_is_refused_naming_the_line() {
     let dir = tempfile::tempdir().unwrap();
     let decisions = dir.path().join("d.jsonl");
     let good = "{\"seq\":0,\"source\":\"s\",\"workload\":\"tracking\",\"outcome\":\"accept\",\"lines\":[\"track\"],\"latency_us\":12.5,\"backend\":\"cpu\"}";
-    std::fs::write(&decisions, format!("{good}\n{good}\n{{\"seq\":2,\"outcome\n")).unwrap();
+    std::fs::write(
+        &decisions,
+        format!("{good}\n{good}\n{{\"seq\":2,\"outcome\n"),
+    )
+    .unwrap();
     let out = dir.path().join("report");
     let (code, _, stderr) = trigd(&["report", "--decisions", s(&decisions), "--out", s(&out)]);
     assert_ne!(code, 0);

@@ -141,7 +141,9 @@ pub fn write_report(inputs: &ReportInputs) -> Result<Written, ReportError> {
         source,
     })?;
     let mut sections = Vec::new();
+    // Sections left out are listed for the workloads the log has.
     let mut missing = Vec::new();
+    let has = |workload: &str| records.iter().any(|r| r.workload == workload);
 
     let bin = inputs
         .bin_decisions
@@ -158,20 +160,22 @@ pub fn write_report(inputs: &ReportInputs) -> Result<Written, ReportError> {
             &t.chosen,
             &inputs.out,
         )?),
-        _ => missing.push(
+        _ if has("tracking") => missing.push(
             "Event display: pass --tracks-out tracks.csv (the replay's) --events DIR (the \
              TrackML CSV directory it read) --geometry DET.toml"
                 .to_string(),
         ),
+        _ => {}
     }
 
     match &inputs.eval {
         Some(dir) => sections.push(eval_section(dir, &inputs.out)?),
-        None => missing.push(
+        None if has("tracking") => missing.push(
             "Tracking physics: pass --eval DIR (the directory `trigd eval tracking --plots DIR` \
              wrote)"
                 .to_string(),
         ),
+        None => {}
     }
 
     let s = &inputs.sources;
@@ -183,12 +187,13 @@ pub fn write_report(inputs: &ReportInputs) -> Result<Written, ReportError> {
             s,
             &inputs.out,
         )?),
-        _ => missing.push(
+        _ if has("eeg") => missing.push(
             "EEG source map: pass --sources-out sources.npy (the replay's) --src \
              source_pos.npy, and the run's region of interest with --config FILE ([eeg.roi]) \
              or --roi-sources / --roi-sphere-mm"
                 .to_string(),
         ),
+        _ => {}
     }
 
     let index = inputs.out.join("index.html");
@@ -341,7 +346,8 @@ pub(crate) mod style {
 /// large or small values.
 pub(crate) fn tick(v: f64) -> String {
     let a = v.abs();
-    if a < 1e-12 {
+    if a == 0.0 {
+        // Exactly: EEG powers in MNE's units are about 1e-18.
         "0".into()
     } else if !(1e-3..1e5).contains(&a) {
         format!("{v:.1e}")

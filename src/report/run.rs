@@ -215,7 +215,8 @@ impl LatencyAxis {
         }
     }
     /// Axis range around `[lo_us, hi_us]` with a margin.
-    fn range(self, lo_us: f64, hi_us: f64) -> std::ops::Range<f64> {
+    /// Room at the top for the legend: `headroom`, a fraction of the span.
+    fn range(self, lo_us: f64, hi_us: f64, headroom: f64) -> std::ops::Range<f64> {
         let (a, b) = (self.to_axis(lo_us), self.to_axis(hi_us));
         let pad = ((b - a) * 0.08).max(if self.log {
             0.05
@@ -227,7 +228,8 @@ impl LatencyAxis {
         } else {
             (a - pad).max(0.0)
         };
-        lo..b + pad
+        let hi = b + pad;
+        lo..hi + (hi - lo) * headroom
     }
     fn desc(self) -> &'static str {
         if self.log {
@@ -277,7 +279,7 @@ fn latency_histogram(
         hi_us.max(1.0)
     };
     let axis = LatencyAxis::for_range(lo_us, hi_us);
-    let x_range = axis.range(lo_us, hi_us);
+    let x_range = axis.range(lo_us, hi_us, 0.0);
     // Trigger latencies have long tails: bins even in log10 when the span is wide.
     let n_bins = 40usize;
     let width = (x_range.end - x_range.start) / n_bins as f64;
@@ -286,7 +288,8 @@ fn latency_histogram(
         let b = ((axis.to_axis(l) - x_range.start) / width).floor();
         counts[(b.max(0.0) as usize).min(n_bins - 1)] += 1;
     }
-    let y_max = counts.iter().copied().max().unwrap_or(1).max(1) as f64 * 1.2;
+    // Head room above the bars for the legend.
+    let y_max = counts.iter().copied().max().unwrap_or(1).max(1) as f64 * 1.45;
     let mut chart = ChartBuilder::on(&root)
         .margin(20)
         .caption(
@@ -360,7 +363,7 @@ fn latency_over_time(
         )
         .x_label_area_size(50)
         .y_label_area_size(65)
-        .build_cartesian_2d(0.0..n.max(1) as f64, axis.range(lo_us, hi_us))?;
+        .build_cartesian_2d(0.0..n.max(1) as f64, axis.range(lo_us, hi_us, 0.35))?;
     labelled_mesh(
         &mut chart,
         "decision number (order of the log)",
@@ -412,13 +415,20 @@ fn outcomes_over_time(
         )
         .x_label_area_size(50)
         .y_label_area_size(65)
-        .build_cartesian_2d(0.0..n.max(1) as f64, 0.0..1.12)?;
+        .build_cartesian_2d(0.0..n.max(1) as f64, 0.0..1.4)?;
     labelled_mesh(
         &mut chart,
         "decision number (order of the log)",
         "fraction of the bin's decisions",
         &whole,
-        &|v| super::tick(*v),
+        // The space above 1 holds the legend; no fraction lives there.
+        &|v| {
+            if *v > 1.0 + 1e-9 {
+                String::new()
+            } else {
+                super::tick(*v)
+            }
+        },
     )?;
     for o in Outcome::ALL {
         let k = o.code() as usize;
@@ -438,7 +448,7 @@ fn outcomes_over_time(
             });
         chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, colour.filled())))?;
     }
-    legend(&mut chart, SeriesLabelPosition::MiddleRight)?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     root.present()?;
     Ok(())
 }
@@ -472,6 +482,7 @@ fn fraction_bars(
         .disable_x_mesh()
         .x_labels(n)
         .x_label_formatter(&label)
+        .y_label_formatter(&|v| super::tick(*v))
         .y_desc(y_desc)
         .axis_desc_style(("sans-serif", AXIS_DESC))
         .label_style(("sans-serif", AXIS_DESC))

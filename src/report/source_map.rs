@@ -50,7 +50,8 @@ pub fn roi_series(
         Some(r) => (
             r.resolve(positions_m)?,
             r.trigger(fs_hz)?,
-            Some(r.threshold),
+            // f64::MAX: a region without a threshold (`--roi-sources` and no `--roi-threshold`).
+            Some(r.threshold).filter(|&t| t < f64::MAX),
         ),
         None => {
             let all = RoiConfig {
@@ -182,6 +183,14 @@ pub fn section(
         None => peak_sample(&series),
     };
     let power = power_at(&amplitudes, n_times, t_map, series.window_samples);
+    if !(power.iter().chain(&series.statistic).all(|v| v.is_finite())) {
+        return Err(ReportError::Input {
+            path: sources_path.to_path_buf(),
+            reason: "source power overflows (amplitudes beyond 1e154): not source estimates \
+                     of a replay"
+                .into(),
+        });
+    }
 
     // Accepted EEG blocks of the log, as time spans.
     let block_s = block_samples as f64 / fs_hz;
@@ -331,12 +340,18 @@ fn statistic_plot(
 ) -> Result<(), Box<dyn Error>> {
     root.fill(&WHITE)?;
     let finite = s.statistic.iter().copied().filter(|v| v.is_finite());
-    let mut y_max = finite.fold(0.0, f64::max);
-    if let Some(th) = s.threshold {
-        y_max = y_max.max(th);
-    }
+    let data_max = finite.fold(0.0, f64::max);
+    // A threshold far above the data would flatten the curve: drawn only within reach.
+    let threshold = s
+        .threshold
+        .filter(|&th| th.is_finite() && th > 0.0 && (data_max == 0.0 || th <= 10.0 * data_max));
+    let y_max = threshold.map_or(data_max, |th| data_max.max(th));
     // Head room above the curve for the legend.
-    let y_max = if y_max > 0.0 { y_max * 1.5 } else { 1.0 };
+    let y_max = if y_max > 0.0 && (y_max * 1.5).is_finite() {
+        y_max * 1.5
+    } else {
+        1.0
+    };
     let t_end = s.statistic.len().max(1) as f64 / fs_hz;
     let mut chart = ChartBuilder::on(&root)
         .margin(20)
@@ -377,7 +392,7 @@ fn statistic_plot(
         .draw_series(LineSeries::new(points, line.stroke_width(2)))?
         .label(format!("statistic ({}-sample window)", s.window_samples))
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], line.stroke_width(2)));
-    if let Some(th) = s.threshold {
+    if let Some(th) = threshold {
         let red = RGBColor(0xd6, 0x27, 0x28);
         chart
             .draw_series(DashedLineSeries::new(
@@ -610,6 +625,16 @@ mod tests {
         assert_eq!(s.statistic, vec![5.0, 5.0]);
         assert!(s.fired.is_empty());
         assert_eq!(s.threshold, None);
+        // A region given without a threshold (f64::MAX) has none to draw either.
+        let roi = RoiConfig {
+            sphere: None,
+            sources: Some(vec![0]),
+            window_ms: 10.0,
+            threshold: f64::MAX,
+            refractory_ms: 0.0,
+        };
+        let s = roi_series(&a, 2, &line_of_sources(2), Some(&roi), 100.0).unwrap();
+        assert_eq!((s.statistic.clone(), s.threshold), (vec![1.0, 9.0], None));
         assert_eq!(s.roi, vec![0, 1]);
     }
 
