@@ -38,9 +38,13 @@ pub fn section(records: &[Record], per_bin: usize, out: &Path) -> Result<Section
     pictures.push(Picture {
         file: "latency_histogram.svg".into(),
         caption: format!(
-            "Latency from arrival to decision of all {} decisions (logarithmic bins), with \
-             p50 {:.1} µs, p99 {:.1} µs and max {:.1} µs.",
-            t.decisions, t.p50_us, t.p99_us, t.max_us
+            "Latency from arrival to decision of all {} (bins even in the logarithm when the \
+             latencies span more than a decade), with p50 {:.1} µs, p99 {:.1} µs and max \
+             {:.1} µs.",
+            super::count(t.decisions, "decision"),
+            t.p50_us,
+            t.p99_us,
+            t.max_us
         ),
     });
 
@@ -51,8 +55,8 @@ pub fn section(records: &[Record], per_bin: usize, out: &Path) -> Result<Section
     pictures.push(Picture {
         file: "latency_over_time.svg".into(),
         caption: format!(
-            "Latency quantiles in bins of {per_bin} consecutive decisions, in the order of \
-             the log."
+            "Latency quantiles in bins of {} in the order of the log.",
+            super::count(per_bin, "decision")
         ),
     });
 
@@ -63,8 +67,9 @@ pub fn section(records: &[Record], per_bin: usize, out: &Path) -> Result<Section
     pictures.push(Picture {
         file: "outcomes_over_time.svg".into(),
         caption: format!(
-            "Fraction of each outcome in bins of {per_bin} consecutive decisions; the dropped \
-             fraction is the drop rate. Outcomes that never occurred are left out."
+            "Fraction of each outcome in bins of {} in the order of the log; the dropped \
+             fraction is the drop rate. Outcomes that never occurred are left out.",
+            super::count(per_bin, "decision")
         ),
     });
 
@@ -108,7 +113,7 @@ pub fn section(records: &[Record], per_bin: usize, out: &Path) -> Result<Section
     })?;
     pictures.push(Picture {
         file: "backend_share.svg".into(),
-        caption: "Which backend decided each frame (`none`: dropped or malformed frames, \
+        caption: "Which backend decided each frame (\"none\": dropped or malformed frames, \
                   decided without reconstruction)."
             .into(),
     });
@@ -144,9 +149,9 @@ fn totals_html(t: &log::Totals, backends: &[(String, usize)]) -> String {
         h.push_str(&row(&[name.into(), format!("{v:.1}")]));
     }
     h.push_str("</table>\n");
-    let _ = write!(
+    let _ = writeln!(
         h,
-        "<p>Sources: {}. Workloads: {}.</p>\n",
+        "<p>Sources: {}. Workloads: {}.</p>",
         t.sources
             .iter()
             .map(|s| format!("<code>{}</code>", escape(s)))
@@ -207,7 +212,7 @@ impl LatencyAxis {
             us
         }
     }
-    fn from_axis(self, v: f64) -> f64 {
+    fn us_at(self, v: f64) -> f64 {
         if self.log {
             10f64.powf(v)
         } else {
@@ -239,7 +244,7 @@ impl LatencyAxis {
         }
     }
     fn label(self) -> impl Fn(&f64) -> String {
-        move |v: &f64| super::tick(self.from_axis(*v))
+        move |v: &f64| super::tick(self.us_at(*v))
     }
 }
 

@@ -215,7 +215,7 @@ pub fn section(
              the sample of the map.",
             series.roi.len(),
             match series.threshold {
-                Some(th) => format!("with the threshold {th:e} (red)"),
+                Some(th) => format!("with the threshold {} (red)", super::tick(th)),
                 None => "no region of interest configured, so no threshold".into(),
             }
         ),
@@ -240,7 +240,8 @@ pub fn section(
         caption: format!(
             "Source power (amplitude², mean over the {window_ms:.1} ms window ending at \
              t = {:.4} s, sample {t_map}) of all {n_sources} sources, seen from the side \
-             (sagittal), the back (coronal) and above (axial), head coordinates in mm. Red \
+             (sagittal), the back (coronal) and above (axial), head coordinates in mm; along each \
+             line of sight the strongest source is drawn on top. Red \
              rings: the region of interest; black cross: the strongest source ({strongest}, \
              at {:.0}, {:.0}, {:.0} mm).",
             t_map as f64 / fs_hz,
@@ -625,6 +626,7 @@ mod tests {
         assert_eq!(s.statistic, vec![5.0, 5.0]);
         assert!(s.fired.is_empty());
         assert_eq!(s.threshold, None);
+        assert_eq!(s.roi, vec![0, 1]);
         // A region given without a threshold (f64::MAX) has none to draw either.
         let roi = RoiConfig {
             sphere: None,
@@ -633,9 +635,8 @@ mod tests {
             threshold: f64::MAX,
             refractory_ms: 0.0,
         };
-        let s = roi_series(&a, 2, &line_of_sources(2), Some(&roi), 100.0).unwrap();
-        assert_eq!((s.statistic.clone(), s.threshold), (vec![1.0, 9.0], None));
-        assert_eq!(s.roi, vec![0, 1]);
+        let given = roi_series(&a, 2, &line_of_sources(2), Some(&roi), 100.0).unwrap();
+        assert_eq!((given.statistic, given.threshold), (vec![1.0, 9.0], None));
     }
 
     #[test]
