@@ -1,4 +1,4 @@
-//! The command line: `trigd run | replay | send | record | convert | simulate | eval | check`.
+//! The command line: `trigd run | replay | send | record | convert | simulate | eval | check | top | report`.
 //! Parsing and flag-to-configuration overlay live here; the work is in the library.
 
 use std::io::IsTerminal;
@@ -53,6 +53,8 @@ enum Command {
     Check(CheckArgs),
     /// Write an HTML page of pictures from what a run left: decision log, tracks, source estimates.
     Report(ReportArgs),
+    /// A running daemon at a glance: rates, outcomes, latency, rings, sinks, backend.
+    Top(TopArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -270,6 +272,19 @@ struct ReportArgs {
 }
 
 #[derive(Args, Debug)]
+struct TopArgs {
+    /// The daemon's metrics endpoint (its `--metrics-addr`).
+    #[arg(long, default_value = "127.0.0.1:9187")]
+    metrics_addr: std::net::SocketAddr,
+    /// Time between refreshes, milliseconds (the rates are over this interval).
+    #[arg(long, default_value_t = 1000)]
+    interval_ms: u64,
+    /// Print one screen (after two scrapes an interval apart) and exit.
+    #[arg(long)]
+    once: bool,
+}
+
+#[derive(Args, Debug)]
 struct CheckArgs {
     /// Configuration file to validate.
     #[arg(long)]
@@ -372,6 +387,14 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Report(a) => cmd_report(a),
+        Command::Top(a) => {
+            crate::top::run(
+                a.metrics_addr,
+                std::time::Duration::from_millis(a.interval_ms.max(10)),
+                a.once,
+            )?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Check(a) => {
             let cfg = Config::from_file(&a.config)?;
             println!(
@@ -521,6 +544,7 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
             deadlines: true,
             serve_metrics: true,
             reload_on_hup: true,
+            notify: true,
             progress_total: None,
             outputs: Outputs::default(),
         },
@@ -619,6 +643,7 @@ fn cmd_replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
             deadlines: a.speed != Speed::Max,
             serve_metrics: a.metrics_addr.is_some(),
             reload_on_hup: false,
+            notify: false,
             progress_total: if show_progress { total } else { None },
             outputs: Outputs {
                 tracks_out: a.tracks_out,

@@ -29,6 +29,8 @@ pub struct Options {
     pub serve_metrics: bool,
     /// Handle SIGHUP (reload thresholds) in addition to SIGINT/SIGTERM.
     pub reload_on_hup: bool,
+    /// Speak systemd's notification protocol when `$NOTIFY_SOCKET` is set (the daemon).
+    pub notify: bool,
     /// Show a progress bar for this many frames (a terminal replay).
     pub progress_total: Option<u64>,
     /// Workload outputs.
@@ -168,6 +170,20 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
         }
     };
 
+    let notify = if opts.notify {
+        crate::notify::Notifier::from_env()
+            .context("connecting to the service manager's $NOTIFY_SOCKET")?
+            .map(Arc::new)
+    } else {
+        None
+    };
+    if let Some(n) = &notify {
+        tracing::info!(
+            watchdog_ms = n.watchdog().map(|d| d.as_millis() as u64),
+            "notifying the service manager"
+        );
+    }
+
     let mut daemon_cfg = cfg.daemon.clone();
     daemon_cfg.workers = plan.workers();
     // Frames that may legitimately be between arrival and decision while running: the slot
@@ -187,6 +203,7 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
         ready: Some(ready.clone()),
         progress: progress_cb,
         reopen: Some(reopen),
+        notify,
     };
     let started = Instant::now();
     let make = |w: usize| plan.make(w);

@@ -155,13 +155,14 @@ fn text(status: u16, body: &str) -> Response<io::Cursor<Vec<u8>>> {
 
 fn respond(req: Request, metrics: &Metrics, ready: &AtomicBool) {
     let is_get = matches!(req.method(), Method::Get | Method::Head);
-    // Ignore the query string.
-    let path = req.url().split('?').next().unwrap_or("");
+    // The query string: only `peaks=keep` means something (to `/metrics`).
+    let (path, query) = req.url().split_once('?').unwrap_or((req.url(), ""));
+    let take_peaks = !query.split('&').any(|kv| kv == "peaks=keep");
     let resp = match (is_get, path) {
         (false, "/metrics" | "/healthz" | "/readyz") => {
             text(405, "method not allowed\n").with_header(header("Allow", "GET, HEAD"))
         }
-        (true, "/metrics") => match metrics.render() {
+        (true, "/metrics") => match metrics.render_with(take_peaks) {
             Ok(body) => {
                 Response::from_string(body).with_header(header("Content-Type", TEXT_CONTENT_TYPE))
             }

@@ -759,8 +759,17 @@ impl Metrics {
 
     /// Text exposition format (0.0.4) of every family; refreshes the accounting gauges first.
     pub fn render(&self) -> Result<String, MetricsError> {
+        self.render_with(true)
+    }
+
+    /// As [`Metrics::render`]; with `take_peaks` false the ring peaks are left for the next
+    /// scrape (`/metrics?peaks=keep`, what `trigd top` asks for, so that a terminal
+    /// watching the daemon does not take the bursts from Prometheus's view).
+    pub fn render_with(&self, take_peaks: bool) -> Result<String, MetricsError> {
         let _ = self.check_accounting(None);
-        self.refresh_rings();
+        if take_peaks {
+            self.refresh_rings();
+        }
         let families = self.registry.gather();
         let mut buf = Vec::with_capacity(16 * 1024);
         TextEncoder::new()

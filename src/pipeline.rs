@@ -278,6 +278,9 @@ pub struct Runtime<'a> {
     pub progress: Option<Box<dyn Fn(u64) + Send>>,
     /// Set (by SIGHUP) to reopen the decision logs; the decision thread clears it.
     pub reopen: Option<Arc<AtomicBool>>,
+    /// The service manager's notification socket (`trigd run` under systemd): readiness,
+    /// status, drain and watchdog pings from the decision thread.
+    pub notify: Option<Arc<crate::notify::Notifier>>,
 }
 
 /// What the decision thread owns.
@@ -295,6 +298,8 @@ struct DecideCtx<'a> {
     stop: Arc<AtomicBool>,
     /// Set while a blocking sink pauses the decision thread (sources drop `sink_blocked`).
     sink_blocked: Arc<AtomicBool>,
+    /// systemd's watchdog, pinged from the decision loop while the pipeline progresses.
+    watchdog: Option<crate::notify::Watchdog>,
 }
 
 struct SideRecord {
@@ -379,6 +384,7 @@ pub fn run(
         ready,
         progress,
         reopen,
+        notify,
     } = rt;
     let workers = daemon.workers.max(1);
     let slots = daemon.ring_slots;
@@ -400,6 +406,9 @@ pub fn run(
     names.lines = backends[0].line_names().to_vec();
     let names = Arc::new(names);
     let sink_blocked = Arc::new(AtomicBool::new(false));
+    let heartbeats = crate::notify::Heartbeats::new(workers);
+    let watchdog = notify
+        .map(|n| crate::notify::Watchdog::new(n, heartbeats.clone(), backends[0].kind().as_str()));
     let mut dctx = DecideCtx {
         sinks: make_sinks(&names)?,
         on_decision,
@@ -412,6 +421,7 @@ pub fn run(
         reopen,
         stop: stop.clone(),
         sink_blocked: sink_blocked.clone(),
+        watchdog,
     };
 
     // Rings: per input, a free-slot ring (decision thread -> source) and one work ring per
@@ -534,6 +544,8 @@ pub fn run(
                 reload: rrx,
                 failovers: failovers.clone(),
                 load: load.clone(),
+                heartbeats: heartbeats.clone(),
+                index: w,
             };
             let live = workers_live.clone();
             worker_handles.push(
@@ -569,6 +581,9 @@ pub fn run(
         }
         if let Some(r) = &ready {
             r.store(true, Ordering::Release);
+        }
+        if let Some(w) = dctx.watchdog.as_mut() {
+            w.ready(n_inputs);
         }
 
         // The decision thread is this one.
@@ -938,6 +953,9 @@ struct WorkerCtx {
     reload: Receiver<Arc<Config>>,
     failovers: Arc<AtomicU64>,
     load: Arc<Load>,
+    /// Marks this worker busy while it is inside a batch (the watchdog's view of it).
+    heartbeats: Arc<crate::notify::Heartbeats>,
+    index: usize,
 }
 
 fn expected_kind(w: Workload) -> FrameKind {
@@ -1012,6 +1030,7 @@ fn run_worker(mut ctx: WorkerCtx) {
             continue;
         }
         idle.reset();
+        ctx.heartbeats.begin(ctx.index);
         process_batch(
             &mut ctx,
             &mut batch,
@@ -1020,6 +1039,7 @@ fn run_worker(mut ctx: WorkerCtx) {
             budget,
             first_at,
         );
+        ctx.heartbeats.end(ctx.index);
     }
 }
 
@@ -1298,6 +1318,9 @@ fn decide_loop(
             }
         }
         update_readiness(rt);
+        if let Some(w) = rt.watchdog.as_mut() {
+            w.tick(decided, rt.stop.load(Ordering::Relaxed));
+        }
     }
     for s in rt.sinks.iter_mut() {
         let t = s.finish(names, &*rt.observer);
@@ -1474,7 +1497,124 @@ mod tests {
             ready: None,
             progress: None,
             reopen: None,
+            notify: None,
         }
+    }
+
+    /// A worker wedged inside one batch withholds systemd's watchdog pings from the
+    /// decision thread until it returns; the run still decides every frame.
+    #[test]
+    fn a_wedged_worker_withholds_the_watchdog_pings() {
+        struct Wedge {
+            names: Vec<String>,
+            batches: usize,
+        }
+        impl Backend for Wedge {
+            fn kind(&self) -> BackendKind {
+                BackendKind::Cpu
+            }
+            fn line_names(&self) -> &[String] {
+                &self.names
+            }
+            fn process(
+                &mut self,
+                batch: &[FrameView<'_>],
+                out: &mut Vec<crate::backend::Verdict>,
+            ) -> Result<(), crate::backend::BackendError> {
+                self.batches += 1;
+                // The second batch hangs for 800 ms, four manager periods' worth of pings.
+                std::thread::sleep(Duration::from_millis(if self.batches == 2 {
+                    800
+                } else {
+                    20
+                }));
+                out.extend(batch.iter().map(|_| crate::backend::Verdict::default()));
+                Ok(())
+            }
+            fn reload(&mut self, _: &Config) -> Result<(), String> {
+                Ok(())
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify.sock");
+        let manager = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+        manager
+            .set_read_timeout(Some(Duration::from_millis(20)))
+            .unwrap();
+        let notifier = crate::notify::Notifier::connect(
+            path.to_str().unwrap(),
+            Some(Duration::from_millis(200)),
+        )
+        .unwrap();
+        let out = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut rt = runtime(Collect(out.clone()), 1);
+        rt.daemon.batch_max = 4;
+        rt.notify = Some(Arc::new(notifier));
+        let input = Input {
+            name: "file".into(),
+            kind: InputKind::File(
+                Box::new(VecFeed {
+                    frames: frames(80),
+                    next: 0,
+                }),
+                Speed::Max,
+            ),
+        };
+        let started = Instant::now();
+        let done = Arc::new(AtomicBool::new(false));
+        let listen = {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let mut got: Vec<(Duration, String)> = Vec::new();
+                let mut buf = [0u8; 256];
+                while !done.load(Ordering::Relaxed) {
+                    if let Ok(n) = manager.recv(&mut buf) {
+                        let m = String::from_utf8_lossy(&buf[..n]).into_owned();
+                        got.push((started.elapsed(), m));
+                    }
+                }
+                got
+            })
+        };
+        let s = run(
+            rt,
+            vec![input],
+            &|_| {
+                Ok(Box::new(Wedge {
+                    names: Vec::new(),
+                    batches: 0,
+                }) as Box<dyn Backend>)
+            },
+            None,
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        done.store(true, Ordering::Relaxed);
+        assert_eq!(s.frames_in(), 80);
+        assert!(s.balanced());
+        let got = listen.join().unwrap();
+        let text: Vec<&str> = got.iter().map(|(_, m)| m.as_str()).collect();
+        assert!(text[0].starts_with("READY=1"), "{text:?}");
+        let wedged = got
+            .iter()
+            .position(|(_, m)| m.starts_with("STATUS=worker 0 wedged"))
+            .unwrap_or_else(|| panic!("the wedge is reported: {text:?}"));
+        // Pings at 100 ms intervals except across the wedge: a gap of well over the
+        // manager's 200 ms period, then pings again.
+        let pings: Vec<Duration> = got
+            .iter()
+            .filter(|(_, m)| m == "WATCHDOG=1")
+            .map(|(t, _)| *t)
+            .collect();
+        let gap = pings.windows(2).map(|w| w[1] - w[0]).max().expect("pings");
+        assert!(
+            gap >= Duration::from_millis(500),
+            "largest gap {gap:?}: {text:?}"
+        );
+        assert!(
+            got[wedged + 1..].iter().any(|(_, m)| m == "WATCHDOG=1"),
+            "pings resume after the wedge: {text:?}"
+        );
     }
 
     #[test]

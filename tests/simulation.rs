@@ -409,6 +409,7 @@ fn simulate(sc: &Scenario) -> Result<Report, String> {
         ready: None,
         progress: None,
         reopen: None,
+        notify: None,
     };
     let inputs: Vec<Input> = streams
         .iter()

@@ -154,6 +154,7 @@ fn soak(admission: Admission, seconds: u64) -> Phase {
         ready: None,
         progress: None,
         reopen: None,
+        notify: None,
     };
     let input = Input {
         name: "udp0".into(),

@@ -36,8 +36,14 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn spawn(args: &[&str]) -> Daemon {
+        Daemon::spawn_with_env(args, &[])
+    }
+
+    /// As [`Daemon::spawn`], with extra environment variables.
+    pub fn spawn_with_env(args: &[&str], env: &[(&str, &str)]) -> Daemon {
         let mut child = Command::new(trigd_bin())
             .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
