@@ -745,6 +745,9 @@ fn report_roi(
         ),
         None => None,
     };
+    if a.block_samples.is_some_and(|n| !(1..=1 << 20).contains(&n)) {
+        anyhow::bail!("--block-samples must be in 1..=1048576 (the replay's samples per frame)");
+    }
     let block_samples = a.block_samples.or(block_samples);
     let from_flags = |sphere: Option<RoiSphere>, sources: Option<Vec<u32>>| RoiConfig {
         sphere,
