@@ -27,6 +27,13 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
   need_root systemctl disable --now prometheus >/dev/null 2>&1 || true
 fi
 
+# `trigd report` and `trigd eval --plots` draw their text with DejaVu Sans.
+if [ ! -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] && [ -z "${TRIGD_FONT:-}" ]; then
+  echo "setup: installing DejaVu Sans (Debian package 'fonts-dejavu-core') for the pictures"
+  need_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  need_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fonts-dejavu-core >/dev/null
+fi
+
 if [ "${1:-}" = "--python" ]; then
   python3 -m pip install -q -r fixtures/requirements.txt
 fi

@@ -1,4 +1,4 @@
-//! The command line: `trigd run | replay | send | record | convert | simulate | eval | check | top`.
+//! The command line: `trigd run | replay | send | record | convert | simulate | eval | check | top | report`.
 //! Parsing and flag-to-configuration overlay live here; the work is in the library.
 
 use std::io::IsTerminal;
@@ -51,6 +51,8 @@ enum Command {
     Eval(EvalCmd),
     /// Check a configuration file and exit.
     Check(CheckArgs),
+    /// Write an HTML page of pictures from what a run left: decision log, tracks, source estimates.
+    Report(ReportArgs),
     /// A running daemon at a glance: rates, outcomes, latency, rings, sinks, backend.
     Top(TopArgs),
 }
@@ -209,6 +211,67 @@ struct ConvertArgs {
 }
 
 #[derive(Args, Debug)]
+struct ReportArgs {
+    /// Decision log (JSON lines) the run wrote with `--decisions`.
+    #[arg(long)]
+    decisions: PathBuf,
+    /// Directory for index.html and the pictures (created if missing).
+    #[arg(long)]
+    out: PathBuf,
+    /// Decisions per bin in the pictures over the run (default: about 50 bins).
+    #[arg(long)]
+    bin_decisions: Option<usize>,
+    /// Tracking: the replay's `--tracks-out` (event_id,hit_id,track_id), for event displays.
+    #[arg(long)]
+    tracks_out: Option<PathBuf>,
+    /// Tracking: the TrackML CSV directory the replay read.
+    #[arg(long)]
+    events: Option<PathBuf>,
+    /// Tracking: detector geometry TOML (draws the planes).
+    #[arg(long)]
+    geometry: Option<PathBuf>,
+    /// Tracking: event to display (repeatable); default: the first accepted and the first rejected.
+    #[arg(long = "event")]
+    event: Vec<u64>,
+    /// Tracking: the directory `trigd eval tracking --plots DIR` wrote; its SVGs join the page.
+    #[arg(long)]
+    eval: Option<PathBuf>,
+    /// EEG: the replay's `--sources-out` (NPY [n_sources, n_samples]).
+    #[arg(long)]
+    sources_out: Option<PathBuf>,
+    /// EEG: source positions NPY [n_sources, 3], metres (the replay's `--src`).
+    #[arg(long)]
+    src: Option<PathBuf>,
+    /// EEG: the run's configuration; its [eeg.roi] (and [eeg] block_samples) are used.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// EEG: region of interest as source indices, e.g. `194,195,196` (instead of --config).
+    #[arg(long, value_delimiter = ',', conflicts_with = "roi_sphere_mm")]
+    roi_sources: Option<Vec<u32>>,
+    /// EEG: region of interest as a sphere `X,Y,Z,RADIUS` in mm (instead of --config).
+    #[arg(long, allow_hyphen_values = true, value_name = "X,Y,Z,RADIUS")]
+    roi_sphere_mm: Option<String>,
+    /// EEG: the region's sliding window (with --roi-sources / --roi-sphere-mm).
+    #[arg(long, default_value_t = 100.0)]
+    roi_window_ms: f64,
+    /// EEG: the trigger threshold (with --roi-sources / --roi-sphere-mm; default: none).
+    #[arg(long)]
+    roi_threshold: Option<f64>,
+    /// EEG: the refractory period (with --roi-sources / --roi-sphere-mm).
+    #[arg(long, default_value_t = 0.0)]
+    roi_refractory_ms: f64,
+    /// EEG: samples per frame of the replay (default: the configuration's, else 32).
+    #[arg(long)]
+    block_samples: Option<usize>,
+    /// EEG: sample rate of the source estimates (default: from the decisions' time stamps).
+    #[arg(long)]
+    sample_rate_hz: Option<f64>,
+    /// EEG: draw the source map at this sample (default: the peak of the ROI statistic).
+    #[arg(long)]
+    map_sample: Option<usize>,
+}
+
+#[derive(Args, Debug)]
 struct TopArgs {
     /// The daemon's metrics endpoint (its `--metrics-addr`).
     #[arg(long, default_value = "127.0.0.1:9187")]
@@ -323,6 +386,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             })?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Report(a) => cmd_report(a),
         Command::Top(a) => {
             crate::top::run(
                 a.metrics_addr,
@@ -659,5 +723,113 @@ fn cmd_convert(a: ConvertArgs) -> anyhow::Result<ExitCode> {
     }
     w.finish()?;
     println!("wrote {n} frames to {}", a.out.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The region of interest and block length for `report`: the flags' region, else the
+/// configuration's `[eeg.roi]`.
+fn report_roi(
+    a: &ReportArgs,
+) -> anyhow::Result<(Option<crate::eeg::roi::RoiConfig>, Option<usize>)> {
+    use crate::eeg::roi::{RoiConfig, RoiSphere};
+    let eeg = match &a.config {
+        Some(p) => Config::from_file(p)?.eeg,
+        None => None,
+    };
+    let block_samples = match eeg.as_ref().and_then(|t| t.get("block_samples")) {
+        Some(v) => Some(
+            v.as_integer()
+                .filter(|n| (1..=1 << 20).contains(n))
+                .context("eeg.block_samples must be an integer in 1..=1048576")?
+                as usize,
+        ),
+        None => None,
+    };
+    if a.block_samples.is_some_and(|n| !(1..=1 << 20).contains(&n)) {
+        anyhow::bail!("--block-samples must be in 1..=1048576 (the replay's samples per frame)");
+    }
+    let block_samples = a.block_samples.or(block_samples);
+    let from_flags = |sphere: Option<RoiSphere>, sources: Option<Vec<u32>>| RoiConfig {
+        sphere,
+        sources,
+        window_ms: a.roi_window_ms,
+        threshold: a.roi_threshold.unwrap_or(f64::MAX),
+        refractory_ms: a.roi_refractory_ms,
+    };
+    let roi = match (&a.roi_sphere_mm, &a.roi_sources) {
+        (Some(text), _) => {
+            let v: Vec<f64> = text
+                .split(',')
+                .map(|x| x.trim().parse::<f64>())
+                .collect::<Result<_, _>>()
+                .map_err(|_| {
+                    anyhow::anyhow!(
+                        "--roi-sphere-mm {text:?}: give X,Y,Z,RADIUS in mm, e.g. -30,-20,50,15"
+                    )
+                })?;
+            let [x, y, z, r] = v[..] else {
+                anyhow::bail!(
+                    "--roi-sphere-mm {text:?}: give four numbers X,Y,Z,RADIUS in mm, e.g. -30,-20,50,15"
+                );
+            };
+            Some(from_flags(
+                Some(RoiSphere {
+                    centre_mm: [x, y, z],
+                    radius_mm: r,
+                }),
+                None,
+            ))
+        }
+        (None, Some(s)) => Some(from_flags(None, Some(s.clone()))),
+        (None, None) => match eeg.as_ref().and_then(|t| t.get("roi")) {
+            Some(v) => Some(v.clone().try_into::<RoiConfig>().map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: [eeg.roi]: {e}",
+                    a.config
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default()
+                )
+            })?),
+            None => None,
+        },
+    };
+    if let Some(r) = &roi {
+        r.validate()?;
+    }
+    Ok((roi, block_samples))
+}
+
+fn cmd_report(a: ReportArgs) -> anyhow::Result<ExitCode> {
+    let (roi, block_samples) = report_roi(&a)?;
+    let inputs = crate::report::ReportInputs {
+        decisions: a.decisions,
+        out: a.out,
+        bin_decisions: a.bin_decisions,
+        tracks: crate::report::TracksInput {
+            tracks: a.tracks_out,
+            events: a.events,
+            geometry: a.geometry,
+            chosen: a.event,
+        },
+        eval: a.eval,
+        sources: crate::report::SourcesInput {
+            sources: a.sources_out,
+            positions: a.src,
+            roi,
+            sample_rate_hz: a.sample_rate_hz,
+            block_samples,
+            map_sample: a.map_sample,
+        },
+    };
+    let w = crate::report::write_report(&inputs)?;
+    println!(
+        "wrote {} with {} pictures",
+        w.index.display(),
+        w.pictures.len()
+    );
+    for m in &w.missing {
+        println!("not shown: {m}");
+    }
     Ok(ExitCode::SUCCESS)
 }

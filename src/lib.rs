@@ -22,6 +22,7 @@ pub mod npy;
 pub mod pipeline;
 pub mod record;
 pub mod recording;
+pub mod report;
 pub mod ring;
 pub mod send;
 pub mod sinks;

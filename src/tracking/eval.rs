@@ -867,7 +867,8 @@ pub fn write_plots(
     Ok(())
 }
 
-mod plot {
+/// The plots' drawing helpers; `trigd report` shares the font set-up.
+pub(crate) mod plot {
     use super::{EvalReport, PULL_BINS, PULL_RANGE};
     use plotters::coord::ranged1d::ValueFormatter;
     use plotters::coord::types::RangedCoordf64;
