@@ -743,9 +743,9 @@ fn left_doublets_outgoing<const AVX2: bool, const R: usize>(
 /// there, so a window per left doublet is not worth storing), or, on a seed plane, through
 /// the full search's phases. The chains that end on a seed plane are those of the full
 /// search; doublets and triplets no such chain reaches are never made. Upstream of the
-/// seed planes, where no chain of the pass can end, a triplet is kept only where the
-/// neighbour cut ([`super::neighbours::compatible`]) links it to one of the triplets found
-/// on the plane after it: any other is the end of a chain too short for the pass, and
+/// seed planes, where no chain of the pass can end, in a field that is not uniform, a
+/// triplet is kept only where the neighbour cut ([`super::neighbours::compatible`]) links
+/// it to one of the triplets found on the plane after it: any other is the end of a chain too short for the pass, and
 /// its left doublet is not followed further upstream (across a magnet whose upstream
 /// planes see no field, most triplets there bend by a q/p their continuation does not
 /// have). Triplets come out ordered by the plane of their middle hit.
@@ -1041,7 +1041,10 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
             let n = rights.start[ej - fj] as usize;
             rights.ids.resize(n, 0);
             rights.t2.resize(n, [0; 2]);
-            rights.downstream = true;
+            // In a uniform field a doublet's pointing measures q/p as the triplets do, its
+            // window and kink test hold a triplet to it and nearly all pass the neighbour
+            // cut (without a field all do): the test would cost more than it saves.
+            rights.downstream = cuts.uniform.is_none();
             let (mut k, end) = (block, buf.triplets.len());
             while k < end {
                 // One left doublet's triplets.
@@ -1280,7 +1283,16 @@ fn chunk_windows<const R: usize>(
         t1x[l] = d.tx;
         t1y[l] = d.ty;
         let (xb, yb) = (sh.x_mm[d.b as usize], sh.y_mm[d.b as usize]);
-        let (d_field, g_field) = tent_fields(geo, cuts, (pa, pb), xb, yb);
+        // Without outgoing doublets the middle hit has no continuation to test: its
+        // window is never read and the field tables need not be looked up (a uniform
+        // field needs none; the lefts of one plane pair come with right doublets).
+        let b = d.b as usize;
+        let looked_up = cuts.uniform.is_some() || planes.is_some();
+        let (d_field, g_field) = if looked_up || buf.dbl_start[b] < buf.dbl_start[b + 1] {
+            tent_fields(geo, cuts, (pa, pb), xb, yb)
+        } else {
+            ([0.0; 3], [[0.0; 3]; MAX_REACH])
+        };
         for c in 0..3 {
             bd[c][l] = d_field[c];
             for s in 0..R {
