@@ -14,7 +14,7 @@
 //! | doublet pointing window | the miss at the origin: origin size + the pointing tent's bending at the minimum momentum + `n_sigma` scattering upstream + resolution |
 //! | triplet continuation window | the change of chord slope: the pointing parabola's prediction, corrected by the q/p it allows for the difference of the pointing and triplet tents' fields, + origin size + `n_sigma` scattering and resolution |
 //! | `triplet_chi2_max` | the breaking angle not explained by the triplet tent's field, in units of scattering and resolution |
-//! | `neighbour_chi2_max` | the q/p difference of neighbouring triplets in units of their errors |
+//! | `neighbour_chi2_max` | the q/p difference of neighbouring triplets in units of their errors (also where the seeded step makes a triplet upstream of the seed planes in a field map: kept only as a neighbour of one downstream) |
 //! | `clone_window_mm` | the scattering displacement over the detector at the minimum momentum |
 //! | exit margins (`may_leave`) | the curvature bound, scattering and resolution over one plane gap |
 //! | `max_gap_planes` | the planes in a row a track may cross without a hit (plane inefficiency: two in a row miss at `(1 - eff)^2`), bridged by doublets in the second pass |

@@ -20,9 +20,11 @@
 //! windows between those planes only, and further upstream a middle hit's incoming
 //! doublets are made from the hits inside a narrow box on the plane before it, the hits
 //! whose doublet could continue into one of its outgoing doublets
-//! ([`triplets::find_triplets_seeded`]). It gives the triplets, hence the tracks, of the
-//! full search, without the doublets and triplets no chain to a seed plane reaches. A
-//! later pass's doublet step searches a copy of the hits not used yet.
+//! ([`triplets::find_triplets_seeded`]). It gives the tracks of the full search, without
+//! the doublets and triplets no chain to a seed plane reaches: upstream of the seed planes
+//! (in a field map) a triplet is kept only as the left neighbour (neighbour cut) of a
+//! triplet found on the plane after it. A later pass's doublet step searches a copy of the
+//! hits not used yet.
 //!
 //! The window searches (doublets, continuations) and the continuation test compare eight
 //! hits or doublets per vector instruction (AVX2, chosen at run time: [`Kernel`]); the

@@ -4,7 +4,17 @@
 //! field sharing the doublet is the whole condition: both kinks were already checked.
 
 use super::cuts::FinderConfig;
-use super::CaBuffers;
+use super::{CaBuffers, Triplet};
+
+/// Whether triplet `left` `(a, b, c)` may be the left neighbour of `right` `(b, c, d)`
+/// (sharing the doublet is the caller's): their q/p agree within `neighbour_chi2_max`
+/// of the variance of the difference (always, where neither measured q/p).
+#[inline]
+pub fn compatible(cfg: &FinderConfig, left: &Triplet, right: &Triplet) -> bool {
+    let var = (left.qop_sigma as f64).powi(2) + (right.qop_sigma as f64).powi(2);
+    let dq = left.qop as f64 - right.qop as f64;
+    !(var > 0.0 && dq * dq > cfg.neighbour_chi2_max * var)
+}
 
 /// Fills `buf.left_start` / `buf.left` (left neighbours per triplet) and `buf.has_right`.
 pub fn find_neighbours(cfg: &FinderConfig, buf: &mut CaBuffers) {
@@ -42,10 +52,7 @@ pub fn find_neighbours(cfg: &FinderConfig, buf: &mut CaBuffers) {
         let d = tr.left as usize;
         for k in buf.end_start[d]..buf.end_start[d + 1] {
             let t1 = buf.ending[k as usize] as usize;
-            let tl = buf.triplets[t1];
-            let var = (tl.qop_sigma as f64).powi(2) + (tr.qop_sigma as f64).powi(2);
-            let dq = tl.qop as f64 - tr.qop as f64;
-            if var > 0.0 && dq * dq > cfg.neighbour_chi2_max * var {
+            if !compatible(cfg, &buf.triplets[t1], &tr) {
                 continue;
             }
             if buf.left.len() == cfg.limits.max_neighbours {
@@ -57,4 +64,49 @@ pub fn find_neighbours(cfg: &FinderConfig, buf: &mut CaBuffers) {
         }
     }
     buf.left_start[n_triplets] = buf.left.len() as u32;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tracking::geometry::{Detector, Field, Plane};
+
+    fn triplet(qop: f32, qop_sigma: f32) -> Triplet {
+        Triplet {
+            qop,
+            qop_sigma,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn neighbours_agree_in_q_over_p_within_the_cut() {
+        let det = Detector {
+            planes: (0..6)
+                .map(|i| Plane {
+                    z_mm: 300.0 + 100.0 * i as f64,
+                    half_x_mm: 300.0,
+                    half_y_mm: 300.0,
+                    sigma_x_mm: 0.01,
+                    sigma_y_mm: 0.01,
+                    x0_fraction: 0.004,
+                    efficiency: 1.0,
+                })
+                .collect(),
+            field: Field::Uniform {
+                b_tesla: [0.0, 1.0, 0.0],
+            },
+        };
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        // The difference's error is 0.05 (two errors of 0.0354): 4 sigma is 0.2.
+        let s = 0.05f32 / 2f32.sqrt();
+        assert!(compatible(&cfg, &triplet(0.5, s), &triplet(0.31, s)));
+        assert!(!compatible(&cfg, &triplet(0.5, s), &triplet(0.29, s)));
+        assert!(!compatible(&cfg, &triplet(-0.1, s), &triplet(0.11, s)));
+        // Neither measured q/p (no field): sharing the doublet is the whole condition.
+        assert!(compatible(&cfg, &triplet(0.0, 0.0), &triplet(0.0, 0.0)));
+        // One measured: the other's q/p (0) within its error.
+        assert!(compatible(&cfg, &triplet(0.15, 0.05), &triplet(0.0, 0.0)));
+        assert!(!compatible(&cfg, &triplet(0.25, 0.05), &triplet(0.0, 0.0)));
+    }
 }

@@ -30,6 +30,7 @@
 
 use super::cuts::FinderConfig;
 use super::doublets::{scan_cells, slopes, PlaneWindows};
+use super::neighbours::compatible;
 use super::{
     push_doublet, CaBuffers, Doublet, DoubletLanes, FinderGeometry, Kernel, SortedHits, Triplet,
     MAX_REACH,
@@ -389,12 +390,19 @@ impl Lefts<'_> {
 /// `h`, entries `start[h - first]..start[h - first + 1]` of `lanes` (slopes, no gap) and
 /// `ids` (their indices in `CaBuffers::doublets`); for the back boxes, their middle
 /// hits' positions, the boxes and the grid cells these overlap.
+///
+/// Where the right doublets are the left doublets of the triplets found on the plane
+/// after (`downstream`), a new triplet is of use only as the left neighbour of one of
+/// those (a chain that ends on it is too short for the pass): per entry, those triplets
+/// are `t2[r][0]..t2[r][1]` in `CaBuffers::triplets`.
 #[derive(Debug, Default)]
 pub struct Rights {
     first: usize,
     start: Vec<u32>,
     lanes: DoubletLanes,
     ids: Vec<u32>,
+    downstream: bool,
+    t2: Vec<[u32; 2]>,
     xb: Vec<f32>,
     yb: Vec<f32>,
     boxes: [Vec<f32>; 4],
@@ -412,6 +420,8 @@ impl Rights {
         self.lanes.ty.clear();
         self.lanes.gap.clear();
         self.ids.clear();
+        self.downstream = false;
+        self.t2.clear();
     }
 
     /// The slopes of the doublets `ids`, as lanes.
@@ -493,6 +503,8 @@ pub struct Pairs {
     planes: (usize, usize),
     left: [u32; PAIRS],
     right: [u32; PAIRS],
+    /// The right doublet's entry in [`Rights`].
+    slot: [u32; PAIRS],
     xa: [f32; PAIRS],
     ya: [f32; PAIRS],
     t1: [[f32; PAIRS]; 2],
@@ -508,6 +520,7 @@ impl Pairs {
             planes: (0, 0),
             left: [0; PAIRS],
             right: [0; PAIRS],
+            slot: [0; PAIRS],
             xa: [0.0; PAIRS],
             ya: [0.0; PAIRS],
             t1: [[0.0; PAIRS]; 2],
@@ -523,6 +536,7 @@ impl Pairs {
         &mut self,
         left: u32,
         right: u32,
+        slot: u32,
         a: [f32; 2],
         t1: [f32; 2],
         t2: [f32; 2],
@@ -532,6 +546,7 @@ impl Pairs {
         let k = self.n;
         self.left[k] = left;
         self.right[k] = right;
+        self.slot[k] = slot;
         self.xa[k] = a[0];
         self.ya[k] = a[1];
         for c in 0..2 {
@@ -552,13 +567,16 @@ impl Pairs {
 /// Triplets of the pairs `pairs` (reach 1), eight at a time, appended to `triplets`: the
 /// window of the left doublet (as [`chunk_windows`] computes it) must hold the right
 /// doublet's slopes, then the kink test ([`kink_tests`]). The same arithmetic as the two
-/// phases of [`left_doublets_outgoing`], without storing the windows in between.
+/// phases of [`left_doublets_outgoing`], without storing the windows in between. Where
+/// the right doublets start triplets found downstream (`rights.downstream`), a triplet is
+/// kept only as the left neighbour of one of them ([`super::neighbours::compatible`]).
 #[inline(always)]
 fn pair_tests(
     geo: &FinderGeometry,
     cuts: &Cuts,
     cfg: &FinderConfig,
     pairs: &Pairs,
+    rights: &Rights,
     triplets: &mut Vec<Triplet>,
     overflow: &mut super::Overflow,
 ) {
@@ -600,17 +618,25 @@ fn pair_tests(
         while bits != 0 {
             let l = bits.trailing_zeros() as usize;
             bits &= bits - 1;
-            if triplets.len() == cfg.limits.max_triplets {
-                overflow.triplets += 1;
-                continue;
-            }
-            triplets.push(Triplet {
+            let t = Triplet {
                 left: pairs.left[c0 + l],
                 right: pairs.right[c0 + l],
                 qop: res[0][l],
                 qop_sigma: res[1][l],
                 chi2: res[2][l],
-            });
+            };
+            if rights.downstream {
+                let [s, e] = rights.t2[pairs.slot[c0 + l] as usize];
+                let downstream = &triplets[s as usize..e as usize];
+                if !downstream.iter().any(|r| compatible(cfg, &t, r)) {
+                    continue;
+                }
+            }
+            if triplets.len() == cfg.limits.max_triplets {
+                overflow.triplets += 1;
+                continue;
+            }
+            triplets.push(t);
         }
     }
 }
@@ -715,10 +741,14 @@ fn left_doublets_outgoing<const AVX2: bool, const R: usize>(
 /// window and kink arithmetic: each new left doublet with every right doublet of its
 /// middle hit, eight pairs at a time ([`Pairs`]: a middle hit has about one right doublet
 /// there, so a window per left doublet is not worth storing), or, on a seed plane, through
-/// the full search's phases. The triplets, hence the chains that end on a seed plane, are
-/// those of the full search;
-/// doublets and triplets no such chain reaches are never made. Triplets come out ordered
-/// by the plane of their middle hit.
+/// the full search's phases. The chains that end on a seed plane are those of the full
+/// search; doublets and triplets no such chain reaches are never made. Upstream of the
+/// seed planes, where no chain of the pass can end, in a field that is not uniform, a
+/// triplet is kept only where the neighbour cut ([`super::neighbours::compatible`]) links
+/// it to one of the triplets found on the plane after it: any other is the end of a chain too short for the pass, and
+/// its left doublet is not followed further upstream (across a magnet whose upstream
+/// planes see no field, most triplets there bend by a q/p their continuation does not
+/// have). Triplets come out ordered by the plane of their middle hit.
 ///
 /// With `to_last_plane`, a chain may end on a seed plane before the last only where its
 /// last doublet may leave the detector ([`FinderGeometry::may_leave`]): a doublet onto
@@ -1010,14 +1040,23 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
             }
             let n = rights.start[ej - fj] as usize;
             rights.ids.resize(n, 0);
-            let mut last = u32::MAX;
-            for t in &buf.triplets[block..] {
-                if t.left != last {
-                    last = t.left;
-                    let slot = &mut rights.start[buf.doublets[t.left as usize].a as usize - fj];
-                    rights.ids[*slot as usize] = last;
-                    *slot += 1;
+            rights.t2.resize(n, [0; 2]);
+            // In a uniform field a doublet's pointing measures q/p as the triplets do, its
+            // window and kink test hold a triplet to it and nearly all pass the neighbour
+            // cut (without a field all do): the test would cost more than it saves.
+            rights.downstream = cuts.uniform.is_none();
+            let (mut k, end) = (block, buf.triplets.len());
+            while k < end {
+                // One left doublet's triplets.
+                let (left, first) = (buf.triplets[k].left, k);
+                while k < end && buf.triplets[k].left == left {
+                    k += 1;
                 }
+                let slot = &mut rights.start[buf.doublets[left as usize].a as usize - fj];
+                let r = *slot as usize;
+                rights.ids[r] = left;
+                rights.t2[r] = [first as u32, k as u32];
+                *slot += 1;
             }
             // Back to the starts.
             for k in (1..=(ej - fj)).rev() {
@@ -1104,9 +1143,10 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                             let t2 = [rights.lanes.tx[r], rights.lanes.ty[r]];
                             let id = rights.ids[r];
                             let mut test = |p: &Pairs| {
-                                pair_tests(geo, &cuts, cfg, p, triplets, overflow);
+                                pair_tests(geo, &cuts, cfg, p, &rights, triplets, overflow);
                             };
-                            pairs.push(k as u32, id, xa, [tx, ty], t2, field, &mut test);
+                            let (k, r) = (k as u32, r as u32);
+                            pairs.push(k, id, r, xa, [tx, ty], t2, field, &mut test);
                         }
                     }
                 };
@@ -1135,6 +1175,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                 &cuts,
                 cfg,
                 &pairs,
+                &rights,
                 &mut buf.triplets,
                 &mut buf.overflow,
             );
@@ -1242,7 +1283,16 @@ fn chunk_windows<const R: usize>(
         t1x[l] = d.tx;
         t1y[l] = d.ty;
         let (xb, yb) = (sh.x_mm[d.b as usize], sh.y_mm[d.b as usize]);
-        let (d_field, g_field) = tent_fields(geo, cuts, (pa, pb), xb, yb);
+        // Without outgoing doublets the middle hit has no continuation to test: its
+        // window is never read and the field tables need not be looked up (a uniform
+        // field needs none; the lefts of one plane pair come with right doublets).
+        let b = d.b as usize;
+        let looked_up = cuts.uniform.is_some() || planes.is_some();
+        let (d_field, g_field) = if looked_up || buf.dbl_start[b] < buf.dbl_start[b + 1] {
+            tent_fields(geo, cuts, (pa, pb), xb, yb)
+        } else {
+            ([0.0; 3], [[0.0; 3]; MAX_REACH])
+        };
         for c in 0..3 {
             bd[c][l] = d_field[c];
             for s in 0..R {
