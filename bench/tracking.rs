@@ -7,7 +7,7 @@
 //! fits only), `--minbias N` minimum-bias events (default 20 per central event),
 //! `--fits N` (0: events only), `--fit-threads N` (fits on 1..=N threads, default 2), `--portable 0` (only
 //! the kernel the CPU runs), `--configs LIST` (detectors, comma-separated, of `spectrometer`
-//! (the default), `dipole`, `forward`, `telescope`, or `all`), `--finder TOML` (overrides of the finder's derived cuts, the
+//! (the default), `dipole`, `forward`, `reversing`, `telescope`, or `all`), `--finder TOML` (overrides of the finder's derived cuts, the
 //! contents of a `[finder]` table, e.g. `--finder 'first_pass_min_hits = 8'`)).
 
 use std::time::Instant;
@@ -52,6 +52,12 @@ fn configs(which: &str) -> Vec<(&'static str, &'static str, SimConfig, SimConfig
             SimConfig::forward(Preset::Central),
         ),
         (
+            "reversing",
+            "fixtures/tracking/reversing/detector_reversing.toml",
+            SimConfig::forward(Preset::Minbias),
+            SimConfig::forward(Preset::Central),
+        ),
+        (
             "telescope",
             "fixtures/telescope.toml",
             hadronic(Preset::Minbias),
@@ -77,7 +83,9 @@ fn main() {
     let which = str_arg("--configs").unwrap_or_else(|| "spectrometer".into());
     let configs = configs(&which);
     if configs.is_empty() {
-        eprintln!("--configs {which}: none of spectrometer, dipole, forward, telescope, all");
+        eprintln!(
+            "--configs {which}: none of spectrometer, dipole, forward, reversing, telescope, all"
+        );
         std::process::exit(1);
     }
     let mut spectrometer_det = None;
