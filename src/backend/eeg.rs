@@ -11,9 +11,9 @@ use serde::Deserialize;
 
 use super::{Backend, BackendError, BackendKind, Detail, Verdict};
 use crate::config::Config;
+use crate::eeg::cpu_apply::{CpuInverse, PackedInverse, Real};
 use crate::eeg::filter::{BlockFilter, FilterConfig};
 use crate::eeg::inputs::{EegInputPaths, EegInputs};
-use crate::eeg::cpu_apply::{CpuInverse, PackedInverse, Real};
 use crate::eeg::inverse::Method;
 use crate::eeg::kernel::{InverseKernel, InverseKernelF32};
 use crate::eeg::roi::{BlockStats, RoiConfig, RoiMask, RoiTrigger};

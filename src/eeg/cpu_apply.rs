@@ -29,6 +29,11 @@ use super::workers::{PartPanicked, Workers};
 const NR_MAX: usize = 8;
 /// Sources per panel at most (float32 lanes).
 const LANES_MAX: usize = 16;
+/// Packed samples one pass over the panels works on: with a panel of the operator and
+/// the ROI sums of those columns it stays in the 32-48 KiB L1 data cache of current
+/// cores. Longer blocks read the operator once per pass (from L2/L3: cheap next to the
+/// multiply-adds of the pass).
+const X_CHUNK_BYTES: usize = 12 * 1024;
 
 /// The arithmetic of the CPU path: `f32` (the default) or `f64`.
 pub trait Real:
@@ -49,11 +54,18 @@ pub trait Real:
     fn sqrt(self) -> Self;
     fn mul_add(self, a: Self, b: Self) -> Self;
     /// The product of one panel (`[n_channels][3][LANES]`) with one column block
-    /// (`[n_channels][NR]`) into `tile` (`[3][NR][LANES]`) with AVX-512.
+    /// (`[n_channels][NR]`), then the norm over orientations times `scale` (`[LANES]`),
+    /// into `amp` (`[NR][LANES]`), with AVX-512.
     ///
     /// # Safety
-    /// The CPU must have AVX-512F; `k`, `x` and `tile` must hold the sizes above.
-    unsafe fn panel_avx512<const NR: usize>(k: &[Self], x: &[Self], c: usize, tile: &mut [Self]);
+    /// The CPU must have AVX-512F; the slices must hold the sizes above.
+    unsafe fn panel_avx512<const NR: usize>(
+        k: &[Self],
+        x: &[Self],
+        c: usize,
+        scale: &[Self],
+        amp: &mut [Self],
+    );
 }
 
 /// The instruction set the product runs with.
@@ -115,6 +127,8 @@ pub struct PackedInverse<T> {
     scale: Vec<T>,
     /// `[panel][lane]`: the source is in the region of interest.
     in_roi: Vec<bool>,
+    /// Per panel: some source of it is in the region (the others skip the ROI sums).
+    panel_in_roi: Vec<bool>,
     roi_count: usize,
 }
 
@@ -142,6 +156,7 @@ impl<T: Real> PackedInverse<T> {
             scale[s] = T::from_f64(kernel.source_scale[s]);
             in_roi[s] = roi.mask[s];
         }
+        let panel_in_roi = in_roi.chunks_exact(l).map(|p| p.contains(&true)).collect();
         Self {
             n_channels: c,
             n_sources: kernel.n_sources,
@@ -149,6 +164,7 @@ impl<T: Real> PackedInverse<T> {
             kernel: packed,
             scale,
             in_roi,
+            panel_in_roi,
             roi_count: roi.indices.len(),
         }
     }
@@ -186,6 +202,8 @@ struct Scratch {
     roi: Vec<f64>,
     /// Per frame: this thread's strongest source and its power.
     peaks: Vec<(u32, f64)>,
+    /// `[panel of this thread][lane]`: power of each source over its frame so far.
+    power: Vec<f64>,
 }
 
 /// Where the threads write the source estimate (disjoint sources each).
@@ -239,16 +257,21 @@ impl<T: Real> CpuInverse<T> {
     }
 
     /// As [`Self::new`] with an instruction set no better than `isa` (tests, benchmarks).
-    pub fn with_isa(
-        op: Arc<PackedInverse<T>>,
-        threads: usize,
-        isa: Isa,
-    ) -> std::io::Result<Self> {
+    pub fn with_isa(op: Arc<PackedInverse<T>>, threads: usize, isa: Isa) -> std::io::Result<Self> {
         let isa = isa.min(Isa::detect());
         let workers = Workers::new(threads.max(1), "trigd-eeg")?;
         let n = workers.threads();
-        let parts = (0..n)
+        let parts: Vec<Range<usize>> = (0..n)
             .map(|i| i * op.n_panels / n..(i + 1) * op.n_panels / n)
+            .collect();
+        let scratch = parts
+            .iter()
+            .map(|r| {
+                Mutex::new(Scratch {
+                    power: vec![0.0; r.len() * T::LANES],
+                    ..Scratch::default()
+                })
+            })
             .collect();
         Ok(Self {
             op,
@@ -256,7 +279,7 @@ impl<T: Real> CpuInverse<T> {
             parts,
             isa,
             x: Vec::new(),
-            scratch: (0..n).map(|_| Mutex::new(Scratch::default())).collect(),
+            scratch,
             stats: Vec::new(),
         })
     }
@@ -420,13 +443,7 @@ impl<T: Real> CpuInverse<T> {
 }
 
 /// One thread's share (`panels`) of a block, with the best kernel for `isa` and `nr`.
-fn run_part<T: Real>(
-    isa: Isa,
-    nr: usize,
-    b: &Block<'_, T>,
-    panels: Range<usize>,
-    s: &mut Scratch,
-) {
+fn run_part<T: Real>(isa: Isa, nr: usize, b: &Block<'_, T>, panels: Range<usize>, s: &mut Scratch) {
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: `isa` is never better than `Isa::detect()` (see `with_isa`).
@@ -480,86 +497,108 @@ fn part<T: Real, const NR: usize, const ISA: u8>(
 ) {
     let (c, l, n_t) = (b.op.n_channels, T::LANES, b.n_times);
     let n_s = b.op.n_sources;
-    let mut tile = [T::ZERO; 3 * NR_MAX * LANES_MAX];
-    let mut amp = [T::ZERO; LANES_MAX];
-    let mut power = [0.0f64; LANES_MAX];
-    for p in panels {
-        let k = &b.op.kernel[p * c * 3 * l..(p + 1) * c * 3 * l];
-        let scale = &b.op.scale[p * l..(p + 1) * l];
-        let in_roi = &b.op.in_roi[p * l..(p + 1) * l];
-        let valid = n_s.saturating_sub(p * l).min(l);
-        for jb in 0..b.n_blocks {
-            let x = &b.x[jb * c * NR..(jb + 1) * c * NR];
-            if ISA == 2 {
-                // SAFETY: ISA 2 runs only inside `part_avx512`, chosen after detection.
-                unsafe { T::panel_avx512::<NR>(k, x, c, &mut tile) };
-            } else {
-                panel_portable::<T, NR>(k, x, c, &mut tile, ISA == 1);
-            }
-            for j in 0..NR {
-                let col = jb * NR + j;
-                if col >= b.cols {
-                    break;
+    let mut tile = [T::ZERO; NR_MAX * LANES_MAX];
+    let per_chunk = (X_CHUNK_BYTES / (c * std::mem::size_of::<T>()) / NR).max(1);
+    let p0 = panels.start;
+    let mut cb0 = 0;
+    while cb0 < b.n_blocks {
+        let cb1 = (cb0 + per_chunk).min(b.n_blocks);
+        for p in panels.clone() {
+            let k = &b.op.kernel[p * c * 3 * l..(p + 1) * c * 3 * l];
+            let scale = &b.op.scale[p * l..(p + 1) * l];
+            let in_roi = &b.op.in_roi[p * l..(p + 1) * l];
+            let any_roi = b.op.panel_in_roi[p];
+            let valid = n_s.saturating_sub(p * l).min(l);
+            let power = &mut s.power[(p - p0) * l..(p - p0 + 1) * l];
+            for jb in cb0..cb1 {
+                let x = &b.x[jb * c * NR..(jb + 1) * c * NR];
+                if ISA == 2 {
+                    // SAFETY: ISA 2 runs only inside `part_avx512`, chosen after detection.
+                    unsafe { T::panel_avx512::<NR>(k, x, c, scale, &mut tile) };
+                } else {
+                    panel_portable::<T, NR>(k, x, c, scale, &mut tile, ISA == 1);
                 }
-                let (f, t) = (col / n_t, col % n_t);
-                if t == 0 {
-                    power = [0.0; LANES_MAX];
-                }
-                let (tx, ty, tz) = (
-                    &tile[j * l..(j + 1) * l],
-                    &tile[(NR + j) * l..(NR + j + 1) * l],
-                    &tile[(2 * NR + j) * l..(2 * NR + j + 1) * l],
-                );
-                for li in 0..l {
-                    let (a, bb, d) = (tx[li], ty[li], tz[li]);
-                    amp[li] = scale[li] * (a * a + bb * bb + d * d).sqrt();
-                }
-                let roi = &mut s.roi[col * l..(col + 1) * l];
-                for li in 0..l {
-                    let q = amp[li].to_f64();
-                    let q = q * q;
-                    power[li] += q;
-                    roi[li] += if in_roi[li] { q } else { 0.0 };
-                }
-                if let Some(out) = &b.out {
-                    let base = (f * n_s + p * l) * n_t + t;
-                    for (li, &a) in amp[..valid].iter().enumerate() {
-                        out.write(base + li * n_t, a);
+                for j in 0..NR {
+                    let col = jb * NR + j;
+                    if col >= b.cols {
+                        break;
                     }
-                }
-                if t == n_t - 1 {
-                    let peak = &mut s.peaks[f];
-                    for (li, &pw) in power[..valid].iter().enumerate() {
-                        if pw > peak.1 {
-                            *peak = ((p * l + li) as u32, pw);
+                    let (f, t) = (col / n_t, col % n_t);
+                    if t == 0 {
+                        power.fill(0.0);
+                    }
+                    let amp = &tile[j * l..(j + 1) * l];
+                    for li in 0..l {
+                        let q = amp[li].to_f64();
+                        power[li] += q * q;
+                    }
+                    if any_roi {
+                        let roi = &mut s.roi[col * l..(col + 1) * l];
+                        for li in 0..l {
+                            let q = amp[li].to_f64();
+                            roi[li] += if in_roi[li] { q * q } else { 0.0 };
+                        }
+                    }
+                    if let Some(out) = &b.out {
+                        let base = (f * n_s + p * l) * n_t + t;
+                        for (li, &a) in amp[..valid].iter().enumerate() {
+                            out.write(base + li * n_t, a);
+                        }
+                    }
+                    // Most panels hold no new peak: one vector maximum rules them out.
+                    if t == n_t - 1
+                        && power.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v)) > s.peaks[f].1
+                    {
+                        let peak = &mut s.peaks[f];
+                        for (li, &pw) in power[..valid].iter().enumerate() {
+                            if pw > peak.1 {
+                                *peak = ((p * l + li) as u32, pw);
+                            }
                         }
                     }
                 }
             }
         }
+        cb0 = cb1;
     }
 }
 
-/// The panel product in plain code (any CPU; vectorised by the compiler).
+/// The panel product in plain code (any CPU; vectorised by the compiler), then the norm
+/// over orientations times the scale.
 #[inline(always)]
 fn panel_portable<T: Real, const NR: usize>(
     k: &[T],
     x: &[T],
     c: usize,
-    tile: &mut [T],
+    scale: &[T],
+    amp: &mut [T],
     fma: bool,
 ) {
     let l = T::LANES;
-    let tile = &mut tile[..3 * NR * l];
-    tile.fill(T::ZERO);
+    let mut acc = [T::ZERO; 3 * NR_MAX * LANES_MAX];
+    let acc = &mut acc[..3 * NR * l];
     for (kc, xc) in k.chunks_exact(3 * l).zip(x.chunks_exact(NR)).take(c) {
         for (j, &xv) in xc.iter().enumerate() {
             for o in 0..3 {
-                let acc = &mut tile[(o * NR + j) * l..(o * NR + j + 1) * l];
-                for (a, &kv) in acc.iter_mut().zip(&kc[o * l..(o + 1) * l]) {
-                    *a = if fma { kv.mul_add(xv, *a) } else { *a + kv * xv };
+                let a = &mut acc[(o * NR + j) * l..(o * NR + j + 1) * l];
+                for (a, &kv) in a.iter_mut().zip(&kc[o * l..(o + 1) * l]) {
+                    *a = if fma {
+                        kv.mul_add(xv, *a)
+                    } else {
+                        *a + kv * xv
+                    };
                 }
             }
+        }
+    }
+    for j in 0..NR {
+        for li in 0..l {
+            let (a, b, d) = (
+                acc[j * l + li],
+                acc[(NR + j) * l + li],
+                acc[(2 * NR + j) * l + li],
+            );
+            amp[j * l + li] = scale[li] * (a * a + b * b + d * d).sqrt();
         }
     }
 }
@@ -567,14 +606,25 @@ fn panel_portable<T: Real, const NR: usize>(
 /// The AVX-512 panel kernel for one element type: 3 x NR accumulators in registers, the
 /// operator's three vectors loaded once per channel, each sample broadcast.
 macro_rules! avx512_panel {
-    ($name:ident, $t:ty, $lanes:expr, $v:ty, $zero:ident, $load:ident, $set1:ident, $fmadd:ident, $add:ident, $store:ident) => {
+    ($name:ident, $t:ty, $lanes:expr, $v:ty, $zero:ident, $load:ident, $set1:ident, $fmadd:ident, $add:ident, $mul:ident, $sqrt:ident, $store:ident) => {
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx512f")]
         #[inline]
-        unsafe fn $name<const NR: usize>(k: &[$t], x: &[$t], c: usize, tile: &mut [$t]) {
+        unsafe fn $name<const NR: usize>(
+            k: &[$t],
+            x: &[$t],
+            c: usize,
+            scale: &[$t],
+            amp: &mut [$t],
+        ) {
             use std::arch::x86_64::*;
             const L: usize = $lanes;
-            assert!(k.len() >= c * 3 * L && x.len() >= c * NR && tile.len() >= 3 * NR * L);
+            assert!(
+                k.len() >= c * 3 * L
+                    && x.len() >= c * NR
+                    && scale.len() >= L
+                    && amp.len() >= NR * L
+            );
             let (kp, xp) = (k.as_ptr(), x.as_ptr());
             let mut acc: [[$v; NR]; 3] = [[$zero(); NR]; 3];
             if NR == 1 {
@@ -613,11 +663,14 @@ macro_rules! avx512_panel {
                     }
                 }
             }
-            let tp = tile.as_mut_ptr();
-            for o in 0..3 {
-                for j in 0..NR {
-                    $store(tp.add((o * NR + j) * L), acc[o][j]);
-                }
+            let sc = $load(scale.as_ptr());
+            let ap = amp.as_mut_ptr();
+            for j in 0..NR {
+                let n = $add(
+                    $add($mul(acc[0][j], acc[0][j]), $mul(acc[1][j], acc[1][j])),
+                    $mul(acc[2][j], acc[2][j]),
+                );
+                $store(ap.add(j * L), $mul(sc, $sqrt(n)));
             }
         }
     };
@@ -633,6 +686,8 @@ avx512_panel!(
     _mm512_set1_ps,
     _mm512_fmadd_ps,
     _mm512_add_ps,
+    _mm512_mul_ps,
+    _mm512_sqrt_ps,
     _mm512_storeu_ps
 );
 avx512_panel!(
@@ -645,6 +700,8 @@ avx512_panel!(
     _mm512_set1_pd,
     _mm512_fmadd_pd,
     _mm512_add_pd,
+    _mm512_mul_pd,
+    _mm512_sqrt_pd,
     _mm512_storeu_pd
 );
 
@@ -670,14 +727,20 @@ macro_rules! real_impl {
                 <$t>::mul_add(self, a, b)
             }
             #[inline(always)]
-            unsafe fn panel_avx512<const NR: usize>(k: &[$t], x: &[$t], c: usize, tile: &mut [$t]) {
+            unsafe fn panel_avx512<const NR: usize>(
+                k: &[$t],
+                x: &[$t],
+                c: usize,
+                scale: &[$t],
+                amp: &mut [$t],
+            ) {
                 #[cfg(target_arch = "x86_64")]
                 {
                     // SAFETY: the caller checked the CPU (trait contract).
-                    unsafe { $avx512::<NR>(k, x, c, tile) }
+                    unsafe { $avx512::<NR>(k, x, c, scale, amp) }
                 }
                 #[cfg(not(target_arch = "x86_64"))]
-                panel_portable::<$t, NR>(k, x, c, tile, false)
+                panel_portable::<$t, NR>(k, x, c, scale, amp, false)
             }
         }
     };
@@ -733,14 +796,21 @@ mod tests {
     #[test]
     fn threads_and_batches_agree_with_the_reference() {
         let isas = [Isa::Portable, Isa::Avx2, Isa::Avx512];
-        for &(c, n_s, n_t, n_f) in &[(7, 1, 1, 1), (13, 65, 33, 2), (32, 130, 1, 11), (64, 40, 5, 3)] {
+        for &(c, n_s, n_t, n_f) in &[
+            (7, 1, 1, 1),
+            (13, 65, 33, 2),
+            (32, 130, 1, 11),
+            (64, 40, 5, 3),
+        ] {
             let k = random_kernel(c, n_s, (c * 100 + n_s) as u64);
             let roi = roi_every_third(n_s);
             let op64 = Arc::new(PackedInverse::<f64>::new(&k, &roi));
             let op32 = Arc::new(PackedInverse::<f32>::new(&k, &roi));
             let k32 = k.to_f32();
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
-            let data: Vec<f64> = (0..n_f * c * n_t).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let data: Vec<f64> = (0..n_f * c * n_t)
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
             let data32: Vec<f32> = data.iter().map(|&v| v as f32).collect();
             // Reference, frame by frame.
             let mut want_amp = vec![0.0; n_f * n_s * n_t];
@@ -775,7 +845,8 @@ mod tests {
                             assert!(close(*a, *b, 1e-12), "roi {a} vs {b}");
                         }
                     }
-                    let mut e32 = CpuInverse::with_isa(op32.clone(), threads, isa).expect("threads");
+                    let mut e32 =
+                        CpuInverse::with_isa(op32.clone(), threads, isa).expect("threads");
                     let mut amp32 = vec![f32::NAN; n_f * n_s * n_t];
                     let stats32 = e32.process(&data32, n_t, Some(&mut amp32)).expect("apply");
                     for ((a, b), w) in amp32.iter().zip(&want32).zip(&want_amp) {
@@ -807,7 +878,9 @@ mod tests {
         assert_eq!(together.len(), 9);
         let mut alone = CpuInverse::new(op, 2).expect("threads");
         for (f, want) in together.iter().enumerate() {
-            let got = alone.apply(&frames[f * c..(f + 1) * c], 1, None).expect("one");
+            let got = alone
+                .apply(&frames[f * c..(f + 1) * c], 1, None)
+                .expect("one");
             assert_eq!(got.peak_source, want.peak_source);
             assert!(close(got.roi_power[0], want.roi_power[0], 1e-12));
         }
@@ -817,7 +890,8 @@ mod tests {
     fn wrong_shapes_are_errors() {
         let k = random_kernel(4, 3, 1);
         let roi = roi_every_third(3);
-        let mut e = CpuInverse::new(Arc::new(PackedInverse::<f32>::new(&k, &roi)), 2).expect("threads");
+        let mut e =
+            CpuInverse::new(Arc::new(PackedInverse::<f32>::new(&k, &roi)), 2).expect("threads");
         assert!(e.process(&[0.0; 7], 2, None).is_err());
         assert!(e.process(&[], 2, None).is_err());
         let mut amp = vec![0.0; 5];
