@@ -22,7 +22,7 @@
 //! estimate per block (what MNE's `apply_inverse_raw` returns); without it the product
 //! keeps only the statistics, as the daemon does. Output lines are `key=value`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -93,7 +93,7 @@ fn random_kernel(n_channels: usize, n_sources: usize) -> InverseKernel {
     }
 }
 
-fn npy_kernel(k: &PathBuf, s: &PathBuf) -> InverseKernel {
+fn npy_kernel(k: &Path, s: &Path) -> InverseKernel {
     let a = trigd::eeg::inputs::read_npy(k).expect("kernel npy");
     let b = trigd::eeg::inputs::read_npy(s).expect("scale npy");
     assert_eq!(a.shape.len(), 2, "kernel [3 n_sources, n_channels]");
@@ -176,10 +176,13 @@ fn stream_operator<T: Real>(e: &CpuInverse<T>) -> f64 {
     sums.iter().map(|s| *s.lock().expect("sum")).sum()
 }
 
+/// A thread's two factors and product.
+type Operands<T> = (faer::Mat<T>, faer::Mat<T>, faer::Mat<T>);
+
 /// Flops per second of the threads each running a 1024 x 1024 faer product.
 fn gemm_rate<T: Real + faer::traits::ComplexField>(e: &CpuInverse<T>) -> f64 {
     let n = 1024;
-    let mats: Vec<Mutex<(faer::Mat<T>, faer::Mat<T>, faer::Mat<T>)>> = (0..e.threads())
+    let mats: Vec<Mutex<Operands<T>>> = (0..e.threads())
         .map(|i| {
             let m = faer::Mat::<T>::from_fn(n, n, |r, c| {
                 T::from_f64(((r * 7 + c * 3 + i) % 11) as f64 * 0.1)

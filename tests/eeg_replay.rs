@@ -318,7 +318,11 @@ fn one_sample_frames_batched_over_threads_decide_as_on_one_thread() {
         log.join("\n")
     );
     assert_eq!(one.len(), three.len());
-    assert!(one.len() >= 500, "one-sample frames of both streams: {}", one.len());
+    assert!(
+        one.len() >= 500,
+        "one-sample frames of both streams: {}",
+        one.len()
+    );
     let alone: Vec<serde_json::Value> = one
         .iter()
         .filter(|r| r["source_id"] == 0)
