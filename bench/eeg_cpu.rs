@@ -161,10 +161,14 @@ fn stream_best<T: Real>(v: &[T]) -> f64 {
     stream(v)
 }
 
-/// Every thread streams the packed operator of its own panels once.
-fn stream_operator<T: Real>(e: &CpuInverse<T>) -> f64 {
+/// Every thread streams the packed operator of its own panels once (only the caller, all
+/// of it, for a block the product keeps on the caller: `cols` samples in all).
+fn stream_operator<T: Real>(e: &CpuInverse<T>, cols: usize) -> f64 {
     let op = e.operator();
     let per_panel = op.values().len() / op.n_panels().max(1);
+    if e.parts_for(cols) == 1 {
+        return stream_best(op.values());
+    }
     let sums: Vec<Mutex<f64>> = (0..e.threads()).map(|_| Mutex::new(0.0)).collect();
     e.workers()
         .run(&|i| {
@@ -297,7 +301,7 @@ fn run<T: Real + faer::traits::ComplexField>(
             std::hint::black_box(e.process(&data, block, a).expect("apply").len());
         };
         call(&mut e);
-        let _ = stream_operator(&e);
+        let _ = stream_operator(&e, frames * block);
         // Alternate the product and the stream of the same operator on the same threads.
         let (mut lat, mut st) = (Vec::new(), Vec::new());
         let start = Instant::now();
@@ -306,7 +310,7 @@ fn run<T: Real + faer::traits::ComplexField>(
             call(&mut e);
             lat.push(t.elapsed().as_secs_f64());
             let t = Instant::now();
-            std::hint::black_box(stream_operator(&e));
+            std::hint::black_box(stream_operator(&e, frames * block));
             st.push(t.elapsed().as_secs_f64());
         }
         rows.push((frames, block, lat, st));

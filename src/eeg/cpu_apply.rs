@@ -34,6 +34,9 @@ const LANES_MAX: usize = 16;
 /// cores. Longer blocks read the operator once per pass (from L2/L3: cheap next to the
 /// multiply-adds of the pass).
 const X_CHUNK_BYTES: usize = 12 * 1024;
+/// A block with less work than reading this many bytes of operator (a few microseconds)
+/// stays on the calling thread: waking the helpers would cost more than it saves.
+const SPLIT_MIN_BYTES: usize = 1 << 20;
 
 /// The arithmetic of the CPU path: `f32` (the default) or `f64`.
 pub trait Real:
@@ -247,6 +250,8 @@ pub struct CpuInverse<T: Real> {
     x: Vec<T>,
     scratch: Vec<Mutex<Scratch>>,
     stats: Vec<BlockStats>,
+    /// See [`SPLIT_MIN_BYTES`].
+    split_min_bytes: usize,
 }
 
 impl<T: Real> CpuInverse<T> {
@@ -264,11 +269,14 @@ impl<T: Real> CpuInverse<T> {
         let parts: Vec<Range<usize>> = (0..n)
             .map(|i| i * op.n_panels / n..(i + 1) * op.n_panels / n)
             .collect();
+        // Part 0 also takes whole small blocks alone (see `parts_for`).
         let scratch = parts
             .iter()
-            .map(|r| {
+            .enumerate()
+            .map(|(i, r): (usize, &Range<usize>)| {
+                let panels = if i == 0 { op.n_panels } else { r.len() };
                 Mutex::new(Scratch {
-                    power: vec![0.0; r.len() * T::LANES],
+                    power: vec![0.0; panels * T::LANES],
                     ..Scratch::default()
                 })
             })
@@ -281,6 +289,7 @@ impl<T: Real> CpuInverse<T> {
             x: Vec::new(),
             scratch,
             stats: Vec::new(),
+            split_min_bytes: SPLIT_MIN_BYTES,
         })
     }
 
@@ -304,6 +313,22 @@ impl<T: Real> CpuInverse<T> {
     /// The panels each thread takes.
     pub fn parts(&self) -> &[Range<usize>] {
         &self.parts
+    }
+
+    /// Splits every block, however small, over all threads (tests of the split on small
+    /// operators).
+    pub fn always_split(&mut self) {
+        self.split_min_bytes = 0;
+    }
+
+    /// Threads a block of `cols` samples (over all its frames) is split over: all of them,
+    /// or only the caller for a block too small to be worth waking the others.
+    pub fn parts_for(&self, cols: usize) -> usize {
+        if self.op.bytes().saturating_mul(cols) < self.split_min_bytes {
+            1
+        } else {
+            self.parts.len()
+        }
     }
 
     /// Sizes every buffer for batches of up to `max_frames` frames of `max_times` samples,
@@ -400,11 +425,21 @@ impl<T: Real> CpuInverse<T> {
                 len: a.len(),
             }),
         };
+        let n_parts = self.parts_for(cols);
         let (parts, scratch, isa) = (&self.parts, &self.scratch, self.isa);
-        self.workers.run(&|i| {
-            let mut s = scratch[i].lock().unwrap_or_else(|e| e.into_inner());
-            run_part(isa, nr, &block, parts[i].clone(), &mut s);
-        })?;
+        if n_parts == 1 {
+            let mut s = scratch[0].lock().unwrap_or_else(|e| e.into_inner());
+            let all = 0..self.op.n_panels;
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run_part(isa, nr, &block, all, &mut s)
+            }))
+            .map_err(|_| PartPanicked)?;
+        } else {
+            self.workers.run(&|i| {
+                let mut s = scratch[i].lock().unwrap_or_else(|e| e.into_inner());
+                run_part(isa, nr, &block, parts[i].clone(), &mut s);
+            })?;
+        }
         // The threads' parts in source order.
         if self.stats.len() < n_frames {
             self.stats.resize(n_frames, BlockStats::default());
@@ -416,7 +451,7 @@ impl<T: Real> CpuInverse<T> {
             st.peak_source = 0;
             st.peak_power = f64::NEG_INFINITY;
         }
-        for s in scratch {
+        for s in &scratch[..n_parts] {
             let s = s.lock().unwrap_or_else(|e| e.into_inner());
             for (f, st) in self.stats[..n_frames].iter_mut().enumerate() {
                 for (t, p) in st.roi_power.iter_mut().enumerate() {
@@ -833,6 +868,7 @@ mod tests {
             for isa in isas {
                 for threads in [1, 2, 3] {
                     let mut e = CpuInverse::with_isa(op64.clone(), threads, isa).expect("threads");
+                    e.always_split();
                     let mut amp = vec![f64::NAN; n_f * n_s * n_t];
                     let stats = e.process(&data, n_t, Some(&mut amp)).expect("apply");
                     for (a, b) in amp.iter().zip(&want_amp) {
@@ -874,6 +910,7 @@ mod tests {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
         let frames: Vec<f64> = (0..9 * c).map(|_| rng.random_range(-1.0..1.0)).collect();
         let mut batched = CpuInverse::new(op.clone(), 2).expect("threads");
+        batched.always_split();
         let together: Vec<BlockStats> = batched.process(&frames, 1, None).expect("batch").to_vec();
         assert_eq!(together.len(), 9);
         let mut alone = CpuInverse::new(op, 2).expect("threads");
@@ -884,6 +921,25 @@ mod tests {
             assert_eq!(got.peak_source, want.peak_source);
             assert!(close(got.roi_power[0], want.roi_power[0], 1e-12));
         }
+    }
+
+    /// Small blocks stay on the caller; the operator of a real head model is split.
+    #[test]
+    fn only_blocks_worth_it_are_split() {
+        let small = random_kernel(8, 20, 1);
+        let e = CpuInverse::new(
+            Arc::new(PackedInverse::<f32>::new(&small, &roi_every_third(20))),
+            3,
+        )
+        .expect("threads");
+        assert_eq!(e.parts_for(1), 1);
+        let big = random_kernel(64, 2000, 1);
+        let e = CpuInverse::new(
+            Arc::new(PackedInverse::<f32>::new(&big, &roi_every_third(2000))),
+            3,
+        )
+        .expect("threads");
+        assert_eq!(e.parts_for(1), 3);
     }
 
     #[test]
