@@ -33,7 +33,7 @@ const LANES_MAX: usize = 16;
 /// the ROI sums of those columns it stays in the 32-48 KiB L1 data cache of current
 /// cores. Longer blocks read the operator once per pass (from L2/L3: cheap next to the
 /// multiply-adds of the pass).
-const X_CHUNK_BYTES: usize = 12 * 1024;
+const X_CHUNK_BYTES: usize = 128 * 1024;
 /// A block with less work than reading this many bytes of operator (a few microseconds)
 /// stays on the calling thread: waking the helpers would cost more than it saves.
 const SPLIT_MIN_BYTES: usize = 1 << 20;
