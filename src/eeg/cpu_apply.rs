@@ -58,7 +58,8 @@ pub trait Real:
     fn mul_add(self, a: Self, b: Self) -> Self;
     /// The product of one panel (`[n_channels][3][LANES]`) with one column block
     /// (`[n_channels][NR]`), then the norm over orientations times `scale` (`[LANES]`),
-    /// into `amp` (`[NR][LANES]`), with AVX-512.
+    /// into `amp` (`[NR][LANES]`), with AVX-512. `next`, if not empty, is the next panel:
+    /// its lines are fetched into cache while this one is multiplied.
     ///
     /// # Safety
     /// The CPU must have AVX-512F; the slices must hold the sizes above.
@@ -68,6 +69,7 @@ pub trait Real:
         c: usize,
         scale: &[Self],
         amp: &mut [Self],
+        next: &[Self],
     );
 }
 
@@ -548,8 +550,15 @@ fn part<T: Real, const NR: usize, const ISA: u8>(
             for jb in cb0..cb1 {
                 let x = &b.x[jb * c * NR..(jb + 1) * c * NR];
                 if ISA == 2 {
+                    // The first block of a pass fetches the next panel meanwhile: with few
+                    // blocks per panel, reading the operator and multiplying then overlap.
+                    let next = if jb == cb0 && p + 1 < panels.end {
+                        &b.op.kernel[(p + 1) * c * 3 * l..(p + 2) * c * 3 * l]
+                    } else {
+                        &[]
+                    };
                     // SAFETY: ISA 2 runs only inside `part_avx512`, chosen after detection.
-                    unsafe { T::panel_avx512::<NR>(k, x, c, scale, &mut tile) };
+                    unsafe { T::panel_avx512::<NR>(k, x, c, scale, &mut tile, next) };
                 } else {
                     panel_portable::<T, NR>(k, x, c, scale, &mut tile, ISA == 1);
                 }
@@ -651,9 +660,22 @@ macro_rules! avx512_panel {
             c: usize,
             scale: &[$t],
             amp: &mut [$t],
+            next: &[$t],
         ) {
             use std::arch::x86_64::*;
             const L: usize = $lanes;
+            // One channel of a panel is 3 * L values = 192 bytes = 3 cache lines.
+            let pf = !next.is_empty();
+            assert!(!pf || next.len() >= c * 3 * L);
+            let np = next.as_ptr() as *const i8;
+            let fetch = |ch: usize| {
+                if pf {
+                    let line = np.add(ch * 3 * L * std::mem::size_of::<$t>());
+                    _mm_prefetch::<_MM_HINT_T0>(line);
+                    _mm_prefetch::<_MM_HINT_T0>(line.add(64));
+                    _mm_prefetch::<_MM_HINT_T0>(line.add(128));
+                }
+            };
             assert!(
                 k.len() >= c * 3 * L
                     && x.len() >= c * NR
@@ -667,6 +689,8 @@ macro_rules! avx512_panel {
                 let mut odd: [$v; 3] = [$zero(); 3];
                 let mut ch = 0;
                 while ch + 2 <= c {
+                    fetch(ch);
+                    fetch(ch + 1);
                     let x0 = $set1(*xp.add(ch));
                     let x1 = $set1(*xp.add(ch + 1));
                     for o in 0..3 {
@@ -676,6 +700,7 @@ macro_rules! avx512_panel {
                     ch += 2;
                 }
                 if ch < c {
+                    fetch(ch);
                     let x0 = $set1(*xp.add(ch));
                     for o in 0..3 {
                         acc[o][0] = $fmadd($load(kp.add((ch * 3 + o) * L)), x0, acc[o][0]);
@@ -686,6 +711,7 @@ macro_rules! avx512_panel {
                 }
             } else {
                 for ch in 0..c {
+                    fetch(ch);
                     let k0 = $load(kp.add(ch * 3 * L));
                     let k1 = $load(kp.add(ch * 3 * L + L));
                     let k2 = $load(kp.add(ch * 3 * L + 2 * L));
@@ -768,14 +794,18 @@ macro_rules! real_impl {
                 c: usize,
                 scale: &[$t],
                 amp: &mut [$t],
+                next: &[$t],
             ) {
                 #[cfg(target_arch = "x86_64")]
                 {
                     // SAFETY: the caller checked the CPU (trait contract).
-                    unsafe { $avx512::<NR>(k, x, c, scale, amp) }
+                    unsafe { $avx512::<NR>(k, x, c, scale, amp, next) }
                 }
                 #[cfg(not(target_arch = "x86_64"))]
-                panel_portable::<$t, NR>(k, x, c, scale, amp, false)
+                {
+                    let _ = next;
+                    panel_portable::<$t, NR>(k, x, c, scale, amp, false)
+                }
             }
         }
     };
