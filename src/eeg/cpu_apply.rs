@@ -589,10 +589,17 @@ fn part<T: Real, const NR: usize, const ISA: u8>(
                             out.write(base + li * n_t, a);
                         }
                     }
-                    // Most panels hold no new peak: one vector maximum rules them out.
-                    if t == n_t - 1
-                        && power.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v)) > s.peaks[f].1
-                    {
+                    // Most panels hold no new peak: one vector comparison rules them out
+                    // (compares and an or, no horizontal maximum: a frame of one sample
+                    // does this once per panel and column).
+                    if t == n_t - 1 && {
+                        let best = s.peaks[f].1;
+                        let mut higher = false;
+                        for &pw in power.iter() {
+                            higher |= pw > best;
+                        }
+                        higher
+                    } {
                         let peak = &mut s.peaks[f];
                         for (li, &pw) in power[..valid].iter().enumerate() {
                             if pw > peak.1 {
