@@ -1,32 +1,48 @@
 #!/usr/bin/env python3
-"""MNE-Python's apply_inverse_raw against trigd's kernel apply, same sizes, one run.
+"""MNE-Python and trigd applying the same MNE-built inverse operator, in one run.
 
-For 64 channels x ~5000 sources and 128 channels x ~20000 sources this builds a real
-inverse operator with MNE (sphere head model, standard_1005 montage subset, volume source
-space with the grid step chosen to give about that many sources, make_forward_solution,
-noise covariance from simulated noise, make_inverse_operator loose=1 depth=0.8), then
-times, per block of 1 and 32 samples (dSPM, lambda2 = 1/9):
-  mne_prepared    apply_inverse_raw(raw_block, inv_prepared, ..., prepared=True)
-                  (what MNE does per call once the operator is prepared: assemble the
-                  kernel, multiply, combine orientations, build the stc)
-  numpy_kernel    K @ x with MNE's assembled kernel, then combine_xyz and noise norm
-                  (a lower bound for any NumPy implementation, not an MNE API)
-then runs `cargo bench --bench eeg_cpu -- --quick` (trigd, one thread, random operator
-of the same size: the cost does not depend on the values) and prints both.
+For each size (64 channels x ~8,000 sources and 128 channels x ~20,000 sources by
+default) this builds a real inverse operator with MNE (sphere head model, a
+standard_1005 subset, a volume source space whose grid step gives about that many
+sources, make_forward_solution, noise covariance from simulated noise with the average
+reference as a projection, make_inverse_operator(loose=1, depth=0.8)), prepares it for
+dSPM with lambda2 = 1/9, and exports MNE's assembled kernel (projection and whitening
+folded in, `[3 n_sources, n_channels]`) and its noise normalisation (`[n_sources]`) to
+.npy, so trigd applies exactly MNE's numbers. Then, for blocks of 1 and 32 samples and
+one-second chunks, on the same number of threads for both sides:
 
-Run from the crate root:  python3 bench/eeg_vs_mne.py  [--skip-trigd]
+  mne_apply_inverse_raw  apply_inverse_raw(raw_block, inv_prepared, ..., prepared=True)
+                         as users call it (assembles the kernel, multiplies, combines
+                         the orientations, builds the SourceEstimate)
+  numpy_kernel           combine_xyz(K @ x) * noise_norm with MNE's kernel: the bare
+                         NumPy/BLAS product, not an MNE API
+  trigd                  `cargo bench --bench eeg_cpu -- --kernel K.npy --scale N.npy
+                         --amplitudes` (CpuInverse: the full source estimate written,
+                         like MNE's, plus the ROI statistics), float64 and float32
+
+The two sides alternate `--rounds` times (MNE, trigd, MNE, trigd, ...); the table gives
+the median over rounds of each side's median call time, and the speed-up per round.
+Before timing, the script checks that `combine_xyz(K @ x) * noise_norm` reproduces
+MNE's `apply_inverse_raw` on the same block (the export is MNE's operator).
+
+Threads: EEG_BENCH_THREADS (default: all cores) sets OMP/OPENBLAS/MKL_NUM_THREADS for
+NumPy's BLAS and `--threads` for trigd.
+
+Run from the crate root:  python3 bench/eeg_vs_mne.py [--quick] [--rounds N]
+                          [--sizes 64:7.0,128:4.7] [--keep DIR]
 """
 
+import argparse
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
-# One BLAS thread, as trigd's bench uses one thread (and a shared machine is not
-# oversubscribed). Set EEG_BENCH_THREADS to change it.
+THREADS = os.environ.get("EEG_BENCH_THREADS", str(os.cpu_count() or 1))
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, os.environ.get("EEG_BENCH_THREADS", "1"))
+    os.environ[_var] = THREADS
 
 import numpy as np  # noqa: E402
 
@@ -38,10 +54,10 @@ from mne.minimum_norm import (  # noqa: E402
 )
 from mne.minimum_norm.inverse import _assemble_kernel, combine_xyz  # noqa: E402
 
-SIZES = [(64, 7.5), (128, 4.7)]  # (channels, grid step mm) -> ~5000, ~20000 sources
-BLOCKS = [1, 32]
+METHOD = "dSPM"
 LAMBDA2 = 1.0 / 9.0
 SFREQ = 512.0
+BLOCKS = [1, 32, int(SFREQ)]
 
 
 def build(n_ch, pos_mm, rng):
@@ -58,71 +74,127 @@ def build(n_ch, pos_mm, rng):
     noise.set_eeg_reference(projection=True)
     cov = mne.compute_raw_covariance(noise, method="empirical")
     inv = make_inverse_operator(noise.info, fwd, cov, loose=1.0, depth=0.8)
-    return info, inv
+    return noise.info, inv
 
 
-def timeit(fn, budget_s=2.0, min_calls=3):
+def timeit(fn, budget_s, min_calls=3):
     lat = []
     start = time.perf_counter()
     while time.perf_counter() - start < budget_s or len(lat) < min_calls:
         t = time.perf_counter()
         fn()
         lat.append(time.perf_counter() - t)
-    lat = np.array(lat)
-    return np.median(lat), np.percentile(lat, 99), len(lat)
+    return float(np.median(lat)), len(lat)
+
+
+def run_trigd(kpath, npath, quick, extra=()):
+    cmd = ["cargo", "bench", "--bench", "eeg_cpu", "--", "--kernel", kpath, "--scale", npath,
+           "--threads", THREADS, "--blocks", ",".join(map(str, BLOCKS)), "--batch", "1",
+           *extra]
+    if quick:
+        cmd.append("--quick")
+    env = dict(os.environ, CARGO_BUILD_JOBS=os.environ.get("CARGO_BUILD_JOBS", "1"))
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    rows = {}
+    for line in out.splitlines():
+        if line.startswith("impl=trigd"):
+            kv = dict(re.findall(r"(\w+)=(\S+)", line))
+            rows[(kv["dtype"], int(kv["block"]))] = kv
+    return rows
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sizes", default="64:6.1,128:4.5",
+                    help="channels:grid step mm, comma-separated")
+    ap.add_argument("--keep", help="write the exported operators here")
+    args = ap.parse_args()
     mne.set_log_level("ERROR")
     rng = np.random.default_rng(0)
-    rows = []
-    for n_ch, pos_mm in SIZES:
+    budget = 0.5 if args.quick else 1.5
+    outdir = args.keep or tempfile.mkdtemp(prefix="eeg_vs_mne_")
+    os.makedirs(outdir, exist_ok=True)
+    sizes = [(int(a), float(b)) for a, b in (s.split(":") for s in args.sizes.split(","))]
+    ops = []
+    for n_ch, pos_mm in sizes:
+        t = time.perf_counter()
         info, inv = build(n_ch, pos_mm, rng)
+        prepared = prepare_inverse_operator(inv, 1, LAMBDA2, METHOD)
+        K, noise_norm, _, _ = _assemble_kernel(prepared, None, METHOD, None)
         n_src = inv["nsource"]
-        prepared = prepare_inverse_operator(inv, 1, LAMBDA2, "dSPM")
-        K, noise_norm, _, _ = _assemble_kernel(prepared, None, "dSPM", None)
-        for block in BLOCKS:
-            raw = mne.io.RawArray(1e-5 * rng.standard_normal((n_ch, block)), info.copy())
-            raw.set_eeg_reference(projection=True)
-            x = raw.get_data()
+        assert K.shape == (3 * n_src, n_ch), K.shape
+        noise_norm = np.asarray(noise_norm).reshape(-1)
+        assert noise_norm.shape == (n_src,), noise_norm.shape
+        kpath = os.path.join(outdir, f"kernel_{n_ch}x{n_src}.npy")
+        npath = os.path.join(outdir, f"noise_norm_{n_ch}x{n_src}.npy")
+        np.save(kpath, np.ascontiguousarray(K, dtype=np.float64))
+        np.save(npath, noise_norm.astype(np.float64))
+        # The export reproduces MNE's own result.
+        raw = mne.io.RawArray(1e-5 * rng.standard_normal((n_ch, 32)), info.copy())
+        stc = apply_inverse_raw(raw, prepared, LAMBDA2, METHOD, prepared=True)
+        mine = combine_xyz(K @ raw.get_data()) * noise_norm[:, None]
+        err = np.abs(mine - stc.data).max() / np.abs(stc.data).max()
+        assert err < 1e-10, f"exported kernel differs from MNE's apply_inverse_raw: {err}"
+        print(f"# {n_ch} ch x {n_src} sources: operator built in {time.perf_counter() - t:.1f} s, "
+              f"export reproduces apply_inverse_raw to {err:.1e}", flush=True)
+        ops.append((n_ch, n_src, info, prepared, K, noise_norm[:, None], kpath, npath))
 
-            def mne_call():
-                apply_inverse_raw(raw, prepared, LAMBDA2, "dSPM", prepared=True)
+    # side -> (n_ch, dtype, block) -> [median per round]
+    results = {}
+    def put(side, key, v):
+        results.setdefault(side, {}).setdefault(key, []).append(v)
+    for rnd in range(args.rounds):
+        for n_ch, n_src, info, prepared, K, nn, kpath, npath in ops:
+            for block in BLOCKS:
+                raw = mne.io.RawArray(1e-5 * rng.standard_normal((n_ch, block)), info.copy())
+                x = raw.get_data()
+                med, _ = timeit(lambda: apply_inverse_raw(raw, prepared, LAMBDA2, METHOD,
+                                                          prepared=True), budget)
+                put("mne_apply_inverse_raw", (n_ch, n_src, "f64", block), med)
+                med, _ = timeit(lambda: combine_xyz(K @ x) * nn, budget)
+                put("numpy_kernel", (n_ch, n_src, "f64", block), med)
+            for extra, side in ((["--amplitudes"], "trigd"), ([], "trigd_stats_only")):
+                rows = run_trigd(kpath, npath, args.quick, extra)
+                for (dtype, block), kv in rows.items():
+                    put(side, (n_ch, n_src, dtype, block), float(kv["latency_us_median"]) / 1e6)
+                    if side == "trigd":
+                        put("trigd_pct_of_floor", (n_ch, n_src, dtype, block),
+                            float(kv["pct_of_floor"]))
+        print(f"# round {rnd + 1}/{args.rounds} done", flush=True)
 
-            def numpy_call():
-                combine_xyz(K @ x) * noise_norm
-
-            for name, fn in (("mne_prepared", mne_call), ("numpy_kernel", numpy_call)):
-                med, p99, calls = timeit(fn)
-                rows.append((name, "f64", n_ch, n_src, block, calls, med * 1e6, p99 * 1e6, block / med))
-    trigd = []
-    if "--skip-trigd" not in sys.argv:
-        out = subprocess.run(
-            ["cargo", "bench", "--bench", "eeg_cpu", "--", "--quick"],
-            check=True, capture_output=True, text=True,
-        ).stdout
-        for line in out.splitlines():
-            if line.startswith("impl=trigd"):
-                kv = dict(re.findall(r"(\w+)=(\S+)", line))
-                trigd.append(kv)
-                rows.append(("trigd", kv["dtype"], int(kv["n_channels"]), int(kv["n_sources"]),
-                             int(kv["block"]), int(kv["calls"]), float(kv["latency_us_median"]),
-                             float(kv["latency_us_p99"]), float(kv["samples_per_s"])))
-    print(f"mne {mne.__version__}, numpy {np.__version__}, BLAS threads {os.environ['OMP_NUM_THREADS']}")
-    print("| impl | dtype | channels | sources | block | calls | latency median us | p99 us | samples/s |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]} | {r[5]} | {r[6]:.1f} | {r[7]:.1f} | {r[8]:.0f} |")
-    # Speed-up of trigd f64 over MNE per (channels, block); sizes differ slightly in
-    # sources (MNE's grid count vs the round number): compare per source.
-    for r in rows:
-        if r[0] != "mne_prepared":
+    print(f"mne {mne.__version__}, numpy {np.__version__}, threads {THREADS} for both "
+          f"(OMP/OPENBLAS/MKL_NUM_THREADS={THREADS}, trigd --threads {THREADS}), "
+          f"{METHOD}, lambda2 = 1/9, {args.rounds} rounds")
+    print("| impl | dtype | channels | sources | block | median over rounds, us | samples/s |")
+    print("|---|---|---|---|---|---|---|")
+    for side in ("mne_apply_inverse_raw", "numpy_kernel", "trigd", "trigd_stats_only"):
+        for key in sorted(results.get(side, {})):
+            n_ch, n_src, dtype, block = key
+            med = float(np.median(results[side][key]))
+            print(f"| {side} | {dtype} | {n_ch} | {n_src} | {block} | {med * 1e6:.1f} | {block / med:.0f} |")
+    print()
+    print("| channels | sources | block | trigd f64 vs MNE (per round) | trigd f32 vs MNE | "
+          "trigd f64 vs numpy_kernel | trigd % of floor f64 / f32 |")
+    print("|---|---|---|---|---|---|---|")
+    mne_r = results["mne_apply_inverse_raw"]
+    for key in sorted(mne_r):
+        n_ch, n_src, _, block = key
+        t64 = results["trigd"].get((n_ch, n_src, "f64", block))
+        t32 = results["trigd"].get((n_ch, n_src, "f32", block))
+        npk = results["numpy_kernel"][key]
+        if not t64 or not t32:
             continue
-        for t in rows:
-            if t[0] == "trigd" and t[1] == "f64" and t[2] == r[2] and t[4] == r[4]:
-                ratio = (r[6] / r[3]) / (t[6] / t[3])
-                print(f"speed-up trigd f64 vs MNE apply_inverse_raw, {r[2]} ch, block {r[4]}: "
-                      f"{ratio:.1f}x (per-source latency)")
+        per_round = [m / t for m, t in zip(mne_r[key], t64)]
+        s32 = np.median([m / t for m, t in zip(mne_r[key], t32)])
+        snp = np.median([m / t for m, t in zip(npk, t64)])
+        pct = results["trigd_pct_of_floor"]
+        print(f"| {n_ch} | {n_src} | {block} | {np.median(per_round):.1f}x "
+              f"({', '.join(f'{r:.1f}' for r in per_round)}) | {s32:.1f}x | {snp:.1f}x | "
+              f"{np.median(pct[(n_ch, n_src, 'f64', block)]):.0f} / "
+              f"{np.median(pct[(n_ch, n_src, 'f32', block)]):.0f} |")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -147,7 +147,9 @@ impl Plan {
             (_, Some(e)) => Ok(Box::new(CpuEeg::new(
                 e.clone(),
                 self.eeg_streams[w].clone(),
-            ))),
+                self.eeg_threads(e),
+                self.cfg.daemon.batch_max,
+            )?)),
             (None, None) => Ok(Box::new(CpuMultiplicity::new(
                 self.cfg.multiplicity.unwrap_or_default(),
             ))),
@@ -165,6 +167,19 @@ impl Plan {
         }
     }
 
+    /// Threads of each CPU EEG worker's product: `eeg.threads`, or the cores left once
+    /// the inputs and the decision thread have theirs, shared among the workers.
+    pub fn eeg_threads(&self, e: &EegSetup) -> usize {
+        e.config.threads.unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            crate::eeg::cpu_apply::default_threads(
+                cores,
+                self.cfg.inputs.len().max(1),
+                self.workers(),
+            )
+        })
+    }
+
     /// Whether a CPU backend stands behind the primary (a GPU) to take failed batches.
     pub fn has_fallback(&self) -> bool {
         self.kind == BackendKind::Gpu
@@ -176,7 +191,9 @@ impl Plan {
             Some(e) => Ok(Box::new(CpuEeg::new(
                 e.clone(),
                 self.eeg_streams[w].clone(),
-            ))),
+                self.eeg_threads(e),
+                self.cfg.daemon.batch_max,
+            )?)),
             None => anyhow::bail!("no fallback backend for this workload"),
         }
     }

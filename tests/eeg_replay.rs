@@ -205,13 +205,27 @@ fn two_stream_decisions(
     threshold: f64,
     tag: &str,
 ) -> (Vec<serde_json::Value>, Vec<String>) {
+    two_stream_decisions_with(dir, backend, workers, threshold, tag, "16", "")
+}
+
+/// As [`two_stream_decisions`], with `block` samples per frame and `eeg` lines added to the
+/// `[eeg]` table.
+fn two_stream_decisions_with(
+    dir: &Path,
+    backend: &str,
+    workers: &str,
+    threshold: f64,
+    tag: &str,
+    block: &str,
+    eeg: &str,
+) -> (Vec<serde_json::Value>, Vec<String>) {
     let cfg = dir.join(format!("{tag}.toml"));
     let edf = fx("dipole.edf");
     std::fs::write(
         &cfg,
         format!(
             "[[input]]\nname = \"a\"\nfile = \"{edf}\"\n\n[[input]]\nname = \"b\"\nfile = \"{edf}\"\n\n\
-             [eeg.roi]\nsources = [195, 196, 194]\nwindow_ms = 30.0\nthreshold = {threshold:e}\nrefractory_ms = 100.0\n"
+             [eeg]\n{eeg}\n\n[eeg.roi]\nsources = [195, 196, 194]\nwindow_ms = 30.0\nthreshold = {threshold:e}\nrefractory_ms = 100.0\n"
         ),
     )
     .unwrap();
@@ -227,7 +241,7 @@ fn two_stream_decisions(
         "--workers",
         workers,
         "--block-samples",
-        "16",
+        block,
         "--budget-ms",
         "60000",
         "--metrics-addr",
@@ -283,6 +297,39 @@ fn two_streams_on_two_workers_each_decide_as_if_alone() {
     let (two, _) = two_stream_decisions(dir.path(), "cpu", "2", threshold, "two");
     assert_eq!(two.len(), 2 * alone.len());
     assert_each_stream_matches(&two, &alone, 0.0);
+}
+
+/// One-sample frames of two streams, batched as they arrive and split over three threads,
+/// decide as on one thread: same outcomes and peaks, the statistic equal to float32
+/// rounding (a batch's frames share one pass over the operator, so the float32 sums run
+/// in another order than a lone frame's).
+#[test]
+fn one_sample_frames_batched_over_threads_decide_as_on_one_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let threshold = threshold_from_cpu(dir.path());
+    let (one, _) =
+        two_stream_decisions_with(dir.path(), "cpu", "1", threshold, "t1", "1", "threads = 1");
+    let (three, log) =
+        two_stream_decisions_with(dir.path(), "cpu", "1", threshold, "t3", "1", "threads = 3");
+    assert!(
+        log.iter()
+            .any(|l| l.contains("EEG product on the CPU") && l.contains("threads=3")),
+        "{}",
+        log.join("\n")
+    );
+    assert_eq!(one.len(), three.len());
+    assert!(
+        one.len() >= 500,
+        "one-sample frames of both streams: {}",
+        one.len()
+    );
+    let alone: Vec<serde_json::Value> = one
+        .iter()
+        .filter(|r| r["source_id"] == 0)
+        .cloned()
+        .collect();
+    assert_each_stream_matches(&three, &alone, 1e-5);
+    assert!(three.iter().any(|r| r["outcome"] == "accept"));
 }
 
 /// On a machine with two GPUs: one worker per GPU, each stream on one of them, decisions

@@ -4,18 +4,19 @@
 //! backend shares the set-up and everything after the per-block statistics.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use npyz::WriterBuilder;
 use serde::Deserialize;
 
 use super::{Backend, BackendError, BackendKind, Detail, Verdict};
 use crate::config::Config;
+use crate::eeg::cpu_apply::{CpuInverse, PackedInverse, Real};
 use crate::eeg::filter::{BlockFilter, FilterConfig};
 use crate::eeg::inputs::{EegInputPaths, EegInputs};
 use crate::eeg::inverse::Method;
 use crate::eeg::kernel::{InverseKernel, InverseKernelF32};
-use crate::eeg::roi::{block_stats, BlockStats, RoiConfig, RoiMask, RoiTrigger};
+use crate::eeg::roi::{BlockStats, RoiConfig, RoiMask, RoiTrigger};
 use crate::frame::{EegBlockView, FrameView, Payload};
 
 /// Name of the region-of-interest line.
@@ -50,6 +51,10 @@ pub struct EegConfig {
     pub lambda2: f64,
     #[serde(default)]
     pub precision: Precision,
+    /// Threads of each CPU worker's product (the worker's own thread included). Absent:
+    /// the cores left once every input has its thread and the decisions theirs, shared
+    /// among the workers, at least 1.
+    pub threads: Option<usize>,
     /// Inverse kernel cache file (rebuilt when the inputs or method change).
     pub cache: Option<PathBuf>,
     /// Samples per frame when EDF/BDF files are replayed or converted.
@@ -99,6 +104,11 @@ impl EegConfig {
                 ec.block_samples
             );
         }
+        if let Some(t) = ec.threads {
+            if t == 0 || t > 1024 {
+                anyhow::bail!("eeg.threads = {t} must be in 1..=1024 (or absent: automatic)");
+            }
+        }
         if let Some(r) = &ec.roi {
             r.validate()
                 .map_err(|e| anyhow::anyhow!("[eeg.roi]: {e}"))?;
@@ -116,6 +126,10 @@ pub struct EegSetup {
     pub positions_m: Vec<[f64; 3]>,
     pub roi: RoiMask,
     pub sources_out: Option<Arc<Mutex<SourcesOut>>>,
+    /// The operator in the CPU product's layout, built by the first CPU backend that needs
+    /// it and shared by the others.
+    packed_f32: OnceLock<Arc<PackedInverse<f32>>>,
+    packed_f64: OnceLock<Arc<PackedInverse<f64>>>,
 }
 
 impl EegSetup {
@@ -180,7 +194,23 @@ impl EegSetup {
             positions_m,
             roi,
             sources_out,
+            packed_f32: OnceLock::new(),
+            packed_f64: OnceLock::new(),
         })
+    }
+
+    /// The float32 operator in the CPU layout.
+    pub fn packed_f32(&self) -> Arc<PackedInverse<f32>> {
+        self.packed_f32
+            .get_or_init(|| Arc::new(PackedInverse::new(&self.kernel, &self.roi)))
+            .clone()
+    }
+
+    /// The float64 operator in the CPU layout.
+    pub fn packed_f64(&self) -> Arc<PackedInverse<f64>> {
+        self.packed_f64
+            .get_or_init(|| Arc::new(PackedInverse::new(&self.kernel, &self.roi)))
+            .clone()
     }
 
     /// The trigger for a stream at `fs_hz`.
@@ -400,31 +430,177 @@ impl EegStreams {
     }
 }
 
+/// The CPU product of one worker, in the configured precision.
+enum Engine {
+    F32(CpuInverse<f32>),
+    F64(CpuInverse<f64>),
+}
+
+/// Frames of one batch staged for the product, in one precision.
+struct Staged<T> {
+    /// Admitted frames back to back, each channel-major `[n_channels, n_times]`, filtered.
+    data: Vec<T>,
+    /// The source estimate of a group, for `--sources-out`.
+    amplitudes: Vec<T>,
+}
+
+impl<T> Staged<T> {
+    fn new() -> Self {
+        Self {
+            data: Vec::new(),
+            amplitudes: Vec::new(),
+        }
+    }
+}
+
 /// The CPU EEG backend of one worker (its streams keep filter and window state across
-/// blocks).
+/// blocks). The frames of a batch are filtered per stream in arrival order, then frames of
+/// equal length go through the product together (one read of the operator), split over
+/// the worker's threads, and are decided in order.
 pub struct CpuEeg {
     setup: Arc<EegSetup>,
     /// Shared with the GPU backend this one stands behind, if any.
     streams: Arc<Mutex<EegStreams>>,
     names: Vec<String>,
-    data32: Vec<f32>,
-    data64: Vec<f64>,
-    amp32: Vec<f32>,
-    amp64: Vec<f64>,
+    engine: Engine,
+    s32: Staged<f32>,
+    s64: Staged<f64>,
+    /// Per frame of the batch: why it is malformed, if it is.
+    admitted: Vec<Option<&'static str>>,
+    /// Samples of each staged frame.
+    n_times_of: Vec<usize>,
+    /// Statistics of each staged frame.
+    staged_stats: Vec<BlockStats>,
 }
 
 impl CpuEeg {
-    pub fn new(setup: Arc<EegSetup>, streams: Arc<Mutex<EegStreams>>) -> Self {
-        Self {
+    /// A backend whose product runs on `threads` threads (its own included), with buffers
+    /// sized for batches of `max_frames` blocks of the configured length.
+    pub fn new(
+        setup: Arc<EegSetup>,
+        streams: Arc<Mutex<EegStreams>>,
+        threads: usize,
+        max_frames: usize,
+    ) -> anyhow::Result<Self> {
+        let max_times = setup.config.block_samples.max(1);
+        let max_frames = max_frames.max(1);
+        let spawn = |e: std::io::Error| anyhow::anyhow!("starting EEG worker threads: {e}");
+        let engine = match setup.config.precision {
+            Precision::F32 => {
+                let mut e = CpuInverse::new(setup.packed_f32(), threads).map_err(spawn)?;
+                e.reserve(max_frames, max_times);
+                Engine::F32(e)
+            }
+            Precision::F64 => {
+                let mut e = CpuInverse::new(setup.packed_f64(), threads).map_err(spawn)?;
+                e.reserve(max_frames, max_times);
+                Engine::F64(e)
+            }
+        };
+        let (n_threads, isa) = match &engine {
+            Engine::F32(e) => (e.threads(), e.isa()),
+            Engine::F64(e) => (e.threads(), e.isa()),
+        };
+        tracing::info!(
+            threads = n_threads,
+            isa = isa.as_str(),
+            precision = ?setup.config.precision,
+            "EEG product on the CPU"
+        );
+        let block = setup.kernel.n_channels * max_times * max_frames;
+        let mut s32 = Staged::new();
+        let mut s64 = Staged::new();
+        match setup.config.precision {
+            Precision::F32 => s32.data.reserve(block),
+            Precision::F64 => s64.data.reserve(block),
+        }
+        Ok(Self {
             setup,
             streams,
             names: vec![LINE_NAME.to_string()],
-            data32: Vec::new(),
-            data64: Vec::new(),
-            amp32: Vec::new(),
-            amp64: Vec::new(),
+            engine,
+            s32,
+            s64,
+            admitted: Vec::with_capacity(max_frames),
+            n_times_of: Vec::with_capacity(max_frames),
+            staged_stats: vec![BlockStats::with_capacity(max_times); max_frames],
+        })
+    }
+
+    /// Threads of this worker's product.
+    pub fn threads(&self) -> usize {
+        match &self.engine {
+            Engine::F32(e) => e.threads(),
+            Engine::F64(e) => e.threads(),
         }
     }
+}
+
+/// Filters and stages one admitted frame.
+fn stage<T: Real>(
+    staged: &mut Staged<T>,
+    b: &EegBlockView<'_>,
+    filter: Option<&mut BlockFilter>,
+    run: impl FnOnce(&mut BlockFilter, &mut [T], usize),
+) {
+    let start = staged.data.len();
+    staged
+        .data
+        .extend(b.samples.iter().map(|v| T::from_f64(f64::from(v.get()))));
+    if let Some(fl) = filter {
+        run(fl, &mut staged.data[start..], b.n_samples());
+    }
+}
+
+/// The product of the staged frames, group by group of equal length; each frame's
+/// statistics into `stats`, its amplitudes to `--sources-out` if asked for.
+fn reconstruct<T: Real + Into<f64>>(
+    engine: &mut CpuInverse<T>,
+    staged: &mut Staged<T>,
+    n_times_of: &[usize],
+    stats: &mut Vec<BlockStats>,
+    setup: &EegSetup,
+) -> Result<(), BackendError> {
+    let (c, n_s) = (setup.kernel.n_channels, setup.kernel.n_sources);
+    if stats.len() < n_times_of.len() {
+        stats.resize(n_times_of.len(), BlockStats::default());
+    }
+    let (mut i, mut offset) = (0, 0);
+    while i < n_times_of.len() {
+        let t = n_times_of[i];
+        let j = i + n_times_of[i..].iter().take_while(|&&n| n == t).count();
+        let len = (j - i) * c * t;
+        let frames = &staged.data[offset..offset + len];
+        let amplitudes = match setup.sources_out {
+            Some(_) => {
+                staged.amplitudes.clear();
+                staged.amplitudes.resize((j - i) * n_s * t, T::ZERO);
+                Some(staged.amplitudes.as_mut_slice())
+            }
+            None => None,
+        };
+        let got = engine
+            .process(frames, t, amplitudes)
+            .map_err(|e| BackendError::Failed(e.to_string()))?;
+        for (dst, src) in stats[i..j].iter_mut().zip(got) {
+            dst.roi_power.clear();
+            dst.roi_power.extend_from_slice(&src.roi_power);
+            dst.peak_source = src.peak_source;
+            dst.peak_power = src.peak_power;
+        }
+        if let Some(so) = &setup.sources_out {
+            let mut so = so
+                .lock()
+                .map_err(|_| BackendError::Failed("sources-out poisoned".into()))?;
+            for f in 0..j - i {
+                so.push_block(&staged.amplitudes[f * n_s * t..(f + 1) * n_s * t], t)
+                    .map_err(BackendError::Failed)?;
+            }
+        }
+        offset += len;
+        i = j;
+    }
+    Ok(())
 }
 
 impl Backend for CpuEeg {
@@ -443,6 +619,10 @@ impl Backend for CpuEeg {
         let mut streams = streams
             .lock()
             .map_err(|_| BackendError::Failed("EEG stream state poisoned".into()))?;
+        self.admitted.clear();
+        self.n_times_of.clear();
+        self.s32.data.clear();
+        self.s64.data.clear();
         for (index, f) in batch.iter().enumerate() {
             let Payload::Eeg(b) = f.payload else {
                 return Err(BackendError::WrongKind {
@@ -452,57 +632,56 @@ impl Backend for CpuEeg {
             };
             let stream = streams.get(f.header.source_id.get());
             if let Err(reason) = stream.admit(&self.setup, &b) {
+                self.admitted.push(Some(reason));
+                continue;
+            }
+            match self.engine {
+                Engine::F32(_) => stage(&mut self.s32, &b, stream.filter.as_mut(), |fl, d, n| {
+                    fl.process_f32(d, n)
+                }),
+                Engine::F64(_) => stage(&mut self.s64, &b, stream.filter.as_mut(), |fl, d, n| {
+                    fl.process_f64(d, n)
+                }),
+            }
+            self.admitted.push(None);
+            self.n_times_of.push(b.n_samples());
+        }
+        match &mut self.engine {
+            Engine::F32(e) => reconstruct(
+                e,
+                &mut self.s32,
+                &self.n_times_of,
+                &mut self.staged_stats,
+                &self.setup,
+            )?,
+            Engine::F64(e) => reconstruct(
+                e,
+                &mut self.s64,
+                &self.n_times_of,
+                &mut self.staged_stats,
+                &self.setup,
+            )?,
+        }
+        // Decide in arrival order.
+        let mut k = 0;
+        for (f, adm) in batch.iter().zip(&self.admitted) {
+            if let Some(reason) = adm {
                 out.push(Verdict {
                     malformed: Some(reason),
                     ..Default::default()
                 });
                 continue;
             }
-            let n_t = b.n_samples();
-            let n_s = self.setup.kernel.n_sources;
-            match self.setup.config.precision {
-                Precision::F32 => {
-                    self.data32.clear();
-                    self.data32.extend(b.samples.iter().map(|v| v.get()));
-                    if let Some(fl) = stream.filter.as_mut() {
-                        fl.process_f32(&mut self.data32, n_t);
-                    }
-                    self.amp32.resize(n_s * n_t, 0.0);
-                    self.setup
-                        .kernel_f32
-                        .try_apply_f32(&self.data32, n_t, &mut self.amp32)
-                        .map_err(|e| BackendError::Failed(e.to_string()))?;
-                    block_stats(&self.amp32, n_t, &self.setup.roi, &mut stream.stats);
-                    if let Some(so) = &self.setup.sources_out {
-                        let mut so = so
-                            .lock()
-                            .map_err(|_| BackendError::Failed("sources-out poisoned".into()))?;
-                        so.push_block(&self.amp32, n_t)
-                            .map_err(BackendError::Failed)?;
-                    }
-                }
-                Precision::F64 => {
-                    self.data64.clear();
-                    self.data64
-                        .extend(b.samples.iter().map(|v| f64::from(v.get())));
-                    if let Some(fl) = stream.filter.as_mut() {
-                        fl.process_f64(&mut self.data64, n_t);
-                    }
-                    self.amp64.resize(n_s * n_t, 0.0);
-                    self.setup
-                        .kernel
-                        .try_apply_f64(&self.data64, n_t, &mut self.amp64)
-                        .map_err(|e| BackendError::Failed(e.to_string()))?;
-                    block_stats(&self.amp64, n_t, &self.setup.roi, &mut stream.stats);
-                    if let Some(so) = &self.setup.sources_out {
-                        let mut so = so
-                            .lock()
-                            .map_err(|_| BackendError::Failed("sources-out poisoned".into()))?;
-                        so.push_block(&self.amp64, n_t)
-                            .map_err(BackendError::Failed)?;
-                    }
-                }
-            }
+            let Payload::Eeg(b) = f.payload else {
+                unreachable!("checked above")
+            };
+            let stream = streams.get(f.header.source_id.get());
+            let st = &self.staged_stats[k];
+            k += 1;
+            stream.stats.roi_power.clear();
+            stream.stats.roi_power.extend_from_slice(&st.roi_power);
+            stream.stats.peak_source = st.peak_source;
+            stream.stats.peak_power = st.peak_power;
             out.push(stream.decide(&self.setup, b.header.first_sample.get()));
         }
         Ok(())

@@ -4,6 +4,7 @@
 //! runtime.
 
 pub mod cli;
+pub mod cpu_apply;
 pub mod edf;
 pub mod eloreta;
 pub mod filter;
@@ -12,3 +13,4 @@ pub mod inverse;
 pub mod kernel;
 pub mod roi;
 pub mod simulate;
+pub mod workers;
