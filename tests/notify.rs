@@ -164,7 +164,7 @@ fn readiness_watchdog_and_drain_follow_the_pipeline() {
 }
 
 #[test]
-fn without_notify_socket_nothing_changes_and_a_bad_one_is_an_error() {
+fn an_empty_notify_socket_is_an_error() {
     let d = Daemon::spawn_with_env(
         &[
             "run",
