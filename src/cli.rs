@@ -55,6 +55,32 @@ enum Command {
     Report(ReportArgs),
     /// A running daemon at a glance: rates, outcomes, latency, rings, sinks, backend.
     Top(TopArgs),
+    /// A farm of nodes on NATS JetStream: the farm-level accounting check.
+    #[command(subcommand)]
+    Farm(FarmCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum FarmCmd {
+    /// Read the input and decision streams and check frames in = distinct decisions out
+    /// (exit 0 when they balance, 3 when not).
+    Check(FarmCheckArgs),
+}
+
+#[derive(Args, Debug)]
+struct FarmCheckArgs {
+    /// The server, `nats://HOST:PORT`.
+    #[arg(long)]
+    nats: String,
+    /// The frames' work-queue stream.
+    #[arg(long, default_value = "FRAMES")]
+    input: String,
+    /// The nodes' durable consumer.
+    #[arg(long, default_value = crate::farm::DEFAULT_DURABLE)]
+    durable: String,
+    /// The decision stream.
+    #[arg(long, default_value = "DECISIONS")]
+    decisions: String,
 }
 
 #[derive(Subcommand, Debug)]
@@ -140,9 +166,27 @@ struct CommonArgs {
 struct RunArgs {
     #[command(flatten)]
     common: CommonArgs,
-    /// Input socket `udp://HOST:PORT` or `tcp://HOST:PORT` (repeatable); adds to the file's inputs.
+    /// Input `udp://HOST:PORT`, `tcp://HOST:PORT` or `nats://HOST:PORT/STREAM` (a farm node
+    /// pulling from a JetStream work queue) (repeatable); adds to the file's inputs.
     #[arg(long)]
     listen: Vec<String>,
+    /// NATS inputs: the durable consumer the farm's nodes share (default `trigd`).
+    #[arg(long)]
+    durable: Option<String>,
+    /// NATS inputs: seconds the server waits for an acknowledgement before it redelivers
+    /// a frame to another node (default 30; applies when the consumer is created).
+    #[arg(long)]
+    ack_wait_s: Option<f64>,
+    /// NATS: keep trying to reach the server at start for this many seconds (default 0:
+    /// fail at once with a clear error).
+    #[arg(long)]
+    connect_retry_s: Option<f64>,
+    /// Decisions to a NATS JetStream stream `nats://HOST:PORT/STREAM`.
+    #[arg(long)]
+    decisions_nats: Option<String>,
+    /// Accepted frames to a NATS JetStream stream `nats://HOST:PORT/STREAM`.
+    #[arg(long)]
+    accepted_nats: Option<String>,
     /// Prometheus endpoint address (default 127.0.0.1:9187).
     #[arg(long)]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -178,19 +222,30 @@ struct ReplayArgs {
 struct SendArgs {
     /// Recording to play.
     recording: PathBuf,
-    /// Target `udp://HOST:PORT` or `tcp://HOST:PORT`.
+    /// Target `udp://HOST:PORT`, `tcp://HOST:PORT` or `nats://HOST:PORT/STREAM` (a
+    /// JetStream work queue, created if missing; every frame acknowledged by the server).
     #[arg(long)]
     to: String,
     /// Frames per second (default: as fast as possible).
     #[arg(long)]
     rate: Option<f64>,
+    /// NATS: keep trying to reach the server at start for this many seconds.
+    #[arg(long, default_value_t = 0.0)]
+    connect_retry_s: f64,
 }
 
 #[derive(Args, Debug)]
 struct RecordArgs {
-    /// Socket to listen on, `udp://HOST:PORT` or `tcp://HOST:PORT`.
+    /// Socket to listen on, `udp://HOST:PORT` or `tcp://HOST:PORT`, or a JetStream stream
+    /// to consume, `nats://HOST:PORT/STREAM` (each frame acknowledged once written).
     #[arg(long)]
     listen: String,
+    /// NATS: the durable consumer to read with.
+    #[arg(long, default_value = "record")]
+    durable: String,
+    /// NATS: stop after this many frames (default: at SIGINT/SIGTERM).
+    #[arg(long)]
+    count: Option<u64>,
     /// Recording to write (must not exist).
     #[arg(long)]
     out: PathBuf,
@@ -321,6 +376,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
         Command::Replay(a) => cmd_replay(a),
         Command::Send(a) => cmd_send(a),
         Command::Record(a) => cmd_record(a),
+        Command::Farm(FarmCmd::Check(a)) => cmd_farm_check(a),
         Command::Convert(a) => cmd_convert(a),
         Command::Simulate(SimulateCmd::Tracking(a)) => {
             let mut writer = match &a.recording {
@@ -517,17 +573,39 @@ fn exit_code(summary: &crate::pipeline::Summary) -> ExitCode {
 fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
     let mut cfg = load_config(&a.common)?;
     for l in &a.listen {
-        cfg.inputs.push(InputConfig {
+        let mut ic = InputConfig {
             name: None,
             listen: Some(l.clone()),
             file: None,
             speed: None,
-            allow: (!a.allow.is_empty()).then(|| a.allow.clone()),
+            allow: None,
             max_connections: None,
             max_frame_bytes: None,
             idle_timeout_s: None,
             stall_timeout_s: None,
-        });
+            subject: None,
+            durable: None,
+            ack_wait_s: None,
+            max_ack_pending: None,
+            connect_retry_s: None,
+        };
+        if ic.is_nats() {
+            ic.durable = a.durable.clone();
+            ic.ack_wait_s = a.ack_wait_s;
+            ic.connect_retry_s = a.connect_retry_s;
+        } else {
+            ic.allow = (!a.allow.is_empty()).then(|| a.allow.clone());
+        }
+        cfg.inputs.push(ic);
+    }
+    if let Some(u) = &a.decisions_nats {
+        cfg.output.decisions_nats = Some(u.clone());
+    }
+    if let Some(u) = &a.accepted_nats {
+        cfg.output.accepted_nats = Some(u.clone());
+    }
+    if a.connect_retry_s.is_some() && cfg.output.nats_connect_retry_s.is_none() {
+        cfg.output.nats_connect_retry_s = a.connect_retry_s;
     }
     if let Some(m) = a.metrics_addr {
         cfg.daemon.metrics_addr = m;
@@ -560,6 +638,16 @@ fn open_inputs(cfg: &Config) -> anyhow::Result<Vec<Input>> {
     for (index, ic) in cfg.inputs.iter().enumerate() {
         let name = ic.display_name();
         let kind = match (&ic.listen, &ic.file) {
+            (Some(_), _) if ic.is_nats() => {
+                let spec = ic
+                    .nats_spec(cfg.daemon.ring_slots)
+                    .map_err(|e| anyhow::anyhow!("input {name}: {e}"))?;
+                let url = spec.url.to_string();
+                let source = crate::sources::nats::NatsSource::open(spec)
+                    .with_context(|| format!("input {name}"))?;
+                tracing::info!(input = %name, %url, "pulling frames from the work queue");
+                InputKind::Nats(Box::new(source))
+            }
             (Some(l), _) => {
                 let ep: Endpoint = l
                     .parse()
@@ -625,6 +713,11 @@ fn cmd_replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
         max_frame_bytes: None,
         idle_timeout_s: None,
         stall_timeout_s: None,
+        subject: None,
+        durable: None,
+        ack_wait_s: None,
+        max_ack_pending: None,
+        connect_retry_s: None,
     }];
     if let Some(m) = a.metrics_addr {
         cfg.daemon.metrics_addr = m;
@@ -633,7 +726,7 @@ fn cmd_replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
     let inputs = open_inputs(&cfg)?;
     let total = match &inputs[0].kind {
         InputKind::File(f, _) => f.total(),
-        InputKind::Socket(..) => None,
+        InputKind::Socket(..) | InputKind::Nats(..) => None,
     };
     let show_progress = !a.no_progress && std::io::stderr().is_terminal();
     let summary = daemon::execute(
@@ -664,11 +757,38 @@ fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
     Ok(stop)
 }
 
+fn is_nats(s: &str) -> bool {
+    s.trim_start().to_ascii_lowercase().starts_with("nats://")
+}
+
 fn cmd_send(a: SendArgs) -> anyhow::Result<ExitCode> {
-    let to: Endpoint = a.to.parse().map_err(|e| anyhow::anyhow!("--to: {e}"))?;
     let rec = crate::recording::Recording::open(&a.recording)
         .with_context(|| format!("opening {}", a.recording.display()))?;
     let stop = stop_on_signals()?;
+    if is_nats(&a.to) {
+        let url: crate::farm::NatsUrl = a.to.parse().map_err(|e| anyhow::anyhow!("--to: {e}"))?;
+        anyhow::ensure!(
+            a.connect_retry_s.is_finite() && a.connect_retry_s >= 0.0,
+            "--connect-retry-s must be a number of seconds >= 0"
+        );
+        let s = crate::farm::publish_recording(
+            &rec,
+            &url,
+            a.rate,
+            std::time::Duration::from_secs_f64(a.connect_retry_s),
+            &stop,
+        )?;
+        println!(
+            "published {} frames to {url} in {:.3} s ({:.0} frames/s), every one acknowledged; {} already in the stream, {} sent again",
+            s.frames,
+            s.elapsed.as_secs_f64(),
+            s.frames as f64 / s.elapsed.as_secs_f64().max(1e-9),
+            s.duplicates,
+            s.retries
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let to: Endpoint = a.to.parse().map_err(|e| anyhow::anyhow!("--to: {e}"))?;
     let s = crate::send::send(&rec, &to, a.rate, &stop)?;
     println!(
         "sent {} frames to {to} in {:.3} s ({:.0} frames/s)",
@@ -679,7 +799,46 @@ fn cmd_send(a: SendArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn cmd_farm_check(a: FarmCheckArgs) -> anyhow::Result<ExitCode> {
+    let url: crate::farm::NatsUrl = a.nats.parse().map_err(|e| anyhow::anyhow!("--nats: {e}"))?;
+    let c = crate::farm::check(&url, &a.input, &a.durable, &a.decisions)?;
+    println!(
+        "frames in {}, waiting {}, unacknowledged {}; decisions {} ({} distinct frames): accept {} reject {} timeout {} dropped {} malformed {}",
+        c.frames_in,
+        c.frames_waiting,
+        c.frames_unacked,
+        c.decisions,
+        c.distinct_decisions,
+        c.outcomes[0],
+        c.outcomes[1],
+        c.outcomes[2],
+        c.outcomes[3],
+        c.outcomes[4]
+    );
+    if c.balanced() {
+        println!("balanced: every frame has exactly one decision");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("NOT balanced");
+        Ok(ExitCode::from(3))
+    }
+}
+
 fn cmd_record(a: RecordArgs) -> anyhow::Result<ExitCode> {
+    if is_nats(&a.listen) {
+        let url: crate::farm::NatsUrl = a
+            .listen
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--listen: {e}"))?;
+        let fsync = a
+            .fsync
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--fsync: {e}"))?;
+        let stop = stop_on_signals()?;
+        let n = crate::farm::record_stream(&url, &a.durable, &a.out, fsync, a.count, &stop)?;
+        println!("recorded {n} frames from {url} to {}", a.out.display());
+        return Ok(ExitCode::SUCCESS);
+    }
     let listen: Endpoint = a
         .listen
         .parse()

@@ -194,6 +194,19 @@ pub struct InputConfig {
     pub idle_timeout_s: Option<f64>,
     /// TCP: close a connection that stops inside a frame for this long, seconds (default 10).
     pub stall_timeout_s: Option<f64>,
+    /// NATS (`listen = "nats://HOST:PORT/STREAM"`): only messages on this subject (filter
+    /// with `*` and `>`; default: every subject of the stream).
+    pub subject: Option<String>,
+    /// NATS: the durable consumer the farm's nodes share (default `trigd`).
+    pub durable: Option<String>,
+    /// NATS: how long the server waits for a frame's acknowledgement before it hands the
+    /// frame to another node, seconds (default 30). Used when the consumer is created.
+    pub ack_wait_s: Option<f64>,
+    /// NATS: most frames delivered and unacknowledged over all nodes (default 65536).
+    pub max_ack_pending: Option<i64>,
+    /// NATS: keep trying to reach the server at start for this long, seconds, with a logged
+    /// back-off (default 0: a clear error at once).
+    pub connect_retry_s: Option<f64>,
 }
 
 impl InputConfig {
@@ -211,6 +224,92 @@ impl InputConfig {
                 .stall_timeout_s
                 .map_or(d.stall_timeout, Duration::from_secs_f64),
         }
+    }
+
+    /// Whether this is a NATS JetStream input.
+    pub fn is_nats(&self) -> bool {
+        self.listen
+            .as_deref()
+            .is_some_and(|l| l.trim_start().to_ascii_lowercase().starts_with("nats://"))
+    }
+
+    /// The NATS input's settings; `in_flight_max` is the input's frame slots.
+    pub fn nats_spec(
+        &self,
+        in_flight_max: usize,
+    ) -> Result<crate::sources::nats::NatsInputSpec, String> {
+        let listen = self.listen.as_deref().unwrap_or_default();
+        let url: crate::farm::NatsUrl = listen.parse().map_err(|e| format!("{e}"))?;
+        url.stream().map_err(|e| e.to_string())?;
+        Ok(crate::sources::nats::NatsInputSpec {
+            url,
+            consumer: crate::farm::ConsumerSpec {
+                durable: self
+                    .durable
+                    .clone()
+                    .unwrap_or_else(|| crate::farm::DEFAULT_DURABLE.into()),
+                filter_subject: self.subject.clone(),
+                ack_wait: self
+                    .ack_wait_s
+                    .map_or(crate::farm::DEFAULT_ACK_WAIT, Duration::from_secs_f64),
+                max_ack_pending: self
+                    .max_ack_pending
+                    .unwrap_or(crate::farm::DEFAULT_MAX_ACK_PENDING),
+            },
+            duplicate_window: crate::farm::DEFAULT_DUPLICATE_WINDOW,
+            connect_retry: self
+                .connect_retry_s
+                .map_or(Duration::ZERO, Duration::from_secs_f64),
+            in_flight_max,
+        })
+    }
+
+    fn validate_nats(&self, i: usize) -> Result<(), String> {
+        let nats_only = self.subject.is_some()
+            || self.durable.is_some()
+            || self.ack_wait_s.is_some()
+            || self.max_ack_pending.is_some()
+            || self.connect_retry_s.is_some();
+        if !self.is_nats() {
+            if nats_only {
+                return Err(format!(
+                    "input[{i}]: subject, durable, ack_wait_s, max_ack_pending and connect_retry_s apply to `listen = \"nats://...\"` inputs only"
+                ));
+            }
+            return Ok(());
+        }
+        self.nats_spec(1)
+            .map_err(|e| format!("input[{i}].listen: {e}"))?;
+        if let Some(s) = &self.subject {
+            if !crate::farm::valid_subject(s) {
+                return Err(format!("input[{i}].subject {s:?} is not a NATS subject (tokens separated by dots, wildcards * and >)"));
+            }
+        }
+        if let Some(d) = &self.durable {
+            if !crate::farm::valid_name(d) {
+                return Err(format!("input[{i}].durable {d:?} must be 1 to 64 printable characters without . * > / \\ or spaces"));
+            }
+        }
+        for (name, v, max) in [
+            ("ack_wait_s", self.ack_wait_s, 86_400.0),
+            ("connect_retry_s", self.connect_retry_s, 86_400.0),
+        ] {
+            if v.is_some_and(|s| !(s.is_finite() && s >= 0.0 && s <= max)) {
+                return Err(format!(
+                    "input[{i}].{name} must be a number of seconds in [0, 86400]"
+                ));
+            }
+        }
+        if self.ack_wait_s.is_some_and(|s| s < 0.1) {
+            return Err(format!("input[{i}].ack_wait_s must be at least 0.1"));
+        }
+        if self.max_ack_pending.is_some_and(|n| n < 1) {
+            return Err(format!("input[{i}].max_ack_pending must be at least 1"));
+        }
+        if self.allow.is_some() {
+            return Err(format!("input[{i}].allow applies to udp:// and tcp:// inputs; a NATS input takes what the server holds"));
+        }
+        Ok(())
     }
 
     fn validate_limits(&self, i: usize) -> Result<(), String> {
@@ -303,6 +402,17 @@ pub struct OutputConfig {
     pub rotate_bytes: Option<u64>,
     /// Rotated decision logs kept (`FILE.1` .. `FILE.N`, default 5).
     pub rotate_keep: Option<usize>,
+    /// Decisions to a NATS JetStream stream, `nats://HOST:PORT/STREAM` (created if missing;
+    /// subjects `STREAM.WORKLOAD.OUTCOME`; de-duplicated per frame).
+    pub decisions_nats: Option<String>,
+    /// Accepted frames to a NATS JetStream stream of their own, `nats://HOST:PORT/STREAM`.
+    pub accepted_nats: Option<String>,
+    /// De-duplication window of the streams trigd creates, seconds (default 120): longer
+    /// than the inputs' ack wait.
+    pub nats_duplicate_window_s: Option<f64>,
+    /// Keep trying to reach the NATS server of the outputs at start for this long, seconds
+    /// (default 0: a clear error at once).
+    pub nats_connect_retry_s: Option<f64>,
 }
 
 impl OutputConfig {
@@ -318,6 +428,18 @@ impl OutputConfig {
                 Some(s) => Some(Duration::from_secs_f64(s)),
             },
         }
+    }
+
+    pub fn nats_duplicate_window(&self) -> Duration {
+        self.nats_duplicate_window_s.map_or(
+            crate::farm::DEFAULT_DUPLICATE_WINDOW,
+            Duration::from_secs_f64,
+        )
+    }
+
+    pub fn nats_connect_retry(&self) -> Duration {
+        self.nats_connect_retry_s
+            .map_or(Duration::ZERO, Duration::from_secs_f64)
     }
 
     /// Size rotation of the decision logs.
@@ -432,6 +554,29 @@ impl Config {
         if o.rotate_keep.is_some_and(|k| k == 0 || k > 1000) {
             return Err("output.rotate_keep must be in 1..=1000".into());
         }
+        for (what, u) in [
+            ("decisions_nats", &o.decisions_nats),
+            ("accepted_nats", &o.accepted_nats),
+        ] {
+            if let Some(u) = u {
+                let url: crate::farm::NatsUrl =
+                    u.parse().map_err(|e| format!("output.{what}: {e}"))?;
+                url.stream().map_err(|e| format!("output.{what}: {e}"))?;
+            }
+        }
+        for (what, v) in [
+            ("nats_duplicate_window_s", o.nats_duplicate_window_s),
+            ("nats_connect_retry_s", o.nats_connect_retry_s),
+        ] {
+            if v.is_some_and(|s| !(s.is_finite() && (0.0..=86_400.0).contains(&s))) {
+                return Err(format!(
+                    "output.{what} must be a number of seconds in [0, 86400]"
+                ));
+            }
+        }
+        if o.nats_duplicate_window_s.is_some_and(|s| s < 1.0) {
+            return Err("output.nats_duplicate_window_s must be at least 1".into());
+        }
         Ok(())
     }
 
@@ -484,6 +629,11 @@ impl Config {
         let mut names = std::collections::HashSet::new();
         for (i, input) in self.inputs.iter().enumerate() {
             match (&input.listen, &input.file) {
+                (Some(_), None) if input.is_nats() => {
+                    if input.speed.is_some() {
+                        return Err(format!("input[{i}].speed applies to files only"));
+                    }
+                }
                 (Some(l), None) => {
                     l.parse::<crate::sources::Endpoint>()
                         .map_err(|e| format!("input[{i}].listen: {e}"))?;
@@ -499,6 +649,7 @@ impl Config {
                 }
             }
             input.validate_limits(i)?;
+            input.validate_nats(i)?;
             if !names.insert(input.display_name()) {
                 return Err(format!(
                     "input[{i}].name {:?} is used twice",

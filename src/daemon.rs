@@ -102,6 +102,12 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
         ],
         stages: metrics.stages(),
         rings: Mutex::new(Vec::new()),
+        nats: inputs
+            .iter()
+            .map(|i| {
+                matches!(i.kind, pipeline::InputKind::Nats(_)).then(|| metrics.nats_source(&i.name))
+            })
+            .collect(),
     });
 
     let progress = opts.progress_total.map(|total| {
@@ -138,13 +144,36 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
         )))),
         None => None,
     };
-    let accepted_cb = accepted.clone().map(|w| {
+    // Accepted frames to a JetStream stream of their own, each publish acknowledged.
+    let mut accepted_nats = match &output.accepted_nats {
+        Some(u) => {
+            let url: crate::farm::NatsUrl = u
+                .parse()
+                .map_err(|e| anyhow::anyhow!("output.accepted_nats: {e}"))?;
+            Some(
+                crate::sinks::nats::NatsAccepted::connect(
+                    &url,
+                    output.nats_duplicate_window(),
+                    output.nats_connect_retry(),
+                )
+                .with_context(|| format!("accepted frames to {url}"))?,
+            )
+        }
+        None => None,
+    };
+    let accepted_cb = (accepted.is_some() || accepted_nats.is_some()).then(|| {
+        let w = accepted.clone();
         Box::new(move |bytes: &[u8]| -> std::io::Result<()> {
-            let mut g = w
-                .lock()
-                .map_err(|_| std::io::Error::other("accepted recording poisoned"))?;
-            match g.as_mut() {
-                Some(w) => w.append(bytes).map(|_| ()).map_err(std::io::Error::other),
+            if let Some(w) = &w {
+                let mut g = w
+                    .lock()
+                    .map_err(|_| std::io::Error::other("accepted recording poisoned"))?;
+                if let Some(w) = g.as_mut() {
+                    w.append(bytes).map(|_| ()).map_err(std::io::Error::other)?;
+                }
+            }
+            match accepted_nats.as_mut() {
+                Some(n) => n.publish(bytes),
                 None => Ok(()),
             }
         }) as Box<dyn FnMut(&[u8]) -> std::io::Result<()> + Send>
@@ -157,7 +186,7 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
         for s in &sinks {
             metrics.prepare_sink(s.kind());
         }
-        if output.accepted_recording.is_some() {
+        if output.accepted_recording.is_some() || output.accepted_nats.is_some() {
             metrics.prepare_sink("recording");
         }
         Ok(sinks)
@@ -292,6 +321,23 @@ fn build_sinks(
         };
         sinks.push(GuardedSink::new(Box::new(sink), policy, spill, settings));
     }
+    if let Some(u) = &output.decisions_nats {
+        let url: crate::farm::NatsUrl = u
+            .parse()
+            .map_err(|e| anyhow::anyhow!("output.decisions_nats: {e}"))?;
+        let sink = crate::sinks::nats::NatsSink::connect(
+            &url,
+            output.nats_duplicate_window(),
+            output.nats_connect_retry(),
+        )
+        .with_context(|| format!("decision stream {url}"))?;
+        sinks.push(GuardedSink::new(
+            Box::new(sink),
+            SinkPolicy::Block,
+            None,
+            settings,
+        ));
+    }
     if let Some(a) = &output.decisions_udp {
         let sink = crate::sinks::udp::UdpSink::connect(&a.to_string())
             .map(|u| u.with_error_counter(udp_errors.clone()))
@@ -370,6 +416,8 @@ struct MetricsObserver {
     backends: [BackendMetrics; 2],
     stages: [prometheus::Histogram; 5],
     rings: Mutex<Vec<(String, RingMetrics)>>,
+    /// Per source, a NATS input's metrics (`None` for other inputs).
+    nats: Vec<Option<crate::metrics::NatsSourceMetrics>>,
 }
 
 impl Observe for MetricsObserver {
@@ -428,6 +476,23 @@ impl Observe for MetricsObserver {
     fn accounting(&self, source: u16, balanced: bool) {
         if let Some(s) = self.sources.get(source as usize) {
             let _ = (s, balanced);
+        }
+    }
+    fn consumer_state(&self, source: u16, state: &crate::sources::nats::ConsumerState) {
+        if let Some(n) = self.nats.get(source as usize).and_then(Option::as_ref) {
+            n.pending.set(state.pending as i64);
+            n.ack_pending.set(state.ack_pending as i64);
+            n.consumer_redelivered.set(state.redelivered as i64);
+        }
+    }
+    fn redelivered(&self, source: u16) {
+        if let Some(n) = self.nats.get(source as usize).and_then(Option::as_ref) {
+            n.redelivered.inc();
+        }
+    }
+    fn acked(&self, source: u16, n: u64) {
+        if let Some(m) = self.nats.get(source as usize).and_then(Option::as_ref) {
+            m.acked.inc_by(n);
         }
     }
 }

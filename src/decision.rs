@@ -85,6 +85,10 @@ pub struct Decision {
     pub latency_ns: u64,
     pub backend: Option<BackendKind>,
     pub detail: Detail,
+    /// How the input names this frame's delivery, to acknowledge it once the decision is
+    /// written: a NATS input's stream sequence number; 0 for inputs that acknowledge
+    /// nothing. Not part of the decision record.
+    pub delivery: u64,
 }
 
 /// Names that decision records refer to by index: sources and trigger lines.

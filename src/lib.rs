@@ -12,6 +12,7 @@ pub mod config;
 pub mod daemon;
 pub mod decision;
 pub mod eeg;
+pub mod farm;
 pub mod frame;
 pub mod fuzz;
 pub mod gpu;

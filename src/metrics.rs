@@ -324,6 +324,16 @@ impl BackendMetrics {
     }
 }
 
+/// A NATS input's counters and its consumer's state.
+#[derive(Debug, Clone)]
+pub struct NatsSourceMetrics {
+    pub acked: IntCounter,
+    pub redelivered: IntCounter,
+    pub pending: IntGauge,
+    pub ack_pending: IntGauge,
+    pub consumer_redelivered: IntGauge,
+}
+
 /// All of trigd's metrics and the registry that exports them.
 #[derive(Debug)]
 pub struct Metrics {
@@ -346,6 +356,9 @@ pub struct Metrics {
     sink_lost: IntCounterVec,
     ring_fill_max: GaugeVec,
     input_refused: IntCounterVec,
+    nats_acked: IntCounterVec,
+    nats_redelivered: IntCounterVec,
+    nats_consumer: IntGaugeVec,
     /// Rings whose peak fill is read (and reset) at each scrape.
     watched_rings: Mutex<Vec<(Gauge, crate::ring::Fill)>>,
     sources: Mutex<Vec<Arc<SourceShared>>>,
@@ -521,6 +534,27 @@ impl Metrics {
             "Datagrams and connections an input refused before they became frames (not_allowed, too_many_connections, idle, stalled, too_large).",
             ["source", "reason"]
         );
+        let nats_acked = family!(
+            &r,
+            IntCounterVec,
+            "trigd_nats_acked_total",
+            "Frames of a NATS input acknowledged to the work queue after their decisions were written by every sink.",
+            ["source"]
+        );
+        let nats_redelivered = family!(
+            &r,
+            IntCounterVec,
+            "trigd_nats_redelivered_total",
+            "Frames a NATS input received that the server had delivered before (to this node or another).",
+            ["source"]
+        );
+        let nats_consumer = family!(
+            &r,
+            IntGaugeVec,
+            "trigd_nats_consumer_messages",
+            "A NATS input's durable consumer as the server reports it, over all nodes: state=pending (not yet delivered), ack_pending (delivered, not acknowledged), redelivered (delivered again, not acknowledged).",
+            ["source", "state"]
+        );
         let build_info = family!(
             &r,
             IntGaugeVec,
@@ -572,6 +606,9 @@ impl Metrics {
             sink_lost,
             ring_fill_max,
             input_refused,
+            nats_acked,
+            nats_redelivered,
+            nats_consumer,
             watched_rings: Mutex::new(Vec::new()),
             sources: Mutex::new(Vec::new()),
             in_flight_max_frames: AtomicU64::new(0),
@@ -581,6 +618,17 @@ impl Metrics {
     /// The registry, to add process or custom collectors.
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// Handles of a NATS input's metrics (resolved once, exported at 0).
+    pub fn nats_source(&self, name: &str) -> NatsSourceMetrics {
+        NatsSourceMetrics {
+            acked: self.nats_acked.with_label_values(&[name]),
+            redelivered: self.nats_redelivered.with_label_values(&[name]),
+            pending: self.nats_consumer.with_label_values(&[name, "pending"]),
+            ack_pending: self.nats_consumer.with_label_values(&[name, "ack_pending"]),
+            consumer_redelivered: self.nats_consumer.with_label_values(&[name, "redelivered"]),
+        }
     }
 
     /// Handle for source `name`: the five plain outcome children are resolved now and
@@ -787,6 +835,7 @@ mod tests {
 
     fn decision(source: u16, outcome: Outcome, reason: &'static str, latency_ns: u64) -> Decision {
         Decision {
+            delivery: 0,
             source,
             source_id: 7,
             seq: 1,

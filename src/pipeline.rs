@@ -83,6 +83,12 @@ pub trait Observe: Send + Sync {
     fn accounting(&self, _source: u16, _balanced: bool) {}
     /// A network input refused a datagram or connection (never a frame).
     fn refused(&self, _source: u16, _reason: &'static str) {}
+    /// A NATS input's consumer, as the server reports it (about once a second).
+    fn consumer_state(&self, _source: u16, _state: &crate::sources::nats::ConsumerState) {}
+    /// A NATS input received a message delivered before (to this node or another).
+    fn redelivered(&self, _source: u16) {}
+    /// A NATS input acknowledged `n` frames whose decisions were written.
+    fn acked(&self, _source: u16, _n: u64) {}
 }
 
 /// An observer that records nothing.
@@ -111,6 +117,9 @@ pub enum InputKind {
     /// A bound UDP socket or TCP listener and what it admits; never waits for the pipeline.
     Socket(crate::sources::BoundSource, crate::sources::Limits),
     File(Box<dyn FrameFeed>, Speed),
+    /// A JetStream pull consumer (a farm node): waits for room instead of dropping, and
+    /// acknowledges each frame once its decision is written by every sink.
+    Nats(Box<crate::sources::nats::NatsSource>),
 }
 
 pub struct Input {
@@ -310,6 +319,8 @@ struct SideRecord {
     outcome: Outcome,
     reason: &'static str,
     arrival: Instant,
+    /// See [`Slot::delivery`].
+    delivery: u64,
 }
 
 struct Done {
@@ -482,7 +493,31 @@ pub fn run(
     let failovers = Arc::new(AtomicU64::new(0));
     let mut reloads: Vec<Sender<Arc<Config>>> = Vec::new();
 
+    // NATS inputs: a channel from the decision thread to each input's acknowledging thread,
+    // for the deliveries whose decisions are written (at most the input's slots are held).
+    let mut acks = Acks {
+        tx: (0..n_inputs).map(|_| None).collect(),
+        held: Vec::with_capacity(total_slots),
+        since: None,
+    };
+    let mut ackers = Vec::new();
+    for (i, input) in inputs.iter().enumerate() {
+        if let InputKind::Nats(src) = &input.kind {
+            let (tx, rx) = crossbeam_channel::bounded::<u64>(slots.max(1) * 2);
+            acks.tx[i] = Some(tx);
+            ackers.push((i as u16, src.acker(), rx));
+        }
+    }
+
     let summary = std::thread::scope(|scope| -> anyhow::Result<Summary> {
+        // Acknowledging threads of the NATS inputs: they end when the decision thread drops
+        // its ends of their channels, after its last flush.
+        for (i, acker, rx) in ackers {
+            let observer = observer.clone();
+            std::thread::Builder::new()
+                .name(format!("ack-{i}"))
+                .spawn_scoped(scope, move || acker.run(rx, |n| observer.acked(i, n)))?;
+        }
         // Sources.
         let mut source_handles = Vec::new();
         for ((i, input), (frx, txs)) in inputs.into_iter().enumerate().zip(source_ends) {
@@ -596,6 +631,7 @@ pub fn run(
             &workers_live,
             &shared,
             &fills,
+            acks,
         );
         for h in source_handles {
             match h.join() {
@@ -647,6 +683,18 @@ struct SourceCtx {
 
 impl SourceCtx {
     fn side(&self, bytes: &[u8], outcome: Outcome, reason: &'static str, arrival: Instant) {
+        self.side_delivered(bytes, outcome, reason, arrival, 0);
+    }
+
+    /// [`SourceCtx::side`] for a frame with a delivery to acknowledge.
+    fn side_delivered(
+        &self,
+        bytes: &[u8],
+        outcome: Outcome,
+        reason: &'static str,
+        arrival: Instant,
+        delivery: u64,
+    ) {
         let (source_id, seq, timestamp_ns) = match frame::FrameHeader::read_from_prefix(bytes) {
             Ok((h, _)) if h.magic == frame::MAGIC => {
                 (h.source_id.get(), h.sequence.get(), h.timestamp_ns.get())
@@ -661,6 +709,7 @@ impl SourceCtx {
             outcome,
             reason,
             arrival,
+            delivery,
         };
         // The channel is larger than the slot pool; if the decision thread is that far
         // behind, the source waits rather than lose the record.
@@ -720,6 +769,35 @@ impl SourceCtx {
         if let Err(slot) = self.push(slot) {
             self.side(&slot.bytes, Outcome::Dropped, self.full_reason(), arrival);
             self.spare = Some(slot);
+        }
+    }
+
+    /// Takes in one frame from a NATS input: validate, then wait for a slot and a ring
+    /// place. Nothing is dropped: the stream keeps what the node has no room for, and the
+    /// input pulls only as many frames as it has slots, so the wait is short.
+    fn admit_delivery(&mut self, bytes: &[u8], delivery: u64, arrival: Instant) {
+        self.count_in();
+        let view = match frame::parse(bytes) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::debug!(source = self.index, "malformed frame: {e}");
+                self.side_delivered(bytes, Outcome::Malformed, e.reason(), arrival, delivery);
+                return;
+            }
+        };
+        self.observe_sequence(&view);
+        let mut slot = loop {
+            if let Some(s) = self.spare.take().or_else(|| self.free.try_pop()) {
+                break s;
+            }
+            std::thread::yield_now();
+        };
+        slot.fill(bytes, arrival);
+        slot.delivery = delivery;
+        let mut pending = slot;
+        while let Err(back) = self.push(pending) {
+            pending = back;
+            std::thread::yield_now();
         }
     }
 
@@ -795,6 +873,26 @@ fn run_source(mut ctx: SourceCtx, kind: InputKind, stop: &AtomicBool) -> anyhow:
                 malformed = stats.malformed,
                 refused = stats.refused,
                 "source stopped"
+            );
+            Ok(())
+        }
+        InputKind::Nats(mut source) => {
+            let observer = ctx.observer.clone();
+            let index = ctx.index;
+            let stats = source.run(
+                stop,
+                |state| observer.consumer_state(index, &state),
+                |bytes, delivery, redelivered, arrival| {
+                    if redelivered {
+                        ctx.observer.redelivered(ctx.index);
+                    }
+                    ctx.admit_delivery(bytes, delivery, arrival);
+                },
+            )?;
+            tracing::info!(
+                source = ctx.index,
+                frames = stats.frames,
+                "NATS source stopped"
             );
             Ok(())
         }
@@ -1182,6 +1280,7 @@ fn process_batch(
                 .as_nanos() as u64,
             backend,
             detail,
+            delivery: slot.delivery,
         };
         let mut item = Done { decision: d, slot };
         // The done ring holds every slot in existence, so this cannot stay full.
@@ -1210,6 +1309,7 @@ fn decide_loop(
     workers_live: &AtomicUsize,
     _shared: &[SourceShared],
     fills: &[(String, Fill)],
+    mut acks: Acks,
 ) -> Summary {
     let mut summary = Summary {
         sources: (0..free.len()).map(|_| SourceTotals::default()).collect(),
@@ -1243,11 +1343,14 @@ fn decide_loop(
                     break;
                 };
                 any = true;
-                if decision.accepted {
-                    record_accepted(rt, &mut summary, &slot.bytes);
-                }
+                // A frame whose accepted copy could not be kept is not acknowledged: it
+                // comes back and is decided (and kept) again.
+                let kept = !decision.accepted || record_accepted(rt, &mut summary, &slot.bytes);
                 record(rt, names, &mut summary, &decision);
                 decided += 1;
+                if decision.delivery != 0 && kept {
+                    acks.hold(slot.source, decision.delivery);
+                }
                 let src = slot.source as usize;
                 slot.bytes.clear();
                 if free[src].try_push(slot).is_err() {
@@ -1273,9 +1376,13 @@ fn decide_loop(
                             latency_ns: s.arrival.elapsed().as_nanos() as u64,
                             backend: None,
                             detail: Detail::None,
+                            delivery: s.delivery,
                         };
                         record(rt, names, &mut summary, &d);
                         decided += 1;
+                        if s.delivery != 0 {
+                            acks.hold(s.source, s.delivery);
+                        }
                     }
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => {
@@ -1283,6 +1390,12 @@ fn decide_loop(
                         break;
                     }
                 }
+            }
+        }
+        if acks.due(!any) {
+            flush_sinks(rt, names);
+            if rt.sinks.iter().all(GuardedSink::all_written) {
+                acks.release();
             }
         }
         if any {
@@ -1327,6 +1440,17 @@ fn decide_loop(
         summary.sink_errors += t.errors;
         summary.sinks.push(t);
     }
+    // Frames whose decisions some sink lost stay unacknowledged: the work queue hands them
+    // to another node.
+    if summary.sinks.iter().all(|t| t.undelivered() == 0) {
+        acks.release();
+    } else if !acks.held.is_empty() {
+        tracing::warn!(
+            frames = acks.held.len(),
+            "not acknowledging frames whose decisions were not all written; the work queue redelivers them"
+        );
+    }
+    drop(acks);
     rt.sink_blocked.store(false, Ordering::Relaxed);
     if let Some(p) = &rt.progress {
         p(decided);
@@ -1344,11 +1468,60 @@ fn update_readiness(rt: &DecideCtx<'_>) {
     }
 }
 
+/// Acknowledgements for the NATS inputs, held by the decision thread until the sinks have
+/// flushed the decisions they belong to.
+struct Acks {
+    /// Per input: the channel to its acknowledging thread (NATS inputs only).
+    tx: Vec<Option<Sender<u64>>>,
+    /// (input, delivery) decided since the last flush.
+    held: Vec<(u16, u64)>,
+    /// When the oldest held delivery was decided.
+    since: Option<Instant>,
+}
+
+impl Acks {
+    /// Flush and acknowledge at least this often while frames are held.
+    const EVERY: Duration = Duration::from_millis(5);
+    /// ... or once this many are held.
+    const BATCH: usize = 256;
+
+    fn hold(&mut self, source: u16, delivery: u64) {
+        if self.tx.get(source as usize).is_some_and(Option::is_some) {
+            if self.held.is_empty() {
+                self.since = Some(Instant::now());
+            }
+            self.held.push((source, delivery));
+        }
+    }
+
+    /// Time to flush the sinks and acknowledge: the decision thread is idle, many are
+    /// held, or the oldest has waited long enough.
+    fn due(&self, idle: bool) -> bool {
+        !self.held.is_empty()
+            && (idle
+                || self.held.len() >= Self::BATCH
+                || self.since.is_some_and(|t| t.elapsed() >= Self::EVERY))
+    }
+
+    /// The held deliveries' decisions are written: acknowledge them.
+    fn release(&mut self) {
+        for (source, delivery) in self.held.drain(..) {
+            if let Some(Some(tx)) = self.tx.get(source as usize) {
+                if tx.send(delivery).is_err() {
+                    tracing::error!(source, "the acknowledging thread is gone");
+                }
+            }
+        }
+        self.since = None;
+    }
+}
+
 /// Appends an accepted frame to the accepted-frame recording; a failure is counted, logged
-/// once per episode, and the frame is lost to the recording (counted).
-fn record_accepted(rt: &mut DecideCtx<'_>, summary: &mut Summary, bytes: &[u8]) {
+/// once per episode, and the frame is lost to the recording (counted). Returns whether the
+/// frame was kept.
+fn record_accepted(rt: &mut DecideCtx<'_>, summary: &mut Summary, bytes: &[u8]) -> bool {
     let Some(acc) = rt.accepted.as_mut() else {
-        return;
+        return true;
     };
     match acc(bytes) {
         Ok(()) => {
@@ -1364,6 +1537,7 @@ fn record_accepted(rt: &mut DecideCtx<'_>, summary: &mut Summary, bytes: &[u8]) 
                     );
                 }
             }
+            true
         }
         Err(e) => {
             summary.sink_errors += 1;
@@ -1379,6 +1553,7 @@ fn record_accepted(rt: &mut DecideCtx<'_>, summary: &mut Summary, bytes: &[u8]) 
                     "the accepted-frame recording failed: {e}; accepted frames are counted as lost until it works again"
                 );
             }
+            false
         }
     }
 }

@@ -113,6 +113,9 @@ pub struct Slot {
     /// Index of the input (source) the frame came from.
     pub source: u16,
     pub arrival: Instant,
+    /// The input's name for this delivery, acknowledged once the decision is written (a
+    /// NATS stream sequence); 0: nothing to acknowledge.
+    pub delivery: u64,
 }
 
 impl Slot {
@@ -121,6 +124,7 @@ impl Slot {
             bytes: Vec::with_capacity(bytes),
             source,
             arrival: Instant::now(),
+            delivery: 0,
         })
     }
     /// Copies `frame` into the slot, reusing its buffer.
@@ -129,6 +133,7 @@ impl Slot {
         self.bytes.clear();
         self.bytes.extend_from_slice(frame);
         self.arrival = arrival;
+        self.delivery = 0;
     }
 }
 

@@ -43,6 +43,7 @@ fn allocations() -> u64 {
 
 fn decisions() -> Vec<Decision> {
     let base = Decision {
+        delivery: 0,
         source: 0,
         source_id: 3,
         seq: 0,

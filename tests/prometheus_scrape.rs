@@ -86,6 +86,7 @@ fn query(prom: SocketAddr, q: &str) -> Result<Vec<(serde_json::Value, f64)>, Str
 
 fn decision(outcome: Outcome, reason: &'static str, latency_ns: u64) -> Decision {
     Decision {
+        delivery: 0,
         source: 0,
         source_id: 1,
         seq: 0,

@@ -793,6 +793,7 @@ fn the_checks_reject_a_run_that_loses_or_invents_a_decision() {
     };
     let streams = vec![Arc::new(sc.stream(0))];
     let decide = |f: &SimFrame| Decision {
+        delivery: 0,
         source: 0,
         source_id: f.source_id,
         seq: f.sequence,

@@ -329,6 +329,7 @@ impl DecisionRecord {
         let reason =
             std::str::from_utf8(&self.reason[..len]).map_err(|_| RecordError::ReasonNotUtf8)?;
         let d = Decision {
+            delivery: 0,
             source: self.source.get(),
             source_id: self.source_id.get(),
             seq: self.seq.get(),

@@ -198,6 +198,16 @@ impl GuardedSink {
             }
     }
 
+    /// Every decision taken so far is written and flushed (or, for a best-effort sink,
+    /// written or counted lost): nothing waits in a backlog or a buffer. What the decision
+    /// thread checks before it acknowledges frames to a farm's work queue.
+    pub fn all_written(&self) -> bool {
+        !(self.broken && self.policy == SinkPolicy::Block)
+            && self.unflushed == 0
+            && self.spill_unflushed == 0
+            && self.backlog.is_empty()
+    }
+
     pub fn totals(&self) -> &SinkTotals {
         &self.totals
     }

@@ -14,6 +14,7 @@ pub mod binlog;
 pub mod file;
 pub mod guard;
 pub mod jsonl;
+pub mod nats;
 pub mod udp;
 
 /// A destination for decision records. `write` is called once per decision, in decision
@@ -124,6 +125,7 @@ pub(crate) mod testdata {
     /// One decision of every kind the pipeline makes.
     pub fn decisions() -> Vec<Decision> {
         let base = Decision {
+            delivery: 0,
             source: 0,
             source_id: 42,
             seq: 1,

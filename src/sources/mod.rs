@@ -11,6 +11,7 @@
 //! soon as the closure returns [`ControlFlow::Break`].
 
 pub mod limits;
+pub mod nats;
 pub mod replay;
 pub mod tcp;
 pub mod udp;
