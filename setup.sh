@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-command set-up for trigd on a Debian/Ubuntu machine with a Rust toolchain:
-#   ./setup.sh            build trigd and install what the tests need (Prometheus)
+#   ./setup.sh            build trigd and install what the tests need (Prometheus, NATS)
 #   ./setup.sh --python   also the Python packages that regenerate fixtures and run the
 #                         MNE-Python / SciPy comparisons (fixtures/requirements.txt)
 # It is idempotent: run it again after pulling.
@@ -25,6 +25,15 @@ if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then
   need_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
   # The package starts a system service we do not need.
   need_root systemctl disable --now prometheus >/dev/null 2>&1 || true
+fi
+
+# The farm test (tests/farm.rs) runs a real NATS JetStream server.
+if ! command -v nats-server >/dev/null && [ ! -x /usr/sbin/nats-server ]; then
+  echo "setup: installing NATS (Debian package 'nats-server')"
+  need_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  need_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nats-server >/dev/null
+  # The package starts a system service we do not need.
+  need_root systemctl disable --now nats-server >/dev/null 2>&1 || true
 fi
 
 # `trigd report` and `trigd eval --plots` draw their text with DejaVu Sans.
