@@ -27,6 +27,7 @@ pub const TARGETS: &[Target] = &[
     ("finder_overrides", finder_overrides),
     ("frame", frame),
     ("kernel_cache_entry", kernel_cache_entry),
+    ("nats_url", nats_url),
     ("npy", npy),
     ("recording", recording),
     ("trackml_csv", trackml_csv),
@@ -48,6 +49,28 @@ pub fn binlog(data: &[u8]) {
             encode_record(&d).expect("decoded record re-encodes")[..],
             data[..]
         );
+    }
+}
+
+/// The farm's `nats://HOST:PORT/STREAM` address parser and the subject and name checks:
+/// whatever parses prints to an address that parses back to the same value, and a parsed
+/// stream name is a valid name.
+pub fn nats_url(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let _ = crate::farm::valid_subject(text);
+    let _ = crate::farm::valid_name(text);
+    if let Ok(u) = text.parse::<crate::farm::NatsUrl>() {
+        let again: crate::farm::NatsUrl = u
+            .to_string()
+            .parse()
+            .expect("a printed address parses again");
+        assert_eq!(again, u);
+        if let Some(s) = &u.stream {
+            assert!(crate::farm::valid_name(s));
+        }
+        assert!(u.port > 0);
     }
 }
 
