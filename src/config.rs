@@ -687,6 +687,66 @@ mod tests {
     }
 
     #[test]
+    fn nats_inputs_and_outputs_are_read_and_checked() {
+        let cfg = Config::from_str_named(
+            "[daemon]\nring_slots = 64\n[[input]]\nlisten = \"nats://127.0.0.1:4222/FRAMES\"\nsubject = \"FRAMES.>\"\ndurable = \"node\"\nack_wait_s = 2\nconnect_retry_s = 10\n[output]\ndecisions_nats = \"nats://127.0.0.1:4222/DECISIONS\"\n",
+            "farm.toml",
+        )
+        .unwrap();
+        let spec = cfg.inputs[0].nats_spec(cfg.daemon.ring_slots).unwrap();
+        assert_eq!(spec.url.stream.as_deref(), Some("FRAMES"));
+        assert_eq!(spec.consumer.durable, "node");
+        assert_eq!(spec.consumer.filter_subject.as_deref(), Some("FRAMES.>"));
+        assert_eq!(spec.consumer.ack_wait, Duration::from_secs(2));
+        assert_eq!(spec.connect_retry, Duration::from_secs(10));
+        assert_eq!(spec.in_flight_max, 64);
+        for (bad, field) in [
+            ("[[input]]\nlisten = \"nats://h:4222\"\n", "no stream"),
+            (
+                "[[input]]\nlisten = \"nats://h:4222/A.B\"\n",
+                "input[0].listen",
+            ),
+            (
+                "[[input]]\nlisten = \"udp://127.0.0.1:1\"\ndurable = \"x\"\n",
+                "apply to `listen = \"nats://...\"` inputs only",
+            ),
+            (
+                "[[input]]\nlisten = \"nats://h/S\"\nsubject = \"a..b\"\n",
+                "input[0].subject",
+            ),
+            (
+                "[[input]]\nlisten = \"nats://h/S\"\ndurable = \"a.b\"\n",
+                "input[0].durable",
+            ),
+            (
+                "[[input]]\nlisten = \"nats://h/S\"\nack_wait_s = 0\n",
+                "ack_wait_s",
+            ),
+            (
+                "[[input]]\nlisten = \"nats://h/S\"\nallow = [\"127.0.0.1\"]\n",
+                "input[0].allow",
+            ),
+            (
+                "[output]\ndecisions_nats = \"nats://h:4222\"\n",
+                "output.decisions_nats",
+            ),
+            (
+                "[output]\naccepted_nats = \"tcp://h:1/S\"\n",
+                "output.accepted_nats",
+            ),
+            (
+                "[output]\nnats_duplicate_window_s = 0.5\n",
+                "nats_duplicate_window_s",
+            ),
+        ] {
+            let e = Config::from_str_named(bad, "f.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(field), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn errors_name_the_file_and_the_field() {
         let e = Config::from_str_named("[daemon]\nbudget_ms = -1\n", "a.toml")
             .unwrap_err()

@@ -11,6 +11,7 @@
 //! Publishes that failed stay and are sent again, with the same id, on the next flush.
 
 use std::collections::VecDeque;
+use std::future::IntoFuture;
 use std::io;
 
 use async_nats::jetstream::{self, context::PublishAckFuture};
@@ -96,44 +97,33 @@ impl NatsSink {
             .map_err(|e| io::Error::new(io::ErrorKind::ConnectionReset, e))
     }
 
-    /// Waits for the acknowledgements of the oldest `n` publishes; those that failed are
-    /// sent again. The first error is returned after all were tried.
+    /// Waits for the acknowledgements of the oldest `n` publishes, in order. At the first
+    /// failure it stops (a server that is away would otherwise cost every publish its own
+    /// timeout): that publish is kept to be sent again, with the same id, by the next
+    /// flush, and so are the ones behind it.
     fn settle(&mut self, n: usize) -> io::Result<()> {
-        let mut first = Ok(());
-        let n = n.min(self.unflushed.len());
-        let mut kept = VecDeque::new();
-        for _ in 0..n {
+        for _ in 0..n.min(self.unflushed.len()) {
             let Some(mut p) = self.unflushed.pop_front() else {
                 break;
             };
-            let r = match p.ack.take() {
-                Some(f) => farm::runtime()
+            let ack = match p.ack.take() {
+                Some(f) => Ok(f),
+                None => self.send(&p),
+            };
+            let r = ack.and_then(|f| {
+                farm::runtime()
                     .block_on(f.into_future())
                     .map(|_| ())
-                    .map_err(|e| io::Error::new(io::ErrorKind::ConnectionReset, e)),
-                None => self.send(&p).and_then(|f| {
-                    farm::runtime()
-                        .block_on(f.into_future())
-                        .map(|_| ())
-                        .map_err(|e| io::Error::new(io::ErrorKind::ConnectionReset, e))
-                }),
-            };
+                    .map_err(|e| io::Error::new(io::ErrorKind::ConnectionReset, e))
+            });
             if let Err(e) = r {
-                if first.is_ok() {
-                    first = Err(e);
-                }
-                kept.push_back(p);
+                self.unflushed.push_front(p);
+                return Err(e);
             }
         }
-        // Failed ones go back to the front, in order.
-        while let Some(p) = kept.pop_back() {
-            self.unflushed.push_front(p);
-        }
-        first
+        Ok(())
     }
 }
-
-use std::future::IntoFuture;
 
 impl Sink for NatsSink {
     fn write(&mut self, d: &Decision, names: &Names) -> io::Result<()> {
