@@ -1,8 +1,9 @@
 //! A farm on NATS JetStream against UDP input, in one run, on the real binary and a real
 //! `nats-server` (loopback):
-//! 1. throughput: N minimum-bias events (tracking, CPU) sent as fast as the sender goes,
-//!    to one node over UDP, then to 1, 2 and 3 nodes through a JetStream work queue; frames/s
-//!    from the first frame sent to the last decision stored in the decision stream;
+//! 1. throughput: N minimum-bias events (tracking, CPU) sent at a rate above what the nodes
+//!    decide (`FARM_SEND_HZ`, default 20,000/s; unpaced UDP overflows the kernel's socket
+//!    buffer), to one node over UDP, then to 1, 2 and 3 nodes through a JetStream work queue;
+//!    frames/s from the first frame sent to the last decision stored in the decision stream;
 //! 2. added latency per frame: frames sent at a steady rate, each stamped with the wall
 //!    clock when sent; latency = the decision's time in the decision stream (the server's
 //!    clock, same host) minus the send time; p50/p99 for UDP input and for NATS input, both
@@ -126,6 +127,7 @@ fn wait_for(js: &jetstream::Context, name: &str, n: u64) -> Instant {
 
 /// (source_id, seq) -> the server's time of each decision in the stream, ns since the epoch.
 fn stored_times(js: &jetstream::Context, name: &str) -> HashMap<(u64, u64), i128> {
+    let total = stream_messages(js, name) as usize;
     farm::runtime().block_on(async {
         let s = js.get_stream(name).await.unwrap();
         let c = s
@@ -135,7 +137,6 @@ fn stored_times(js: &jetstream::Context, name: &str) -> HashMap<(u64, u64), i128
             })
             .await
             .unwrap();
-        let total = stream_messages(js, name) as usize;
         let mut out = HashMap::new();
         while out.len() < total {
             let mut b = c
@@ -169,6 +170,7 @@ fn main() {
     let n: usize = env_or("FARM_FRAMES", 20_000);
     let rate: f64 = env_or("FARM_RATE_HZ", 1_000.0);
     let n_lat: usize = env_or("FARM_LATENCY_FRAMES", 3_000);
+    let send_rate: f64 = env_or("FARM_SEND_HZ", 20_000.0);
     if !trigd_bin().exists() {
         let st = Command::new("cargo")
             .args(["build", "--release"])
@@ -243,8 +245,13 @@ fn main() {
         "listening",
     );
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let send_period = Duration::from_secs_f64(1.0 / send_rate);
     let t0 = Instant::now();
-    for f in frames(n) {
+    for (i, f) in frames(n).enumerate() {
+        let due = t0 + send_period.mul_f64(i as f64);
+        while Instant::now() < due {
+            std::hint::spin_loop();
+        }
         sock.send_to(f, ("127.0.0.1", udp_port)).unwrap();
     }
     let (decided, at) = wait_settled(&js, "D_UDP", n as u64);
@@ -274,7 +281,7 @@ fn main() {
         let st = Command::new(trigd_bin())
             .arg("send")
             .arg(&rec_path)
-            .args(["--to", &url(&input)])
+            .args(["--to", &url(&input), "--rate", &send_rate.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
