@@ -9,6 +9,10 @@
 //! `write` sends the publish and keeps it; `flush` waits for the server's acknowledgement
 //! of every publish sent, so a decision counts as written only once the stream holds it.
 //! Publishes that failed stay and are sent again, with the same id, on the next flush.
+//!
+//! Unlike the file logs, each record costs allocations (the client takes owned payloads and
+//! subjects): the decision stream is for farms, where a frame's network round trips cost
+//! far more.
 
 use std::collections::VecDeque;
 use std::future::IntoFuture;

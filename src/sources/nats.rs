@@ -107,11 +107,13 @@ impl NatsSource {
             .await?;
             farm::ensure_consumer(&stream, &spec.consumer).await
         })?;
+        // Sized once for the most messages held, so holding one never allocates.
+        let in_flight = HashMap::with_capacity(spec.in_flight_max.max(1));
         Ok(Self {
             spec,
             client,
             consumer,
-            in_flight: Arc::new(Mutex::new(HashMap::new())),
+            in_flight: Arc::new(Mutex::new(in_flight)),
             counters: Arc::new(NatsCounters::default()),
         })
     }
