@@ -140,7 +140,9 @@ struct CommonArgs {
 struct RunArgs {
     #[command(flatten)]
     common: CommonArgs,
-    /// Input socket `udp://HOST:PORT` or `tcp://HOST:PORT` (repeatable); adds to the file's inputs.
+    /// Input socket `udp://HOST:PORT` or `tcp://HOST:PORT`, or an LSL EEG stream
+    /// `lsl://type=EEG` (`lsl://name=X&unit=uV&drop=EOG`, or an XPath predicate) (repeatable);
+    /// adds to the file's inputs.
     #[arg(long)]
     listen: Vec<String>,
     /// Prometheus endpoint address (default 127.0.0.1:9187).
@@ -149,6 +151,19 @@ struct RunArgs {
     /// Sender network (CIDR) the `--listen` inputs accept (repeatable); others are refused.
     #[arg(long)]
     allow: Vec<crate::sources::Cidr>,
+    /// Publish decisions as an LSL marker stream of this name (accepted blocks only,
+    /// unless --lsl-markers-all).
+    #[arg(long)]
+    lsl_markers: Option<String>,
+    /// A marker for every decision, not only the accepted ones.
+    #[arg(long, requires = "lsl_markers")]
+    lsl_markers_all: bool,
+    /// Marker text: `json` (the decision record) or `code` (`accept roi`, ...).
+    #[arg(long, requires = "lsl_markers")]
+    lsl_markers_format: Option<String>,
+    /// Publish the EEG region-of-interest statistic as an LSL stream of this name.
+    #[arg(long)]
+    lsl_statistic: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -527,10 +542,25 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
             max_frame_bytes: None,
             idle_timeout_s: None,
             stall_timeout_s: None,
+            unit: None,
+            drop_channels: None,
+            extra_channels: None,
         });
     }
     if let Some(m) = a.metrics_addr {
         cfg.daemon.metrics_addr = m;
+    }
+    if let Some(n) = a.lsl_markers {
+        cfg.output.lsl_markers = Some(n);
+    }
+    if a.lsl_markers_all {
+        cfg.output.lsl_markers_all = Some(true);
+    }
+    if let Some(f) = a.lsl_markers_format {
+        cfg.output.lsl_markers_format = Some(f);
+    }
+    if let Some(n) = a.lsl_statistic {
+        cfg.output.lsl_statistic = Some(n);
     }
     let cfg = validated(cfg)?;
     anyhow::ensure!(
@@ -560,6 +590,24 @@ fn open_inputs(cfg: &Config) -> anyhow::Result<Vec<Input>> {
     for (index, ic) in cfg.inputs.iter().enumerate() {
         let name = ic.display_name();
         let kind = match (&ic.listen, &ic.file) {
+            (Some(_), _) if ic.lsl_url().is_some() => {
+                let url = ic
+                    .lsl_url()
+                    .transpose()
+                    .map_err(|e| anyhow::anyhow!("input {name}: {e}"))?
+                    .context("an lsl:// input")?;
+                crate::sources::lsl::LslInput::check_library()
+                    .map_err(|e| anyhow::anyhow!("input {name}: {e}"))?;
+                let (channels, block_samples) = eeg_channels_and_block(cfg)
+                    .with_context(|| format!("input {name} (an LSL EEG stream)"))?;
+                tracing::info!(input = %name, predicate = %url.predicate(), "resolving LSL stream");
+                InputKind::Lsl(Box::new(crate::sources::lsl::LslInput {
+                    url,
+                    channels,
+                    block_samples,
+                    source_id: index as u32,
+                }))
+            }
             (Some(l), _) => {
                 let ep: Endpoint = l
                     .parse()
@@ -579,6 +627,25 @@ fn open_inputs(cfg: &Config) -> anyhow::Result<Vec<Input>> {
         inputs.push(Input { name, kind });
     }
     Ok(inputs)
+}
+
+/// The EEG channel list (the lead field's order) and the samples per frame.
+fn eeg_channels_and_block(cfg: &Config) -> anyhow::Result<(Vec<String>, usize)> {
+    let eeg = cfg.eeg.as_ref();
+    let channels = eeg
+        .and_then(|t| t.get("channels"))
+        .and_then(|v| v.as_str())
+        .context("needs the EEG channel list (--channels FILE or [eeg] channels)")?;
+    let block = match eeg.and_then(|t| t.get("block_samples")) {
+        Some(v) => v
+            .as_integer()
+            .filter(|n| (1..=1 << 20).contains(n))
+            .context("eeg.block_samples must be an integer in 1..=1048576")?
+            as usize,
+        None => 32,
+    };
+    let channels = crate::eeg::cli::read_channel_names(Path::new(channels))?;
+    Ok((channels, block))
 }
 
 /// A file input's frames. EDF/BDF files have no producer id: their frames get
@@ -625,6 +692,9 @@ fn cmd_replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
         max_frame_bytes: None,
         idle_timeout_s: None,
         stall_timeout_s: None,
+        unit: None,
+        drop_channels: None,
+        extra_channels: None,
     }];
     if let Some(m) = a.metrics_addr {
         cfg.daemon.metrics_addr = m;
@@ -633,7 +703,7 @@ fn cmd_replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
     let inputs = open_inputs(&cfg)?;
     let total = match &inputs[0].kind {
         InputKind::File(f, _) => f.total(),
-        InputKind::Socket(..) => None,
+        InputKind::Socket(..) | InputKind::Lsl(..) => None,
     };
     let show_progress = !a.no_progress && std::io::stderr().is_terminal();
     let summary = daemon::execute(

@@ -83,6 +83,8 @@ pub trait Observe: Send + Sync {
     fn accounting(&self, _source: u16, _balanced: bool) {}
     /// A network input refused a datagram or connection (never a frame).
     fn refused(&self, _source: u16, _reason: &'static str) {}
+    /// A live stream (LSL) came back after `samples` samples it never delivered.
+    fn stream_gap(&self, _source: u16, _samples: u64) {}
 }
 
 /// An observer that records nothing.
@@ -111,6 +113,8 @@ pub enum InputKind {
     /// A bound UDP socket or TCP listener and what it admits; never waits for the pipeline.
     Socket(crate::sources::BoundSource, crate::sources::Limits),
     File(Box<dyn FrameFeed>, Speed),
+    /// A Lab Streaming Layer EEG stream; never waits for the pipeline.
+    Lsl(Box<crate::sources::lsl::LslInput>),
 }
 
 pub struct Input {
@@ -694,6 +698,36 @@ impl SourceCtx {
         self.observer.received(self.index);
     }
 
+    /// Takes in the record of blocks a live stream never delivered: one decision,
+    /// `dropped` with the source's reason.
+    fn lost(&mut self, r: &Received<'_>, arrival: Instant) {
+        let Received::Lost {
+            reason,
+            source_id,
+            sequence,
+            timestamp_ns,
+            samples,
+            ..
+        } = *r
+        else {
+            return;
+        };
+        self.count_in();
+        self.observer.stream_gap(self.index, samples);
+        let rec = SideRecord {
+            source: self.index,
+            source_id,
+            seq: sequence,
+            timestamp_ns,
+            outcome: Outcome::Dropped,
+            reason,
+            arrival,
+        };
+        if self.side.send(rec).is_err() {
+            tracing::error!("decision thread gone; a record is lost");
+        }
+    }
+
     /// Takes in one frame from a socket: validate, slot, ring; never waits.
     fn admit(&mut self, bytes: &[u8], arrival: Instant) {
         self.count_in();
@@ -785,6 +819,7 @@ fn run_source(mut ctx: SourceCtx, kind: InputKind, stop: &AtomicBool) -> anyhow:
                         tracing::warn!(source = ctx.index, reason, "malformed input: {detail}");
                         ctx.side(&[], Outcome::Malformed, reason, arrival);
                     }
+                    lost @ Received::Lost { .. } => ctx.lost(&lost, arrival),
                 }
                 std::ops::ControlFlow::Continue(())
             };
@@ -795,6 +830,27 @@ fn run_source(mut ctx: SourceCtx, kind: InputKind, stop: &AtomicBool) -> anyhow:
                 malformed = stats.malformed,
                 refused = stats.refused,
                 "source stopped"
+            );
+            Ok(())
+        }
+        InputKind::Lsl(input) => {
+            let on = |r: Received<'_>, arrival: Instant| {
+                match r {
+                    Received::Frame(bytes) => ctx.admit(bytes, arrival),
+                    lost @ Received::Lost { .. } => ctx.lost(&lost, arrival),
+                    Received::Malformed { .. } | Received::Refused { .. } => {}
+                }
+                std::ops::ControlFlow::Continue(())
+            };
+            let stats = input.run(stop, on)?;
+            tracing::info!(
+                source = ctx.index,
+                samples = stats.samples,
+                frames = stats.frames,
+                losses = stats.losses,
+                gaps = stats.gaps,
+                gap_samples = stats.gap_samples,
+                "LSL source stopped"
             );
             Ok(())
         }
