@@ -191,11 +191,16 @@ struct ReplayArgs {
 
 #[derive(Args, Debug)]
 struct SendArgs {
-    /// Recording to play.
+    /// Recording to play (with `--to lsl://...` also an EDF/BDF file).
     recording: PathBuf,
-    /// Target `udp://HOST:PORT` or `tcp://HOST:PORT`.
+    /// Target `udp://HOST:PORT` or `tcp://HOST:PORT`, or an LSL outlet
+    /// `lsl://name=NAME[&type=EEG][&source_id=ID]` played at the recorded rate.
     #[arg(long)]
     to: String,
+    /// LSL: the channel names (one per line) of a native recording's EEG blocks, or the
+    /// EDF/BDF channels to play (default: all).
+    #[arg(long)]
+    channels: Option<PathBuf>,
     /// Frames per second (default: as fast as possible).
     #[arg(long)]
     rate: Option<f64>,
@@ -735,6 +740,26 @@ fn stop_on_signals() -> anyhow::Result<Arc<AtomicBool>> {
 }
 
 fn cmd_send(a: SendArgs) -> anyhow::Result<ExitCode> {
+    if crate::lsl::url::is_lsl(&a.to) {
+        anyhow::ensure!(
+            a.rate.is_none(),
+            "--rate does not apply to LSL: samples go out at the recorded rate"
+        );
+        let url: crate::lsl::url::LslUrl =
+            a.to.parse().map_err(|e| anyhow::anyhow!("--to: {e}"))?;
+        let channels = a
+            .channels
+            .as_deref()
+            .map(crate::eeg::cli::read_channel_names)
+            .transpose()?;
+        let stop = stop_on_signals()?;
+        let s = crate::lsl::play::play(&a.recording, &url, channels.as_deref(), &stop)?;
+        println!(
+            "played {} samples of {} channels at {} Hz to {url} in {:.3} s",
+            s.samples, s.channels, s.rate_hz, s.seconds
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     let to: Endpoint = a.to.parse().map_err(|e| anyhow::anyhow!("--to: {e}"))?;
     let rec = crate::recording::Recording::open(&a.recording)
         .with_context(|| format!("opening {}", a.recording.display()))?;

@@ -410,3 +410,39 @@ fn without_liblsl_an_lsl_input_says_how_to_install_it() {
         "{err}"
     );
 }
+
+#[test]
+fn trigd_send_plays_the_edf_as_an_lsl_amplifier_at_the_recorded_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = lsl_config(dir.path(), "send");
+    require_pylsl(&cfg);
+    let reference = file_replay(dir.path());
+    let daemon = start_daemon(&cfg, dir.path(), "lsl://type=EEG&name=rehearsal", &[]);
+    let started = Instant::now();
+    let out = Command::new(common::trigd_bin())
+        .args(["send", &fx("dipole.edf"), "--to", "lsl://name=rehearsal"])
+        .env("LSLAPICFG", &cfg)
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("played 256 samples of 32 channels at 256 Hz"),
+        "{stdout}"
+    );
+    // 256 samples at 256 Hz take a second at least.
+    assert!(took >= Duration::from_millis(990), "{took:?}");
+    let mut got = wait_for_lines(&dir.path().join("lsl.jsonl"), 8, Duration::from_secs(20));
+    let (code, _, log) = stop(daemon);
+    assert_eq!(code, 0, "{}", log.join("\n"));
+    got.sort_by_key(|r| r["seq"].as_u64());
+    assert_eq!(got.len(), 8, "{got:?}");
+    for (l, f) in got.iter().zip(&reference) {
+        same_decision(l, f);
+    }
+}

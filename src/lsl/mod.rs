@@ -7,6 +7,7 @@
 //!   `lsl://` address is used).
 //! - [`url`]: `lsl://` addresses (stream predicate and trigd's options).
 //! - [`meta`]: a stream's description and the channel plan (by label, never by position).
+//! - [`play`]: `trigd send --to lsl://...`, a recording played as an LSL amplifier.
 //!
 //! Time: LSL stamps samples in seconds of liblsl's monotonic clock; trigd's frames carry
 //! nanoseconds since the Unix epoch. [`Clock`] maps one onto the other with one offset
@@ -15,6 +16,7 @@
 
 pub mod ffi;
 pub mod meta;
+pub mod play;
 pub mod url;
 
 use std::sync::OnceLock;
