@@ -223,7 +223,7 @@ pub fn plan_channels(
     let mut scales = Vec::with_capacity(configured.len());
     for name in configured {
         match by_label.get(name.as_str()) {
-            Some(&i) if !options.drop.iter().any(|d| d == name) => {
+            Some(&i) if !options.drop.contains(name) => {
                 let ch = &meta.channels[i];
                 let scale = match (configured_unit, &ch.unit) {
                     (Some(s), _) => s,
@@ -255,10 +255,10 @@ pub fn plan_channels(
     let mut dropped = Vec::new();
     let mut extra = Vec::new();
     for c in &meta.channels {
-        if configured.iter().any(|n| *n == c.label) {
+        if configured.contains(&c.label) {
             continue;
         }
-        if options.drop_extra || options.drop.iter().any(|d| *d == c.label) {
+        if options.drop_extra || options.drop.contains(&c.label) {
             dropped.push(c.label.clone());
         } else {
             extra.push(c.label.clone());
