@@ -27,7 +27,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 import random
@@ -174,16 +173,38 @@ def run_lsl(args, tmp):
         trigd.wait()
 
 
-def run_udp(args, tmp):
-    port = args.metrics_port + 1
+def listen_udp(out_path, seconds):
+    """Child process: receives trigd's decision datagrams; one latency per decision."""
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     rx.bind(("127.0.0.1", 0))
     rx.settimeout(0.2)
+    print(rx.getsockname()[1], flush=True)
+    lat = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            b, _ = rx.recvfrom(2048)
+        except socket.timeout:
+            continue
+        now = time.time_ns()
+        ts = struct.unpack_from("<Q", b, 16)[0]
+        lat.append((now - ts) / 1e9)
+    with open(out_path, "w") as f:
+        json.dump(lat, f)
+
+
+def run_udp(args, tmp):
+    port = args.metrics_port + 1
+    lat_path = os.path.join(tmp, "udp-lat.json")
+    listener = subprocess.Popen([sys.executable, __file__, "--role", "listen-udp", "--out", lat_path,
+                                 "--seconds", str(args.seconds + 6)], stdout=subprocess.PIPE)
+    rx_port = int(listener.stdout.readline())
     cfg = os.path.join(tmp, "udp.toml")
     with open(os.path.join(FX, "roi.toml")) as f:
         roi = f.read()
     with open(cfg, "w") as f:
-        f.write("[output]\ndecisions_udp = \"127.0.0.1:%d\"\n\n%s" % (rx.getsockname()[1], roi))
+        f.write("[output]\ndecisions_udp = \"127.0.0.1:%d\"\n\n%s" % (rx_port, roi))
     tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     probe.bind(("127.0.0.1", 0))
@@ -192,23 +213,9 @@ def run_udp(args, tmp):
     trigd = subprocess.Popen(
         trigd_cmd(args, "udp://127.0.0.1:%d" % in_port, ["--config", cfg, "--metrics-addr", "127.0.0.1:%d" % port]),
         stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, "trigd-udp.log"), "w"))
-    lat = []
-    done = threading.Event()
-
-    def receive():
-        while not done.is_set():
-            try:
-                b, _ = rx.recvfrom(2048)
-            except socket.timeout:
-                continue
-            now = time.time_ns()
-            ts = struct.unpack_from("<Q", b, 16)[0]
-            lat.append((now - ts) / 1e9)
-
     try:
         wait_metrics(port)
-        th = threading.Thread(target=receive, daemon=True)
-        th.start()
+        time.sleep(1.5)
         labels = channels()
         rng = random.Random(0)
         n = int(args.seconds * args.rate_hz)
@@ -219,9 +226,9 @@ def run_udp(args, tmp):
                 pass
             samples = [rng.gauss(0.0, 10.0) * 1e-6 for _ in labels]
             tx.sendto(eeg_frame(i, time.time_ns(), args.rate_hz, i, samples), ("127.0.0.1", in_port))
-        time.sleep(2.0)
-        done.set()
-        return n, lat
+        listener.wait()
+        with open(lat_path) as f:
+            return n, json.load(f)
     finally:
         trigd.terminate()
         trigd.wait()
@@ -244,6 +251,9 @@ def main():
     args = p.parse_args()
     if args.role == "listen":
         listen_markers(args.markers, args.out, args.seconds)
+        return
+    if args.role == "listen-udp":
+        listen_udp(args.out, args.seconds)
         return
     with tempfile.TemporaryDirectory() as tmp:
         cfg = os.path.join(tmp, "lsl_api.cfg")

@@ -412,4 +412,33 @@ mod tests {
         assert!(parse_stream_xml("<other/>").is_err());
         assert!(parse_stream_xml("<info><channel_count>-1</channel_count></info>").is_err());
     }
+
+    proptest::proptest! {
+        /// Mutated descriptions (a fragment of XML-ish text spliced in anywhere) give a
+        /// description or an error, and any plan keeps every channel on its own label.
+        #[test]
+        fn mutated_descriptions_never_panic_or_shift(
+            at in 0usize..600,
+            cut in 0usize..40,
+            junk in "[<>/a-z_0-9 '\"&;=!?-]{0,24}",
+        ) {
+            let x = xml(
+                &[("Fp1", Some("uV")), ("Cz", None), ("Status", Some("V")), ("Pz", Some("µV"))],
+                "512",
+            );
+            let mut at = at.min(x.len());
+            while !x.is_char_boundary(at) {
+                at -= 1;
+            }
+            let mut end = (at + cut).min(x.len());
+            while !x.is_char_boundary(end) {
+                end -= 1;
+            }
+            let mutated = format!("{}{junk}{}", &x[..at], &x[end..]);
+            let mut bytes = vec![14u8];
+            bytes.extend_from_slice(b"lsl://type=EEG");
+            bytes.extend_from_slice(mutated.as_bytes());
+            crate::fuzz::lsl_meta(&bytes);
+        }
+    }
 }
