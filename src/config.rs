@@ -662,6 +662,40 @@ mod tests {
     }
 
     #[test]
+    fn lsl_inputs_and_outputs_are_checked() {
+        let ok = "[daemon]\nworkload = \"eeg\"\n[[input]]\nlisten = \"lsl://type=EEG&unit=uV\"\ndrop_channels = [\"Status\"]\nextra_channels = \"drop\"\n[output]\nlsl_markers = \"m\"\nlsl_markers_format = \"code\"\n";
+        let cfg = Config::from_str_named(ok, "ok.toml").unwrap();
+        let u = cfg.inputs[0].lsl_url().unwrap().unwrap();
+        assert_eq!(u.predicate(), "type='EEG'");
+        assert_eq!(u.options.drop, vec!["Status"]);
+        assert!(u.options.drop_extra);
+        for (bad, want) in [
+            ("[[input]]\nlisten = \"lsl://type=EEG\"\n", "workload = \"eeg\""),
+            (
+                "[daemon]\nworkload = \"eeg\"\n[[input]]\nlisten = \"lsl://type=EEG\"\nunit = \"furlong\"\n",
+                "furlong",
+            ),
+            (
+                "[daemon]\nworkload = \"eeg\"\n[[input]]\nlisten = \"lsl://type=EEG\"\nmax_connections = 3\n",
+                "do not apply to lsl://",
+            ),
+            (
+                "[daemon]\nworkload = \"eeg\"\n[[input]]\nlisten = \"lsl://type=EEG\"\nextra_channels = \"keep\"\n",
+                "extra_channels",
+            ),
+            (
+                "[[input]]\nlisten = \"udp://127.0.0.1:9\"\nunit = \"uV\"\n",
+                "apply to lsl:// inputs only",
+            ),
+            ("[output]\nlsl_markers_all = true\n", "apply with output.lsl_markers"),
+            ("[output]\nlsl_markers = \"m\"\nlsl_markers_format = \"xml\"\n", "json"),
+        ] {
+            let e = Config::from_str_named(bad, "bad.toml").unwrap_err().to_string();
+            assert!(e.contains(want), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn speed_parses() {
         assert_eq!("max".parse::<Speed>().unwrap(), Speed::Max);
         assert_eq!("2.0".parse::<Speed>().unwrap(), Speed::Factor(2.0));
