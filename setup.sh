@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-command set-up for trigd on a Debian/Ubuntu machine with a Rust toolchain:
-#   ./setup.sh            build trigd and install what the tests need (Prometheus, NATS)
+#   ./setup.sh            build trigd and install what the tests need (Prometheus, NATS;
+#                         pylsl, whose wheel bundles liblsl, for EEG over Lab Streaming Layer)
 #   ./setup.sh --python   also the Python packages that regenerate fixtures and run the
 #                         MNE-Python / SciPy comparisons (fixtures/requirements.txt)
 # It is idempotent: run it again after pulling.
@@ -42,6 +43,27 @@ if [ ! -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] && [ -z "${TRIGD_FON
   need_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
   need_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fonts-dejavu-core >/dev/null
 fi
+
+# EEG over Lab Streaming Layer: trigd loads liblsl at run time (only for lsl:// inputs
+# and outputs); the pylsl wheel bundles liblsl, and the LSL tests' amplifier and marker
+# listener are written with pylsl.
+PYTHON="${TRIGD_PYTHON:-python3}"
+PYLSL_VERSION="1.18.6"
+if ! "$PYTHON" -c 'import pylsl, sys; sys.exit(pylsl.__version__ != "'"$PYLSL_VERSION"'")' >/dev/null 2>&1; then
+  if ! "$PYTHON" -m pip --version >/dev/null 2>&1; then
+    echo "setup: installing pip (Debian package 'python3-pip') for pylsl"
+    need_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    need_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
+  fi
+  echo "setup: installing pylsl $PYLSL_VERSION (bundles liblsl) for Lab Streaming Layer"
+  "$PYTHON" -m pip install -q "pylsl==$PYLSL_VERSION" 2>/dev/null \
+    || "$PYTHON" -m pip install -q --break-system-packages "pylsl==$PYLSL_VERSION"
+fi
+"$PYTHON" -c 'import pylsl; pylsl.library_version()' >/dev/null 2>&1 || {
+  echo "setup: pylsl is installed but its liblsl does not load (it needs glibc 2.35 or newer);" >&2
+  echo "setup: build liblsl from https://github.com/sccn/liblsl and set TRIGD_LIBLSL and PYLSL_LIB to it" >&2
+  exit 1
+}
 
 if [ "${1:-}" = "--python" ]; then
   python3 -m pip install -q -r fixtures/requirements.txt

@@ -166,8 +166,10 @@ struct CommonArgs {
 struct RunArgs {
     #[command(flatten)]
     common: CommonArgs,
-    /// Input `udp://HOST:PORT`, `tcp://HOST:PORT` or `nats://HOST:PORT/STREAM` (a farm node
-    /// pulling from a JetStream work queue) (repeatable); adds to the file's inputs.
+    /// Input `udp://HOST:PORT`, `tcp://HOST:PORT`, `nats://HOST:PORT/STREAM` (a farm node
+    /// pulling from a JetStream work queue) or an LSL EEG stream `lsl://type=EEG`
+    /// (`lsl://name=X&unit=uV&drop=EOG`, or an XPath predicate) (repeatable); adds to the
+    /// file's inputs.
     #[arg(long)]
     listen: Vec<String>,
     /// NATS inputs: the durable consumer the farm's nodes share (default `trigd`).
@@ -193,6 +195,19 @@ struct RunArgs {
     /// Sender network (CIDR) the `--listen` inputs accept (repeatable); others are refused.
     #[arg(long)]
     allow: Vec<crate::sources::Cidr>,
+    /// Publish decisions as an LSL marker stream of this name (accepted blocks only,
+    /// unless --lsl-markers-all).
+    #[arg(long)]
+    lsl_markers: Option<String>,
+    /// A marker for every decision, not only the accepted ones.
+    #[arg(long, requires = "lsl_markers")]
+    lsl_markers_all: bool,
+    /// Marker text: `json` (the decision record) or `code` (`accept roi`, ...).
+    #[arg(long, requires = "lsl_markers")]
+    lsl_markers_format: Option<String>,
+    /// Publish the EEG region-of-interest statistic as an LSL stream of this name.
+    #[arg(long)]
+    lsl_statistic: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -220,12 +235,17 @@ struct ReplayArgs {
 
 #[derive(Args, Debug)]
 struct SendArgs {
-    /// Recording to play.
+    /// Recording to play (with `--to lsl://...` also an EDF/BDF file).
     recording: PathBuf,
-    /// Target `udp://HOST:PORT`, `tcp://HOST:PORT` or `nats://HOST:PORT/STREAM` (a
-    /// JetStream work queue, created if missing; every frame acknowledged by the server).
+    /// Target `udp://HOST:PORT`, `tcp://HOST:PORT`, `nats://HOST:PORT/STREAM` (a
+    /// JetStream work queue, created if missing; every frame acknowledged by the server), or
+    /// an LSL outlet `lsl://name=NAME[&type=EEG][&source_id=ID]` played at the recorded rate.
     #[arg(long)]
     to: String,
+    /// LSL: the channel names (one per line) of a native recording's EEG blocks, or the
+    /// EDF/BDF channels to play (default: all).
+    #[arg(long)]
+    channels: Option<PathBuf>,
     /// Frames per second (default: as fast as possible).
     #[arg(long)]
     rate: Option<f64>,
@@ -588,6 +608,9 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
             ack_wait_s: None,
             max_ack_pending: None,
             connect_retry_s: None,
+            unit: None,
+            drop_channels: None,
+            extra_channels: None,
         };
         if ic.is_nats() {
             ic.durable = a.durable.clone();
@@ -609,6 +632,18 @@ fn cmd_run(a: RunArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(m) = a.metrics_addr {
         cfg.daemon.metrics_addr = m;
+    }
+    if let Some(n) = a.lsl_markers {
+        cfg.output.lsl_markers = Some(n);
+    }
+    if a.lsl_markers_all {
+        cfg.output.lsl_markers_all = Some(true);
+    }
+    if let Some(f) = a.lsl_markers_format {
+        cfg.output.lsl_markers_format = Some(f);
+    }
+    if let Some(n) = a.lsl_statistic {
+        cfg.output.lsl_statistic = Some(n);
     }
     let cfg = validated(cfg)?;
     anyhow::ensure!(
@@ -648,6 +683,24 @@ fn open_inputs(cfg: &Config) -> anyhow::Result<Vec<Input>> {
                 tracing::info!(input = %name, %url, "pulling frames from the work queue");
                 InputKind::Nats(Box::new(source))
             }
+            (Some(_), _) if ic.lsl_url().is_some() => {
+                let url = ic
+                    .lsl_url()
+                    .transpose()
+                    .map_err(|e| anyhow::anyhow!("input {name}: {e}"))?
+                    .context("an lsl:// input")?;
+                crate::sources::lsl::LslInput::check_library()
+                    .map_err(|e| anyhow::anyhow!("input {name}: {e}"))?;
+                let (channels, block_samples) = eeg_channels_and_block(cfg)
+                    .with_context(|| format!("input {name} (an LSL EEG stream)"))?;
+                tracing::info!(input = %name, predicate = %url.predicate(), "resolving LSL stream");
+                InputKind::Lsl(Box::new(crate::sources::lsl::LslInput {
+                    url,
+                    channels,
+                    block_samples,
+                    source_id: index as u32,
+                }))
+            }
             (Some(l), _) => {
                 let ep: Endpoint = l
                     .parse()
@@ -667,6 +720,25 @@ fn open_inputs(cfg: &Config) -> anyhow::Result<Vec<Input>> {
         inputs.push(Input { name, kind });
     }
     Ok(inputs)
+}
+
+/// The EEG channel list (the lead field's order) and the samples per frame.
+fn eeg_channels_and_block(cfg: &Config) -> anyhow::Result<(Vec<String>, usize)> {
+    let eeg = cfg.eeg.as_ref();
+    let channels = eeg
+        .and_then(|t| t.get("channels"))
+        .and_then(|v| v.as_str())
+        .context("needs the EEG channel list (--channels FILE or [eeg] channels)")?;
+    let block = match eeg.and_then(|t| t.get("block_samples")) {
+        Some(v) => v
+            .as_integer()
+            .filter(|n| (1..=1 << 20).contains(n))
+            .context("eeg.block_samples must be an integer in 1..=1048576")?
+            as usize,
+        None => 32,
+    };
+    let channels = crate::eeg::cli::read_channel_names(Path::new(channels))?;
+    Ok((channels, block))
 }
 
 /// A file input's frames. EDF/BDF files have no producer id: their frames get
@@ -718,6 +790,9 @@ fn cmd_replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
         ack_wait_s: None,
         max_ack_pending: None,
         connect_retry_s: None,
+        unit: None,
+        drop_channels: None,
+        extra_channels: None,
     }];
     if let Some(m) = a.metrics_addr {
         cfg.daemon.metrics_addr = m;
@@ -726,7 +801,7 @@ fn cmd_replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
     let inputs = open_inputs(&cfg)?;
     let total = match &inputs[0].kind {
         InputKind::File(f, _) => f.total(),
-        InputKind::Socket(..) | InputKind::Nats(..) => None,
+        InputKind::Socket(..) | InputKind::Nats(..) | InputKind::Lsl(..) => None,
     };
     let show_progress = !a.no_progress && std::io::stderr().is_terminal();
     let summary = daemon::execute(
@@ -762,6 +837,26 @@ fn is_nats(s: &str) -> bool {
 }
 
 fn cmd_send(a: SendArgs) -> anyhow::Result<ExitCode> {
+    if crate::lsl::url::is_lsl(&a.to) {
+        anyhow::ensure!(
+            a.rate.is_none(),
+            "--rate does not apply to LSL: samples go out at the recorded rate"
+        );
+        let url: crate::lsl::url::LslUrl =
+            a.to.parse().map_err(|e| anyhow::anyhow!("--to: {e}"))?;
+        let channels = a
+            .channels
+            .as_deref()
+            .map(crate::eeg::cli::read_channel_names)
+            .transpose()?;
+        let stop = stop_on_signals()?;
+        let s = crate::lsl::play::play(&a.recording, &url, channels.as_deref(), &stop)?;
+        println!(
+            "played {} samples of {} channels at {} Hz to {url} in {:.3} s",
+            s.samples, s.channels, s.rate_hz, s.seconds
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     let rec = crate::recording::Recording::open(&a.recording)
         .with_context(|| format!("opening {}", a.recording.display()))?;
     let stop = stop_on_signals()?;

@@ -207,6 +207,13 @@ pub struct InputConfig {
     /// NATS: keep trying to reach the server at start for this long, seconds, with a logged
     /// back-off (default 0: a clear error at once).
     pub connect_retry_s: Option<f64>,
+    /// LSL: unit of the stream's samples (`uV`, `mV`, `V`, `microvolts`, ...), overriding
+    /// the stream's `desc/channels/channel/unit` metadata.
+    pub unit: Option<String>,
+    /// LSL: stream channels to leave out, by label (trigger, EOG, status channels).
+    pub drop_channels: Option<Vec<String>>,
+    /// LSL: what a stream channel the lead field lacks is: `error` (default) or `drop`.
+    pub extra_channels: Option<String>,
 }
 
 impl InputConfig {
@@ -354,6 +361,42 @@ impl InputConfig {
         Ok(())
     }
 
+    /// The `lsl://` address of an LSL input, with the table's options applied over the
+    /// address's own; `None` for other inputs.
+    pub fn lsl_url(&self) -> Option<Result<crate::lsl::url::LslUrl, String>> {
+        let l = self
+            .listen
+            .as_ref()
+            .filter(|l| crate::lsl::url::is_lsl(l))?;
+        Some((|| {
+            let mut u: crate::lsl::url::LslUrl = l.parse().map_err(|e| format!("{e}"))?;
+            if let Some(unit) = &self.unit {
+                u.options.unit = Some(unit.clone());
+            }
+            if let Some(d) = &self.drop_channels {
+                u.options.drop.extend(d.iter().cloned());
+            }
+            match self.extra_channels.as_deref() {
+                None => {}
+                Some("drop") => u.options.drop_extra = true,
+                Some("error") => u.options.drop_extra = false,
+                Some(other) => {
+                    return Err(format!(
+                        "extra_channels = {other:?}: expected \"error\" or \"drop\""
+                    ))
+                }
+            }
+            if let Some(unit) = &u.options.unit {
+                if crate::lsl::url::volts_per_unit(unit).is_none() {
+                    return Err(format!(
+                        "unit {unit:?} is not a voltage trigd knows (V, mV, uV/µV/microvolts, nV)"
+                    ));
+                }
+            }
+            Ok(u)
+        })())
+    }
+
     pub fn display_name(&self) -> String {
         if let Some(n) = &self.name {
             return n.clone();
@@ -413,6 +456,17 @@ pub struct OutputConfig {
     /// Keep trying to reach the NATS server of the outputs at start for this long, seconds
     /// (default 0: a clear error at once).
     pub nats_connect_retry_s: Option<f64>,
+    /// Publish decisions as an LSL marker stream (type `Markers`, one string channel) of
+    /// this name, each marker stamped with the LSL time of the block's last sample.
+    pub lsl_markers: Option<String>,
+    /// What a marker holds: `json` (the decision record, as in the JSON lines log; the
+    /// default) or `code` (`accept roi`, `reject`, ...).
+    pub lsl_markers_format: Option<String>,
+    /// Markers for every decision (`true`) or for accepted blocks only (default).
+    pub lsl_markers_all: Option<bool>,
+    /// Publish the EEG region-of-interest statistic of every block as a one-channel LSL
+    /// stream (type `TriggerStatistic`) of this name, for live plotting.
+    pub lsl_statistic: Option<String>,
 }
 
 impl OutputConfig {
@@ -577,6 +631,33 @@ impl Config {
         if o.nats_duplicate_window_s.is_some_and(|s| s < 1.0) {
             return Err("output.nats_duplicate_window_s must be at least 1".into());
         }
+        if o.lsl_markers_format
+            .as_deref()
+            .is_some_and(|f| f != "json" && f != "code")
+        {
+            return Err("output.lsl_markers_format must be \"json\" or \"code\"".into());
+        }
+        for (what, name) in [
+            ("lsl_markers", &o.lsl_markers),
+            ("lsl_statistic", &o.lsl_statistic),
+        ] {
+            if name
+                .as_deref()
+                .is_some_and(|n| n.is_empty() || n.len() > 256 || n.contains('\0'))
+            {
+                return Err(format!(
+                    "output.{what} must be a stream name of 1..=256 bytes"
+                ));
+            }
+        }
+        if o.lsl_markers.is_none()
+            && (o.lsl_markers_format.is_some() || o.lsl_markers_all.is_some())
+        {
+            return Err(
+                "output.lsl_markers_format and lsl_markers_all apply with output.lsl_markers only"
+                    .into(),
+            );
+        }
         Ok(())
     }
 
@@ -634,9 +715,34 @@ impl Config {
                         return Err(format!("input[{i}].speed applies to files only"));
                     }
                 }
+                (Some(l), None) if crate::lsl::url::is_lsl(l) => {
+                    if let Some(Err(e)) = input.lsl_url() {
+                        return Err(format!("input[{i}]: {e}"));
+                    }
+                    if self.daemon.workload != WorkloadKind::Eeg {
+                        return Err(format!(
+                            "input[{i}].listen = {l:?}: LSL inputs carry EEG; set daemon.workload = \"eeg\" (--workload eeg)"
+                        ));
+                    }
+                    if input.speed.is_some()
+                        || input.allow.is_some()
+                        || input.max_connections.is_some()
+                        || input.max_frame_bytes.is_some()
+                        || input.idle_timeout_s.is_some()
+                        || input.stall_timeout_s.is_some()
+                    {
+                        return Err(format!("input[{i}]: speed, allow, max_connections, max_frame_bytes, idle_timeout_s and stall_timeout_s do not apply to lsl:// inputs"));
+                    }
+                }
                 (Some(l), None) => {
                     l.parse::<crate::sources::Endpoint>()
                         .map_err(|e| format!("input[{i}].listen: {e}"))?;
+                    if input.unit.is_some()
+                        || input.drop_channels.is_some()
+                        || input.extra_channels.is_some()
+                    {
+                        return Err(format!("input[{i}]: unit, drop_channels and extra_channels apply to lsl:// inputs only"));
+                    }
                     if input.speed.is_some() {
                         return Err(format!("input[{i}].speed applies to files only"));
                     }
@@ -764,6 +870,40 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("exactly one of"), "{e}");
+    }
+
+    #[test]
+    fn lsl_inputs_and_outputs_are_checked() {
+        let ok = "[daemon]\nworkload = \"eeg\"\n[[input]]\nlisten = \"lsl://type=EEG&unit=uV\"\ndrop_channels = [\"Status\"]\nextra_channels = \"drop\"\n[output]\nlsl_markers = \"m\"\nlsl_markers_format = \"code\"\n";
+        let cfg = Config::from_str_named(ok, "ok.toml").unwrap();
+        let u = cfg.inputs[0].lsl_url().unwrap().unwrap();
+        assert_eq!(u.predicate(), "type='EEG'");
+        assert_eq!(u.options.drop, vec!["Status"]);
+        assert!(u.options.drop_extra);
+        for (bad, want) in [
+            ("[[input]]\nlisten = \"lsl://type=EEG\"\n", "workload = \"eeg\""),
+            (
+                "[daemon]\nworkload = \"eeg\"\n[[input]]\nlisten = \"lsl://type=EEG\"\nunit = \"furlong\"\n",
+                "furlong",
+            ),
+            (
+                "[daemon]\nworkload = \"eeg\"\n[[input]]\nlisten = \"lsl://type=EEG\"\nmax_connections = 3\n",
+                "do not apply to lsl://",
+            ),
+            (
+                "[daemon]\nworkload = \"eeg\"\n[[input]]\nlisten = \"lsl://type=EEG\"\nextra_channels = \"keep\"\n",
+                "extra_channels",
+            ),
+            (
+                "[[input]]\nlisten = \"udp://127.0.0.1:9\"\nunit = \"uV\"\n",
+                "apply to lsl:// inputs only",
+            ),
+            ("[output]\nlsl_markers_all = true\n", "apply with output.lsl_markers"),
+            ("[output]\nlsl_markers = \"m\"\nlsl_markers_format = \"xml\"\n", "json"),
+        ] {
+            let e = Config::from_str_named(bad, "bad.toml").unwrap_err().to_string();
+            assert!(e.contains(want), "{bad}: {e}");
+        }
     }
 
     #[test]

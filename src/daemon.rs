@@ -84,6 +84,11 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
     );
 
     let source_names: Vec<String> = inputs.iter().map(|i| i.name.clone()).collect();
+    for i in &inputs {
+        if matches!(i.kind, crate::pipeline::InputKind::Lsl(_)) {
+            metrics.prepare_stream(&i.name);
+        }
+    }
     let source_metrics: Vec<SourceMetrics> =
         source_names.iter().map(|n| metrics.source(n)).collect();
     // Refusal counters resolved now, so they are exported at 0 and a flood of refused
@@ -182,7 +187,7 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
     let mut decisions = None::<crate::metrics::DecisionMetrics>;
     let metrics_for_decisions = metrics.clone();
     let make_sinks = |names: &Names| -> anyhow::Result<Vec<GuardedSink>> {
-        let sinks = build_sinks(&output, names, &metrics.udp_send_errors())?;
+        let sinks = build_sinks(&output, names, &metrics)?;
         for s in &sinks {
             metrics.prepare_sink(s.kind());
         }
@@ -288,8 +293,9 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
 fn build_sinks(
     output: &crate::config::OutputConfig,
     names: &Names,
-    udp_errors: &prometheus::IntCounter,
+    metrics: &Metrics,
 ) -> anyhow::Result<Vec<GuardedSink>> {
+    let udp_errors = &metrics.udp_send_errors();
     use crate::sinks::binlog::BinlogSink;
     use crate::sinks::jsonl::JsonlSink;
     let settings = output.guard_settings();
@@ -345,6 +351,29 @@ fn build_sinks(
         sinks.push(GuardedSink::new(
             Box::new(sink),
             output.udp_policy.unwrap_or(SinkPolicy::Drop),
+            None,
+            settings,
+        ));
+    }
+    if let Some(name) = &output.lsl_markers {
+        use crate::sinks::lsl::{LslMarkerSink, MarkerFormat};
+        let format = MarkerFormat::parse(output.lsl_markers_format.as_deref())?;
+        let sink = LslMarkerSink::open(name, format, output.lsl_markers_all.unwrap_or(false))
+            .with_context(|| format!("publishing the LSL marker stream {name:?}"))?
+            .with_latency(metrics.lsl_marker_latency());
+        sinks.push(GuardedSink::new(
+            Box::new(sink),
+            SinkPolicy::Drop,
+            None,
+            settings,
+        ));
+    }
+    if let Some(name) = &output.lsl_statistic {
+        let sink = crate::sinks::lsl::LslStatisticSink::open(name)
+            .with_context(|| format!("publishing the LSL statistic stream {name:?}"))?;
+        sinks.push(GuardedSink::new(
+            Box::new(sink),
+            SinkPolicy::Drop,
             None,
             settings,
         ));
@@ -471,6 +500,11 @@ impl Observe for MetricsObserver {
             m.set_fill(fill.len());
             self.metrics.watch_ring(ring, fill.clone());
             rings.push((ring.to_string(), m));
+        }
+    }
+    fn stream_gap(&self, source: u16, samples: u64) {
+        if let Some(s) = self.sources.get(source as usize) {
+            self.metrics.stream_gap(s.name(), samples);
         }
     }
     fn accounting(&self, source: u16, balanced: bool) {

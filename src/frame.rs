@@ -435,6 +435,51 @@ pub fn encode_eeg_block(
     encode_frame(out, FrameKind::EegBlock, stamp, &payload);
 }
 
+/// [`encode_eeg_block`] replacing `out`'s contents, with no buffer besides `out`: once `out`
+/// has the capacity, encoding a block allocates nothing (live EEG inputs, per block).
+pub fn encode_eeg_block_in_place(
+    out: &mut Vec<u8>,
+    stamp: Stamp,
+    n_channels: usize,
+    sample_rate_hz: f64,
+    first_sample: u64,
+    samples: &[f32],
+) {
+    assert!(
+        n_channels > 0 && samples.len() % n_channels == 0,
+        "samples must be channel-major"
+    );
+    let n_samples = samples.len() / n_channels;
+    out.clear();
+    out.resize(HEADER_LEN, 0);
+    out.extend_from_slice(
+        EegBlockHeader {
+            n_channels: (n_channels as u16).into(),
+            reserved: 0.into(),
+            n_samples: (n_samples as u32).into(),
+            sample_rate_hz: sample_rate_hz.into(),
+            first_sample: first_sample.into(),
+        }
+        .as_bytes(),
+    );
+    for v in samples {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    let payload = &out[HEADER_LEN..];
+    let header = FrameHeader {
+        magic: MAGIC,
+        version: VERSION.into(),
+        kind: (FrameKind::EegBlock as u16).into(),
+        source_id: stamp.source_id.into(),
+        payload_len: (payload.len() as u32).into(),
+        sequence: stamp.sequence.into(),
+        timestamp_ns: stamp.timestamp_ns.into(),
+        payload_crc32c: crc32c::crc32c(payload).into(),
+        reserved: 0.into(),
+    };
+    out[..HEADER_LEN].copy_from_slice(header.as_bytes());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -478,6 +523,16 @@ mod tests {
         assert_eq!(h[1].z_mm.get(), 400.0);
         assert_eq!(h[1].plane.get(), 1);
         assert_eq!(h[0].hit_id.get(), 1);
+    }
+
+    #[test]
+    fn eeg_block_in_place_equals_the_appending_encoder() {
+        let samples: Vec<f32> = (0..12).map(|i| i as f32 * 1e-6).collect();
+        let mut a = Vec::new();
+        encode_eeg_block(&mut a, stamp(), 3, 512.0, 77, &samples);
+        let mut b = vec![9u8; 5];
+        encode_eeg_block_in_place(&mut b, stamp(), 3, 512.0, 77, &samples);
+        assert_eq!(a, b);
     }
 
     #[test]

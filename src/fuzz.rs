@@ -28,6 +28,7 @@ pub const TARGETS: &[Target] = &[
     ("frame", frame),
     ("kernel_cache_entry", kernel_cache_entry),
     ("nats_url", nats_url),
+    ("lsl_meta", lsl_meta),
     ("npy", npy),
     ("recording", recording),
     ("trackml_csv", trackml_csv),
@@ -80,6 +81,57 @@ pub fn detector_toml(data: &[u8]) {
         let _ = Detector::from_toml_str(text, "fuzz.toml");
     }
     let _ = crate::tracking::field::FieldMap::from_npy_bytes(data, [0.0; 3], [1.0; 3]);
+}
+
+/// The `lsl://` address parser and the LSL stream description reader with its channel
+/// plan. The first byte says how many of the following bytes are the address; the rest is
+/// the stream's XML description. Any input gives a value or an error; a plan always maps
+/// each lead field channel to the stream channel of the same label (never a shift).
+pub fn lsl_meta(data: &[u8]) {
+    use crate::lsl::meta::{parse_stream_xml, plan_channels};
+    use crate::lsl::url::{LslOptions, LslUrl};
+    let split = data
+        .first()
+        .map(|&b| b as usize + 1)
+        .unwrap_or(0)
+        .min(data.len());
+    let (address, xml) = data.split_at(split);
+    if let Ok(text) = std::str::from_utf8(address.get(1..).unwrap_or(&[])) {
+        if let Ok(u) = text.parse::<LslUrl>() {
+            assert!(!u.predicate().is_empty());
+            assert!(u.raw.is_some() || !u.fields.is_empty());
+        }
+    }
+    let Ok(xml) = std::str::from_utf8(xml) else {
+        return;
+    };
+    let Ok(meta) = parse_stream_xml(xml) else {
+        return;
+    };
+    // The lead field: every other described label, in reverse order.
+    let configured: Vec<String> = meta
+        .channels
+        .iter()
+        .rev()
+        .step_by(2)
+        .map(|c| c.label.clone())
+        .collect();
+    for options in [
+        LslOptions::default(),
+        LslOptions {
+            unit: Some("uV".into()),
+            drop_extra: true,
+            ..LslOptions::default()
+        },
+    ] {
+        if let Ok(plan) = plan_channels(&meta, &configured, &options) {
+            assert_eq!(plan.stream_index.len(), configured.len());
+            assert_eq!(plan.volts_per_unit.len(), configured.len());
+            for (k, &i) in plan.stream_index.iter().enumerate() {
+                assert_eq!(meta.channels[i].label, configured[k]);
+            }
+        }
+    }
 }
 
 /// The EDF/BDF reader: header validation, annotations (TALs) and block decoding return

@@ -17,6 +17,7 @@ pub mod frame;
 pub mod fuzz;
 pub mod gpu;
 pub mod http;
+pub mod lsl;
 pub mod metrics;
 pub mod notify;
 pub mod npy;

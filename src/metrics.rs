@@ -359,6 +359,9 @@ pub struct Metrics {
     nats_acked: IntCounterVec,
     nats_redelivered: IntCounterVec,
     nats_consumer: IntGaugeVec,
+    stream_gaps: IntCounterVec,
+    stream_gap_samples: IntCounterVec,
+    lsl_marker_latency: Histogram,
     /// Rings whose peak fill is read (and reset) at each scrape.
     watched_rings: Mutex<Vec<(Gauge, crate::ring::Fill)>>,
     sources: Mutex<Vec<Arc<SourceShared>>>,
@@ -555,6 +558,35 @@ impl Metrics {
             "A NATS input's durable consumer as the server reports it, over all nodes: state=pending (not yet delivered), ack_pending (delivered, not acknowledged), redelivered (delivered again, not acknowledged).",
             ["source", "state"]
         );
+        let stream_gaps = family!(
+            &r,
+            IntCounterVec,
+            "trigd_stream_gaps_total",
+            "Times a live stream (LSL) came back after going away; each is one decision with reason stream_gap.",
+            ["source"]
+        );
+        let stream_gap_samples = family!(
+            &r,
+            IntCounterVec,
+            "trigd_stream_gap_samples_total",
+            "Samples a live stream (LSL) never delivered while it was away (from its time stamps).",
+            ["source"]
+        );
+        let lsl_marker_latency = register(
+            &r,
+            "trigd_lsl_marker_latency_seconds",
+            Histogram::with_opts(
+                HistogramOpts::new(
+                    "trigd_lsl_marker_latency_seconds",
+                    "LSL time stamp of the block's last sample (clock-corrected) to the push of its LSL marker.",
+                )
+                .buckets(latency_buckets_s()),
+            )
+            .map_err(|source| MetricsError::Register {
+                name: "trigd_lsl_marker_latency_seconds",
+                source,
+            })?,
+        )?;
         let build_info = family!(
             &r,
             IntGaugeVec,
@@ -609,6 +641,9 @@ impl Metrics {
             nats_acked,
             nats_redelivered,
             nats_consumer,
+            stream_gaps,
+            stream_gap_samples,
+            lsl_marker_latency,
             watched_rings: Mutex::new(Vec::new()),
             sources: Mutex::new(Vec::new()),
             in_flight_max_frames: AtomicU64::new(0),
@@ -744,6 +779,26 @@ impl Metrics {
     /// kind, made at its first error).
     pub fn prepare_sink(&self, sink: &str) {
         let _ = self.sink_lost.with_label_values(&[sink]);
+    }
+
+    /// Counts a live stream's return after `samples` missing samples
+    /// (`trigd_stream_gaps_total`, `trigd_stream_gap_samples_total`; rare, off the hot path).
+    pub fn stream_gap(&self, source: &str, samples: u64) {
+        self.stream_gaps.with_label_values(&[source]).inc();
+        self.stream_gap_samples
+            .with_label_values(&[source])
+            .inc_by(samples);
+    }
+
+    /// Exports the stream gap counters of `source` at 0.
+    pub fn prepare_stream(&self, source: &str) {
+        let _ = self.stream_gaps.with_label_values(&[source]);
+        let _ = self.stream_gap_samples.with_label_values(&[source]);
+    }
+
+    /// `trigd_lsl_marker_latency_seconds`, for [`crate::sinks::lsl::LslMarkerSink`].
+    pub fn lsl_marker_latency(&self) -> Histogram {
+        self.lsl_marker_latency.clone()
     }
 
     /// `trigd_input_refused_total{source,reason}` child for an input (resolve once).

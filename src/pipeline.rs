@@ -89,6 +89,8 @@ pub trait Observe: Send + Sync {
     fn redelivered(&self, _source: u16) {}
     /// A NATS input acknowledged `n` frames whose decisions were written.
     fn acked(&self, _source: u16, _n: u64) {}
+    /// A live stream (LSL) came back after `samples` samples it never delivered.
+    fn stream_gap(&self, _source: u16, _samples: u64) {}
 }
 
 /// An observer that records nothing.
@@ -120,6 +122,8 @@ pub enum InputKind {
     /// A JetStream pull consumer (a farm node): waits for room instead of dropping, and
     /// acknowledges each frame once its decision is written by every sink.
     Nats(Box<crate::sources::nats::NatsSource>),
+    /// A Lab Streaming Layer EEG stream; never waits for the pipeline.
+    Lsl(Box<crate::sources::lsl::LslInput>),
 }
 
 pub struct Input {
@@ -743,6 +747,37 @@ impl SourceCtx {
         self.observer.received(self.index);
     }
 
+    /// Takes in the record of blocks a live stream never delivered: one decision,
+    /// `dropped` with the source's reason.
+    fn lost(&mut self, r: &Received<'_>, arrival: Instant) {
+        let Received::Lost {
+            reason,
+            source_id,
+            sequence,
+            timestamp_ns,
+            samples,
+            ..
+        } = *r
+        else {
+            return;
+        };
+        self.count_in();
+        self.observer.stream_gap(self.index, samples);
+        let rec = SideRecord {
+            source: self.index,
+            source_id,
+            seq: sequence,
+            timestamp_ns,
+            outcome: Outcome::Dropped,
+            reason,
+            arrival,
+            delivery: 0,
+        };
+        if self.side.send(rec).is_err() {
+            tracing::error!("decision thread gone; a record is lost");
+        }
+    }
+
     /// Takes in one frame from a socket: validate, slot, ring; never waits.
     fn admit(&mut self, bytes: &[u8], arrival: Instant) {
         self.count_in();
@@ -863,6 +898,7 @@ fn run_source(mut ctx: SourceCtx, kind: InputKind, stop: &AtomicBool) -> anyhow:
                         tracing::warn!(source = ctx.index, reason, "malformed input: {detail}");
                         ctx.side(&[], Outcome::Malformed, reason, arrival);
                     }
+                    lost @ Received::Lost { .. } => ctx.lost(&lost, arrival),
                 }
                 std::ops::ControlFlow::Continue(())
             };
@@ -893,6 +929,27 @@ fn run_source(mut ctx: SourceCtx, kind: InputKind, stop: &AtomicBool) -> anyhow:
                 source = ctx.index,
                 frames = stats.frames,
                 "NATS source stopped"
+            );
+            Ok(())
+        }
+        InputKind::Lsl(input) => {
+            let on = |r: Received<'_>, arrival: Instant| {
+                match r {
+                    Received::Frame(bytes) => ctx.admit(bytes, arrival),
+                    lost @ Received::Lost { .. } => ctx.lost(&lost, arrival),
+                    Received::Malformed { .. } | Received::Refused { .. } => {}
+                }
+                std::ops::ControlFlow::Continue(())
+            };
+            let stats = input.run(stop, on)?;
+            tracing::info!(
+                source = ctx.index,
+                samples = stats.samples,
+                frames = stats.frames,
+                losses = stats.losses,
+                gaps = stats.gaps,
+                gap_samples = stats.gap_samples,
+                "LSL source stopped"
             );
             Ok(())
         }

@@ -125,6 +125,8 @@ pub fn record_from(
             tracing::debug!(%peer, reason, "refused");
             ControlFlow::Continue(())
         }
+        // Socket sources never lose samples this way.
+        Received::Lost { .. } => ControlFlow::Continue(()),
     });
     if let Some(e) = write_failure {
         // Dropping the writer flushes what it can; readers rebuild the index.

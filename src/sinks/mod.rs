@@ -1,7 +1,7 @@
 //! Decision sinks: where every [`Decision`] goes after the trigger. Each sink writes the
 //! same record in its own form: JSON lines for people and scripts ([`jsonl`]), a compact
 //! binary log for tools and replays ([`binlog`]), a UDP datagram stream for downstream
-//! DAQ ([`udp`]). The decision thread owns the sinks and calls them in order, each behind
+//! DAQ ([`udp`]), LSL markers for stimulus programs ([`lsl`]). The decision thread owns the sinks and calls them in order, each behind
 //! a [`guard::GuardedSink`] that counts its errors and applies its [`SinkPolicy`].
 
 use std::io;
@@ -14,6 +14,7 @@ pub mod binlog;
 pub mod file;
 pub mod guard;
 pub mod jsonl;
+pub mod lsl;
 pub mod nats;
 pub mod udp;
 

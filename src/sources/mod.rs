@@ -6,11 +6,13 @@
 //!
 //! - [`udp`]: one datagram is one frame.
 //! - [`tcp`]: a byte stream of frames back to back, delimited by each header's `payload_len`.
+//! - [`lsl`]: a Lab Streaming Layer EEG stream, its samples gathered into EEG block frames.
 //!
 //! Both loops stop within about [`POLL_INTERVAL`] of the shared stop flag being set, or as
 //! soon as the closure returns [`ControlFlow::Break`].
 
 pub mod limits;
+pub mod lsl;
 pub mod nats;
 pub mod replay;
 pub mod tcp;
@@ -171,6 +173,17 @@ pub enum Received<'a> {
     Refused {
         reason: &'static str,
         peer: SocketAddr,
+    },
+    /// Samples that never arrived: a live stream (LSL) went away and came back. Stands for
+    /// the `frames` blocks the missing `samples` spanned, the first of them numbered
+    /// `sequence`; it gets one decision record (`dropped`, `reason`).
+    Lost {
+        reason: &'static str,
+        source_id: u32,
+        sequence: u64,
+        timestamp_ns: u64,
+        samples: u64,
+        frames: u64,
     },
 }
 

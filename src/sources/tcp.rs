@@ -455,6 +455,7 @@ mod tests {
                             Received::Frame(b) => Got::Frame(b.to_vec()),
                             Received::Malformed { reason, .. } => Got::Malformed(reason),
                             Received::Refused { reason, .. } => Got::Refused(reason),
+                            Received::Lost { .. } => panic!("TCP never reports lost samples"),
                         });
                         ControlFlow::Continue(())
                     })

@@ -230,7 +230,9 @@ mod tests {
             match r {
                 Received::Frame(b) => frames.push(b[0]),
                 Received::Refused { reason, peer } => refused.push((reason, peer)),
-                Received::Malformed { .. } => panic!("UDP never reports malformed"),
+                Received::Malformed { .. } | Received::Lost { .. } => {
+                    panic!("UDP never reports malformed or lost")
+                }
             }
             if frames.len() + refused.len() == 10 {
                 ControlFlow::Break(())
