@@ -288,6 +288,11 @@ pub struct EegStream {
     pub trigger: Option<RoiTrigger>,
     pub sample_rate_hz: f64,
     pub stats: BlockStats,
+    /// `first_sample` the next block continues from; a block that starts elsewhere (samples
+    /// lost, the stream restarted) restarts the filter and the trigger window.
+    pub next_sample: Option<u64>,
+    /// Breaks in the stream's samples seen so far.
+    pub breaks: u64,
 }
 
 impl EegStream {
@@ -297,6 +302,8 @@ impl EegStream {
             trigger: None,
             sample_rate_hz: 0.0,
             stats: BlockStats::with_capacity(1024),
+            next_sample: None,
+            breaks: 0,
         }
     }
 
@@ -321,6 +328,24 @@ impl EegStream {
         } else if fs != self.sample_rate_hz {
             return Err("sample_rate");
         }
+        let first = b.header.first_sample.get();
+        if self.next_sample.is_some_and(|n| n != first) {
+            // A filter run across the break would ring with the step between unrelated
+            // samples, and the window would average power from both sides of it.
+            if let Some(f) = self.filter.as_mut() {
+                f.reset();
+            }
+            if let Some(t) = self.trigger.as_mut() {
+                t.restart_window();
+            }
+            self.breaks += 1;
+            tracing::debug!(
+                expected = self.next_sample,
+                first_sample = first,
+                "EEG stream broke: filter and trigger window restarted"
+            );
+        }
+        self.next_sample = Some(first.saturating_add(u64::from(b.header.n_samples.get())));
         Ok(())
     }
 
@@ -371,6 +396,10 @@ impl Default for EegStream {
     }
 }
 
+/// What [`EegStreams::save_filters`] keeps of a stream: its id, filter state, the sample
+/// its next block continues from and its breaks so far.
+pub type SavedStream = (u32, Option<BlockFilter>, Option<u64>, u64);
+
 /// The EEG streams one worker serves, told apart by the frame header's `source_id` (one
 /// amplifier or producer each): every stream keeps its own filter state, trigger window
 /// and statistics. The pipeline sends all frames of one `source_id` to the same worker, in
@@ -399,20 +428,28 @@ impl EegStreams {
         self.streams.is_empty()
     }
 
-    /// The filter state of every stream (restored when a device batch fails).
-    pub fn save_filters(&self, into: &mut Vec<(u32, Option<BlockFilter>)>) {
+    /// The filter state of every stream and where its samples continue (restored when a
+    /// device batch fails, so the CPU's run of the batch starts from the same state).
+    pub fn save_filters(&self, into: &mut Vec<SavedStream>) {
         into.clear();
-        into.extend(self.streams.iter().map(|(&id, s)| (id, s.filter.clone())));
+        into.extend(
+            self.streams
+                .iter()
+                .map(|(&id, s)| (id, s.filter.clone(), s.next_sample, s.breaks)),
+        );
     }
 
     /// Puts back what [`Self::save_filters`] saved; streams created since start afresh.
-    pub fn restore_filters(&mut self, saved: &mut Vec<(u32, Option<BlockFilter>)>) {
+    pub fn restore_filters(&mut self, saved: &mut Vec<SavedStream>) {
         let ids: Vec<u32> = self.streams.keys().copied().collect();
         for id in ids {
-            match saved.iter().position(|(s, _)| *s == id) {
+            match saved.iter().position(|(s, ..)| *s == id) {
                 Some(i) => {
-                    let (_, f) = saved.swap_remove(i);
-                    self.get(id).filter = f;
+                    let (_, f, next, breaks) = saved.swap_remove(i);
+                    let stream = self.get(id);
+                    stream.filter = f;
+                    stream.next_sample = next;
+                    stream.breaks = breaks;
                 }
                 None => {
                     self.streams.remove(&id);

@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use super::eeg::{EegSetup, EegStreams, LINE_NAME};
 use super::{Backend, BackendError, BackendKind, Verdict};
 use crate::config::Config;
-use crate::eeg::filter::BlockFilter;
 use crate::frame::{FrameView, Payload};
 use crate::gpu::eeg::{EegBlockOutput, EegEngineConfig, GpuEegEngine};
 use crate::gpu::runtime::BatchSizer;
@@ -29,7 +28,7 @@ pub struct GpuEeg {
     streams: Arc<Mutex<EegStreams>>,
     engine: GpuEegEngine,
     /// Filter states saved before a batch (restored when the device fails it).
-    saved: Vec<(u32, Option<BlockFilter>)>,
+    saved: Vec<super::eeg::SavedStream>,
     names: Vec<String>,
     max_frames: usize,
     /// Frames per launch, from the deadline and the measured cost per frame.

@@ -286,6 +286,18 @@ impl RoiTrigger {
         self.ring.len()
     }
 
+    /// Empties the window, as after a break in the stream's samples: the statistic is not
+    /// computed over samples on both sides of a gap, and the window must fill again with
+    /// samples after it before it may fire. The refractory period still counts from the
+    /// last firing (sample indices stay on the stream's time line).
+    pub fn restart_window(&mut self) {
+        self.ring.fill(0.0);
+        self.head = 0;
+        self.filled = 0;
+        self.sum = 0.0;
+        self.since_exact = 0;
+    }
+
     /// Sample index of the last firing.
     pub fn last_fired(&self) -> Option<u64> {
         self.last_fired
@@ -502,5 +514,31 @@ mod tests {
         // Below threshold never fires.
         let mut trig = RoiTrigger::new(w, 2.5, refr);
         assert!(!trig.push_block(&power, 0).fired);
+    }
+
+    #[test]
+    fn a_restarted_window_fires_only_on_samples_after_the_break() {
+        // Window of 4 samples, threshold 1.0: high power before a break, low after it.
+        let mut trig = RoiTrigger::new(4, 1.0, 0);
+        assert!(
+            !trig.push_block(&[2.0, 2.0, 2.0], 0).fired,
+            "window not full yet"
+        );
+        trig.restart_window();
+        // Without the restart the window (2, 2, 2, 0.5) would average 1.625 and fire.
+        let d = trig.push_block(&[0.5, 0.5, 0.5, 0.5], 100);
+        assert!(!d.fired);
+        assert_eq!(d.statistic, 0.5);
+        // The window refilled with power after the break fires as a fresh one would.
+        let mut fresh = RoiTrigger::new(4, 1.0, 0);
+        let mut restarted = trig.clone();
+        restarted.restart_window();
+        let p = [3.0, 1.0, 0.2, 0.9, 4.0, 0.1];
+        let (a, b) = (restarted.push_block(&p, 200), fresh.push_block(&p, 200));
+        assert_eq!(
+            (a.fired, a.sample, a.statistic),
+            (b.fired, b.sample, b.statistic)
+        );
+        assert!(a.fired);
     }
 }
