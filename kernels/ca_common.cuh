@@ -3,8 +3,10 @@
 // (FinderGeometry, PlaneWindows, PairLanes, the triplet step's Cuts, the bending tables),
 // the per-event scan and the batch budget that every counting step shares.
 //
-// Every step runs one block per event (blockIdx.x = event), its threads striding over the
-// event's items; items of an event are indexed locally as the CPU indexes them (sorted
+// Every step runs a row of blocks per event (blockIdx.y = event; gridDim.x blocks, sized
+// so that a batch fills the GPU whether it holds a few busy events or many small ones),
+// their threads striding over the event's items; the per-event scan and ca_bin_hits run
+// one block per event. Items of an event are indexed locally as the CPU indexes them (sorted
 // hit, doublet, triplet), so a step's output for an event is the CPU's arrays for it.
 // Steps that make a variable number of outputs run twice: count per item, scan per event
 // (ca_event_scan), place events in the batch arena (ca_event_budget: an event beyond its
@@ -18,7 +20,12 @@ typedef unsigned int u32;
 
 #define MAX_REACH 3
 #define CA_THREADS 256
+// Items per thread in each chunk of the per-event scan.
+#define SCAN_ITEMS 8
 #define CA_INF __int_as_float(0x7f800000)
+// The first item of this thread and the stride over an event's items.
+#define CA_FIRST (blockIdx.x * CA_THREADS + threadIdx.x)
+#define CA_STRIDE (gridDim.x * CA_THREADS)
 
 // Tent tables (bending.rs): 17 x 17 nodes of 3 components, after t0[2], inv_step[2].
 #define NODES 17
@@ -126,17 +133,29 @@ extern "C" __global__ void ca_event_scan(const u32* __restrict__ count, u32* __r
                                          const u32* __restrict__ base, const u32* __restrict__ n,
                                          u32 base_stride, const u32* __restrict__ failed,
                                          u32* __restrict__ total, int sentinel) {
-    int e = blockIdx.x;
+    int e = blockIdx.y;
     // `base` null: event e's items start at e * base_stride.
     u32 b = base ? base[e] : (u32)e * base_stride;
     u32 m = failed[e] ? 0 : n[e];
     u32 carry = 0;
-    for (u32 c0 = 0; c0 < m; c0 += CA_THREADS) {
-        u32 i = c0 + threadIdx.x;
-        u32 v = i < m ? count[b + i] : 0;
+    // Chunks of SCAN_ITEMS consecutive items per thread: a serial scan in the thread, a
+    // block scan of the threads' sums.
+    for (u32 c0 = 0; c0 < m; c0 += CA_THREADS * SCAN_ITEMS) {
+        u32 i0 = c0 + threadIdx.x * SCAN_ITEMS;
+        u32 v[SCAN_ITEMS];
+        u32 sum = 0;
+#pragma unroll
+        for (int k = 0; k < SCAN_ITEMS; k++) {
+            v[k] = i0 + k < m ? count[b + i0 + k] : 0;
+            sum += v[k];
+        }
         u32 chunk;
-        u32 inc = block_scan_inclusive(v, &chunk);
-        if (i < m) offset[b + i] = carry + inc - v;
+        u32 run = carry + block_scan_inclusive(sum, &chunk) - sum;
+#pragma unroll
+        for (int k = 0; k < SCAN_ITEMS; k++) {
+            if (i0 + k < m) offset[b + i0 + k] = run;
+            run += v[k];
+        }
         carry += chunk;
     }
     if (threadIdx.x == 0) {

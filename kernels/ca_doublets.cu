@@ -65,12 +65,12 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
                                        float* __restrict__ dtx, float* __restrict__ dty,
                                        u32* __restrict__ dgap, u32* __restrict__ end_count,
                                        u32* __restrict__ end_cursor) {
-    int e = blockIdx.x;
+    int e = blockIdx.y;
     if (failed[e]) return;
     u32 s = hit_start[e], m = n_sorted[e];
     const u32* starts = bin_start + (size_t)e * (n_bins + 1);
     u32 base = write ? dbl_base[e] : 0;
-    for (u32 a = threadIdx.x; a < m; a += CA_THREADS) {
+    for (u32 a = CA_FIRST; a < m; a += CA_STRIDE) {
         u32 i = splane[s + a];
         const float* pl = plf + i * PLF;
         const int* pi = pli + i * PLI;

@@ -13,10 +13,10 @@ extern "C" __global__ void ca_evolution(const u32* __restrict__ trip_base,
                                         const u32* __restrict__ left,
                                         const u32* __restrict__ failed, u32 plane,
                                         u32* __restrict__ level) {
-    int e = blockIdx.x;
+    int e = blockIdx.y;
     if (failed[e]) return;
     u32 tbase = trip_base[e], n_t = trip_n[e], nbase = nb_base[e];
-    for (u32 t = threadIdx.x; t < n_t; t += CA_THREADS) {
+    for (u32 t = CA_FIRST; t < n_t; t += CA_STRIDE) {
         u32 T = tbase + t;
         if (tplane[T] != plane) continue;
         u32 k0 = nbase + nb_off[T], k1 = k0 + nb_count[T];

@@ -1,7 +1,7 @@
 // Hit sorting into the grid (src/tracking/ca/hit_sorting.rs): per event, its hits by
 // plane, then grid cell, then x (ties in input order), with bin_start per cell.
 //
-// ca_bin_hits counts the event's valid hits (known plane, finite x and y), fails the event
+// ca_bin_hits (one block per event) counts the event's valid hits (known plane, finite x and y), fails the event
 // when they exceed max_hits (the CPU would drop the excess: the event goes back to it),
 // and counts each hit in its cell; ca_event_scan turns the counts into bin_start;
 // ca_place_hits drops each hit's index into its cell (arrival order, a scratch array);
@@ -16,7 +16,7 @@ extern "C" __global__ void ca_bin_hits(const float* __restrict__ in_x, const flo
                                        u32* __restrict__ hit_bin, u32* __restrict__ bin_count,
                                        u32* __restrict__ n_sorted, u32* __restrict__ failed,
                                        u32* __restrict__ overflow) {
-    int e = blockIdx.x;
+    int e = blockIdx.y;
     u32 s = hit_start[e], m = hit_start[e + 1] - s;
     u32 valid = 0;
     for (u32 i = threadIdx.x; i < m; i += CA_THREADS) {
@@ -54,12 +54,12 @@ extern "C" __global__ void ca_place_hits(const u32* __restrict__ hit_start, cons
                                          const u32* __restrict__ bin_start, u32* __restrict__ bin_cursor,
                                          int n_bins, const u32* __restrict__ failed,
                                          u32* __restrict__ scratch) {
-    int e = blockIdx.x;
+    int e = blockIdx.y;
     if (failed[e]) return;
     u32 s = hit_start[e], m = hit_start[e + 1] - s;
     const u32* starts = bin_start + (size_t)e * (n_bins + 1);
     u32* cursor = bin_cursor + (size_t)e * (n_bins + 1);
-    for (u32 i = threadIdx.x; i < m; i += CA_THREADS) {
+    for (u32 i = CA_FIRST; i < m; i += CA_STRIDE) {
         u32 b = hit_bin[s + i];
         if (b == 0xffffffffu) continue;
         u32 slot = starts[b] + atomicAdd(&cursor[b], 1u);
@@ -77,11 +77,11 @@ extern "C" __global__ void ca_rank_hits(const float* __restrict__ in_x, const fl
                                         const u32* __restrict__ scratch,
                                         float* __restrict__ sx, float* __restrict__ sy,
                                         u32* __restrict__ splane, u32* __restrict__ sinput) {
-    int e = blockIdx.x;
+    int e = blockIdx.y;
     if (failed[e]) return;
     u32 s = hit_start[e], m = n_sorted[e];
     const u32* starts = bin_start + (size_t)e * (n_bins + 1);
-    for (u32 k = threadIdx.x; k < m; k += CA_THREADS) {
+    for (u32 k = CA_FIRST; k < m; k += CA_STRIDE) {
         u32 li = scratch[s + k];
         u32 b = hit_bin[s + li];
         float x = in_x[s + li];

@@ -18,10 +18,10 @@ extern "C" __global__ void ca_neighbours_ending(const u32* __restrict__ dbl_base
                                                 const u32* __restrict__ end_off,
                                                 u32* __restrict__ end_cursor,
                                                 u32* __restrict__ ending) {
-    int e = blockIdx.x;
+    int e = blockIdx.y;
     if (failed[e]) return;
     u32 dbase = dbl_base[e], tbase = trip_base[e], n_t = trip_n[e];
-    for (u32 t = threadIdx.x; t < n_t; t += CA_THREADS) {
+    for (u32 t = CA_FIRST; t < n_t; t += CA_STRIDE) {
         u32 R = dbase + tright[tbase + t];
         if (!write) {
             atomicAdd(&end_count[R], 1u);
@@ -39,10 +39,10 @@ extern "C" __global__ void ca_neighbours_sort_ending(const u32* __restrict__ dbl
                                                      const u32* __restrict__ end_count,
                                                      const u32* __restrict__ end_off,
                                                      u32* __restrict__ ending) {
-    int e = blockIdx.x;
+    int e = blockIdx.y;
     if (failed[e]) return;
     u32 dbase = dbl_base[e], n_d = dbl_n[e], tbase = trip_base[e];
-    for (u32 d = threadIdx.x; d < n_d; d += CA_THREADS) {
+    for (u32 d = CA_FIRST; d < n_d; d += CA_STRIDE) {
         u32 n = end_count[dbase + d];
         if (n < 2) continue;
         u32* seg = ending + tbase + end_off[dbase + d];
@@ -71,11 +71,11 @@ extern "C" __global__ void ca_neighbours(const u32* __restrict__ dbl_base,
                                          u32* __restrict__ nb_count, const u32* __restrict__ nb_off,
                                          const u32* __restrict__ nb_base, u32* __restrict__ left,
                                          u32* __restrict__ has_right) {
-    int e = blockIdx.x;
+    int e = blockIdx.y;
     if (failed[e]) return;
     u32 dbase = dbl_base[e], tbase = trip_base[e], n_t = trip_n[e];
     u32 nbase = write ? nb_base[e] : 0;
-    for (u32 t2 = threadIdx.x; t2 < n_t; t2 += CA_THREADS) {
+    for (u32 t2 = CA_FIRST; t2 < n_t; t2 += CA_STRIDE) {
         u32 T2 = tbase + t2;
         u32 D = dbase + tleft[T2];
         u32 k0 = end_off[D], k1 = k0 + end_count[D];

@@ -10,6 +10,10 @@
 // the doublet's scanned offset (and the triplet's first plane, for the evolution, and
 // clears its has_right flag).
 
+// a[q] for a run-time q of a small array kept in registers (indexing it directly would
+// move it to local memory).
+#define PICK3(a, q) ((q) == 0 ? (a)[0] : ((q) == 1 ? (a)[1] : (a)[2]))
+
 __device__ __forceinline__ float slope_factor2(float tx, float ty) {
     float t = fmaxf(fabsf(tx), fabsf(ty));
     float n2 = 1.0f + tx * tx + ty * ty;
@@ -33,6 +37,7 @@ __device__ __forceinline__ void tent_at(const float* __restrict__ tab, float tx,
     const float* b01 = b + (iu * NODES + iv + 1) * 3;
     const float* b10 = b + ((iu + 1) * NODES + iv) * 3;
     const float* b11 = b + ((iu + 1) * NODES + iv + 1) * 3;
+#pragma unroll
     for (int c = 0; c < 3; c++) {
         float lo = b00[c] + fv * (b01[c] - b00[c]);
         float hi = b10[c] + fv * (b11[c] - b10[c]);
@@ -58,14 +63,14 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
                                        float* __restrict__ tqop, float* __restrict__ tsigma,
                                        float* __restrict__ tchi2, u32* __restrict__ tplane,
                                        u32* __restrict__ has_right) {
-    int e = blockIdx.x;
+    int e = blockIdx.y;
     if (failed[e]) return;
     u32 s = hit_start[e], dbase = dbl_base[e], n_d = dbl_n[e];
     u32 tbase = write ? trip_base[e] : 0;
     const float ns = g[G_N_SIGMA], qmax = g[G_QOP_MAX], mass2 = g[G_MASS2];
     const float sf2_max = g[G_SF2_MAX], K = g[G_K];
     const float ms_qmax = qmax * qmax * (1.0f + mass2 * qmax * qmax);
-    for (u32 d = threadIdx.x; d < n_d; d += CA_THREADS) {
+    for (u32 d = CA_FIRST; d < n_d; d += CA_STRIDE) {
         u32 D = dbase + d;
         u32 a = da[D], b = db[D];
         int pa = (int)splane[s + a], pb = (int)splane[s + b];
@@ -77,8 +82,10 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
         // Fields: uniform, or the tent tables at the line from the origin through b.
         float bd[3], bg[MAX_REACH][3];
         if (g[G_UNIFORM] != 0.0f) {
+#pragma unroll
             for (int c = 0; c < 3; c++) {
                 bd[c] = g[G_UB + c];
+#pragma unroll
                 for (int q = 0; q < MAX_REACH; q++) bg[q][c] = g[G_UB + c];
             }
         } else {
@@ -87,6 +94,7 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
             int ti = pri[pair * PRI];
             if (ti >= 0) tent_at(tents + (size_t)ti * TENT_FLOATS, ltx, lty, bd);
             else bd[0] = bd[1] = bd[2] = 0.0f;
+#pragma unroll
             for (int q = 0; q < MAX_REACH; q++) {
                 int tq = q < reach ? pri[pair * PRI + 1 + q] : -1;
                 if (tq >= 0) tent_at(tents + (size_t)tq * TENT_FLOATS, ltx, lty, bg[q]);
@@ -131,6 +139,7 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
         float kvar = kvar_ms * q_hi * q_hi + kvar_res;
         float lo = CA_INF, hi = -CA_INF;
         float pred_x[MAX_REACH], pred_y[MAX_REACH], wx[MAX_REACH], wy[MAX_REACH];
+#pragma unroll
         for (int q = 0; q < MAX_REACH; q++) {
             pred_x[q] = 0.0f;
             pred_y[q] = 0.0f;
@@ -162,14 +171,19 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
                 u32 q = dgap[R];
                 if (q >= MAX_REACH) continue;
                 float t2x = dtx[R], t2y = dty[R];
-                if (!(fabsf(t2x - pred_x[q]) <= wx[q] && fabsf(t2y - pred_y[q]) <= wy[q])) continue;
+                if (!(fabsf(t2x - PICK3(pred_x, q)) <= PICK3(wx, q) &&
+                      fabsf(t2y - PICK3(pred_y, q)) <= PICK3(wy, q)))
+                    continue;
                 // kink_lanes.
                 float half = pr[PRF_HALF + q], th2 = pr[PRF_TH2 + q], var_res = pr[PRF_VAR + q];
                 float dx = t2x - tx, dy = t2y - ty;
                 float tmx = 0.5f * (tx + t2x), tmy = 0.5f * (ty + t2y);
                 float n2 = 1.0f + tmx * tmx + tmy * tmy;
+                float bq[3];
+#pragma unroll
+                for (int c = 0; c < 3; c++) bq[c] = q == 0 ? bg[0][c] : (q == 1 ? bg[1][c] : bg[2][c]);
                 float bx, by;
-                bending(tmx, tmy, bg[q], &bx, &by);
+                bending(tmx, tmy, bq, &bx, &by);
                 float gk = K * sqrtf(n2) * half;
                 float gx = gk * bx, gy = gk * by;
                 float g2 = gx * gx + gy * gy;

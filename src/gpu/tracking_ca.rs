@@ -199,6 +199,13 @@ impl CaLimits {
                 "tracking arena limits must be between 1 and 2^31 (got {self:?})"
             )));
         }
+        // Events are the grid's second dimension.
+        if self.max_events > 65_535 {
+            return Err(GpuError::Config(format!(
+                "at most 65535 events per tracking batch (got {})",
+                self.max_events
+            )));
+        }
         Ok(())
     }
 }
@@ -748,7 +755,8 @@ impl GpuCaEngine {
         r
     }
 
-    fn launch(&mut self, f: &'static str, grid: u32, args: &[Arg]) -> Result<(), GpuError> {
+    /// Launches `f` on `grid` (blocks per event, events) of [`THREADS`] threads.
+    fn launch(&mut self, f: &'static str, grid: (u32, u32), args: &[Arg]) -> Result<(), GpuError> {
         let func = match f {
             "ca_event_scan" => &self.k.event_scan,
             "ca_event_budget" => &self.k.event_budget,
@@ -780,13 +788,13 @@ impl GpuCaEngine {
         }
         let faulty = std::mem::take(&mut self.inject_fault);
         let block = if faulty { 4096 } else { THREADS };
-        let grid = grid.max(1);
+        let grid = (grid.0.max(1), grid.1.max(1), 1);
         // SAFETY: the arguments follow the kernel's signature in kernels/ca_*.cu; every
         // pointer is a live arena or table sized for the batch (checked in `run`).
         driver("cuLaunchKernel", unsafe {
             drv::launch_kernel(
                 func.cu_function(),
-                (grid, 1, 1),
+                grid,
                 (block, 1, 1),
                 0,
                 self.stream.cu_stream(),
@@ -809,6 +817,10 @@ impl GpuCaEngine {
     fn enqueue(&mut self, n_hits: usize, profile: bool) -> Result<(), GpuError> {
         use Arg::{Ptr, I32, U32};
         let e = self.n_events as u32;
+        // Blocks per event for the steps over an event's items: about four per
+        // multiprocessor over the batch (a few busy events or many small ones).
+        let sms = self.device.multiprocessors.max(1) as u32;
+        let bpe = (4 * sms).div_ceil(e.max(1)).clamp(1, 64);
         let a = &self.a;
         let tb = &self.tables;
         let (n_planes, n_bins, reach) = (tb.n_planes as i32, tb.n_bins as i32, tb.reach as i32);
@@ -932,19 +944,19 @@ impl GpuCaEngine {
         mark("start", self)?;
         // Hit sorting.
         #[rustfmt::skip]
-        self.launch("ca_bin_hits", e, &[in_x, in_y, in_plane, hit_start, plf, pli, I32(n_planes),
+        self.launch("ca_bin_hits", (1, e), &[in_x, in_y, in_plane, hit_start, plf, pli, I32(n_planes),
             I32(n_bins), U32(max_hits), hit_bin, bin_count, n_sorted, failed, overflow])?;
         mark("hit_sorting: bin", self)?;
         #[rustfmt::skip]
-        self.launch("ca_event_scan", e, &[bin_count, bin_start, null, cells_n,
+        self.launch("ca_event_scan", (1, e), &[bin_count, bin_start, null, cells_n,
             U32(n_bins as u32 + 1), failed, total, I32(1)])?;
         mark("hit_sorting: scan", self)?;
         #[rustfmt::skip]
-        self.launch("ca_place_hits", e, &[hit_start, hit_bin, bin_start, bin_cursor, I32(n_bins),
+        self.launch("ca_place_hits", (bpe, e), &[hit_start, hit_bin, bin_start, bin_cursor, I32(n_bins),
             failed, scratch])?;
         mark("hit_sorting: place", self)?;
         #[rustfmt::skip]
-        self.launch("ca_rank_hits", e, &[in_x, in_y, in_plane, hit_start, hit_bin, bin_start,
+        self.launch("ca_rank_hits", (bpe, e), &[in_x, in_y, in_plane, hit_start, hit_bin, bin_start,
             I32(n_bins), n_sorted, failed, scratch, sx, sy, splane, sinput])?;
         mark("hit_sorting: rank", self)?;
         // Doublets.
@@ -952,16 +964,16 @@ impl GpuCaEngine {
         let dargs = |write: i32| [sx, sy, splane, hit_start, n_sorted, bin_start, I32(n_bins), plf,
             pli, pld, g, failed, I32(write), dbl_count, dbl_off, dbl_base, da, db, dtx, dty, dgap,
             end_count, end_cursor];
-        self.launch("ca_doublets", e, &dargs(0))?;
+        self.launch("ca_doublets", (bpe, e), &dargs(0))?;
         mark("doublets: count", self)?;
         #[rustfmt::skip]
-        self.launch("ca_event_scan", e, &[dbl_count, dbl_off, hit_start, n_sorted, U32(0), failed,
+        self.launch("ca_event_scan", (1, e), &[dbl_count, dbl_off, hit_start, n_sorted, U32(0), failed,
             total, I32(0)])?;
         #[rustfmt::skip]
-        self.launch("ca_event_budget", 1, &[total, dbl_base, dbl_n, failed, U32(e), U32(max_d),
+        self.launch("ca_event_budget", (1, 1), &[total, dbl_base, dbl_n, failed, U32(e), U32(max_d),
             U32(cap_d), U32(CaStep::Doublets.code()), overflow])?;
         mark("doublets: scan", self)?;
-        self.launch("ca_doublets", e, &dargs(1))?;
+        self.launch("ca_doublets", (bpe, e), &dargs(1))?;
         mark("doublets: write", self)?;
         // Triplets.
         #[rustfmt::skip]
@@ -969,48 +981,48 @@ impl GpuCaEngine {
             da, db, dtx, dty, dgap, plf, prf, pri, tents, g, I32(n_planes), I32(reach), failed,
             I32(write), trip_count, trip_off, trip_base, tleft, tright, tqop, tsigma, tchi2,
             tplane, has_right];
-        self.launch("ca_triplets", e, &targs(0))?;
+        self.launch("ca_triplets", (bpe, e), &targs(0))?;
         mark("triplets: count", self)?;
         #[rustfmt::skip]
-        self.launch("ca_event_scan", e, &[trip_count, trip_off, dbl_base, dbl_n, U32(0), failed,
+        self.launch("ca_event_scan", (1, e), &[trip_count, trip_off, dbl_base, dbl_n, U32(0), failed,
             total, I32(0)])?;
         #[rustfmt::skip]
-        self.launch("ca_event_budget", 1, &[total, trip_base, trip_n, failed, U32(e), U32(max_t),
+        self.launch("ca_event_budget", (1, 1), &[total, trip_base, trip_n, failed, U32(e), U32(max_t),
             U32(cap_t), U32(CaStep::Triplets.code()), overflow])?;
         mark("triplets: scan", self)?;
-        self.launch("ca_triplets", e, &targs(1))?;
+        self.launch("ca_triplets", (bpe, e), &targs(1))?;
         mark("triplets: write", self)?;
         // Neighbours: the triplets by right doublet, then the links.
         #[rustfmt::skip]
         let eargs = |write: i32| [dbl_base, trip_base, trip_n, tright, failed, I32(write),
             end_count, end_off, end_cursor, ending];
-        self.launch("ca_neighbours_ending", e, &eargs(0))?;
+        self.launch("ca_neighbours_ending", (bpe, e), &eargs(0))?;
         #[rustfmt::skip]
-        self.launch("ca_event_scan", e, &[end_count, end_off, dbl_base, dbl_n, U32(0), failed,
+        self.launch("ca_event_scan", (1, e), &[end_count, end_off, dbl_base, dbl_n, U32(0), failed,
             total, I32(0)])?;
-        self.launch("ca_neighbours_ending", e, &eargs(1))?;
+        self.launch("ca_neighbours_ending", (bpe, e), &eargs(1))?;
         #[rustfmt::skip]
-        self.launch("ca_neighbours_sort_ending", e, &[dbl_base, dbl_n, trip_base, failed,
+        self.launch("ca_neighbours_sort_ending", (bpe, e), &[dbl_base, dbl_n, trip_base, failed,
             end_count, end_off, ending])?;
         mark("neighbours: index", self)?;
         #[rustfmt::skip]
         let nargs = |write: i32| [dbl_base, trip_base, trip_n, tleft, tqop, tsigma, end_count,
             end_off, ending, chi2, failed, I32(write), nb_count, nb_off, nb_base, left, has_right];
-        self.launch("ca_neighbours", e, &nargs(0))?;
+        self.launch("ca_neighbours", (bpe, e), &nargs(0))?;
         mark("neighbours: count", self)?;
         #[rustfmt::skip]
-        self.launch("ca_event_scan", e, &[nb_count, nb_off, trip_base, trip_n, U32(0), failed,
+        self.launch("ca_event_scan", (1, e), &[nb_count, nb_off, trip_base, trip_n, U32(0), failed,
             total, I32(0)])?;
         #[rustfmt::skip]
-        self.launch("ca_event_budget", 1, &[total, nb_base, nb_n, failed, U32(e), U32(max_n),
+        self.launch("ca_event_budget", (1, 1), &[total, nb_base, nb_n, failed, U32(e), U32(max_n),
             U32(cap_n), U32(CaStep::Neighbours.code()), overflow])?;
         mark("neighbours: scan", self)?;
-        self.launch("ca_neighbours", e, &nargs(1))?;
+        self.launch("ca_neighbours", (bpe, e), &nargs(1))?;
         mark("neighbours: write", self)?;
         // Evolution, plane by plane.
         for plane in 0..n_planes as u32 {
             #[rustfmt::skip]
-            self.launch("ca_evolution", e, &[trip_base, trip_n, tplane, nb_count, nb_off, nb_base,
+            self.launch("ca_evolution", (bpe, e), &[trip_base, trip_n, tplane, nb_count, nb_off, nb_base,
                 left, failed, U32(plane), level])?;
         }
         mark("evolution", self)?;
@@ -1240,6 +1252,10 @@ mod tests {
         );
         for bad in [
             CaLimits { max_events: 0, ..l },
+            CaLimits {
+                max_events: 70_000,
+                ..l
+            },
             CaLimits {
                 max_doublets: usize::MAX / 4,
                 ..l
