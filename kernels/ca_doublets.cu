@@ -71,6 +71,7 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
     const u32* starts = bin_start + (size_t)e * (n_bins + 1);
     u32 base = write ? dbl_base[e] : 0;
     for (u32 a = CA_FIRST; a < m; a += CA_STRIDE) {
+        if (write && dbl_count[s + a] == 0) continue;
         u32 i = splane[s + a];
         const float* pl = plf + i * PLF;
         const int* pi = pli + i * PLI;

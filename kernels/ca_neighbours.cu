@@ -77,6 +77,7 @@ extern "C" __global__ void ca_neighbours(const u32* __restrict__ dbl_base,
     u32 nbase = write ? nb_base[e] : 0;
     for (u32 t2 = CA_FIRST; t2 < n_t; t2 += CA_STRIDE) {
         u32 T2 = tbase + t2;
+        if (write && nb_count[T2] == 0) continue;
         u32 D = dbase + tleft[T2];
         u32 k0 = end_off[D], k1 = k0 + end_count[D];
         double q2 = (double)tqop[T2], s2 = (double)tsigma[T2];

@@ -72,7 +72,14 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
     const float ms_qmax = qmax * qmax * (1.0f + mass2 * qmax * qmax);
     for (u32 d = CA_FIRST; d < n_d; d += CA_STRIDE) {
         u32 D = dbase + d;
+        // Most doublets make no triplet: the write pass skips them (the count is known).
+        if (write && trip_count[D] == 0) continue;
         u32 a = da[D], b = db[D];
+        // A middle hit without outgoing doublets (on the last plane, say): no window to make.
+        if (dbl_count[s + b] == 0) {
+            if (!write) trip_count[D] = 0;
+            continue;
+        }
         int pa = (int)splane[s + a], pb = (int)splane[s + b];
         int pair = pa * n_planes + pb;
         const float* pr = prf + pair * PRF;

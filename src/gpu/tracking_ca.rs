@@ -31,10 +31,14 @@
 //! cut are read from the CPU's structures at set-up ([`CaTables::new`]) and uploaded, so
 //! a change to the CPU's cuts or windows reaches the GPU with no change here.
 //!
-//! **One block per event.** Each kernel runs one block per event, its threads striding
-//! over the event's items (hits, doublets, triplets); items are indexed within the event
-//! as the CPU indexes them, so the GPU's arrays for an event are comparable to the CPU's
-//! element by element.
+//! **A row of blocks per event.** Each kernel runs on a grid of (blocks per event,
+//! events), the blocks of an event striding over its items (hits, doublets, triplets);
+//! the blocks per event are chosen per batch so that the batch fills the GPU (about four
+//! blocks per multiprocessor), whether it holds a few busy events or many small ones.
+//! Items are indexed within the event as the CPU indexes them, so the GPU's arrays for
+//! an event are comparable to the CPU's element by element. A counting pass stores every
+//! item's count, so the writing pass skips the items that make nothing (most doublets
+//! make no triplet).
 //!
 //! **Deterministic by construction.** A step that makes a variable number of outputs per
 //! item runs twice: it counts per item, a per-event exclusive scan (`ca_event_scan`)
@@ -566,6 +570,8 @@ pub struct GpuCaEngine {
     host_y: PinnedBuffer<f32>,
     host_plane: PinnedBuffer<u32>,
     host_start: PinnedBuffer<u32>,
+    /// The per-event summary read back after each batch.
+    summary_host: PinnedBuffer<u32>,
     limits: CaLimits,
     /// Events of the batch in the device buffers.
     n_events: usize,
@@ -652,6 +658,7 @@ impl GpuCaEngine {
             host_y: PinnedBuffer::new(&ctx, limits.max_hits)?,
             host_plane: PinnedBuffer::new(&ctx, limits.max_hits)?,
             host_start: PinnedBuffer::new(&ctx, limits.max_events + 1)?,
+            summary_host: PinnedBuffer::new(&ctx, 5 * limits.max_events + 8)?,
             kernels_from_cache: module.from_cache,
             kernel_load_ms: module.load_ms,
             _module: module,
@@ -745,10 +752,13 @@ impl GpuCaEngine {
             st[events.len()] = k as u32;
         }
         self.n_events = events.len();
-        let r = self.enqueue(n_hits, profile).and_then(|()| {
-            driver("cuStreamSynchronize", self.stream.synchronize())?;
-            self.summary()
-        });
+        let r = self
+            .enqueue(n_hits, profile)
+            .and_then(|()| self.enqueue_summary())
+            .and_then(|()| {
+                driver("cuStreamSynchronize", self.stream.synchronize())?;
+                Ok(self.summary())
+            });
         if r.is_err() {
             let _ = self.stream.synchronize();
         }
@@ -1061,30 +1071,67 @@ impl GpuCaEngine {
         Ok(out)
     }
 
-    fn summary(&self) -> Result<CaBatchSummary, GpuError> {
+    /// Enqueues the copies of the per-event summary (failure codes, overflow counts, the
+    /// steps' counts) into one pinned buffer, read after the stream's one synchronisation.
+    fn enqueue_summary(&mut self) -> Result<(), GpuError> {
         let e = self.n_events;
-        let failed_codes = self.read(&self.a.failed, 0, e)?;
-        let ov = self.read(&self.a.overflow, 0, 8)?;
-        let hits = self.read(&self.a.n_sorted, 0, e)?;
-        let doublets = self.read(&self.a.dbl_n, 0, e)?;
-        let triplets = self.read(&self.a.trip_n, 0, e)?;
-        let neighbours = self.read(&self.a.nb_n, 0, e)?;
+        let a = &self.a;
+        let parts: [(&DeviceBuffer<u32>, usize); 6] = [
+            (&a.failed, e),
+            (&a.overflow, 8),
+            (&a.n_sorted, e),
+            (&a.dbl_n, e),
+            (&a.trip_n, e),
+            (&a.nb_n, e),
+        ];
+        let host = self.summary_host.as_mut_slice();
+        let mut at = 0;
+        for (src, n) in parts {
+            if at + n > host.len() || n > src.len() {
+                return Err(GpuError::Config("summary larger than its buffer".into()));
+            }
+            // SAFETY: `n` elements fit both the device buffer and the pinned buffer from
+            // `at`; the host reads them only after synchronising the stream.
+            driver("cuMemcpyDtoHAsync", unsafe {
+                drv_sys::cuMemcpyDtoHAsync_v2(
+                    host[at..].as_mut_ptr().cast(),
+                    src.ptr(),
+                    n * 4,
+                    self.stream.cu_stream(),
+                )
+                .result()
+            })?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// The summary copied by [`Self::enqueue_summary`] (the stream synchronised).
+    fn summary(&self) -> CaBatchSummary {
+        let e = self.n_events;
+        let host = self.summary_host.as_slice();
+        let (failed_codes, rest) = host.split_at(e);
+        let (ov, rest) = rest.split_at(8);
+        let (hits, rest) = rest.split_at(e);
+        let (doublets, rest) = rest.split_at(e);
+        let (triplets, rest) = rest.split_at(e);
+        let neighbours = &rest[..e];
         let failed: Vec<Option<CaStep>> =
             failed_codes.iter().map(|&c| CaStep::from_code(c)).collect();
-        let zero_if = |v: Vec<u32>, step: u32| -> Vec<u32> {
+        let zero_if = |v: &[u32], step: u32| -> Vec<u32> {
             v.iter()
-                .zip(&failed_codes)
+                .zip(failed_codes)
                 .map(|(&n, &f)| if f != 0 && f <= step { 0 } else { n })
                 .collect()
         };
-        Ok(CaBatchSummary {
+        CaBatchSummary {
             overflow: [ov[1], ov[2], ov[3], ov[4]],
             hits: zero_if(hits, 1),
             doublets: zero_if(doublets, 2),
             triplets: zero_if(triplets, 3),
             neighbours: zero_if(neighbours, 4),
             failed,
-        })
+        }
     }
 
     /// Reads back the arrays of event `e` of the last batch (tests and comparison; not the
