@@ -126,8 +126,15 @@ fn bench_batch(
     // Profiled runs: per kernel group.
     let mut per_step: Vec<Vec<f64>> = vec![Vec::new(); STEPS.len()];
     let mut totals = Vec::new();
+    let mut per_kernel: Vec<(&'static str, Vec<f64>)> = Vec::new();
     for _ in 0..reps {
         engine.run_profiled(&batch)?;
+        for (k, (name, ms)) in engine.kernel_times().iter().enumerate() {
+            if per_kernel.len() <= k {
+                per_kernel.push((name, Vec::new()));
+            }
+            per_kernel[k].1.push(*ms);
+        }
         let mut acc = [0.0f64; 5];
         for (name, ms) in engine.kernel_times() {
             let k = STEPS
@@ -169,6 +176,11 @@ fn bench_batch(
         t / n,
         links / n
     );
+    let parts: Vec<String> = per_kernel
+        .into_iter()
+        .map(|(name, v)| format!("{name} {:.3}", median(v)))
+        .collect();
+    println!("  kernels (ms): {}", parts.join(", "));
     let mut floor_total = 0.0;
     for (k, step) in STEPS.iter().enumerate() {
         let ms = median(per_step[k].clone());
