@@ -6,8 +6,8 @@
 // the CPU's.
 //
 // Run twice: write = 0 counts per hit (dbl_count), write = 1 writes at the event's base in
-// the arena plus the hit's scanned offset (dbl_off), and clears the per-doublet counters
-// of the neighbour step.
+// the arena plus the hit's scanned offset (dbl_off): per doublet a, b, tx, ty in one
+// 16-byte record (dbl) and the gap.
 
 struct Box4 {
     float x0, x1, y0, y1;
@@ -61,10 +61,7 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
                                        const u32* __restrict__ failed, int write,
                                        u32* __restrict__ dbl_count, const u32* __restrict__ dbl_off,
                                        const u32* __restrict__ dbl_base,
-                                       u32* __restrict__ da, u32* __restrict__ db,
-                                       float* __restrict__ dtx, float* __restrict__ dty,
-                                       u32* __restrict__ dgap, u32* __restrict__ end_count,
-                                       u32* __restrict__ end_cursor) {
+                                       uint4* __restrict__ dbl, u32* __restrict__ dgap) {
     int e = blockIdx.y;
     if (failed[e]) return;
     u32 s = hit_start[e], m = n_sorted[e];
@@ -97,13 +94,11 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
                     if (x >= bx.x0 && x <= bx.x1 && y >= bx.y0 && y <= bx.y1) {
                         if (write) {
                             u32 d = out + found;
-                            da[d] = a;
-                            db[d] = h;
-                            dtx[d] = (float)(((double)x - xa64) * inv_dz);
-                            dty[d] = (float)(((double)y - ya64) * inv_dz);
+                            float tx = (float)(((double)x - xa64) * inv_dz);
+                            float ty = (float)(((double)y - ya64) * inv_dz);
+                            // One 16-byte store: hits and slopes together.
+                            dbl[d] = make_uint4(a, h, __float_as_uint(tx), __float_as_uint(ty));
                             dgap[d] = gap;
-                            end_count[d] = 0;
-                            end_cursor[d] = 0;
                         }
                         found++;
                     }

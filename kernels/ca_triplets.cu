@@ -8,7 +8,8 @@
 //
 // Run twice: write = 0 counts per left doublet, write = 1 writes at the event's base plus
 // the doublet's scanned offset (and the triplet's first plane, for the evolution, and
-// clears its has_right flag).
+// clears its has_right flag). The count pass clears the neighbour step's per-doublet
+// counters.
 
 // a[q] for a run-time q of a small array kept in registers (indexing it directly would
 // move it to local memory).
@@ -50,8 +51,7 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
                                        const u32* __restrict__ hit_start,
                                        const u32* __restrict__ dbl_count, const u32* __restrict__ dbl_off,
                                        const u32* __restrict__ dbl_base, const u32* __restrict__ dbl_n,
-                                       const u32* __restrict__ da, const u32* __restrict__ db,
-                                       const float* __restrict__ dtx, const float* __restrict__ dty,
+                                       const uint4* __restrict__ dbl,
                                        const u32* __restrict__ dgap,
                                        const float* __restrict__ plf, const float* __restrict__ prf,
                                        const int* __restrict__ pri, const float* __restrict__ tents,
@@ -62,7 +62,8 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
                                        u32* __restrict__ tleft, u32* __restrict__ tright,
                                        float* __restrict__ tqop, float* __restrict__ tsigma,
                                        float* __restrict__ tchi2, u32* __restrict__ tplane,
-                                       u32* __restrict__ has_right) {
+                                       u32* __restrict__ has_right, u32* __restrict__ end_count,
+                                       u32* __restrict__ end_cursor) {
     int e = blockIdx.y;
     if (failed[e]) return;
     u32 s = hit_start[e], dbase = dbl_base[e], n_d = dbl_n[e];
@@ -72,9 +73,15 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
     const float ms_qmax = qmax * qmax * (1.0f + mass2 * qmax * qmax);
     for (u32 d = CA_FIRST; d < n_d; d += CA_STRIDE) {
         u32 D = dbase + d;
+        // The neighbour step's counters of this doublet, cleared here (coalesced).
+        if (!write) {
+            end_count[D] = 0;
+            end_cursor[D] = 0;
+        }
         // Most doublets make no triplet: the write pass skips them (the count is known).
         if (write && trip_count[D] == 0) continue;
-        u32 a = da[D], b = db[D];
+        uint4 left_dbl = dbl[D];
+        u32 a = left_dbl.x, b = left_dbl.y;
         // A middle hit without outgoing doublets (on the last plane, say): no window to make.
         if (dbl_count[s + b] == 0) {
             if (!write) trip_count[D] = 0;
@@ -85,7 +92,7 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
         const float* pr = prf + pair * PRF;
         float xa = sx[s + a], ya = sy[s + a];
         float xb = sx[s + b], yb = sy[s + b];
-        float tx = dtx[D], ty = dty[D];
+        float tx = __uint_as_float(left_dbl.z), ty = __uint_as_float(left_dbl.w);
         // Fields: uniform, or the tent tables at the line from the origin through b.
         float bd[3], bg[MAX_REACH][3];
         if (g[G_UNIFORM] != 0.0f) {
@@ -177,7 +184,8 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
                 u32 R = dbase + r;
                 u32 q = dgap[R];
                 if (q >= MAX_REACH) continue;
-                float t2x = dtx[R], t2y = dty[R];
+                uint4 right_dbl = dbl[R];
+                float t2x = __uint_as_float(right_dbl.z), t2y = __uint_as_float(right_dbl.w);
                 if (!(fabsf(t2x - PICK3(pred_x, q)) <= PICK3(wx, q) &&
                       fabsf(t2y - PICK3(pred_y, q)) <= PICK3(wy, q)))
                     continue;

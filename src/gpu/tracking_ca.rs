@@ -466,10 +466,8 @@ struct Arenas {
     nb_n: DeviceBuffer<u32>,
     dbl_count: DeviceBuffer<u32>,
     dbl_off: DeviceBuffer<u32>,
-    da: DeviceBuffer<u32>,
-    db: DeviceBuffer<u32>,
-    dtx: DeviceBuffer<f32>,
-    dty: DeviceBuffer<f32>,
+    /// Per doublet: a, b, tx, ty (bits) in one 16-byte record.
+    dbl: DeviceBuffer<[u32; 4]>,
     dgap: DeviceBuffer<u32>,
     trip_count: DeviceBuffer<u32>,
     trip_off: DeviceBuffer<u32>,
@@ -522,10 +520,7 @@ impl Arenas {
             nb_n: u(e)?,
             dbl_count: u(h)?,
             dbl_off: u(h)?,
-            da: u(d)?,
-            db: u(d)?,
-            dtx: f(d)?,
-            dty: f(d)?,
+            dbl: DeviceBuffer::new(ctx, d)?,
             dgap: u(d)?,
             trip_count: u(d)?,
             trip_off: u(d)?,
@@ -889,15 +884,8 @@ impl GpuCaEngine {
             p(&a.nb_base),
             p(&a.nb_n),
         );
-        let (dbl_count, dbl_off, da, db, dtx, dty, dgap) = (
-            p(&a.dbl_count),
-            p(&a.dbl_off),
-            p(&a.da),
-            p(&a.db),
-            pf(&a.dtx),
-            pf(&a.dty),
-            p(&a.dgap),
-        );
+        let (dbl_count, dbl_off, dbl, dgap) =
+            (p(&a.dbl_count), p(&a.dbl_off), Ptr(a.dbl.ptr()), p(&a.dgap));
         let (trip_count, trip_off, end_count, end_off, end_cursor) = (
             p(&a.trip_count),
             p(&a.trip_off),
@@ -972,8 +960,8 @@ impl GpuCaEngine {
         // Doublets.
         #[rustfmt::skip]
         let dargs = |write: i32| [sx, sy, splane, hit_start, n_sorted, bin_start, I32(n_bins), plf,
-            pli, pld, g, failed, I32(write), dbl_count, dbl_off, dbl_base, da, db, dtx, dty, dgap,
-            end_count, end_cursor];
+            pli, pld, g, failed, I32(write), dbl_count, dbl_off, dbl_base, dbl, dgap,
+            ];
         self.launch("ca_doublets", (bpe, e), &dargs(0))?;
         mark("doublets: count", self)?;
         #[rustfmt::skip]
@@ -988,9 +976,9 @@ impl GpuCaEngine {
         // Triplets.
         #[rustfmt::skip]
         let targs = |write: i32| [sx, sy, splane, hit_start, dbl_count, dbl_off, dbl_base, dbl_n,
-            da, db, dtx, dty, dgap, plf, prf, pri, tents, g, I32(n_planes), I32(reach), failed,
+            dbl, dgap, plf, prf, pri, tents, g, I32(n_planes), I32(reach), failed,
             I32(write), trip_count, trip_off, trip_base, tleft, tright, tqop, tsigma, tchi2,
-            tplane, has_right];
+            tplane, has_right, end_count, end_cursor];
         self.launch("ca_triplets", (bpe, e), &targs(0))?;
         mark("triplets: count", self)?;
         #[rustfmt::skip]
@@ -1158,19 +1146,15 @@ impl GpuCaEngine {
         let nn = self.read(&self.a.nb_n, e, 1)?[0] as usize;
         let input_index = self.read(&self.a.sinput, hs, nh)?;
         let bin_start = self.read(&self.a.bin_start, e * nb, nb)?;
-        let (da, dbv, dtx, dty, gap) = (
-            self.read(&self.a.da, db, nd)?,
-            self.read(&self.a.db, db, nd)?,
-            self.read(&self.a.dtx, db, nd)?,
-            self.read(&self.a.dty, db, nd)?,
-            self.read(&self.a.dgap, db, nd)?,
-        );
-        let doublets = (0..nd)
-            .map(|k| Doublet {
-                a: da[k],
-                b: dbv[k],
-                tx: dtx[k],
-                ty: dty[k],
+        let records = self.read(&self.a.dbl, db, nd)?;
+        let gap = self.read(&self.a.dgap, db, nd)?;
+        let doublets = records
+            .iter()
+            .map(|r| Doublet {
+                a: r[0],
+                b: r[1],
+                tx: f32::from_bits(r[2]),
+                ty: f32::from_bits(r[3]),
             })
             .collect();
         let dbl_off = self.read(&self.a.dbl_off, hs, nh)?;
