@@ -4,7 +4,7 @@
 //
 // The index of triplets by right doublet (the CPU's end_start / ending, a stable counting
 // sort): ca_neighbours_ending counts per doublet (write = 0; the counters were cleared by
-// the doublet step), ca_event_scan gives end_off, ca_neighbours_ending (write = 1) drops
+// the triplet step's count pass), ca_event_scan gives end_off, ca_neighbours_ending (write = 1) drops
 // each triplet into its doublet's segment, ca_neighbours_sort_ending orders each segment
 // by triplet index (the CPU's order). Then ca_neighbours counts (write = 0) and writes
 // (write = 1) each triplet's left neighbours in that order, and marks has_right.

@@ -73,7 +73,15 @@
 //! the hits the first left (a copy of the free hits, as `hit_sorting::free_hits`),
 //! candidate extraction with hit sharing (greedy: one warp per event), the Kalman fit of
 //! the candidates with [`super::tracking_fit`]'s kernel on device-resident candidates,
-//! clone suppression, the trigger lines, and the daemon's wiring.
+//! clone suppression, the trigger lines, and the daemon's wiring (a worker per GPU, the
+//! `trigd_tracking_overflow_total{step}` metric from [`CaBatchSummary::overflow`] with
+//! [`CaStep::name`], the events that failed handed to the CPU path). For speed
+//! (`bench/RESULTS.md`, "Tracking on the GPU, first steps"): the doublet continuation
+//! search is one thread per left doublet with loops of different lengths; the per-event
+//! scans and the one-thread budget dominate batches of small events; the next batch's
+//! packing and upload do not overlap this one's steps yet; and [`GpuCaEngine::run`]
+//! returns its summary in fresh vectors (a caller-owned summary would keep the hot path
+//! free of allocation).
 
 use std::sync::Arc;
 
