@@ -86,6 +86,12 @@ impl TentTable {
         })
     }
 
+    /// The table as [`Self::at`] reads it: first node's slopes, nodes per unit slope and
+    /// the mean fields by node (`ix * NODES + iy`), for a device copy of the same lookup.
+    pub fn nodes(&self) -> ([f32; 2], [f32; 2], &[[f32; 3]]) {
+        (self.t0, self.inv_step, &self.b)
+    }
+
     /// Largest |component| of the difference from `other` over the nodes (same slopes).
     pub fn bound_of_difference(&self, other: &TentTable) -> [f64; 3] {
         let mut d = [0.0f64; 3];

@@ -108,17 +108,17 @@ fn find_doublets_portable(
 
 /// A target plane of the doublets leaving plane `i`.
 #[derive(Clone, Copy, Default)]
-struct Target {
-    plane: usize,
-    dz: f32,
-    inv_dz: f64,
+pub(crate) struct Target {
+    pub(crate) plane: usize,
+    pub(crate) dz: f32,
+    pub(crate) inv_dz: f64,
     /// Bending lever `(z_i - z_o) (z_j - z_o) / 2`, mm^2.
-    bend: f32,
+    pub(crate) bend: f32,
     /// Resolution terms of the window at the origin, mm.
-    meas_x: f32,
-    meas_y: f32,
+    pub(crate) meas_x: f32,
+    pub(crate) meas_y: f32,
     /// Largest |B| components of the pointing tent `(origin, i, j)`, tesla.
-    b: [f32; 3],
+    pub(crate) b: [f32; 3],
 }
 
 /// The doublet windows of the hits of one plane `i`: per target plane `j`, a box on plane
@@ -126,16 +126,16 @@ struct Target {
 /// same boxes for the doublets it makes, so both find the same ones.
 #[derive(Clone, Copy)]
 pub(crate) struct PlaneWindows {
-    pointing: bool,
-    inv_lever_a: f32,
-    ms: f32,
-    targets: [Target; MAX_REACH],
-    n_target: usize,
-    max_t: [f32; 2],
-    max_c: [f32; 2],
-    sf_max: f32,
-    origin_half: [f32; 2],
-    k_qop: f32,
+    pub(crate) pointing: bool,
+    pub(crate) inv_lever_a: f32,
+    pub(crate) ms: f32,
+    pub(crate) targets: [Target; MAX_REACH],
+    pub(crate) n_target: usize,
+    pub(crate) max_t: [f32; 2],
+    pub(crate) max_c: [f32; 2],
+    pub(crate) sf_max: f32,
+    pub(crate) origin_half: [f32; 2],
+    pub(crate) k_qop: f32,
 }
 
 /// Per target, the boxes `[x0, x1, y0, y1]` of [`LANES`] hits (an empty box has

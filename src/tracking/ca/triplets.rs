@@ -58,20 +58,20 @@ pub struct Candidate {
 
 /// The cuts of one call, in `f32`.
 #[derive(Clone, Copy)]
-struct Cuts {
-    qop_max: f32,
-    n_sigma: f32,
-    mass2: f32,
-    sf2_max: f32,
-    chi2_max: f32,
-    fit_momentum: f32,
+pub(crate) struct Cuts {
+    pub(crate) qop_max: f32,
+    pub(crate) n_sigma: f32,
+    pub(crate) mass2: f32,
+    pub(crate) sf2_max: f32,
+    pub(crate) chi2_max: f32,
+    pub(crate) fit_momentum: f32,
     /// Uniform field, tesla (`None`: the tent-weighted mean fields of
     /// [`super::bending`], looked up at each middle hit).
-    uniform: Option<[f32; 3]>,
+    pub(crate) uniform: Option<[f32; 3]>,
     /// Slope limits of the doublets.
-    max_t: [f32; 2],
+    pub(crate) max_t: [f32; 2],
     /// Largest plane distance of the doublets (1 to [`MAX_REACH`]).
-    reach: u8,
+    pub(crate) reach: u8,
 }
 
 /// Per doublet of a chunk: its slopes, field and windows on the continuation's slope
@@ -284,7 +284,7 @@ unsafe fn match_avx2<const R: usize>(
 }
 
 /// The cuts of a call, in `f32`.
-fn cuts(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize) -> Cuts {
+pub(crate) fn cuts(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize) -> Cuts {
     Cuts {
         qop_max: cfg.qop_max() as f32,
         n_sigma: cfg.n_sigma as f32,

@@ -1,0 +1,208 @@
+// Shared part of the cellular-automaton kernels (kernels/ca_*.cu): the layouts of the
+// tables that src/gpu/tracking_ca.rs uploads from the CPU finder's own structures
+// (FinderGeometry, PlaneWindows, PairLanes, the triplet step's Cuts, the bending tables),
+// the per-event scan and the batch budget that every counting step shares.
+//
+// Every step runs a row of blocks per event (blockIdx.y = event; gridDim.x blocks, sized
+// so that a batch fills the GPU whether it holds a few busy events or many small ones),
+// their threads striding over the event's items; the per-event scan and ca_bin_hits run
+// one block per event. Items of an event are indexed locally as the CPU indexes them (sorted
+// hit, doublet, triplet), so a step's output for an event is the CPU's arrays for it.
+// Steps that make a variable number of outputs run twice: count per item, scan per event
+// (ca_event_scan), place events in the batch arena (ca_event_budget: an event beyond its
+// limit or beyond the arena fails, with the step's code, and goes to the CPU), then write
+// at the scanned offsets. Nothing in an output depends on the order threads arrive in.
+//
+// Compiled with --fmad=false: the window and kink arithmetic must round as the CPU's
+// (which makes no fused multiply-adds), operation by operation, in the same order.
+
+typedef unsigned int u32;
+
+#define MAX_REACH 3
+#define CA_THREADS 256
+// Items per thread in each chunk of the per-event scan.
+#define SCAN_ITEMS 8
+#define CA_INF __int_as_float(0x7f800000)
+// The first item of this thread and the stride over an event's items.
+#define CA_FIRST (blockIdx.x * CA_THREADS + threadIdx.x)
+#define CA_STRIDE (gridDim.x * CA_THREADS)
+
+// Tent tables (bending.rs): 17 x 17 nodes of 3 components, after t0[2], inv_step[2].
+#define NODES 17
+#define TENT_FLOATS (4 + NODES * NODES * 3)
+
+// Per plane, floats: grid, windows of the doublet step (PlaneWindows), bending lever.
+#define PLF 32
+#define PLF_HALF_X 0
+#define PLF_HALF_Y 1
+#define PLF_SCALE_X 2
+#define PLF_SCALE_Y 3
+#define PLF_POINTING 4
+#define PLF_INV_LEVER_A 5
+#define PLF_MS 6
+#define PLF_INV_LEVER 7
+#define PLF_TARGET 8 // + 8 k: dz, bend, meas_x, meas_y, b[3], unused
+// Per plane, ints: bins_x, bins_y, bin_offset, n_target, target planes[3].
+#define PLI 8
+// Per plane, doubles: inv_dz of each target.
+#define PLD 4
+// Per plane pair (i, j) at i * n_planes + j, floats (PairLanes).
+#define PRF 20
+#define PRF_POINTING 0
+#define PRF_INV_ZI 1
+#define PRF_TWO_INV_ZJ 2
+#define PRF_HARD_KX 3
+#define PRF_HARD_KY 4
+#define PRF_KVAR_MS 5
+#define PRF_KVAR_RES 6
+#define PRF_N_TRIPLES 7
+#define PRF_HALF 8
+#define PRF_TH2 11
+#define PRF_VAR 14
+// Per plane pair, ints: pointing tent index, triple tent index per s (-1: none).
+#define PRI 4
+// Globals, floats.
+#define G_MAX_TX 0
+#define G_MAX_TY 1
+#define G_MAX_CX 2
+#define G_MAX_CY 3
+#define G_SF_MAX 4
+#define G_ORIGIN_HX 5
+#define G_ORIGIN_HY 6
+#define G_K_QOP 7
+#define G_QOP_MAX 8
+#define G_N_SIGMA 9
+#define G_MASS2 10
+#define G_SF2_MAX 11
+#define G_CHI2_MAX 12
+#define G_FIT_MOMENTUM 13
+#define G_UNIFORM 14
+#define G_UB 15 // 3
+#define G_K 18
+#define G_N 20
+
+// Failure codes of an event (the step that overflowed).
+#define FAIL_NONE 0u
+#define FAIL_HITS 1u
+#define FAIL_DOUBLETS 2u
+#define FAIL_TRIPLETS 3u
+#define FAIL_NEIGHBOURS 4u
+
+// Bin column or row of v (PlaneGeometry::bin_1d): clamped, then truncated.
+__device__ __forceinline__ u32 bin_1d(const float* pl, const int* pi, int axis, float v) {
+    int n = axis == 0 ? pi[0] : pi[1];
+    float half = pl[PLF_HALF_X + axis];
+    float scale = pl[PLF_SCALE_X + axis];
+    float f = (v + half) * scale;
+    int nc = n < 1 ? 1 : (n > 65536 ? 65536 : n);
+    float top = (float)(nc - 1);
+    f = fminf(fmaxf(f, 0.0f), top);
+    return (u32)f;
+}
+
+// Inclusive scan of v over the block (CA_THREADS threads); returns the inclusive value and
+// the block's total in *total.
+__device__ __forceinline__ u32 block_scan_inclusive(u32 v, u32* total) {
+    __shared__ u32 warp_sums[CA_THREADS / 32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 1; o < 32; o <<= 1) {
+        u32 n = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += n;
+    }
+    if (lane == 31) warp_sums[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        u32 w = lane < CA_THREADS / 32 ? warp_sums[lane] : 0;
+        for (int o = 1; o < 32; o <<= 1) {
+            u32 n = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += n;
+        }
+        if (lane < CA_THREADS / 32) warp_sums[lane] = w;
+    }
+    __syncthreads();
+    if (warp > 0) v += warp_sums[warp - 1];
+    *total = warp_sums[CA_THREADS / 32 - 1];
+    __syncthreads();
+    return v;
+}
+
+// Per event: exclusive scan of count[base[e] .. base[e] + n[e]] into offset[...] (the same
+// positions), the event's total into total[e], and with `sentinel` the total also at
+// offset[base[e] + n[e]]. A failed event scans nothing and totals 0.
+extern "C" __global__ void ca_event_scan(const u32* __restrict__ count, u32* __restrict__ offset,
+                                         const u32* __restrict__ base, const u32* __restrict__ n,
+                                         u32 base_stride, const u32* __restrict__ failed,
+                                         u32* __restrict__ total, int sentinel) {
+    int e = blockIdx.y;
+    // `base` null: event e's items start at e * base_stride.
+    u32 b = base ? base[e] : (u32)e * base_stride;
+    u32 m = failed[e] ? 0 : n[e];
+    u32 carry = 0;
+    // Chunks of SCAN_ITEMS consecutive items per thread: a serial scan in the thread, a
+    // block scan of the threads' sums.
+    for (u32 c0 = 0; c0 < m; c0 += CA_THREADS * SCAN_ITEMS) {
+        u32 i0 = c0 + threadIdx.x * SCAN_ITEMS;
+        u32 v[SCAN_ITEMS];
+        u32 sum = 0;
+#pragma unroll
+        for (int k = 0; k < SCAN_ITEMS; k++) {
+            v[k] = i0 + k < m ? count[b + i0 + k] : 0;
+            sum += v[k];
+        }
+        u32 chunk;
+        u32 run = carry + block_scan_inclusive(sum, &chunk) - sum;
+#pragma unroll
+        for (int k = 0; k < SCAN_ITEMS; k++) {
+            if (i0 + k < m) offset[b + i0 + k] = run;
+            run += v[k];
+        }
+        carry += chunk;
+    }
+    if (threadIdx.x == 0) {
+        total[e] = carry;
+        if (sentinel && !failed[e]) offset[b + m] = carry;
+    }
+}
+
+// Places the events of the batch in a step's arena, in event order: an event whose total
+// exceeds `per_event_max` (the CPU finder's own limit, where it overflows too) or that
+// does not fit in what is left of `capacity` fails with `code` (counted in
+// overflow[code]); the others get base[e] and n[e]. One block; the totals are staged in
+// shared memory and placed by one thread (the placement is sequential by nature).
+extern "C" __global__ void ca_event_budget(const u32* __restrict__ total, u32* __restrict__ base,
+                                           u32* __restrict__ n, u32* __restrict__ failed,
+                                           u32 n_events, u32 per_event_max, u32 capacity,
+                                           u32 code, u32* __restrict__ overflow) {
+    __shared__ u32 t[1024];
+    __shared__ u32 f[1024];
+    __shared__ u32 nk[1024];
+    u32 used = 0;
+    for (u32 c0 = 0; c0 < n_events; c0 += 1024) {
+        u32 m = n_events - c0 < 1024 ? n_events - c0 : 1024;
+        for (u32 i = threadIdx.x; i < m; i += blockDim.x) {
+            t[i] = total[c0 + i];
+            f[i] = failed[c0 + i];
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (u32 i = 0; i < m; i++) {
+                u32 k = t[i];
+                if (f[i] == FAIL_NONE && (k > per_event_max || k > capacity - used)) {
+                    f[i] = code;
+                    overflow[code] += 1;
+                }
+                if (f[i] != FAIL_NONE) k = 0;
+                t[i] = used;
+                nk[i] = k;
+                used += k;
+            }
+        }
+        __syncthreads();
+        for (u32 i = threadIdx.x; i < m; i += blockDim.x) {
+            base[c0 + i] = t[i];
+            n[c0 + i] = nk[i];
+            failed[c0 + i] = f[i];
+        }
+        __syncthreads();
+    }
+}

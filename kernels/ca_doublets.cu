@@ -1,0 +1,110 @@
+// Doublets (src/tracking/ca/doublets.rs, the full search of one pass on fresh hits): per
+// sorted hit a on plane i, per target plane j (i + 1 ..= i + reach), the box on plane j
+// of PlaneWindows::boxes (same f32 operations in the same order), whose hits are found
+// row by row of the grid between the box's cells, in sorted order. A hit's doublets come
+// out ordered by target plane, row and x: by the sorted index of their second hit, as
+// the CPU's.
+//
+// Run twice: write = 0 counts per hit (dbl_count), write = 1 writes at the event's base in
+// the arena plus the hit's scanned offset (dbl_off): per doublet a, b, tx, ty in one
+// 16-byte record (dbl) and the gap.
+
+struct Box4 {
+    float x0, x1, y0, y1;
+};
+
+// The window of hit (xa, ya) on plane i towards its target k (PlaneWindows::boxes).
+__device__ __forceinline__ Box4 doublet_box(const float* __restrict__ pl, const float* __restrict__ g,
+                                            int k, float xa, float ya) {
+    float max_tx = g[G_MAX_TX], max_ty = g[G_MAX_TY];
+    float inv_lever_a = pl[PLF_INV_LEVER_A];
+    float tx = fminf(fabsf(xa) * inv_lever_a + 0.05f, max_tx);
+    float ty = fminf(fabsf(ya) * inv_lever_a + 0.05f, max_ty);
+    float n2 = 1.0f + tx * tx + ty * ty;
+    float nn = sqrtf(n2);
+    float knn = g[G_K_QOP] * nn;
+    float t = fmaxf(tx, ty);
+    float sf = fminf(sqrtf((1.0f + t * t) * n2) * sqrtf(nn), g[G_SF_MAX]);
+    const float* tg = pl + PLF_TARGET + 8 * k;
+    float dz = tg[0], bend = tg[1], meas_x = tg[2], meas_y = tg[3];
+    float b0 = tg[4], b1 = tg[5], b2 = tg[6];
+    float ax = tx * ty * b0 + (1.0f + tx * tx) * b1 + ty * b2;
+    float ay = (1.0f + ty * ty) * b0 + tx * ty * b1 + tx * b2;
+    float kx = fminf(knn * ax, g[G_MAX_CX]);
+    float ky = fminf(knn * ay, g[G_MAX_CY]);
+    float tx0 = -max_tx, tx1 = max_tx, ty0 = -max_ty, ty1 = max_ty;
+    if (pl[PLF_POINTING] != 0.0f) {
+        float ms = pl[PLF_MS];
+        float wx = g[G_ORIGIN_HX] + bend * kx + ms * sf + meas_x;
+        float wy = g[G_ORIGIN_HY] + bend * ky + ms * sf + meas_y;
+        tx0 = fmaxf(tx0, (xa - wx) * inv_lever_a);
+        tx1 = fminf(tx1, (xa + wx) * inv_lever_a);
+        ty0 = fmaxf(ty0, (ya - wy) * inv_lever_a);
+        ty1 = fminf(ty1, (ya + wy) * inv_lever_a);
+    }
+    bool open = tx0 <= tx1 && ty0 <= ty1;
+    Box4 bx;
+    bx.x0 = xa + dz * tx0;
+    bx.x1 = open ? xa + dz * tx1 : -CA_INF;
+    bx.y0 = ya + dz * ty0;
+    bx.y1 = ya + dz * ty1;
+    return bx;
+}
+
+extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float* __restrict__ sy,
+                                       const u32* __restrict__ splane,
+                                       const u32* __restrict__ hit_start,
+                                       const u32* __restrict__ n_sorted,
+                                       const u32* __restrict__ bin_start, int n_bins,
+                                       const float* __restrict__ plf, const int* __restrict__ pli,
+                                       const double* __restrict__ pld, const float* __restrict__ g,
+                                       const u32* __restrict__ failed, int write,
+                                       u32* __restrict__ dbl_count, const u32* __restrict__ dbl_off,
+                                       const u32* __restrict__ dbl_base,
+                                       uint4* __restrict__ dbl, u32* __restrict__ dgap) {
+    int e = blockIdx.y;
+    if (failed[e]) return;
+    u32 s = hit_start[e], m = n_sorted[e];
+    const u32* starts = bin_start + (size_t)e * (n_bins + 1);
+    u32 base = write ? dbl_base[e] : 0;
+    for (u32 a = CA_FIRST; a < m; a += CA_STRIDE) {
+        if (write && dbl_count[s + a] == 0) continue;
+        u32 i = splane[s + a];
+        const float* pl = plf + i * PLF;
+        const int* pi = pli + i * PLI;
+        float xa = sx[s + a], ya = sy[s + a];
+        double xa64 = (double)xa, ya64 = (double)ya;
+        u32 out = write ? base + dbl_off[s + a] : 0;
+        u32 found = 0;
+        for (int k = 0; k < pi[3]; k++) {
+            Box4 bx = doublet_box(pl, g, k, xa, ya);
+            if (!(bx.x0 <= bx.x1 && bx.y0 <= bx.y1)) continue;
+            int j = pi[4 + k];
+            const float* plj = plf + j * PLF;
+            const int* pij = pli + j * PLI;
+            u32 c0 = bin_1d(plj, pij, 0, bx.x0), c1 = bin_1d(plj, pij, 0, bx.x1);
+            u32 r0 = bin_1d(plj, pij, 1, bx.y0), r1 = bin_1d(plj, pij, 1, bx.y1);
+            double inv_dz = pld[i * PLD + k];
+            u32 gap = (u32)(j - (int)i - 1);
+            for (u32 r = r0; r <= r1; r++) {
+                u32 row = (u32)pij[2] + r * (u32)pij[0];
+                u32 h0 = starts[row + c0], h1 = starts[row + c1 + 1];
+                for (u32 h = h0; h < h1; h++) {
+                    float x = sx[s + h], y = sy[s + h];
+                    if (x >= bx.x0 && x <= bx.x1 && y >= bx.y0 && y <= bx.y1) {
+                        if (write) {
+                            u32 d = out + found;
+                            float tx = (float)(((double)x - xa64) * inv_dz);
+                            float ty = (float)(((double)y - ya64) * inv_dz);
+                            // One 16-byte store: hits and slopes together.
+                            dbl[d] = make_uint4(a, h, __float_as_uint(tx), __float_as_uint(ty));
+                            dgap[d] = gap;
+                        }
+                        found++;
+                    }
+                }
+            }
+        }
+        if (!write) dbl_count[s + a] = found;
+    }
+}

@@ -1,0 +1,101 @@
+// Hit sorting into the grid (src/tracking/ca/hit_sorting.rs): per event, its hits by
+// plane, then grid cell, then x (ties in input order), with bin_start per cell.
+//
+// ca_bin_hits (one block per event) counts the event's valid hits (known plane, finite x and y), fails the event
+// when they exceed max_hits (the CPU would drop the excess: the event goes back to it),
+// and counts each hit in its cell; ca_event_scan turns the counts into bin_start;
+// ca_place_hits drops each hit's index into its cell (arrival order, a scratch array);
+// ca_rank_hits gives each its rank in the cell by (x, input index) and writes the sorted
+// arrays, so the order never depends on the arrival.
+
+extern "C" __global__ void ca_bin_hits(const float* __restrict__ in_x, const float* __restrict__ in_y,
+                                       const u32* __restrict__ in_plane,
+                                       const u32* __restrict__ hit_start,
+                                       const float* __restrict__ plf, const int* __restrict__ pli,
+                                       int n_planes, int n_bins, u32 max_hits,
+                                       u32* __restrict__ hit_bin, u32* __restrict__ bin_count,
+                                       u32* __restrict__ n_sorted, u32* __restrict__ failed,
+                                       u32* __restrict__ overflow) {
+    int e = blockIdx.y;
+    u32 s = hit_start[e], m = hit_start[e + 1] - s;
+    u32 valid = 0;
+    for (u32 i = threadIdx.x; i < m; i += CA_THREADS) {
+        u32 p = in_plane[s + i];
+        valid += (p < (u32)n_planes && isfinite(in_x[s + i]) && isfinite(in_y[s + i])) ? 1u : 0u;
+    }
+    u32 total;
+    block_scan_inclusive(valid, &total);
+    if (total > max_hits) {
+        if (threadIdx.x == 0) {
+            failed[e] = FAIL_HITS;
+            n_sorted[e] = 0;
+            atomicAdd(&overflow[FAIL_HITS], 1u);
+        }
+        return;
+    }
+    if (threadIdx.x == 0) n_sorted[e] = total;
+    u32* counts = bin_count + (size_t)e * (n_bins + 1);
+    for (u32 i = threadIdx.x; i < m; i += CA_THREADS) {
+        u32 p = in_plane[s + i];
+        float x = in_x[s + i], y = in_y[s + i];
+        u32 b = 0xffffffffu;
+        if (p < (u32)n_planes && isfinite(x) && isfinite(y)) {
+            const float* pl = plf + p * PLF;
+            const int* pi = pli + p * PLI;
+            u32 bx = bin_1d(pl, pi, 0, x), by = bin_1d(pl, pi, 1, y);
+            b = (u32)pi[2] + by * (u32)pi[0] + bx;
+            atomicAdd(&counts[b], 1u);
+        }
+        hit_bin[s + i] = b;
+    }
+}
+
+extern "C" __global__ void ca_place_hits(const u32* __restrict__ hit_start, const u32* __restrict__ hit_bin,
+                                         const u32* __restrict__ bin_start, u32* __restrict__ bin_cursor,
+                                         int n_bins, const u32* __restrict__ failed,
+                                         u32* __restrict__ scratch) {
+    int e = blockIdx.y;
+    if (failed[e]) return;
+    u32 s = hit_start[e], m = hit_start[e + 1] - s;
+    const u32* starts = bin_start + (size_t)e * (n_bins + 1);
+    u32* cursor = bin_cursor + (size_t)e * (n_bins + 1);
+    for (u32 i = CA_FIRST; i < m; i += CA_STRIDE) {
+        u32 b = hit_bin[s + i];
+        if (b == 0xffffffffu) continue;
+        u32 slot = starts[b] + atomicAdd(&cursor[b], 1u);
+        scratch[s + slot] = i;
+    }
+}
+
+extern "C" __global__ void ca_rank_hits(const float* __restrict__ in_x, const float* __restrict__ in_y,
+                                        const u32* __restrict__ in_plane,
+                                        const u32* __restrict__ hit_start,
+                                        const u32* __restrict__ hit_bin,
+                                        const u32* __restrict__ bin_start, int n_bins,
+                                        const u32* __restrict__ n_sorted,
+                                        const u32* __restrict__ failed,
+                                        const u32* __restrict__ scratch,
+                                        float* __restrict__ sx, float* __restrict__ sy,
+                                        u32* __restrict__ splane, u32* __restrict__ sinput) {
+    int e = blockIdx.y;
+    if (failed[e]) return;
+    u32 s = hit_start[e], m = n_sorted[e];
+    const u32* starts = bin_start + (size_t)e * (n_bins + 1);
+    for (u32 k = CA_FIRST; k < m; k += CA_STRIDE) {
+        u32 li = scratch[s + k];
+        u32 b = hit_bin[s + li];
+        float x = in_x[s + li];
+        u32 lo = starts[b], hi = starts[b + 1];
+        u32 rank = 0;
+        for (u32 j = lo; j < hi; j++) {
+            u32 lj = scratch[s + j];
+            float xj = in_x[s + lj];
+            rank += (xj < x || (xj == x && lj < li)) ? 1u : 0u;
+        }
+        u32 dst = s + lo + rank;
+        sx[dst] = x;
+        sy[dst] = in_y[s + li];
+        splane[dst] = in_plane[s + li];
+        sinput[dst] = li;
+    }
+}

@@ -1,0 +1,1309 @@
+//! The cellular automaton's track finding on the GPU, over a batch of events: the steps of
+//! [`crate::tracking::ca`] (the CPU finder, the reference) as kernels in `kernels/`, one
+//! file per step and named as the CPU's: `ca_hit_sorting.cu`, `ca_doublets.cu`,
+//! `ca_triplets.cu`, `ca_neighbours.cu`, `ca_evolution.cu`, with what they share
+//! (layouts, the per-event scan, the batch budget) in `ca_common.cuh`. This stage runs the
+//! full (unseeded) search of one pass on an event's fresh hits, as
+//! [`crate::tracking::ca::doublets::find_doublets`],
+//! [`crate::tracking::ca::triplets::find_triplets`],
+//! [`crate::tracking::ca::neighbours::find_neighbours`] and
+//! [`crate::tracking::ca::evolution::evolve`] make it with the same `reach`; per event its
+//! sorted hits, doublets, triplets, neighbour links and levels are the CPU's arrays, index
+//! for index. Candidates, the fit of the chains, clone suppression and the later pass on
+//! the hits left are the CPU's (see "What is left" below); the daemon's `--backend gpu`
+//! still answers that tracking runs on the CPU.
+//!
+//! # Design
+//!
+//! **Batch and arenas.** A batch is up to [`CaLimits::max_events`] events whose hits go up
+//! once, concatenated (structure of arrays: x, y, plane; `hit_start[e]` the first hit of
+//! event `e`). Every array of the steps is a per-batch arena allocated once in
+//! [`GpuCaEngine::new`] from [`CaLimits`] (hits, doublets, triplets, neighbour links per
+//! batch; the grid's cells per event): nothing is allocated per batch. Events are placed
+//! in an arena one after the other (`base[e]`, `n[e]`), so a batch of small events and
+//! one of a few busy ones use the same memory.
+//!
+//! **Tables from the CPU finder.** The kernels derive no cut, window or field value: the
+//! per-plane grid and doublet windows (`PlaneWindows`, built by the CPU's own
+//! constructor for the pass's reach), the per-plane-pair constants of the triplet step
+//! (`FinderGeometry::pair_lanes`), the triplet step's cuts (its `Cuts`), the
+//! tent-weighted mean field tables ([`crate::tracking::ca::bending`]) and the neighbour
+//! cut are read from the CPU's structures at set-up ([`CaTables::new`]) and uploaded, so
+//! a change to the CPU's cuts or windows reaches the GPU with no change here.
+//!
+//! **A row of blocks per event.** Each kernel runs on a grid of (blocks per event,
+//! events), the blocks of an event striding over its items (hits, doublets, triplets);
+//! the blocks per event are chosen per batch so that the batch fills the GPU (about four
+//! blocks per multiprocessor), whether it holds a few busy events or many small ones.
+//! Items are indexed within the event as the CPU indexes them, so the GPU's arrays for
+//! an event are comparable to the CPU's element by element. A counting pass stores every
+//! item's count, so the writing pass skips the items that make nothing (most doublets
+//! make no triplet).
+//!
+//! **Deterministic by construction.** A step that makes a variable number of outputs per
+//! item runs twice: it counts per item, a per-event exclusive scan (`ca_event_scan`)
+//! gives each item its offset, a budget pass (`ca_event_budget`) places the events in the
+//! arena, and the same kernel then writes each item's outputs at its offset, in the
+//! CPU's order. Where atomics place things (hits into grid cells, triplets into their
+//! right doublet's list), a following pass orders them by key (a hit's rank by x and
+//! input index; a list sorted by triplet index). No output depends on the order threads
+//! arrive in: repeated runs give the same bytes.
+//!
+//! **Bounded, with overflow handed back.** An event whose hits, doublets, triplets or
+//! neighbour links exceed the CPU finder's own per-event limit ([`Limits`], where the CPU
+//! would drop some) or do not fit in what is left of the batch's arena fails at that step:
+//! it is counted per step ([`CaBatchSummary::overflow`]) and marked
+//! ([`CaBatchSummary::failed`]), the later steps skip it, and the caller runs that event on
+//! the CPU path. Nothing is truncated silently. A device error is returned as a
+//! [`GpuError`] for the whole batch (the caller fails it over to the CPU).
+//!
+//! **Arithmetic.** The kernels are compiled with `--fmad=false` and repeat the CPU's
+//! single-precision operations in the same order (the CPU's lanes make no fused
+//! multiply-adds either), the doublet slopes and neighbour cut in double as the CPU does,
+//! so windows and cuts decide alike to the last bit.
+//!
+//! **Evolution.** Every left neighbour of a triplet starts one plane further upstream, so
+//! the levels are set plane by plane, upstream first (one launch per plane): the CPU's
+//! fixed point with no iteration to convergence.
+//!
+//! # What is left (the rest of the issue)
+//!
+//! The seeded first pass (`follow_seeds`) and `prune_dead_ends` (its tracks are the full
+//! search's, so the full search's sets are what is compared here), the second pass on
+//! the hits the first left (a copy of the free hits, as `hit_sorting::free_hits`),
+//! candidate extraction with hit sharing (greedy: one warp per event), the Kalman fit of
+//! the candidates with [`super::tracking_fit`]'s kernel on device-resident candidates,
+//! clone suppression, the trigger lines, and the daemon's wiring (a worker per GPU, the
+//! `trigd_tracking_overflow_total{step}` metric from [`CaBatchSummary::overflow`] with
+//! [`CaStep::name`], the events that failed handed to the CPU path). For speed
+//! (`bench/RESULTS.md`, "Tracking on the GPU, first steps"): the doublet continuation
+//! search is one thread per left doublet with loops of different lengths; the per-event
+//! scans and the one-thread budget dominate batches of small events; the next batch's
+//! packing and upload do not overlap this one's steps yet; and [`GpuCaEngine::run`]
+//! returns its summary in fresh vectors (a caller-owned summary would keep the hot path
+//! free of allocation).
+
+use std::sync::Arc;
+
+use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaStream};
+
+use super::nvrtc::{load_module_with_options, KernelCache, LoadedModule};
+use super::runtime::{copy_to_device, DeviceBuffer, PinnedBuffer};
+use super::{driver, GpuDevice, GpuError};
+use crate::frame::HitRecord;
+use crate::tracking::ca::bending::NODES;
+use crate::tracking::ca::cuts::{FinderConfig, Limits};
+use crate::tracking::ca::doublets::PlaneWindows;
+use crate::tracking::ca::{Doublet, FinderGeometry, Triplet, MAX_REACH};
+use crate::tracking::geometry::Field;
+use crate::tracking::propagate::K_GEV_PER_T_MM;
+
+/// The kernels of the steps, one file each, compiled together as one module.
+const COMMON: &str = include_str!("../../kernels/ca_common.cuh");
+const STEPS: [&str; 5] = [
+    include_str!("../../kernels/ca_hit_sorting.cu"),
+    include_str!("../../kernels/ca_doublets.cu"),
+    include_str!("../../kernels/ca_triplets.cu"),
+    include_str!("../../kernels/ca_neighbours.cu"),
+    include_str!("../../kernels/ca_evolution.cu"),
+];
+/// The windows and cuts must round as the CPU's: no fused multiply-adds.
+const KERNEL_OPTIONS: [&str; 1] = ["--fmad=false"];
+/// Threads per block (CA_THREADS in ca_common.cuh).
+const THREADS: u32 = 256;
+
+// Table layouts (ca_common.cuh).
+const PLF: usize = 32;
+const PLI: usize = 8;
+const PLD: usize = 4;
+const PRF: usize = 20;
+const PRI: usize = 4;
+const G_N: usize = 20;
+const TENT_FLOATS: usize = 4 + NODES * NODES * 3;
+
+/// The step at which an event left the GPU path (FAIL_* in ca_common.cuh).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CaStep {
+    Hits,
+    Doublets,
+    Triplets,
+    Neighbours,
+}
+
+impl CaStep {
+    pub const ALL: [CaStep; 4] = [
+        CaStep::Hits,
+        CaStep::Doublets,
+        CaStep::Triplets,
+        CaStep::Neighbours,
+    ];
+
+    fn code(self) -> u32 {
+        match self {
+            CaStep::Hits => 1,
+            CaStep::Doublets => 2,
+            CaStep::Triplets => 3,
+            CaStep::Neighbours => 4,
+        }
+    }
+
+    fn from_code(c: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.code() == c)
+    }
+
+    /// The `step` label of `trigd_tracking_overflow_total`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CaStep::Hits => "hits",
+            CaStep::Doublets => "doublets",
+            CaStep::Triplets => "triplets",
+            CaStep::Neighbours => "neighbours",
+        }
+    }
+}
+
+/// The sizes of a batch's arenas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CaLimits {
+    pub max_events: usize,
+    /// Hits of all the batch's events together.
+    pub max_hits: usize,
+    pub max_doublets: usize,
+    pub max_triplets: usize,
+    pub max_neighbours: usize,
+}
+
+impl Default for CaLimits {
+    /// 512 events, 4 Mi hits (some 250 central events), 16 Mi doublets and triplets and
+    /// 32 Mi neighbour links: about 1.6 GiB with the grid of 10 planes of 8 x 128 cells.
+    fn default() -> Self {
+        CaLimits {
+            max_events: 512,
+            max_hits: 1 << 22,
+            max_doublets: 1 << 24,
+            max_triplets: 1 << 24,
+            max_neighbours: 1 << 25,
+        }
+    }
+}
+
+impl CaLimits {
+    /// Bytes of device memory for the arenas, with `n_bins` grid cells per event.
+    pub fn device_bytes(&self, n_bins: usize) -> usize {
+        4 * (11 * self.max_hits
+            + 3 * self.max_events * (n_bins + 1)
+            + 12 * self.max_events
+            + 10 * self.max_doublets
+            + 12 * self.max_triplets
+            + self.max_neighbours)
+    }
+
+    fn validate(&self) -> Result<(), GpuError> {
+        let all = [
+            self.max_events,
+            self.max_hits,
+            self.max_doublets,
+            self.max_triplets,
+            self.max_neighbours,
+        ];
+        if all.contains(&0) || all.iter().any(|&v| v > (u32::MAX / 2) as usize) {
+            return Err(GpuError::Config(format!(
+                "tracking arena limits must be between 1 and 2^31 (got {self:?})"
+            )));
+        }
+        // Events are the grid's second dimension.
+        if self.max_events > 65_535 {
+            return Err(GpuError::Config(format!(
+                "at most 65535 events per tracking batch (got {})",
+                self.max_events
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The CPU finder's windows, cuts and field tables, laid out for the kernels
+/// (ca_common.cuh). Built from the CPU's own structures: nothing is derived here.
+#[derive(Debug, Clone)]
+pub struct CaTables {
+    pub n_planes: usize,
+    pub n_bins: usize,
+    pub reach: usize,
+    /// Per plane: grid, doublet windows, bending lever.
+    pub plane_f32: Vec<f32>,
+    pub plane_i32: Vec<i32>,
+    pub plane_f64: Vec<f64>,
+    /// Per plane pair: [`crate::tracking::ca::PairLanes`], and its tent tables' indices.
+    pub pair_f32: Vec<f32>,
+    pub pair_i32: Vec<i32>,
+    /// The tent tables, [`TENT_FLOATS`] floats each.
+    pub tents: Vec<f32>,
+    /// Window limits and the triplet step's cuts.
+    pub globals: Vec<f32>,
+    pub neighbour_chi2_max: f64,
+    /// Per-event limits of the CPU finder.
+    pub limits: Limits,
+}
+
+impl CaTables {
+    /// The tables of one pass with doublets on planes up to `reach` apart (1 to
+    /// [`MAX_REACH`]).
+    pub fn new(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize) -> Self {
+        let reach = reach.clamp(1, MAX_REACH);
+        let n = geo.planes.len();
+        let mut plane_f32 = vec![0.0f32; n * PLF];
+        let mut plane_i32 = vec![0i32; n * PLI];
+        let mut plane_f64 = vec![0.0f64; n * PLD];
+        let mut globals = vec![0.0f32; G_N];
+        for (i, g) in geo.planes.iter().enumerate() {
+            let pw = PlaneWindows::new(geo, cfg, i, reach);
+            let f = &mut plane_f32[i * PLF..(i + 1) * PLF];
+            f[0] = g.half_f32[0];
+            f[1] = g.half_f32[1];
+            f[2] = g.bin_scale_f32[0];
+            f[3] = g.bin_scale_f32[1];
+            f[4] = if pw.pointing { 1.0 } else { 0.0 };
+            f[5] = pw.inv_lever_a;
+            f[6] = pw.ms;
+            f[7] = geo.bending.inv_lever.get(i).copied().unwrap_or(0.0);
+            let ints = &mut plane_i32[i * PLI..(i + 1) * PLI];
+            ints[0] = g.bins_x as i32;
+            ints[1] = g.bins_y as i32;
+            ints[2] = g.bin_offset as i32;
+            ints[3] = pw.n_target as i32;
+            for k in 0..pw.n_target {
+                let t = &pw.targets[k];
+                let r = &mut f[8 + 8 * k..16 + 8 * k];
+                r[..7].copy_from_slice(&[t.dz, t.bend, t.meas_x, t.meas_y, t.b[0], t.b[1], t.b[2]]);
+                ints[4 + k] = t.plane as i32;
+                plane_f64[i * PLD + k] = t.inv_dz;
+            }
+            if i == 0 {
+                globals[0] = pw.max_t[0];
+                globals[1] = pw.max_t[1];
+                globals[2] = pw.max_c[0];
+                globals[3] = pw.max_c[1];
+                globals[4] = pw.sf_max;
+                globals[5] = pw.origin_half[0];
+                globals[6] = pw.origin_half[1];
+                globals[7] = pw.k_qop;
+            }
+        }
+        let cuts = crate::tracking::ca::triplets::cuts(geo, cfg, reach);
+        globals[8] = cuts.qop_max;
+        globals[9] = cuts.n_sigma;
+        globals[10] = cuts.mass2;
+        globals[11] = cuts.sf2_max;
+        globals[12] = cuts.chi2_max;
+        globals[13] = cuts.fit_momentum;
+        if let Some(b) = cuts.uniform {
+            globals[14] = 1.0;
+            globals[15..18].copy_from_slice(&b);
+        }
+        globals[18] = K_GEV_PER_T_MM as f32;
+        let mut pair_f32 = vec![0.0f32; n * n * PRF];
+        let mut pair_i32 = vec![-1i32; n * n * PRI];
+        let mut tents = Vec::new();
+        let mut add_tent = |t: &crate::tracking::ca::bending::TentTable| -> i32 {
+            let (t0, inv_step, b) = t.nodes();
+            let k = tents.len() / TENT_FLOATS;
+            tents.extend_from_slice(&[t0[0], t0[1], inv_step[0], inv_step[1]]);
+            tents.extend(b.iter().flatten());
+            k as i32
+        };
+        let map = !matches!(geo.field, Field::Uniform { .. });
+        for i in 0..n {
+            for j in (i + 1)..n {
+                let p = &geo.pair_lanes[i * n + j];
+                let f = &mut pair_f32[(i * n + j) * PRF..(i * n + j + 1) * PRF];
+                f[..8].copy_from_slice(&[
+                    p.pointing,
+                    p.inv_zi,
+                    p.two_inv_zj,
+                    p.hard_kx,
+                    p.hard_ky,
+                    p.kvar_ms_per_qop2,
+                    p.kvar_res,
+                    p.n_triples as f32,
+                ]);
+                f[8..11].copy_from_slice(&p.half);
+                f[11..14].copy_from_slice(&p.theta2_per_qop2);
+                f[14..17].copy_from_slice(&p.var_res);
+                if map {
+                    let ints = &mut pair_i32[(i * n + j) * PRI..(i * n + j + 1) * PRI];
+                    if let Some(t) = geo.bending.pointing(i, j) {
+                        ints[0] = add_tent(t);
+                    }
+                    for s in 0..MAX_REACH {
+                        if let Some(t) = geo.bending.triple(i, j, s) {
+                            ints[1 + s] = add_tent(t);
+                        }
+                    }
+                }
+            }
+        }
+        CaTables {
+            n_planes: n,
+            n_bins: geo.n_bins,
+            reach,
+            plane_f32,
+            plane_i32,
+            plane_f64,
+            pair_f32,
+            pair_i32,
+            tents,
+            globals,
+            neighbour_chi2_max: cfg.neighbour_chi2_max,
+            limits: cfg.limits.clone(),
+        }
+    }
+}
+
+/// What a batch gave, per event (small: read back after every batch).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CaBatchSummary {
+    /// Per event: the step it failed at (to be run on the CPU), or `None`.
+    pub failed: Vec<Option<CaStep>>,
+    /// Events failed per step, in [`CaStep::ALL`]'s order.
+    pub overflow: [u32; 4],
+    /// Per event: sorted hits, doublets, triplets, neighbour links (0 where failed).
+    pub hits: Vec<u32>,
+    pub doublets: Vec<u32>,
+    pub triplets: Vec<u32>,
+    pub neighbours: Vec<u32>,
+}
+
+/// One event's arrays as the CPU finder's [`crate::tracking::ca::CaBuffers`] holds them
+/// after the pass (read back for comparison and tests; not the hot path).
+#[derive(Debug, Clone, Default)]
+pub struct CaEventResult {
+    /// Per sorted hit: its index in the event's input, and the cells' `bin_start`.
+    pub input_index: Vec<u32>,
+    pub bin_start: Vec<u32>,
+    pub doublets: Vec<Doublet>,
+    /// Per doublet: the planes it skips.
+    pub gap: Vec<u32>,
+    /// Per sorted hit: its outgoing doublets `dbl_start[h]..dbl_start[h + 1]`.
+    pub dbl_start: Vec<u32>,
+    pub triplets: Vec<Triplet>,
+    pub left_start: Vec<u32>,
+    pub left: Vec<u32>,
+    pub has_right: Vec<bool>,
+    pub level: Vec<u16>,
+}
+
+impl CaEventResult {
+    /// Every array as 32-bit words (floats by their bits), for comparisons to the bit.
+    pub fn to_words(&self) -> Vec<u32> {
+        let mut w = Vec::new();
+        w.extend_from_slice(&self.input_index);
+        w.extend_from_slice(&self.bin_start);
+        for d in &self.doublets {
+            w.extend_from_slice(&[d.a, d.b, d.tx.to_bits(), d.ty.to_bits()]);
+        }
+        w.extend_from_slice(&self.gap);
+        w.extend_from_slice(&self.dbl_start);
+        for t in &self.triplets {
+            w.extend_from_slice(&[
+                t.left,
+                t.right,
+                t.qop.to_bits(),
+                t.qop_sigma.to_bits(),
+                t.chi2.to_bits(),
+            ]);
+        }
+        w.extend_from_slice(&self.left_start);
+        w.extend_from_slice(&self.left);
+        w.extend(self.has_right.iter().map(|&b| b as u32));
+        w.extend(self.level.iter().map(|&l| l as u32));
+        w
+    }
+}
+
+/// Device time of each kernel of the last profiled batch, milliseconds, in launch order.
+pub type KernelTimes = Vec<(&'static str, f64)>;
+
+struct Kernels {
+    event_scan: CudaFunction,
+    event_budget: CudaFunction,
+    bin_hits: CudaFunction,
+    place_hits: CudaFunction,
+    rank_hits: CudaFunction,
+    doublets: CudaFunction,
+    triplets: CudaFunction,
+    neighbours_ending: CudaFunction,
+    neighbours_sort_ending: CudaFunction,
+    neighbours: CudaFunction,
+    evolution: CudaFunction,
+}
+
+/// A kernel argument, passed by address to the driver.
+#[derive(Clone, Copy)]
+enum Arg {
+    Ptr(u64),
+    U32(u32),
+    I32(i32),
+    F64(f64),
+}
+
+/// The arenas of a batch (see the module documentation).
+struct Arenas {
+    in_x: DeviceBuffer<f32>,
+    in_y: DeviceBuffer<f32>,
+    in_plane: DeviceBuffer<u32>,
+    hit_start: DeviceBuffer<u32>,
+    hit_bin: DeviceBuffer<u32>,
+    scratch: DeviceBuffer<u32>,
+    sx: DeviceBuffer<f32>,
+    sy: DeviceBuffer<f32>,
+    splane: DeviceBuffer<u32>,
+    sinput: DeviceBuffer<u32>,
+    n_sorted: DeviceBuffer<u32>,
+    bin_count: DeviceBuffer<u32>,
+    bin_start: DeviceBuffer<u32>,
+    bin_cursor: DeviceBuffer<u32>,
+    failed: DeviceBuffer<u32>,
+    overflow: DeviceBuffer<u32>,
+    /// Per event: scan totals, and per step base and count.
+    total: DeviceBuffer<u32>,
+    dbl_base: DeviceBuffer<u32>,
+    dbl_n: DeviceBuffer<u32>,
+    trip_base: DeviceBuffer<u32>,
+    trip_n: DeviceBuffer<u32>,
+    nb_base: DeviceBuffer<u32>,
+    nb_n: DeviceBuffer<u32>,
+    dbl_count: DeviceBuffer<u32>,
+    dbl_off: DeviceBuffer<u32>,
+    /// Per doublet: a, b, tx, ty (bits) in one 16-byte record.
+    dbl: DeviceBuffer<[u32; 4]>,
+    dgap: DeviceBuffer<u32>,
+    trip_count: DeviceBuffer<u32>,
+    trip_off: DeviceBuffer<u32>,
+    end_count: DeviceBuffer<u32>,
+    end_off: DeviceBuffer<u32>,
+    end_cursor: DeviceBuffer<u32>,
+    tleft: DeviceBuffer<u32>,
+    tright: DeviceBuffer<u32>,
+    tqop: DeviceBuffer<f32>,
+    tsigma: DeviceBuffer<f32>,
+    tchi2: DeviceBuffer<f32>,
+    tplane: DeviceBuffer<u32>,
+    has_right: DeviceBuffer<u32>,
+    nb_count: DeviceBuffer<u32>,
+    nb_off: DeviceBuffer<u32>,
+    ending: DeviceBuffer<u32>,
+    level: DeviceBuffer<u32>,
+    left: DeviceBuffer<u32>,
+}
+
+impl Arenas {
+    fn new(ctx: &Arc<CudaContext>, l: &CaLimits, n_bins: usize) -> Result<Self, GpuError> {
+        let (h, e, d, t) = (l.max_hits, l.max_events, l.max_doublets, l.max_triplets);
+        let bins = e * (n_bins + 1);
+        let u = |n: usize| DeviceBuffer::<u32>::new(ctx, n);
+        let f = |n: usize| DeviceBuffer::<f32>::new(ctx, n);
+        Ok(Arenas {
+            in_x: f(h)?,
+            in_y: f(h)?,
+            in_plane: u(h)?,
+            hit_start: u(e + 1)?,
+            hit_bin: u(h)?,
+            scratch: u(h)?,
+            sx: f(h)?,
+            sy: f(h)?,
+            splane: u(h)?,
+            sinput: u(h)?,
+            n_sorted: u(e)?,
+            bin_count: u(bins)?,
+            bin_start: u(bins)?,
+            bin_cursor: u(bins)?,
+            failed: u(e)?,
+            overflow: u(8)?,
+            total: u(e)?,
+            dbl_base: u(e)?,
+            dbl_n: u(e)?,
+            trip_base: u(e)?,
+            trip_n: u(e)?,
+            nb_base: u(e)?,
+            nb_n: u(e)?,
+            dbl_count: u(h)?,
+            dbl_off: u(h)?,
+            dbl: DeviceBuffer::new(ctx, d)?,
+            dgap: u(d)?,
+            trip_count: u(d)?,
+            trip_off: u(d)?,
+            end_count: u(d)?,
+            end_off: u(d)?,
+            end_cursor: u(d)?,
+            tleft: u(t)?,
+            tright: u(t)?,
+            tqop: f(t)?,
+            tsigma: f(t)?,
+            tchi2: f(t)?,
+            tplane: u(t)?,
+            has_right: u(t)?,
+            nb_count: u(t)?,
+            nb_off: u(t)?,
+            ending: u(t)?,
+            level: u(t)?,
+            left: u(l.max_neighbours)?,
+        })
+    }
+}
+
+/// The CA steps on one GPU. See the module documentation.
+pub struct GpuCaEngine {
+    ctx: Arc<CudaContext>,
+    device: GpuDevice,
+    _module: LoadedModule,
+    k: Kernels,
+    stream: Arc<CudaStream>,
+    tables: CaTables,
+    plane_f32: DeviceBuffer<f32>,
+    plane_i32: DeviceBuffer<i32>,
+    plane_f64: DeviceBuffer<f64>,
+    pair_f32: DeviceBuffer<f32>,
+    pair_i32: DeviceBuffer<i32>,
+    tents: DeviceBuffer<f32>,
+    globals: DeviceBuffer<f32>,
+    /// The cells per event, once per event (the item counts of the cells' scan).
+    cells_n: DeviceBuffer<u32>,
+    a: Arenas,
+    host_x: PinnedBuffer<f32>,
+    host_y: PinnedBuffer<f32>,
+    host_plane: PinnedBuffer<u32>,
+    host_start: PinnedBuffer<u32>,
+    /// The per-event summary read back after each batch.
+    summary_host: PinnedBuffer<u32>,
+    limits: CaLimits,
+    /// Events of the batch in the device buffers.
+    n_events: usize,
+    /// Kernel times of the last batch run with `profile`.
+    times: KernelTimes,
+    inject_fault: bool,
+    pub kernels_from_cache: bool,
+    pub kernel_load_ms: f64,
+}
+
+impl GpuCaEngine {
+    /// Uploads the finder's tables for a pass of `reach`, compiles or loads the kernels and
+    /// allocates the arenas for `limits`.
+    pub fn new(
+        device: &GpuDevice,
+        geo: &FinderGeometry,
+        cfg: &FinderConfig,
+        reach: usize,
+        limits: CaLimits,
+        cache: &KernelCache,
+    ) -> Result<Self, GpuError> {
+        limits.validate()?;
+        let tables = CaTables::new(geo, cfg, reach);
+        if tables.n_planes == 0 {
+            return Err(GpuError::Config("the detector has no planes".into()));
+        }
+        let ctx = device.open()?;
+        // SAFETY: the engine synchronises its one stream explicitly and uses no
+        // cudarc-managed slices.
+        unsafe { ctx.disable_event_tracking() };
+        let need = limits.device_bytes(tables.n_bins);
+        let (free, _) = driver("cuMemGetInfo", ctx.mem_get_info())?;
+        if need > free {
+            return Err(GpuError::Config(format!(
+                "the tracking arenas need {:.2} GiB of GPU memory, {} has {:.2} GiB free; lower the limits",
+                need as f64 / (1u64 << 30) as f64,
+                device.name,
+                free as f64 / (1u64 << 30) as f64
+            )));
+        }
+        let mut source = String::from(COMMON);
+        for s in STEPS {
+            source.push('\n');
+            source.push_str(s);
+        }
+        let module = load_module_with_options(
+            &ctx,
+            "tracking_ca.cu",
+            &source,
+            &device.arch(),
+            &KERNEL_OPTIONS,
+            cache,
+        )?;
+        let k = Kernels {
+            event_scan: module.function("ca_event_scan")?,
+            event_budget: module.function("ca_event_budget")?,
+            bin_hits: module.function("ca_bin_hits")?,
+            place_hits: module.function("ca_place_hits")?,
+            rank_hits: module.function("ca_rank_hits")?,
+            doublets: module.function("ca_doublets")?,
+            triplets: module.function("ca_triplets")?,
+            neighbours_ending: module.function("ca_neighbours_ending")?,
+            neighbours_sort_ending: module.function("ca_neighbours_sort_ending")?,
+            neighbours: module.function("ca_neighbours")?,
+            evolution: module.function("ca_evolution")?,
+        };
+        let stream = driver("cuStreamCreate", ctx.new_stream())?;
+        let tents = if tables.tents.is_empty() {
+            vec![0.0f32; TENT_FLOATS]
+        } else {
+            tables.tents.clone()
+        };
+        let engine = GpuCaEngine {
+            plane_f32: DeviceBuffer::from_host(&ctx, &tables.plane_f32)?,
+            plane_i32: DeviceBuffer::from_host(&ctx, &tables.plane_i32)?,
+            plane_f64: DeviceBuffer::from_host(&ctx, &tables.plane_f64)?,
+            pair_f32: DeviceBuffer::from_host(&ctx, &tables.pair_f32)?,
+            pair_i32: DeviceBuffer::from_host(&ctx, &tables.pair_i32)?,
+            tents: DeviceBuffer::from_host(&ctx, &tents)?,
+            globals: DeviceBuffer::from_host(&ctx, &tables.globals)?,
+            cells_n: DeviceBuffer::from_host(&ctx, &vec![tables.n_bins as u32; limits.max_events])?,
+            a: Arenas::new(&ctx, &limits, tables.n_bins)?,
+            host_x: PinnedBuffer::new(&ctx, limits.max_hits)?,
+            host_y: PinnedBuffer::new(&ctx, limits.max_hits)?,
+            host_plane: PinnedBuffer::new(&ctx, limits.max_hits)?,
+            host_start: PinnedBuffer::new(&ctx, limits.max_events + 1)?,
+            summary_host: PinnedBuffer::new(&ctx, 5 * limits.max_events + 8)?,
+            kernels_from_cache: module.from_cache,
+            kernel_load_ms: module.load_ms,
+            _module: module,
+            k,
+            stream,
+            device: device.clone(),
+            tables,
+            limits,
+            n_events: 0,
+            times: Vec::new(),
+            inject_fault: false,
+            ctx,
+        };
+        tracing::info!(
+            "CA engine on {}: {} planes, reach {}, arenas {:.1} MiB",
+            device.name,
+            engine.tables.n_planes,
+            engine.tables.reach,
+            need as f64 / (1u64 << 20) as f64
+        );
+        Ok(engine)
+    }
+
+    pub fn device(&self) -> &GpuDevice {
+        &self.device
+    }
+
+    pub fn limits(&self) -> CaLimits {
+        self.limits
+    }
+
+    pub fn tables(&self) -> &CaTables {
+        &self.tables
+    }
+
+    /// Per-kernel device times of the last batch run by [`Self::run_profiled`].
+    pub fn kernel_times(&self) -> &KernelTimes {
+        &self.times
+    }
+
+    /// Test hook: the next batch's first launch is made with an invalid configuration, so
+    /// the driver rejects it and the batch returns that error.
+    pub fn inject_device_error(&mut self) {
+        self.inject_fault = true;
+    }
+
+    /// Runs the steps on a batch of events (each its hits); returns the per-event summary.
+    /// A batch with more events or hits than the arenas hold is refused before anything
+    /// is copied (the caller splits it or runs it on the CPU).
+    pub fn run(&mut self, events: &[&[HitRecord]]) -> Result<CaBatchSummary, GpuError> {
+        self.run_inner(events, false)
+    }
+
+    /// [`Self::run`], timing each kernel with device events ([`Self::kernel_times`]).
+    pub fn run_profiled(&mut self, events: &[&[HitRecord]]) -> Result<CaBatchSummary, GpuError> {
+        self.run_inner(events, true)
+    }
+
+    fn run_inner(
+        &mut self,
+        events: &[&[HitRecord]],
+        profile: bool,
+    ) -> Result<CaBatchSummary, GpuError> {
+        let n_hits: usize = events.iter().map(|e| e.len()).sum();
+        if events.len() > self.limits.max_events || n_hits > self.limits.max_hits {
+            return Err(GpuError::Config(format!(
+                "a batch of {} events and {n_hits} hits exceeds the arenas ({} events, {} hits); run it on the CPU",
+                events.len(),
+                self.limits.max_events,
+                self.limits.max_hits
+            )));
+        }
+        driver("cuCtxSetCurrent", self.ctx.bind_to_thread())?;
+        {
+            let (xs, ys, ps, st) = (
+                self.host_x.as_mut_slice(),
+                self.host_y.as_mut_slice(),
+                self.host_plane.as_mut_slice(),
+                self.host_start.as_mut_slice(),
+            );
+            let mut k = 0;
+            for (e, ev) in events.iter().enumerate() {
+                st[e] = k as u32;
+                for h in ev.iter() {
+                    xs[k] = h.x_mm;
+                    ys[k] = h.y_mm;
+                    ps[k] = h.plane as u32;
+                    k += 1;
+                }
+            }
+            st[events.len()] = k as u32;
+        }
+        self.n_events = events.len();
+        let r = self
+            .enqueue(n_hits, profile)
+            .and_then(|()| self.enqueue_summary())
+            .and_then(|()| {
+                driver("cuStreamSynchronize", self.stream.synchronize())?;
+                Ok(self.summary())
+            });
+        if r.is_err() {
+            let _ = self.stream.synchronize();
+        }
+        r
+    }
+
+    /// Launches `f` on `grid` (blocks per event, events) of [`THREADS`] threads.
+    fn launch(&mut self, f: &'static str, grid: (u32, u32), args: &[Arg]) -> Result<(), GpuError> {
+        let func = match f {
+            "ca_event_scan" => &self.k.event_scan,
+            "ca_event_budget" => &self.k.event_budget,
+            "ca_bin_hits" => &self.k.bin_hits,
+            "ca_place_hits" => &self.k.place_hits,
+            "ca_rank_hits" => &self.k.rank_hits,
+            "ca_doublets" => &self.k.doublets,
+            "ca_triplets" => &self.k.triplets,
+            "ca_neighbours_ending" => &self.k.neighbours_ending,
+            "ca_neighbours_sort_ending" => &self.k.neighbours_sort_ending,
+            "ca_neighbours" => &self.k.neighbours,
+            _ => &self.k.evolution,
+        };
+        let mut store = [0u64; 40];
+        let mut ptrs = [std::ptr::null_mut::<std::ffi::c_void>(); 40];
+        assert!(args.len() <= 40);
+        for (i, a) in args.iter().enumerate() {
+            store[i] = match *a {
+                Arg::Ptr(p) => p,
+                Arg::U32(v) => v as u64,
+                Arg::I32(v) => v as u32 as u64,
+                Arg::F64(v) => v.to_bits(),
+            };
+        }
+        for i in 0..args.len() {
+            // The driver reads each parameter's size from its address (little-endian: a
+            // 32-bit value is the low half of its slot).
+            ptrs[i] = (&mut store[i] as *mut u64).cast();
+        }
+        let faulty = std::mem::take(&mut self.inject_fault);
+        let block = if faulty { 4096 } else { THREADS };
+        let grid = (grid.0.max(1), grid.1.max(1), 1);
+        // SAFETY: the arguments follow the kernel's signature in kernels/ca_*.cu; every
+        // pointer is a live arena or table sized for the batch (checked in `run`).
+        driver("cuLaunchKernel", unsafe {
+            drv::launch_kernel(
+                func.cu_function(),
+                grid,
+                (block, 1, 1),
+                0,
+                self.stream.cu_stream(),
+                &mut ptrs[..args.len()],
+            )
+        })
+    }
+
+    fn zero(&self, buf: &DeviceBuffer<u32>, n: usize) -> Result<(), GpuError> {
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: `n` elements of this allocation.
+        driver("cuMemsetD32Async", unsafe {
+            drv_sys::cuMemsetD32Async(buf.ptr(), 0, n, self.stream.cu_stream()).result()
+        })
+    }
+
+    /// Enqueues the copies and every step of the batch.
+    fn enqueue(&mut self, n_hits: usize, profile: bool) -> Result<(), GpuError> {
+        use Arg::{Ptr, I32, U32};
+        let e = self.n_events as u32;
+        // Blocks per event for the steps over an event's items: about four per
+        // multiprocessor over the batch (a few busy events or many small ones).
+        let sms = self.device.multiprocessors.max(1) as u32;
+        let bpe = (4 * sms).div_ceil(e.max(1)).clamp(1, 64);
+        let a = &self.a;
+        let tb = &self.tables;
+        let (n_planes, n_bins, reach) = (tb.n_planes as i32, tb.n_bins as i32, tb.reach as i32);
+        let lim = &tb.limits;
+        let per_event = |v: usize| v.min(u32::MAX as usize) as u32;
+        let (max_hits, max_d, max_t, max_n) = (
+            per_event(lim.max_hits),
+            per_event(lim.max_doublets),
+            per_event(lim.max_triplets),
+            per_event(lim.max_neighbours),
+        );
+        copy_to_device(&self.host_x.as_slice()[..n_hits], &a.in_x, 0, &self.stream)?;
+        copy_to_device(&self.host_y.as_slice()[..n_hits], &a.in_y, 0, &self.stream)?;
+        copy_to_device(
+            &self.host_plane.as_slice()[..n_hits],
+            &a.in_plane,
+            0,
+            &self.stream,
+        )?;
+        copy_to_device(
+            &self.host_start.as_slice()[..e as usize + 1],
+            &a.hit_start,
+            0,
+            &self.stream,
+        )?;
+        let bins = e as usize * (n_bins as usize + 1);
+        self.zero(&a.bin_count, bins)?;
+        self.zero(&a.bin_cursor, bins)?;
+        self.zero(&a.failed, e as usize)?;
+        self.zero(&a.overflow, 8)?;
+        // Pointers (copied out so `self` can be borrowed mutably for the launches).
+        let p = |b: &DeviceBuffer<u32>| Ptr(b.ptr());
+        let pf = |b: &DeviceBuffer<f32>| Ptr(b.ptr());
+        let (in_x, in_y, in_plane, hit_start) =
+            (pf(&a.in_x), pf(&a.in_y), p(&a.in_plane), p(&a.hit_start));
+        let (hit_bin, scratch, sx, sy, splane, sinput) = (
+            p(&a.hit_bin),
+            p(&a.scratch),
+            pf(&a.sx),
+            pf(&a.sy),
+            p(&a.splane),
+            p(&a.sinput),
+        );
+        let (n_sorted, bin_count, bin_start, bin_cursor) = (
+            p(&a.n_sorted),
+            p(&a.bin_count),
+            p(&a.bin_start),
+            p(&a.bin_cursor),
+        );
+        let (failed, overflow, total) = (p(&a.failed), p(&a.overflow), p(&a.total));
+        let (dbl_base, dbl_n, trip_base, trip_n, nb_base, nb_n) = (
+            p(&a.dbl_base),
+            p(&a.dbl_n),
+            p(&a.trip_base),
+            p(&a.trip_n),
+            p(&a.nb_base),
+            p(&a.nb_n),
+        );
+        let (dbl_count, dbl_off, dbl, dgap) =
+            (p(&a.dbl_count), p(&a.dbl_off), Ptr(a.dbl.ptr()), p(&a.dgap));
+        let (trip_count, trip_off, end_count, end_off, end_cursor) = (
+            p(&a.trip_count),
+            p(&a.trip_off),
+            p(&a.end_count),
+            p(&a.end_off),
+            p(&a.end_cursor),
+        );
+        let (tleft, tright, tqop, tsigma, tchi2, tplane, has_right) = (
+            p(&a.tleft),
+            p(&a.tright),
+            pf(&a.tqop),
+            pf(&a.tsigma),
+            pf(&a.tchi2),
+            p(&a.tplane),
+            p(&a.has_right),
+        );
+        let (nb_count, nb_off, ending, level, left) = (
+            p(&a.nb_count),
+            p(&a.nb_off),
+            p(&a.ending),
+            p(&a.level),
+            p(&a.left),
+        );
+        let (plf, pli, pld, prf, pri, tents, g) = (
+            Ptr(self.plane_f32.ptr()),
+            Ptr(self.plane_i32.ptr()),
+            Ptr(self.plane_f64.ptr()),
+            Ptr(self.pair_f32.ptr()),
+            Ptr(self.pair_i32.ptr()),
+            Ptr(self.tents.ptr()),
+            Ptr(self.globals.ptr()),
+        );
+        let null = Ptr(0);
+        let cells_n = p(&self.cells_n);
+        let chi2 = Arg::F64(tb.neighbour_chi2_max);
+        let (cap_d, cap_t, cap_n) = (
+            self.limits.max_doublets as u32,
+            self.limits.max_triplets as u32,
+            self.limits.max_neighbours as u32,
+        );
+
+        let mut marks: Vec<(&'static str, cudarc::driver::CudaEvent)> = Vec::new();
+        let mut mark = |name: &'static str, s: &Self| -> Result<(), GpuError> {
+            if profile {
+                let ev = driver(
+                    "cuEventRecord",
+                    s.stream
+                        .record_event(Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT)),
+                )?;
+                marks.push((name, ev));
+            }
+            Ok(())
+        };
+        mark("start", self)?;
+        // Hit sorting.
+        #[rustfmt::skip]
+        self.launch("ca_bin_hits", (1, e), &[in_x, in_y, in_plane, hit_start, plf, pli, I32(n_planes),
+            I32(n_bins), U32(max_hits), hit_bin, bin_count, n_sorted, failed, overflow])?;
+        mark("hit_sorting: bin", self)?;
+        #[rustfmt::skip]
+        self.launch("ca_event_scan", (1, e), &[bin_count, bin_start, null, cells_n,
+            U32(n_bins as u32 + 1), failed, total, I32(1)])?;
+        mark("hit_sorting: scan", self)?;
+        #[rustfmt::skip]
+        self.launch("ca_place_hits", (bpe, e), &[hit_start, hit_bin, bin_start, bin_cursor, I32(n_bins),
+            failed, scratch])?;
+        mark("hit_sorting: place", self)?;
+        #[rustfmt::skip]
+        self.launch("ca_rank_hits", (bpe, e), &[in_x, in_y, in_plane, hit_start, hit_bin, bin_start,
+            I32(n_bins), n_sorted, failed, scratch, sx, sy, splane, sinput])?;
+        mark("hit_sorting: rank", self)?;
+        // Doublets.
+        #[rustfmt::skip]
+        let dargs = |write: i32| [sx, sy, splane, hit_start, n_sorted, bin_start, I32(n_bins), plf,
+            pli, pld, g, failed, I32(write), dbl_count, dbl_off, dbl_base, dbl, dgap,
+            ];
+        self.launch("ca_doublets", (bpe, e), &dargs(0))?;
+        mark("doublets: count", self)?;
+        #[rustfmt::skip]
+        self.launch("ca_event_scan", (1, e), &[dbl_count, dbl_off, hit_start, n_sorted, U32(0), failed,
+            total, I32(0)])?;
+        #[rustfmt::skip]
+        self.launch("ca_event_budget", (1, 1), &[total, dbl_base, dbl_n, failed, U32(e), U32(max_d),
+            U32(cap_d), U32(CaStep::Doublets.code()), overflow])?;
+        mark("doublets: scan", self)?;
+        self.launch("ca_doublets", (bpe, e), &dargs(1))?;
+        mark("doublets: write", self)?;
+        // Triplets.
+        #[rustfmt::skip]
+        let targs = |write: i32| [sx, sy, splane, hit_start, dbl_count, dbl_off, dbl_base, dbl_n,
+            dbl, dgap, plf, prf, pri, tents, g, I32(n_planes), I32(reach), failed,
+            I32(write), trip_count, trip_off, trip_base, tleft, tright, tqop, tsigma, tchi2,
+            tplane, has_right, end_count, end_cursor];
+        self.launch("ca_triplets", (bpe, e), &targs(0))?;
+        mark("triplets: count", self)?;
+        #[rustfmt::skip]
+        self.launch("ca_event_scan", (1, e), &[trip_count, trip_off, dbl_base, dbl_n, U32(0), failed,
+            total, I32(0)])?;
+        #[rustfmt::skip]
+        self.launch("ca_event_budget", (1, 1), &[total, trip_base, trip_n, failed, U32(e), U32(max_t),
+            U32(cap_t), U32(CaStep::Triplets.code()), overflow])?;
+        mark("triplets: scan", self)?;
+        self.launch("ca_triplets", (bpe, e), &targs(1))?;
+        mark("triplets: write", self)?;
+        // Neighbours: the triplets by right doublet, then the links.
+        #[rustfmt::skip]
+        let eargs = |write: i32| [dbl_base, trip_base, trip_n, tright, failed, I32(write),
+            end_count, end_off, end_cursor, ending];
+        self.launch("ca_neighbours_ending", (bpe, e), &eargs(0))?;
+        #[rustfmt::skip]
+        self.launch("ca_event_scan", (1, e), &[end_count, end_off, dbl_base, dbl_n, U32(0), failed,
+            total, I32(0)])?;
+        self.launch("ca_neighbours_ending", (bpe, e), &eargs(1))?;
+        #[rustfmt::skip]
+        self.launch("ca_neighbours_sort_ending", (bpe, e), &[dbl_base, dbl_n, trip_base, failed,
+            end_count, end_off, ending])?;
+        mark("neighbours: index", self)?;
+        #[rustfmt::skip]
+        let nargs = |write: i32| [dbl_base, trip_base, trip_n, tleft, tqop, tsigma, end_count,
+            end_off, ending, chi2, failed, I32(write), nb_count, nb_off, nb_base, left, has_right];
+        self.launch("ca_neighbours", (bpe, e), &nargs(0))?;
+        mark("neighbours: count", self)?;
+        #[rustfmt::skip]
+        self.launch("ca_event_scan", (1, e), &[nb_count, nb_off, trip_base, trip_n, U32(0), failed,
+            total, I32(0)])?;
+        #[rustfmt::skip]
+        self.launch("ca_event_budget", (1, 1), &[total, nb_base, nb_n, failed, U32(e), U32(max_n),
+            U32(cap_n), U32(CaStep::Neighbours.code()), overflow])?;
+        mark("neighbours: scan", self)?;
+        self.launch("ca_neighbours", (bpe, e), &nargs(1))?;
+        mark("neighbours: write", self)?;
+        // Evolution, plane by plane.
+        for plane in 0..n_planes as u32 {
+            #[rustfmt::skip]
+            self.launch("ca_evolution", (bpe, e), &[trip_base, trip_n, tplane, nb_count, nb_off, nb_base,
+                left, failed, U32(plane), level])?;
+        }
+        mark("evolution", self)?;
+        if profile {
+            driver("cuStreamSynchronize", self.stream.synchronize())?;
+            let mut times = Vec::with_capacity(marks.len());
+            for w in marks.windows(2) {
+                let ms = driver("cuEventElapsedTime", w[0].1.elapsed_ms(&w[1].1))?;
+                times.push((w[1].0, ms as f64));
+            }
+            self.times = times;
+        }
+        Ok(())
+    }
+
+    fn read<T: Copy + Default>(
+        &self,
+        buf: &DeviceBuffer<T>,
+        offset: usize,
+        len: usize,
+    ) -> Result<Vec<T>, GpuError> {
+        let mut out = vec![T::default(); len];
+        if len == 0 {
+            return Ok(out);
+        }
+        if offset + len > buf.len() {
+            return Err(GpuError::Config(format!(
+                "read of {len} elements at {offset} past a buffer of {}",
+                buf.len()
+            )));
+        }
+        // SAFETY: bounds checked; synchronous copy into `out`.
+        driver("cuMemcpyDtoH", unsafe {
+            drv::memcpy_dtoh_sync(&mut out, buf.ptr_at(offset))
+        })?;
+        Ok(out)
+    }
+
+    /// Enqueues the copies of the per-event summary (failure codes, overflow counts, the
+    /// steps' counts) into one pinned buffer, read after the stream's one synchronisation.
+    fn enqueue_summary(&mut self) -> Result<(), GpuError> {
+        let e = self.n_events;
+        let a = &self.a;
+        let parts: [(&DeviceBuffer<u32>, usize); 6] = [
+            (&a.failed, e),
+            (&a.overflow, 8),
+            (&a.n_sorted, e),
+            (&a.dbl_n, e),
+            (&a.trip_n, e),
+            (&a.nb_n, e),
+        ];
+        let host = self.summary_host.as_mut_slice();
+        let mut at = 0;
+        for (src, n) in parts {
+            if at + n > host.len() || n > src.len() {
+                return Err(GpuError::Config("summary larger than its buffer".into()));
+            }
+            // SAFETY: `n` elements fit both the device buffer and the pinned buffer from
+            // `at`; the host reads them only after synchronising the stream.
+            driver("cuMemcpyDtoHAsync", unsafe {
+                drv_sys::cuMemcpyDtoHAsync_v2(
+                    host[at..].as_mut_ptr().cast(),
+                    src.ptr(),
+                    n * 4,
+                    self.stream.cu_stream(),
+                )
+                .result()
+            })?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// The summary copied by [`Self::enqueue_summary`] (the stream synchronised).
+    fn summary(&self) -> CaBatchSummary {
+        let e = self.n_events;
+        let host = self.summary_host.as_slice();
+        let (failed_codes, rest) = host.split_at(e);
+        let (ov, rest) = rest.split_at(8);
+        let (hits, rest) = rest.split_at(e);
+        let (doublets, rest) = rest.split_at(e);
+        let (triplets, rest) = rest.split_at(e);
+        let neighbours = &rest[..e];
+        let failed: Vec<Option<CaStep>> =
+            failed_codes.iter().map(|&c| CaStep::from_code(c)).collect();
+        let zero_if = |v: &[u32], step: u32| -> Vec<u32> {
+            v.iter()
+                .zip(failed_codes)
+                .map(|(&n, &f)| if f != 0 && f <= step { 0 } else { n })
+                .collect()
+        };
+        CaBatchSummary {
+            overflow: [ov[1], ov[2], ov[3], ov[4]],
+            hits: zero_if(hits, 1),
+            doublets: zero_if(doublets, 2),
+            triplets: zero_if(triplets, 3),
+            neighbours: zero_if(neighbours, 4),
+            failed,
+        }
+    }
+
+    /// Reads back the arrays of event `e` of the last batch (tests and comparison; not the
+    /// hot path). `None` where the event failed.
+    pub fn event_result(&self, e: usize) -> Result<Option<CaEventResult>, GpuError> {
+        if e >= self.n_events {
+            return Err(GpuError::Config(format!(
+                "event {e} is not in the batch of {}",
+                self.n_events
+            )));
+        }
+        driver("cuCtxSetCurrent", self.ctx.bind_to_thread())?;
+        if self.read(&self.a.failed, e, 1)?[0] != 0 {
+            return Ok(None);
+        }
+        let hs = self.read(&self.a.hit_start, e, 1)?[0] as usize;
+        let nh = self.read(&self.a.n_sorted, e, 1)?[0] as usize;
+        let nb = self.tables.n_bins + 1;
+        let db = self.read(&self.a.dbl_base, e, 1)?[0] as usize;
+        let nd = self.read(&self.a.dbl_n, e, 1)?[0] as usize;
+        let tb = self.read(&self.a.trip_base, e, 1)?[0] as usize;
+        let nt = self.read(&self.a.trip_n, e, 1)?[0] as usize;
+        let nbb = self.read(&self.a.nb_base, e, 1)?[0] as usize;
+        let nn = self.read(&self.a.nb_n, e, 1)?[0] as usize;
+        let input_index = self.read(&self.a.sinput, hs, nh)?;
+        let bin_start = self.read(&self.a.bin_start, e * nb, nb)?;
+        let records = self.read(&self.a.dbl, db, nd)?;
+        let gap = self.read(&self.a.dgap, db, nd)?;
+        let doublets = records
+            .iter()
+            .map(|r| Doublet {
+                a: r[0],
+                b: r[1],
+                tx: f32::from_bits(r[2]),
+                ty: f32::from_bits(r[3]),
+            })
+            .collect();
+        let dbl_off = self.read(&self.a.dbl_off, hs, nh)?;
+        let mut dbl_start = dbl_off;
+        dbl_start.push(nd as u32);
+        let (tl, tr, tq, ts, tc) = (
+            self.read(&self.a.tleft, tb, nt)?,
+            self.read(&self.a.tright, tb, nt)?,
+            self.read(&self.a.tqop, tb, nt)?,
+            self.read(&self.a.tsigma, tb, nt)?,
+            self.read(&self.a.tchi2, tb, nt)?,
+        );
+        let triplets = (0..nt)
+            .map(|k| Triplet {
+                left: tl[k],
+                right: tr[k],
+                qop: tq[k],
+                qop_sigma: ts[k],
+                chi2: tc[k],
+            })
+            .collect();
+        let mut left_start = self.read(&self.a.nb_off, tb, nt)?;
+        left_start.push(nn as u32);
+        let left = self.read(&self.a.left, nbb, nn)?;
+        let has_right = self
+            .read(&self.a.has_right, tb, nt)?
+            .into_iter()
+            .map(|v| v != 0)
+            .collect();
+        let level = self
+            .read(&self.a.level, tb, nt)?
+            .into_iter()
+            .map(|v| v.min(u16::MAX as u32) as u16)
+            .collect();
+        Ok(Some(CaEventResult {
+            input_index,
+            bin_start,
+            doublets,
+            gap,
+            dbl_start,
+            triplets,
+            left_start,
+            left,
+            has_right,
+            level,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tracking::geometry::Detector;
+    use std::path::Path;
+
+    #[test]
+    fn the_engine_can_move_to_a_worker_thread() {
+        fn assert_send<T: Send>() {}
+        assert_send::<GpuCaEngine>();
+    }
+
+    #[test]
+    fn tables_are_the_cpu_finders_own() {
+        let det = Detector::from_toml_file(Path::new("fixtures/detector.toml")).unwrap();
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let geo = FinderGeometry::new(&det, &cfg);
+        for reach in 1..=MAX_REACH {
+            let t = CaTables::new(&geo, &cfg, reach);
+            let n = geo.planes.len();
+            assert_eq!((t.n_planes, t.n_bins, t.reach), (n, geo.n_bins, reach));
+            for i in 0..n {
+                let pw = PlaneWindows::new(&geo, &cfg, i, reach);
+                assert_eq!(t.plane_i32[i * PLI + 3] as usize, pw.n_target);
+                assert_eq!(pw.n_target, reach.min(n - 1 - i));
+                assert_eq!(t.plane_i32[i * PLI + 2] as usize, geo.planes[i].bin_offset);
+                for k in 0..pw.n_target {
+                    assert_eq!(t.plane_i32[i * PLI + 4 + k] as usize, i + 1 + k);
+                    assert_eq!(t.plane_f64[i * PLD + k], pw.targets[k].inv_dz);
+                    assert_eq!(t.plane_f32[i * PLF + 8 + 8 * k], pw.targets[k].dz);
+                }
+            }
+            let p = &geo.pair_lanes[n + 2];
+            assert_eq!(t.pair_f32[(n + 2) * PRF + 3], p.hard_kx);
+            assert_eq!(t.pair_f32[(n + 2) * PRF + 7], p.n_triples as f32);
+            // A uniform field: its value, no tent tables.
+            assert_eq!(t.globals[14], 1.0);
+            assert!(t.tents.is_empty());
+            assert!(t.pair_i32.iter().all(|&k| k == -1));
+            assert_eq!(t.globals[9], cfg.n_sigma as f32);
+        }
+        // A field map: every tent table of the CPU's bending, once each.
+        let det =
+            Detector::from_toml_file(Path::new("fixtures/tracking/forward/detector_forward.toml"))
+                .unwrap();
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let geo = FinderGeometry::new(&det, &cfg);
+        let t = CaTables::new(&geo, &cfg, 2);
+        assert_eq!(t.globals[14], 0.0);
+        let tables = geo.bending.pointing.iter().flatten().count()
+            + geo.bending.triple.iter().flatten().count();
+        assert_eq!(t.tents.len(), tables * TENT_FLOATS);
+        let n = geo.planes.len();
+        let k = t.pair_i32[(n + 2) * PRI + 1] as usize;
+        let tab = geo.bending.triple(1, 2, 0).unwrap();
+        let (t0, inv, b) = tab.nodes();
+        assert_eq!(
+            &t.tents[k * TENT_FLOATS..k * TENT_FLOATS + 4],
+            &[t0[0], t0[1], inv[0], inv[1]]
+        );
+        assert_eq!(t.tents[k * TENT_FLOATS + 4 + 3 * 20 + 1], b[20][1]);
+    }
+
+    #[test]
+    fn arenas_are_sized_from_the_limits() {
+        let l = CaLimits {
+            max_events: 10,
+            max_hits: 1000,
+            max_doublets: 5000,
+            max_triplets: 6000,
+            max_neighbours: 7000,
+        };
+        assert!(l.validate().is_ok());
+        assert_eq!(
+            l.device_bytes(99),
+            4 * (11 * 1000 + 3 * 10 * 100 + 120 + 50_000 + 72_000 + 7000)
+        );
+        for bad in [
+            CaLimits { max_events: 0, ..l },
+            CaLimits {
+                max_events: 70_000,
+                ..l
+            },
+            CaLimits {
+                max_doublets: usize::MAX / 4,
+                ..l
+            },
+        ] {
+            assert!(bad.validate().is_err());
+        }
+        assert_eq!(CaStep::from_code(3), Some(CaStep::Triplets));
+        assert_eq!(CaStep::from_code(0), None);
+        assert_eq!(CaStep::Neighbours.name(), "neighbours");
+    }
+}

@@ -1,0 +1,451 @@
+//! The cellular automaton's steps on the GPU ([`trigd::gpu::tracking_ca`]) against the CPU
+//! finder's, on fresh simulated events (minimum-bias and central) of the spectrometer
+//! (`fixtures/detector.toml`, uniform field) and the field-map detectors of
+//! `fixtures/tracking/` (dipole, forward): per event, the sorted hits and grid cells, the
+//! doublets, triplets, neighbour links and CA levels of the GPU equal the CPU's full
+//! search of the same pass (`find_doublets`, `find_triplets`, `find_neighbours`,
+//! `evolve` with the same reach) element by element, floats to the bit; repeated runs
+//! give the same bytes; an event beyond a limit is counted and handed back; an injected
+//! device error fails the batch and leaves the engine usable.
+//!
+//! Needs a CUDA GPU: every test is ignored in CI and runs on the device machine with
+//! `--ignored --test-threads=1`, from the repository root (or with `TRIGD_FIXTURES`
+//! naming the fixtures directory). `TRIGD_TEST_SEED` replays a run.
+
+use std::path::PathBuf;
+
+use trigd::frame::HitRecord;
+use trigd::gpu::nvrtc::KernelCache;
+use trigd::gpu::tracking_ca::{CaEventResult, CaLimits, CaStep, GpuCaEngine};
+use trigd::gpu::{detect, BackendChoice, GpuDevice};
+use trigd::tracking::ca::{self, CaBuffers, FinderGeometry};
+use trigd::tracking::geometry::Detector;
+use trigd::tracking::reco::FinderConfig;
+use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
+
+fn device() -> GpuDevice {
+    let devices = detect(BackendChoice::Gpu).expect("a GPU is needed for this test");
+    devices
+        .into_iter()
+        .next()
+        .expect("detect(Gpu) returned no device")
+}
+
+fn seed() -> u64 {
+    let s = std::env::var("TRIGD_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    eprintln!("seed {s}");
+    s
+}
+
+fn fixture(rel: &str) -> PathBuf {
+    let base = std::env::var_os("TRIGD_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("fixtures"));
+    base.join(rel)
+}
+
+fn load(rel: &str) -> Detector {
+    Detector::from_toml_file(fixture(rel))
+        .unwrap_or_else(|e| panic!("{rel}: {e} (run from the repository root)"))
+}
+
+/// The detectors: name, geometry, simulation of a class of events.
+fn configurations(preset: Preset) -> Vec<(&'static str, Detector, SimConfig)> {
+    vec![
+        (
+            "spectrometer, uniform field",
+            load("detector.toml"),
+            SimConfig::preset(preset),
+        ),
+        (
+            "dipole spectrometer, field map",
+            load("tracking/dipole/detector_dipole.toml"),
+            SimConfig::preset(preset),
+        ),
+        (
+            "forward tracker, field map",
+            load("tracking/forward/detector_forward.toml"),
+            SimConfig::forward(preset),
+        ),
+    ]
+}
+
+/// The reaches of the finder's passes: the first pass's consecutive planes, and the
+/// doublets over missing planes.
+fn reaches(cfg: &FinderConfig) -> Vec<usize> {
+    let mut r = vec![1];
+    if cfg.allow_missing_plane && cfg.max_gap_planes > 0 {
+        r.push((1 + cfg.max_gap_planes).min(ca::MAX_REACH));
+    }
+    r
+}
+
+/// The CPU finder's full search of one pass on an event's hits, in `buf`.
+fn cpu_pass(
+    geo: &FinderGeometry,
+    cfg: &FinderConfig,
+    reach: usize,
+    hits: &[HitRecord],
+    buf: &mut CaBuffers,
+) {
+    buf.overflow = Default::default();
+    ca::hit_sorting::sort_hits(geo, hits, cfg.limits.max_hits, buf);
+    ca::doublets::find_doublets(geo, cfg, reach, buf);
+    ca::triplets::find_triplets(geo, cfg, reach, buf);
+    ca::neighbours::find_neighbours(cfg, buf);
+    ca::evolution::evolve(buf, geo.planes.len());
+}
+
+/// The first difference between the GPU's and the CPU's arrays of one event, if any.
+fn difference(gpu: &CaEventResult, cpu: &CaBuffers) -> Option<String> {
+    fn first<T: PartialEq + std::fmt::Debug>(what: &str, a: &[T], b: &[T]) -> Option<String> {
+        if a.len() != b.len() {
+            return Some(format!(
+                "{what}: {} on the GPU, {} on the CPU",
+                a.len(),
+                b.len()
+            ));
+        }
+        let k = a.iter().zip(b).position(|(x, y)| x != y)?;
+        Some(format!("{what}[{k}]: GPU {:?}, CPU {:?}", a[k], b[k]))
+    }
+    let dbl = |d: &ca::Doublet| (d.a, d.b, d.tx.to_bits(), d.ty.to_bits());
+    let trip = |t: &ca::Triplet| {
+        (
+            t.left,
+            t.right,
+            t.qop.to_bits(),
+            t.qop_sigma.to_bits(),
+            t.chi2.to_bits(),
+        )
+    };
+    let cpu_gap: Vec<u32> = cpu.dbl_lanes.gap.iter().map(|&g| g as u32).collect();
+    first("input_index", &gpu.input_index, &cpu.hits.input_index)
+        .or_else(|| first("bin_start", &gpu.bin_start, &cpu.hits.bin_start))
+        .or_else(|| {
+            // The doublets as a set first (a clearer message when one is missing).
+            let mut g: Vec<_> = gpu.doublets.iter().map(|d| (d.a, d.b)).collect();
+            let mut c: Vec<_> = cpu.doublets.iter().map(|d| (d.a, d.b)).collect();
+            g.sort_unstable();
+            c.sort_unstable();
+            first("doublet (a, b) set", &g, &c)
+        })
+        .or_else(|| {
+            let g: Vec<_> = gpu.doublets.iter().map(dbl).collect();
+            let c: Vec<_> = cpu.doublets.iter().map(dbl).collect();
+            first("doublets", &g, &c)
+        })
+        .or_else(|| first("gap", &gpu.gap, &cpu_gap))
+        .or_else(|| first("dbl_start", &gpu.dbl_start, &cpu.dbl_start))
+        .or_else(|| {
+            let mut g: Vec<_> = gpu.triplets.iter().map(|t| (t.left, t.right)).collect();
+            let mut c: Vec<_> = cpu.triplets.iter().map(|t| (t.left, t.right)).collect();
+            g.sort_unstable();
+            c.sort_unstable();
+            first("triplet (left, right) set", &g, &c)
+        })
+        .or_else(|| {
+            let g: Vec<_> = gpu.triplets.iter().map(trip).collect();
+            let c: Vec<_> = cpu.triplets.iter().map(trip).collect();
+            first("triplets", &g, &c)
+        })
+        .or_else(|| first("left_start", &gpu.left_start, &cpu.left_start))
+        .or_else(|| first("left", &gpu.left, &cpu.left))
+        .or_else(|| first("has_right", &gpu.has_right, &cpu.has_right))
+        .or_else(|| first("level", &gpu.level, &cpu.level))
+}
+
+struct Totals {
+    events: usize,
+    doublets: usize,
+    triplets: usize,
+    links: usize,
+    max_level: u16,
+}
+
+/// Runs `events` through the GPU engine and the CPU pass; asserts equality per event.
+fn compare_batch(
+    name: &str,
+    engine: &mut GpuCaEngine,
+    geo: &FinderGeometry,
+    cfg: &FinderConfig,
+    reach: usize,
+    events: &[Vec<HitRecord>],
+    buf: &mut CaBuffers,
+) -> Totals {
+    let batch: Vec<&[HitRecord]> = events.iter().map(|e| &e[..]).collect();
+    let summary = engine.run(&batch).expect("the batch runs on the GPU");
+    assert!(
+        summary.failed.iter().all(|f| f.is_none()),
+        "{name}: {summary:?}"
+    );
+    let mut t = Totals {
+        events: 0,
+        doublets: 0,
+        triplets: 0,
+        links: 0,
+        max_level: 0,
+    };
+    for (e, hits) in events.iter().enumerate() {
+        cpu_pass(geo, cfg, reach, hits, buf);
+        assert!(
+            !buf.overflow.any(),
+            "{name}: the CPU overflowed: {:?}",
+            buf.overflow
+        );
+        let gpu = engine
+            .event_result(e)
+            .expect("read back")
+            .expect("the event did not fail");
+        if let Some(d) = difference(&gpu, buf) {
+            panic!("{name}, reach {reach}, event {e}: {d}");
+        }
+        assert_eq!(summary.doublets[e] as usize, buf.doublets.len());
+        assert_eq!(summary.triplets[e] as usize, buf.triplets.len());
+        t.events += 1;
+        t.doublets += buf.doublets.len();
+        t.triplets += buf.triplets.len();
+        t.links += buf.left.len();
+        t.max_level = t
+            .max_level
+            .max(buf.level.iter().copied().max().unwrap_or(0));
+    }
+    t
+}
+
+fn agreement(preset: Preset, n_events: u64) {
+    let dev = device();
+    let s = seed();
+    for (name, det, sim) in configurations(preset) {
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let geo = FinderGeometry::new(&det, &cfg);
+        let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+        let events: Vec<Vec<HitRecord>> = simulate_events(&det, &sim, s, 0, n_events)
+            .map(|e| e.hits)
+            .collect();
+        // On every hit of a central event the doublets over missing planes are the CPU's
+        // second pass's worst case, not its work (it searches the hits the first pass
+        // left); the forward tracker's are few enough to compare.
+        let mut rs = reaches(&cfg);
+        if preset == Preset::Central && !name.starts_with("forward") {
+            rs.truncate(1);
+        }
+        for reach in rs {
+            let mut engine = GpuCaEngine::new(
+                &dev,
+                &geo,
+                &cfg,
+                reach,
+                CaLimits::default(),
+                &KernelCache::disabled(),
+            )
+            .expect("engine");
+            let t = compare_batch(name, &mut engine, &geo, &cfg, reach, &events, &mut buf);
+            println!(
+                "agreement {preset:?} {name} reach {reach}: {} events equal to the bit: {} doublets, {} triplets, {} neighbour links, highest level {}",
+                t.events, t.doublets, t.triplets, t.links, t.max_level
+            );
+            // Something was found: a comparison of empty arrays proves nothing.
+            assert!(t.triplets > 0 && t.links > 0 && t.max_level >= 3, "{name}");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn central_events_give_the_cpu_finders_doublets_triplets_neighbours_and_levels() {
+    agreement(Preset::Central, 3);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn minimum_bias_events_give_the_cpu_finders_doublets_triplets_neighbours_and_levels() {
+    agreement(Preset::Minbias, 40);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn repeated_runs_give_the_same_bytes() {
+    let dev = device();
+    let s = seed();
+    let (_, det, sim) = configurations(Preset::Central).swap_remove(2);
+    let cfg = FinderConfig::from_detector(&det, 1.0);
+    let geo = FinderGeometry::new(&det, &cfg);
+    // Central and minimum-bias events mixed in one batch.
+    let mut events: Vec<Vec<HitRecord>> = simulate_events(&det, &sim, s, 0, 3)
+        .map(|e| e.hits)
+        .collect();
+    let mb = SimConfig::forward(Preset::Minbias);
+    events.extend(simulate_events(&det, &mb, s + 1, 0, 20).map(|e| e.hits));
+    let batch: Vec<&[HitRecord]> = events.iter().map(|e| &e[..]).collect();
+    let mut engine = GpuCaEngine::new(
+        &dev,
+        &geo,
+        &cfg,
+        2,
+        CaLimits::default(),
+        &KernelCache::disabled(),
+    )
+    .expect("engine");
+    let mut first: Option<Vec<Vec<u32>>> = None;
+    for run in 0..5 {
+        let summary = engine.run(&batch).expect("batch");
+        assert!(summary.failed.iter().all(|f| f.is_none()));
+        let words: Vec<Vec<u32>> = (0..events.len())
+            .map(|e| engine.event_result(e).unwrap().unwrap().to_words())
+            .collect();
+        match &first {
+            None => first = Some(words),
+            Some(f) => assert!(*f == words, "run {run} differs from the first"),
+        }
+    }
+    let words: usize = first.unwrap().iter().map(|w| w.len()).sum();
+    println!(
+        "determinism: 5 runs of {} events, {words} words each, identical",
+        events.len()
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_event_beyond_a_limit_is_counted_and_handed_back_to_the_cpu() {
+    let dev = device();
+    let s = seed();
+    let det = load("detector.toml");
+    let mut cfg = FinderConfig::from_detector(&det, 1.0);
+    let geo = FinderGeometry::new(&det, &cfg);
+    let central: Vec<Vec<HitRecord>> =
+        simulate_events(&det, &SimConfig::preset(Preset::Central), s, 0, 2)
+            .map(|e| e.hits)
+            .collect();
+    let minbias: Vec<Vec<HitRecord>> =
+        simulate_events(&det, &SimConfig::preset(Preset::Minbias), s + 1, 0, 6)
+            .map(|e| e.hits)
+            .collect();
+    // Minimum-bias, central, minimum-bias ...: the central events overflow.
+    let mut events = minbias[..3].to_vec();
+    events.push(central[0].clone());
+    events.extend_from_slice(&minbias[3..]);
+    events.push(central[1].clone());
+    let batch: Vec<&[HitRecord]> = events.iter().map(|e| &e[..]).collect();
+    let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+
+    // 1. The batch's doublet arena holds the minimum-bias events but not a central one.
+    let mut mb_doublets = 0;
+    for hits in &minbias {
+        cpu_pass(&geo, &cfg, 1, hits, &mut buf);
+        mb_doublets += buf.doublets.len();
+    }
+    cpu_pass(&geo, &cfg, 1, &central[0], &mut buf);
+    let central_doublets = buf.doublets.len();
+    assert!(
+        central_doublets > mb_doublets,
+        "{central_doublets} {mb_doublets}"
+    );
+    let limits = CaLimits {
+        max_doublets: mb_doublets + central_doublets / 2,
+        ..CaLimits::default()
+    };
+    let mut engine =
+        GpuCaEngine::new(&dev, &geo, &cfg, 1, limits, &KernelCache::disabled()).expect("engine");
+    let summary = engine.run(&batch).expect("batch");
+    let failed: Vec<usize> = (0..events.len())
+        .filter(|&e| summary.failed[e].is_some())
+        .collect();
+    assert_eq!(failed, vec![3, 7], "{summary:?}");
+    assert_eq!(summary.failed[3], Some(CaStep::Doublets));
+    assert_eq!(summary.overflow, [0, 2, 0, 0]);
+    assert_eq!(summary.doublets[3], 0);
+    assert!(engine.event_result(3).unwrap().is_none());
+    // The others are the CPU's; the failed ones go to the CPU path, which finds them whole.
+    for (e, hits) in events.iter().enumerate() {
+        cpu_pass(&geo, &cfg, 1, hits, &mut buf);
+        match engine.event_result(e).unwrap() {
+            Some(gpu) => assert_eq!(difference(&gpu, &buf), None, "event {e}"),
+            None => assert!(!buf.overflow.any() && buf.triplets.len() > 1000),
+        }
+    }
+    println!(
+        "overflow: doublet arena of {} for {} + {} doublets: events {failed:?} failed at {:?}, counted {:?}, the others equal the CPU",
+        limits.max_doublets, mb_doublets, central_doublets, summary.failed[3], summary.overflow
+    );
+
+    // 2. The CPU finder's own per-event hit limit: the central events fail at hit sorting
+    // (the CPU would drop hits; the event goes to the CPU path, which counts that).
+    let n_mb_max = minbias.iter().map(|e| e.len()).max().unwrap();
+    cfg.limits.max_hits = n_mb_max;
+    let geo = FinderGeometry::new(&det, &cfg);
+    let mut engine = GpuCaEngine::new(
+        &dev,
+        &geo,
+        &cfg,
+        1,
+        CaLimits::default(),
+        &KernelCache::disabled(),
+    )
+    .expect("engine");
+    let summary = engine.run(&batch).expect("batch");
+    assert_eq!(summary.failed[3], Some(CaStep::Hits));
+    assert_eq!(summary.failed[7], Some(CaStep::Hits));
+    assert_eq!(summary.overflow, [2, 0, 0, 0]);
+    for (e, hits) in events.iter().enumerate() {
+        cpu_pass(&geo, &cfg, 1, hits, &mut buf);
+        match engine.event_result(e).unwrap() {
+            Some(gpu) => assert_eq!(difference(&gpu, &buf), None, "event {e}"),
+            None => assert!(buf.overflow.hits > 0, "event {e}"),
+        }
+    }
+    println!(
+        "overflow: per-event hit limit {n_mb_max}: central events failed at hits, counted {:?}",
+        summary.overflow
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_device_error_fails_the_batch_and_the_next_batch_runs() {
+    let dev = device();
+    let s = seed();
+    let det = load("detector.toml");
+    let cfg = FinderConfig::from_detector(&det, 1.0);
+    let geo = FinderGeometry::new(&det, &cfg);
+    let events: Vec<Vec<HitRecord>> =
+        simulate_events(&det, &SimConfig::preset(Preset::Minbias), s, 0, 8)
+            .map(|e| e.hits)
+            .collect();
+    let mut engine = GpuCaEngine::new(
+        &dev,
+        &geo,
+        &cfg,
+        2,
+        CaLimits::default(),
+        &KernelCache::disabled(),
+    )
+    .expect("engine");
+    let batch: Vec<&[HitRecord]> = events.iter().map(|e| &e[..]).collect();
+    engine.inject_device_error();
+    let err = engine
+        .run(&batch)
+        .expect_err("the injected fault fails the batch");
+    assert!(err.to_string().contains("cuLaunchKernel"), "{err}");
+    let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+    let t = compare_batch(
+        "after a device error",
+        &mut engine,
+        &geo,
+        &cfg,
+        2,
+        &events,
+        &mut buf,
+    );
+    assert_eq!(t.events, 8);
+    println!("device error: {err}; the next batch equals the CPU");
+}
