@@ -166,6 +166,10 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
         }
         None => None,
     };
+    // A NATS input acknowledges a frame once its decision is written; its accepted copy
+    // must then be out of the process too, or a node killed after the acknowledgement
+    // would lose it from the recording while the work queue never hands it out again.
+    let flush_accepted = cfg.inputs.iter().any(|i| i.is_nats());
     let accepted_cb = (accepted.is_some() || accepted_nats.is_some()).then(|| {
         let w = accepted.clone();
         Box::new(move |bytes: &[u8]| -> std::io::Result<()> {
@@ -175,6 +179,9 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
                     .map_err(|_| std::io::Error::other("accepted recording poisoned"))?;
                 if let Some(w) = g.as_mut() {
                     w.append(bytes).map(|_| ()).map_err(std::io::Error::other)?;
+                    if flush_accepted {
+                        w.flush().map_err(std::io::Error::other)?;
+                    }
                 }
             }
             match accepted_nats.as_mut() {

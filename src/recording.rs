@@ -381,6 +381,18 @@ impl RecordingWriter {
         Ok(self.index.len() as u64 - 1)
     }
 
+    /// Hands the buffered records to the operating system (no fsync): they survive the
+    /// process being killed, as the decision logs do after their flush.
+    pub fn flush(&mut self) -> Result<(), RecordingError> {
+        let Some(out) = self.out.as_mut() else {
+            return Ok(());
+        };
+        if let Err(e) = out.flush() {
+            return Err(self.io_err("flushing", e));
+        }
+        Ok(())
+    }
+
     /// Flushes buffered frames and forces them to stable storage, whatever the policy.
     pub fn sync(&mut self) -> Result<(), RecordingError> {
         let Some(out) = self.out.as_mut() else {
