@@ -317,15 +317,20 @@ fn tent_fields(
         return (b, [b; MAX_REACH]);
     }
     let bend = &geo.bending;
+    let Some(tents) = bend.pair(pa, pb) else {
+        return ([0.0; 3], [[0.0; 3]; MAX_REACH]);
+    };
     let inv = bend.inv_lever[pb];
-    let (tx, ty) = (xb * inv, yb * inv);
-    let bd = bend.pointing(pa, pb).map_or([0.0; 3], |t| t.at(tx, ty));
-    let mut bg = [[0.0f32; 3]; MAX_REACH];
-    for (s, b) in bg.iter_mut().enumerate().take(cuts.reach as usize) {
-        if let Some(t) = bend.triple(pa, pb, s) {
-            *b = t.at(tx, ty);
+    let v = tents.at(xb * inv, yb * inv);
+    let bd = [v[0], v[1], v[2]];
+    // The triples past the reach stay zero.
+    let bg = std::array::from_fn(|s| {
+        if s < cuts.reach as usize {
+            [v[3 + 3 * s], v[4 + 3 * s], v[5 + 3 * s]]
+        } else {
+            [0.0; 3]
         }
-    }
+    });
     (bd, bg)
 }
 
