@@ -479,16 +479,19 @@ impl Rights {
             b.resize(n, 0.0);
         }
         for r in 0..n {
-            // The middle hit's group (`start` is increasing).
-            while self.start[group + 1] as usize <= r {
-                group += 1;
-            }
             let (xb, yb) = (self.xb[r], self.yb[r]);
             let (tx, ty) = (self.lanes.tx[r], self.lanes.ty[r]);
             let (x0, x1) = back.bounds(xb as f64, tx, back.w[0]);
             let (y0, y1) = back.bounds(yb as f64, ty, back.w[1]);
-            let field = &self.fields[group];
-            let [wx, wy] = back.local_widths(xb, yb, field, [x0, x1, y0, y1]);
+            let [wx, wy] = if back.qkh != 0.0 {
+                // The middle hit's group (`start` is increasing).
+                while self.start[group + 1] as usize <= r {
+                    group += 1;
+                }
+                back.local_widths(xb, yb, &self.fields[group], [x0, x1, y0, y1])
+            } else {
+                back.w
+            };
             let ((x0, x1), (y0, y1)) = (
                 back.bounds(xb as f64, tx, wx),
                 back.bounds(yb as f64, ty, wy),
