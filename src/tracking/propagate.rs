@@ -1389,7 +1389,13 @@ pub fn propagate_state(
             } else {
                 let ah = a[s] * h;
                 let k = &ks[s - 1];
-                (x + ah * k[0], y + ah * k[1], z + ah, tx + ah * k[2], ty + ah * k[3])
+                (
+                    x + ah * k[0],
+                    y + ah * k[1],
+                    z + ah,
+                    tx + ah * k[2],
+                    ty + ah * k[3],
+                )
             };
             let [bx, by, bz] = field.at([px, py, pz]);
             let nn = (1.0 + ptx * ptx + pty * pty).sqrt();
@@ -1437,7 +1443,11 @@ mod tests {
             for iy in 0..dims[1] {
                 for iz in 0..dims[2] {
                     let (x, y, z) = (ix as f32, iy as f32, iz as f32);
-                    nodes.push([0.02 * x - 0.01 * z, 0.9 - 0.1 * (z - 4.0).abs() + 0.01 * y, 0.003 * x * y]);
+                    nodes.push([
+                        0.02 * x - 0.01 * z,
+                        0.9 - 0.1 * (z - 4.0).abs() + 0.01 * y,
+                        0.003 * x * y,
+                    ]);
                 }
             }
         }
@@ -1446,11 +1456,22 @@ mod tests {
         );
         let fields = [map, uniform([0.1, -1.1, 0.05])];
         for f in &fields {
-            for (z0, z1, step) in [(100.0, 950.0, 200.0), (900.0, 250.0, 50.0), (300.0, 300.0, 50.0)] {
-                for s in [[1.0, -2.0, 0.1, -0.05, 0.5], [-30.0, 12.0, -0.25, 0.2, -1.7]] {
+            for (z0, z1, step) in [
+                (100.0, 950.0, 200.0),
+                (900.0, 250.0, 50.0),
+                (300.0, 300.0, 50.0),
+            ] {
+                for s in [
+                    [1.0, -2.0, 0.1, -0.05, 0.5],
+                    [-30.0, 12.0, -0.25, 0.2, -1.7],
+                ] {
                     let full = propagate(f, z0, s, z1, step).0;
                     let alone = propagate_state(f, z0, s, z1, step);
-                    assert_eq!(alone.map(f64::to_bits), full.map(f64::to_bits), "{z0} {z1} {s:?}");
+                    assert_eq!(
+                        alone.map(f64::to_bits),
+                        full.map(f64::to_bits),
+                        "{z0} {z1} {s:?}"
+                    );
                 }
             }
         }

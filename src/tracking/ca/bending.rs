@@ -400,16 +400,30 @@ mod tests {
         let mut pairs = 0;
         for i in 0..z.len() {
             for j in (i + 1)..(i + 1 + MAX_REACH).min(z.len()) {
-                let p = b.pair(i, j).expect("a pair of planes downstream of the origin");
+                let p = b
+                    .pair(i, j)
+                    .expect("a pair of planes downstream of the origin");
                 pairs += 1;
-                for (tx, ty) in [(0.0, 0.0), (0.11, -0.07), (-0.29, 0.24), (5.0, -5.0), (f32::NAN, 0.1)] {
+                for (tx, ty) in [
+                    (0.0, 0.0),
+                    (0.11, -0.07),
+                    (-0.29, 0.24),
+                    (5.0, -5.0),
+                    (f32::NAN, 0.1),
+                ] {
                     let v = p.at(tx, ty);
                     let d = b.pointing(i, j).map_or([0.0; 3], |t| t.at(tx, ty));
-                    assert_eq!(v[..3].iter().map(|x| x.to_bits()).collect::<Vec<_>>(), d.map(f32::to_bits));
+                    assert_eq!(
+                        v[..3].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                        d.map(f32::to_bits)
+                    );
                     for s in 0..MAX_REACH {
                         let g = b.triple(i, j, s).map_or([0.0; 3], |t| t.at(tx, ty));
                         let got = &v[3 + 3 * s..6 + 3 * s];
-                        assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), g.map(f32::to_bits));
+                        assert_eq!(
+                            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                            g.map(f32::to_bits)
+                        );
                     }
                 }
             }
