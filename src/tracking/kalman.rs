@@ -713,15 +713,20 @@ impl KalmanFitter {
             field => {
                 let mut bm = [P::of(0.0); 3];
                 let mut bl = bm;
+                // Every lane's points first, so that the map is read four points at a time.
+                let mut abn = [[[0.0f64; 3]; 3]; L];
+                let mut points = [[[0.0f64; 3]; SEED_FIELD_POINTS]; L];
                 for l in 0..L {
                     let at = |x: &P<T, L>, y: &P<T, L>, z: &P<T, L>| {
                         [x.0[l].to_f64(), y.0[l].to_f64(), z.0[l].to_f64()]
                     };
-                    let (m, t) = seed_fields(
-                        field,
-                        [at(&xa, &ya, &za), at(&xb, &yb, &zb), at(&xn, &yn, &zn)],
-                        at(&xm, &ym, &zm),
-                    );
+                    abn[l] = [at(&xa, &ya, &za), at(&xb, &yb, &zb), at(&xn, &yn, &zn)];
+                    points[l] = seed_field_points(abn[l], at(&xm, &ym, &zm));
+                }
+                let mut fields = [[[0.0f64; 3]; SEED_FIELD_POINTS]; L];
+                field.at_many(points.as_flattened(), fields.as_flattened_mut());
+                for l in 0..L {
+                    let (m, t) = seed_fields_of(field, abn[l], &fields[l]);
                     for k in 0..3 {
                         bm[k].0[l] = T::of(m[k]);
                         bl[k].0[l] = T::of(t[k]);
@@ -1063,6 +1068,20 @@ pub const SEED_FIELD_SAMPLES: usize = 3;
 ///
 /// `kernels/kalman_fit.cu` (`seed_fields`) computes the same, in the same order.
 pub fn seed_fields(field: &Field, abn: [[f64; 3]; 3], m: [f64; 3]) -> ([f64; 3], [f64; 3]) {
+    let points = seed_field_points(abn, m);
+    let mut fields = [[0.0f64; 3]; SEED_FIELD_POINTS];
+    field.at_many(&points, &mut fields);
+    seed_fields_of(field, abn, &fields)
+}
+
+/// Points where [`seed_fields`] reads the field: the tent's samples on a -> b, then on
+/// b -> n, then the ramp's on m -> n.
+pub const SEED_FIELD_POINTS: usize = 3 * SEED_FIELD_SAMPLES;
+
+/// The points of [`seed_fields`], in its order (so that the lookups of many seeds can be
+/// made together).
+#[inline]
+pub fn seed_field_points(abn: [[f64; 3]; 3], m: [f64; 3]) -> [[f64; 3]; SEED_FIELD_POINTS] {
     let [a, b, n] = abn;
     let ns = SEED_FIELD_SAMPLES as f64;
     let lerp = |p0: [f64; 3], p1: [f64; 3], f: f64| {
@@ -1072,14 +1091,31 @@ pub fn seed_fields(field: &Field, abn: [[f64; 3]; 3], m: [f64; 3]) -> ([f64; 3],
             p0[2] + f * (p1[2] - p0[2]),
         ]
     };
+    let segments = [(a, b), (b, n), (m, n)];
+    std::array::from_fn(|k| {
+        let (p0, p1) = segments[k / SEED_FIELD_SAMPLES];
+        let f = ((k % SEED_FIELD_SAMPLES) as f64 + 0.5) / ns;
+        lerp(p0, p1, f)
+    })
+}
+
+/// [`seed_fields`] from the field at its points ([`seed_field_points`]).
+#[inline]
+pub fn seed_fields_of(
+    field: &Field,
+    abn: [[f64; 3]; 3],
+    fields: &[[f64; 3]; SEED_FIELD_POINTS],
+) -> ([f64; 3], [f64; 3]) {
+    let [a, b, n] = abn;
+    let ns = SEED_FIELD_SAMPLES as f64;
     let mut tent = [0.0f64; 3];
     let mut tent_w = 0.0f64;
-    for (p0, p1, rising) in [(a, b, true), (b, n, false)] {
+    for (seg, (p0, p1, rising)) in [(a, b, true), (b, n, false)].into_iter().enumerate() {
         let len = p1[2] - p0[2];
         for i in 0..SEED_FIELD_SAMPLES {
             let f = (i as f64 + 0.5) / ns;
             let w = (if rising { f } else { 1.0 - f }) * len;
-            let bf = field.at(lerp(p0, p1, f));
+            let bf = fields[seg * SEED_FIELD_SAMPLES + i];
             for k in 0..3 {
                 tent[k] += w * bf[k];
             }
@@ -1090,7 +1126,7 @@ pub fn seed_fields(field: &Field, abn: [[f64; 3]; 3], m: [f64; 3]) -> ([f64; 3],
     let mut ramp_w = 0.0f64;
     for i in 0..SEED_FIELD_SAMPLES {
         let f = (i as f64 + 0.5) / ns;
-        let bf = field.at(lerp(m, n, f));
+        let bf = fields[2 * SEED_FIELD_SAMPLES + i];
         for k in 0..3 {
             ramp[k] += f * bf[k];
         }

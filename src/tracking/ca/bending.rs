@@ -172,6 +172,68 @@ pub fn max_field_tesla(
     bound
 }
 
+/// Mean fields a doublet's windows read at its middle hit, per node of a [`PairTents`]:
+/// the pointing tent's three components, then each plane triple's (`s < MAX_REACH`).
+pub const PAIR_FIELDS: usize = 3 + 3 * MAX_REACH;
+
+/// The tables of one doublet plane pair `(i, j)` together: at each node, the pointing
+/// tent's mean field and those of the plane triples `(i, j, j + 1 + s)` (zero where
+/// there is no such tent), so that a lookup finds the cell once for all of them and
+/// interpolates them as one row of [`PAIR_FIELDS`] values. Each value is the one its
+/// [`TentTable::at`] gives, bit for bit (the same nodes, the same arithmetic).
+#[derive(Debug, Clone)]
+pub struct PairTents {
+    t0: [f32; 2],
+    inv_step: [f32; 2],
+    /// Node `(ix, iy)` at `ix * NODES + iy`.
+    b: Vec<[f32; PAIR_FIELDS]>,
+}
+
+impl PairTents {
+    /// The tables of a plane pair, all over the same slopes (`None` for no table: zero).
+    fn new(pointing: Option<&TentTable>, triples: [Option<&TentTable>; MAX_REACH]) -> Option<Self> {
+        let any = pointing.or(triples.iter().flatten().next().copied())?;
+        let mut b = vec![[0.0f32; PAIR_FIELDS]; NODES * NODES];
+        let tables = std::iter::once(pointing).chain(triples);
+        for (k, t) in tables.enumerate() {
+            let Some(t) = t else { continue };
+            assert!(t.t0 == any.t0 && t.inv_step == any.inv_step);
+            for (row, node) in b.iter_mut().zip(&t.b) {
+                row[3 * k..3 * k + 3].copy_from_slice(node);
+            }
+        }
+        Some(PairTents {
+            t0: any.t0,
+            inv_step: any.inv_step,
+            b,
+        })
+    }
+
+    /// Every mean field along the line of slopes `(tx, ty)` from the origin: the cell and
+    /// weights of [`TentTable::at`], found once.
+    #[inline(always)]
+    pub fn at(&self, tx: f32, ty: f32) -> [f32; PAIR_FIELDS] {
+        let top = (NODES - 1) as f32 - 1e-3;
+        let u = ((tx - self.t0[0]) * self.inv_step[0]).max(0.0).min(top);
+        let v = ((ty - self.t0[1]) * self.inv_step[1]).max(0.0).min(top);
+        // Truncation through `u32` (one conversion instruction, where `usize` takes a
+        // branch on x86_64): `u` and `v` are in `[0, NODES - 1)`.
+        let (iu, iv) = (u as u32 as usize, v as u32 as usize);
+        let (fu, fv) = (u - iu as f32, v - iv as f32);
+        // `iu`, `iv` are at most `NODES - 2`: the four nodes are the table's.
+        let k = iu * NODES + iv;
+        let (b00, b01) = (&self.b[k], &self.b[k + 1]);
+        let (b10, b11) = (&self.b[k + NODES], &self.b[k + NODES + 1]);
+        let mut out = [0.0f32; PAIR_FIELDS];
+        for c in 0..PAIR_FIELDS {
+            let lo = b00[c] + fv * (b01[c] - b00[c]);
+            let hi = b10[c] + fv * (b11[c] - b10[c]);
+            out[c] = lo + fu * (hi - lo);
+        }
+        out
+    }
+}
+
 /// The tent tables of a detector: per doublet planes `(i, j)` (`j <= i + MAX_REACH`) the pointing
 /// tent `(origin, i, j)`, per plane triple `(i, j, j + 1 + s)` the triplet's tent; `None`
 /// in a uniform field (the mean is the field) and where there is no such tent.
@@ -182,6 +244,8 @@ pub struct Bending {
     pub pointing: Vec<Option<TentTable>>,
     /// At `(i * n_planes + j) * MAX_REACH + s`.
     pub triple: Vec<Option<TentTable>>,
+    /// The same tables by plane pair, at `i * n_planes + j` (what the windows read).
+    pub pairs: Vec<Option<PairTents>>,
     /// Per plane, `1 / (z - z_origin)` (0 where the plane is not downstream of the origin).
     pub inv_lever: Vec<f32>,
 }
@@ -206,6 +270,7 @@ impl Bending {
             n_planes: n,
             pointing: vec![None; n * n],
             triple: vec![None; n * n * MAX_REACH],
+            pairs: vec![None; n * n],
             inv_lever,
         };
         if field.is_uniform() {
@@ -227,7 +292,19 @@ impl Bending {
                 }
             }
         }
+        for i in 0..n {
+            for j in (i + 1)..(i + 1 + MAX_REACH).min(n) {
+                let triples = std::array::from_fn(|s| b.triple(i, j, s));
+                b.pairs[i * n + j] = PairTents::new(b.pointing(i, j), triples);
+            }
+        }
         b
+    }
+
+    /// The tables of doublet planes `(i, j)` together.
+    #[inline(always)]
+    pub fn pair(&self, i: usize, j: usize) -> Option<&PairTents> {
+        self.pairs.get(i * self.n_planes + j)?.as_ref()
     }
 
     /// The pointing tent's table of doublet planes `(i, j)`.
@@ -317,6 +394,48 @@ mod tests {
                 "{ds} vs {at_mid}"
             );
         }
+    }
+
+    /// The tables of a plane pair looked up together give each table's own lookup, bit
+    /// for bit, and zero where a tent is missing (the last planes have no triples).
+    #[test]
+    fn pair_lookups_are_the_tables_lookups() {
+        let field = map(|z| 0.8 * (-0.5 * ((z - 560.0) / 260.0).powi(2)).exp() - 0.1);
+        let z = [250.0, 330.0, 420.0, 520.0, 630.0];
+        let b = Bending::new(&field, 0.0, &z, [0.3, 0.25]);
+        let mut pairs = 0;
+        for i in 0..z.len() {
+            for j in (i + 1)..(i + 1 + MAX_REACH).min(z.len()) {
+                let p = b
+                    .pair(i, j)
+                    .expect("a pair of planes downstream of the origin");
+                pairs += 1;
+                for (tx, ty) in [
+                    (0.0, 0.0),
+                    (0.11, -0.07),
+                    (-0.29, 0.24),
+                    (5.0, -5.0),
+                    (f32::NAN, 0.1),
+                ] {
+                    let v = p.at(tx, ty);
+                    let d = b.pointing(i, j).map_or([0.0; 3], |t| t.at(tx, ty));
+                    assert_eq!(
+                        v[..3].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                        d.map(f32::to_bits)
+                    );
+                    for s in 0..MAX_REACH {
+                        let g = b.triple(i, j, s).map_or([0.0; 3], |t| t.at(tx, ty));
+                        let got = &v[3 + 3 * s..6 + 3 * s];
+                        assert_eq!(
+                            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                            g.map(f32::to_bits)
+                        );
+                    }
+                }
+            }
+        }
+        assert_eq!(pairs, 3 + 3 + 2 + 1);
+        assert!(b.triple(3, 4, 0).is_none() && b.pair(3, 4).is_some());
     }
 
     #[test]

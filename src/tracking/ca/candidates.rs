@@ -62,16 +62,36 @@ pub fn extract_and_select(
         }
     }
     // Longest first, then by kink chi-square (`total_cmp`), then by index: one integer key
-    // per end triplet.
+    // (chi-square, index) per end triplet, sorted, then placed by level (a counting sort,
+    // stable: levels are few).
     let keys = &mut buf.order_keys;
     keys.clear();
+    let mut max_level = 0;
     keys.extend(buf.order.iter().map(|&t| {
-        let level = (u16::MAX - buf.level[t as usize]) as u128;
-        level << 64 | (total_key(buf.triplets[t as usize].chi2) as u128) << 32 | t as u128
+        max_level = max_level.max(buf.level[t as usize]);
+        (total_key(buf.triplets[t as usize].chi2) as u64) << 32 | t as u64
     }));
     keys.sort_unstable();
-    for (o, &k) in buf.order.iter_mut().zip(keys.iter()) {
-        *o = k as u32;
+    let level = |k: u64| buf.level[k as u32 as usize];
+    if (max_level as usize) < MAX_CHAIN {
+        // Position of each level's first end triplet, longest first.
+        let mut first = [0u32; MAX_CHAIN + 1];
+        for &k in keys.iter() {
+            first[max_level as usize - level(k) as usize + 1] += 1;
+        }
+        for b in 1..first.len() {
+            first[b] += first[b - 1];
+        }
+        for &k in keys.iter() {
+            let b = &mut first[max_level as usize - level(k) as usize];
+            buf.order[*b as usize] = k as u32;
+            *b += 1;
+        }
+    } else {
+        keys.sort_unstable_by_key(|&k| (std::cmp::Reverse(level(k)), k));
+        for (o, &k) in buf.order.iter_mut().zip(keys.iter()) {
+            *o = k as u32;
+        }
     }
     let mut fit_ns = 0u64;
     let mut pending_from = buf.candidates.len();

@@ -14,7 +14,7 @@
 use super::cuts::FinderConfig;
 use super::{CaBuffers, FinderGeometry};
 use crate::tracking::kalman::tri;
-use crate::tracking::propagate::{propagate, K_GEV_PER_T_MM};
+use crate::tracking::propagate::{propagate_state, K_GEV_PER_T_MM};
 
 /// Longest Runge-Kutta step of the comparison with the longer track's trajectory, mm (the
 /// fit's own step where it is longer, as in a uniform field). Across the shipped field
@@ -109,9 +109,8 @@ pub fn suppress_clones(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuf
             for &hb in hits_b {
                 let hb = hb as usize;
                 let zt = geo.planes[buf.hits.plane[hb] as usize].z_mm;
-                let (s2, _) = propagate(&geo.field, z, s, zt, step_mm);
+                s = propagate_state(&geo.field, z, s, zt, step_mm);
                 z = zt;
-                s = s2;
                 if (s[0] - buf.hits.x_mm[hb] as f64).abs() > cfg.clone_window_mm
                     || (s[1] - buf.hits.y_mm[hb] as f64).abs() > cfg.clone_window_mm
                 {
@@ -135,6 +134,7 @@ mod tests {
     use super::*;
     use crate::tracking::ca::Candidate;
     use crate::tracking::kalman::FitOutput;
+    use crate::tracking::propagate::propagate;
     use crate::tracking::reco::synthetic::detector;
 
     /// Tracks at the momentum cut from the origin across the shipped field maps, as the

@@ -601,7 +601,7 @@ pub struct CaBuffers {
     pub ending: Vec<u32>,
     /// Candidate order for extraction, and its sort keys.
     pub order: Vec<u32>,
-    pub order_keys: Vec<u128>,
+    pub order_keys: Vec<u64>,
     pub overflow: Overflow,
     pub scratch_u32: Vec<u32>,
     pub scratch_u64: Vec<u64>,

@@ -317,15 +317,20 @@ fn tent_fields(
         return (b, [b; MAX_REACH]);
     }
     let bend = &geo.bending;
+    let Some(tents) = bend.pair(pa, pb) else {
+        return ([0.0; 3], [[0.0; 3]; MAX_REACH]);
+    };
     let inv = bend.inv_lever[pb];
-    let (tx, ty) = (xb * inv, yb * inv);
-    let bd = bend.pointing(pa, pb).map_or([0.0; 3], |t| t.at(tx, ty));
-    let mut bg = [[0.0f32; 3]; MAX_REACH];
-    for (s, b) in bg.iter_mut().enumerate().take(cuts.reach as usize) {
-        if let Some(t) = bend.triple(pa, pb, s) {
-            *b = t.at(tx, ty);
+    let v = tents.at(xb * inv, yb * inv);
+    let bd = [v[0], v[1], v[2]];
+    // The triples past the reach stay zero.
+    let bg = std::array::from_fn(|s| {
+        if s < cuts.reach as usize {
+            [v[3 + 3 * s], v[4 + 3 * s], v[5 + 3 * s]]
+        } else {
+            [0.0; 3]
         }
-    }
+    });
     (bd, bg)
 }
 
@@ -405,6 +410,10 @@ pub struct Rights {
     t2: Vec<[u32; 2]>,
     xb: Vec<f32>,
     yb: Vec<f32>,
+    /// Per middle hit with right doublets (by `h - first`): the pointing and first
+    /// triplet tents' mean fields there ([`tent_fields`]), looked up once for its back
+    /// boxes and its pairs.
+    fields: Vec<[f32; 6]>,
     boxes: [Vec<f32>; 4],
     /// First and last column, first and last row.
     cells: [Vec<u16>; 4],
@@ -448,15 +457,22 @@ impl Rights {
         sh: &SortedHits,
     ) {
         let n = self.ids.len();
-        // The middle hit of each right doublet.
+        // The middle hit of each right doublet, and the fields there.
         self.xb.clear();
         self.yb.clear();
+        self.fields.clear();
+        self.fields.resize(self.start.len() - 1, [0.0; 6]);
         for (k, w) in self.start.windows(2).enumerate() {
             let m = (w[1] - w[0]) as usize;
             let h = self.first + k;
             self.xb.extend(std::iter::repeat_n(sh.x_mm[h], m));
             self.yb.extend(std::iter::repeat_n(sh.y_mm[h], m));
+            if m > 0 {
+                let (bd, bg) = tent_fields(geo, cuts, back.planes, sh.x_mm[h], sh.y_mm[h]);
+                self.fields[k] = [bd[0], bd[1], bd[2], bg[0][0], bg[0][1], bg[0][2]];
+            }
         }
+        let mut group = 0;
         let g = &geo.planes[i];
         for b in self.boxes.iter_mut() {
             b.clear();
@@ -467,7 +483,15 @@ impl Rights {
             let (tx, ty) = (self.lanes.tx[r], self.lanes.ty[r]);
             let (x0, x1) = back.bounds(xb as f64, tx, back.w[0]);
             let (y0, y1) = back.bounds(yb as f64, ty, back.w[1]);
-            let [wx, wy] = back.local_widths(geo, cuts, xb, yb, [x0, x1, y0, y1]);
+            let [wx, wy] = if back.qkh != 0.0 {
+                // The middle hit's group (`start` is increasing).
+                while self.start[group + 1] as usize <= r {
+                    group += 1;
+                }
+                back.local_widths(xb, yb, &self.fields[group], [x0, x1, y0, y1])
+            } else {
+                back.w
+            };
             let ((x0, x1), (y0, y1)) = (
                 back.bounds(xb as f64, tx, wx),
                 back.bounds(yb as f64, ty, wy),
@@ -912,24 +936,17 @@ impl BackWindow {
 
     /// The half widths for the middle hit at `(xb, yb)` whose box with the largest widths
     /// is `wide` (`[x0, x1, y0, y1]`): the difference of the tents' bending taken at the
-    /// middle hit (where the window looks the tents up, [`tent_fields`]) and at the
-    /// largest slopes of the doublets from that box to it, instead of the largest over
+    /// middle hit (`field`: the pointing and first triplet tents' mean fields there, as the
+    /// window looks them up, [`tent_fields`]) and at the largest slopes of the doublets from that box to it, instead of the largest over
     /// the acceptance. Every hit whose doublet's window can hold the right doublet lies in
     /// the wide box, so its slopes are among those.
     #[inline(always)]
-    fn local_widths(
-        &self,
-        geo: &FinderGeometry,
-        cuts: &Cuts,
-        xb: f32,
-        yb: f32,
-        wide: [f32; 4],
-    ) -> [f64; 2] {
+    fn local_widths(&self, xb: f32, yb: f32, field: &[f32; 6], wide: [f32; 4]) -> [f64; 2] {
         if self.qkh == 0.0 {
             return self.w;
         }
-        let (bd, bg) = tent_fields(geo, cuts, self.planes, xb, yb);
-        let db: [f64; 3] = std::array::from_fn(|c| (bg[0][c] as f64 - bd[c] as f64).abs());
+        // The pointing tent's field, then the first triplet tent's ([`tent_fields`]).
+        let db: [f64; 3] = std::array::from_fn(|c| (field[3 + c] as f64 - field[c] as f64).abs());
         let slope = |v: f32, lo: f32, hi: f32, c: usize| {
             let (a, b) = (
                 (v as f64 - hi as f64) / self.dz,
@@ -1110,8 +1127,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                     continue;
                 }
                 let (xb, yb) = (sh.x_mm[b], sh.y_mm[b]);
-                let (bd, bg) = tent_fields(geo, &cuts, (i, j), xb, yb);
-                let field = [bd[0], bd[1], bd[2], bg[0][0], bg[0][1], bg[0][2]];
+                let field = rights.fields[b - fj];
                 let mut emit = |a: usize| {
                     if marks[a] == b as u32 {
                         return;
