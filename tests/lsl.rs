@@ -14,10 +14,19 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::{http_get, metric_sum, read_jsonl, root, Daemon};
 use serde_json::Value;
+
+/// The tests play in real time and judge gaps by time stamps: one at a time, so that on a
+/// small machine one test's amplifier and daemon do not starve another's.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn fx(name: &str) -> String {
     root().join("fixtures/eeg").join(name).display().to_string()
@@ -175,6 +184,7 @@ fn same_decision(lsl: &Value, file: &Value) {
 
 #[test]
 fn an_lsl_stream_is_decided_as_the_file_replay_and_markers_reach_a_pylsl_inlet() {
+    let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let cfg = lsl_config(dir.path(), "same");
     require_pylsl(&cfg);
@@ -259,6 +269,7 @@ fn an_lsl_stream_is_decided_as_the_file_replay_and_markers_reach_a_pylsl_inlet()
 
 #[test]
 fn an_outlet_that_stops_and_restarts_is_recovered_and_the_gap_counted() {
+    let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let cfg = lsl_config(dir.path(), "restart");
     require_pylsl(&cfg);
@@ -359,6 +370,7 @@ fn an_outlet_that_stops_and_restarts_is_recovered_and_the_gap_counted() {
 
 #[test]
 fn a_stream_missing_a_lead_field_channel_is_refused_naming_it() {
+    let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let cfg = lsl_config(dir.path(), "missing");
     require_pylsl(&cfg);
@@ -387,6 +399,7 @@ fn a_stream_missing_a_lead_field_channel_is_refused_naming_it() {
 
 #[test]
 fn without_liblsl_an_lsl_input_says_how_to_install_it() {
+    let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let mut args = vec!["run".to_string()];
     args.extend(eeg_args(&[
@@ -413,6 +426,7 @@ fn without_liblsl_an_lsl_input_says_how_to_install_it() {
 
 #[test]
 fn trigd_send_plays_the_edf_as_an_lsl_amplifier_at_the_recorded_rate() {
+    let _serial = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let cfg = lsl_config(dir.path(), "send");
     require_pylsl(&cfg);
