@@ -323,7 +323,14 @@ fn an_outlet_that_stops_and_restarts_is_recovered_and_the_gap_counted() {
 
     got.sort_by_key(|r| r["seq"].as_u64());
     let seqs: Vec<u64> = got.iter().map(|d| d["seq"].as_u64().unwrap()).collect();
-    assert_eq!(seqs, [0, 1, 2, 6, 7], "{got:?}");
+    // The 128 missing samples are counted from the time stamps, whose clock correction is
+    // estimated anew on the restarted outlet's connection: the count may be off by one
+    // sample (seen: 129), and 129 missing samples span five blocks instead of four.
+    let spanned = seqs[3] - 2;
+    assert!(
+        seqs[..3] == [0, 1, 2] && (4..=5).contains(&spanned) && seqs[4] == seqs[3] + 1,
+        "{seqs:?}: {got:?}"
+    );
     same_decision(&got[0], &reference[0]);
     same_decision(&got[1], &reference[1]);
     assert_eq!(got[2]["outcome"], "dropped");
@@ -333,11 +340,20 @@ fn an_outlet_that_stops_and_restarts_is_recovered_and_the_gap_counted() {
     }
     let src = [("source", "lsl://name=amp")];
     assert_eq!(metric_sum(&text, "trigd_stream_gaps_total", &src), 1.0);
-    assert_eq!(
-        metric_sum(&text, "trigd_stream_gap_samples_total", &src),
-        128.0
+    let missing = metric_sum(&text, "trigd_stream_gap_samples_total", &src);
+    assert!(
+        (127.0..=129.0).contains(&missing),
+        "{missing} samples missing"
     );
-    assert_eq!(metric_sum(&text, "trigd_sequence_gaps_total", &src), 4.0);
+    assert_eq!(
+        metric_sum(&text, "trigd_sequence_gaps_total", &src),
+        spanned as f64
+    );
+    assert_eq!(
+        spanned,
+        (missing as u64).div_ceil(32),
+        "blocks the gap spans"
+    );
     assert_eq!(
         metric_sum(
             &text,

@@ -139,8 +139,12 @@ def main():
     restarted_at = None
     while i < n:
         if args.pause_at is not None and i == args.pause_at and restarted_at is None:
+            # liblsl sends pushed samples from its own threads: give it time to send the
+            # last ones before the outlet goes (the test wants blocks before the pause whole).
+            linger = min(0.3, args.pause_s)
+            time.sleep(linger)
             del outlet
-            time.sleep(args.pause_s)
+            time.sleep(args.pause_s - linger)
             i += args.skip
             restarted_at = i
             outlet = make_outlet(args, labels, rate)

@@ -85,6 +85,9 @@ fn recording_shape(rec: &crate::recording::Recording) -> anyhow::Result<(usize, 
     Ok((b.n_channels(), b.header.sample_rate_hz.get()))
 }
 
+/// How long the outlet stays open after the last sample, for liblsl to send what it holds.
+const LINGER_S: f64 = 0.5;
+
 /// Plays `path` (EDF/BDF, or a native recording of EEG blocks with `channels` naming its
 /// channels) as the LSL stream `url` until the end or `stop`.
 pub fn play(
@@ -205,10 +208,20 @@ pub fn play(
             i += 1;
         }
     }
+    // liblsl sends pushed samples from its own threads: an outlet destroyed at once can take
+    // the last ones with it. Linger while a consumer is connected, at most half a second.
+    let seconds = ffi::local_clock(api) - t0;
+    let linger_until = ffi::local_clock(api) + LINGER_S;
+    while ffi::local_clock(api) < linger_until
+        && outlet.have_consumers()
+        && !stop.load(Ordering::Relaxed)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     Ok(PlaySummary {
         samples: i,
         channels: n_ch,
         rate_hz,
-        seconds: ffi::local_clock(api) - t0,
+        seconds,
     })
 }
