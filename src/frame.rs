@@ -403,6 +403,22 @@ pub fn encode_hit_event(out: &mut Vec<u8>, stamp: Stamp, hits: &[HitRecord]) {
     encode_frame(out, FrameKind::HitEvent, stamp, &payload);
 }
 
+/// The payload header of an EEG block.
+fn eeg_header(
+    n_channels: usize,
+    n_samples: usize,
+    sample_rate_hz: f64,
+    first_sample: u64,
+) -> EegBlockHeader {
+    EegBlockHeader {
+        n_channels: (n_channels as u16).into(),
+        reserved: 0.into(),
+        n_samples: (n_samples as u32).into(),
+        sample_rate_hz: sample_rate_hz.into(),
+        first_sample: first_sample.into(),
+    }
+}
+
 /// Encodes an EEG block frame into `out` (appending). `samples` is channel-major,
 /// `n_channels * n_samples` long.
 pub fn encode_eeg_block(
@@ -420,14 +436,7 @@ pub fn encode_eeg_block(
     let n_samples = samples.len() / n_channels;
     let mut payload = Vec::with_capacity(EEG_HEADER_LEN + samples.len() * 4);
     payload.extend_from_slice(
-        EegBlockHeader {
-            n_channels: (n_channels as u16).into(),
-            reserved: 0.into(),
-            n_samples: (n_samples as u32).into(),
-            sample_rate_hz: sample_rate_hz.into(),
-            first_sample: first_sample.into(),
-        }
-        .as_bytes(),
+        eeg_header(n_channels, n_samples, sample_rate_hz, first_sample).as_bytes(),
     );
     for v in samples {
         payload.extend_from_slice(&v.to_le_bytes());
@@ -453,14 +462,7 @@ pub fn encode_eeg_block_in_place(
     out.clear();
     out.resize(HEADER_LEN, 0);
     out.extend_from_slice(
-        EegBlockHeader {
-            n_channels: (n_channels as u16).into(),
-            reserved: 0.into(),
-            n_samples: (n_samples as u32).into(),
-            sample_rate_hz: sample_rate_hz.into(),
-            first_sample: first_sample.into(),
-        }
-        .as_bytes(),
+        eeg_header(n_channels, n_samples, sample_rate_hz, first_sample).as_bytes(),
     );
     for v in samples {
         out.extend_from_slice(&v.to_le_bytes());

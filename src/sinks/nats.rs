@@ -57,6 +57,27 @@ pub fn decision_msg_id(d: &Decision) -> Option<String> {
     }
 }
 
+/// Connects to the server of `url` and creates its output stream (limits retention,
+/// subjects `STREAM.>`) if missing; the JetStream context and the stream's name.
+fn open_stream(
+    url: &NatsUrl,
+    duplicate_window: std::time::Duration,
+    connect_retry: std::time::Duration,
+) -> Result<(jetstream::Context, String), farm::FarmError> {
+    let stream = url.stream()?.to_string();
+    let client = farm::connect(url, connect_retry)?;
+    let js = farm::js_context(client);
+    farm::runtime().block_on(farm::ensure_stream(
+        &js,
+        &StreamSpec {
+            name: stream.clone(),
+            work_queue: false,
+            duplicate_window,
+        },
+    ))?;
+    Ok((js, stream))
+}
+
 impl NatsSink {
     /// Connects and creates the stream (limits retention, subjects `STREAM.>`) if missing.
     pub fn connect(
@@ -64,17 +85,7 @@ impl NatsSink {
         duplicate_window: std::time::Duration,
         connect_retry: std::time::Duration,
     ) -> Result<Self, farm::FarmError> {
-        let stream = url.stream()?.to_string();
-        let client = farm::connect(url, connect_retry)?;
-        let js = farm::js_context(client);
-        farm::runtime().block_on(farm::ensure_stream(
-            &js,
-            &StreamSpec {
-                name: stream.clone(),
-                work_queue: false,
-                duplicate_window,
-            },
-        ))?;
+        let (js, stream) = open_stream(url, duplicate_window, connect_retry)?;
         let workloads = [Workload::Multiplicity, Workload::Tracking, Workload::Eeg];
         let mut subjects = vec![String::new(); workloads.len() * Outcome::ALL.len()];
         for w in workloads {
@@ -177,17 +188,7 @@ impl NatsAccepted {
         duplicate_window: std::time::Duration,
         connect_retry: std::time::Duration,
     ) -> Result<Self, farm::FarmError> {
-        let stream = url.stream()?.to_string();
-        let client = farm::connect(url, connect_retry)?;
-        let js = farm::js_context(client);
-        farm::runtime().block_on(farm::ensure_stream(
-            &js,
-            &StreamSpec {
-                name: stream.clone(),
-                work_queue: false,
-                duplicate_window,
-            },
-        ))?;
+        let (js, stream) = open_stream(url, duplicate_window, connect_retry)?;
         Ok(Self {
             js,
             subject: farm::frame_subject(&stream),
