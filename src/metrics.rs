@@ -359,6 +359,7 @@ pub struct Metrics {
     nats_acked: IntCounterVec,
     nats_redelivered: IntCounterVec,
     nats_consumer: IntGaugeVec,
+    tracking_overflow: IntCounterVec,
     stream_gaps: IntCounterVec,
     stream_gap_samples: IntCounterVec,
     lsl_marker_latency: Histogram,
@@ -551,6 +552,13 @@ impl Metrics {
             "Frames a NATS input received that the server had delivered before (to this node or another).",
             ["source"]
         );
+        let tracking_overflow = family!(
+            &r,
+            IntCounterVec,
+            "trigd_tracking_overflow_total",
+            "Events the GPU tracking handed back to the CPU finder, by the step whose per-event limit or batch arena they exceeded (hits, doublets, triplets, neighbours, candidates, tracks).",
+            ["step"]
+        );
         let nats_consumer = family!(
             &r,
             IntGaugeVec,
@@ -641,6 +649,7 @@ impl Metrics {
             nats_acked,
             nats_redelivered,
             nats_consumer,
+            tracking_overflow,
             stream_gaps,
             stream_gap_samples,
             lsl_marker_latency,
@@ -653,6 +662,12 @@ impl Metrics {
     /// The registry, to add process or custom collectors.
     pub fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    /// `trigd_tracking_overflow_total{step}`: events of the GPU tracking that `step` handed
+    /// back to the CPU finder.
+    pub fn tracking_overflow(&self, step: &str) -> IntCounter {
+        self.tracking_overflow.with_label_values(&[step])
     }
 
     /// Handles of a NATS input's metrics (resolved once, exported at 0).

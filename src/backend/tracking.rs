@@ -144,102 +144,109 @@ impl TracksWriter {
 /// CPU tracking backend of one worker.
 pub struct CpuTracking {
     reco: Reconstructor,
-    lines: Vec<LineConfig>,
-    multiplicity: Option<MultiplicityConfig>,
-    names: Vec<String>,
+    decider: Decider,
     hits: Vec<HitRecord>,
     tracks: Vec<Track>,
-    track_of_hit: Vec<u32>,
-    tracks_out: Option<Arc<Mutex<TracksWriter>>>,
 }
 
 impl CpuTracking {
     pub fn new(setup: &TrackingSetup) -> Self {
         Self {
             reco: Reconstructor::new(&setup.detector, setup.finder.clone()),
-            lines: setup.config.lines.clone(),
-            multiplicity: setup.multiplicity,
-            names: setup.line_names(),
+            decider: Decider::new(setup),
             hits: Vec::with_capacity(4096),
             tracks: Vec::with_capacity(2048),
-            track_of_hit: Vec::with_capacity(4096),
-            tracks_out: setup.tracks_out.clone(),
         }
     }
 }
 
-impl Backend for CpuTracking {
-    fn kind(&self) -> BackendKind {
-        BackendKind::Cpu
+/// Copies a frame's wire hits into `out` (replacing it).
+pub(crate) fn copy_hits(hits: &[crate::frame::Hit], out: &mut Vec<HitRecord>) {
+    out.clear();
+    out.extend(hits.iter().map(|h| HitRecord {
+        x_mm: h.x_mm.get(),
+        y_mm: h.y_mm.get(),
+        z_mm: h.z_mm.get(),
+        plane: h.plane.get(),
+        hit_id: h.hit_id.get(),
+    }));
+}
+
+/// What both tracking backends do with an event's tracks: the trigger lines (and the
+/// multiplicity line), the verdict's detail, and the event's rows of `--tracks-out`.
+pub(crate) struct Decider {
+    lines: Vec<LineConfig>,
+    multiplicity: Option<MultiplicityConfig>,
+    names: Vec<String>,
+    track_of_hit: Vec<u32>,
+    tracks_out: Option<Arc<Mutex<TracksWriter>>>,
+}
+
+impl Decider {
+    pub(crate) fn new(setup: &TrackingSetup) -> Self {
+        Self {
+            lines: setup.config.lines.clone(),
+            multiplicity: setup.multiplicity,
+            names: setup.line_names(),
+            track_of_hit: Vec::with_capacity(4096),
+            tracks_out: setup.tracks_out.clone(),
+        }
     }
-    fn line_names(&self) -> &[String] {
+
+    pub(crate) fn names(&self) -> &[String] {
         &self.names
     }
-    fn process(
+
+    /// The verdict of event `sequence` (its wire hits, the same hits copied, its tracks).
+    pub(crate) fn decide(
         &mut self,
-        batch: &[FrameView<'_>],
-        out: &mut Vec<Verdict>,
-    ) -> Result<(), BackendError> {
-        for (index, f) in batch.iter().enumerate() {
-            let Payload::Hits(hits) = f.payload else {
-                return Err(BackendError::WrongKind {
-                    index,
-                    expected: "hit_event",
-                });
-            };
-            self.hits.clear();
-            self.hits.extend(hits.iter().map(|h| HitRecord {
-                x_mm: h.x_mm.get(),
-                y_mm: h.y_mm.get(),
-                z_mm: h.z_mm.get(),
-                plane: h.plane.get(),
-                hit_id: h.hit_id.get(),
-            }));
-            self.tracks.clear();
-            self.reco.reconstruct(&self.hits, &mut self.tracks);
-            let mut mask = 0u64;
-            let mut shift = 0;
-            if let Some(m) = &self.multiplicity {
-                let (n_hits, n_planes) = super::multiplicity::count(hits);
-                mask |= super::multiplicity::fires(m, n_hits, n_planes) as u64;
-                shift = 1;
-            }
-            mask |= lines::evaluate(&self.lines, &self.tracks) << shift;
-            let max_p_gev = self
-                .tracks
-                .iter()
-                .map(|t| t.state.p_gev())
-                .filter(|p| p.is_finite())
-                .fold(0.0f32, f32::max);
-            if let Some(w) = &self.tracks_out {
-                self.track_of_hit.clear();
-                self.track_of_hit.resize(self.hits.len(), 0);
-                for (k, t) in self.tracks.iter().enumerate() {
-                    for &h in &t.hits {
-                        if let Some(slot) = self.track_of_hit.get_mut(h as usize) {
-                            *slot = k as u32 + 1;
-                        }
+        sequence: u64,
+        wire: &[crate::frame::Hit],
+        hits: &[HitRecord],
+        tracks: &[Track],
+    ) -> Result<Verdict, BackendError> {
+        let mut mask = 0u64;
+        let mut shift = 0;
+        if let Some(m) = &self.multiplicity {
+            let (n_hits, n_planes) = super::multiplicity::count(wire);
+            mask |= super::multiplicity::fires(m, n_hits, n_planes) as u64;
+            shift = 1;
+        }
+        mask |= lines::evaluate(&self.lines, tracks) << shift;
+        let max_p_gev = tracks
+            .iter()
+            .map(|t| t.state.p_gev())
+            .filter(|p| p.is_finite())
+            .fold(0.0f32, f32::max);
+        if let Some(w) = &self.tracks_out {
+            self.track_of_hit.clear();
+            self.track_of_hit.resize(hits.len(), 0);
+            for (k, t) in tracks.iter().enumerate() {
+                for &h in &t.hits {
+                    if let Some(slot) = self.track_of_hit.get_mut(h as usize) {
+                        *slot = k as u32 + 1;
                     }
                 }
-                let mut w = w
-                    .lock()
-                    .map_err(|_| BackendError::Failed("tracks writer poisoned".into()))?;
-                w.write_event(f.sequence(), &self.hits, &self.track_of_hit)
-                    .map_err(|e| BackendError::Failed(format!("writing tracks: {e}")))?;
             }
-            out.push(Verdict {
-                accept: mask != 0,
-                lines_fired: mask,
-                detail: Detail::Tracking {
-                    n_tracks: self.tracks.len() as u32,
-                    max_p_gev,
-                },
-                malformed: None,
-            });
+            let mut w = w
+                .lock()
+                .map_err(|_| BackendError::Failed("tracks writer poisoned".into()))?;
+            w.write_event(sequence, hits, &self.track_of_hit)
+                .map_err(|e| BackendError::Failed(format!("writing tracks: {e}")))?;
         }
-        Ok(())
+        Ok(Verdict {
+            accept: mask != 0,
+            lines_fired: mask,
+            detail: Detail::Tracking {
+                n_tracks: tracks.len() as u32,
+                max_p_gev,
+            },
+            malformed: None,
+        })
     }
-    fn reload(&mut self, cfg: &Config) -> Result<(), String> {
+
+    /// New thresholds (SIGHUP); the lines' names and order must stay.
+    pub(crate) fn reload(&mut self, cfg: &Config) -> Result<(), String> {
         let tc = TrackingConfig::from_config(cfg).map_err(|e| format!("{e:#}"))?;
         let new_names: Vec<String> = cfg
             .multiplicity
@@ -257,11 +264,49 @@ impl Backend for CpuTracking {
         self.multiplicity = cfg.multiplicity;
         Ok(())
     }
-    fn finish(&mut self) -> Result<(), String> {
+
+    pub(crate) fn finish(&mut self) -> Result<(), String> {
         if let Some(w) = &self.tracks_out {
             let mut w = w.lock().map_err(|_| "tracks writer poisoned".to_string())?;
             w.finish().map_err(|e| format!("{e:#}"))?;
         }
         Ok(())
+    }
+}
+
+impl Backend for CpuTracking {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cpu
+    }
+    fn line_names(&self) -> &[String] {
+        self.decider.names()
+    }
+    fn process(
+        &mut self,
+        batch: &[FrameView<'_>],
+        out: &mut Vec<Verdict>,
+    ) -> Result<(), BackendError> {
+        for (index, f) in batch.iter().enumerate() {
+            let Payload::Hits(hits) = f.payload else {
+                return Err(BackendError::WrongKind {
+                    index,
+                    expected: "hit_event",
+                });
+            };
+            copy_hits(hits, &mut self.hits);
+            self.tracks.clear();
+            self.reco.reconstruct(&self.hits, &mut self.tracks);
+            out.push(
+                self.decider
+                    .decide(f.sequence(), hits, &self.hits, &self.tracks)?,
+            );
+        }
+        Ok(())
+    }
+    fn reload(&mut self, cfg: &Config) -> Result<(), String> {
+        self.decider.reload(cfg)
+    }
+    fn finish(&mut self) -> Result<(), String> {
+        self.decider.finish()
     }
 }

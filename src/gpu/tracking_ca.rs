@@ -100,10 +100,11 @@ use crate::tracking::propagate::K_GEV_PER_T_MM;
 
 /// The kernels of the steps, one file each, compiled together as one module.
 const COMMON: &str = include_str!("../../kernels/ca_common.cuh");
-const STEPS: [&str; 5] = [
+const STEPS: [&str; 6] = [
     include_str!("../../kernels/ca_hit_sorting.cu"),
     include_str!("../../kernels/ca_doublets.cu"),
     include_str!("../../kernels/ca_triplets.cu"),
+    include_str!("../../kernels/ca_dead_ends.cu"),
     include_str!("../../kernels/ca_neighbours.cu"),
     include_str!("../../kernels/ca_evolution.cu"),
 ];
@@ -190,11 +191,11 @@ impl Default for CaLimits {
 impl CaLimits {
     /// Bytes of device memory for the arenas, with `n_bins` grid cells per event.
     pub fn device_bytes(&self, n_bins: usize) -> usize {
-        4 * (11 * self.max_hits
+        4 * (12 * self.max_hits
             + 3 * self.max_events * (n_bins + 1)
             + 12 * self.max_events
-            + 10 * self.max_doublets
-            + 12 * self.max_triplets
+            + 11 * self.max_doublets
+            + 20 * self.max_triplets
             + self.max_neighbours)
     }
 
@@ -393,6 +394,71 @@ pub struct CaEventResult {
 }
 
 impl CaEventResult {
+    /// The first difference between these arrays and the CPU finder's of the same pass
+    /// (`cpu` after its steps), if any: the sorted hits, the doublets and triplets (as
+    /// sets first, for a clearer message, then in order, floats to the bit), the
+    /// neighbour links and the levels.
+    pub fn difference(&self, cpu: &crate::tracking::ca::CaBuffers) -> Option<String> {
+        fn first<T: PartialEq + std::fmt::Debug>(what: &str, a: &[T], b: &[T]) -> Option<String> {
+            if a.len() != b.len() {
+                return Some(format!(
+                    "{what}: {} on the GPU, {} on the CPU",
+                    a.len(),
+                    b.len()
+                ));
+            }
+            let k = a.iter().zip(b).position(|(x, y)| x != y)?;
+            Some(format!("{what}[{k}]: GPU {:?}, CPU {:?}", a[k], b[k]))
+        }
+        let dbl = |d: &Doublet| (d.a, d.b, d.tx.to_bits(), d.ty.to_bits());
+        let trip = |t: &Triplet| {
+            (
+                t.left,
+                t.right,
+                t.qop.to_bits(),
+                t.qop_sigma.to_bits(),
+                t.chi2.to_bits(),
+            )
+        };
+        let sorted = |mut v: Vec<(u32, u32)>| {
+            v.sort_unstable();
+            v
+        };
+        let cpu_gap: Vec<u32> = cpu.dbl_lanes.gap.iter().map(|&g| g as u32).collect();
+        first("input_index", &self.input_index, &cpu.hits.input_index)
+            .or_else(|| first("bin_start", &self.bin_start, &cpu.hits.bin_start))
+            .or_else(|| {
+                first(
+                    "doublet (a, b) set",
+                    &sorted(self.doublets.iter().map(|d| (d.a, d.b)).collect()),
+                    &sorted(cpu.doublets.iter().map(|d| (d.a, d.b)).collect()),
+                )
+            })
+            .or_else(|| {
+                let g: Vec<_> = self.doublets.iter().map(dbl).collect();
+                let c: Vec<_> = cpu.doublets.iter().map(dbl).collect();
+                first("doublets", &g, &c)
+            })
+            .or_else(|| first("gap", &self.gap, &cpu_gap))
+            .or_else(|| first("dbl_start", &self.dbl_start, &cpu.dbl_start))
+            .or_else(|| {
+                first(
+                    "triplet (left, right) set",
+                    &sorted(self.triplets.iter().map(|t| (t.left, t.right)).collect()),
+                    &sorted(cpu.triplets.iter().map(|t| (t.left, t.right)).collect()),
+                )
+            })
+            .or_else(|| {
+                let g: Vec<_> = self.triplets.iter().map(trip).collect();
+                let c: Vec<_> = cpu.triplets.iter().map(trip).collect();
+                first("triplets", &g, &c)
+            })
+            .or_else(|| first("left_start", &self.left_start, &cpu.left_start))
+            .or_else(|| first("left", &self.left, &cpu.left))
+            .or_else(|| first("has_right", &self.has_right, &cpu.has_right))
+            .or_else(|| first("level", &self.level, &cpu.level))
+    }
+
     /// Every array as 32-bit words (floats by their bits), for comparisons to the bit.
     pub fn to_words(&self) -> Vec<u32> {
         let mut w = Vec::new();
@@ -435,6 +501,56 @@ struct Kernels {
     neighbours_sort_ending: CudaFunction,
     neighbours: CudaFunction,
     evolution: CudaFunction,
+    dead_ends_clear: CudaFunction,
+    dead_ends: CudaFunction,
+    dead_ends_gather: CudaFunction,
+    dead_ends_copy_back: CudaFunction,
+}
+
+/// A pass's tables on the device (reach-dependent windows and cuts; see [`CaTables`]).
+struct DeviceTables {
+    tables: CaTables,
+    plane_f32: DeviceBuffer<f32>,
+    plane_i32: DeviceBuffer<i32>,
+    plane_f64: DeviceBuffer<f64>,
+    pair_f32: DeviceBuffer<f32>,
+    pair_i32: DeviceBuffer<i32>,
+    tents: DeviceBuffer<f32>,
+    globals: DeviceBuffer<f32>,
+}
+
+impl DeviceTables {
+    fn new(ctx: &Arc<CudaContext>, tables: CaTables) -> Result<Self, GpuError> {
+        let tents = if tables.tents.is_empty() {
+            vec![0.0f32; TENT_FLOATS]
+        } else {
+            tables.tents.clone()
+        };
+        Ok(DeviceTables {
+            plane_f32: DeviceBuffer::from_host(ctx, &tables.plane_f32)?,
+            plane_i32: DeviceBuffer::from_host(ctx, &tables.plane_i32)?,
+            plane_f64: DeviceBuffer::from_host(ctx, &tables.plane_f64)?,
+            pair_f32: DeviceBuffer::from_host(ctx, &tables.pair_f32)?,
+            pair_i32: DeviceBuffer::from_host(ctx, &tables.pair_i32)?,
+            tents: DeviceBuffer::from_host(ctx, &tents)?,
+            globals: DeviceBuffer::from_host(ctx, &tables.globals)?,
+            tables,
+        })
+    }
+}
+
+/// What one pass of the steps does beyond the full search on the event's hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PassOptions {
+    /// Which of the engine's passes (its tables, in the order of the reaches given to
+    /// [`GpuCaEngine::with_passes`]).
+    pub pass: usize,
+    /// Drop the triplets whose chains cannot reach the last plane or leave the detector
+    /// from this plane on ([`crate::tracking::ca::triplets::prune_dead_ends`]).
+    pub dead_ends_from_plane: Option<usize>,
+    /// Skip the hits marked used (the tracks of the earlier pass): a later pass on the
+    /// hits already sorted, with no new copy of hits.
+    pub skip_used: bool,
 }
 
 /// A kernel argument, passed by address to the driver.
@@ -494,6 +610,19 @@ struct Arenas {
     ending: DeviceBuffer<u32>,
     level: DeviceBuffer<u32>,
     left: DeviceBuffer<u32>,
+    /// Per sorted hit: taken by a track of an earlier pass.
+    used: DeviceBuffer<u32>,
+    /// Dead ends: per doublet, continued by a kept triplet; per triplet, kept and its
+    /// place among the kept; the kept triplets' second arrays.
+    continues: DeviceBuffer<u32>,
+    keep: DeviceBuffer<u32>,
+    koff: DeviceBuffer<u32>,
+    k_left: DeviceBuffer<u32>,
+    k_right: DeviceBuffer<u32>,
+    k_qop: DeviceBuffer<f32>,
+    k_sigma: DeviceBuffer<f32>,
+    k_chi2: DeviceBuffer<f32>,
+    k_plane: DeviceBuffer<u32>,
 }
 
 impl Arenas {
@@ -547,6 +676,16 @@ impl Arenas {
             ending: u(t)?,
             level: u(t)?,
             left: u(l.max_neighbours)?,
+            used: u(h)?,
+            continues: u(d)?,
+            keep: u(t)?,
+            koff: u(t)?,
+            k_left: u(t)?,
+            k_right: u(t)?,
+            k_qop: f(t)?,
+            k_sigma: f(t)?,
+            k_chi2: f(t)?,
+            k_plane: u(t)?,
         })
     }
 }
@@ -558,14 +697,10 @@ pub struct GpuCaEngine {
     _module: LoadedModule,
     k: Kernels,
     stream: Arc<CudaStream>,
-    tables: CaTables,
-    plane_f32: DeviceBuffer<f32>,
-    plane_i32: DeviceBuffer<i32>,
-    plane_f64: DeviceBuffer<f64>,
-    pair_f32: DeviceBuffer<f32>,
-    pair_i32: DeviceBuffer<i32>,
-    tents: DeviceBuffer<f32>,
-    globals: DeviceBuffer<f32>,
+    /// The tables of each pass (the first pass's are [`Self::tables`]).
+    passes: Vec<DeviceTables>,
+    /// Per plane: the exit margin and half sizes of [`FinderGeometry::may_leave`].
+    exits: DeviceBuffer<f32>,
     /// The cells per event, once per event (the item counts of the cells' scan).
     cells_n: DeviceBuffer<u32>,
     a: Arenas,
@@ -596,7 +731,25 @@ impl GpuCaEngine {
         limits: CaLimits,
         cache: &KernelCache,
     ) -> Result<Self, GpuError> {
+        Self::with_passes(device, geo, cfg, &[reach], limits, cache)
+    }
+
+    /// [`Self::new`] with the tables of several passes, one per reach (at least one):
+    /// [`Self::run_pass`] runs pass `k` with the tables of `reaches[k]`.
+    pub fn with_passes(
+        device: &GpuDevice,
+        geo: &FinderGeometry,
+        cfg: &FinderConfig,
+        reaches: &[usize],
+        limits: CaLimits,
+        cache: &KernelCache,
+    ) -> Result<Self, GpuError> {
         limits.validate()?;
+        let Some(&reach) = reaches.first() else {
+            return Err(GpuError::Config(
+                "a tracking engine needs at least one pass".into(),
+            ));
+        };
         let tables = CaTables::new(geo, cfg, reach);
         if tables.n_planes == 0 {
             return Err(GpuError::Config("the detector has no planes".into()));
@@ -640,23 +793,23 @@ impl GpuCaEngine {
             neighbours_sort_ending: module.function("ca_neighbours_sort_ending")?,
             neighbours: module.function("ca_neighbours")?,
             evolution: module.function("ca_evolution")?,
+            dead_ends_clear: module.function("ca_dead_ends_clear")?,
+            dead_ends: module.function("ca_dead_ends")?,
+            dead_ends_gather: module.function("ca_dead_ends_gather")?,
+            dead_ends_copy_back: module.function("ca_dead_ends_copy_back")?,
         };
         let stream = driver("cuStreamCreate", ctx.new_stream())?;
-        let tents = if tables.tents.is_empty() {
-            vec![0.0f32; TENT_FLOATS]
-        } else {
-            tables.tents.clone()
-        };
+        let n_bins = tables.n_bins;
+        let mut passes = vec![DeviceTables::new(&ctx, tables)?];
+        for &r in &reaches[1..] {
+            passes.push(DeviceTables::new(&ctx, CaTables::new(geo, cfg, r))?);
+        }
+        let exits: Vec<f32> = geo.planes.iter().flat_map(|p| p.exit).collect();
         let engine = GpuCaEngine {
-            plane_f32: DeviceBuffer::from_host(&ctx, &tables.plane_f32)?,
-            plane_i32: DeviceBuffer::from_host(&ctx, &tables.plane_i32)?,
-            plane_f64: DeviceBuffer::from_host(&ctx, &tables.plane_f64)?,
-            pair_f32: DeviceBuffer::from_host(&ctx, &tables.pair_f32)?,
-            pair_i32: DeviceBuffer::from_host(&ctx, &tables.pair_i32)?,
-            tents: DeviceBuffer::from_host(&ctx, &tents)?,
-            globals: DeviceBuffer::from_host(&ctx, &tables.globals)?,
-            cells_n: DeviceBuffer::from_host(&ctx, &vec![tables.n_bins as u32; limits.max_events])?,
-            a: Arenas::new(&ctx, &limits, tables.n_bins)?,
+            passes,
+            exits: DeviceBuffer::from_host(&ctx, &exits)?,
+            cells_n: DeviceBuffer::from_host(&ctx, &vec![n_bins as u32; limits.max_events])?,
+            a: Arenas::new(&ctx, &limits, n_bins)?,
             host_x: PinnedBuffer::new(&ctx, limits.max_hits)?,
             host_y: PinnedBuffer::new(&ctx, limits.max_hits)?,
             host_plane: PinnedBuffer::new(&ctx, limits.max_hits)?,
@@ -668,7 +821,6 @@ impl GpuCaEngine {
             k,
             stream,
             device: device.clone(),
-            tables,
             limits,
             n_events: 0,
             times: Vec::new(),
@@ -676,10 +828,10 @@ impl GpuCaEngine {
             ctx,
         };
         tracing::info!(
-            "CA engine on {}: {} planes, reach {}, arenas {:.1} MiB",
+            "CA engine on {}: {} planes, reaches {:?}, arenas {:.1} MiB",
             device.name,
-            engine.tables.n_planes,
-            engine.tables.reach,
+            engine.tables().n_planes,
+            reaches,
             need as f64 / (1u64 << 20) as f64
         );
         Ok(engine)
@@ -693,8 +845,9 @@ impl GpuCaEngine {
         self.limits
     }
 
+    /// The first pass's tables.
     pub fn tables(&self) -> &CaTables {
-        &self.tables
+        &self.passes[0].tables
     }
 
     /// Per-kernel device times of the last batch run by [`Self::run_profiled`].
@@ -712,17 +865,70 @@ impl GpuCaEngine {
     /// A batch with more events or hits than the arenas hold is refused before anything
     /// is copied (the caller splits it or runs it on the CPU).
     pub fn run(&mut self, events: &[&[HitRecord]]) -> Result<CaBatchSummary, GpuError> {
-        self.run_inner(events, false)
+        self.run_inner(events, PassOptions::default(), false)
     }
 
     /// [`Self::run`], timing each kernel with device events ([`Self::kernel_times`]).
     pub fn run_profiled(&mut self, events: &[&[HitRecord]]) -> Result<CaBatchSummary, GpuError> {
-        self.run_inner(events, true)
+        self.run_inner(events, PassOptions::default(), true)
+    }
+
+    /// The first pass on a new batch (hits go up, are sorted, then the steps) with
+    /// `opts` (`skip_used` is ignored: no hit is used yet).
+    pub fn run_first(
+        &mut self,
+        events: &[&[HitRecord]],
+        opts: PassOptions,
+    ) -> Result<CaBatchSummary, GpuError> {
+        self.run_inner(events, opts, false)
+    }
+
+    /// A later pass on the batch already on the device: the steps from the doublets on,
+    /// with the tables of `opts.pass`, on the hits sorted by the first pass (skipping
+    /// the used ones with `opts.skip_used`). An event that failed in an earlier pass
+    /// stays failed.
+    pub fn run_pass(&mut self, opts: PassOptions) -> Result<CaBatchSummary, GpuError> {
+        if opts.pass >= self.passes.len() {
+            return Err(GpuError::Config(format!(
+                "pass {} of an engine with {} passes",
+                opts.pass,
+                self.passes.len()
+            )));
+        }
+        driver("cuCtxSetCurrent", self.ctx.bind_to_thread())?;
+        let r = self
+            .enqueue_steps(opts, false)
+            .and_then(|()| self.enqueue_summary())
+            .and_then(|()| {
+                driver("cuStreamSynchronize", self.stream.synchronize())?;
+                Ok(self.summary())
+            });
+        if r.is_err() {
+            let _ = self.stream.synchronize();
+        }
+        r
+    }
+
+    /// Marks the hits taken by an earlier pass, per event in sorted order (tests and
+    /// comparison: the candidates step marks them on the device).
+    pub fn set_used(&mut self, used: &[Vec<bool>]) -> Result<(), GpuError> {
+        driver("cuCtxSetCurrent", self.ctx.bind_to_thread())?;
+        for (e, u) in used.iter().enumerate().take(self.n_events) {
+            let hs = self.read(&self.a.hit_start, e, 1)?[0] as usize;
+            let words: Vec<u32> = u.iter().map(|&b| b as u32).collect();
+            if hs + words.len() > self.a.used.len() {
+                return Err(GpuError::Config("used marks beyond the hit arena".into()));
+            }
+            copy_to_device(&words, &self.a.used, hs, &self.stream)?;
+            driver("cuStreamSynchronize", self.stream.synchronize())?;
+        }
+        Ok(())
     }
 
     fn run_inner(
         &mut self,
         events: &[&[HitRecord]],
+        opts: PassOptions,
         profile: bool,
     ) -> Result<CaBatchSummary, GpuError> {
         let n_hits: usize = events.iter().map(|e| e.len()).sum();
@@ -756,7 +962,7 @@ impl GpuCaEngine {
         }
         self.n_events = events.len();
         let r = self
-            .enqueue(n_hits, profile)
+            .enqueue(n_hits, opts, profile)
             .and_then(|()| self.enqueue_summary())
             .and_then(|()| {
                 driver("cuStreamSynchronize", self.stream.synchronize())?;
@@ -781,6 +987,10 @@ impl GpuCaEngine {
             "ca_neighbours_ending" => &self.k.neighbours_ending,
             "ca_neighbours_sort_ending" => &self.k.neighbours_sort_ending,
             "ca_neighbours" => &self.k.neighbours,
+            "ca_dead_ends_clear" => &self.k.dead_ends_clear,
+            "ca_dead_ends" => &self.k.dead_ends,
+            "ca_dead_ends_gather" => &self.k.dead_ends_gather,
+            "ca_dead_ends_copy_back" => &self.k.dead_ends_copy_back,
             _ => &self.k.evolution,
         };
         let mut store = [0u64; 40];
@@ -826,8 +1036,31 @@ impl GpuCaEngine {
         })
     }
 
-    /// Enqueues the copies and every step of the batch.
-    fn enqueue(&mut self, n_hits: usize, profile: bool) -> Result<(), GpuError> {
+    /// Enqueues the copies and every step of the batch's first pass.
+    fn enqueue(&mut self, n_hits: usize, opts: PassOptions, profile: bool) -> Result<(), GpuError> {
+        self.enqueue_pass(
+            Some(n_hits),
+            PassOptions {
+                skip_used: false,
+                ..opts
+            },
+            profile,
+        )
+    }
+
+    /// Enqueues the steps of a later pass on the sorted hits of the batch.
+    fn enqueue_steps(&mut self, opts: PassOptions, profile: bool) -> Result<(), GpuError> {
+        self.enqueue_pass(None, opts, profile)
+    }
+
+    /// The steps of one pass; with `first = Some(n_hits)` also the copies of the hits and
+    /// the hit sorting.
+    fn enqueue_pass(
+        &mut self,
+        first: Option<usize>,
+        opts: PassOptions,
+        profile: bool,
+    ) -> Result<(), GpuError> {
         use Arg::{Ptr, I32, U32};
         let e = self.n_events as u32;
         // Blocks per event for the steps over an event's items: about four per
@@ -835,7 +1068,8 @@ impl GpuCaEngine {
         let sms = self.device.multiprocessors.max(1) as u32;
         let bpe = (4 * sms).div_ceil(e.max(1)).clamp(1, 64);
         let a = &self.a;
-        let tb = &self.tables;
+        let dt = &self.passes[opts.pass.min(self.passes.len() - 1)];
+        let tb = &dt.tables;
         let (n_planes, n_bins, reach) = (tb.n_planes as i32, tb.n_bins as i32, tb.reach as i32);
         let lim = &tb.limits;
         let per_event = |v: usize| v.min(u32::MAX as usize) as u32;
@@ -845,25 +1079,27 @@ impl GpuCaEngine {
             per_event(lim.max_triplets),
             per_event(lim.max_neighbours),
         );
-        copy_to_device(&self.host_x.as_slice()[..n_hits], &a.in_x, 0, &self.stream)?;
-        copy_to_device(&self.host_y.as_slice()[..n_hits], &a.in_y, 0, &self.stream)?;
-        copy_to_device(
-            &self.host_plane.as_slice()[..n_hits],
-            &a.in_plane,
-            0,
-            &self.stream,
-        )?;
-        copy_to_device(
-            &self.host_start.as_slice()[..e as usize + 1],
-            &a.hit_start,
-            0,
-            &self.stream,
-        )?;
-        let bins = e as usize * (n_bins as usize + 1);
-        self.zero(&a.bin_count, bins)?;
-        self.zero(&a.bin_cursor, bins)?;
-        self.zero(&a.failed, e as usize)?;
-        self.zero(&a.overflow, 8)?;
+        if let Some(n_hits) = first {
+            copy_to_device(&self.host_x.as_slice()[..n_hits], &a.in_x, 0, &self.stream)?;
+            copy_to_device(&self.host_y.as_slice()[..n_hits], &a.in_y, 0, &self.stream)?;
+            copy_to_device(
+                &self.host_plane.as_slice()[..n_hits],
+                &a.in_plane,
+                0,
+                &self.stream,
+            )?;
+            copy_to_device(
+                &self.host_start.as_slice()[..e as usize + 1],
+                &a.hit_start,
+                0,
+                &self.stream,
+            )?;
+            let bins = e as usize * (n_bins as usize + 1);
+            self.zero(&a.bin_count, bins)?;
+            self.zero(&a.bin_cursor, bins)?;
+            self.zero(&a.failed, e as usize)?;
+            self.zero(&a.overflow, 8)?;
+        }
         // Pointers (copied out so `self` can be borrowed mutably for the launches).
         let p = |b: &DeviceBuffer<u32>| Ptr(b.ptr());
         let pf = |b: &DeviceBuffer<f32>| Ptr(b.ptr());
@@ -918,14 +1154,25 @@ impl GpuCaEngine {
             p(&a.left),
         );
         let (plf, pli, pld, prf, pri, tents, g) = (
-            Ptr(self.plane_f32.ptr()),
-            Ptr(self.plane_i32.ptr()),
-            Ptr(self.plane_f64.ptr()),
-            Ptr(self.pair_f32.ptr()),
-            Ptr(self.pair_i32.ptr()),
-            Ptr(self.tents.ptr()),
-            Ptr(self.globals.ptr()),
+            Ptr(dt.plane_f32.ptr()),
+            Ptr(dt.plane_i32.ptr()),
+            Ptr(dt.plane_f64.ptr()),
+            Ptr(dt.pair_f32.ptr()),
+            Ptr(dt.pair_i32.ptr()),
+            Ptr(dt.tents.ptr()),
+            Ptr(dt.globals.ptr()),
         );
+        let used = if opts.skip_used { p(&a.used) } else { Ptr(0) };
+        let (continues, keep, koff) = (p(&a.continues), p(&a.keep), p(&a.koff));
+        let (k_left, k_right, k_qop, k_sigma, k_chi2, k_plane) = (
+            p(&a.k_left),
+            p(&a.k_right),
+            pf(&a.k_qop),
+            pf(&a.k_sigma),
+            pf(&a.k_chi2),
+            p(&a.k_plane),
+        );
+        let exits = pf(&self.exits);
         let null = Ptr(0);
         let cells_n = p(&self.cells_n);
         let chi2 = Arg::F64(tb.neighbour_chi2_max);
@@ -948,27 +1195,30 @@ impl GpuCaEngine {
             Ok(())
         };
         mark("start", self)?;
-        // Hit sorting.
-        #[rustfmt::skip]
-        self.launch("ca_bin_hits", (1, e), &[in_x, in_y, in_plane, hit_start, plf, pli, I32(n_planes),
-            I32(n_bins), U32(max_hits), hit_bin, bin_count, n_sorted, failed, overflow])?;
-        mark("hit_sorting: bin", self)?;
-        #[rustfmt::skip]
-        self.launch("ca_event_scan", (1, e), &[bin_count, bin_start, null, cells_n,
-            U32(n_bins as u32 + 1), failed, total, I32(1)])?;
-        mark("hit_sorting: scan", self)?;
-        #[rustfmt::skip]
-        self.launch("ca_place_hits", (bpe, e), &[hit_start, hit_bin, bin_start, bin_cursor, I32(n_bins),
-            failed, scratch])?;
-        mark("hit_sorting: place", self)?;
-        #[rustfmt::skip]
-        self.launch("ca_rank_hits", (bpe, e), &[in_x, in_y, in_plane, hit_start, hit_bin, bin_start,
-            I32(n_bins), n_sorted, failed, scratch, sx, sy, splane, sinput])?;
-        mark("hit_sorting: rank", self)?;
+        if first.is_some() {
+            // Hit sorting.
+            #[rustfmt::skip]
+            self.launch("ca_bin_hits", (1, e), &[in_x, in_y, in_plane, hit_start, plf, pli,
+                I32(n_planes), I32(n_bins), U32(max_hits), hit_bin, bin_count, n_sorted, failed,
+                overflow])?;
+            mark("hit_sorting: bin", self)?;
+            #[rustfmt::skip]
+            self.launch("ca_event_scan", (1, e), &[bin_count, bin_start, null, cells_n,
+                U32(n_bins as u32 + 1), failed, total, I32(1)])?;
+            mark("hit_sorting: scan", self)?;
+            #[rustfmt::skip]
+            self.launch("ca_place_hits", (bpe, e), &[hit_start, hit_bin, bin_start, bin_cursor,
+                I32(n_bins), failed, scratch])?;
+            mark("hit_sorting: place", self)?;
+            #[rustfmt::skip]
+            self.launch("ca_rank_hits", (bpe, e), &[in_x, in_y, in_plane, hit_start, hit_bin,
+                bin_start, I32(n_bins), n_sorted, failed, scratch, sx, sy, splane, sinput])?;
+            mark("hit_sorting: rank", self)?;
+        }
         // Doublets.
         #[rustfmt::skip]
-        let dargs = |write: i32| [sx, sy, splane, hit_start, n_sorted, bin_start, I32(n_bins), plf,
-            pli, pld, g, failed, I32(write), dbl_count, dbl_off, dbl_base, dbl, dgap,
+        let dargs = |write: i32| [sx, sy, splane, hit_start, n_sorted, bin_start, used, I32(n_bins),
+            plf, pli, pld, g, failed, I32(write), dbl_count, dbl_off, dbl_base, dbl, dgap,
             ];
         self.launch("ca_doublets", (bpe, e), &dargs(0))?;
         mark("doublets: count", self)?;
@@ -998,6 +1248,30 @@ impl GpuCaEngine {
         mark("triplets: scan", self)?;
         self.launch("ca_triplets", (bpe, e), &targs(1))?;
         mark("triplets: write", self)?;
+        if let Some(first_end) = opts.dead_ends_from_plane {
+            // Dead ends: plane by plane downstream first, then the kept ones to the front.
+            #[rustfmt::skip]
+            self.launch("ca_dead_ends_clear", (bpe, e), &[dbl_base, dbl_n, failed, continues])?;
+            for plane in (0..n_planes as u32).rev() {
+                #[rustfmt::skip]
+                self.launch("ca_dead_ends", (bpe, e), &[sx, sy, splane, hit_start, dbl_base, dbl,
+                    trip_base, trip_n, tleft, tright, exits, I32(n_planes),
+                    U32(first_end.min(u32::MAX as usize) as u32), failed, U32(plane), continues,
+                    keep])?;
+            }
+            #[rustfmt::skip]
+            self.launch("ca_event_scan", (1, e), &[keep, koff, trip_base, trip_n, U32(0), failed,
+                total, I32(0)])?;
+            #[rustfmt::skip]
+            self.launch("ca_dead_ends_gather", (bpe, e), &[trip_base, trip_n, failed, keep, koff,
+                tleft, tright, tqop, tsigma, tchi2, tplane, k_left, k_right, k_qop, k_sigma,
+                k_chi2, k_plane])?;
+            #[rustfmt::skip]
+            self.launch("ca_dead_ends_copy_back", (bpe, e), &[trip_base, trip_n, failed, total,
+                k_left, k_right, k_qop, k_sigma, k_chi2, k_plane, tleft, tright, tqop, tsigma,
+                tchi2, tplane, has_right])?;
+            mark("triplets: dead ends", self)?;
+        }
         // Neighbours: the triplets by right doublet, then the links.
         #[rustfmt::skip]
         let eargs = |write: i32| [dbl_base, trip_base, trip_n, tright, failed, I32(write),
@@ -1145,7 +1419,7 @@ impl GpuCaEngine {
         }
         let hs = self.read(&self.a.hit_start, e, 1)?[0] as usize;
         let nh = self.read(&self.a.n_sorted, e, 1)?[0] as usize;
-        let nb = self.tables.n_bins + 1;
+        let nb = self.tables().n_bins + 1;
         let db = self.read(&self.a.dbl_base, e, 1)?[0] as usize;
         let nd = self.read(&self.a.dbl_n, e, 1)?[0] as usize;
         let tb = self.read(&self.a.trip_base, e, 1)?[0] as usize;

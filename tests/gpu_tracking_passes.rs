@@ -1,0 +1,204 @@
+//! The two passes of the finder on the GPU ([`trigd::gpu::tracking_ca`]) against the CPU
+//! finder's: the first pass on consecutive planes with its dead ends dropped
+//! (`prune_dead_ends`: chains that can neither reach the last plane nor leave the
+//! detector), and the later pass over missing planes on the hits the first pass's tracks
+//! left (the CPU's used marks handed to the device), on fresh simulated events of the
+//! spectrometer (uniform field) and the dipole and forward field maps. Per event the
+//! sorted hits, doublets, triplets, neighbour links and levels equal the CPU's, to the bit.
+//!
+//! Needs a CUDA GPU: ignored in CI; on the device machine run with
+//! `--ignored --test-threads=1` from the repository root. `TRIGD_TEST_SEED` replays a run.
+
+use std::path::PathBuf;
+
+use trigd::frame::HitRecord;
+use trigd::gpu::nvrtc::KernelCache;
+use trigd::gpu::tracking_ca::{CaLimits, GpuCaEngine, PassOptions};
+use trigd::gpu::{detect, BackendChoice, GpuDevice};
+use trigd::tracking::ca::{self, CaBuffers, FinderGeometry};
+use trigd::tracking::geometry::Detector;
+use trigd::tracking::kalman::KalmanFitter;
+use trigd::tracking::reco::FinderConfig;
+use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
+
+fn device() -> GpuDevice {
+    detect(BackendChoice::Gpu)
+        .expect("a GPU is needed for this test")
+        .into_iter()
+        .next()
+        .expect("detect(Gpu) returned no device")
+}
+
+fn seed() -> u64 {
+    let s = std::env::var("TRIGD_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    eprintln!("seed {s}");
+    s
+}
+
+fn load(rel: &str) -> Detector {
+    let base = std::env::var_os("TRIGD_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("fixtures"));
+    Detector::from_toml_file(base.join(rel))
+        .unwrap_or_else(|e| panic!("{rel}: {e} (run from the repository root)"))
+}
+
+fn configurations(preset: Preset) -> Vec<(&'static str, Detector, SimConfig)> {
+    vec![
+        (
+            "spectrometer",
+            load("detector.toml"),
+            SimConfig::preset(preset),
+        ),
+        (
+            "dipole",
+            load("tracking/dipole/detector_dipole.toml"),
+            SimConfig::preset(preset),
+        ),
+        (
+            "forward",
+            load("tracking/forward/detector_forward.toml"),
+            SimConfig::forward(preset),
+        ),
+    ]
+}
+
+/// The first plane on which the first pass's chains may end (as `Reconstructor`).
+fn first_end_plane(cfg: &FinderConfig, n_planes: usize) -> usize {
+    let seed_planes = (n_planes + 1).saturating_sub(cfg.first_pass_min_hits.max(3));
+    n_planes - seed_planes.min(n_planes)
+}
+
+struct Counts {
+    events: usize,
+    pruned: usize,
+    triplets: [usize; 2],
+    used: usize,
+}
+
+fn two_passes(preset: Preset, n_events: u64) {
+    let dev = device();
+    let s = seed();
+    for (name, det, sim) in configurations(preset) {
+        let cfg = FinderConfig {
+            first_pass_to_last_plane: true,
+            ..FinderConfig::from_detector(&det, 1.0)
+        };
+        let n_planes = det.planes.len();
+        assert!(
+            cfg.allow_missing_plane && cfg.max_gap_planes > 0,
+            "{name}: the finder makes a second pass"
+        );
+        let reach2 = (1 + cfg.max_gap_planes).min(ca::MAX_REACH);
+        let geo = FinderGeometry::new(&det, &cfg);
+        let fitter = KalmanFitter::new(&det, cfg.fit.clone());
+        let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+        let events: Vec<Vec<HitRecord>> = simulate_events(&det, &sim, s, 0, n_events)
+            .map(|e| e.hits)
+            .collect();
+        let batch: Vec<&[HitRecord]> = events.iter().map(|e| &e[..]).collect();
+        let mut engine = GpuCaEngine::with_passes(
+            &dev,
+            &geo,
+            &cfg,
+            &[1, reach2],
+            CaLimits::default(),
+            &KernelCache::disabled(),
+        )
+        .expect("engine");
+        let end_plane = first_end_plane(&cfg, n_planes);
+        let first = PassOptions {
+            pass: 0,
+            dead_ends_from_plane: Some(end_plane),
+            skip_used: false,
+        };
+        let summary = engine.run_first(&batch, first).expect("first pass");
+        assert!(summary.failed.iter().all(Option::is_none), "{name}");
+        // The CPU's first pass, event by event; its tracks' hits are the used marks of the
+        // second.
+        let mut used = Vec::new();
+        let mut c = Counts {
+            events: 0,
+            pruned: 0,
+            triplets: [0, 0],
+            used: 0,
+        };
+        for (e, hits) in events.iter().enumerate() {
+            buf.overflow = Default::default();
+            ca::hit_sorting::sort_hits(&geo, hits, cfg.limits.max_hits, &mut buf);
+            ca::doublets::find_doublets(&geo, &cfg, 1, &mut buf);
+            ca::triplets::find_triplets(&geo, &cfg, 1, &mut buf);
+            c.pruned += ca::triplets::prune_dead_ends(&geo, end_plane, &mut buf);
+            ca::neighbours::find_neighbours(&cfg, &mut buf);
+            ca::evolution::evolve(&mut buf, n_planes);
+            assert!(!buf.overflow.any(), "{name}: the CPU overflowed");
+            let gpu = engine.event_result(e).expect("read").expect("not failed");
+            if let Some(d) = gpu.difference(&buf) {
+                panic!("{name} {preset:?}, first pass, event {e}: {d}");
+            }
+            c.triplets[0] += buf.triplets.len();
+            ca::candidates::extract_and_select(
+                &cfg,
+                &fitter,
+                &mut buf,
+                cfg.first_pass_min_hits,
+                false,
+            );
+            c.used += buf.hits.used.iter().filter(|&&u| u).count();
+            used.push(buf.hits.used.clone());
+        }
+        engine.set_used(&used).expect("used marks up");
+        let later = PassOptions {
+            pass: 1,
+            dead_ends_from_plane: None,
+            skip_used: true,
+        };
+        let summary = engine.run_pass(later).expect("later pass");
+        assert!(summary.failed.iter().all(Option::is_none), "{name}");
+        for (e, hits) in events.iter().enumerate() {
+            buf.overflow = Default::default();
+            ca::hit_sorting::sort_hits(&geo, hits, cfg.limits.max_hits, &mut buf);
+            buf.hits.used.copy_from_slice(&used[e]);
+            ca::doublets::find_doublets(&geo, &cfg, reach2, &mut buf);
+            ca::triplets::find_triplets(&geo, &cfg, reach2, &mut buf);
+            ca::neighbours::find_neighbours(&cfg, &mut buf);
+            ca::evolution::evolve(&mut buf, n_planes);
+            let gpu = engine.event_result(e).expect("read").expect("not failed");
+            if let Some(d) = gpu.difference(&buf) {
+                panic!("{name} {preset:?}, later pass (reach {reach2}), event {e}: {d}");
+            }
+            c.triplets[1] += buf.triplets.len();
+            c.events += 1;
+        }
+        println!(
+            "{name} {preset:?}: {} events equal to the bit in both passes: first pass {} triplets ({} dead ends dropped), {} hits used, later pass {} triplets",
+            c.events, c.triplets[0], c.pruned, c.used, c.triplets[1]
+        );
+        // Both passes and the pruning had work: equal empty arrays prove nothing.
+        assert!(
+            c.triplets[0] > 0 && c.triplets[1] > 0 && c.used > 0,
+            "{name}"
+        );
+        assert!(c.pruned > 0, "{name}: no dead end was dropped");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn minimum_bias_events_give_the_cpu_finders_two_passes() {
+    two_passes(Preset::Minbias, 200);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn central_events_give_the_cpu_finders_two_passes() {
+    two_passes(Preset::Central, 3);
+}
