@@ -113,8 +113,7 @@ impl CloneLimits {
     }
 
     fn validate(&self) -> Result<(), GpuError> {
-        if self.max_events == 0 || self.max_tracks_per_event == 0 || self.max_hits_per_track == 0
-        {
+        if self.max_events == 0 || self.max_tracks_per_event == 0 || self.max_hits_per_track == 0 {
             return Err(GpuError::Config(format!(
                 "clone limits must allow one event of one track of one hit (got {self:?})"
             )));
@@ -156,14 +155,18 @@ impl std::fmt::Display for CloneLimit {
 #[derive(Debug, thiserror::Error)]
 pub enum CloneError {
     /// The batch exceeds a limit of the engine: nothing was copied; compare it on the CPU.
-    #[error("batch of {got} {limit} exceeds the GPU clone step's limit of {max}; compare it on the CPU")]
+    #[error(
+        "batch of {got} {limit} exceeds the GPU clone step's limit of {max}; compare it on the CPU"
+    )]
     Overflow {
         limit: CloneLimit,
         got: usize,
         max: usize,
     },
     /// A hit names a plane the detector does not have (nothing was copied).
-    #[error("event {event}, track {track}: hit on plane {plane} of a detector of {n_planes} planes")]
+    #[error(
+        "event {event}, track {track}: hit on plane {plane} of a detector of {n_planes} planes"
+    )]
     BadPlane {
         event: usize,
         track: usize,
@@ -282,6 +285,53 @@ pub fn check_batch(
         shape.n_tracks += tracks.len();
     }
     Ok(shape)
+}
+
+/// A batch in the kernel's layout in host memory (the engine's pinned staging buffers),
+/// each slice at least as long as the batch needs (see [`DeviceCloneBatch`]).
+pub struct BatchArrays<'a> {
+    pub event_start: &'a mut [u32],
+    pub track_hit_start: &'a mut [u32],
+    pub hit_plane: &'a mut [u32],
+    pub hit_x: &'a mut [f32],
+    pub hit_y: &'a mut [f32],
+    pub fits: &'a mut [f64],
+}
+
+/// Writes `events` (of counts `shape`, from [`check_batch`]) into `out` in the kernel's
+/// layout: the events' tracks one after the other, each track's hits one after the other.
+pub fn pack_batch(events: &[&[CloneTrack<'_>]], shape: BatchShape, out: BatchArrays<'_>) {
+    let event_start = &mut out.event_start[..shape.n_events + 1];
+    let track_hit_start = &mut out.track_hit_start[..shape.n_tracks + 1];
+    let planes = &mut out.hit_plane[..shape.n_hits];
+    let xs = &mut out.hit_x[..shape.n_hits];
+    let ys = &mut out.hit_y[..shape.n_hits];
+    let fits = &mut out.fits[..shape.n_tracks * FIT_WORDS];
+    let (mut t, mut k) = (0usize, 0usize);
+    for (e, tracks) in events.iter().enumerate() {
+        event_start[e] = t as u32;
+        for track in tracks.iter() {
+            track_hit_start[t] = k as u32;
+            for hit in track.hits {
+                planes[k] = u32::from(hit.plane);
+                xs[k] = hit.x_mm;
+                ys[k] = hit.y_mm;
+                k += 1;
+            }
+            let f = &mut fits[t * FIT_WORDS..(t + 1) * FIT_WORDS];
+            f[0] = track.fit.z_mm;
+            f[1..6].copy_from_slice(&track.fit.state);
+            f[6..].copy_from_slice(&track.fit.cov);
+            t += 1;
+        }
+    }
+    event_start[shape.n_events] = t as u32;
+    track_hit_start[shape.n_tracks] = k as u32;
+    assert_eq!(
+        (t, k),
+        (shape.n_tracks, shape.n_hits),
+        "shape of another batch"
+    );
 }
 
 /// A batch on the device in the kernel's layout (`kernels/ca_clones.cu`): the offsets of
@@ -622,33 +672,18 @@ impl GpuCloneEngine {
     /// Writes the batch into the pinned staging buffers in the kernel's layout.
     fn pack(&mut self, events: &[&[CloneTrack<'_>]], shape: BatchShape) {
         let h = &mut self.host;
-        let event_start = &mut h.event_start.as_mut_slice()[..shape.n_events + 1];
-        let track_hit_start = &mut h.track_hit_start.as_mut_slice()[..shape.n_tracks + 1];
-        let planes = &mut h.hit_plane.as_mut_slice()[..shape.n_hits];
-        let xs = &mut h.hit_x.as_mut_slice()[..shape.n_hits];
-        let ys = &mut h.hit_y.as_mut_slice()[..shape.n_hits];
-        let fits = &mut h.fits.as_mut_slice()[..shape.n_tracks * FIT_WORDS];
-        let (mut t, mut k) = (0usize, 0usize);
-        for (e, tracks) in events.iter().enumerate() {
-            event_start[e] = t as u32;
-            for track in tracks.iter() {
-                track_hit_start[t] = k as u32;
-                for hit in track.hits {
-                    planes[k] = u32::from(hit.plane);
-                    xs[k] = hit.x_mm;
-                    ys[k] = hit.y_mm;
-                    k += 1;
-                }
-                let f = &mut fits[t * FIT_WORDS..(t + 1) * FIT_WORDS];
-                f[0] = track.fit.z_mm;
-                f[1..6].copy_from_slice(&track.fit.state);
-                f[6..].copy_from_slice(&track.fit.cov);
-                t += 1;
-            }
-        }
-        event_start[shape.n_events] = t as u32;
-        track_hit_start[shape.n_tracks] = k as u32;
-        debug_assert_eq!((t, k), (shape.n_tracks, shape.n_hits));
+        pack_batch(
+            events,
+            shape,
+            BatchArrays {
+                event_start: h.event_start.as_mut_slice(),
+                track_hit_start: h.track_hit_start.as_mut_slice(),
+                hit_plane: h.hit_plane.as_mut_slice(),
+                hit_x: h.hit_x.as_mut_slice(),
+                hit_y: h.hit_y.as_mut_slice(),
+                fits: h.fits.as_mut_slice(),
+            },
+        );
     }
 
     fn upload(&self, shape: BatchShape) -> Result<(), GpuError> {
@@ -743,7 +778,13 @@ mod tests {
             limit_of(check_batch(&limits, 8, &[long])),
             Some((CloneLimit::HitsPerTrack, 5, 4))
         );
-        let off: &[CloneTrack] = &[t4, CloneTrack { hits: &bad, fit: &f }];
+        let off: &[CloneTrack] = &[
+            t4,
+            CloneTrack {
+                hits: &bad,
+                fit: &f,
+            },
+        ];
         assert!(matches!(
             check_batch(&limits, 8, &[ok, off]),
             Err(CloneError::BadPlane {
@@ -768,6 +809,42 @@ mod tests {
         }
     }
 
+    /// Packing lays the events' tracks and hits one after the other, with their offsets.
+    #[test]
+    fn batches_pack_in_the_kernels_layout() {
+        let (h3, mut f) = track(&[0, 2, 5]);
+        f.z_mm = 300.0;
+        f.state = [1.0, 2.0, 3.0, 4.0, 5.0];
+        f.cov[14] = 0.25;
+        let (h2, g) = track(&[6, 7]);
+        let a: &[CloneTrack] = &[CloneTrack { hits: &h3, fit: &f }];
+        let b: &[CloneTrack] = &[CloneTrack { hits: &h2, fit: &g }, a[0]];
+        let events = [a, &[], b];
+        let shape = check_batch(&CloneLimits::default(), 8, &events).unwrap();
+        let (mut es, mut ts) = (vec![9u32; 4], vec![9u32; 4]);
+        let (mut p, mut x, mut y) = (vec![0u32; 8], vec![0f32; 8], vec![0f32; 8]);
+        let mut fits = vec![0f64; 3 * FIT_WORDS];
+        pack_batch(
+            &events,
+            shape,
+            BatchArrays {
+                event_start: &mut es,
+                track_hit_start: &mut ts,
+                hit_plane: &mut p,
+                hit_x: &mut x,
+                hit_y: &mut y,
+                fits: &mut fits,
+            },
+        );
+        assert_eq!(es, [0, 1, 1, 3]);
+        assert_eq!(ts, [0, 3, 5, 8]);
+        assert_eq!(p, [0, 2, 5, 6, 7, 0, 2, 5]);
+        assert_eq!(x, [0.0, 2.0, 5.0, 6.0, 7.0, 0.0, 2.0, 5.0]);
+        assert_eq!(fits[..6], [300.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert_eq!(fits[2 * FIT_WORDS..2 * FIT_WORDS + 6], fits[..6]);
+        assert_eq!(fits[FIT_WORDS - 1], 0.25);
+    }
+
     /// The tables carry the CPU's cuts and field unchanged.
     #[test]
     fn tables_carry_the_cpu_cuts() {
@@ -776,7 +853,10 @@ mod tests {
         let geo = FinderGeometry::new(&det, &cfg);
         let cuts = CloneCuts::new(&geo, &cfg);
         let t = CloneTables::new(&geo, &cfg);
-        assert_eq!(t.plane_z, det.planes.iter().map(|p| p.z_mm).collect::<Vec<_>>());
+        assert_eq!(
+            t.plane_z,
+            det.planes.iter().map(|p| p.z_mm).collect::<Vec<_>>()
+        );
         assert_eq!(t.ints[..3], [8, 5, 0]);
         assert_eq!(
             t.doubles[..8],
