@@ -18,6 +18,7 @@
 //   fits[n_tracks][FIT_WORDS]    z, state (x, y, tx, ty, qop), covariance (15, lower
 //                                triangle row by row), doubles
 //   marks[n_tracks]              out: 1 a clone, 0 kept
+//   masks[n_tracks]              scratch: each track's planes modulo 64 as bits
 // Offsets beyond the counts are clamped to them (a malformed batch reads no memory outside
 // its arrays; its marks are then meaningless); plane indices are clamped to the last plane.
 // Tables: plane_z[n_planes] (mm); pi[PI_*]; pd[PD_*]; nodes the field map's (one zero
@@ -165,20 +166,18 @@ __device__ __forceinline__ unsigned long long plane_mask(const Batch& bt, int h0
 // Whether short track b (hits hb0..hb1, mask mb) is a clone of reference track a: the
 // tests of mark_clones' inner loop, in its order.
 __device__ bool is_clone_of(const Batch& bt, const CloneField& f, const double* pd,
-                            const volatile unsigned* marks, int a, int b, int hb0, int hb1,
-                            unsigned long long mb) {
-    if (a == b) {
+                            const volatile unsigned* marks,
+                            const unsigned long long* masks, int a, int b, int hb0,
+                            int hb1, unsigned long long mb) {
+    const unsigned long long ma = masks[a];
+    if ((ma & mb) != 0 && bt.n_planes <= 64) {
+        return false;
+    }
+    if (a == b || marks[a] != 0) {
         return false;
     }
     int ha0, ha1;
     hit_range(bt, a, ha0, ha1);
-    const unsigned long long ma = plane_mask(bt, ha0, ha1);
-    if ((ma & mb) != 0 && bt.n_planes <= 64) {
-        return false;
-    }
-    if (marks[a] != 0) {
-        return false;
-    }
     if (ha1 - ha0 < hb1 - hb0) {
         return false;
     }
@@ -239,7 +238,8 @@ extern "C" __global__ void ca_clones(const unsigned* __restrict__ event_start, i
                                      const double* __restrict__ fits,
                                      const double* __restrict__ plane_z,
                                      const int* __restrict__ pi, const double* __restrict__ pd,
-                                     const float* __restrict__ nodes, unsigned* marks) {
+                                     const float* __restrict__ nodes, unsigned* marks,
+                                     unsigned long long* masks) {
     // One warp per event: every lane of a warp takes the same branches up to the votes.
     const int ev = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
     const int lane = threadIdx.x & 31;
@@ -248,13 +248,12 @@ extern "C" __global__ void ca_clones(const unsigned* __restrict__ event_start, i
     }
     const int t0 = (int)min(event_start[ev], (unsigned)n_tracks);
     const int t1 = max((int)min(event_start[ev + 1], (unsigned)n_tracks), t0);
-    for (int t = t0 + lane; t < t1; t += 32) {
-        marks[t] = 0;
-    }
-    __syncwarp();
     const int short_max = pi[PI_SHORT_MAX];
     const int n_planes = pi[PI_N_PLANES];
     if (short_max < 0 || n_planes < 1) {
+        for (int t = t0 + lane; t < t1; t += 32) {
+            marks[t] = 0;
+        }
         return;
     }
     Batch bt;
@@ -276,18 +275,29 @@ extern "C" __global__ void ca_clones(const unsigned* __restrict__ event_start, i
         f.g.origin[a] = pd[PD_ORIGIN + a];
         f.g.inv_step[a] = pd[PD_INV_STEP + a];
     }
+    // Every track's plane mask once (the comparisons read them again and again), no marks.
+    for (int t = t0 + lane; t < t1; t += 32) {
+        int h0, h1;
+        hit_range(bt, t, h0, h1);
+        masks[t] = plane_mask(bt, h0, h1);
+        marks[t] = 0;
+    }
+    __syncwarp();
     const volatile unsigned* seen = marks;
+    // Written above by other lanes, read-only from here on.
+    const unsigned long long* seen_masks = masks;
     for (int b = t0; b < t1; ++b) {
         int hb0, hb1;
         hit_range(bt, b, hb0, hb1);
         if (hb1 - hb0 > short_max) {
             continue;
         }
-        const unsigned long long mb = plane_mask(bt, hb0, hb1);
+        const unsigned long long mb = seen_masks[b];
         bool clone = false;
         for (int base = t0; base < t1 && !clone; base += 32) {
             const int a = base + lane;
-            const bool hit = a < t1 && is_clone_of(bt, f, pd, seen, a, b, hb0, hb1, mb);
+            const bool hit =
+                a < t1 && is_clone_of(bt, f, pd, seen, seen_masks, a, b, hb0, hb1, mb);
             clone = __any_sync(FULL_MASK, hit);
         }
         if (clone && lane == 0) {

@@ -102,14 +102,15 @@ impl CloneLimits {
         self.max_tracks() * self.max_hits_per_track
     }
 
-    /// Bytes of device memory for the batch buffers (the tables and the field come on
-    /// top); the pinned host staging is the same again.
+    /// Bytes of device memory for the batch buffers and the kernel's scratch (the tables
+    /// and the field come on top); the pinned host staging is about the same again.
     pub fn device_bytes(&self) -> usize {
         4 * (self.max_events + 1)
             + 4 * (self.max_tracks() + 1)
             + 12 * self.max_hits()
             + 8 * FIT_WORDS * self.max_tracks()
             + 4 * self.max_tracks()
+            + 8 * self.max_tracks()
     }
 
     fn validate(&self) -> Result<(), GpuError> {
@@ -444,6 +445,8 @@ pub struct GpuCloneEngine {
     ints: DeviceBuffer<i32>,
     doubles: DeviceBuffer<f64>,
     nodes: DeviceBuffer<f32>,
+    /// The kernel's scratch: per track its plane mask (`max_tracks` words).
+    masks: DeviceBuffer<u64>,
     host: Staging,
     dev: DeviceBatch,
     limits: CloneLimits,
@@ -526,6 +529,7 @@ impl GpuCloneEngine {
             ints: DeviceBuffer::from_host(&ctx, &tables.ints)?,
             doubles: DeviceBuffer::from_host(&ctx, &tables.doubles)?,
             nodes: DeviceBuffer::from_host(&ctx, &tables.nodes)?,
+            masks: DeviceBuffer::new(&ctx, tracks)?,
             kernels_from_cache: module.from_cache,
             kernel_load_ms: module.load_ms,
             _module: module,
@@ -614,11 +618,18 @@ impl GpuCloneEngine {
 
     /// Enqueues the clone comparison of a batch already on the device on
     /// [`Self::stream`]; the marks are written to `batch.marks` (read them after the
-    /// stream has passed this launch). The buffers are checked against the counts; the
-    /// engine's limits do not apply (they size only its own buffers).
+    /// stream has passed this launch). The buffers are checked against the counts; of the
+    /// engine's limits only the tracks of a full batch apply (the kernel's scratch).
     pub fn launch(&self, batch: &DeviceCloneBatch<'_>) -> Result<(), GpuError> {
         batch.check()?;
         let s = batch.shape;
+        if s.n_tracks > self.masks.len() {
+            return Err(GpuError::Config(format!(
+                "clone batch of {} tracks exceeds the engine's scratch of {} tracks",
+                s.n_tracks,
+                self.masks.len()
+            )));
+        }
         if s.n_events == 0 {
             return Ok(());
         }
@@ -636,7 +647,8 @@ impl GpuCloneEngine {
         let mut doubles = self.doubles.ptr();
         let mut nodes = self.nodes.ptr();
         let mut marks = batch.marks.ptr();
-        let mut params: [*mut std::ffi::c_void; 14] = [
+        let mut masks = self.masks.ptr();
+        let mut params: [*mut std::ffi::c_void; 15] = [
             (&mut event_start as *mut u64).cast(),
             (&mut n_events as *mut i32).cast(),
             (&mut track_hit_start as *mut u64).cast(),
@@ -651,11 +663,13 @@ impl GpuCloneEngine {
             (&mut doubles as *mut u64).cast(),
             (&mut nodes as *mut u64).cast(),
             (&mut marks as *mut u64).cast(),
+            (&mut masks as *mut u64).cast(),
         ];
         let warps_per_block = BLOCK_THREADS as usize / WARP;
         let grid = s.n_events.div_ceil(warps_per_block) as u32;
         // SAFETY: the parameters match the kernel's signature and point to live locals;
-        // the buffers hold the counts passed (checked above) and the kernel clamps every
+        // the buffers and the scratch hold the counts passed (checked above); the kernel
+        // writes only the marks and the scratch, and it clamps every
         // offset and plane index it reads to those counts and the planes' table.
         driver("cuLaunchKernel(ca_clones)", unsafe {
             drv::launch_kernel(
