@@ -7,7 +7,7 @@
 //! a reference), its lanes compare with the reference tracks and vote; the straight-line
 //! bound and the Runge-Kutta comparison are the CPU's double-precision operations in the
 //! CPU's order (`--fmad=false`, the field map's lookup of `kernels/field_map.cuh`), so the
-//! marks are the CPU's, not approximately but exactly.
+//! marks are meant to be the CPU's exactly, and the tests compare them track by track.
 //!
 //! The cuts ([`CloneCuts`]: short-track length, bending bound, step, window), the planes'
 //! z and the field (uniform value or map nodes) are uploaded once, in
@@ -25,9 +25,13 @@
 //!   see `kernels/ca_clones.cu`), for a pipeline whose tracks and fits stay on the
 //!   device; the marks stay there for the next step.
 //!
-//! Per track some `12 n_hits + 180` bytes go up (hits, offsets, state and covariance in
-//! double precision) and 4 come back: a central event's thousand tracks of ten hits are
-//! some 300 KB, 10 us on a PCIe 5 link.
+//! Per track some `12 n_hits + 172` bytes go up (hits, offsets, state and covariance in
+//! double precision) and 4 come back: a central event's 2,000 tracks of about ten hits
+//! are some 600 KB, 12 us on a PCIe 5 link (about 50 GB/s). The work is one pass over the
+//! event's tracks per short track (a plane-mask test each, computed once per event into
+//! the engine's scratch; the straight-line bound and the Runge-Kutta only for the few
+//! tracks on disjoint planes), so an event costs `n_short * n / 32` steps of its warp:
+//! the GPU fills with events, so batches should hold many.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
