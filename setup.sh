@@ -37,6 +37,13 @@ if ! command -v nats-server >/dev/null && [ ! -x /usr/sbin/nats-server ]; then
   need_root systemctl disable --now nats-server >/dev/null 2>&1 || true
 fi
 
+# tests/clones_kernel_on_cpu.rs compiles a GPU kernel's source for the CPU (C++20).
+if ! command -v "${CXX:-g++}" >/dev/null; then
+  echo "setup: installing g++ (Debian package 'g++') for the kernel-on-CPU tests"
+  need_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  need_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends g++ >/dev/null
+fi
+
 # `trigd report` and `trigd eval --plots` draw their text with DejaVu Sans.
 if [ ! -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] && [ -z "${TRIGD_FONT:-}" ]; then
   echo "setup: installing DejaVu Sans (Debian package 'fonts-dejavu-core') for the pictures"

@@ -10,6 +10,7 @@ pub mod eeg;
 pub mod nvrtc;
 pub mod runtime;
 pub mod tracking_ca;
+pub mod tracking_clones;
 pub mod tracking_fit;
 
 use std::fmt;

@@ -135,6 +135,22 @@ impl Reconstructor {
     /// Finds and fits the tracks of one event; `out` is replaced (its `Track`s and their hit
     /// vectors are reused, so a warmed-up reconstructor does not allocate).
     pub fn reconstruct(&mut self, hits: &[HitRecord], out: &mut Vec<Track>) {
+        self.find_tracks(hits);
+        let t6 = Instant::now();
+        self.clones_removed +=
+            ca::clones::suppress_clones(&self.geo, &self.cfg, &mut self.buf) as u64;
+        self.write_tracks(out);
+        let t9 = Instant::now();
+
+        let t = &mut self.times;
+        t.clones_ns += (t9 - t6).as_nanos() as u64;
+        t.tracks += out.len() as u64;
+    }
+
+    /// Every step of [`Self::reconstruct`] up to clone suppression: afterwards
+    /// [`Self::buffers`] holds the event's accepted tracks in acceptance order, as the
+    /// clone step ([`ca::clones::mark_clones`]) and the GPU's take them.
+    pub fn find_tracks(&mut self, hits: &[HitRecord]) {
         let t0 = Instant::now();
         self.buf.overflow = Overflow::default();
         ca::hit_sorting::sort_hits(&self.geo, hits, self.cfg.limits.max_hits, &mut self.buf);
@@ -157,22 +173,25 @@ impl Reconstructor {
         } else {
             self.find_pass(reach, self.cfg.min_hits, false, false);
         }
-        let t6 = Instant::now();
-        self.clones_removed +=
-            ca::clones::suppress_clones(&self.geo, &self.cfg, &mut self.buf) as u64;
-        self.write_tracks(out);
-        let t9 = Instant::now();
-
         let t = &mut self.times;
         t.events += 1;
-        t.clones_ns += (t9 - t6).as_nanos() as u64;
         t.hits += self.buf.hits.x_mm.len() as u64;
         t.candidates += self.buf.candidates.len() as u64;
-        t.tracks += out.len() as u64;
         self.last_overflow = self.buf.overflow;
         if self.buf.overflow.any() {
             self.overflow_events += 1;
         }
+    }
+
+    /// The working buffers of the last event (after [`Self::find_tracks`]: the accepted
+    /// tracks before clone suppression).
+    pub fn buffers(&self) -> &CaBuffers {
+        &self.buf
+    }
+
+    /// The finder's tables derived from the detector and the configuration.
+    pub fn geometry(&self) -> &FinderGeometry {
+        &self.geo
     }
 
     /// One pass of the cellular automaton on the hits not used yet: doublets on planes up to

@@ -13,7 +13,7 @@
 
 use super::cuts::FinderConfig;
 use super::{CaBuffers, FinderGeometry};
-use crate::tracking::kalman::tri;
+use crate::tracking::kalman::{tri, FitHit, FitOutput};
 use crate::tracking::propagate::{propagate_state, K_GEV_PER_T_MM};
 
 /// Longest Runge-Kutta step of the comparison with the longer track's trajectory, mm (the
@@ -24,26 +24,98 @@ use crate::tracking::propagate::{propagate_state, K_GEV_PER_T_MM};
 /// quarter of the field lookups.
 pub const CLONE_STEP_MM: f64 = 200.0;
 
-/// Removes clones from `buf.accepted`; returns how many were removed.
-pub fn suppress_clones(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuffers) -> usize {
-    let n_planes = geo.planes.len();
-    if n_planes < 4 {
-        return 0;
+/// The cuts of the clone comparison, derived once from the geometry and the configuration
+/// (the CPU step and the GPU's `kernels/ca_clones.cu` read the same values).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CloneCuts {
+    /// Longest track compared with longer ones (`n_planes - 3` hits); `None` with fewer
+    /// than four planes (no comparison).
+    pub short_max: Option<usize>,
+    /// Bending per unit |q/p| and squared distance along z of the largest field, x and y,
+    /// over the acceptance's slopes (mm per (e/(GeV/c)) per mm^2).
+    pub bend_x: f64,
+    pub bend_y: f64,
+    /// Runge-Kutta step of the comparison, mm.
+    pub step_mm: f64,
+    /// How far each hit of the short track may lie from the longer track's trajectory, mm.
+    pub window_mm: f64,
+}
+
+impl CloneCuts {
+    pub fn new(geo: &FinderGeometry, cfg: &FinderConfig) -> Self {
+        let n_planes = geo.planes.len();
+        // Curvature per unit |q/p| bounding every track's in the acceptance: the largest
+        // field components and slopes.
+        let (tx, ty) = (cfg.max_tx, cfg.max_ty);
+        let [bx, by, bz] = geo.b_max_tesla;
+        let nn = (1.0 + tx * tx + ty * ty).sqrt();
+        CloneCuts {
+            short_max: (n_planes >= 4).then(|| n_planes - 3),
+            bend_x: K_GEV_PER_T_MM * nn * (tx * ty * bx + (1.0 + tx * tx) * by + ty * bz),
+            bend_y: K_GEV_PER_T_MM * nn * ((1.0 + ty * ty) * bx + tx * ty * by + tx * bz),
+            step_mm: cfg.fit.max_step_mm.max(CLONE_STEP_MM),
+            window_mm: cfg.clone_window_mm,
+        }
     }
-    let short_max = n_planes - 3;
+}
+
+/// Removes clones from `buf.accepted`; returns how many were removed (the marks of
+/// [`mark_clones`]).
+pub fn suppress_clones(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuffers) -> usize {
+    let mut masks = std::mem::take(&mut buf.scratch_u64);
+    let mut marks = std::mem::take(&mut buf.clone_marks);
+    let removed = mark_clones(geo, cfg, buf, &mut masks, &mut marks);
+    let mut k = 0;
+    buf.accepted.retain(|_| {
+        k += 1;
+        !marks[k - 1]
+    });
+    buf.scratch_u64 = masks;
+    buf.clone_marks = marks;
+    removed
+}
+
+/// The hits of accepted track `i` (index in `buf.accepted`), upstream first, as the fit
+/// and the GPU's clone comparison take them.
+pub fn accepted_hits(buf: &CaBuffers, i: usize) -> impl Iterator<Item = FitHit> + '_ {
+    let c = buf.candidates[buf.accepted[i] as usize];
+    buf.candidate_hits[c.start as usize..c.start as usize + c.len as usize]
+        .iter()
+        .map(|&h| FitHit {
+            plane: buf.hits.plane[h as usize],
+            x_mm: buf.hits.x_mm[h as usize],
+            y_mm: buf.hits.y_mm[h as usize],
+        })
+}
+
+/// The fit of accepted track `i` (index in `buf.accepted`).
+pub fn accepted_fit(buf: &CaBuffers, i: usize) -> &FitOutput {
+    &buf.fits[buf.candidates[buf.accepted[i] as usize].fit as usize]
+}
+
+/// Decides which of `buf.accepted` are clones, in acceptance order: `marks` is replaced by
+/// one flag per accepted track (true: a clone); returns how many. A short track is
+/// compared with every longer-or-equal accepted track not marked before it (a track marked
+/// earlier is no longer a reference). `masks` is scratch (one word per accepted track).
+pub fn mark_clones(
+    geo: &FinderGeometry,
+    cfg: &FinderConfig,
+    buf: &CaBuffers,
+    masks: &mut Vec<u64>,
+    marks: &mut Vec<bool>,
+) -> usize {
     let n = buf.accepted.len();
-    // Curvature per unit |q/p| bounding every track's in the acceptance: the largest field
-    // components and slopes.
-    let (tx, ty) = (cfg.max_tx, cfg.max_ty);
-    let [bx, by, bz] = geo.b_max_tesla;
-    let nn = (1.0 + tx * tx + ty * ty).sqrt();
-    let bend_x = K_GEV_PER_T_MM * nn * (tx * ty * bx + (1.0 + tx * tx) * by + ty * bz);
-    let bend_y = K_GEV_PER_T_MM * nn * ((1.0 + ty * ty) * bx + tx * ty * by + tx * bz);
-    let step_mm = cfg.fit.max_step_mm.max(CLONE_STEP_MM);
+    marks.clear();
+    marks.resize(n, false);
+    let n_planes = geo.planes.len();
+    let cuts = CloneCuts::new(geo, cfg);
+    let Some(short_max) = cuts.short_max else {
+        return 0;
+    };
+    let (bend_x, bend_y, step_mm) = (cuts.bend_x, cuts.bend_y, cuts.step_mm);
     let mut removed = 0;
     // Per accepted track, its planes modulo 64 as bits: tracks with disjoint masks have
     // disjoint planes, and up to 64 planes overlapping masks mean a shared plane.
-    let masks = &mut buf.scratch_u64;
     masks.clear();
     masks.extend(buf.accepted.iter().map(|&k| {
         let c = buf.candidates[k as usize];
@@ -51,7 +123,6 @@ pub fn suppress_clones(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuf
             .iter()
             .fold(0u64, |m, &h| m | 1 << (buf.hits.plane[h as usize] % 64))
     }));
-    // Mark clones by setting their entry to u32::MAX, then compact.
     for ib in 0..n {
         let kb = buf.accepted[ib];
         let cb = buf.candidates[kb as usize];
@@ -66,10 +137,10 @@ pub fn suppress_clones(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuf
             if ma & mb != 0 && n_planes <= 64 {
                 continue;
             }
-            let ka = buf.accepted[ia];
-            if ia == ib || ka == u32::MAX {
+            if ia == ib || marks[ia] {
                 continue;
             }
+            let ka = buf.accepted[ia];
             let ca = buf.candidates[ka as usize];
             if ca.len < cb.len {
                 continue;
@@ -119,13 +190,12 @@ pub fn suppress_clones(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuf
                 }
             }
             if all_close {
-                buf.accepted[ib] = u32::MAX;
+                marks[ib] = true;
                 removed += 1;
                 break;
             }
         }
     }
-    buf.accepted.retain(|&k| k != u32::MAX);
     removed
 }
 
@@ -133,7 +203,6 @@ pub fn suppress_clones(geo: &FinderGeometry, cfg: &FinderConfig, buf: &mut CaBuf
 mod tests {
     use super::*;
     use crate::tracking::ca::Candidate;
-    use crate::tracking::kalman::FitOutput;
     use crate::tracking::propagate::propagate;
     use crate::tracking::reco::synthetic::detector;
 

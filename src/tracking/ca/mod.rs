@@ -605,6 +605,8 @@ pub struct CaBuffers {
     pub overflow: Overflow,
     pub scratch_u32: Vec<u32>,
     pub scratch_u64: Vec<u64>,
+    /// Per accepted track: whether clone suppression marked it ([`clones::mark_clones`]).
+    pub clone_marks: Vec<bool>,
     /// Per input hit: its global bin, `u32::MAX` when refused or dropped (hit sorting).
     pub hit_bin: Vec<u32>,
 }
@@ -647,6 +649,7 @@ impl CaBuffers {
         b.scratch_u32
             .reserve(limits.max_triplets.max(n_bins + 1).max(h + 1));
         b.scratch_u64.reserve(limits.max_tracks);
+        b.clone_marks.reserve(limits.max_tracks);
         b.hit_bin.reserve(h);
         b
     }

@@ -1,0 +1,309 @@
+// Clone suppression on the GPU: the device side of src/gpu/tracking_clones.rs, the
+// CPU's mark_clones (src/tracking/ca/clones.rs) over a batch of events. Compiled with
+// --fmad=false after kernels/field_map.cuh: the comparison and the Runge-Kutta steps are
+// the CPU's double-precision operations in the CPU's order, so the decisions are the CPU's.
+//
+// One warp per event. The CPU marks in acceptance order, and a track marked earlier is no
+// longer a reference; so the warp walks the event's short tracks in that order, its lanes
+// test the reference tracks 32 at a time, and a vote decides: the short track is a clone
+// when any reference passes every test (which one does not matter). The warp writes the
+// mark before it goes on to the next short track. No atomics; the result does not depend
+// on scheduling.
+//
+// Layout of a batch (offsets are absolute indices into the batch's arrays):
+//   event_start[n_events + 1]    tracks of event e: event_start[e] .. event_start[e + 1]
+//   track_hit_start[n_tracks + 1] hits of track t: track_hit_start[t] .. [t + 1], upstream
+//                                first
+//   hit_plane, hit_x, hit_y [n_hits]
+//   fits[n_tracks][FIT_WORDS]    z, state (x, y, tx, ty, qop), covariance (15, lower
+//                                triangle row by row), doubles
+//   marks[n_tracks]              out: 1 a clone, 0 kept
+//   masks[n_tracks]              scratch: each track's planes modulo 64 as bits
+// Offsets beyond the counts are clamped to them (a malformed batch reads no memory outside
+// its arrays; its marks are then meaningless); plane indices are clamped to the last plane.
+// Tables: plane_z[n_planes] (mm); pi[PI_*]; pd[PD_*]; nodes the field map's (one zero
+// node in a uniform field).
+
+#define PI_N_PLANES 0
+#define PI_SHORT_MAX 1
+#define PI_FIELD_MAP 2
+#define PI_NX 3
+#define PI_NY 4
+#define PI_NZ 5
+
+#define PD_BEND_X 0
+#define PD_BEND_Y 1
+#define PD_STEP 2
+#define PD_WINDOW 3
+#define PD_K 4
+#define PD_B 5
+#define PD_ORIGIN 8
+#define PD_INV_STEP 11
+
+#define FIT_WORDS 21
+#define FIT_Z 0
+#define FIT_STATE 1
+#define FIT_COV 6
+// tri(2, 2), tri(3, 3), tri(4, 4) of the lower triangle.
+#define COV_TX 5
+#define COV_TY 9
+#define COV_QOP 14
+
+#define FULL_MASK 0xffffffffu
+
+struct CloneField {
+    bool map;
+    double b[3];
+    FieldMap64 g;
+};
+
+__device__ __forceinline__ void field_at(const CloneField& f, double x, double y, double z,
+                                         double b[3]) {
+    if (f.map) {
+        field_map_at_f64(f.g, x, y, z, b);
+    } else {
+        b[0] = f.b[0];
+        b[1] = f.b[1];
+        b[2] = f.b[2];
+    }
+}
+
+// steps_for: equal steps of at most max_step (1 to 1024).
+__device__ __forceinline__ int steps_for(double dz, double max_step) {
+    if (isnan(max_step) || max_step <= 0.0 || !isfinite(dz)) {
+        return 1;
+    }
+    const double c = ceil(fabs(dz) / max_step);
+    return c < 1.0 ? 1 : (c > 1024.0 ? 1024 : (int)c);
+}
+
+// propagate_state: the state's Runge-Kutta steps from z_from to z_to (q/p unchanged).
+__device__ void propagate_state(const CloneField& f, double kk, double z_from, double s[5],
+                                double z_to, double max_step) {
+    const int n = steps_for(z_to - z_from, max_step);
+    double x = s[0], y = s[1], tx = s[2], ty = s[3];
+    const double q = s[4];
+    double z = z_from;
+    const double h = (z_to - z) / (double)n;
+    const double a[4] = {0.0, 0.5, 0.5, 1.0};
+    const double sixth = 1.0 / 6.0, two = 2.0;
+    for (int step = 0; step < n; ++step) {
+        double ks[4][4];
+        for (int st = 0; st < 4; ++st) {
+            double px, py, pz, ptx, pty;
+            if (st == 0) {
+                px = x;
+                py = y;
+                pz = z;
+                ptx = tx;
+                pty = ty;
+            } else {
+                const double ah = a[st] * h;
+                const double* k = ks[st - 1];
+                px = x + ah * k[0];
+                py = y + ah * k[1];
+                pz = z + ah;
+                ptx = tx + ah * k[2];
+                pty = ty + ah * k[3];
+            }
+            double b[3];
+            field_at(f, px, py, pz, b);
+            const double nn = sqrt(1.0 + ptx * ptx + pty * pty);
+            const double ax = ptx * pty * b[0] - (1.0 + ptx * ptx) * b[1] + pty * b[2];
+            const double ay = (1.0 + pty * pty) * b[0] - ptx * pty * b[1] - ptx * b[2];
+            const double kqn = kk * q * nn;
+            ks[st][0] = ptx;
+            ks[st][1] = pty;
+            ks[st][2] = kqn * ax;
+            ks[st][3] = kqn * ay;
+        }
+        const double hs = h * sixth;
+        x += hs * (ks[0][0] + two * ks[1][0] + two * ks[2][0] + ks[3][0]);
+        y += hs * (ks[0][1] + two * ks[1][1] + two * ks[2][1] + ks[3][1]);
+        tx += hs * (ks[0][2] + two * ks[1][2] + two * ks[2][2] + ks[3][2]);
+        ty += hs * (ks[0][3] + two * ks[1][3] + two * ks[2][3] + ks[3][3]);
+        z += h;
+    }
+    s[0] = x;
+    s[1] = y;
+    s[2] = tx;
+    s[3] = ty;
+    s[4] = q;
+}
+
+struct Batch {
+    const unsigned* track_hit_start;
+    int n_tracks;
+    const unsigned* hit_plane;
+    const float* hit_x;
+    const float* hit_y;
+    int n_hits;
+    const double* fits;
+    const double* plane_z;
+    int n_planes;
+};
+
+// Hits of track t, clamped to the batch.
+__device__ __forceinline__ void hit_range(const Batch& bt, int t, int& h0, int& h1) {
+    h0 = (int)min(bt.track_hit_start[t], (unsigned)bt.n_hits);
+    h1 = (int)min(bt.track_hit_start[t + 1], (unsigned)bt.n_hits);
+    h1 = max(h1, h0);
+}
+
+__device__ __forceinline__ int plane_of(const Batch& bt, int h) {
+    return (int)min(bt.hit_plane[h], (unsigned)(bt.n_planes - 1));
+}
+
+// The track's planes modulo 64 as bits.
+__device__ __forceinline__ unsigned long long plane_mask(const Batch& bt, int h0, int h1) {
+    unsigned long long m = 0;
+    for (int h = h0; h < h1; ++h) {
+        m |= 1ull << (plane_of(bt, h) % 64);
+    }
+    return m;
+}
+
+// Whether short track b (hits hb0..hb1, mask mb) is a clone of reference track a: the
+// tests of mark_clones' inner loop, in its order.
+__device__ bool is_clone_of(const Batch& bt, const CloneField& f, const double* pd,
+                            const volatile unsigned* marks,
+                            const unsigned long long* masks, int a, int b, int hb0,
+                            int hb1, unsigned long long mb) {
+    const unsigned long long ma = masks[a];
+    if ((ma & mb) != 0 && bt.n_planes <= 64) {
+        return false;
+    }
+    if (a == b || marks[a] != 0) {
+        return false;
+    }
+    int ha0, ha1;
+    hit_range(bt, a, ha0, ha1);
+    if (ha1 - ha0 < hb1 - hb0) {
+        return false;
+    }
+    if ((ma & mb) != 0) {
+        for (int hb = hb0; hb < hb1; ++hb) {
+            for (int ha = ha0; ha < ha1; ++ha) {
+                if (plane_of(bt, ha) == plane_of(bt, hb)) {
+                    return false;
+                }
+            }
+        }
+    }
+    const double* fa = bt.fits + (size_t)a * FIT_WORDS;
+    const double za = fa[FIT_Z];
+    const double window = pd[PD_WINDOW];
+    const double bend_x = pd[PD_BEND_X], bend_y = pd[PD_BEND_Y];
+    // Every hit of b near a's straight line, within the largest bending.
+    const double sd_tx = 3.0 * sqrt(fmax(fa[FIT_COV + COV_TX], 0.0));
+    const double sd_ty = 3.0 * sqrt(fmax(fa[FIT_COV + COV_TY], 0.0));
+    const double sd_q = 3.0 * sqrt(fmax(fa[FIT_COV + COV_QOP], 0.0));
+    const double q = fabs(fa[FIT_STATE + 4]) + sd_q;
+    for (int hb = hb0; hb < hb1; ++hb) {
+        const double dz = bt.plane_z[plane_of(bt, hb)] - za;
+        const double bend = 0.5 * q * dz * dz;
+        const double x_lin = fa[FIT_STATE + 0] + fa[FIT_STATE + 2] * dz;
+        const double y_lin = fa[FIT_STATE + 1] + fa[FIT_STATE + 3] * dz;
+        const double wx = window + bend * bend_x + sd_tx * fabs(dz);
+        const double wy = window + bend * bend_y + sd_ty * fabs(dz);
+        const bool near = fabs(x_lin - (double)bt.hit_x[hb]) <= wx &&
+                          fabs(y_lin - (double)bt.hit_y[hb]) <= wy;
+        if (!near) {
+            return false;
+        }
+    }
+    // Every hit of b within the window of a's trajectory, followed hit by hit.
+    double s[5];
+    for (int k = 0; k < 5; ++k) {
+        s[k] = fa[FIT_STATE + k];
+    }
+    double z = za;
+    for (int hb = hb0; hb < hb1; ++hb) {
+        const double zt = bt.plane_z[plane_of(bt, hb)];
+        propagate_state(f, pd[PD_K], z, s, zt, pd[PD_STEP]);
+        z = zt;
+        if (fabs(s[0] - (double)bt.hit_x[hb]) > window ||
+            fabs(s[1] - (double)bt.hit_y[hb]) > window) {
+            return false;
+        }
+    }
+    return true;
+}
+
+extern "C" __global__ void ca_clones(const unsigned* __restrict__ event_start, int n_events,
+                                     const unsigned* __restrict__ track_hit_start, int n_tracks,
+                                     const unsigned* __restrict__ hit_plane,
+                                     const float* __restrict__ hit_x,
+                                     const float* __restrict__ hit_y, int n_hits,
+                                     const double* __restrict__ fits,
+                                     const double* __restrict__ plane_z,
+                                     const int* __restrict__ pi, const double* __restrict__ pd,
+                                     const float* __restrict__ nodes, unsigned* marks,
+                                     unsigned long long* masks) {
+    // One warp per event: every lane of a warp takes the same branches up to the votes.
+    const int ev = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
+    const int lane = threadIdx.x & 31;
+    if (ev >= n_events) {
+        return;
+    }
+    const int t0 = (int)min(event_start[ev], (unsigned)n_tracks);
+    const int t1 = max((int)min(event_start[ev + 1], (unsigned)n_tracks), t0);
+    const int short_max = pi[PI_SHORT_MAX];
+    const int n_planes = pi[PI_N_PLANES];
+    if (short_max < 0 || n_planes < 1) {
+        for (int t = t0 + lane; t < t1; t += 32) {
+            marks[t] = 0;
+        }
+        return;
+    }
+    Batch bt;
+    bt.track_hit_start = track_hit_start;
+    bt.n_tracks = n_tracks;
+    bt.hit_plane = hit_plane;
+    bt.hit_x = hit_x;
+    bt.hit_y = hit_y;
+    bt.n_hits = n_hits;
+    bt.fits = fits;
+    bt.plane_z = plane_z;
+    bt.n_planes = n_planes;
+    CloneField f;
+    f.map = pi[PI_FIELD_MAP] != 0;
+    f.g.nodes = nodes;
+    for (int a = 0; a < 3; ++a) {
+        f.b[a] = pd[PD_B + a];
+        f.g.n[a] = pi[PI_NX + a];
+        f.g.origin[a] = pd[PD_ORIGIN + a];
+        f.g.inv_step[a] = pd[PD_INV_STEP + a];
+    }
+    // Every track's plane mask once (the comparisons read them again and again), no marks.
+    for (int t = t0 + lane; t < t1; t += 32) {
+        int h0, h1;
+        hit_range(bt, t, h0, h1);
+        masks[t] = plane_mask(bt, h0, h1);
+        marks[t] = 0;
+    }
+    __syncwarp();
+    const volatile unsigned* seen = marks;
+    // Written above by other lanes, read-only from here on.
+    const unsigned long long* seen_masks = masks;
+    for (int b = t0; b < t1; ++b) {
+        int hb0, hb1;
+        hit_range(bt, b, hb0, hb1);
+        if (hb1 - hb0 > short_max) {
+            continue;
+        }
+        const unsigned long long mb = seen_masks[b];
+        bool clone = false;
+        for (int base = t0; base < t1 && !clone; base += 32) {
+            const int a = base + lane;
+            const bool hit =
+                a < t1 && is_clone_of(bt, f, pd, seen, seen_masks, a, b, hb0, hb1, mb);
+            clone = __any_sync(FULL_MASK, hit);
+        }
+        if (clone && lane == 0) {
+            marks[b] = 1;
+        }
+        // The mark is seen by every lane before the next short track's comparisons.
+        __syncwarp();
+    }
+}

@@ -1,0 +1,272 @@
+//! Shared by the tests of the GPU clone step (`tests/gpu_tracking_clones.rs`, on a GPU)
+//! and of its kernel source run on the CPU (`tests/clones_kernel_on_cpu.rs`): the CPU's
+//! accepted tracks before clone suppression and its marks, on simulated events of the
+//! shipped detectors and on constructed cases.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use trigd::gpu::tracking_clones::CloneTrack;
+use trigd::tracking::ca::clones::{accepted_fit, accepted_hits, mark_clones};
+use trigd::tracking::ca::{CaBuffers, Candidate, FinderGeometry};
+use trigd::tracking::geometry::{Detector, Field, Plane};
+use trigd::tracking::kalman::{FitHit, FitOutput};
+use trigd::tracking::propagate::propagate_state;
+use trigd::tracking::reco::{FinderConfig, Reconstructor};
+use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
+
+pub fn seed() -> u64 {
+    // Fresh events each run; the seed is printed so a failure can be replayed.
+    let s = std::env::var("TRIGD_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    eprintln!("seed {s}");
+    s
+}
+
+pub fn fixture(rel: &str) -> PathBuf {
+    let base = std::env::var_os("TRIGD_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("fixtures"));
+    base.join(rel)
+}
+
+pub fn load(rel: &str) -> Detector {
+    Detector::from_toml_file(fixture(rel))
+        .unwrap_or_else(|e| panic!("{rel}: {e} (run from the repository root)"))
+}
+
+/// One event's accepted tracks before clone suppression and the CPU's marks.
+pub struct EventTracks {
+    pub hits: Vec<Vec<FitHit>>,
+    pub fits: Vec<FitOutput>,
+    pub cpu_marks: Vec<bool>,
+    /// Wall time of the CPU's marking, microseconds.
+    pub cpu_us: f64,
+}
+
+impl EventTracks {
+    pub fn tracks(&self) -> Vec<CloneTrack<'_>> {
+        self.hits
+            .iter()
+            .zip(&self.fits)
+            .map(|(hits, fit)| CloneTrack { hits, fit })
+            .collect()
+    }
+}
+
+/// The accepted tracks in `buf` (acceptance order) and the CPU's marks of them.
+pub fn capture(geo: &FinderGeometry, cfg: &FinderConfig, buf: &CaBuffers) -> EventTracks {
+    let n = buf.accepted.len();
+    let (mut masks, mut cpu_marks) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let t0 = Instant::now();
+    mark_clones(geo, cfg, buf, &mut masks, &mut cpu_marks);
+    let cpu_us = t0.elapsed().as_secs_f64() * 1e6;
+    EventTracks {
+        cpu_us,
+        hits: (0..n).map(|i| accepted_hits(buf, i).collect()).collect(),
+        fits: (0..n).map(|i| *accepted_fit(buf, i)).collect(),
+        cpu_marks,
+    }
+}
+
+/// The shipped detectors: name, geometry, whether the forward spectrum applies.
+pub fn shipped_detectors() -> Vec<(&'static str, Detector, bool)> {
+    vec![
+        ("uniform", load("detector.toml"), false),
+        (
+            "dipole map",
+            load("tracking/dipole/detector_dipole.toml"),
+            false,
+        ),
+        (
+            "forward map",
+            load("tracking/forward/detector_forward.toml"),
+            true,
+        ),
+    ]
+}
+
+/// `n_events` fresh events of `preset` found by `reco` up to clone suppression, with the
+/// CPU's marks.
+pub fn found_events(
+    reco: &mut Reconstructor,
+    det: &Detector,
+    forward: bool,
+    preset: Preset,
+    seed: u64,
+    n_events: u64,
+) -> Vec<EventTracks> {
+    let sim = if forward {
+        SimConfig::forward(preset)
+    } else {
+        SimConfig::preset(preset)
+    };
+    simulate_events(det, &sim, seed, 0, n_events)
+        .map(|ev| {
+            reco.find_tracks(&ev.hits);
+            capture(reco.geometry(), reco.config(), reco.buffers())
+        })
+        .collect()
+}
+
+pub fn count(marks: &[bool]) -> usize {
+    marks.iter().filter(|&&m| m).count()
+}
+
+/// Eight planes from z = 300 mm, 100 mm apart, in a uniform field.
+pub fn eight_planes(b_tesla: [f64; 3]) -> Detector {
+    Detector {
+        planes: (0..8)
+            .map(|i| Plane {
+                z_mm: 300.0 + 100.0 * i as f64,
+                half_x_mm: 300.0,
+                half_y_mm: 300.0,
+                sigma_x_mm: 0.01,
+                sigma_y_mm: 0.01,
+                x0_fraction: 0.003,
+                efficiency: 1.0,
+            })
+            .collect(),
+        field: Field::Uniform { b_tesla },
+    }
+}
+
+/// A constructed track: its hits and its fit.
+pub type Track = (Vec<FitHit>, FitOutput);
+
+/// The hits of a trajectory (state at plane 0) on `planes`, shifted by `dx_mm` in x, and
+/// its fit at the first of them.
+pub fn along(det: &Detector, start: [f64; 5], planes: &[usize], dx_mm: f64) -> Track {
+    let z0 = det.planes[0].z_mm;
+    let at = |p: usize| propagate_state(&det.field, z0, start, det.planes[p].z_mm, 10.0);
+    let hits = planes
+        .iter()
+        .map(|&p| {
+            let s = at(p);
+            FitHit {
+                plane: p as u16,
+                x_mm: (s[0] + dx_mm) as f32,
+                y_mm: s[1] as f32,
+            }
+        })
+        .collect();
+    let mut state = at(planes[0]);
+    state[0] += dx_mm;
+    let mut cov = [0.0; 15];
+    for (i, v) in [(0, 1e-4), (2, 1e-4), (5, 1e-6), (9, 1e-6), (14, 1e-4)] {
+        cov[i] = v;
+    }
+    let fit = FitOutput {
+        z_mm: det.planes[planes[0]].z_mm,
+        state,
+        cov,
+        chi2: 1.0,
+        ndf: 2 * planes.len() as u16 - 4,
+        ok: true,
+    };
+    (hits, fit)
+}
+
+/// The CPU's buffers holding `tracks` as accepted tracks, in the order given.
+pub fn buffers_of(tracks: &[Track]) -> CaBuffers {
+    let mut buf = CaBuffers::default();
+    for (k, (hits, fit)) in tracks.iter().enumerate() {
+        let start = buf.candidate_hits.len() as u32;
+        for h in hits {
+            buf.candidate_hits.push(buf.hits.x_mm.len() as u32);
+            buf.hits.x_mm.push(h.x_mm);
+            buf.hits.y_mm.push(h.y_mm);
+            buf.hits.plane.push(h.plane);
+        }
+        buf.candidates.push(Candidate {
+            start,
+            len: hits.len() as u16,
+            chi2: fit.chi2 as f32,
+            ndf: fit.ndf,
+            fit: k as u32,
+        });
+        buf.fits.push(*fit);
+        buf.accepted.push(k as u32);
+    }
+    buf
+}
+
+/// A constructed event: what it shows, its tracks in acceptance order, the marks expected.
+pub type Case = (&'static str, Vec<Track>, Vec<bool>);
+
+/// Constructed events in a uniform field on [`eight_planes`], each with the marks
+/// expected: a clone, a short track off the trajectory, one sharing a plane, and short
+/// tracks of one trajectory where the order of acceptance decides which is the clone.
+pub fn constructed_cases() -> (Detector, Vec<Case>) {
+    let det = eight_planes([0.0, 1.0, 0.0]);
+    // A 2 GeV/c track and a 1 GeV/c one of the other charge: trajectories that bend by
+    // many windows over the detector, so a straight line would not do.
+    let t = [10.0, -5.0, 0.1, 0.02, 0.5];
+    let u = [-40.0, 20.0, -0.05, -0.03, -1.0];
+    let cases: Vec<Case> = vec![
+        (
+            "a long track and short ones: on its trajectory, off it, sharing a plane",
+            vec![
+                along(&det, t, &[0, 1, 2, 3, 4], 0.0),
+                along(&det, t, &[5, 6, 7], 0.0),
+                along(&det, t, &[5, 6, 7], 150.0),
+                along(&det, t, &[4, 5, 6], 0.0),
+                along(&det, u, &[0, 1, 2, 3, 4, 5], 0.0),
+                along(&det, u, &[6, 7], 0.0),
+            ],
+            vec![false, true, false, false, false, true],
+        ),
+        (
+            "two short tracks of one trajectory: the first accepted is compared first",
+            vec![
+                along(&det, t, &[0, 1, 2], 0.0),
+                along(&det, t, &[4, 5, 6], 0.0),
+            ],
+            vec![true, false],
+        ),
+        (
+            "a short track marked earlier is no longer a reference",
+            vec![
+                along(&det, t, &[0, 1, 2], 0.0),
+                along(&det, t, &[4, 5], 0.0),
+                along(&det, t, &[6, 7], 0.0),
+            ],
+            vec![false, true, true],
+        ),
+        (
+            "a clone of a clone: the later short track has no reference left",
+            vec![
+                along(&det, t, &[3, 4, 5], 0.0),
+                along(&det, t, &[0, 1, 2], 0.0),
+                along(&det, t, &[6, 7], 0.0),
+            ],
+            vec![true, false, true],
+        ),
+    ];
+    (det, cases)
+}
+
+/// The CPU's marks of the constructed cases, checked against the expected ones.
+pub fn constructed_events(
+    geo: &FinderGeometry,
+    cfg: &FinderConfig,
+    cases: &[Case],
+) -> Vec<EventTracks> {
+    cases
+        .iter()
+        .map(|(what, tracks, expected)| {
+            let ev = capture(geo, cfg, &buffers_of(tracks));
+            assert_eq!(&ev.cpu_marks, expected, "CPU: {what}");
+            ev
+        })
+        .collect()
+}

@@ -1,0 +1,173 @@
+//! The GPU clone step's kernel source (`kernels/ca_clones.cu` after
+//! `kernels/field_map.cuh`) compiled for the CPU and run with each warp's 32 lanes as 32
+//! threads (`tests/kernels_on_cpu/warp.h`), on batches packed as the GPU engine packs them
+//! ([`pack_batch`], [`CloneTables`]): its marks must be the CPU's ([`mark_clones`]) on
+//! fresh simulated events of the three shipped detectors and on the constructed cases.
+//! This checks the kernel's logic (the order of the short tracks, the vote, the tests and
+//! their double-precision arithmetic, compiled without contraction as NVRTC's
+//! `--fmad=false`) on every CI run, without a GPU; `tests/gpu_tracking_clones.rs` runs the
+//! same comparisons on a GPU.
+//!
+//! Needs a C++20 compiler (`g++`, installed by `./setup.sh`; `CXX` overrides).
+//!
+//! [`mark_clones`]: trigd::tracking::ca::clones::mark_clones
+
+mod clones_common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use clones_common::{
+    constructed_cases, constructed_events, count, found_events, seed, shipped_detectors,
+    EventTracks,
+};
+use trigd::gpu::tracking_clones::{
+    check_batch, pack_batch, BatchArrays, CloneLimits, CloneTables, CloneTrack, FIT_WORDS,
+};
+use trigd::tracking::ca::FinderGeometry;
+use trigd::tracking::reco::{FinderConfig, Reconstructor};
+use trigd::tracking::simulate::Preset;
+
+/// The kernel on the CPU, compiled once per test run.
+fn kernel_binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ca_clones_on_cpu");
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+        let status = Command::new(&cxx)
+            .args(["-O2", "-std=c++20", "-ffp-contract=off", "-pthread", "-o"])
+            .arg(&out)
+            .arg(root.join("tests/kernels_on_cpu/ca_clones.cpp"))
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run {cxx} ({e}): run ./setup.sh"));
+        assert!(status.success(), "{cxx} could not compile the kernel");
+        out
+    })
+}
+
+fn write<T: Copy>(dir: &Path, name: &str, values: &[T]) {
+    // SAFETY: plain numbers (u32, i32, f32, f64) viewed as their bytes.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
+    };
+    std::fs::File::create(dir.join(name))
+        .and_then(|mut f| f.write_all(bytes))
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+}
+
+/// The kernel's marks of `events` on the CPU.
+fn kernel_marks(geo: &FinderGeometry, cfg: &FinderConfig, events: &[EventTracks]) -> Vec<bool> {
+    let tracks: Vec<Vec<CloneTrack>> = events.iter().map(EventTracks::tracks).collect();
+    let batch: Vec<&[CloneTrack]> = tracks.iter().map(Vec::as_slice).collect();
+    let limits = CloneLimits {
+        max_events: events.len().max(1),
+        max_tracks_per_event: 1 << 14,
+        max_hits_per_track: 64,
+    };
+    let shape = check_batch(&limits, geo.planes.len(), &batch).expect("batch within limits");
+    let mut event_start = vec![0u32; shape.n_events + 1];
+    let mut track_hit_start = vec![0u32; shape.n_tracks + 1];
+    let mut hit_plane = vec![0u32; shape.n_hits];
+    let (mut hit_x, mut hit_y) = (vec![0f32; shape.n_hits], vec![0f32; shape.n_hits]);
+    let mut fits = vec![0f64; shape.n_tracks * FIT_WORDS];
+    pack_batch(
+        &batch,
+        shape,
+        BatchArrays {
+            event_start: &mut event_start,
+            track_hit_start: &mut track_hit_start,
+            hit_plane: &mut hit_plane,
+            hit_x: &mut hit_x,
+            hit_y: &mut hit_y,
+            fits: &mut fits,
+        },
+    );
+    let tables = CloneTables::new(geo, cfg);
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let d = dir.path();
+    write(d, "ints", &tables.ints);
+    write(d, "doubles", &tables.doubles);
+    write(d, "plane_z", &tables.plane_z);
+    write(d, "nodes", &tables.nodes);
+    write(d, "event_start", &event_start);
+    write(d, "track_hit_start", &track_hit_start);
+    write(d, "hit_plane", &hit_plane);
+    write(d, "hit_x", &hit_x);
+    write(d, "hit_y", &hit_y);
+    write(d, "fits", &fits);
+    let out = Command::new(kernel_binary())
+        .arg(d)
+        .output()
+        .expect("run the kernel");
+    assert!(
+        out.status.success(),
+        "kernel on the CPU failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bytes = std::fs::read(d.join("marks")).expect("the kernel's marks");
+    assert_eq!(bytes.len(), 4 * shape.n_tracks, "one mark per track");
+    bytes
+        .chunks_exact(4)
+        .map(|w| match u32::from_le_bytes([w[0], w[1], w[2], w[3]]) {
+            0 => false,
+            1 => true,
+            m => panic!("mark {m:#x}: not written, or not a mark"),
+        })
+        .collect()
+}
+
+/// The kernel's marks against the CPU's, event by event; returns the clones.
+fn assert_same_marks(kernel: &[bool], events: &[EventTracks], what: &str) -> usize {
+    let mut k = 0;
+    for (e, ev) in events.iter().enumerate() {
+        let n = ev.cpu_marks.len();
+        let got = &kernel[k..k + n];
+        if let Some(t) = (0..n).find(|&t| got[t] != ev.cpu_marks[t]) {
+            panic!(
+                "{what}: event {e} track {t} of {n}: kernel marks {}, CPU {}; hits {:?}, fit {:?}",
+                got[t], ev.cpu_marks[t], ev.hits[t], ev.fits[t]
+            );
+        }
+        k += n;
+    }
+    assert_eq!(k, kernel.len(), "{what}: one mark per track");
+    count(kernel)
+}
+
+#[test]
+fn kernel_marks_the_cpus_clones_on_simulated_events() {
+    let seed = seed();
+    let mut total = 0;
+    for (name, det, forward) in shipped_detectors() {
+        let mut reco = Reconstructor::new(&det, FinderConfig::from_detector(&det, 0.5));
+        for (preset, n_events) in [(Preset::Central, 2), (Preset::Minbias, 16)] {
+            let events = found_events(&mut reco, &det, forward, preset, seed, n_events);
+            let what = format!("{name} {preset:?}");
+            let kernel = kernel_marks(reco.geometry(), reco.config(), &events);
+            let clones = assert_same_marks(&kernel, &events, &what);
+            eprintln!(
+                "{what}: kernel and CPU agree on {n_events} events, {} tracks, {clones} clones",
+                kernel.len()
+            );
+            total += clones;
+        }
+    }
+    // The dipole map's central events have some ten clones each.
+    assert!(
+        total > 0,
+        "the simulated events gave no clone: the comparison exercised nothing"
+    );
+}
+
+#[test]
+fn kernel_marks_the_constructed_clones() {
+    let (det, cases) = constructed_cases();
+    let cfg = FinderConfig::from_detector(&det, 1.0);
+    let geo = FinderGeometry::new(&det, &cfg);
+    let events = constructed_events(&geo, &cfg, &cases);
+    let kernel = kernel_marks(&geo, &cfg, &events);
+    assert_eq!(assert_same_marks(&kernel, &events, "constructed"), 7);
+}
