@@ -109,6 +109,7 @@ fn bench_batch(
         max_doublets: 1 << 26,
         max_triplets: 1 << 26,
         max_neighbours: 1 << 26,
+        ..CaLimits::default()
     };
     let mut engine = GpuCaEngine::new(dev, &geo, &cfg, reach, limits, &KernelCache::from_env())?;
     let batch: Vec<&[HitRecord]> = events.iter().map(|e| &e[..]).collect();

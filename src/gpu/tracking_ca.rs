@@ -89,6 +89,7 @@ use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaFunction, C
 
 use super::nvrtc::{load_module_with_options, KernelCache, LoadedModule};
 use super::runtime::{copy_to_device, DeviceBuffer, PinnedBuffer};
+use super::tracking_fit::FitTables;
 use super::{driver, GpuDevice, GpuError};
 use crate::frame::HitRecord;
 use crate::tracking::ca::bending::NODES;
@@ -96,21 +97,32 @@ use crate::tracking::ca::cuts::{FinderConfig, Limits};
 use crate::tracking::ca::doublets::PlaneWindows;
 use crate::tracking::ca::{Doublet, FinderGeometry, Triplet, MAX_REACH};
 use crate::tracking::geometry::Field;
+use crate::tracking::kalman::{FitOutput, KalmanFitter};
 use crate::tracking::propagate::K_GEV_PER_T_MM;
 
 /// The kernels of the steps, one file each, compiled together as one module.
 const COMMON: &str = include_str!("../../kernels/ca_common.cuh");
-const STEPS: [&str; 5] = [
+const STEPS: [&str; 7] = [
     include_str!("../../kernels/ca_hit_sorting.cu"),
     include_str!("../../kernels/ca_doublets.cu"),
     include_str!("../../kernels/ca_triplets.cu"),
     include_str!("../../kernels/ca_neighbours.cu"),
     include_str!("../../kernels/ca_evolution.cu"),
+    // The fit of one candidate as a device function, then the candidate step that uses it.
+    include_str!("../../kernels/kalman_fit.cu"),
+    include_str!("../../kernels/ca_candidates.cu"),
 ];
 /// The windows and cuts must round as the CPU's: no fused multiply-adds.
 const KERNEL_OPTIONS: [&str; 1] = ["--fmad=false"];
 /// Threads per block (CA_THREADS in ca_common.cuh).
 const THREADS: u32 = 256;
+/// Threads per event of the candidate step (CAND_THREADS in ca_candidates.cu).
+const CAND_THREADS: u32 = 64;
+/// Words per fit in the fit arena (FIT_WORDS in ca_candidates.cu, the fit kernel's
+/// output words).
+const FIT_WORDS: usize = super::tracking_fit::OUT_WORDS;
+/// The longest candidate (MAX_CHAIN in ca_candidates.cu and candidates.rs).
+const MAX_CHAIN: usize = crate::tracking::kalman::MAX_PLANES;
 
 // Table layouts (ca_common.cuh).
 const PLF: usize = 32;
@@ -128,14 +140,18 @@ pub enum CaStep {
     Doublets,
     Triplets,
     Neighbours,
+    /// Candidate extraction, fit and choice: the CPU would count a candidate or track
+    /// overflow, or the event's candidates exceed its share of the batch's arenas.
+    Candidates,
 }
 
 impl CaStep {
-    pub const ALL: [CaStep; 4] = [
+    pub const ALL: [CaStep; 5] = [
         CaStep::Hits,
         CaStep::Doublets,
         CaStep::Triplets,
         CaStep::Neighbours,
+        CaStep::Candidates,
     ];
 
     fn code(self) -> u32 {
@@ -144,6 +160,7 @@ impl CaStep {
             CaStep::Doublets => 2,
             CaStep::Triplets => 3,
             CaStep::Neighbours => 4,
+            CaStep::Candidates => 5,
         }
     }
 
@@ -158,6 +175,7 @@ impl CaStep {
             CaStep::Doublets => "doublets",
             CaStep::Triplets => "triplets",
             CaStep::Neighbours => "neighbours",
+            CaStep::Candidates => "candidates",
         }
     }
 }
@@ -171,11 +189,16 @@ pub struct CaLimits {
     pub max_doublets: usize,
     pub max_triplets: usize,
     pub max_neighbours: usize,
+    /// Track candidates (with their fits and the accepted list) and their hits, of all
+    /// the batch's events together: each event gets an equal share, kept across passes.
+    pub max_candidates: usize,
+    pub max_candidate_hits: usize,
 }
 
 impl Default for CaLimits {
-    /// 512 events, 4 Mi hits (some 250 central events), 16 Mi doublets and triplets and
-    /// 32 Mi neighbour links: about 1.6 GiB with the grid of 10 planes of 8 x 128 cells.
+    /// 512 events, 4 Mi hits (some 250 central events), 16 Mi doublets and triplets, 32
+    /// Mi neighbour links, 1 Mi candidates (2,048 per event in a full batch) of 16 Mi
+    /// hits: about 2.1 GiB with the grid of 10 planes of 8 x 128 cells.
     fn default() -> Self {
         CaLimits {
             max_events: 512,
@@ -183,6 +206,8 @@ impl Default for CaLimits {
             max_doublets: 1 << 24,
             max_triplets: 1 << 24,
             max_neighbours: 1 << 25,
+            max_candidates: 1 << 20,
+            max_candidate_hits: 1 << 24,
         }
     }
 }
@@ -190,12 +215,21 @@ impl Default for CaLimits {
 impl CaLimits {
     /// Bytes of device memory for the arenas, with `n_bins` grid cells per event.
     pub fn device_bytes(&self, n_bins: usize) -> usize {
-        4 * (11 * self.max_hits
+        4 * (12 * self.max_hits
             + 3 * self.max_events * (n_bins + 1)
-            + 12 * self.max_events
+            + 16 * self.max_events
             + 10 * self.max_doublets
-            + 12 * self.max_triplets
-            + self.max_neighbours)
+            + 16 * self.max_triplets
+            + self.max_neighbours
+            + (4 + FIT_WORDS + 1) * self.max_candidates
+            + self.max_candidate_hits)
+    }
+
+    /// Each event's share of the candidate arenas in a batch of `n_events`: candidates
+    /// (also fits and accepted tracks) and candidate hits.
+    pub fn candidate_share(&self, n_events: usize) -> (usize, usize) {
+        let n = n_events.max(1);
+        (self.max_candidates / n, self.max_candidate_hits / n)
     }
 
     fn validate(&self) -> Result<(), GpuError> {
@@ -205,6 +239,8 @@ impl CaLimits {
             self.max_doublets,
             self.max_triplets,
             self.max_neighbours,
+            self.max_candidates,
+            self.max_candidate_hits,
         ];
         if all.contains(&0) || all.iter().any(|&v| v > (u32::MAX / 2) as usize) {
             return Err(GpuError::Config(format!(
@@ -241,6 +277,8 @@ pub struct CaTables {
     /// Window limits and the triplet step's cuts.
     pub globals: Vec<f32>,
     pub neighbour_chi2_max: f64,
+    /// The candidates' chi-square per degree of freedom cut.
+    pub max_chi2_ndf: f64,
     /// Per-event limits of the CPU finder.
     pub limits: Limits,
 }
@@ -354,6 +392,7 @@ impl CaTables {
             tents,
             globals,
             neighbour_chi2_max: cfg.neighbour_chi2_max,
+            max_chi2_ndf: cfg.max_chi2_ndf,
             limits: cfg.limits.clone(),
         }
     }
@@ -365,12 +404,55 @@ pub struct CaBatchSummary {
     /// Per event: the step it failed at (to be run on the CPU), or `None`.
     pub failed: Vec<Option<CaStep>>,
     /// Events failed per step, in [`CaStep::ALL`]'s order.
-    pub overflow: [u32; 4],
+    pub overflow: [u32; 5],
     /// Per event: sorted hits, doublets, triplets, neighbour links (0 where failed).
     pub hits: Vec<u32>,
     pub doublets: Vec<u32>,
     pub triplets: Vec<u32>,
     pub neighbours: Vec<u32>,
+    /// Per event: candidates and accepted tracks so far (all passes; 0 where failed, and
+    /// after [`GpuCaEngine::run`] before any candidate step).
+    pub candidates: Vec<u32>,
+    pub tracks: Vec<u32>,
+}
+
+/// One accepted track read back: its hits as the event's input indices, upstream first
+/// (as the CPU's `Reconstructor` writes them), and its fit.
+#[derive(Debug, Clone, Default)]
+pub struct CaTrack {
+    pub hits: Vec<u32>,
+    pub fit: FitOutput,
+}
+
+/// An event's accepted tracks in acceptance order and its per-input-hit used flags (read
+/// back for comparison and tests; not the hot path).
+#[derive(Debug, Clone, Default)]
+pub struct CaEventTracks {
+    pub tracks: Vec<CaTrack>,
+    pub used: Vec<bool>,
+}
+
+impl CaEventTracks {
+    /// Every hit index, fit word (floats by their bits) and flag as 32-bit words, for
+    /// comparisons to the bit.
+    pub fn to_words(&self) -> Vec<u32> {
+        let mut w = Vec::new();
+        for t in &self.tracks {
+            w.push(t.hits.len() as u32);
+            w.extend_from_slice(&t.hits);
+            let f = &t.fit;
+            w.extend(f.state.iter().map(|&v| (v as f32).to_bits()));
+            w.extend(f.cov.iter().map(|&v| (v as f32).to_bits()));
+            w.extend_from_slice(&[
+                (f.z_mm as f32).to_bits(),
+                (f.chi2 as f32).to_bits(),
+                f.ndf as u32,
+                f.ok as u32,
+            ]);
+        }
+        w.extend(self.used.iter().map(|&u| u as u32));
+        w
+    }
 }
 
 /// One event's arrays as the CPU finder's [`crate::tracking::ca::CaBuffers`] holds them
@@ -435,6 +517,45 @@ struct Kernels {
     neighbours_sort_ending: CudaFunction,
     neighbours: CudaFunction,
     evolution: CudaFunction,
+    candidates_order: CudaFunction,
+    candidates: CudaFunction,
+}
+
+/// The fitter's tables on the device (`FitTables`, as the fit engine uploads them).
+struct FitDevice {
+    rows32: DeviceBuffer<f32>,
+    rows64: DeviceBuffer<f64>,
+    gap_steps: DeviceBuffer<i32>,
+    gap_kind: DeviceBuffer<i32>,
+    gap_slice: DeviceBuffer<i32>,
+    slices: DeviceBuffer<f32>,
+    ints: DeviceBuffer<i32>,
+    floats: DeviceBuffer<f32>,
+    doubles: DeviceBuffer<f64>,
+    nodes: DeviceBuffer<f32>,
+}
+
+impl FitDevice {
+    fn new(ctx: &Arc<CudaContext>, fitter: &KalmanFitter) -> Result<Self, GpuError> {
+        let t = FitTables::new(fitter);
+        if t.rows32.is_empty() {
+            return Err(GpuError::Config(
+                "the detector has no planes to fit on".into(),
+            ));
+        }
+        Ok(FitDevice {
+            rows32: DeviceBuffer::from_host(ctx, &t.rows32)?,
+            rows64: DeviceBuffer::from_host(ctx, &t.rows64)?,
+            gap_steps: DeviceBuffer::from_host(ctx, &t.gap_steps)?,
+            gap_kind: DeviceBuffer::from_host(ctx, &t.gap_kind)?,
+            gap_slice: DeviceBuffer::from_host(ctx, &t.gap_slice)?,
+            slices: DeviceBuffer::from_host(ctx, &t.slices)?,
+            ints: DeviceBuffer::from_host(ctx, &t.ints)?,
+            floats: DeviceBuffer::from_host(ctx, &t.floats)?,
+            doubles: DeviceBuffer::from_host(ctx, &t.doubles)?,
+            nodes: DeviceBuffer::from_host(ctx, &t.nodes)?,
+        })
+    }
 }
 
 /// A kernel argument, passed by address to the driver.
@@ -494,6 +615,22 @@ struct Arenas {
     ending: DeviceBuffer<u32>,
     level: DeviceBuffer<u32>,
     left: DeviceBuffer<u32>,
+    /// Candidate step: the end triplets' order keys (two per triplet: each event's slice
+    /// is sorted padded to a power of two) and their count per event.
+    keys: DeviceBuffer<u64>,
+    n_end: DeviceBuffer<u32>,
+    /// Per input hit: used by an accepted track.
+    used: DeviceBuffer<u32>,
+    /// Per candidate: start in the event's candidate hits, length, chi2 (bits), ndf.
+    cand: DeviceBuffer<[u32; 4]>,
+    cand_hits: DeviceBuffer<u32>,
+    /// Per candidate: its fit, FIT_WORDS words.
+    fits: DeviceBuffer<u32>,
+    accepted: DeviceBuffer<u32>,
+    /// Per event: candidates, candidate hits, accepted tracks so far.
+    n_cand: DeviceBuffer<u32>,
+    n_cand_hits: DeviceBuffer<u32>,
+    n_accepted: DeviceBuffer<u32>,
 }
 
 impl Arenas {
@@ -547,6 +684,16 @@ impl Arenas {
             ending: u(t)?,
             level: u(t)?,
             left: u(l.max_neighbours)?,
+            keys: DeviceBuffer::new(ctx, 2 * t)?,
+            n_end: u(e)?,
+            used: u(h)?,
+            cand: DeviceBuffer::new(ctx, l.max_candidates)?,
+            cand_hits: u(l.max_candidate_hits)?,
+            fits: u(l.max_candidates * FIT_WORDS)?,
+            accepted: u(l.max_candidates)?,
+            n_cand: u(e)?,
+            n_cand_hits: u(e)?,
+            n_accepted: u(e)?,
         })
     }
 }
@@ -566,6 +713,8 @@ pub struct GpuCaEngine {
     pair_i32: DeviceBuffer<i32>,
     tents: DeviceBuffer<f32>,
     globals: DeviceBuffer<f32>,
+    /// The fitter's tables, for the candidate step (engines built with a fitter).
+    fit: Option<FitDevice>,
     /// The cells per event, once per event (the item counts of the cells' scan).
     cells_n: DeviceBuffer<u32>,
     a: Arenas,
@@ -580,6 +729,8 @@ pub struct GpuCaEngine {
     n_events: usize,
     /// Kernel times of the last batch run with `profile`.
     times: KernelTimes,
+    /// Device events of a profiled candidate step.
+    marks: Vec<(&'static str, cudarc::driver::CudaEvent)>,
     inject_fault: bool,
     pub kernels_from_cache: bool,
     pub kernel_load_ms: f64,
@@ -587,11 +738,38 @@ pub struct GpuCaEngine {
 
 impl GpuCaEngine {
     /// Uploads the finder's tables for a pass of `reach`, compiles or loads the kernels and
-    /// allocates the arenas for `limits`.
+    /// allocates the arenas for `limits`. Without a fitter: the steps up to evolution
+    /// ([`Self::with_fitter`] for the candidate step too).
     pub fn new(
         device: &GpuDevice,
         geo: &FinderGeometry,
         cfg: &FinderConfig,
+        reach: usize,
+        limits: CaLimits,
+        cache: &KernelCache,
+    ) -> Result<Self, GpuError> {
+        Self::build(device, geo, cfg, None, reach, limits, cache)
+    }
+
+    /// [`Self::new`], with `fitter`'s tables uploaded for the candidate step
+    /// ([`Self::select_candidates`]): `fitter` is the CPU finder's (`Reconstructor`'s).
+    pub fn with_fitter(
+        device: &GpuDevice,
+        geo: &FinderGeometry,
+        cfg: &FinderConfig,
+        fitter: &KalmanFitter,
+        reach: usize,
+        limits: CaLimits,
+        cache: &KernelCache,
+    ) -> Result<Self, GpuError> {
+        Self::build(device, geo, cfg, Some(fitter), reach, limits, cache)
+    }
+
+    fn build(
+        device: &GpuDevice,
+        geo: &FinderGeometry,
+        cfg: &FinderConfig,
+        fitter: Option<&KalmanFitter>,
         reach: usize,
         limits: CaLimits,
         cache: &KernelCache,
@@ -640,7 +818,10 @@ impl GpuCaEngine {
             neighbours_sort_ending: module.function("ca_neighbours_sort_ending")?,
             neighbours: module.function("ca_neighbours")?,
             evolution: module.function("ca_evolution")?,
+            candidates_order: module.function("ca_candidates_order")?,
+            candidates: module.function("ca_candidates")?,
         };
+        let fit = fitter.map(|f| FitDevice::new(&ctx, f)).transpose()?;
         let stream = driver("cuStreamCreate", ctx.new_stream())?;
         let tents = if tables.tents.is_empty() {
             vec![0.0f32; TENT_FLOATS]
@@ -655,13 +836,14 @@ impl GpuCaEngine {
             pair_i32: DeviceBuffer::from_host(&ctx, &tables.pair_i32)?,
             tents: DeviceBuffer::from_host(&ctx, &tents)?,
             globals: DeviceBuffer::from_host(&ctx, &tables.globals)?,
+            fit,
             cells_n: DeviceBuffer::from_host(&ctx, &vec![tables.n_bins as u32; limits.max_events])?,
             a: Arenas::new(&ctx, &limits, tables.n_bins)?,
             host_x: PinnedBuffer::new(&ctx, limits.max_hits)?,
             host_y: PinnedBuffer::new(&ctx, limits.max_hits)?,
             host_plane: PinnedBuffer::new(&ctx, limits.max_hits)?,
             host_start: PinnedBuffer::new(&ctx, limits.max_events + 1)?,
-            summary_host: PinnedBuffer::new(&ctx, 5 * limits.max_events + 8)?,
+            summary_host: PinnedBuffer::new(&ctx, 7 * limits.max_events + 8)?,
             kernels_from_cache: module.from_cache,
             kernel_load_ms: module.load_ms,
             _module: module,
@@ -672,6 +854,7 @@ impl GpuCaEngine {
             limits,
             n_events: 0,
             times: Vec::new(),
+            marks: Vec::new(),
             inject_fault: false,
             ctx,
         };
@@ -770,7 +953,20 @@ impl GpuCaEngine {
 
     /// Launches `f` on `grid` (blocks per event, events) of [`THREADS`] threads.
     fn launch(&mut self, f: &'static str, grid: (u32, u32), args: &[Arg]) -> Result<(), GpuError> {
+        self.launch_block(f, grid, THREADS, args)
+    }
+
+    /// Launches `f` on `grid` (blocks per event, events) of `threads` threads.
+    fn launch_block(
+        &mut self,
+        f: &'static str,
+        grid: (u32, u32),
+        threads: u32,
+        args: &[Arg],
+    ) -> Result<(), GpuError> {
         let func = match f {
+            "ca_candidates_order" => &self.k.candidates_order,
+            "ca_candidates" => &self.k.candidates,
             "ca_event_scan" => &self.k.event_scan,
             "ca_event_budget" => &self.k.event_budget,
             "ca_bin_hits" => &self.k.bin_hits,
@@ -783,9 +979,9 @@ impl GpuCaEngine {
             "ca_neighbours" => &self.k.neighbours,
             _ => &self.k.evolution,
         };
-        let mut store = [0u64; 40];
-        let mut ptrs = [std::ptr::null_mut::<std::ffi::c_void>(); 40];
-        assert!(args.len() <= 40);
+        let mut store = [0u64; 64];
+        let mut ptrs = [std::ptr::null_mut::<std::ffi::c_void>(); 64];
+        assert!(args.len() <= 64);
         for (i, a) in args.iter().enumerate() {
             store[i] = match *a {
                 Arg::Ptr(p) => p,
@@ -800,7 +996,7 @@ impl GpuCaEngine {
             ptrs[i] = (&mut store[i] as *mut u64).cast();
         }
         let faulty = std::mem::take(&mut self.inject_fault);
-        let block = if faulty { 4096 } else { THREADS };
+        let block = if faulty { 4096 } else { threads };
         let grid = (grid.0.max(1), grid.1.max(1), 1);
         // SAFETY: the arguments follow the kernel's signature in kernels/ca_*.cu; every
         // pointer is a live arena or table sized for the batch (checked in `run`).
@@ -864,6 +1060,11 @@ impl GpuCaEngine {
         self.zero(&a.bin_cursor, bins)?;
         self.zero(&a.failed, e as usize)?;
         self.zero(&a.overflow, 8)?;
+        // Fresh hits: none used, no candidates yet.
+        self.zero(&a.used, n_hits)?;
+        self.zero(&a.n_cand, e as usize)?;
+        self.zero(&a.n_cand_hits, e as usize)?;
+        self.zero(&a.n_accepted, e as usize)?;
         // Pointers (copied out so `self` can be borrowed mutably for the launches).
         let p = |b: &DeviceBuffer<u32>| Ptr(b.ptr());
         let pf = |b: &DeviceBuffer<f32>| Ptr(b.ptr());
@@ -1044,6 +1245,187 @@ impl GpuCaEngine {
         Ok(())
     }
 
+    /// The candidate step of a pass on the last batch ([`Self::run`]): what
+    /// [`crate::tracking::ca::candidates::extract_and_select`] does with `min_hits` and
+    /// `append`, for every event that has not failed, on the arrays the steps left on the
+    /// device. With `append`, the event's candidates, fits and accepted tracks of an
+    /// earlier pass are kept and added to (the used flags are per input hit, kept since
+    /// `run`); otherwise they start empty. An event where the CPU would count a candidate
+    /// or track overflow, or whose candidates exceed its share of the arenas
+    /// ([`CaLimits::candidate_share`]), fails with [`CaStep::Candidates`] (to be run on the
+    /// CPU). Needs an engine built [`Self::with_fitter`].
+    pub fn select_candidates(
+        &mut self,
+        min_hits: usize,
+        append: bool,
+    ) -> Result<CaBatchSummary, GpuError> {
+        self.select_inner(min_hits, append, false)
+    }
+
+    /// [`Self::select_candidates`], timing its two kernels with device events
+    /// ([`Self::kernel_times`]).
+    pub fn select_candidates_profiled(
+        &mut self,
+        min_hits: usize,
+        append: bool,
+    ) -> Result<CaBatchSummary, GpuError> {
+        self.select_inner(min_hits, append, true)
+    }
+
+    fn select_inner(
+        &mut self,
+        min_hits: usize,
+        append: bool,
+        profile: bool,
+    ) -> Result<CaBatchSummary, GpuError> {
+        driver("cuCtxSetCurrent", self.ctx.bind_to_thread())?;
+        let r = self
+            .enqueue_candidates(min_hits, append, profile)
+            .and_then(|()| self.enqueue_summary())
+            .and_then(|()| {
+                driver("cuStreamSynchronize", self.stream.synchronize())?;
+                Ok(self.summary())
+            });
+        if r.is_err() {
+            let _ = self.stream.synchronize();
+        }
+        if r.is_ok() && profile {
+            let mut times = Vec::with_capacity(self.marks.len());
+            for w in self.marks.windows(2) {
+                let ms = driver("cuEventElapsedTime", w[0].1.elapsed_ms(&w[1].1))?;
+                times.push((w[1].0, ms as f64));
+            }
+            self.times = times;
+        }
+        self.marks.clear();
+        r
+    }
+
+    fn enqueue_candidates(
+        &mut self,
+        min_hits: usize,
+        append: bool,
+        profile: bool,
+    ) -> Result<(), GpuError> {
+        use Arg::{Ptr, F64, I32, U32};
+        let Some(fit) = &self.fit else {
+            return Err(GpuError::Config(
+                "the CA engine was built without a fitter: build it with GpuCaEngine::with_fitter for the candidate step".into(),
+            ));
+        };
+        let e = self.n_events;
+        if e == 0 {
+            return Ok(());
+        }
+        // As extract_and_select: at least three hits, end triplets of level min_hits - 2.
+        let min_hits = min_hits.clamp(3, MAX_CHAIN);
+        let min_level = (min_hits - 2) as u32;
+        let lim = &self.tables.limits;
+        let to_u32 = |v: usize| v.min(u32::MAX as usize) as u32;
+        // The CPU's candidate-hit capacity (`CaBuffers::with_limits` reserves 16 per
+        // candidate; a vector holds at least four).
+        let hits_cap = to_u32(lim.max_candidates.saturating_mul(16).max(4));
+        let (max_cand, max_tracks) = (to_u32(lim.max_candidates), to_u32(lim.max_tracks));
+        let (share_c, share_h) = self.limits.candidate_share(e);
+        let a = &self.a;
+        let p = |b: &DeviceBuffer<u32>| Ptr(b.ptr());
+        let pf = |b: &DeviceBuffer<f32>| Ptr(b.ptr());
+        #[rustfmt::skip]
+        let order_args = [p(&a.trip_base), p(&a.trip_n), p(&a.level), p(&a.has_right),
+            pf(&a.tchi2), p(&a.failed), p(&a.overflow), U32(min_level), Ptr(a.keys.ptr()),
+            p(&a.n_end)];
+        #[rustfmt::skip]
+        let cand_args = [pf(&a.in_x), pf(&a.in_y), p(&a.in_plane), p(&a.hit_start),
+            p(&a.sinput), Ptr(a.dbl.ptr()), p(&a.dbl_base), p(&a.trip_base), p(&a.tleft),
+            p(&a.tright), pf(&a.tchi2), p(&a.level), p(&a.nb_off), p(&a.nb_count),
+            p(&a.nb_base), p(&a.left), Ptr(a.keys.ptr()), p(&a.n_end), p(&a.failed),
+            p(&a.overflow), p(&a.used), Ptr(a.cand.ptr()), p(&a.cand_hits), p(&a.fits),
+            p(&a.accepted), p(&a.n_cand), p(&a.n_cand_hits), p(&a.n_accepted),
+            U32(to_u32(share_c)), U32(to_u32(share_h)), U32(max_cand), U32(hits_cap),
+            U32(max_tracks), U32(min_hits as u32), F64(self.tables.max_chi2_ndf),
+            I32(append as i32), Ptr(fit.rows32.ptr()), Ptr(fit.rows64.ptr()),
+            Ptr(fit.gap_steps.ptr()), Ptr(fit.gap_kind.ptr()), Ptr(fit.gap_slice.ptr()),
+            Ptr(fit.slices.ptr()), Ptr(fit.floats.ptr()), Ptr(fit.doubles.ptr()),
+            Ptr(fit.ints.ptr()), Ptr(fit.nodes.ptr())];
+        self.mark_if(profile, "start")?;
+        self.launch("ca_candidates_order", (1, e as u32), &order_args)?;
+        self.mark_if(profile, "candidates: order")?;
+        self.launch_block("ca_candidates", (1, e as u32), CAND_THREADS, &cand_args)?;
+        self.mark_if(profile, "candidates: chains, fits, choice")?;
+        if profile {
+            driver("cuStreamSynchronize", self.stream.synchronize())?;
+        }
+        Ok(())
+    }
+
+    fn mark_if(&mut self, profile: bool, name: &'static str) -> Result<(), GpuError> {
+        if profile {
+            let ev = driver(
+                "cuEventRecord",
+                self.stream
+                    .record_event(Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT)),
+            )?;
+            self.marks.push((name, ev));
+        }
+        Ok(())
+    }
+
+    /// Reads back the accepted tracks of event `e` of the last batch after
+    /// [`Self::select_candidates`], in acceptance order, and its used flags per input hit
+    /// (tests and comparison; not the hot path). `None` where the event failed.
+    pub fn event_tracks(&self, e: usize) -> Result<Option<CaEventTracks>, GpuError> {
+        if e >= self.n_events {
+            return Err(GpuError::Config(format!(
+                "event {e} is not in the batch of {}",
+                self.n_events
+            )));
+        }
+        driver("cuCtxSetCurrent", self.ctx.bind_to_thread())?;
+        if self.read(&self.a.failed, e, 1)?[0] != 0 {
+            return Ok(None);
+        }
+        let (share_c, share_h) = self.limits.candidate_share(self.n_events);
+        let bounds = self.read(&self.a.hit_start, e, 2)?;
+        let (hs, n_in) = (bounds[0] as usize, (bounds[1] - bounds[0]) as usize);
+        let nc = self.read(&self.a.n_cand, e, 1)?[0] as usize;
+        let nh = self.read(&self.a.n_cand_hits, e, 1)?[0] as usize;
+        let na = self.read(&self.a.n_accepted, e, 1)?[0] as usize;
+        let accepted = self.read(&self.a.accepted, e * share_c, na)?;
+        let cands = self.read(&self.a.cand, e * share_c, nc)?;
+        let hits = self.read(&self.a.cand_hits, e * share_h, nh)?;
+        let fits = self.read(&self.a.fits, e * share_c * FIT_WORDS, nc * FIT_WORDS)?;
+        let mut tracks = Vec::with_capacity(na);
+        for &k in &accepted {
+            let k = k as usize;
+            let c = cands.get(k).ok_or_else(|| {
+                GpuError::Config(format!("accepted candidate {k} of {nc} in event {e}"))
+            })?;
+            let (start, len) = (c[0] as usize, c[1] as usize);
+            let h = hits.get(start..start + len).ok_or_else(|| {
+                GpuError::Config(format!("candidate {k} hits past {nh} in event {e}"))
+            })?;
+            let w = &fits[k * FIT_WORDS..(k + 1) * FIT_WORDS];
+            let f = |i: usize| f64::from(f32::from_bits(w[i]));
+            tracks.push(CaTrack {
+                hits: h.to_vec(),
+                fit: FitOutput {
+                    state: std::array::from_fn(f),
+                    cov: std::array::from_fn(|i| f(5 + i)),
+                    z_mm: f(20),
+                    chi2: f(21),
+                    ndf: w[22].min(u16::MAX as u32) as u16,
+                    ok: w[23] != 0,
+                },
+            });
+        }
+        let used = self
+            .read(&self.a.used, hs, n_in)?
+            .into_iter()
+            .map(|u| u != 0)
+            .collect();
+        Ok(Some(CaEventTracks { tracks, used }))
+    }
+
     fn read<T: Copy + Default>(
         &self,
         buf: &DeviceBuffer<T>,
@@ -1072,13 +1454,15 @@ impl GpuCaEngine {
     fn enqueue_summary(&mut self) -> Result<(), GpuError> {
         let e = self.n_events;
         let a = &self.a;
-        let parts: [(&DeviceBuffer<u32>, usize); 6] = [
+        let parts: [(&DeviceBuffer<u32>, usize); 8] = [
             (&a.failed, e),
             (&a.overflow, 8),
             (&a.n_sorted, e),
             (&a.dbl_n, e),
             (&a.trip_n, e),
             (&a.nb_n, e),
+            (&a.n_cand, e),
+            (&a.n_accepted, e),
         ];
         let host = self.summary_host.as_mut_slice();
         let mut at = 0;
@@ -1111,7 +1495,9 @@ impl GpuCaEngine {
         let (hits, rest) = rest.split_at(e);
         let (doublets, rest) = rest.split_at(e);
         let (triplets, rest) = rest.split_at(e);
-        let neighbours = &rest[..e];
+        let (neighbours, rest) = rest.split_at(e);
+        let (candidates, rest) = rest.split_at(e);
+        let tracks = &rest[..e];
         let failed: Vec<Option<CaStep>> =
             failed_codes.iter().map(|&c| CaStep::from_code(c)).collect();
         let zero_if = |v: &[u32], step: u32| -> Vec<u32> {
@@ -1121,11 +1507,13 @@ impl GpuCaEngine {
                 .collect()
         };
         CaBatchSummary {
-            overflow: [ov[1], ov[2], ov[3], ov[4]],
+            overflow: [ov[1], ov[2], ov[3], ov[4], ov[5]],
             hits: zero_if(hits, 1),
             doublets: zero_if(doublets, 2),
             triplets: zero_if(triplets, 3),
             neighbours: zero_if(neighbours, 4),
+            candidates: zero_if(candidates, 5),
+            tracks: zero_if(tracks, 5),
             failed,
         }
     }
@@ -1283,12 +1671,24 @@ mod tests {
             max_doublets: 5000,
             max_triplets: 6000,
             max_neighbours: 7000,
+            max_candidates: 100,
+            max_candidate_hits: 1600,
         };
         assert!(l.validate().is_ok());
         assert_eq!(
             l.device_bytes(99),
-            4 * (11 * 1000 + 3 * 10 * 100 + 120 + 50_000 + 72_000 + 7000)
+            4 * (12 * 1000
+                + 3 * 10 * 100
+                + 160
+                + 50_000
+                + 96_000
+                + 7000
+                + (4 + 24 + 1) * 100
+                + 1600)
         );
+        // Each event of a batch gets an equal share of the candidate arenas.
+        assert_eq!(l.candidate_share(10), (10, 160));
+        assert_eq!(l.candidate_share(3), (33, 533));
         for bad in [
             CaLimits { max_events: 0, ..l },
             CaLimits {
@@ -1299,11 +1699,17 @@ mod tests {
                 max_doublets: usize::MAX / 4,
                 ..l
             },
+            CaLimits {
+                max_candidates: 0,
+                ..l
+            },
         ] {
             assert!(bad.validate().is_err());
         }
         assert_eq!(CaStep::from_code(3), Some(CaStep::Triplets));
         assert_eq!(CaStep::from_code(0), None);
         assert_eq!(CaStep::Neighbours.name(), "neighbours");
+        assert_eq!(CaStep::from_code(5), Some(CaStep::Candidates));
+        assert_eq!(CaStep::Candidates.name(), "candidates");
     }
 }

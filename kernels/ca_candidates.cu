@@ -1,0 +1,547 @@
+// Candidates (src/tracking/ca/candidates.rs, extract_and_select): the end triplets of the
+// pass ordered longest first, their chains built, Kalman fitted in chunks and chosen
+// greedily, each hit used once, as the CPU does it, for every event of the batch.
+//
+// ca_candidates_order (one block of CA_THREADS per event): the end triplets (nobody's
+// left neighbour, level >= min_level) compacted in index order, then sorted by one 64-bit
+// key (63 - level, total_key(kink chi-square), index): the CPU's order, (level desc,
+// chi2 by total_cmp, index), with no tie left to the order threads arrive in. A bitonic
+// sort over the event's slice of the key arena (two keys per triplet of the event: the
+// slice is padded to a power of two).
+//
+// ca_candidates (one block of CAND_THREADS per event, the block works through the ordered
+// end triplets a window at a time): every thread builds the chain of one end triplet (and
+// the chain through its fork) against the used flags as they are at the window's start,
+// which are what the CPU sees (the flags only change in the choice); thread 0 then places
+// the chains in the CPU's order with the CPU's limits, until the chunk holds CHUNK
+// candidates (the rest of the window is built again after the choice); the chunk's fits
+// run one candidate per thread; the greedy choice (short: a chunk) runs in thread 0, with
+// its refits. Candidates, their hits (the event's input indices, upstream first), their
+// fits and the accepted list persist per event across passes (`append`); the used flags
+// are per input hit of the event.
+//
+// An event where the CPU would count an overflow (candidates, candidate hits, tracks) or
+// whose candidates do not fit in its share of the batch's arenas fails with
+// FAIL_CANDIDATES and goes to the CPU path; nothing is truncated silently.
+
+#define CAND_THREADS 64
+// Candidates fitted together before the choice (CHUNK in candidates.rs).
+#define CAND_CHUNK 64
+// The longest chain (one hit per plane: MAX_CHAIN = MAX_PLANES in candidates.rs).
+#define MAX_CHAIN 64
+// Kink chi-squares of two left neighbours closer than this make a fork (FORK_CHI2).
+#define FORK_CHI2 2.0f
+// Most candidates of one chunk: CHUNK - 1 pending, then a chain and its fork.
+#define CHUNK_MAX (CAND_CHUNK + 1)
+// Words of a fit in the fit arena (OUT_WORDS in kalman_fit.cu).
+#define FIT_WORDS 24
+// Triplet indices in the order key.
+#define KEY_INDEX_BITS 26
+
+typedef unsigned long long u64;
+
+// total_key in candidates.rs: an unsigned key in the order of f32::total_cmp.
+__device__ __forceinline__ u32 total_key(float x) {
+    int b = __float_as_int(x);
+    return ((u32)(b ^ (int)(((u32)(b >> 31)) >> 1))) ^ 0x80000000u;
+}
+
+__device__ __forceinline__ void fail_event(u32* failed, u32* overflow, int e) {
+    if (failed[e] == FAIL_NONE) {
+        failed[e] = FAIL_CANDIDATES;
+        atomicAdd(&overflow[FAIL_CANDIDATES], 1u);
+    }
+}
+
+extern "C" __global__ void ca_candidates_order(const u32* __restrict__ trip_base,
+                                               const u32* __restrict__ trip_n,
+                                               const u32* __restrict__ level,
+                                               const u32* __restrict__ has_right,
+                                               const float* __restrict__ tchi2,
+                                               u32* __restrict__ failed, u32* __restrict__ overflow,
+                                               u32 min_level, u64* __restrict__ keys,
+                                               u32* __restrict__ n_end) {
+    int e = blockIdx.y;
+    if (failed[e]) {
+        if (threadIdx.x == 0) n_end[e] = 0;
+        return;
+    }
+    u32 tb = trip_base[e], nt = trip_n[e];
+    if (nt >= (1u << KEY_INDEX_BITS)) {
+        // Beyond the key's index bits (far beyond the CPU's default limits).
+        if (threadIdx.x == 0) {
+            n_end[e] = 0;
+            fail_event(failed, overflow, e);
+        }
+        return;
+    }
+    u64* k = keys + 2 * (size_t)tb;
+    u32 count = 0;
+    for (u32 c0 = 0; c0 < nt; c0 += CA_THREADS) {
+        u32 t = c0 + threadIdx.x;
+        u32 lv = 0;
+        bool end = false;
+        if (t < nt) {
+            lv = level[tb + t];
+            end = !has_right[tb + t] && lv >= min_level;
+        }
+        u32 chunk;
+        u32 incl = block_scan_inclusive(end ? 1u : 0u, &chunk);
+        if (end) {
+            u32 l = lv < 63 ? 63 - lv : 0;
+            k[count + incl - 1] =
+                ((u64)l << 58) | ((u64)total_key(tchi2[tb + t]) << KEY_INDEX_BITS) | (u64)t;
+        }
+        count += chunk;
+    }
+    // The sorted slice: a power of two (none for no end triplet), within the event's 2 nt.
+    u32 m = count ? 1u : 0u;
+    while (m < count) m <<= 1;
+    for (u32 i = count + threadIdx.x; i < m; i += CA_THREADS) k[i] = ~0ull;
+    __syncthreads();
+    for (u32 size = 2; size <= m; size <<= 1) {
+        for (u32 stride = size >> 1; stride > 0; stride >>= 1) {
+            for (u32 i = threadIdx.x; i < m; i += CA_THREADS) {
+                u32 j = i ^ stride;
+                if (j > i) {
+                    u64 a = k[i], b = k[j];
+                    bool up = (i & size) == 0;
+                    if ((a > b) == up) {
+                        k[i] = b;
+                        k[j] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    if (threadIdx.x == 0) n_end[e] = count;
+}
+
+// What the candidate step reads of one event.
+struct CandEvent {
+    // Sorted hits: their input index (the event's), used flags by input index.
+    const u32* sinput;
+    u32* used;
+    // Input hits of the event.
+    const float* x;
+    const float* y;
+    const u32* plane;
+    const uint4* dbl;
+    const u32* tleft;
+    const u32* tright;
+    const float* tchi2;
+    const u32* level;
+    const u32* nb_off;
+    const u32* nb_count;
+    const u32* left;
+};
+
+__device__ __forceinline__ bool hit_used(const CandEvent& ev, u32 sorted) {
+    return ev.used[ev.sinput[sorted]] != 0;
+}
+
+// build_chain in candidates.rs: the chain ending with triplet t into out (input indices,
+// upstream first), following the left neighbour of one level lower with the best kink
+// chi-square, except at the fork (fork_at, fork_l) when fork_at >= 0; returns its length,
+// 0 when it makes no candidate. Without a fork, *f_at and *f_l receive the step where the
+// second-best neighbour came closest to the best (within FORK_CHI2), *f_at = -1 if none.
+__device__ int build_chain(const CandEvent& ev, u32 t, u32 min_hits, int fork_at, u32 fork_l,
+                           u32* out, int* f_at, u32* f_l) {
+    *f_at = -1;
+    uint4 r = ev.dbl[ev.tright[t]];
+    uint4 lft = ev.dbl[ev.tleft[t]];
+    u32 taken = (hit_used(ev, r.y) ? 1u : 0u) + (hit_used(ev, r.x) ? 1u : 0u) +
+                (hit_used(ev, lft.x) ? 1u : 0u);
+    if (ev.level[t] + 2 - taken < min_hits) return 0;
+    u32 raw[MAX_CHAIN];
+    int len = 0;
+    raw[len++] = r.y;
+    raw[len++] = r.x;
+    raw[len++] = lft.x;
+    bool has_closest = false;
+    int c_at = -1;
+    u32 c_l = 0;
+    float c_gap = 0.0f;
+    u32 cur = t;
+    while (ev.level[cur] > 1 && len < MAX_CHAIN) {
+        u32 want = ev.level[cur] - 1;
+        u32 k0 = ev.nb_off[cur], k1 = k0 + ev.nb_count[cur];
+        bool has_best = false, has_second = false;
+        u32 bl = 0, sl = 0;
+        float bc = 0.0f, sc = 0.0f;
+        for (u32 k = k0; k < k1; k++) {
+            u32 l = ev.left[k];
+            if (ev.level[l] != want) continue;
+            float c = ev.tchi2[l];
+            if (!has_best || c < bc) {
+                has_second = has_best;
+                sl = bl;
+                sc = bc;
+                has_best = true;
+                bl = l;
+                bc = c;
+            } else if (!has_second || c < sc) {
+                has_second = true;
+                sl = l;
+                sc = c;
+            }
+        }
+        if (!has_best) break;
+        u32 l = bl;
+        if (fork_at >= 0) {
+            if ((u32)fork_at == cur) l = fork_l;
+        } else if (has_second) {
+            float gap = sc - bc;
+            if (gap < FORK_CHI2 && (!has_closest || gap < c_gap)) {
+                has_closest = true;
+                c_at = (int)cur;
+                c_l = sl;
+                c_gap = gap;
+            }
+        }
+        raw[len++] = ev.dbl[ev.tleft[l]].x;
+        cur = l;
+    }
+    if (has_closest) {
+        *f_at = c_at;
+        *f_l = c_l;
+    }
+    // Hits already taken by a better track are left out; the rest, upstream first.
+    int w = 0;
+    for (int i = 0; i < len; i++) {
+        if (!hit_used(ev, raw[i])) raw[w++] = raw[i];
+    }
+    if ((u32)w < min_hits) return 0;
+    for (int i = 0; i < w; i++) out[i] = ev.sinput[raw[w - 1 - i]];
+    return w;
+}
+
+// The hits of a device-resident candidate for the fit: input indices into the event's
+// input hits.
+struct CandHits {
+    const u32* idx;
+    const float* hx;
+    const float* hy;
+    const u32* hp;
+    __device__ __forceinline__ int plane(int k) const { return (int)hp[idx[k]]; }
+    __device__ __forceinline__ float x(int k) const { return hx[idx[k]]; }
+    __device__ __forceinline__ float y(int k) const { return hy[idx[k]]; }
+};
+
+// The per-event arenas of the candidate step (shares of the batch's).
+struct CandArenas {
+    uint4* cand;  // start (in chits), len, chi2 (bits), ndf
+    u32* chits;   // input indices
+    u32* fits;    // FIT_WORDS per candidate
+    u32* acc;     // accepted candidate indices
+};
+
+// fit_range for one candidate: the fit into the fit arena, its chi2 and ndf into the
+// candidate (chi2 infinite where the fit failed).
+__device__ void fit_candidate(const CandEvent& ev, const CandArenas& a, const KalmanTables& T,
+                              u32 c) {
+    uint4 cd = a.cand[c];
+    CandHits h;
+    h.idx = a.chits + cd.x;
+    h.hx = ev.x;
+    h.hy = ev.y;
+    h.hp = ev.plane;
+    KalmanResult r;
+    kalman_fit_track(h, (int)cd.y, MAX_CHAIN, T, r);
+    u32* o = a.fits + (size_t)c * FIT_WORDS;
+    for (int i = 0; i < 5; ++i) o[i] = __float_as_uint(r.st[i]);
+    for (int i = 0; i < 15; ++i) o[5 + i] = __float_as_uint(r.c[i]);
+    o[20] = __float_as_uint(r.z);
+    o[21] = __float_as_uint(r.chi2);
+    o[22] = (u32)r.ndf;
+    o[23] = (u32)r.ok;
+    float chi2 = (r.ok && r.ndf > 0) ? r.chi2 : CA_INF;
+    a.cand[c] = make_uint4(cd.x, cd.y, __float_as_uint(chi2), (u32)r.ndf);
+}
+
+__device__ __forceinline__ bool good_candidate(uint4 c, u32 min_hits, double max_chi2_ndf) {
+    return c.y >= min_hits && c.w > 0 &&
+           (double)(__uint_as_float(c.z) / (float)c.w) <= max_chi2_ndf;
+}
+
+// The per-event counters and limits thread 0 works with.
+struct CandState {
+    u32 n_cand, n_hits, n_acc;
+    // The CPU's limits (candidates, candidate-hit capacity, tracks) and this event's
+    // shares of the arenas.
+    u32 max_cand, hits_cap, max_tracks;
+    u32 share_cand, share_hits;
+    u32 min_hits;
+    double max_chi2_ndf;
+    bool failed;
+};
+
+// accept in candidates.rs; false (the event fails) where the CPU would count a track
+// overflow.
+__device__ bool accept_candidate(const CandEvent& ev, const CandArenas& a, CandState& s, u32 k) {
+    if (s.n_acc == s.max_tracks) return false;
+    uint4 c = a.cand[k];
+    for (u32 i = 0; i < c.y; i++) ev.used[a.chits[c.x + i]] = 1u;
+    a.acc[s.n_acc++] = k;
+    return true;
+}
+
+// Appends a candidate of `len` hits (copied from `src`, skipping used ones when
+// `only_free`) at the end; false where the event's share of the arenas is full.
+__device__ bool push_copy(const CandEvent& ev, const CandArenas& a, CandState& s, u32 src,
+                          u32 len, bool only_free, u32 n_keep) {
+    if (s.n_cand >= s.share_cand || s.n_hits + n_keep > s.share_hits) return false;
+    u32 start = s.n_hits;
+    for (u32 i = 0; i < len; i++) {
+        u32 h = a.chits[src + i];
+        if (!only_free || !ev.used[h]) a.chits[s.n_hits++] = h;
+    }
+    a.cand[s.n_cand++] = make_uint4(start, n_keep, 0u, 0u);
+    return true;
+}
+
+// choose in candidates.rs over the chunk's candidates from..n_cand (in thread 0); false
+// where the event fails.
+__device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, const KalmanTables& T,
+                                  CandState& s, u32 from, u32* order) {
+    u32 m = s.n_cand - from;
+    // Longest first, then chi2/ndf (total_cmp), then index: insertion sort of a chunk.
+    for (u32 i = 0; i < m; i++) {
+        u32 k = from + i;
+        uint4 ck = a.cand[k];
+        float key_k = ck.w > 0 ? __uint_as_float(ck.z) / (float)ck.w : CA_INF;
+        u32 tk = total_key(key_k);
+        u32 j = i;
+        while (j > 0) {
+            uint4 cp = a.cand[order[j - 1]];
+            float key_p = cp.w > 0 ? __uint_as_float(cp.z) / (float)cp.w : CA_INF;
+            u32 tp = total_key(key_p);
+            // Is the previous after k? (indices increase with i, so ties keep the order.)
+            bool after = cp.y < ck.y || (cp.y == ck.y && tp > tk);
+            if (!after) break;
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = k;
+    }
+    for (u32 i = 0; i < m; i++) {
+        u32 k = order[i];
+        uint4 c = a.cand[k];
+        u32 n_free = 0;
+        for (u32 r = 0; r < c.y; r++) n_free += ev.used[a.chits[c.x + r]] ? 0u : 1u;
+        if (n_free < c.y) {
+            // Taken hits left out (a better track of this chunk took them), refitted.
+            if (n_free < s.min_hits || s.n_cand == s.max_cand || s.n_hits + c.y > s.hits_cap) {
+                continue;
+            }
+            u32 base = s.n_cand;
+            if (!push_copy(ev, a, s, c.x, c.y, true, n_free)) return false;
+            fit_candidate(ev, a, T, base);
+            if (good_candidate(a.cand[base], s.min_hits, s.max_chi2_ndf) &&
+                !accept_candidate(ev, a, s, base)) {
+                return false;
+            }
+            continue;
+        }
+        if (good_candidate(c, s.min_hits, s.max_chi2_ndf)) {
+            if (!accept_candidate(ev, a, s, k)) return false;
+            continue;
+        }
+        if (c.y <= s.min_hits) continue;
+        // Second chance: without the last hit, then without the first.
+        u32 base = s.n_cand;
+        for (int v = 0; v < 2; v++) {
+            if (s.n_cand == s.max_cand || s.n_hits + c.y > s.hits_cap) return false;
+            u32 skip_first = v == 0 ? 0 : 1;
+            if (!push_copy(ev, a, s, c.x + skip_first, c.y - 1, false, c.y - 1)) return false;
+        }
+        for (u32 j = base; j < s.n_cand; j++) fit_candidate(ev, a, T, j);
+        int best = -1;
+        float best_q = 0.0f;
+        for (u32 j = base; j < s.n_cand; j++) {
+            uint4 cj = a.cand[j];
+            if (!good_candidate(cj, s.min_hits, s.max_chi2_ndf)) continue;
+            float q = __uint_as_float(cj.z) / (float)cj.w;
+            if (best < 0 || q < best_q) {
+                best = (int)j;
+                best_q = q;
+            }
+        }
+        if (best >= 0 && !accept_candidate(ev, a, s, (u32)best)) return false;
+    }
+    return true;
+}
+
+extern "C" __global__ void __launch_bounds__(CAND_THREADS)
+ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
+              const u32* __restrict__ in_plane, const u32* __restrict__ hit_start,
+              const u32* __restrict__ sinput, const uint4* __restrict__ dbl,
+              const u32* __restrict__ dbl_base, const u32* __restrict__ trip_base,
+              const u32* __restrict__ tleft, const u32* __restrict__ tright,
+              const float* __restrict__ tchi2, const u32* __restrict__ level,
+              const u32* __restrict__ nb_off, const u32* __restrict__ nb_count,
+              const u32* __restrict__ nb_base, const u32* __restrict__ left,
+              const u64* __restrict__ keys, const u32* __restrict__ n_end,
+              u32* __restrict__ failed, u32* __restrict__ overflow, u32* __restrict__ used,
+              uint4* __restrict__ cand, u32* __restrict__ chits, u32* __restrict__ fits,
+              u32* __restrict__ acc, u32* __restrict__ n_cand, u32* __restrict__ n_chits,
+              u32* __restrict__ n_acc, u32 share_cand, u32 share_hits, u32 max_cand,
+              u32 hits_cap, u32 max_tracks, u32 min_hits, double max_chi2_ndf, int append,
+              const float* __restrict__ rows32, const double* __restrict__ rows64,
+              const int* __restrict__ gap_steps, const int* __restrict__ gap_kind,
+              const int* __restrict__ gap_slice, const float* __restrict__ slices,
+              const float* __restrict__ pf, const double* __restrict__ pd,
+              const int* __restrict__ pi, const float* __restrict__ nodes) {
+    const int e = blockIdx.y;
+    const u32 tid = threadIdx.x;
+    __shared__ CandState s;
+    __shared__ u32 s_len[CAND_THREADS], s_flen[CAND_THREADS];
+    __shared__ u32 s_off[CAND_THREADS], s_foff[CAND_THREADS];
+    __shared__ u32 s_consumed, s_pending_from;
+    __shared__ int s_close;
+    __shared__ u32 s_order[CHUNK_MAX + 2];
+    if (failed[e]) return;
+    const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
+                            slices, pf,     pd,        pi,       nodes};
+    const u32 hs = hit_start[e];
+    const u32 tb = trip_base[e];
+    CandEvent ev;
+    ev.sinput = sinput + hs;
+    ev.used = used + hs;
+    ev.x = in_x + hs;
+    ev.y = in_y + hs;
+    ev.plane = in_plane + hs;
+    ev.dbl = dbl + dbl_base[e];
+    ev.tleft = tleft + tb;
+    ev.tright = tright + tb;
+    ev.tchi2 = tchi2 + tb;
+    ev.level = level + tb;
+    ev.nb_off = nb_off + tb;
+    ev.nb_count = nb_count + tb;
+    ev.left = left + nb_base[e];
+    CandArenas a;
+    a.cand = cand + (size_t)e * share_cand;
+    a.chits = chits + (size_t)e * share_hits;
+    a.fits = fits + (size_t)e * share_cand * FIT_WORDS;
+    a.acc = acc + (size_t)e * share_cand;
+    const u64* order = keys + 2 * (size_t)tb;
+    const u32 n_order = n_end[e];
+    const u32 key_mask = (1u << KEY_INDEX_BITS) - 1;
+    if (tid == 0) {
+        s.n_cand = append ? n_cand[e] : 0;
+        s.n_hits = append ? n_chits[e] : 0;
+        s.n_acc = append ? n_acc[e] : 0;
+        s.max_cand = max_cand;
+        s.hits_cap = hits_cap;
+        s.max_tracks = max_tracks;
+        s.share_cand = share_cand;
+        s.share_hits = share_hits;
+        s.min_hits = min_hits;
+        s.max_chi2_ndf = max_chi2_ndf;
+        s.failed = false;
+        s_pending_from = s.n_cand;
+    }
+    __syncthreads();
+    u32 chain[MAX_CHAIN], fchain[MAX_CHAIN];
+    u32 oi = 0;
+    while (oi < n_order) {
+        // Every thread builds the chains of one end triplet of the window.
+        u32 my = oi + tid;
+        u32 len = 0, flen = 0;
+        int f_at = -1;
+        if (my < n_order) {
+            u32 t = (u32)(order[my] & key_mask);
+            u32 f_l = 0;
+            len = (u32)build_chain(ev, t, min_hits, -1, 0, chain, &f_at, &f_l);
+            if (f_at >= 0) {
+                int unused_at;
+                u32 unused_l;
+                flen = (u32)build_chain(ev, t, min_hits, f_at, f_l, fchain, &unused_at, &unused_l);
+            }
+        }
+        s_len[tid] = len;
+        // A fork found: its chain's length + 1 (0: no fork).
+        s_flen[tid] = f_at >= 0 ? flen + 1 : 0;
+        __syncthreads();
+        if (tid == 0) {
+            // The CPU's loop over the window, in order, with its limits.
+            u32 j = 0;
+            int close = 0;
+            u32 lim_chits = hits_cap / 2;
+            for (; j < CAND_THREADS && oi + j < n_order; j++) {
+                s_off[j] = ~0u;
+                s_foff[j] = ~0u;
+                if (s.n_cand == s.max_cand || s.n_hits + MAX_CHAIN > lim_chits) {
+                    s.failed = true;
+                    j++;
+                    break;
+                }
+                u32 l = s_len[j];
+                if (l > 0) {
+                    if (s.n_cand >= s.share_cand || s.n_hits + l > s.share_hits) {
+                        s.failed = true;
+                        j++;
+                        break;
+                    }
+                    s_off[j] = s.n_hits;
+                    a.cand[s.n_cand++] = make_uint4(s.n_hits, l, 0u, 0u);
+                    s.n_hits += l;
+                }
+                u32 fl = s_flen[j];
+                if (fl > 0 && s.n_cand < s.max_cand && s.n_hits + MAX_CHAIN <= lim_chits &&
+                    fl - 1 > 0) {
+                    fl -= 1;
+                    if (s.n_cand >= s.share_cand || s.n_hits + fl > s.share_hits) {
+                        s.failed = true;
+                        j++;
+                        break;
+                    }
+                    s_foff[j] = s.n_hits;
+                    a.cand[s.n_cand++] = make_uint4(s.n_hits, fl, 0u, 0u);
+                    s.n_hits += fl;
+                }
+                if (s.n_cand - s_pending_from >= CAND_CHUNK) {
+                    close = 1;
+                    j++;
+                    break;
+                }
+            }
+            if (!close && oi + j >= n_order && s.n_cand > s_pending_from) close = 1;
+            s_consumed = j;
+            s_close = close;
+        }
+        __syncthreads();
+        if (s.failed) break;
+        if (tid < s_consumed) {
+            if (s_off[tid] != ~0u)
+                for (u32 i = 0; i < len; i++) a.chits[s_off[tid] + i] = chain[i];
+            if (s_foff[tid] != ~0u)
+                for (u32 i = 0; i < flen; i++) a.chits[s_foff[tid] + i] = fchain[i];
+        }
+        __syncthreads();
+        if (s_close) {
+            for (u32 c = s_pending_from + tid; c < s.n_cand; c += CAND_THREADS) {
+                fit_candidate(ev, a, T, c);
+            }
+            __syncthreads();
+            if (tid == 0) {
+                if (!choose_candidates(ev, a, T, s, s_pending_from, s_order)) s.failed = true;
+                s_pending_from = s.n_cand;
+            }
+            __syncthreads();
+            if (s.failed) break;
+        }
+        oi += s_consumed;
+        __syncthreads();
+    }
+    if (tid == 0) {
+        if (s.failed) {
+            fail_event(failed, overflow, e);
+        } else {
+            n_cand[e] = s.n_cand;
+            n_chits[e] = s.n_hits;
+            n_acc[e] = s.n_acc;
+        }
+    }
+}
