@@ -9,9 +9,12 @@
 //! [`crate::tracking::ca::neighbours::find_neighbours`] and
 //! [`crate::tracking::ca::evolution::evolve`] make it with the same `reach`; per event its
 //! sorted hits, doublets, triplets, neighbour links and levels are the CPU's arrays, index
-//! for index. Candidates, the fit of the chains, clone suppression and the later pass on
-//! the hits left are the CPU's (see "What is left" below); the daemon's `--backend gpu`
-//! still answers that tracking runs on the CPU.
+//! for index. Then, on those arrays, the candidate step of the pass
+//! ([`GpuCaEngine::select_candidates`], `ca_candidates.cu`), as
+//! [`crate::tracking::ca::candidates::extract_and_select`] makes it: the same accepted
+//! tracks, in the same order, with the same fits and used hits. Clone suppression and the
+//! later pass on the hits left are the CPU's (see "What is left" below); the daemon's
+//! `--backend gpu` still answers that tracking runs on the CPU.
 //!
 //! # Design
 //!
@@ -66,22 +69,40 @@
 //! the levels are set plane by plane, upstream first (one launch per plane): the CPU's
 //! fixed point with no iteration to convergence.
 //!
+//! **Candidates.** The greedy choice is sequential by nature (a track takes hits from the
+//! ones after it), so an event is one block: `ca_candidates_order` sorts its end triplets
+//! by one 64-bit key (level, kink chi-square by `total_cmp`, index: the CPU's order, no
+//! ties), then `ca_candidates` works through them a window of 64 at a time: each thread
+//! builds one end triplet's chain and its fork against the used flags as of the window's
+//! start (what the CPU sees: the flags change only in the choice), one thread places them
+//! in order with the CPU's limits until the chunk holds 64 candidates (the rest of the
+//! window is built again after the choice), the chunk is fitted one candidate per thread
+//! with the fit of `kalman_fit.cu` (a device function, with the fitter's own tables,
+//! [`super::tracking_fit::FitTables`]), and one thread makes the choice with its refits.
+//! Candidates (their hits as the event's input indices), fits and accepted tracks live in
+//! per-event shares of arenas sized from [`CaLimits`] and stay on the device across
+//! passes (`append`); the used flags are per input hit. An event where the CPU would count
+//! a candidate or track overflow, or that outgrows its share, fails with
+//! [`CaStep::Candidates`].
+//!
 //! # What is left (the rest of the issue)
 //!
 //! The seeded first pass (`follow_seeds`) and `prune_dead_ends` (its tracks are the full
 //! search's, so the full search's sets are what is compared here), the second pass on
-//! the hits the first left (a copy of the free hits, as `hit_sorting::free_hits`),
-//! candidate extraction with hit sharing (greedy: one warp per event), the Kalman fit of
-//! the candidates with [`super::tracking_fit`]'s kernel on device-resident candidates,
-//! clone suppression, the trigger lines, and the daemon's wiring (a worker per GPU, the
+//! the hits the first left (a copy of the free hits, as `hit_sorting::free_hits`; the
+//! candidate step already appends to an event's tracks and keeps its used flags per input
+//! hit), clone suppression, the trigger lines, and the daemon's wiring (a worker per GPU, the
 //! `trigd_tracking_overflow_total{step}` metric from [`CaBatchSummary::overflow`] with
 //! [`CaStep::name`], the events that failed handed to the CPU path). For speed
 //! (`bench/RESULTS.md`, "Tracking on the GPU, first steps"): the doublet continuation
 //! search is one thread per left doublet with loops of different lengths; the per-event
 //! scans and the one-thread budget dominate batches of small events; the next batch's
-//! packing and upload do not overlap this one's steps yet; and [`GpuCaEngine::run`]
+//! packing and upload do not overlap this one's steps yet; [`GpuCaEngine::run`]
 //! returns its summary in fresh vectors (a caller-owned summary would keep the hot path
-//! free of allocation).
+//! free of allocation); and the candidate step's choice and its refits run in one thread
+//! per event, so a batch of a few central events (some 2,000 tracks each) keeps a few
+//! multiprocessors busy for about 10 ms (refits of the second chance and of candidates
+//! that lost hits could be fitted ahead by the idle threads of the block).
 
 use std::sync::Arc;
 
