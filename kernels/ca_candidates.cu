@@ -277,12 +277,26 @@ struct CandState {
     bool failed;
 };
 
-// accept in candidates.rs; false (the event fails) where the CPU would count a track
-// overflow.
-__device__ bool accept_candidate(const CandEvent& ev, const CandArenas& a, CandState& s, u32 k) {
+// Hits used since the chunk's start, by input index modulo 2^16 (a filter: a clear bit
+// means not used since; a set bit is checked in the used flags).
+#define CHUNK_BITS_WORDS 2048
+
+__device__ __forceinline__ bool maybe_used_in_chunk(const u32* bits, u32 h) {
+    u32 b = h & 0xffffu;
+    return (bits[b >> 5] >> (b & 31)) & 1u;
+}
+
+// accept in candidates.rs: candidate k of `len` hits `hits` (shared or global); false (the
+// event fails) where the CPU would count a track overflow.
+__device__ bool accept_candidate(const CandEvent& ev, const CandArenas& a, CandState& s, u32 k,
+                                 const u32* hits, u32 len, u32* bits) {
     if (s.n_acc == s.max_tracks) return false;
-    uint4 c = a.cand[k];
-    for (u32 i = 0; i < c.y; i++) ev.used[a.chits[c.x + i]] = 1u;
+    for (u32 i = 0; i < len; i++) {
+        u32 h = hits[i];
+        ev.used[h] = 1u;
+        u32 b = h & 0xffffu;
+        bits[b >> 5] |= 1u << (b & 31);
+    }
     a.acc[s.n_acc++] = k;
     return true;
 }
@@ -301,36 +315,72 @@ __device__ bool push_copy(const CandEvent& ev, const CandArenas& a, CandState& s
     return true;
 }
 
-// choose in candidates.rs over the chunk's candidates from..n_cand (in thread 0); false
-// where the event fails.
-__device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, const KalmanTables& T,
-                                  CandState& s, u32 from, u32* order) {
-    u32 m = s.n_cand - from;
-    // Longest first, then chi2/ndf (total_cmp), then index: insertion sort of a chunk.
-    for (u32 i = 0; i < m; i++) {
-        u32 k = from + i;
-        uint4 ck = a.cand[k];
-        float key_k = ck.w > 0 ? __uint_as_float(ck.z) / (float)ck.w : CA_INF;
-        u32 tk = total_key(key_k);
-        u32 j = i;
-        while (j > 0) {
-            uint4 cp = a.cand[order[j - 1]];
-            float key_p = cp.w > 0 ? __uint_as_float(cp.z) / (float)cp.w : CA_INF;
-            u32 tp = total_key(key_p);
-            // Is the previous after k? (indices increase with i, so ties keep the order.)
-            bool after = cp.y < ck.y || (cp.y == ck.y && tp > tk);
-            if (!after) break;
-            order[j] = order[j - 1];
-            j--;
-        }
-        order[j] = k;
-    }
-    for (u32 i = 0; i < m; i++) {
-        u32 k = order[i];
-        uint4 c = a.cand[k];
+// The chunk's candidates staged by the block before the choice: records, hits, how many
+// of them were free at the chunk's start, and the order of the choice.
+struct ChunkStage {
+    uint4* cand;   // [CHUNK_MAX]
+    u32* hits;     // [CHUNK_MAX][MAX_CHAIN]
+    u32* free0;    // [CHUNK_MAX]
+    u32* order;    // [CHUNK_MAX]: candidate indices, in the order of the choice
+    u32* bits;     // [CHUNK_BITS_WORDS]
+};
+
+// The chunk's order key of a fitted candidate: chi2/ndf (infinite without ndf) by
+// total_cmp.
+__device__ __forceinline__ u32 choice_key(uint4 c) {
+    return total_key(c.w > 0 ? __uint_as_float(c.z) / (float)c.w : CA_INF);
+}
+
+// Stages the chunk from..n_cand (all threads; a __syncthreads between the two loops and
+// after): records, hits, free counts, then each candidate's rank in the choice's order
+// (longest first, then chi2/ndf by total_cmp, then index).
+__device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, u32 m,
+                            ChunkStage& st) {
+    for (u32 j = threadIdx.x; j < m; j += CAND_THREADS) {
+        uint4 c = a.cand[from + j];
+        st.cand[j] = c;
         u32 n_free = 0;
-        for (u32 r = 0; r < c.y; r++) n_free += ev.used[a.chits[c.x + r]] ? 0u : 1u;
-        if (n_free < c.y) {
+        for (u32 r = 0; r < c.y; r++) {
+            u32 h = a.chits[c.x + r];
+            st.hits[j * MAX_CHAIN + r] = h;
+            n_free += ev.used[h] ? 0u : 1u;
+        }
+        st.free0[j] = n_free;
+    }
+    __syncthreads();
+    for (u32 j = threadIdx.x; j < m; j += CAND_THREADS) {
+        uint4 cj = st.cand[j];
+        u32 kj = choice_key(cj);
+        u32 rank = 0;
+        for (u32 i = 0; i < m; i++) {
+            uint4 ci = st.cand[i];
+            u32 ki = choice_key(ci);
+            bool before = ci.y > cj.y || (ci.y == cj.y && (ki < kj || (ki == kj && i < j)));
+            rank += before ? 1u : 0u;
+        }
+        st.order[rank] = from + j;
+    }
+    __syncthreads();
+}
+
+// choose in candidates.rs over the staged chunk (in thread 0); false where the event
+// fails.
+__device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, const KalmanTables& T,
+                                  CandState& s, u32 from, u32 m, ChunkStage& st) {
+    for (u32 i = 0; i < m; i++) {
+        u32 k = st.order[i];
+        u32 j = k - from;
+        uint4 c = st.cand[j];
+        const u32* hits = st.hits + j * MAX_CHAIN;
+        // Free: all its hits free at the chunk's start and none taken since.
+        bool is_free = st.free0[j] == c.y;
+        for (u32 r = 0; is_free && r < c.y; r++) {
+            u32 h = hits[r];
+            if (maybe_used_in_chunk(st.bits, h) && ev.used[h]) is_free = false;
+        }
+        if (!is_free) {
+            u32 n_free = 0;
+            for (u32 r = 0; r < c.y; r++) n_free += ev.used[hits[r]] ? 0u : 1u;
             // Taken hits left out (a better track of this chunk took them), refitted.
             if (n_free < s.min_hits || s.n_cand == s.max_cand || s.n_hits + c.y > s.hits_cap) {
                 continue;
@@ -338,14 +388,15 @@ __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, cons
             u32 base = s.n_cand;
             if (!push_copy(ev, a, s, c.x, c.y, true, n_free)) return false;
             fit_candidate(ev, a, T, base);
-            if (good_candidate(a.cand[base], s.min_hits, s.max_chi2_ndf) &&
-                !accept_candidate(ev, a, s, base)) {
+            uint4 cb = a.cand[base];
+            if (good_candidate(cb, s.min_hits, s.max_chi2_ndf) &&
+                !accept_candidate(ev, a, s, base, a.chits + cb.x, cb.y, st.bits)) {
                 return false;
             }
             continue;
         }
         if (good_candidate(c, s.min_hits, s.max_chi2_ndf)) {
-            if (!accept_candidate(ev, a, s, k)) return false;
+            if (!accept_candidate(ev, a, s, k, hits, c.y, st.bits)) return false;
             continue;
         }
         if (c.y <= s.min_hits) continue;
@@ -356,19 +407,22 @@ __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, cons
             u32 skip_first = v == 0 ? 0 : 1;
             if (!push_copy(ev, a, s, c.x + skip_first, c.y - 1, false, c.y - 1)) return false;
         }
-        for (u32 j = base; j < s.n_cand; j++) fit_candidate(ev, a, T, j);
+        for (u32 q = base; q < s.n_cand; q++) fit_candidate(ev, a, T, q);
         int best = -1;
         float best_q = 0.0f;
-        for (u32 j = base; j < s.n_cand; j++) {
-            uint4 cj = a.cand[j];
-            if (!good_candidate(cj, s.min_hits, s.max_chi2_ndf)) continue;
-            float q = __uint_as_float(cj.z) / (float)cj.w;
-            if (best < 0 || q < best_q) {
-                best = (int)j;
-                best_q = q;
+        for (u32 q = base; q < s.n_cand; q++) {
+            uint4 cq = a.cand[q];
+            if (!good_candidate(cq, s.min_hits, s.max_chi2_ndf)) continue;
+            float qq = __uint_as_float(cq.z) / (float)cq.w;
+            if (best < 0 || qq < best_q) {
+                best = (int)q;
+                best_q = qq;
             }
         }
-        if (best >= 0 && !accept_candidate(ev, a, s, (u32)best)) return false;
+        if (best >= 0) {
+            uint4 cb = a.cand[best];
+            if (!accept_candidate(ev, a, s, (u32)best, a.chits + cb.x, cb.y, st.bits)) return false;
+        }
     }
     return true;
 }
@@ -400,8 +454,14 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
     __shared__ u32 s_off[CAND_THREADS], s_foff[CAND_THREADS];
     __shared__ u32 s_consumed, s_pending_from;
     __shared__ int s_close;
-    __shared__ u32 s_order[CHUNK_MAX + 2];
+    __shared__ u32 s_order[CHUNK_MAX];
+    __shared__ uint4 s_cand[CHUNK_MAX];
+    __shared__ u32 s_hits[CHUNK_MAX * MAX_CHAIN];
+    __shared__ u32 s_free0[CHUNK_MAX];
+    __shared__ u32 s_bits[CHUNK_BITS_WORDS];
     if (failed[e]) return;
+    ChunkStage st = {s_cand, s_hits, s_free0, s_order, s_bits};
+    for (u32 i = tid; i < CHUNK_BITS_WORDS; i += CAND_THREADS) s_bits[i] = 0u;
     const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
                             slices, pf,     pd,        pi,       nodes};
     const u32 hs = hit_start[e];
@@ -525,12 +585,16 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
                 fit_candidate(ev, a, T, c);
             }
             __syncthreads();
+            u32 m = s.n_cand - s_pending_from;
+            stage_chunk(ev, a, s_pending_from, m, st);
             if (tid == 0) {
-                if (!choose_candidates(ev, a, T, s, s_pending_from, s_order)) s.failed = true;
+                if (!choose_candidates(ev, a, T, s, s_pending_from, m, st)) s.failed = true;
                 s_pending_from = s.n_cand;
             }
             __syncthreads();
             if (s.failed) break;
+            // The next chunk's filter starts empty.
+            for (u32 i = tid; i < CHUNK_BITS_WORDS; i += CAND_THREADS) s_bits[i] = 0u;
         }
         oi += s_consumed;
         __syncthreads();
