@@ -7,18 +7,24 @@
 // key (63 - level, total_key(kink chi-square), index): the CPU's order, (level desc,
 // chi2 by total_cmp, index), with no tie left to the order threads arrive in. A bitonic
 // sort over the event's slice of the key arena (two keys per triplet of the event: the
-// slice is padded to a power of two).
+// slice is padded to a power of two). Then each end triplet's room for its chain and its
+// fork's (a chain has min(level + 2, MAX_CHAIN) hits), scanned; ca_event_budget places
+// the events' chains in the batch's chain arena.
+//
+// ca_candidates_chains (a row of blocks per event, a thread per end triplet): the walk of
+// every chain and of its fork, which does not depend on the used flags, for the whole
+// batch at once.
 //
 // ca_candidates (one block of CAND_THREADS per event, the block works through the ordered
-// end triplets a window at a time): every thread builds the chain of one end triplet (and
-// the chain through its fork) against the used flags as they are at the window's start,
-// which are what the CPU sees (the flags only change in the choice); thread 0 then places
-// the chains in the CPU's order with the CPU's limits, until the chunk holds CHUNK
-// candidates (the rest of the window is built again after the choice); the chunk's fits
-// run one candidate per thread; the greedy choice (short: a chunk) runs in thread 0, with
-// its refits. Candidates, their hits (the event's input indices, upstream first), their
-// fits and the accepted list persist per event across passes (`append`); the used flags
-// are per input hit of the event.
+// end triplets a window at a time): every thread takes one end triplet's walked chains and
+// leaves out the hits used as of the window's start, which are what the CPU sees (the
+// flags only change in the choice); thread 0 then places the chains in the CPU's order
+// with the CPU's limits, until the chunk holds CHUNK candidates (the rest of the window
+// is filtered again after the choice); the chunk's fits run one candidate per thread; the
+// chunk is staged in shared memory and ranked by the block; the greedy choice runs in
+// thread 0, with its refits. Candidates, their hits (the event's input indices, upstream
+// first), their fits and the accepted list persist per event across passes (`append`);
+// the used flags are per input hit of the event.
 //
 // An event where the CPU would count an overflow (candidates, candidate hits, tracks) or
 // whose candidates do not fit in its share of the batch's arenas fails with
@@ -60,10 +66,15 @@ extern "C" __global__ void ca_candidates_order(const u32* __restrict__ trip_base
                                                const float* __restrict__ tchi2,
                                                u32* __restrict__ failed, u32* __restrict__ overflow,
                                                u32 min_level, u64* __restrict__ keys,
-                                               u32* __restrict__ n_end) {
+                                               u32* __restrict__ n_end,
+                                               u32* __restrict__ chain_off,
+                                               u32* __restrict__ chain_total) {
     int e = blockIdx.y;
     if (failed[e]) {
-        if (threadIdx.x == 0) n_end[e] = 0;
+        if (threadIdx.x == 0) {
+            n_end[e] = 0;
+            chain_total[e] = 0;
+        }
         return;
     }
     u32 tb = trip_base[e], nt = trip_n[e];
@@ -71,6 +82,7 @@ extern "C" __global__ void ca_candidates_order(const u32* __restrict__ trip_base
         // Beyond the key's index bits (far beyond the CPU's default limits).
         if (threadIdx.x == 0) {
             n_end[e] = 0;
+            chain_total[e] = 0;
             fail_event(failed, overflow, e);
         }
         return;
@@ -115,7 +127,25 @@ extern "C" __global__ void ca_candidates_order(const u32* __restrict__ trip_base
             __syncthreads();
         }
     }
-    if (threadIdx.x == 0) n_end[e] = count;
+    // Room for each end triplet's chain and its fork's (the chain of an end triplet of
+    // level L has min(L + 2, MAX_CHAIN) hits, whichever neighbours it follows), in order.
+    u32 carry = 0;
+    for (u32 c0 = 0; c0 < count; c0 += CA_THREADS) {
+        u32 p = c0 + threadIdx.x;
+        u32 room = 0;
+        if (p < count) {
+            u32 lv = level[tb + (u32)(k[p] & ((1u << KEY_INDEX_BITS) - 1))];
+            room = 2 * (lv + 2 < MAX_CHAIN ? lv + 2 : MAX_CHAIN);
+        }
+        u32 chunk;
+        u32 incl = block_scan_inclusive(room, &chunk);
+        if (p < count) chain_off[tb + p] = carry + incl - room;
+        carry += chunk;
+    }
+    if (threadIdx.x == 0) {
+        n_end[e] = count;
+        chain_total[e] = carry;
+    }
 }
 
 // What the candidate step reads of one event.
@@ -141,20 +171,17 @@ __device__ __forceinline__ bool hit_used(const CandEvent& ev, u32 sorted) {
     return ev.used[ev.sinput[sorted]] != 0;
 }
 
-// build_chain in candidates.rs: the chain ending with triplet t into out (input indices,
-// upstream first), following the left neighbour of one level lower with the best kink
-// chi-square, except at the fork (fork_at, fork_l) when fork_at >= 0; returns its length,
-// 0 when it makes no candidate. Without a fork, *f_at and *f_l receive the step where the
-// second-best neighbour came closest to the best (within FORK_CHI2), *f_at = -1 if none.
-__device__ int build_chain(const CandEvent& ev, u32 t, u32 min_hits, int fork_at, u32 fork_l,
-                           u32* out, int* f_at, u32* f_l) {
+// The walk of build_chain in candidates.rs, which does not depend on the used flags: the
+// chain ending with triplet t (sorted hits, downstream first, into raw; returns its
+// length, min(level + 2, MAX_CHAIN)), following the left neighbour of one level lower
+// with the best kink chi-square, except at the fork (fork_at, fork_l) when fork_at >= 0.
+// Without a fork, *f_at and *f_l receive the step where the second-best neighbour came
+// closest to the best (within FORK_CHI2), *f_at = -1 if none.
+__device__ int walk_chain(const CandEvent& ev, u32 t, int fork_at, u32 fork_l, u32* raw,
+                          int* f_at, u32* f_l) {
     *f_at = -1;
     uint4 r = ev.dbl[ev.tright[t]];
     uint4 lft = ev.dbl[ev.tleft[t]];
-    u32 taken = (hit_used(ev, r.y) ? 1u : 0u) + (hit_used(ev, r.x) ? 1u : 0u) +
-                (hit_used(ev, lft.x) ? 1u : 0u);
-    if (ev.level[t] + 2 - taken < min_hits) return 0;
-    u32 raw[MAX_CHAIN];
     int len = 0;
     raw[len++] = r.y;
     raw[len++] = r.x;
@@ -207,14 +234,86 @@ __device__ int build_chain(const CandEvent& ev, u32 t, u32 min_hits, int fork_at
         *f_at = c_at;
         *f_l = c_l;
     }
-    // Hits already taken by a better track are left out; the rest, upstream first.
-    int w = 0;
-    for (int i = 0; i < len; i++) {
-        if (!hit_used(ev, raw[i])) raw[w++] = raw[i];
+    return len;
+}
+
+// Every end triplet's chain and, where it has one, its fork's, as the event's input
+// indices (downstream first) at the scanned offsets (a row of blocks per event, a thread
+// per end triplet): the walks of the whole batch at once, before the choice.
+extern "C" __global__ void ca_candidates_chains(const u32* __restrict__ hit_start,
+                                                const u32* __restrict__ sinput,
+                                                const uint4* __restrict__ dbl,
+                                                const u32* __restrict__ dbl_base,
+                                                const u32* __restrict__ trip_base,
+                                                const u32* __restrict__ tleft,
+                                                const u32* __restrict__ tright,
+                                                const float* __restrict__ tchi2,
+                                                const u32* __restrict__ level,
+                                                const u32* __restrict__ nb_off,
+                                                const u32* __restrict__ nb_count,
+                                                const u32* __restrict__ nb_base,
+                                                const u32* __restrict__ left,
+                                                const u64* __restrict__ keys,
+                                                const u32* __restrict__ n_end,
+                                                const u32* __restrict__ failed,
+                                                const u32* __restrict__ chain_off,
+                                                const u32* __restrict__ chain_base,
+                                                u32* __restrict__ chain_fork,
+                                                u32* __restrict__ chain_hits) {
+    int e = blockIdx.y;
+    if (failed[e]) return;
+    const u32 hs = hit_start[e];
+    const u32 tb = trip_base[e];
+    CandEvent ev;
+    ev.sinput = sinput + hs;
+    ev.used = nullptr;
+    ev.x = nullptr;
+    ev.y = nullptr;
+    ev.plane = nullptr;
+    ev.dbl = dbl + dbl_base[e];
+    ev.tleft = tleft + tb;
+    ev.tright = tright + tb;
+    ev.tchi2 = tchi2 + tb;
+    ev.level = level + tb;
+    ev.nb_off = nb_off + tb;
+    ev.nb_count = nb_count + tb;
+    ev.left = left + nb_base[e];
+    const u64* order = keys + 2 * (size_t)tb;
+    const u32 n = n_end[e];
+    u32* base = chain_hits + chain_base[e];
+    u32 raw[MAX_CHAIN];
+    for (u32 p = CA_FIRST; p < n; p += CA_STRIDE) {
+        u32 t = (u32)(order[p] & ((1u << KEY_INDEX_BITS) - 1));
+        u32* out = base + chain_off[tb + p];
+        int f_at;
+        u32 f_l = 0;
+        int len = walk_chain(ev, t, -1, 0, raw, &f_at, &f_l);
+        for (int i = 0; i < len; i++) out[i] = ev.sinput[raw[i]];
+        chain_fork[tb + p] = f_at >= 0 ? 1u : 0u;
+        if (f_at >= 0) {
+            int unused_at;
+            u32 unused_l;
+            int flen = walk_chain(ev, t, f_at, f_l, raw, &unused_at, &unused_l);
+            for (int i = 0; i < flen; i++) out[len + i] = ev.sinput[raw[i]];
+        }
     }
-    if ((u32)w < min_hits) return 0;
-    for (int i = 0; i < w; i++) out[i] = ev.sinput[raw[w - 1 - i]];
-    return w;
+}
+
+// The rest of build_chain, on a walked chain `raw` (input indices, downstream first) of
+// end triplet level `lv`: -1 when too many of its first three hits are used to make a
+// track (no candidate and no fork); otherwise the hits not used into out (upstream first)
+// and their count, 0 (no candidate) when fewer than min_hits.
+__device__ int filter_chain(const CandEvent& ev, const u32* raw, u32 len, u32 lv, u32 min_hits,
+                            u32* out) {
+    u32 taken = (ev.used[raw[0]] ? 1u : 0u) + (ev.used[raw[1]] ? 1u : 0u) +
+                (ev.used[raw[2]] ? 1u : 0u);
+    if (lv + 2 - taken < min_hits) return -1;
+    u32 w = 0;
+    for (u32 i = len; i-- > 0;) {
+        u32 h = raw[i];
+        if (!ev.used[h]) out[w++] = h;
+    }
+    return w < min_hits ? 0 : (int)w;
 }
 
 // The hits of a device-resident candidate for the fit: input indices into the event's
@@ -437,6 +536,8 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
               const u32* __restrict__ nb_off, const u32* __restrict__ nb_count,
               const u32* __restrict__ nb_base, const u32* __restrict__ left,
               const u64* __restrict__ keys, const u32* __restrict__ n_end,
+              const u32* __restrict__ chain_off, const u32* __restrict__ chain_base,
+              const u32* __restrict__ chain_fork, const u32* __restrict__ chain_hits,
               u32* __restrict__ failed, u32* __restrict__ overflow, u32* __restrict__ used,
               uint4* __restrict__ cand, u32* __restrict__ chits, u32* __restrict__ fits,
               u32* __restrict__ acc, u32* __restrict__ n_cand, u32* __restrict__ n_chits,
@@ -486,6 +587,7 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
     a.fits = fits + (size_t)e * share_cand * FIT_WORDS;
     a.acc = acc + (size_t)e * share_cand;
     const u64* order = keys + 2 * (size_t)tb;
+    const u32* walked = chain_hits + chain_base[e];
     const u32 n_order = n_end[e];
     const u32 key_mask = (1u << KEY_INDEX_BITS) - 1;
     if (tid == 0) {
@@ -512,12 +614,15 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
         int f_at = -1;
         if (my < n_order) {
             u32 t = (u32)(order[my] & key_mask);
-            u32 f_l = 0;
-            len = (u32)build_chain(ev, t, min_hits, -1, 0, chain, &f_at, &f_l);
-            if (f_at >= 0) {
-                int unused_at;
-                u32 unused_l;
-                flen = (u32)build_chain(ev, t, min_hits, f_at, f_l, fchain, &unused_at, &unused_l);
+            u32 lv = ev.level[t];
+            u32 clen = lv + 2 < MAX_CHAIN ? lv + 2 : MAX_CHAIN;
+            const u32* raw = walked + chain_off[tb + my];
+            int r = filter_chain(ev, raw, clen, lv, min_hits, chain);
+            len = r > 0 ? (u32)r : 0u;
+            if (r >= 0 && chain_fork[tb + my]) {
+                f_at = 0;
+                int fr = filter_chain(ev, raw + clen, clen, lv, min_hits, fchain);
+                flen = fr > 0 ? (u32)fr : 0u;
             }
         }
         s_len[tid] = len;

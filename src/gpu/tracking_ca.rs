@@ -70,15 +70,19 @@
 //! fixed point with no iteration to convergence.
 //!
 //! **Candidates.** The greedy choice is sequential by nature (a track takes hits from the
-//! ones after it), so an event is one block: `ca_candidates_order` sorts its end triplets
+//! ones after it), so the choice of an event is one block; what does not depend on it
+//! runs before, for the whole batch. `ca_candidates_order` sorts an event's end triplets
 //! by one 64-bit key (level, kink chi-square by `total_cmp`, index: the CPU's order, no
-//! ties), then `ca_candidates` works through them a window of 64 at a time: each thread
-//! builds one end triplet's chain and its fork against the used flags as of the window's
-//! start (what the CPU sees: the flags change only in the choice), one thread places them
-//! in order with the CPU's limits until the chunk holds 64 candidates (the rest of the
-//! window is built again after the choice), the chunk is fitted one candidate per thread
-//! with the fit of `kalman_fit.cu` (a device function, with the fitter's own tables,
-//! [`super::tracking_fit::FitTables`]), and one thread makes the choice with its refits.
+//! ties); `ca_candidates_chains` walks every end triplet's chain and its fork (the walk
+//! does not read the used flags), a thread each; then `ca_candidates` works through an
+//! event's end triplets a window of 64 at a time: each thread leaves out of one end
+//! triplet's walked chains the hits used as of the window's start (what the CPU sees: the
+//! flags change only in the choice), one thread places them in order with the CPU's
+//! limits until the chunk holds 64 candidates (the rest of the window is filtered again
+//! after the choice), the chunk is fitted one candidate per thread with the fit of
+//! `kalman_fit.cu` (a device function, with the fitter's own tables,
+//! [`super::tracking_fit::FitTables`]), staged in shared memory and ranked by the block,
+//! and one thread makes the choice with its refits.
 //! Candidates (their hits as the event's input indices), fits and accepted tracks live in
 //! per-event shares of arenas sized from [`CaLimits`] and stay on the device across
 //! passes (`append`); the used flags are per input hit. An event where the CPU would count
@@ -99,10 +103,9 @@
 //! scans and the one-thread budget dominate batches of small events; the next batch's
 //! packing and upload do not overlap this one's steps yet; [`GpuCaEngine::run`]
 //! returns its summary in fresh vectors (a caller-owned summary would keep the hot path
-//! free of allocation); and the candidate step's choice and its refits run in one thread
-//! per event, so a batch of a few central events (some 2,000 tracks each) keeps a few
-//! multiprocessors busy for about 10 ms (refits of the second chance and of candidates
-//! that lost hits could be fitted ahead by the idle threads of the block).
+//! free of allocation); and the candidate step's chunks run one after the other in one
+//! block per event, so a batch of a few central events (some 2,000 tracks, 35 chunks
+//! each) keeps a few multiprocessors busy for milliseconds (`bench/RESULTS.md`).
 
 use std::sync::Arc;
 
@@ -214,12 +217,16 @@ pub struct CaLimits {
     /// the batch's events together: each event gets an equal share, kept across passes.
     pub max_candidates: usize,
     pub max_candidate_hits: usize,
+    /// Hits of the walked chains of every end triplet (and of its fork), of all the
+    /// batch's events together (each event's placed after the one before).
+    pub max_chain_hits: usize,
 }
 
 impl Default for CaLimits {
     /// 512 events, 4 Mi hits (some 250 central events), 16 Mi doublets and triplets, 32
     /// Mi neighbour links, 1 Mi candidates (2,048 per event in a full batch) of 16 Mi
-    /// hits: about 2.1 GiB with the grid of 10 planes of 8 x 128 cells.
+    /// hits, 32 Mi hits of walked chains: about 2.4 GiB with the grid of 10 planes of 8 x
+    /// 128 cells.
     fn default() -> Self {
         CaLimits {
             max_events: 512,
@@ -229,6 +236,7 @@ impl Default for CaLimits {
             max_neighbours: 1 << 25,
             max_candidates: 1 << 20,
             max_candidate_hits: 1 << 24,
+            max_chain_hits: 1 << 25,
         }
     }
 }
@@ -238,12 +246,13 @@ impl CaLimits {
     pub fn device_bytes(&self, n_bins: usize) -> usize {
         4 * (12 * self.max_hits
             + 3 * self.max_events * (n_bins + 1)
-            + 16 * self.max_events
+            + 19 * self.max_events
             + 10 * self.max_doublets
-            + 16 * self.max_triplets
+            + 18 * self.max_triplets
             + self.max_neighbours
             + (4 + FIT_WORDS + 1) * self.max_candidates
-            + self.max_candidate_hits)
+            + self.max_candidate_hits
+            + self.max_chain_hits)
     }
 
     /// Each event's share of the candidate arenas in a batch of `n_events`: candidates
@@ -262,6 +271,7 @@ impl CaLimits {
             self.max_neighbours,
             self.max_candidates,
             self.max_candidate_hits,
+            self.max_chain_hits,
         ];
         if all.contains(&0) || all.iter().any(|&v| v > (u32::MAX / 2) as usize) {
             return Err(GpuError::Config(format!(
@@ -539,6 +549,7 @@ struct Kernels {
     neighbours: CudaFunction,
     evolution: CudaFunction,
     candidates_order: CudaFunction,
+    candidates_chains: CudaFunction,
     candidates: CudaFunction,
 }
 
@@ -640,6 +651,15 @@ struct Arenas {
     /// is sorted padded to a power of two) and their count per event.
     keys: DeviceBuffer<u64>,
     n_end: DeviceBuffer<u32>,
+    /// Per end triplet (in order, at the event's triplet base): where its walked chain and
+    /// its fork's start in the event's chain hits, and whether it has a fork; per event:
+    /// the chain hits' total, base and count.
+    chain_off: DeviceBuffer<u32>,
+    chain_fork: DeviceBuffer<u32>,
+    chain_hits: DeviceBuffer<u32>,
+    chain_total: DeviceBuffer<u32>,
+    chain_base: DeviceBuffer<u32>,
+    chain_n: DeviceBuffer<u32>,
     /// Per input hit: used by an accepted track.
     used: DeviceBuffer<u32>,
     /// Per candidate: start in the event's candidate hits, length, chi2 (bits), ndf.
@@ -707,6 +727,12 @@ impl Arenas {
             left: u(l.max_neighbours)?,
             keys: DeviceBuffer::new(ctx, 2 * t)?,
             n_end: u(e)?,
+            chain_off: u(t)?,
+            chain_fork: u(t)?,
+            chain_hits: u(l.max_chain_hits)?,
+            chain_total: u(e)?,
+            chain_base: u(e)?,
+            chain_n: u(e)?,
             used: u(h)?,
             cand: DeviceBuffer::new(ctx, l.max_candidates)?,
             cand_hits: u(l.max_candidate_hits)?,
@@ -840,6 +866,7 @@ impl GpuCaEngine {
             neighbours: module.function("ca_neighbours")?,
             evolution: module.function("ca_evolution")?,
             candidates_order: module.function("ca_candidates_order")?,
+            candidates_chains: module.function("ca_candidates_chains")?,
             candidates: module.function("ca_candidates")?,
         };
         let fit = fitter.map(|f| FitDevice::new(&ctx, f)).transpose()?;
@@ -987,6 +1014,7 @@ impl GpuCaEngine {
     ) -> Result<(), GpuError> {
         let func = match f {
             "ca_candidates_order" => &self.k.candidates_order,
+            "ca_candidates_chains" => &self.k.candidates_chains,
             "ca_candidates" => &self.k.candidates,
             "ca_event_scan" => &self.k.event_scan,
             "ca_event_budget" => &self.k.event_budget,
@@ -1354,12 +1382,23 @@ impl GpuCaEngine {
         #[rustfmt::skip]
         let order_args = [p(&a.trip_base), p(&a.trip_n), p(&a.level), p(&a.has_right),
             pf(&a.tchi2), p(&a.failed), p(&a.overflow), U32(min_level), Ptr(a.keys.ptr()),
-            p(&a.n_end)];
+            p(&a.n_end), p(&a.chain_off), p(&a.chain_total)];
+        #[rustfmt::skip]
+        let budget_args = [p(&a.chain_total), p(&a.chain_base), p(&a.chain_n), p(&a.failed),
+            U32(e as u32), U32(u32::MAX), U32(to_u32(self.limits.max_chain_hits)),
+            U32(CaStep::Candidates.code()), p(&a.overflow)];
+        #[rustfmt::skip]
+        let chain_args = [p(&a.hit_start), p(&a.sinput), Ptr(a.dbl.ptr()), p(&a.dbl_base),
+            p(&a.trip_base), p(&a.tleft), p(&a.tright), pf(&a.tchi2), p(&a.level),
+            p(&a.nb_off), p(&a.nb_count), p(&a.nb_base), p(&a.left), Ptr(a.keys.ptr()),
+            p(&a.n_end), p(&a.failed), p(&a.chain_off), p(&a.chain_base), p(&a.chain_fork),
+            p(&a.chain_hits)];
         #[rustfmt::skip]
         let cand_args = [pf(&a.in_x), pf(&a.in_y), p(&a.in_plane), p(&a.hit_start),
             p(&a.sinput), Ptr(a.dbl.ptr()), p(&a.dbl_base), p(&a.trip_base), p(&a.tleft),
             p(&a.tright), pf(&a.tchi2), p(&a.level), p(&a.nb_off), p(&a.nb_count),
-            p(&a.nb_base), p(&a.left), Ptr(a.keys.ptr()), p(&a.n_end), p(&a.failed),
+            p(&a.nb_base), p(&a.left), Ptr(a.keys.ptr()), p(&a.n_end), p(&a.chain_off),
+            p(&a.chain_base), p(&a.chain_fork), p(&a.chain_hits), p(&a.failed),
             p(&a.overflow), p(&a.used), Ptr(a.cand.ptr()), p(&a.cand_hits), p(&a.fits),
             p(&a.accepted), p(&a.n_cand), p(&a.n_cand_hits), p(&a.n_accepted),
             U32(to_u32(share_c)), U32(to_u32(share_h)), U32(max_cand), U32(hits_cap),
@@ -1369,10 +1408,15 @@ impl GpuCaEngine {
             Ptr(fit.slices.ptr()), Ptr(fit.floats.ptr()), Ptr(fit.doubles.ptr()),
             Ptr(fit.ints.ptr()), Ptr(fit.nodes.ptr())];
         self.mark_if(profile, "start")?;
+        let sms = self.device.multiprocessors.max(1) as u32;
+        let bpe = (4 * sms).div_ceil(e as u32).clamp(1, 64);
         self.launch("ca_candidates_order", (1, e as u32), &order_args)?;
+        self.launch("ca_event_budget", (1, 1), &budget_args)?;
         self.mark_if(profile, "candidates: order")?;
+        self.launch("ca_candidates_chains", (bpe, e as u32), &chain_args)?;
+        self.mark_if(profile, "candidates: chains")?;
         self.launch_block("ca_candidates", (1, e as u32), CAND_THREADS, &cand_args)?;
-        self.mark_if(profile, "candidates: chains, fits, choice")?;
+        self.mark_if(profile, "candidates: fits, choice")?;
         if profile {
             driver("cuStreamSynchronize", self.stream.synchronize())?;
         }
@@ -1694,18 +1738,20 @@ mod tests {
             max_neighbours: 7000,
             max_candidates: 100,
             max_candidate_hits: 1600,
+            max_chain_hits: 5000,
         };
         assert!(l.validate().is_ok());
         assert_eq!(
             l.device_bytes(99),
             4 * (12 * 1000
                 + 3 * 10 * 100
-                + 160
+                + 19 * 10
                 + 50_000
-                + 96_000
+                + 18 * 6000
                 + 7000
                 + (4 + 24 + 1) * 100
-                + 1600)
+                + 1600
+                + 5000)
         );
         // Each event of a batch gets an equal share of the candidate arenas.
         assert_eq!(l.candidate_share(10), (10, 160));
