@@ -22,6 +22,7 @@ use trigd::gpu::tracking_ca::{CaLimits, GpuCaEngine};
 use trigd::gpu::{detect, BackendChoice, GpuDevice, GpuError};
 use trigd::tracking::ca::{self, CaBuffers, FinderGeometry};
 use trigd::tracking::geometry::Detector;
+use trigd::tracking::kalman::KalmanFitter;
 use trigd::tracking::reco::FinderConfig;
 use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
 
@@ -109,8 +110,18 @@ fn bench_batch(
         max_doublets: 1 << 26,
         max_triplets: 1 << 26,
         max_neighbours: 1 << 26,
+        ..CaLimits::default()
     };
-    let mut engine = GpuCaEngine::new(dev, &geo, &cfg, reach, limits, &KernelCache::from_env())?;
+    let fitter = KalmanFitter::new(det, cfg.fit.clone());
+    let mut engine = GpuCaEngine::with_fitter(
+        dev,
+        &geo,
+        &cfg,
+        &fitter,
+        reach,
+        limits,
+        &KernelCache::from_env(),
+    )?;
     let batch: Vec<&[HitRecord]> = events.iter().map(|e| &e[..]).collect();
     let s = engine.run(&batch)?;
     let failed = s.failed.iter().filter(|f| f.is_some()).count();
@@ -207,6 +218,90 @@ fn bench_batch(
         total_ms / floor_total,
         n / (wall_ms * 1e-3),
         n / (cpu_ms * 1e-3)
+    ));
+    if reach == 1 {
+        bench_candidates(
+            &mut engine,
+            &batch,
+            &geo,
+            &cfg,
+            &fitter,
+            events,
+            reps,
+            label,
+            table,
+        )?;
+    }
+    Ok(())
+}
+
+/// The candidate step of the first pass's reach (`min_hits` of the configuration) after
+/// the steps: its two kernels' device times, and the CPU's `extract_and_select` on one
+/// core for the same events.
+#[allow(clippy::too_many_arguments)]
+fn bench_candidates(
+    engine: &mut GpuCaEngine,
+    batch: &[&[HitRecord]],
+    geo: &FinderGeometry,
+    cfg: &FinderConfig,
+    fitter: &KalmanFitter,
+    events: &[Vec<HitRecord>],
+    reps: usize,
+    label: &str,
+    table: &mut Vec<String>,
+) -> Result<(), GpuError> {
+    let mut per_kernel: Vec<(&'static str, Vec<f64>)> = Vec::new();
+    let mut tracks = 0.0;
+    let mut failed = 0;
+    for _ in 0..reps {
+        engine.run(batch)?;
+        let s = engine.select_candidates_profiled(cfg.min_hits, false)?;
+        tracks = s.tracks.iter().map(|&t| t as f64).sum();
+        failed = s.failed.iter().filter(|f| f.is_some()).count();
+        for (k, (name, ms)) in engine.kernel_times().iter().enumerate() {
+            if per_kernel.len() <= k {
+                per_kernel.push((name, Vec::new()));
+            }
+            per_kernel[k].1.push(*ms);
+        }
+    }
+    let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+    let mut cpu_ns = 0u128;
+    let mut cpu_tracks = 0usize;
+    for hits in events {
+        ca::hit_sorting::sort_hits(geo, hits, cfg.limits.max_hits, &mut buf);
+        ca::doublets::find_doublets(geo, cfg, 1, &mut buf);
+        ca::triplets::find_triplets(geo, cfg, 1, &mut buf);
+        ca::neighbours::find_neighbours(cfg, &mut buf);
+        ca::evolution::evolve(&mut buf, geo.planes.len());
+        let t0 = Instant::now();
+        ca::candidates::extract_and_select(cfg, fitter, &mut buf, cfg.min_hits, false);
+        cpu_ns += t0.elapsed().as_nanos();
+        cpu_tracks += buf.accepted.len();
+    }
+    let cpu_ms = cpu_ns as f64 * 1e-6;
+    let mut total = 0.0;
+    let parts: Vec<String> = per_kernel
+        .into_iter()
+        .map(|(name, v)| {
+            let ms = median(v);
+            total += ms;
+            format!("{name} {ms:.3}")
+        })
+        .collect();
+    let n = events.len() as f64;
+    println!(
+        "  candidates (reach 1, min_hits {}): {:.1} tracks per event ({failed} events failed), kernels (ms): {}; device {total:.3} ms ({:.0} events/s); CPU extract_and_select one core {cpu_ms:.1} ms ({:.1} tracks per event, {:.1}x the device)",
+        cfg.min_hits,
+        tracks / n,
+        parts.join(", "),
+        n / (total * 1e-3),
+        cpu_tracks as f64 / n,
+        cpu_ms / total
+    );
+    table.push(format!(
+        "| {label} | 1 | candidates | {total:.3} | - | - |; {}; CPU 1 core {cpu_ms:.1} ms",
+        parts.join(", ")
     ));
     Ok(())
 }

@@ -87,6 +87,7 @@ typedef unsigned int u32;
 #define FAIL_DOUBLETS 2u
 #define FAIL_TRIPLETS 3u
 #define FAIL_NEIGHBOURS 4u
+#define FAIL_CANDIDATES 5u
 
 // Bin column or row of v (PlaneGeometry::bin_1d): clamped, then truncated.
 __device__ __forceinline__ u32 bin_1d(const float* pl, const int* pi, int axis, float v) {

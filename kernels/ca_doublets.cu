@@ -7,9 +7,9 @@
 //
 // Run twice: write = 0 counts per hit (dbl_count), write = 1 writes at the event's base in
 // the arena plus the hit's scanned offset (dbl_off): per doublet a, b, tx, ty in one
-// 16-byte record (dbl) and the gap. In a later pass (`used` not null: per sorted hit, the
-// hits the earlier pass's tracks took), doublets with a used hit are not made, as the CPU
-// skips them.
+// 16-byte record (dbl) and the gap. In a later pass (`used` not null: per input hit, the
+// hits the earlier pass's tracks took; `sinput` maps a sorted hit to its input index),
+// doublets with a used hit are not made, as the CPU skips them.
 
 struct Box4 {
     float x0, x1, y0, y1;
@@ -58,7 +58,8 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
                                        const u32* __restrict__ hit_start,
                                        const u32* __restrict__ n_sorted,
                                        const u32* __restrict__ bin_start,
-                                       const u32* __restrict__ used, int n_bins,
+                                       const u32* __restrict__ used,
+                                       const u32* __restrict__ sinput, int n_bins,
                                        const float* __restrict__ plf, const int* __restrict__ pli,
                                        const double* __restrict__ pld, const float* __restrict__ g,
                                        const u32* __restrict__ failed, int write,
@@ -72,7 +73,7 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
     u32 base = write ? dbl_base[e] : 0;
     for (u32 a = CA_FIRST; a < m; a += CA_STRIDE) {
         if (write && dbl_count[s + a] == 0) continue;
-        if (used && used[s + a]) {
+        if (used && used[s + sinput[s + a]]) {
             if (!write) dbl_count[s + a] = 0;
             continue;
         }
@@ -99,7 +100,7 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
                 for (u32 h = h0; h < h1; h++) {
                     float x = sx[s + h], y = sy[s + h];
                     if (x >= bx.x0 && x <= bx.x1 && y >= bx.y0 && y <= bx.y1 &&
-                        !(used && used[s + h])) {
+                        !(used && used[s + sinput[s + h]])) {
                         if (write) {
                             u32 d = out + found;
                             float tx = (float)(((double)x - xa64) * inv_dz);

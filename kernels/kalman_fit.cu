@@ -528,42 +528,72 @@ __device__ double theta0_sq(const double* row, double mass, double qop, double t
     return f * f * xr;
 }
 
-__device__ __forceinline__ void bending(float tx, float ty, const float b[3], float& ax, float& ay) {
+__device__ __forceinline__ void fit_bending(float tx, float ty, const float b[3], float& ax, float& ay) {
     const float one = 1.0f;
     const float txy = tx * ty;
     ax = txy * b[0] - (one + tx * tx) * b[1] + ty * b[2];
     ay = (one + ty * ty) * b[0] - txy * b[1] - tx * b[2];
 }
 
-__device__ __forceinline__ void write_empty(unsigned* out, int stride, int t) {
-    for (int k = 0; k < OUT_WORDS; ++k) out[k * stride + t] = 0u;
+// What the fit reads besides the hits (the tables of src/gpu/tracking_fit.rs, FitTables).
+struct KalmanTables {
+    const float* rows32;
+    const double* rows64;
+    const int* gap_steps;
+    const int* gap_kind;
+    const int* gap_slice;
+    const float* slices;
+    const float* pf;
+    const double* pd;
+    const int* pi;
+    const float* nodes;
+};
+
+// One fit's result: the state at the most upstream hit, the covariance (lower triangle
+// row by row), z, chi-square, degrees of freedom and whether it is trusted. An unfittable
+// candidate gets all zeros (ndf 0, ok 0), as on the CPU.
+struct KalmanResult {
+    float st[5];
+    float c[15];
+    float z, chi2;
+    int ndf;
+    int ok;
+};
+
+__device__ __forceinline__ void kalman_empty(KalmanResult& r) {
+    for (int i = 0; i < 5; ++i) r.st[i] = 0.0f;
+    for (int i = 0; i < 15; ++i) r.c[i] = 0.0f;
+    r.z = 0.0f;
+    r.chi2 = 0.0f;
+    r.ndf = 0;
+    r.ok = 0;
 }
 
-extern "C" __global__ void kalman_fit(const unsigned* __restrict__ hits, int n_tracks, int stride,
-                                      int kmax, const float* __restrict__ rows32,
-                                      const double* __restrict__ rows64,
-                                      const int* __restrict__ gap_steps,
-                                      const int* __restrict__ gap_kind,
-                                      const int* __restrict__ gap_slice,
-                                      const float* __restrict__ slices,
-                                      const float* __restrict__ pf, const double* __restrict__ pd,
-                                      const int* __restrict__ pi, const float* __restrict__ nodes,
-                                      unsigned* __restrict__ out) {
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n_tracks) return;
+// The fit of one candidate of n hits (upstream first), read through `h`: h.plane(k),
+// h.x(k), h.y(k). Used by the kalman_fit kernel (hits in its batch layout) and by the
+// candidate step of the CA module (hits of a device-resident candidate).
+template <class Hits>
+__device__ void kalman_fit_track(const Hits& h, int n, int kmax, const KalmanTables& T,
+                                 KalmanResult& res) {
+    const float* rows32 = T.rows32;
+    const double* rows64 = T.rows64;
+    const int* gap_steps = T.gap_steps;
+    const int* gap_kind = T.gap_kind;
+    const int* gap_slice = T.gap_slice;
+    const float* slices = T.slices;
+    const float* pf = T.pf;
+    const double* pd = T.pd;
+    const int* pi = T.pi;
+    const float* nodes = T.nodes;
     const int n_planes = pi[PI_N_PLANES];
-    const unsigned* hx = hits + stride;
-    const unsigned* hy = hx + (size_t)kmax * stride;
-    const unsigned* hp = hy + (size_t)kmax * stride;
-    const int n = (int)hits[t];
-#define PLANE(k) ((int)hp[(size_t)(k) * stride + t])
-#define HX(k) __uint_as_float(hx[(size_t)(k) * stride + t])
-#define HY(k) __uint_as_float(hy[(size_t)(k) * stride + t])
+#define PLANE(k) (h.plane(k))
+#define HX(k) (h.x(k))
+#define HY(k) (h.y(k))
 
     // Seedable (seedable_hits) and planes strictly increasing (`ordered`); others get an
     // empty result with ok = 0, as on the CPU.
     if (n < 3 || n > kmax) {
-        write_empty(out, stride, t);
+        kalman_empty(res);
         return;
     }
     const int pa = PLANE(0), pb = PLANE(n / 2), pm = PLANE(n - 2), pl = PLANE(n - 1);
@@ -576,7 +606,7 @@ extern "C" __global__ void kalman_fit(const unsigned* __restrict__ hits, int n_t
     }
     valid = valid && prev < pm;
     if (!valid) {
-        write_empty(out, stride, t);
+        kalman_empty(res);
         return;
     }
 
@@ -644,7 +674,7 @@ extern "C" __global__ void kalman_fit(const unsigned* __restrict__ hits, int n_t
         const float tx = (xn - xa) * inv_ac;
         const float ty = (yn - ya) * inv_ac;
         float ax, ay;
-        bending(tx, ty, b_mid, ax, ay);
+        fit_bending(tx, ty, b_mid, ax, ay);
         const float kn = K_F * sqrtf(one + tx * tx + ty * ty);
         const float gx = kn * ax;
         const float gy = kn * ay;
@@ -664,7 +694,7 @@ extern "C" __global__ void kalman_fit(const unsigned* __restrict__ hits, int n_t
     const float chord_x = (xn - xm) * inv_dz;
     const float chord_y = (yn - ym) * inv_dz;
     float ax, ay;
-    bending(chord_x, chord_y, b_last, ax, ay);
+    fit_bending(chord_x, chord_y, b_last, ax, ay);
     const float f = HALF_K_F * dz * sqrtf(1.0f + chord_x * chord_x + chord_y * chord_y);
     const float gx = f * ax, gy = f * ay;
     float z = zn, x = xn, y = yn;
@@ -746,16 +776,61 @@ extern "C" __global__ void kalman_fit(const unsigned* __restrict__ hits, int n_t
 #pragma unroll
     for (int i = 0; i < 5; ++i) ok = ok && 0.0f < c[tri(i, i)];
     const int ndf = 2 * n - (pi[PI_FIT_MOMENTUM] ? 5 : 4);
-    const float st[5] = {x, y, tx, ty, qop};
+    res.st[0] = x;
+    res.st[1] = y;
+    res.st[2] = tx;
+    res.st[3] = ty;
+    res.st[4] = qop;
 #pragma unroll
-    for (int i = 0; i < 5; ++i) out[i * stride + t] = __float_as_uint(st[i]);
-#pragma unroll
-    for (int i = 0; i < 15; ++i) out[(5 + i) * stride + t] = __float_as_uint(c[i]);
-    out[20 * stride + t] = __float_as_uint(z);
-    out[21 * stride + t] = __float_as_uint(chi2);
-    out[22 * stride + t] = (unsigned)(ndf > 0 ? ndf : 0);
-    out[23 * stride + t] = ok ? 1u : 0u;
+    for (int i = 0; i < 15; ++i) res.c[i] = c[i];
+    res.z = z;
+    res.chi2 = chi2;
+    res.ndf = ndf > 0 ? ndf : 0;
+    res.ok = ok ? 1 : 0;
 #undef PLANE
 #undef HX
 #undef HY
+}
+
+// The hits of candidate t in the kalman_fit kernel's batch layout.
+struct BatchHits {
+    const unsigned* hx;
+    const unsigned* hy;
+    const unsigned* hp;
+    int stride, t;
+    __device__ __forceinline__ int plane(int k) const { return (int)hp[(size_t)k * stride + t]; }
+    __device__ __forceinline__ float x(int k) const { return __uint_as_float(hx[(size_t)k * stride + t]); }
+    __device__ __forceinline__ float y(int k) const { return __uint_as_float(hy[(size_t)k * stride + t]); }
+};
+
+extern "C" __global__ void kalman_fit(const unsigned* __restrict__ hits, int n_tracks, int stride,
+                                      int kmax, const float* __restrict__ rows32,
+                                      const double* __restrict__ rows64,
+                                      const int* __restrict__ gap_steps,
+                                      const int* __restrict__ gap_kind,
+                                      const int* __restrict__ gap_slice,
+                                      const float* __restrict__ slices,
+                                      const float* __restrict__ pf, const double* __restrict__ pd,
+                                      const int* __restrict__ pi, const float* __restrict__ nodes,
+                                      unsigned* __restrict__ out) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n_tracks) return;
+    const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
+                            slices, pf,     pd,        pi,       nodes};
+    BatchHits h;
+    h.hx = hits + stride;
+    h.hy = h.hx + (size_t)kmax * stride;
+    h.hp = h.hy + (size_t)kmax * stride;
+    h.stride = stride;
+    h.t = t;
+    KalmanResult r;
+    kalman_fit_track(h, (int)hits[t], kmax, T, r);
+#pragma unroll
+    for (int i = 0; i < 5; ++i) out[i * stride + t] = __float_as_uint(r.st[i]);
+#pragma unroll
+    for (int i = 0; i < 15; ++i) out[(5 + i) * stride + t] = __float_as_uint(r.c[i]);
+    out[20 * stride + t] = __float_as_uint(r.z);
+    out[21 * stride + t] = __float_as_uint(r.chi2);
+    out[22 * stride + t] = (unsigned)r.ndf;
+    out[23 * stride + t] = (unsigned)r.ok;
 }

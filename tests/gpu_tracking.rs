@@ -16,10 +16,11 @@ use std::path::PathBuf;
 
 use trigd::frame::HitRecord;
 use trigd::gpu::nvrtc::KernelCache;
-use trigd::gpu::tracking_ca::{CaEventResult, CaLimits, CaStep, GpuCaEngine};
+use trigd::gpu::tracking_ca::{CaEventResult, CaEventTracks, CaLimits, CaStep, GpuCaEngine};
 use trigd::gpu::{detect, BackendChoice, GpuDevice};
 use trigd::tracking::ca::{self, CaBuffers, FinderGeometry};
 use trigd::tracking::geometry::Detector;
+use trigd::tracking::kalman::{FitOutput, KalmanFitter};
 use trigd::tracking::reco::FinderConfig;
 use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
 
@@ -362,7 +363,7 @@ fn an_event_beyond_a_limit_is_counted_and_handed_back_to_the_cpu() {
         .collect();
     assert_eq!(failed, vec![3, 7], "{summary:?}");
     assert_eq!(summary.failed[3], Some(CaStep::Doublets));
-    assert_eq!(summary.overflow, [0, 2, 0, 0]);
+    assert_eq!(summary.overflow, [0, 2, 0, 0, 0]);
     assert_eq!(summary.doublets[3], 0);
     assert!(engine.event_result(3).unwrap().is_none());
     // The others are the CPU's; the failed ones go to the CPU path, which finds them whole.
@@ -395,7 +396,7 @@ fn an_event_beyond_a_limit_is_counted_and_handed_back_to_the_cpu() {
     let summary = engine.run(&batch).expect("batch");
     assert_eq!(summary.failed[3], Some(CaStep::Hits));
     assert_eq!(summary.failed[7], Some(CaStep::Hits));
-    assert_eq!(summary.overflow, [2, 0, 0, 0]);
+    assert_eq!(summary.overflow, [2, 0, 0, 0, 0]);
     for (e, hits) in events.iter().enumerate() {
         cpu_pass(&geo, &cfg, 1, hits, &mut buf);
         match engine.event_result(e).unwrap() {
@@ -448,4 +449,299 @@ fn a_device_error_fails_the_batch_and_the_next_batch_runs() {
     );
     assert_eq!(t.events, 8);
     println!("device error: {err}; the next batch equals the CPU");
+}
+
+/// The CPU's accepted tracks of the candidate step on `buf` (after [`cpu_pass`]): hits as
+/// the event's input indices, upstream first, and the fit; and the used flags per input
+/// hit.
+fn cpu_select(
+    cfg: &FinderConfig,
+    fitter: &KalmanFitter,
+    buf: &mut CaBuffers,
+    n_input: usize,
+    min_hits: usize,
+    append: bool,
+) -> (Vec<(Vec<u32>, FitOutput)>, Vec<bool>) {
+    ca::candidates::extract_and_select(cfg, fitter, buf, min_hits, append);
+    let tracks = buf
+        .accepted
+        .iter()
+        .map(|&k| {
+            let c = &buf.candidates[k as usize];
+            let hits = buf.candidate_hits[c.start as usize..c.start as usize + c.len as usize]
+                .iter()
+                .map(|&h| buf.hits.input_index[h as usize])
+                .collect();
+            (hits, buf.fits[c.fit as usize])
+        })
+        .collect();
+    let mut used = vec![false; n_input];
+    for (h, &u) in buf.hits.used.iter().enumerate() {
+        used[buf.hits.input_index[h] as usize] = u;
+    }
+    (tracks, used)
+}
+
+/// Whether two fits agree within single-precision tolerance (1e-4 relative).
+fn fits_agree(g: &FitOutput, c: &FitOutput) -> Result<(), String> {
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-4 * b.abs().max(1e-2);
+    if g.ndf != c.ndf || g.ok != c.ok {
+        return Err(format!(
+            "ndf/ok GPU {}/{}, CPU {}/{}",
+            g.ndf, g.ok, c.ndf, c.ok
+        ));
+    }
+    if !close(g.chi2, c.chi2) || !close(g.z_mm, c.z_mm) {
+        return Err(format!("chi2 GPU {}, CPU {}", g.chi2, c.chi2));
+    }
+    for i in 0..5 {
+        if !close(g.state[i], c.state[i]) {
+            return Err(format!("state[{i}] GPU {:?}, CPU {:?}", g.state, c.state));
+        }
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct TrackTotals {
+    tracks: usize,
+    differ: usize,
+    used_differ: usize,
+    hits: usize,
+    max_chi2_rel: f64,
+}
+
+/// Compares one event's accepted tracks: counts the tracks whose hit lists the other side
+/// lacks, checks the fits of the tracks both have, and the used flags.
+fn compare_tracks(
+    what: &str,
+    gpu: &CaEventTracks,
+    cpu: &(Vec<(Vec<u32>, FitOutput)>, Vec<bool>),
+    t: &mut TrackTotals,
+) {
+    let (cpu_tracks, cpu_used) = cpu;
+    let mut differ = 0;
+    let mut first: Option<String> = None;
+    for (i, (hits, fit)) in cpu_tracks.iter().enumerate() {
+        match gpu.tracks.iter().find(|g| &g.hits == hits) {
+            Some(g) => {
+                if let Err(m) = fits_agree(&g.fit, fit) {
+                    panic!("{what}: track {i} {hits:?}: {m}");
+                }
+                let rel = (g.fit.chi2 - fit.chi2).abs() / fit.chi2.abs().max(1e-2);
+                t.max_chi2_rel = t.max_chi2_rel.max(rel);
+            }
+            None => {
+                differ += 1;
+                first.get_or_insert_with(|| format!("CPU track {i} {hits:?} not on the GPU"));
+            }
+        }
+    }
+    let gpu_only = gpu
+        .tracks
+        .iter()
+        .filter(|g| !cpu_tracks.iter().any(|(h, _)| *h == g.hits))
+        .count();
+    let differ = differ.max(gpu_only);
+    let used_differ = gpu
+        .used
+        .iter()
+        .zip(cpu_used)
+        .filter(|(a, b)| a != b)
+        .count();
+    assert_eq!(gpu.used.len(), cpu_used.len(), "{what}");
+    if differ == 0 {
+        // Same tracks: same order of acceptance and the same hits used.
+        let g: Vec<&Vec<u32>> = gpu.tracks.iter().map(|t| &t.hits).collect();
+        let c: Vec<&Vec<u32>> = cpu_tracks.iter().map(|t| &t.0).collect();
+        assert_eq!(g, c, "{what}: acceptance order");
+        assert_eq!(used_differ, 0, "{what}: used flags");
+    } else {
+        eprintln!(
+            "{what}: {differ} of {} tracks differ (GPU {}), {used_differ} used flags: {}",
+            cpu_tracks.len(),
+            gpu.tracks.len(),
+            first.unwrap_or_default()
+        );
+    }
+    t.tracks += cpu_tracks.len();
+    t.differ += differ;
+    t.used_differ += used_differ;
+    t.hits += cpu_tracks.iter().map(|(h, _)| h.len()).sum::<usize>();
+}
+
+/// One pass of the full search with reach 1 and `cfg.min_hits` on the GPU, then the
+/// candidate step (`append` false, then a second call with `append` true on the same
+/// arrays), against the CPU's; twice, for the same bytes.
+fn candidate_agreement(preset: Preset, n_events: u64) {
+    let dev = device();
+    let s = seed();
+    for (name, det, sim) in configurations(preset) {
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let geo = FinderGeometry::new(&det, &cfg);
+        let fitter = KalmanFitter::new(&det, cfg.fit.clone());
+        let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+        let events: Vec<Vec<HitRecord>> = simulate_events(&det, &sim, s, 0, n_events)
+            .map(|e| e.hits)
+            .collect();
+        let batch: Vec<&[HitRecord]> = events.iter().map(|e| &e[..]).collect();
+        let mut engine = GpuCaEngine::with_fitter(
+            &dev,
+            &geo,
+            &cfg,
+            &fitter,
+            1,
+            CaLimits::default(),
+            &KernelCache::disabled(),
+        )
+        .expect("engine");
+        let min_hits = cfg.min_hits;
+        let mut words: Option<Vec<Vec<u32>>> = None;
+        let mut totals = [TrackTotals::default(), TrackTotals::default()];
+        for run in 0..2 {
+            let summary = engine.run(&batch).expect("the batch runs on the GPU");
+            assert!(
+                summary.failed.iter().all(|f| f.is_none()),
+                "{name}: {summary:?}"
+            );
+            let first = engine
+                .select_candidates(min_hits, false)
+                .expect("candidates");
+            assert!(
+                first.failed.iter().all(|f| f.is_none()),
+                "{name}: {first:?}"
+            );
+            let gpu_first: Vec<CaEventTracks> = (0..events.len())
+                .map(|e| engine.event_tracks(e).unwrap().expect("not failed"))
+                .collect();
+            let again = engine.select_candidates(min_hits, true).expect("append");
+            assert!(
+                again.failed.iter().all(|f| f.is_none()),
+                "{name}: {again:?}"
+            );
+            let w: Vec<Vec<u32>> = (0..events.len())
+                .map(|e| engine.event_tracks(e).unwrap().unwrap().to_words())
+                .collect();
+            match &words {
+                None => words = Some(w),
+                Some(f) => {
+                    assert!(*f == w, "{name}: run {run} differs from the first");
+                    continue;
+                }
+            }
+            for (e, hits) in events.iter().enumerate() {
+                cpu_pass(&geo, &cfg, 1, hits, &mut buf);
+                let cpu = cpu_select(&cfg, &fitter, &mut buf, hits.len(), min_hits, false);
+                assert!(!buf.overflow.any(), "{name}: the CPU overflowed");
+                let what = format!("{name}, event {e}");
+                compare_tracks(&what, &gpu_first[e], &cpu, &mut totals[0]);
+                assert_eq!(first.tracks[e] as usize, gpu_first[e].tracks.len());
+                let cpu2 = cpu_select(&cfg, &fitter, &mut buf, hits.len(), min_hits, true);
+                let gpu2 = engine.event_tracks(e).unwrap().unwrap();
+                compare_tracks(&format!("{what}, appended"), &gpu2, &cpu2, &mut totals[1]);
+            }
+        }
+        for (pass, t) in ["first call", "appended call"].iter().zip(&totals) {
+            println!(
+                "candidates {preset:?} {name} ({pass}): {} events, {} CPU tracks of {} hits, {} differ, {} used flags differ, largest chi2 difference {:.2e} (relative); 2 runs identical",
+                events.len(), t.tracks, t.hits, t.differ, t.used_differ, t.max_chi2_rel
+            );
+            assert!(
+                t.differ * 1000 <= t.tracks,
+                "{name}: {} of {} tracks differ",
+                t.differ,
+                t.tracks
+            );
+        }
+        assert!(totals[0].tracks > 0, "{name}: no track found");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn minimum_bias_events_give_the_cpu_finders_accepted_tracks() {
+    candidate_agreement(Preset::Minbias, 40);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn central_events_give_the_cpu_finders_accepted_tracks() {
+    candidate_agreement(Preset::Central, 3);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_event_beyond_the_candidate_limit_is_counted_and_handed_back_to_the_cpu() {
+    let dev = device();
+    let s = seed();
+    let det = load("detector.toml");
+    let mut cfg = FinderConfig::from_detector(&det, 1.0);
+    let geo = FinderGeometry::new(&det, &cfg);
+    let fitter = KalmanFitter::new(&det, cfg.fit.clone());
+    let central: Vec<Vec<HitRecord>> =
+        simulate_events(&det, &SimConfig::preset(Preset::Central), s, 0, 2)
+            .map(|e| e.hits)
+            .collect();
+    let minbias: Vec<Vec<HitRecord>> =
+        simulate_events(&det, &SimConfig::preset(Preset::Minbias), s + 1, 0, 6)
+            .map(|e| e.hits)
+            .collect();
+    let mut events = minbias[..3].to_vec();
+    events.push(central[0].clone());
+    events.extend_from_slice(&minbias[3..]);
+    events.push(central[1].clone());
+    // A candidate limit that the minimum-bias events stay under and the central ones
+    // exceed (candidates and their hits: the CPU's capacity is 16 hits per candidate,
+    // and extraction keeps half of it free).
+    let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+    let (mut most, mut most_hits) = (0, 0);
+    for hits in &minbias {
+        cpu_pass(&geo, &cfg, 1, hits, &mut buf);
+        ca::candidates::extract_and_select(&cfg, &fitter, &mut buf, cfg.min_hits, false);
+        most = most.max(buf.candidates.len());
+        most_hits = most_hits.max(buf.candidate_hits.len());
+    }
+    cfg.limits.max_candidates = (most + 8).max((most_hits + 2 * 64) / 8 + 1);
+    let geo = FinderGeometry::new(&det, &cfg);
+    let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+    let mut engine = GpuCaEngine::with_fitter(
+        &dev,
+        &geo,
+        &cfg,
+        &fitter,
+        1,
+        CaLimits::default(),
+        &KernelCache::disabled(),
+    )
+    .expect("engine");
+    let batch: Vec<&[HitRecord]> = events.iter().map(|e| &e[..]).collect();
+    let summary = engine.run(&batch).expect("batch");
+    assert!(summary.failed.iter().all(|f| f.is_none()), "{summary:?}");
+    let summary = engine
+        .select_candidates(cfg.min_hits, false)
+        .expect("candidates");
+    let failed: Vec<usize> = (0..events.len())
+        .filter(|&e| summary.failed[e].is_some())
+        .collect();
+    assert_eq!(failed, vec![3, 7], "{summary:?}");
+    assert_eq!(summary.failed[3], Some(CaStep::Candidates));
+    assert_eq!(summary.overflow, [0, 0, 0, 0, 2]);
+    assert_eq!(summary.tracks[3], 0);
+    let mut t = TrackTotals::default();
+    for (e, hits) in events.iter().enumerate() {
+        cpu_pass(&geo, &cfg, 1, hits, &mut buf);
+        let cpu = cpu_select(&cfg, &fitter, &mut buf, hits.len(), cfg.min_hits, false);
+        match engine.event_tracks(e).unwrap() {
+            Some(gpu) => {
+                assert!(!buf.overflow.any(), "event {e}: {:?}", buf.overflow);
+                compare_tracks(&format!("event {e}"), &gpu, &cpu, &mut t);
+            }
+            None => assert!(buf.overflow.candidates > 0, "event {e}: {:?}", buf.overflow),
+        }
+    }
+    assert_eq!(t.differ, 0);
+    println!(
+        "candidate limit {} per event: events {failed:?} failed at {:?}, counted {:?}; the CPU overflows on them too; the others' {} tracks equal the CPU's",
+        cfg.limits.max_candidates, summary.failed[3], summary.overflow, t.tracks
+    );
 }

@@ -109,6 +109,7 @@ fn two_passes(preset: Preset, n_events: u64) {
             &dev,
             &geo,
             &cfg,
+            None,
             &[1, reach2],
             CaLimits::default(),
             &KernelCache::disabled(),
@@ -153,9 +154,15 @@ fn two_passes(preset: Preset, n_events: u64) {
                 false,
             );
             c.used += buf.hits.used.iter().filter(|&&u| u).count();
-            used.push(buf.hits.used.clone());
+            // The device keeps the marks by input hit.
+            let mut by_input = vec![false; hits.len()];
+            for (h, &u) in buf.hits.used.iter().enumerate() {
+                by_input[buf.hits.input_index[h] as usize] = u;
+            }
+            used.push((buf.hits.used.clone(), by_input));
         }
-        engine.set_used(&used).expect("used marks up");
+        let by_input: Vec<Vec<bool>> = used.iter().map(|u| u.1.clone()).collect();
+        engine.set_used(&by_input).expect("used marks up");
         let later = PassOptions {
             pass: 1,
             dead_ends_from_plane: None,
@@ -166,7 +173,7 @@ fn two_passes(preset: Preset, n_events: u64) {
         for (e, hits) in events.iter().enumerate() {
             buf.overflow = Default::default();
             ca::hit_sorting::sort_hits(&geo, hits, cfg.limits.max_hits, &mut buf);
-            buf.hits.used.copy_from_slice(&used[e]);
+            buf.hits.used.copy_from_slice(&used[e].0);
             ca::doublets::find_doublets(&geo, &cfg, reach2, &mut buf);
             ca::triplets::find_triplets(&geo, &cfg, reach2, &mut buf);
             ca::neighbours::find_neighbours(&cfg, &mut buf);

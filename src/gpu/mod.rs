@@ -9,6 +9,7 @@
 pub mod eeg;
 pub mod nvrtc;
 pub mod runtime;
+pub mod tracking;
 pub mod tracking_ca;
 pub mod tracking_clones;
 pub mod tracking_fit;

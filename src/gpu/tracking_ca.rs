@@ -9,9 +9,12 @@
 //! [`crate::tracking::ca::neighbours::find_neighbours`] and
 //! [`crate::tracking::ca::evolution::evolve`] make it with the same `reach`; per event its
 //! sorted hits, doublets, triplets, neighbour links and levels are the CPU's arrays, index
-//! for index. Candidates, the fit of the chains, clone suppression and the later pass on
-//! the hits left are the CPU's (see "What is left" below); the daemon's `--backend gpu`
-//! still answers that tracking runs on the CPU.
+//! for index. Then, on those arrays, the candidate step of the pass
+//! ([`GpuCaEngine::select_candidates`], `ca_candidates.cu`), as
+//! [`crate::tracking::ca::candidates::extract_and_select`] makes it: the same accepted
+//! tracks, in the same order, with the same fits and used hits. Clone suppression and the
+//! later pass on the hits left are the CPU's (see "What is left" below); the daemon's
+//! `--backend gpu` still answers that tracking runs on the CPU.
 //!
 //! # Design
 //!
@@ -66,22 +69,43 @@
 //! the levels are set plane by plane, upstream first (one launch per plane): the CPU's
 //! fixed point with no iteration to convergence.
 //!
+//! **Candidates.** The greedy choice is sequential by nature (a track takes hits from the
+//! ones after it), so the choice of an event is one block; what does not depend on it
+//! runs before, for the whole batch. `ca_candidates_order` sorts an event's end triplets
+//! by one 64-bit key (level, kink chi-square by `total_cmp`, index: the CPU's order, no
+//! ties); `ca_candidates_chains` walks every end triplet's chain and its fork (the walk
+//! does not read the used flags), a thread each; then `ca_candidates` works through an
+//! event's end triplets a window of 64 at a time: each thread leaves out of one end
+//! triplet's walked chains the hits used as of the window's start (what the CPU sees: the
+//! flags change only in the choice), one thread places them in order with the CPU's
+//! limits until the chunk holds 64 candidates (the rest of the window is filtered again
+//! after the choice), the chunk is fitted one candidate per thread with the fit of
+//! `kalman_fit.cu` (a device function, with the fitter's own tables,
+//! [`super::tracking_fit::FitTables`]), staged in shared memory and ranked by the block,
+//! and one thread makes the choice with its refits.
+//! Candidates (their hits as the event's input indices), fits and accepted tracks live in
+//! per-event shares of arenas sized from [`CaLimits`] and stay on the device across
+//! passes (`append`); the used flags are per input hit. An event where the CPU would count
+//! a candidate or track overflow, or that outgrows its share, fails with
+//! [`CaStep::Candidates`].
+//!
 //! # What is left (the rest of the issue)
 //!
 //! The seeded first pass (`follow_seeds`) and `prune_dead_ends` (its tracks are the full
 //! search's, so the full search's sets are what is compared here), the second pass on
-//! the hits the first left (a copy of the free hits, as `hit_sorting::free_hits`),
-//! candidate extraction with hit sharing (greedy: one warp per event), the Kalman fit of
-//! the candidates with [`super::tracking_fit`]'s kernel on device-resident candidates,
-//! clone suppression, the trigger lines, and the daemon's wiring (a worker per GPU, the
+//! the hits the first left (a copy of the free hits, as `hit_sorting::free_hits`; the
+//! candidate step already appends to an event's tracks and keeps its used flags per input
+//! hit), clone suppression, the trigger lines, and the daemon's wiring (a worker per GPU, the
 //! `trigd_tracking_overflow_total{step}` metric from [`CaBatchSummary::overflow`] with
 //! [`CaStep::name`], the events that failed handed to the CPU path). For speed
 //! (`bench/RESULTS.md`, "Tracking on the GPU, first steps"): the doublet continuation
 //! search is one thread per left doublet with loops of different lengths; the per-event
 //! scans and the one-thread budget dominate batches of small events; the next batch's
-//! packing and upload do not overlap this one's steps yet; and [`GpuCaEngine::run`]
+//! packing and upload do not overlap this one's steps yet; [`GpuCaEngine::run`]
 //! returns its summary in fresh vectors (a caller-owned summary would keep the hot path
-//! free of allocation).
+//! free of allocation); and the candidate step's chunks run one after the other in one
+//! block per event, so a batch of a few central events (some 2,000 tracks, 35 chunks
+//! each) keeps a few multiprocessors busy for milliseconds (`bench/RESULTS.md`).
 
 use std::sync::Arc;
 
@@ -89,6 +113,7 @@ use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaFunction, C
 
 use super::nvrtc::{load_module_with_options, KernelCache, LoadedModule};
 use super::runtime::{copy_to_device, DeviceBuffer, PinnedBuffer};
+use super::tracking_fit::FitTables;
 use super::{driver, GpuDevice, GpuError};
 use crate::frame::HitRecord;
 use crate::tracking::ca::bending::NODES;
@@ -96,22 +121,33 @@ use crate::tracking::ca::cuts::{FinderConfig, Limits};
 use crate::tracking::ca::doublets::PlaneWindows;
 use crate::tracking::ca::{Doublet, FinderGeometry, Triplet, MAX_REACH};
 use crate::tracking::geometry::Field;
+use crate::tracking::kalman::{FitOutput, KalmanFitter};
 use crate::tracking::propagate::K_GEV_PER_T_MM;
 
 /// The kernels of the steps, one file each, compiled together as one module.
 const COMMON: &str = include_str!("../../kernels/ca_common.cuh");
-const STEPS: [&str; 6] = [
+const STEPS: [&str; 8] = [
     include_str!("../../kernels/ca_hit_sorting.cu"),
     include_str!("../../kernels/ca_doublets.cu"),
     include_str!("../../kernels/ca_triplets.cu"),
     include_str!("../../kernels/ca_dead_ends.cu"),
     include_str!("../../kernels/ca_neighbours.cu"),
     include_str!("../../kernels/ca_evolution.cu"),
+    // The fit of one candidate as a device function, then the candidate step that uses it.
+    include_str!("../../kernels/kalman_fit.cu"),
+    include_str!("../../kernels/ca_candidates.cu"),
 ];
 /// The windows and cuts must round as the CPU's: no fused multiply-adds.
 const KERNEL_OPTIONS: [&str; 1] = ["--fmad=false"];
 /// Threads per block (CA_THREADS in ca_common.cuh).
 const THREADS: u32 = 256;
+/// Threads per event of the candidate step (CAND_THREADS in ca_candidates.cu).
+const CAND_THREADS: u32 = 64;
+/// Words per fit in the fit arena (FIT_WORDS in ca_candidates.cu, the fit kernel's
+/// output words).
+const FIT_WORDS: usize = super::tracking_fit::OUT_WORDS;
+/// The longest candidate (MAX_CHAIN in ca_candidates.cu and candidates.rs).
+const MAX_CHAIN: usize = crate::tracking::kalman::MAX_PLANES;
 
 // Table layouts (ca_common.cuh).
 const PLF: usize = 32;
@@ -129,14 +165,18 @@ pub enum CaStep {
     Doublets,
     Triplets,
     Neighbours,
+    /// Candidate extraction, fit and choice: the CPU would count a candidate or track
+    /// overflow, or the event's candidates exceed its share of the batch's arenas.
+    Candidates,
 }
 
 impl CaStep {
-    pub const ALL: [CaStep; 4] = [
+    pub const ALL: [CaStep; 5] = [
         CaStep::Hits,
         CaStep::Doublets,
         CaStep::Triplets,
         CaStep::Neighbours,
+        CaStep::Candidates,
     ];
 
     fn code(self) -> u32 {
@@ -145,6 +185,7 @@ impl CaStep {
             CaStep::Doublets => 2,
             CaStep::Triplets => 3,
             CaStep::Neighbours => 4,
+            CaStep::Candidates => 5,
         }
     }
 
@@ -159,6 +200,7 @@ impl CaStep {
             CaStep::Doublets => "doublets",
             CaStep::Triplets => "triplets",
             CaStep::Neighbours => "neighbours",
+            CaStep::Candidates => "candidates",
         }
     }
 }
@@ -172,11 +214,20 @@ pub struct CaLimits {
     pub max_doublets: usize,
     pub max_triplets: usize,
     pub max_neighbours: usize,
+    /// Track candidates (with their fits and the accepted list) and their hits, of all
+    /// the batch's events together: each event gets an equal share, kept across passes.
+    pub max_candidates: usize,
+    pub max_candidate_hits: usize,
+    /// Hits of the walked chains of every end triplet (and of its fork), of all the
+    /// batch's events together (each event's placed after the one before).
+    pub max_chain_hits: usize,
 }
 
 impl Default for CaLimits {
-    /// 512 events, 4 Mi hits (some 250 central events), 16 Mi doublets and triplets and
-    /// 32 Mi neighbour links: about 1.6 GiB with the grid of 10 planes of 8 x 128 cells.
+    /// 512 events, 4 Mi hits (some 250 central events), 16 Mi doublets and triplets, 32
+    /// Mi neighbour links, 1 Mi candidates (2,048 per event in a full batch) of 16 Mi
+    /// hits, 32 Mi hits of walked chains: about 2.4 GiB with the grid of 10 planes of 8 x
+    /// 128 cells.
     fn default() -> Self {
         CaLimits {
             max_events: 512,
@@ -184,6 +235,9 @@ impl Default for CaLimits {
             max_doublets: 1 << 24,
             max_triplets: 1 << 24,
             max_neighbours: 1 << 25,
+            max_candidates: 1 << 20,
+            max_candidate_hits: 1 << 24,
+            max_chain_hits: 1 << 25,
         }
     }
 }
@@ -193,10 +247,20 @@ impl CaLimits {
     pub fn device_bytes(&self, n_bins: usize) -> usize {
         4 * (12 * self.max_hits
             + 3 * self.max_events * (n_bins + 1)
-            + 12 * self.max_events
+            + 19 * self.max_events
             + 11 * self.max_doublets
-            + 20 * self.max_triplets
-            + self.max_neighbours)
+            + 26 * self.max_triplets
+            + self.max_neighbours
+            + (4 + FIT_WORDS + 1) * self.max_candidates
+            + self.max_candidate_hits
+            + self.max_chain_hits)
+    }
+
+    /// Each event's share of the candidate arenas in a batch of `n_events`: candidates
+    /// (also fits and accepted tracks) and candidate hits.
+    pub fn candidate_share(&self, n_events: usize) -> (usize, usize) {
+        let n = n_events.max(1);
+        (self.max_candidates / n, self.max_candidate_hits / n)
     }
 
     fn validate(&self) -> Result<(), GpuError> {
@@ -206,6 +270,9 @@ impl CaLimits {
             self.max_doublets,
             self.max_triplets,
             self.max_neighbours,
+            self.max_candidates,
+            self.max_candidate_hits,
+            self.max_chain_hits,
         ];
         if all.contains(&0) || all.iter().any(|&v| v > (u32::MAX / 2) as usize) {
             return Err(GpuError::Config(format!(
@@ -242,6 +309,8 @@ pub struct CaTables {
     /// Window limits and the triplet step's cuts.
     pub globals: Vec<f32>,
     pub neighbour_chi2_max: f64,
+    /// The candidates' chi-square per degree of freedom cut.
+    pub max_chi2_ndf: f64,
     /// Per-event limits of the CPU finder.
     pub limits: Limits,
 }
@@ -355,6 +424,7 @@ impl CaTables {
             tents,
             globals,
             neighbour_chi2_max: cfg.neighbour_chi2_max,
+            max_chi2_ndf: cfg.max_chi2_ndf,
             limits: cfg.limits.clone(),
         }
     }
@@ -366,12 +436,55 @@ pub struct CaBatchSummary {
     /// Per event: the step it failed at (to be run on the CPU), or `None`.
     pub failed: Vec<Option<CaStep>>,
     /// Events failed per step, in [`CaStep::ALL`]'s order.
-    pub overflow: [u32; 4],
+    pub overflow: [u32; 5],
     /// Per event: sorted hits, doublets, triplets, neighbour links (0 where failed).
     pub hits: Vec<u32>,
     pub doublets: Vec<u32>,
     pub triplets: Vec<u32>,
     pub neighbours: Vec<u32>,
+    /// Per event: candidates and accepted tracks so far (all passes; 0 where failed, and
+    /// after [`GpuCaEngine::run`] before any candidate step).
+    pub candidates: Vec<u32>,
+    pub tracks: Vec<u32>,
+}
+
+/// One accepted track read back: its hits as the event's input indices, upstream first
+/// (as the CPU's `Reconstructor` writes them), and its fit.
+#[derive(Debug, Clone, Default)]
+pub struct CaTrack {
+    pub hits: Vec<u32>,
+    pub fit: FitOutput,
+}
+
+/// An event's accepted tracks in acceptance order and its per-input-hit used flags (read
+/// back for comparison and tests; not the hot path).
+#[derive(Debug, Clone, Default)]
+pub struct CaEventTracks {
+    pub tracks: Vec<CaTrack>,
+    pub used: Vec<bool>,
+}
+
+impl CaEventTracks {
+    /// Every hit index, fit word (floats by their bits) and flag as 32-bit words, for
+    /// comparisons to the bit.
+    pub fn to_words(&self) -> Vec<u32> {
+        let mut w = Vec::new();
+        for t in &self.tracks {
+            w.push(t.hits.len() as u32);
+            w.extend_from_slice(&t.hits);
+            let f = &t.fit;
+            w.extend(f.state.iter().map(|&v| (v as f32).to_bits()));
+            w.extend(f.cov.iter().map(|&v| (v as f32).to_bits()));
+            w.extend_from_slice(&[
+                (f.z_mm as f32).to_bits(),
+                (f.chi2 as f32).to_bits(),
+                f.ndf as u32,
+                f.ok as u32,
+            ]);
+        }
+        w.extend(self.used.iter().map(|&u| u as u32));
+        w
+    }
 }
 
 /// One event's arrays as the CPU finder's [`crate::tracking::ca::CaBuffers`] holds them
@@ -505,6 +618,9 @@ struct Kernels {
     dead_ends: CudaFunction,
     dead_ends_gather: CudaFunction,
     dead_ends_copy_back: CudaFunction,
+    candidates_order: CudaFunction,
+    candidates_chains: CudaFunction,
+    candidates: CudaFunction,
 }
 
 /// A pass's tables on the device (reach-dependent windows and cuts; see [`CaTables`]).
@@ -551,6 +667,44 @@ pub struct PassOptions {
     /// Skip the hits marked used (the tracks of the earlier pass): a later pass on the
     /// hits already sorted, with no new copy of hits.
     pub skip_used: bool,
+
+}
+
+/// The fitter's tables on the device (`FitTables`, as the fit engine uploads them).
+struct FitDevice {
+    rows32: DeviceBuffer<f32>,
+    rows64: DeviceBuffer<f64>,
+    gap_steps: DeviceBuffer<i32>,
+    gap_kind: DeviceBuffer<i32>,
+    gap_slice: DeviceBuffer<i32>,
+    slices: DeviceBuffer<f32>,
+    ints: DeviceBuffer<i32>,
+    floats: DeviceBuffer<f32>,
+    doubles: DeviceBuffer<f64>,
+    nodes: DeviceBuffer<f32>,
+}
+
+impl FitDevice {
+    fn new(ctx: &Arc<CudaContext>, fitter: &KalmanFitter) -> Result<Self, GpuError> {
+        let t = FitTables::new(fitter);
+        if t.rows32.is_empty() {
+            return Err(GpuError::Config(
+                "the detector has no planes to fit on".into(),
+            ));
+        }
+        Ok(FitDevice {
+            rows32: DeviceBuffer::from_host(ctx, &t.rows32)?,
+            rows64: DeviceBuffer::from_host(ctx, &t.rows64)?,
+            gap_steps: DeviceBuffer::from_host(ctx, &t.gap_steps)?,
+            gap_kind: DeviceBuffer::from_host(ctx, &t.gap_kind)?,
+            gap_slice: DeviceBuffer::from_host(ctx, &t.gap_slice)?,
+            slices: DeviceBuffer::from_host(ctx, &t.slices)?,
+            ints: DeviceBuffer::from_host(ctx, &t.ints)?,
+            floats: DeviceBuffer::from_host(ctx, &t.floats)?,
+            doubles: DeviceBuffer::from_host(ctx, &t.doubles)?,
+            nodes: DeviceBuffer::from_host(ctx, &t.nodes)?,
+        })
+    }
 }
 
 /// A kernel argument, passed by address to the driver.
@@ -610,8 +764,31 @@ struct Arenas {
     ending: DeviceBuffer<u32>,
     level: DeviceBuffer<u32>,
     left: DeviceBuffer<u32>,
-    /// Per sorted hit: taken by a track of an earlier pass.
+    /// Candidate step: the end triplets' order keys (two per triplet: each event's slice
+    /// is sorted padded to a power of two) and their count per event.
+    keys: DeviceBuffer<u64>,
+    n_end: DeviceBuffer<u32>,
+    /// Per end triplet (in order, at the event's triplet base): where its walked chain and
+    /// its fork's start in the event's chain hits, and whether it has a fork; per event:
+    /// the chain hits' total, base and count.
+    chain_off: DeviceBuffer<u32>,
+    chain_fork: DeviceBuffer<u32>,
+    chain_hits: DeviceBuffer<u32>,
+    chain_total: DeviceBuffer<u32>,
+    chain_base: DeviceBuffer<u32>,
+    chain_n: DeviceBuffer<u32>,
+    /// Per input hit: used by an accepted track.
     used: DeviceBuffer<u32>,
+    /// Per candidate: start in the event's candidate hits, length, chi2 (bits), ndf.
+    cand: DeviceBuffer<[u32; 4]>,
+    cand_hits: DeviceBuffer<u32>,
+    /// Per candidate: its fit, FIT_WORDS words.
+    fits: DeviceBuffer<u32>,
+    accepted: DeviceBuffer<u32>,
+    /// Per event: candidates, candidate hits, accepted tracks so far.
+    n_cand: DeviceBuffer<u32>,
+    n_cand_hits: DeviceBuffer<u32>,
+    n_accepted: DeviceBuffer<u32>,
     /// Dead ends: per doublet, continued by a kept triplet; per triplet, kept and its
     /// place among the kept; the kept triplets' second arrays.
     continues: DeviceBuffer<u32>,
@@ -676,7 +853,22 @@ impl Arenas {
             ending: u(t)?,
             level: u(t)?,
             left: u(l.max_neighbours)?,
+            keys: DeviceBuffer::new(ctx, 2 * t)?,
+            n_end: u(e)?,
+            chain_off: u(t)?,
+            chain_fork: u(t)?,
+            chain_hits: u(l.max_chain_hits)?,
+            chain_total: u(e)?,
+            chain_base: u(e)?,
+            chain_n: u(e)?,
             used: u(h)?,
+            cand: DeviceBuffer::new(ctx, l.max_candidates)?,
+            cand_hits: u(l.max_candidate_hits)?,
+            fits: u(l.max_candidates * FIT_WORDS)?,
+            accepted: u(l.max_candidates)?,
+            n_cand: u(e)?,
+            n_cand_hits: u(e)?,
+            n_accepted: u(e)?,
             continues: u(d)?,
             keep: u(t)?,
             koff: u(t)?,
@@ -701,6 +893,8 @@ pub struct GpuCaEngine {
     passes: Vec<DeviceTables>,
     /// Per plane: the exit margin and half sizes of [`FinderGeometry::may_leave`].
     exits: DeviceBuffer<f32>,
+    /// The fitter's tables, for the candidate step (engines built with a fitter).
+    fit: Option<FitDevice>,
     /// The cells per event, once per event (the item counts of the cells' scan).
     cells_n: DeviceBuffer<u32>,
     a: Arenas,
@@ -715,6 +909,8 @@ pub struct GpuCaEngine {
     n_events: usize,
     /// Kernel times of the last batch run with `profile`.
     times: KernelTimes,
+    /// Device events of a profiled candidate step.
+    marks: Vec<(&'static str, cudarc::driver::CudaEvent)>,
     inject_fault: bool,
     pub kernels_from_cache: bool,
     pub kernel_load_ms: f64,
@@ -722,7 +918,8 @@ pub struct GpuCaEngine {
 
 impl GpuCaEngine {
     /// Uploads the finder's tables for a pass of `reach`, compiles or loads the kernels and
-    /// allocates the arenas for `limits`.
+    /// allocates the arenas for `limits`. Without a fitter: the steps up to evolution
+    /// ([`Self::with_fitter`] for the candidate step too).
     pub fn new(
         device: &GpuDevice,
         geo: &FinderGeometry,
@@ -731,15 +928,31 @@ impl GpuCaEngine {
         limits: CaLimits,
         cache: &KernelCache,
     ) -> Result<Self, GpuError> {
-        Self::with_passes(device, geo, cfg, &[reach], limits, cache)
+        Self::with_passes(device, geo, cfg, None, &[reach], limits, cache)
     }
 
-    /// [`Self::new`] with the tables of several passes, one per reach (at least one):
-    /// [`Self::run_pass`] runs pass `k` with the tables of `reaches[k]`.
+    /// [`Self::new`], with `fitter`'s tables uploaded for the candidate step
+    /// ([`Self::select_candidates`]): `fitter` is the CPU finder's (`Reconstructor`'s).
+    pub fn with_fitter(
+        device: &GpuDevice,
+        geo: &FinderGeometry,
+        cfg: &FinderConfig,
+        fitter: &KalmanFitter,
+        reach: usize,
+        limits: CaLimits,
+        cache: &KernelCache,
+    ) -> Result<Self, GpuError> {
+        Self::with_passes(device, geo, cfg, Some(fitter), &[reach], limits, cache)
+    }
+
+    /// The engine of several passes, one per reach (at least one): [`Self::run_pass`]
+    /// runs pass `k` with the tables of `reaches[k]`; with `fitter`, also the candidate
+    /// step ([`Self::with_fitter`]).
     pub fn with_passes(
         device: &GpuDevice,
         geo: &FinderGeometry,
         cfg: &FinderConfig,
+        fitter: Option<&KalmanFitter>,
         reaches: &[usize],
         limits: CaLimits,
         cache: &KernelCache,
@@ -797,7 +1010,11 @@ impl GpuCaEngine {
             dead_ends: module.function("ca_dead_ends")?,
             dead_ends_gather: module.function("ca_dead_ends_gather")?,
             dead_ends_copy_back: module.function("ca_dead_ends_copy_back")?,
+            candidates_order: module.function("ca_candidates_order")?,
+            candidates_chains: module.function("ca_candidates_chains")?,
+            candidates: module.function("ca_candidates")?,
         };
+        let fit = fitter.map(|f| FitDevice::new(&ctx, f)).transpose()?;
         let stream = driver("cuStreamCreate", ctx.new_stream())?;
         let n_bins = tables.n_bins;
         let mut passes = vec![DeviceTables::new(&ctx, tables)?];
@@ -807,6 +1024,7 @@ impl GpuCaEngine {
         let exits: Vec<f32> = geo.planes.iter().flat_map(|p| p.exit).collect();
         let engine = GpuCaEngine {
             passes,
+            fit,
             exits: DeviceBuffer::from_host(&ctx, &exits)?,
             cells_n: DeviceBuffer::from_host(&ctx, &vec![n_bins as u32; limits.max_events])?,
             a: Arenas::new(&ctx, &limits, n_bins)?,
@@ -814,7 +1032,7 @@ impl GpuCaEngine {
             host_y: PinnedBuffer::new(&ctx, limits.max_hits)?,
             host_plane: PinnedBuffer::new(&ctx, limits.max_hits)?,
             host_start: PinnedBuffer::new(&ctx, limits.max_events + 1)?,
-            summary_host: PinnedBuffer::new(&ctx, 5 * limits.max_events + 8)?,
+            summary_host: PinnedBuffer::new(&ctx, 7 * limits.max_events + 8)?,
             kernels_from_cache: module.from_cache,
             kernel_load_ms: module.load_ms,
             _module: module,
@@ -824,6 +1042,7 @@ impl GpuCaEngine {
             limits,
             n_events: 0,
             times: Vec::new(),
+            marks: Vec::new(),
             inject_fault: false,
             ctx,
         };
@@ -909,8 +1128,8 @@ impl GpuCaEngine {
         r
     }
 
-    /// Marks the hits taken by an earlier pass, per event in sorted order (tests and
-    /// comparison: the candidates step marks them on the device).
+    /// Marks the hits taken by an earlier pass, per event by input index (tests and
+    /// comparison: the candidate step marks them on the device).
     pub fn set_used(&mut self, used: &[Vec<bool>]) -> Result<(), GpuError> {
         driver("cuCtxSetCurrent", self.ctx.bind_to_thread())?;
         for (e, u) in used.iter().enumerate().take(self.n_events) {
@@ -976,7 +1195,21 @@ impl GpuCaEngine {
 
     /// Launches `f` on `grid` (blocks per event, events) of [`THREADS`] threads.
     fn launch(&mut self, f: &'static str, grid: (u32, u32), args: &[Arg]) -> Result<(), GpuError> {
+        self.launch_block(f, grid, THREADS, args)
+    }
+
+    /// Launches `f` on `grid` (blocks per event, events) of `threads` threads.
+    fn launch_block(
+        &mut self,
+        f: &'static str,
+        grid: (u32, u32),
+        threads: u32,
+        args: &[Arg],
+    ) -> Result<(), GpuError> {
         let func = match f {
+            "ca_candidates_order" => &self.k.candidates_order,
+            "ca_candidates_chains" => &self.k.candidates_chains,
+            "ca_candidates" => &self.k.candidates,
             "ca_event_scan" => &self.k.event_scan,
             "ca_event_budget" => &self.k.event_budget,
             "ca_bin_hits" => &self.k.bin_hits,
@@ -993,9 +1226,9 @@ impl GpuCaEngine {
             "ca_dead_ends_copy_back" => &self.k.dead_ends_copy_back,
             _ => &self.k.evolution,
         };
-        let mut store = [0u64; 40];
-        let mut ptrs = [std::ptr::null_mut::<std::ffi::c_void>(); 40];
-        assert!(args.len() <= 40);
+        let mut store = [0u64; 64];
+        let mut ptrs = [std::ptr::null_mut::<std::ffi::c_void>(); 64];
+        assert!(args.len() <= 64);
         for (i, a) in args.iter().enumerate() {
             store[i] = match *a {
                 Arg::Ptr(p) => p,
@@ -1010,7 +1243,7 @@ impl GpuCaEngine {
             ptrs[i] = (&mut store[i] as *mut u64).cast();
         }
         let faulty = std::mem::take(&mut self.inject_fault);
-        let block = if faulty { 4096 } else { THREADS };
+        let block = if faulty { 4096 } else { threads };
         let grid = (grid.0.max(1), grid.1.max(1), 1);
         // SAFETY: the arguments follow the kernel's signature in kernels/ca_*.cu; every
         // pointer is a live arena or table sized for the batch (checked in `run`).
@@ -1099,6 +1332,11 @@ impl GpuCaEngine {
             self.zero(&a.bin_cursor, bins)?;
             self.zero(&a.failed, e as usize)?;
             self.zero(&a.overflow, 8)?;
+            // Fresh hits: none used, no candidates yet.
+            self.zero(&a.used, n_hits)?;
+            self.zero(&a.n_cand, e as usize)?;
+            self.zero(&a.n_cand_hits, e as usize)?;
+            self.zero(&a.n_accepted, e as usize)?;
         }
         // Pointers (copied out so `self` can be borrowed mutably for the launches).
         let p = |b: &DeviceBuffer<u32>| Ptr(b.ptr());
@@ -1217,7 +1455,7 @@ impl GpuCaEngine {
         }
         // Doublets.
         #[rustfmt::skip]
-        let dargs = |write: i32| [sx, sy, splane, hit_start, n_sorted, bin_start, used, I32(n_bins),
+        let dargs = |write: i32| [sx, sy, splane, hit_start, n_sorted, bin_start, used, sinput, I32(n_bins),
             plf, pli, pld, g, failed, I32(write), dbl_count, dbl_off, dbl_base, dbl, dgap,
             ];
         self.launch("ca_doublets", (bpe, e), &dargs(0))?;
@@ -1318,6 +1556,203 @@ impl GpuCaEngine {
         Ok(())
     }
 
+    /// The candidate step of a pass on the last batch ([`Self::run`]): what
+    /// [`crate::tracking::ca::candidates::extract_and_select`] does with `min_hits` and
+    /// `append`, for every event that has not failed, on the arrays the steps left on the
+    /// device. With `append`, the event's candidates, fits and accepted tracks of an
+    /// earlier pass are kept and added to (the used flags are per input hit, kept since
+    /// `run`); otherwise they start empty. An event where the CPU would count a candidate
+    /// or track overflow, or whose candidates exceed its share of the arenas
+    /// ([`CaLimits::candidate_share`]), fails with [`CaStep::Candidates`] (to be run on the
+    /// CPU). Needs an engine built [`Self::with_fitter`].
+    pub fn select_candidates(
+        &mut self,
+        min_hits: usize,
+        append: bool,
+    ) -> Result<CaBatchSummary, GpuError> {
+        self.select_inner(min_hits, append, false)
+    }
+
+    /// [`Self::select_candidates`], timing its two kernels with device events
+    /// ([`Self::kernel_times`]).
+    pub fn select_candidates_profiled(
+        &mut self,
+        min_hits: usize,
+        append: bool,
+    ) -> Result<CaBatchSummary, GpuError> {
+        self.select_inner(min_hits, append, true)
+    }
+
+    fn select_inner(
+        &mut self,
+        min_hits: usize,
+        append: bool,
+        profile: bool,
+    ) -> Result<CaBatchSummary, GpuError> {
+        driver("cuCtxSetCurrent", self.ctx.bind_to_thread())?;
+        let r = self
+            .enqueue_candidates(min_hits, append, profile)
+            .and_then(|()| self.enqueue_summary())
+            .and_then(|()| {
+                driver("cuStreamSynchronize", self.stream.synchronize())?;
+                Ok(self.summary())
+            });
+        if r.is_err() {
+            let _ = self.stream.synchronize();
+        }
+        if r.is_ok() && profile {
+            let mut times = Vec::with_capacity(self.marks.len());
+            for w in self.marks.windows(2) {
+                let ms = driver("cuEventElapsedTime", w[0].1.elapsed_ms(&w[1].1))?;
+                times.push((w[1].0, ms as f64));
+            }
+            self.times = times;
+        }
+        self.marks.clear();
+        r
+    }
+
+    fn enqueue_candidates(
+        &mut self,
+        min_hits: usize,
+        append: bool,
+        profile: bool,
+    ) -> Result<(), GpuError> {
+        use Arg::{Ptr, F64, I32, U32};
+        let Some(fit) = &self.fit else {
+            return Err(GpuError::Config(
+                "the CA engine was built without a fitter: build it with GpuCaEngine::with_fitter for the candidate step".into(),
+            ));
+        };
+        let e = self.n_events;
+        if e == 0 {
+            return Ok(());
+        }
+        // As extract_and_select: at least three hits, end triplets of level min_hits - 2.
+        let min_hits = min_hits.clamp(3, MAX_CHAIN);
+        let min_level = (min_hits - 2) as u32;
+        let lim = &self.tables().limits;
+        let to_u32 = |v: usize| v.min(u32::MAX as usize) as u32;
+        // The CPU's candidate-hit capacity (`CaBuffers::with_limits` reserves 16 per
+        // candidate; a vector holds at least four).
+        let hits_cap = to_u32(lim.max_candidates.saturating_mul(16).max(4));
+        let (max_cand, max_tracks) = (to_u32(lim.max_candidates), to_u32(lim.max_tracks));
+        let (share_c, share_h) = self.limits.candidate_share(e);
+        let a = &self.a;
+        let p = |b: &DeviceBuffer<u32>| Ptr(b.ptr());
+        let pf = |b: &DeviceBuffer<f32>| Ptr(b.ptr());
+        #[rustfmt::skip]
+        let order_args = [p(&a.trip_base), p(&a.trip_n), p(&a.level), p(&a.has_right),
+            pf(&a.tchi2), p(&a.failed), p(&a.overflow), U32(min_level), Ptr(a.keys.ptr()),
+            p(&a.n_end), p(&a.chain_off), p(&a.chain_total)];
+        #[rustfmt::skip]
+        let budget_args = [p(&a.chain_total), p(&a.chain_base), p(&a.chain_n), p(&a.failed),
+            U32(e as u32), U32(u32::MAX), U32(to_u32(self.limits.max_chain_hits)),
+            U32(CaStep::Candidates.code()), p(&a.overflow)];
+        #[rustfmt::skip]
+        let chain_args = [p(&a.hit_start), p(&a.sinput), Ptr(a.dbl.ptr()), p(&a.dbl_base),
+            p(&a.trip_base), p(&a.tleft), p(&a.tright), pf(&a.tchi2), p(&a.level),
+            p(&a.nb_off), p(&a.nb_count), p(&a.nb_base), p(&a.left), Ptr(a.keys.ptr()),
+            p(&a.n_end), p(&a.failed), p(&a.chain_off), p(&a.chain_base), p(&a.chain_fork),
+            p(&a.chain_hits)];
+        #[rustfmt::skip]
+        let cand_args = [pf(&a.in_x), pf(&a.in_y), p(&a.in_plane), p(&a.hit_start),
+            p(&a.sinput), Ptr(a.dbl.ptr()), p(&a.dbl_base), p(&a.trip_base), p(&a.tleft),
+            p(&a.tright), pf(&a.tchi2), p(&a.level), p(&a.nb_off), p(&a.nb_count),
+            p(&a.nb_base), p(&a.left), Ptr(a.keys.ptr()), p(&a.n_end), p(&a.chain_off),
+            p(&a.chain_base), p(&a.chain_fork), p(&a.chain_hits), p(&a.failed),
+            p(&a.overflow), p(&a.used), Ptr(a.cand.ptr()), p(&a.cand_hits), p(&a.fits),
+            p(&a.accepted), p(&a.n_cand), p(&a.n_cand_hits), p(&a.n_accepted),
+            U32(to_u32(share_c)), U32(to_u32(share_h)), U32(max_cand), U32(hits_cap),
+            U32(max_tracks), U32(min_hits as u32), F64(self.tables().max_chi2_ndf),
+            I32(append as i32), Ptr(fit.rows32.ptr()), Ptr(fit.rows64.ptr()),
+            Ptr(fit.gap_steps.ptr()), Ptr(fit.gap_kind.ptr()), Ptr(fit.gap_slice.ptr()),
+            Ptr(fit.slices.ptr()), Ptr(fit.floats.ptr()), Ptr(fit.doubles.ptr()),
+            Ptr(fit.ints.ptr()), Ptr(fit.nodes.ptr())];
+        self.mark_if(profile, "start")?;
+        let sms = self.device.multiprocessors.max(1) as u32;
+        let bpe = (4 * sms).div_ceil(e as u32).clamp(1, 64);
+        self.launch("ca_candidates_order", (1, e as u32), &order_args)?;
+        self.launch("ca_event_budget", (1, 1), &budget_args)?;
+        self.mark_if(profile, "candidates: order")?;
+        self.launch("ca_candidates_chains", (bpe, e as u32), &chain_args)?;
+        self.mark_if(profile, "candidates: chains")?;
+        self.launch_block("ca_candidates", (1, e as u32), CAND_THREADS, &cand_args)?;
+        self.mark_if(profile, "candidates: fits, choice")?;
+        if profile {
+            driver("cuStreamSynchronize", self.stream.synchronize())?;
+        }
+        Ok(())
+    }
+
+    fn mark_if(&mut self, profile: bool, name: &'static str) -> Result<(), GpuError> {
+        if profile {
+            let ev = driver(
+                "cuEventRecord",
+                self.stream
+                    .record_event(Some(drv_sys::CUevent_flags::CU_EVENT_DEFAULT)),
+            )?;
+            self.marks.push((name, ev));
+        }
+        Ok(())
+    }
+
+    /// Reads back the accepted tracks of event `e` of the last batch after
+    /// [`Self::select_candidates`], in acceptance order, and its used flags per input hit
+    /// (tests and comparison; not the hot path). `None` where the event failed.
+    pub fn event_tracks(&self, e: usize) -> Result<Option<CaEventTracks>, GpuError> {
+        if e >= self.n_events {
+            return Err(GpuError::Config(format!(
+                "event {e} is not in the batch of {}",
+                self.n_events
+            )));
+        }
+        driver("cuCtxSetCurrent", self.ctx.bind_to_thread())?;
+        if self.read(&self.a.failed, e, 1)?[0] != 0 {
+            return Ok(None);
+        }
+        let (share_c, share_h) = self.limits.candidate_share(self.n_events);
+        let bounds = self.read(&self.a.hit_start, e, 2)?;
+        let (hs, n_in) = (bounds[0] as usize, (bounds[1] - bounds[0]) as usize);
+        let nc = self.read(&self.a.n_cand, e, 1)?[0] as usize;
+        let nh = self.read(&self.a.n_cand_hits, e, 1)?[0] as usize;
+        let na = self.read(&self.a.n_accepted, e, 1)?[0] as usize;
+        let accepted = self.read(&self.a.accepted, e * share_c, na)?;
+        let cands = self.read(&self.a.cand, e * share_c, nc)?;
+        let hits = self.read(&self.a.cand_hits, e * share_h, nh)?;
+        let fits = self.read(&self.a.fits, e * share_c * FIT_WORDS, nc * FIT_WORDS)?;
+        let mut tracks = Vec::with_capacity(na);
+        for &k in &accepted {
+            let k = k as usize;
+            let c = cands.get(k).ok_or_else(|| {
+                GpuError::Config(format!("accepted candidate {k} of {nc} in event {e}"))
+            })?;
+            let (start, len) = (c[0] as usize, c[1] as usize);
+            let h = hits.get(start..start + len).ok_or_else(|| {
+                GpuError::Config(format!("candidate {k} hits past {nh} in event {e}"))
+            })?;
+            let w = &fits[k * FIT_WORDS..(k + 1) * FIT_WORDS];
+            let f = |i: usize| f64::from(f32::from_bits(w[i]));
+            tracks.push(CaTrack {
+                hits: h.to_vec(),
+                fit: FitOutput {
+                    state: std::array::from_fn(f),
+                    cov: std::array::from_fn(|i| f(5 + i)),
+                    z_mm: f(20),
+                    chi2: f(21),
+                    ndf: w[22].min(u16::MAX as u32) as u16,
+                    ok: w[23] != 0,
+                },
+            });
+        }
+        let used = self
+            .read(&self.a.used, hs, n_in)?
+            .into_iter()
+            .map(|u| u != 0)
+            .collect();
+        Ok(Some(CaEventTracks { tracks, used }))
+    }
+
     fn read<T: Copy + Default>(
         &self,
         buf: &DeviceBuffer<T>,
@@ -1346,13 +1781,15 @@ impl GpuCaEngine {
     fn enqueue_summary(&mut self) -> Result<(), GpuError> {
         let e = self.n_events;
         let a = &self.a;
-        let parts: [(&DeviceBuffer<u32>, usize); 6] = [
+        let parts: [(&DeviceBuffer<u32>, usize); 8] = [
             (&a.failed, e),
             (&a.overflow, 8),
             (&a.n_sorted, e),
             (&a.dbl_n, e),
             (&a.trip_n, e),
             (&a.nb_n, e),
+            (&a.n_cand, e),
+            (&a.n_accepted, e),
         ];
         let host = self.summary_host.as_mut_slice();
         let mut at = 0;
@@ -1385,7 +1822,9 @@ impl GpuCaEngine {
         let (hits, rest) = rest.split_at(e);
         let (doublets, rest) = rest.split_at(e);
         let (triplets, rest) = rest.split_at(e);
-        let neighbours = &rest[..e];
+        let (neighbours, rest) = rest.split_at(e);
+        let (candidates, rest) = rest.split_at(e);
+        let tracks = &rest[..e];
         let failed: Vec<Option<CaStep>> =
             failed_codes.iter().map(|&c| CaStep::from_code(c)).collect();
         let zero_if = |v: &[u32], step: u32| -> Vec<u32> {
@@ -1395,11 +1834,13 @@ impl GpuCaEngine {
                 .collect()
         };
         CaBatchSummary {
-            overflow: [ov[1], ov[2], ov[3], ov[4]],
+            overflow: [ov[1], ov[2], ov[3], ov[4], ov[5]],
             hits: zero_if(hits, 1),
             doublets: zero_if(doublets, 2),
             triplets: zero_if(triplets, 3),
             neighbours: zero_if(neighbours, 4),
+            candidates: zero_if(candidates, 5),
+            tracks: zero_if(tracks, 5),
             failed,
         }
     }
@@ -1557,12 +1998,26 @@ mod tests {
             max_doublets: 5000,
             max_triplets: 6000,
             max_neighbours: 7000,
+            max_candidates: 100,
+            max_candidate_hits: 1600,
+            max_chain_hits: 5000,
         };
         assert!(l.validate().is_ok());
         assert_eq!(
             l.device_bytes(99),
-            4 * (11 * 1000 + 3 * 10 * 100 + 120 + 50_000 + 72_000 + 7000)
+            4 * (12 * 1000
+                + 3 * 10 * 100
+                + 19 * 10
+                + 50_000
+                + 18 * 6000
+                + 7000
+                + (4 + 24 + 1) * 100
+                + 1600
+                + 5000)
         );
+        // Each event of a batch gets an equal share of the candidate arenas.
+        assert_eq!(l.candidate_share(10), (10, 160));
+        assert_eq!(l.candidate_share(3), (33, 533));
         for bad in [
             CaLimits { max_events: 0, ..l },
             CaLimits {
@@ -1573,11 +2028,17 @@ mod tests {
                 max_doublets: usize::MAX / 4,
                 ..l
             },
+            CaLimits {
+                max_candidates: 0,
+                ..l
+            },
         ] {
             assert!(bad.validate().is_err());
         }
         assert_eq!(CaStep::from_code(3), Some(CaStep::Triplets));
         assert_eq!(CaStep::from_code(0), None);
         assert_eq!(CaStep::Neighbours.name(), "neighbours");
+        assert_eq!(CaStep::from_code(5), Some(CaStep::Candidates));
+        assert_eq!(CaStep::Candidates.name(), "candidates");
     }
 }

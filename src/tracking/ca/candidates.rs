@@ -122,7 +122,8 @@ pub fn extract_and_select(
             }
         }
         let pending = buf.candidates.len() - pending_from;
-        if pending == CHUNK || (oi == n_order && pending > 0) {
+        // `>=`: a chain and its fork can take `pending` from CHUNK - 1 past CHUNK.
+        if pending >= CHUNK || (oi == n_order && pending > 0) {
             let t0 = std::time::Instant::now();
             fit_range(fitter, buf, pending_from);
             fit_ns += t0.elapsed().as_nanos() as u64;

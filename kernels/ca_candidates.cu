@@ -1,0 +1,716 @@
+// Candidates (src/tracking/ca/candidates.rs, extract_and_select): the end triplets of the
+// pass ordered longest first, their chains built, Kalman fitted in chunks and chosen
+// greedily, each hit used once, as the CPU does it, for every event of the batch.
+//
+// ca_candidates_order (one block of CA_THREADS per event): the end triplets (nobody's
+// left neighbour, level >= min_level) compacted in index order, then sorted by one 64-bit
+// key (63 - level, total_key(kink chi-square), index): the CPU's order, (level desc,
+// chi2 by total_cmp, index), with no tie left to the order threads arrive in. A bitonic
+// sort over the event's slice of the key arena (two keys per triplet of the event: the
+// slice is padded to a power of two). Then each end triplet's room for its chain and its
+// fork's (a chain has min(level + 2, MAX_CHAIN) hits), scanned; ca_event_budget places
+// the events' chains in the batch's chain arena.
+//
+// ca_candidates_chains (a row of blocks per event, a thread per end triplet): the walk of
+// every chain and of its fork, which does not depend on the used flags, for the whole
+// batch at once.
+//
+// ca_candidates (one block of CAND_THREADS per event, the block works through the ordered
+// end triplets a window at a time): every thread takes one end triplet's walked chains and
+// leaves out the hits used as of the window's start, which are what the CPU sees (the
+// flags only change in the choice); thread 0 then places the chains in the CPU's order
+// with the CPU's limits, until the chunk holds CHUNK candidates (the rest of the window
+// is filtered again after the choice); the chunk's fits run one candidate per thread; the
+// chunk is staged in shared memory and ranked by the block; the greedy choice runs in
+// thread 0, with its refits. Candidates, their hits (the event's input indices, upstream
+// first), their fits and the accepted list persist per event across passes (`append`);
+// the used flags are per input hit of the event.
+//
+// An event where the CPU would count an overflow (candidates, candidate hits, tracks) or
+// whose candidates do not fit in its share of the batch's arenas fails with
+// FAIL_CANDIDATES and goes to the CPU path; nothing is truncated silently.
+
+#define CAND_THREADS 64
+// Candidates fitted together before the choice (CHUNK in candidates.rs).
+#define CAND_CHUNK 64
+// The longest chain (one hit per plane: MAX_CHAIN = MAX_PLANES in candidates.rs).
+#define MAX_CHAIN 64
+// Kink chi-squares of two left neighbours closer than this make a fork (FORK_CHI2).
+#define FORK_CHI2 2.0f
+// Most candidates of one chunk: CHUNK - 1 pending, then a chain and its fork.
+#define CHUNK_MAX (CAND_CHUNK + 1)
+// Words of a fit in the fit arena (OUT_WORDS in kalman_fit.cu).
+#define FIT_WORDS 24
+// Triplet indices in the order key.
+#define KEY_INDEX_BITS 26
+
+typedef unsigned long long u64;
+
+// total_key in candidates.rs: an unsigned key in the order of f32::total_cmp.
+__device__ __forceinline__ u32 total_key(float x) {
+    int b = __float_as_int(x);
+    return ((u32)(b ^ (int)(((u32)(b >> 31)) >> 1))) ^ 0x80000000u;
+}
+
+__device__ __forceinline__ void fail_event(u32* failed, u32* overflow, int e) {
+    if (failed[e] == FAIL_NONE) {
+        failed[e] = FAIL_CANDIDATES;
+        atomicAdd(&overflow[FAIL_CANDIDATES], 1u);
+    }
+}
+
+extern "C" __global__ void ca_candidates_order(const u32* __restrict__ trip_base,
+                                               const u32* __restrict__ trip_n,
+                                               const u32* __restrict__ level,
+                                               const u32* __restrict__ has_right,
+                                               const float* __restrict__ tchi2,
+                                               u32* __restrict__ failed, u32* __restrict__ overflow,
+                                               u32 min_level, u64* __restrict__ keys,
+                                               u32* __restrict__ n_end,
+                                               u32* __restrict__ chain_off,
+                                               u32* __restrict__ chain_total) {
+    int e = blockIdx.y;
+    if (failed[e]) {
+        if (threadIdx.x == 0) {
+            n_end[e] = 0;
+            chain_total[e] = 0;
+        }
+        return;
+    }
+    u32 tb = trip_base[e], nt = trip_n[e];
+    if (nt >= (1u << KEY_INDEX_BITS)) {
+        // Beyond the key's index bits (far beyond the CPU's default limits).
+        if (threadIdx.x == 0) {
+            n_end[e] = 0;
+            chain_total[e] = 0;
+            fail_event(failed, overflow, e);
+        }
+        return;
+    }
+    u64* k = keys + 2 * (size_t)tb;
+    u32 count = 0;
+    for (u32 c0 = 0; c0 < nt; c0 += CA_THREADS) {
+        u32 t = c0 + threadIdx.x;
+        u32 lv = 0;
+        bool end = false;
+        if (t < nt) {
+            lv = level[tb + t];
+            end = !has_right[tb + t] && lv >= min_level;
+        }
+        u32 chunk;
+        u32 incl = block_scan_inclusive(end ? 1u : 0u, &chunk);
+        if (end) {
+            u32 l = lv < 63 ? 63 - lv : 0;
+            k[count + incl - 1] =
+                ((u64)l << 58) | ((u64)total_key(tchi2[tb + t]) << KEY_INDEX_BITS) | (u64)t;
+        }
+        count += chunk;
+    }
+    // The sorted slice: a power of two (none for no end triplet), within the event's 2 nt.
+    u32 m = count ? 1u : 0u;
+    while (m < count) m <<= 1;
+    for (u32 i = count + threadIdx.x; i < m; i += CA_THREADS) k[i] = ~0ull;
+    __syncthreads();
+    for (u32 size = 2; size <= m; size <<= 1) {
+        for (u32 stride = size >> 1; stride > 0; stride >>= 1) {
+            for (u32 i = threadIdx.x; i < m; i += CA_THREADS) {
+                u32 j = i ^ stride;
+                if (j > i) {
+                    u64 a = k[i], b = k[j];
+                    bool up = (i & size) == 0;
+                    if ((a > b) == up) {
+                        k[i] = b;
+                        k[j] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    // Room for each end triplet's chain and its fork's (the chain of an end triplet of
+    // level L has min(L + 2, MAX_CHAIN) hits, whichever neighbours it follows), in order.
+    u32 carry = 0;
+    for (u32 c0 = 0; c0 < count; c0 += CA_THREADS) {
+        u32 p = c0 + threadIdx.x;
+        u32 room = 0;
+        if (p < count) {
+            u32 lv = level[tb + (u32)(k[p] & ((1u << KEY_INDEX_BITS) - 1))];
+            room = 2 * (lv + 2 < MAX_CHAIN ? lv + 2 : MAX_CHAIN);
+        }
+        u32 chunk;
+        u32 incl = block_scan_inclusive(room, &chunk);
+        if (p < count) chain_off[tb + p] = carry + incl - room;
+        carry += chunk;
+    }
+    if (threadIdx.x == 0) {
+        n_end[e] = count;
+        chain_total[e] = carry;
+    }
+}
+
+// What the candidate step reads of one event.
+struct CandEvent {
+    // Sorted hits: their input index (the event's), used flags by input index.
+    const u32* sinput;
+    u32* used;
+    // Input hits of the event.
+    const float* x;
+    const float* y;
+    const u32* plane;
+    const uint4* dbl;
+    const u32* tleft;
+    const u32* tright;
+    const float* tchi2;
+    const u32* level;
+    const u32* nb_off;
+    const u32* nb_count;
+    const u32* left;
+};
+
+__device__ __forceinline__ bool hit_used(const CandEvent& ev, u32 sorted) {
+    return ev.used[ev.sinput[sorted]] != 0;
+}
+
+// The walk of build_chain in candidates.rs, which does not depend on the used flags: the
+// chain ending with triplet t (sorted hits, downstream first, into raw; returns its
+// length, min(level + 2, MAX_CHAIN)), following the left neighbour of one level lower
+// with the best kink chi-square, except at the fork (fork_at, fork_l) when fork_at >= 0.
+// Without a fork, *f_at and *f_l receive the step where the second-best neighbour came
+// closest to the best (within FORK_CHI2), *f_at = -1 if none.
+__device__ int walk_chain(const CandEvent& ev, u32 t, int fork_at, u32 fork_l, u32* raw,
+                          int* f_at, u32* f_l) {
+    *f_at = -1;
+    uint4 r = ev.dbl[ev.tright[t]];
+    uint4 lft = ev.dbl[ev.tleft[t]];
+    int len = 0;
+    raw[len++] = r.y;
+    raw[len++] = r.x;
+    raw[len++] = lft.x;
+    bool has_closest = false;
+    int c_at = -1;
+    u32 c_l = 0;
+    float c_gap = 0.0f;
+    u32 cur = t;
+    while (ev.level[cur] > 1 && len < MAX_CHAIN) {
+        u32 want = ev.level[cur] - 1;
+        u32 k0 = ev.nb_off[cur], k1 = k0 + ev.nb_count[cur];
+        bool has_best = false, has_second = false;
+        u32 bl = 0, sl = 0;
+        float bc = 0.0f, sc = 0.0f;
+        for (u32 k = k0; k < k1; k++) {
+            u32 l = ev.left[k];
+            if (ev.level[l] != want) continue;
+            float c = ev.tchi2[l];
+            if (!has_best || c < bc) {
+                has_second = has_best;
+                sl = bl;
+                sc = bc;
+                has_best = true;
+                bl = l;
+                bc = c;
+            } else if (!has_second || c < sc) {
+                has_second = true;
+                sl = l;
+                sc = c;
+            }
+        }
+        if (!has_best) break;
+        u32 l = bl;
+        if (fork_at >= 0) {
+            if ((u32)fork_at == cur) l = fork_l;
+        } else if (has_second) {
+            float gap = sc - bc;
+            if (gap < FORK_CHI2 && (!has_closest || gap < c_gap)) {
+                has_closest = true;
+                c_at = (int)cur;
+                c_l = sl;
+                c_gap = gap;
+            }
+        }
+        raw[len++] = ev.dbl[ev.tleft[l]].x;
+        cur = l;
+    }
+    if (has_closest) {
+        *f_at = c_at;
+        *f_l = c_l;
+    }
+    return len;
+}
+
+// Every end triplet's chain and, where it has one, its fork's, as the event's input
+// indices (downstream first) at the scanned offsets (a row of blocks per event, a thread
+// per end triplet): the walks of the whole batch at once, before the choice.
+extern "C" __global__ void ca_candidates_chains(const u32* __restrict__ hit_start,
+                                                const u32* __restrict__ sinput,
+                                                const uint4* __restrict__ dbl,
+                                                const u32* __restrict__ dbl_base,
+                                                const u32* __restrict__ trip_base,
+                                                const u32* __restrict__ tleft,
+                                                const u32* __restrict__ tright,
+                                                const float* __restrict__ tchi2,
+                                                const u32* __restrict__ level,
+                                                const u32* __restrict__ nb_off,
+                                                const u32* __restrict__ nb_count,
+                                                const u32* __restrict__ nb_base,
+                                                const u32* __restrict__ left,
+                                                const u64* __restrict__ keys,
+                                                const u32* __restrict__ n_end,
+                                                const u32* __restrict__ failed,
+                                                const u32* __restrict__ chain_off,
+                                                const u32* __restrict__ chain_base,
+                                                u32* __restrict__ chain_fork,
+                                                u32* __restrict__ chain_hits) {
+    int e = blockIdx.y;
+    if (failed[e]) return;
+    const u32 hs = hit_start[e];
+    const u32 tb = trip_base[e];
+    CandEvent ev;
+    ev.sinput = sinput + hs;
+    ev.used = nullptr;
+    ev.x = nullptr;
+    ev.y = nullptr;
+    ev.plane = nullptr;
+    ev.dbl = dbl + dbl_base[e];
+    ev.tleft = tleft + tb;
+    ev.tright = tright + tb;
+    ev.tchi2 = tchi2 + tb;
+    ev.level = level + tb;
+    ev.nb_off = nb_off + tb;
+    ev.nb_count = nb_count + tb;
+    ev.left = left + nb_base[e];
+    const u64* order = keys + 2 * (size_t)tb;
+    const u32 n = n_end[e];
+    u32* base = chain_hits + chain_base[e];
+    u32 raw[MAX_CHAIN];
+    for (u32 p = CA_FIRST; p < n; p += CA_STRIDE) {
+        u32 t = (u32)(order[p] & ((1u << KEY_INDEX_BITS) - 1));
+        u32* out = base + chain_off[tb + p];
+        int f_at;
+        u32 f_l = 0;
+        int len = walk_chain(ev, t, -1, 0, raw, &f_at, &f_l);
+        for (int i = 0; i < len; i++) out[i] = ev.sinput[raw[i]];
+        chain_fork[tb + p] = f_at >= 0 ? 1u : 0u;
+        if (f_at >= 0) {
+            int unused_at;
+            u32 unused_l;
+            int flen = walk_chain(ev, t, f_at, f_l, raw, &unused_at, &unused_l);
+            for (int i = 0; i < flen; i++) out[len + i] = ev.sinput[raw[i]];
+        }
+    }
+}
+
+// The rest of build_chain, on a walked chain `raw` (input indices, downstream first) of
+// end triplet level `lv`: -1 when too many of its first three hits are used to make a
+// track (no candidate and no fork); otherwise the hits not used into out (upstream first)
+// and their count, 0 (no candidate) when fewer than min_hits.
+__device__ int filter_chain(const CandEvent& ev, const u32* raw, u32 len, u32 lv, u32 min_hits,
+                            u32* out) {
+    u32 taken = (ev.used[raw[0]] ? 1u : 0u) + (ev.used[raw[1]] ? 1u : 0u) +
+                (ev.used[raw[2]] ? 1u : 0u);
+    if (lv + 2 - taken < min_hits) return -1;
+    u32 w = 0;
+    for (u32 i = len; i-- > 0;) {
+        u32 h = raw[i];
+        if (!ev.used[h]) out[w++] = h;
+    }
+    return w < min_hits ? 0 : (int)w;
+}
+
+// The hits of a device-resident candidate for the fit: input indices into the event's
+// input hits.
+struct CandHits {
+    const u32* idx;
+    const float* hx;
+    const float* hy;
+    const u32* hp;
+    __device__ __forceinline__ int plane(int k) const { return (int)hp[idx[k]]; }
+    __device__ __forceinline__ float x(int k) const { return hx[idx[k]]; }
+    __device__ __forceinline__ float y(int k) const { return hy[idx[k]]; }
+};
+
+// The per-event arenas of the candidate step (shares of the batch's).
+struct CandArenas {
+    uint4* cand;  // start (in chits), len, chi2 (bits), ndf
+    u32* chits;   // input indices
+    u32* fits;    // FIT_WORDS per candidate
+    u32* acc;     // accepted candidate indices
+};
+
+// fit_range for one candidate: the fit into the fit arena, its chi2 and ndf into the
+// candidate (chi2 infinite where the fit failed).
+__device__ void fit_candidate(const CandEvent& ev, const CandArenas& a, const KalmanTables& T,
+                              u32 c) {
+    uint4 cd = a.cand[c];
+    CandHits h;
+    h.idx = a.chits + cd.x;
+    h.hx = ev.x;
+    h.hy = ev.y;
+    h.hp = ev.plane;
+    KalmanResult r;
+    kalman_fit_track(h, (int)cd.y, MAX_CHAIN, T, r);
+    u32* o = a.fits + (size_t)c * FIT_WORDS;
+    for (int i = 0; i < 5; ++i) o[i] = __float_as_uint(r.st[i]);
+    for (int i = 0; i < 15; ++i) o[5 + i] = __float_as_uint(r.c[i]);
+    o[20] = __float_as_uint(r.z);
+    o[21] = __float_as_uint(r.chi2);
+    o[22] = (u32)r.ndf;
+    o[23] = (u32)r.ok;
+    float chi2 = (r.ok && r.ndf > 0) ? r.chi2 : CA_INF;
+    a.cand[c] = make_uint4(cd.x, cd.y, __float_as_uint(chi2), (u32)r.ndf);
+}
+
+__device__ __forceinline__ bool good_candidate(uint4 c, u32 min_hits, double max_chi2_ndf) {
+    return c.y >= min_hits && c.w > 0 &&
+           (double)(__uint_as_float(c.z) / (float)c.w) <= max_chi2_ndf;
+}
+
+// The per-event counters and limits thread 0 works with.
+struct CandState {
+    u32 n_cand, n_hits, n_acc;
+    // The CPU's limits (candidates, candidate-hit capacity, tracks) and this event's
+    // shares of the arenas.
+    u32 max_cand, hits_cap, max_tracks;
+    u32 share_cand, share_hits;
+    u32 min_hits;
+    double max_chi2_ndf;
+    bool failed;
+};
+
+// Hits used since the chunk's start, by input index modulo 2^16 (a filter: a clear bit
+// means not used since; a set bit is checked in the used flags).
+#define CHUNK_BITS_WORDS 2048
+
+__device__ __forceinline__ bool maybe_used_in_chunk(const u32* bits, u32 h) {
+    u32 b = h & 0xffffu;
+    return (bits[b >> 5] >> (b & 31)) & 1u;
+}
+
+// accept in candidates.rs: candidate k of `len` hits `hits` (shared or global); false (the
+// event fails) where the CPU would count a track overflow.
+__device__ bool accept_candidate(const CandEvent& ev, const CandArenas& a, CandState& s, u32 k,
+                                 const u32* hits, u32 len, u32* bits) {
+    if (s.n_acc == s.max_tracks) return false;
+    for (u32 i = 0; i < len; i++) {
+        u32 h = hits[i];
+        ev.used[h] = 1u;
+        u32 b = h & 0xffffu;
+        bits[b >> 5] |= 1u << (b & 31);
+    }
+    a.acc[s.n_acc++] = k;
+    return true;
+}
+
+// Appends a candidate of `len` hits (copied from `src`, skipping used ones when
+// `only_free`) at the end; false where the event's share of the arenas is full.
+__device__ bool push_copy(const CandEvent& ev, const CandArenas& a, CandState& s, u32 src,
+                          u32 len, bool only_free, u32 n_keep) {
+    if (s.n_cand >= s.share_cand || s.n_hits + n_keep > s.share_hits) return false;
+    u32 start = s.n_hits;
+    for (u32 i = 0; i < len; i++) {
+        u32 h = a.chits[src + i];
+        if (!only_free || !ev.used[h]) a.chits[s.n_hits++] = h;
+    }
+    a.cand[s.n_cand++] = make_uint4(start, n_keep, 0u, 0u);
+    return true;
+}
+
+// The chunk's candidates staged by the block before the choice: records, hits, how many
+// of them were free at the chunk's start, and the order of the choice.
+struct ChunkStage {
+    uint4* cand;   // [CHUNK_MAX]
+    u32* hits;     // [CHUNK_MAX][MAX_CHAIN]
+    u32* free0;    // [CHUNK_MAX]
+    u32* order;    // [CHUNK_MAX]: candidate indices, in the order of the choice
+    u32* bits;     // [CHUNK_BITS_WORDS]
+};
+
+// The chunk's order key of a fitted candidate: chi2/ndf (infinite without ndf) by
+// total_cmp.
+__device__ __forceinline__ u32 choice_key(uint4 c) {
+    return total_key(c.w > 0 ? __uint_as_float(c.z) / (float)c.w : CA_INF);
+}
+
+// Stages the chunk from..n_cand (all threads; a __syncthreads between the two loops and
+// after): records, hits, free counts, then each candidate's rank in the choice's order
+// (longest first, then chi2/ndf by total_cmp, then index).
+__device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, u32 m,
+                            ChunkStage& st) {
+    for (u32 j = threadIdx.x; j < m; j += CAND_THREADS) {
+        uint4 c = a.cand[from + j];
+        st.cand[j] = c;
+        u32 n_free = 0;
+        for (u32 r = 0; r < c.y; r++) {
+            u32 h = a.chits[c.x + r];
+            st.hits[j * MAX_CHAIN + r] = h;
+            n_free += ev.used[h] ? 0u : 1u;
+        }
+        st.free0[j] = n_free;
+    }
+    __syncthreads();
+    for (u32 j = threadIdx.x; j < m; j += CAND_THREADS) {
+        uint4 cj = st.cand[j];
+        u32 kj = choice_key(cj);
+        u32 rank = 0;
+        for (u32 i = 0; i < m; i++) {
+            uint4 ci = st.cand[i];
+            u32 ki = choice_key(ci);
+            bool before = ci.y > cj.y || (ci.y == cj.y && (ki < kj || (ki == kj && i < j)));
+            rank += before ? 1u : 0u;
+        }
+        st.order[rank] = from + j;
+    }
+    __syncthreads();
+}
+
+// choose in candidates.rs over the staged chunk (in thread 0); false where the event
+// fails.
+__device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, const KalmanTables& T,
+                                  CandState& s, u32 from, u32 m, ChunkStage& st) {
+    for (u32 i = 0; i < m; i++) {
+        u32 k = st.order[i];
+        u32 j = k - from;
+        uint4 c = st.cand[j];
+        const u32* hits = st.hits + j * MAX_CHAIN;
+        // Free: all its hits free at the chunk's start and none taken since.
+        bool is_free = st.free0[j] == c.y;
+        for (u32 r = 0; is_free && r < c.y; r++) {
+            u32 h = hits[r];
+            if (maybe_used_in_chunk(st.bits, h) && ev.used[h]) is_free = false;
+        }
+        if (!is_free) {
+            u32 n_free = 0;
+            for (u32 r = 0; r < c.y; r++) n_free += ev.used[hits[r]] ? 0u : 1u;
+            // Taken hits left out (a better track of this chunk took them), refitted.
+            if (n_free < s.min_hits || s.n_cand == s.max_cand || s.n_hits + c.y > s.hits_cap) {
+                continue;
+            }
+            u32 base = s.n_cand;
+            if (!push_copy(ev, a, s, c.x, c.y, true, n_free)) return false;
+            fit_candidate(ev, a, T, base);
+            uint4 cb = a.cand[base];
+            if (good_candidate(cb, s.min_hits, s.max_chi2_ndf) &&
+                !accept_candidate(ev, a, s, base, a.chits + cb.x, cb.y, st.bits)) {
+                return false;
+            }
+            continue;
+        }
+        if (good_candidate(c, s.min_hits, s.max_chi2_ndf)) {
+            if (!accept_candidate(ev, a, s, k, hits, c.y, st.bits)) return false;
+            continue;
+        }
+        if (c.y <= s.min_hits) continue;
+        // Second chance: without the last hit, then without the first.
+        u32 base = s.n_cand;
+        for (int v = 0; v < 2; v++) {
+            if (s.n_cand == s.max_cand || s.n_hits + c.y > s.hits_cap) return false;
+            u32 skip_first = v == 0 ? 0 : 1;
+            if (!push_copy(ev, a, s, c.x + skip_first, c.y - 1, false, c.y - 1)) return false;
+        }
+        for (u32 q = base; q < s.n_cand; q++) fit_candidate(ev, a, T, q);
+        int best = -1;
+        float best_q = 0.0f;
+        for (u32 q = base; q < s.n_cand; q++) {
+            uint4 cq = a.cand[q];
+            if (!good_candidate(cq, s.min_hits, s.max_chi2_ndf)) continue;
+            float qq = __uint_as_float(cq.z) / (float)cq.w;
+            if (best < 0 || qq < best_q) {
+                best = (int)q;
+                best_q = qq;
+            }
+        }
+        if (best >= 0) {
+            uint4 cb = a.cand[best];
+            if (!accept_candidate(ev, a, s, (u32)best, a.chits + cb.x, cb.y, st.bits)) return false;
+        }
+    }
+    return true;
+}
+
+extern "C" __global__ void __launch_bounds__(CAND_THREADS)
+ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
+              const u32* __restrict__ in_plane, const u32* __restrict__ hit_start,
+              const u32* __restrict__ sinput, const uint4* __restrict__ dbl,
+              const u32* __restrict__ dbl_base, const u32* __restrict__ trip_base,
+              const u32* __restrict__ tleft, const u32* __restrict__ tright,
+              const float* __restrict__ tchi2, const u32* __restrict__ level,
+              const u32* __restrict__ nb_off, const u32* __restrict__ nb_count,
+              const u32* __restrict__ nb_base, const u32* __restrict__ left,
+              const u64* __restrict__ keys, const u32* __restrict__ n_end,
+              const u32* __restrict__ chain_off, const u32* __restrict__ chain_base,
+              const u32* __restrict__ chain_fork, const u32* __restrict__ chain_hits,
+              u32* __restrict__ failed, u32* __restrict__ overflow, u32* __restrict__ used,
+              uint4* __restrict__ cand, u32* __restrict__ chits, u32* __restrict__ fits,
+              u32* __restrict__ acc, u32* __restrict__ n_cand, u32* __restrict__ n_chits,
+              u32* __restrict__ n_acc, u32 share_cand, u32 share_hits, u32 max_cand,
+              u32 hits_cap, u32 max_tracks, u32 min_hits, double max_chi2_ndf, int append,
+              const float* __restrict__ rows32, const double* __restrict__ rows64,
+              const int* __restrict__ gap_steps, const int* __restrict__ gap_kind,
+              const int* __restrict__ gap_slice, const float* __restrict__ slices,
+              const float* __restrict__ pf, const double* __restrict__ pd,
+              const int* __restrict__ pi, const float* __restrict__ nodes) {
+    const int e = blockIdx.y;
+    const u32 tid = threadIdx.x;
+    __shared__ CandState s;
+    __shared__ u32 s_len[CAND_THREADS], s_flen[CAND_THREADS];
+    __shared__ u32 s_off[CAND_THREADS], s_foff[CAND_THREADS];
+    __shared__ u32 s_consumed, s_pending_from;
+    __shared__ int s_close;
+    __shared__ u32 s_order[CHUNK_MAX];
+    __shared__ uint4 s_cand[CHUNK_MAX];
+    __shared__ u32 s_hits[CHUNK_MAX * MAX_CHAIN];
+    __shared__ u32 s_free0[CHUNK_MAX];
+    __shared__ u32 s_bits[CHUNK_BITS_WORDS];
+    if (failed[e]) return;
+    ChunkStage st = {s_cand, s_hits, s_free0, s_order, s_bits};
+    for (u32 i = tid; i < CHUNK_BITS_WORDS; i += CAND_THREADS) s_bits[i] = 0u;
+    const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
+                            slices, pf,     pd,        pi,       nodes};
+    const u32 hs = hit_start[e];
+    const u32 tb = trip_base[e];
+    CandEvent ev;
+    ev.sinput = sinput + hs;
+    ev.used = used + hs;
+    ev.x = in_x + hs;
+    ev.y = in_y + hs;
+    ev.plane = in_plane + hs;
+    ev.dbl = dbl + dbl_base[e];
+    ev.tleft = tleft + tb;
+    ev.tright = tright + tb;
+    ev.tchi2 = tchi2 + tb;
+    ev.level = level + tb;
+    ev.nb_off = nb_off + tb;
+    ev.nb_count = nb_count + tb;
+    ev.left = left + nb_base[e];
+    CandArenas a;
+    a.cand = cand + (size_t)e * share_cand;
+    a.chits = chits + (size_t)e * share_hits;
+    a.fits = fits + (size_t)e * share_cand * FIT_WORDS;
+    a.acc = acc + (size_t)e * share_cand;
+    const u64* order = keys + 2 * (size_t)tb;
+    const u32* walked = chain_hits + chain_base[e];
+    const u32 n_order = n_end[e];
+    const u32 key_mask = (1u << KEY_INDEX_BITS) - 1;
+    if (tid == 0) {
+        s.n_cand = append ? n_cand[e] : 0;
+        s.n_hits = append ? n_chits[e] : 0;
+        s.n_acc = append ? n_acc[e] : 0;
+        s.max_cand = max_cand;
+        s.hits_cap = hits_cap;
+        s.max_tracks = max_tracks;
+        s.share_cand = share_cand;
+        s.share_hits = share_hits;
+        s.min_hits = min_hits;
+        s.max_chi2_ndf = max_chi2_ndf;
+        s.failed = false;
+        s_pending_from = s.n_cand;
+    }
+    __syncthreads();
+    u32 chain[MAX_CHAIN], fchain[MAX_CHAIN];
+    u32 oi = 0;
+    while (oi < n_order) {
+        // Every thread builds the chains of one end triplet of the window.
+        u32 my = oi + tid;
+        u32 len = 0, flen = 0;
+        int f_at = -1;
+        if (my < n_order) {
+            u32 t = (u32)(order[my] & key_mask);
+            u32 lv = ev.level[t];
+            u32 clen = lv + 2 < MAX_CHAIN ? lv + 2 : MAX_CHAIN;
+            const u32* raw = walked + chain_off[tb + my];
+            int r = filter_chain(ev, raw, clen, lv, min_hits, chain);
+            len = r > 0 ? (u32)r : 0u;
+            if (r >= 0 && chain_fork[tb + my]) {
+                f_at = 0;
+                int fr = filter_chain(ev, raw + clen, clen, lv, min_hits, fchain);
+                flen = fr > 0 ? (u32)fr : 0u;
+            }
+        }
+        s_len[tid] = len;
+        // A fork found: its chain's length + 1 (0: no fork).
+        s_flen[tid] = f_at >= 0 ? flen + 1 : 0;
+        __syncthreads();
+        if (tid == 0) {
+            // The CPU's loop over the window, in order, with its limits.
+            u32 j = 0;
+            int close = 0;
+            u32 lim_chits = hits_cap / 2;
+            for (; j < CAND_THREADS && oi + j < n_order; j++) {
+                s_off[j] = ~0u;
+                s_foff[j] = ~0u;
+                if (s.n_cand == s.max_cand || s.n_hits + MAX_CHAIN > lim_chits) {
+                    s.failed = true;
+                    j++;
+                    break;
+                }
+                u32 l = s_len[j];
+                if (l > 0) {
+                    if (s.n_cand >= s.share_cand || s.n_hits + l > s.share_hits) {
+                        s.failed = true;
+                        j++;
+                        break;
+                    }
+                    s_off[j] = s.n_hits;
+                    a.cand[s.n_cand++] = make_uint4(s.n_hits, l, 0u, 0u);
+                    s.n_hits += l;
+                }
+                u32 fl = s_flen[j];
+                if (fl > 0 && s.n_cand < s.max_cand && s.n_hits + MAX_CHAIN <= lim_chits &&
+                    fl - 1 > 0) {
+                    fl -= 1;
+                    if (s.n_cand >= s.share_cand || s.n_hits + fl > s.share_hits) {
+                        s.failed = true;
+                        j++;
+                        break;
+                    }
+                    s_foff[j] = s.n_hits;
+                    a.cand[s.n_cand++] = make_uint4(s.n_hits, fl, 0u, 0u);
+                    s.n_hits += fl;
+                }
+                if (s.n_cand - s_pending_from >= CAND_CHUNK) {
+                    close = 1;
+                    j++;
+                    break;
+                }
+            }
+            if (!close && oi + j >= n_order && s.n_cand > s_pending_from) close = 1;
+            s_consumed = j;
+            s_close = close;
+        }
+        __syncthreads();
+        if (s.failed) break;
+        if (tid < s_consumed) {
+            if (s_off[tid] != ~0u)
+                for (u32 i = 0; i < len; i++) a.chits[s_off[tid] + i] = chain[i];
+            if (s_foff[tid] != ~0u)
+                for (u32 i = 0; i < flen; i++) a.chits[s_foff[tid] + i] = fchain[i];
+        }
+        __syncthreads();
+        if (s_close) {
+            for (u32 c = s_pending_from + tid; c < s.n_cand; c += CAND_THREADS) {
+                fit_candidate(ev, a, T, c);
+            }
+            __syncthreads();
+            u32 m = s.n_cand - s_pending_from;
+            stage_chunk(ev, a, s_pending_from, m, st);
+            if (tid == 0) {
+                if (!choose_candidates(ev, a, T, s, s_pending_from, m, st)) s.failed = true;
+                s_pending_from = s.n_cand;
+            }
+            __syncthreads();
+            if (s.failed) break;
+            // The next chunk's filter starts empty.
+            for (u32 i = tid; i < CHUNK_BITS_WORDS; i += CAND_THREADS) s_bits[i] = 0u;
+        }
+        oi += s_consumed;
+        __syncthreads();
+    }
+    if (tid == 0) {
+        if (s.failed) {
+            fail_event(failed, overflow, e);
+        } else {
+            n_cand[e] = s.n_cand;
+            n_chits[e] = s.n_hits;
+            n_acc[e] = s.n_acc;
+        }
+    }
+}
