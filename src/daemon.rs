@@ -72,7 +72,8 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
         WorkloadKind::Tracking => Workload::Tracking,
         WorkloadKind::Eeg => Workload::Eeg,
     };
-    let plan = workload::plan(&cfg, &opts.outputs).context("setting up the workload")?;
+    let plan = workload::plan(&cfg, &opts.outputs, Some(metrics.clone()))
+        .context("setting up the workload")?;
     let active = plan.primary_kind();
     for kind in [BackendKind::Cpu, BackendKind::Gpu] {
         metrics.backend(kind).set_active(kind == active);

@@ -7,10 +7,12 @@ use std::sync::{Arc, Mutex};
 
 use crate::backend::eeg::{CpuEeg, EegSetup, EegStreams};
 use crate::backend::gpu_eeg::GpuEeg;
+use crate::backend::gpu_tracking::GpuTracking;
 use crate::backend::multiplicity::CpuMultiplicity;
 use crate::backend::tracking::{CpuTracking, TrackingSetup};
 use crate::backend::{Backend, BackendKind};
 use crate::config::{Config, WorkloadKind};
+use crate::metrics::Metrics;
 
 /// Workload outputs requested on the command line.
 #[derive(Debug, Clone, Default)]
@@ -32,10 +34,22 @@ pub struct Plan {
     /// fallback.
     eeg_streams: Vec<Arc<Mutex<EegStreams>>>,
     gpus: Vec<crate::gpu::GpuDevice>,
+    metrics: Option<Arc<Metrics>>,
 }
 
-/// Builds the plan for `cfg`'s workload.
-pub fn plan(cfg: &Arc<Config>, outputs: &Outputs) -> anyhow::Result<Plan> {
+/// Builds the plan for `cfg`'s workload (`metrics`: where the backends count what they
+/// count beyond the pipeline's accounting, such as the GPU tracking's overflows).
+pub fn plan(
+    cfg: &Arc<Config>,
+    outputs: &Outputs,
+    metrics: Option<Arc<Metrics>>,
+) -> anyhow::Result<Plan> {
+    let mut plan = plan_workload(cfg, outputs)?;
+    plan.metrics = metrics;
+    Ok(plan)
+}
+
+fn plan_workload(cfg: &Arc<Config>, outputs: &Outputs) -> anyhow::Result<Plan> {
     match cfg.daemon.workload {
         WorkloadKind::Multiplicity => {
             if outputs.tracks_out.is_some() || outputs.sources_out.is_some() {
@@ -54,24 +68,21 @@ pub fn plan(cfg: &Arc<Config>, outputs: &Outputs) -> anyhow::Result<Plan> {
             if outputs.sources_out.is_some() {
                 anyhow::bail!("--sources-out needs --workload eeg");
             }
-            if cfg.daemon.backend == "gpu" {
-                anyhow::bail!("tracking runs on the CPU in this build; use --backend cpu or auto");
-            }
             let setup = TrackingSetup::new(cfg, outputs.tracks_out.as_deref())?;
-            Ok(Plan::new(
-                cfg,
-                BackendKind::Cpu,
-                Some(setup),
-                None,
-                Vec::new(),
-            ))
+            let gpus = crate::backend::detect_gpus(&cfg.daemon.backend)?;
+            let kind = if gpus.is_empty() {
+                BackendKind::Cpu
+            } else {
+                BackendKind::Gpu
+            };
+            Ok(Plan::new(cfg, kind, Some(setup), None, gpus))
         }
         WorkloadKind::Eeg => {
             if outputs.tracks_out.is_some() {
                 anyhow::bail!("--tracks-out needs --workload tracking");
             }
             let setup = Arc::new(EegSetup::new(cfg, outputs.sources_out.as_deref())?);
-            let gpus = crate::backend::gpu_eeg::detect(&cfg.daemon.backend)?;
+            let gpus = crate::backend::detect_gpus(&cfg.daemon.backend)?;
             let kind = if gpus.is_empty() {
                 BackendKind::Cpu
             } else {
@@ -97,6 +108,7 @@ impl Plan {
             eeg,
             eeg_streams: Vec::new(),
             gpus,
+            metrics: None,
         };
         plan.eeg_streams = (0..plan.workers())
             .map(|_| Arc::new(Mutex::new(EegStreams::new())))
@@ -128,6 +140,17 @@ impl Plan {
     /// The backend of worker `w`.
     pub fn make(&self, w: usize) -> anyhow::Result<Box<dyn Backend>> {
         match (&self.tracking, &self.eeg) {
+            (Some(t), _) if self.kind == BackendKind::Gpu => {
+                let dev = &self.gpus[w % self.gpus.len()];
+                tracing::info!(worker = w, device = %dev, "tracking worker on GPU {}", dev.ordinal);
+                Ok(Box::new(GpuTracking::new(
+                    t,
+                    dev,
+                    self.cfg.daemon.batch_max.clamp(1, 4096),
+                    self.cfg.daemon.budget_ms * 1e3,
+                    self.metrics.clone(),
+                )?))
+            }
             (Some(t), _) => Ok(Box::new(CpuTracking::new(t))),
             (_, Some(e)) if self.kind == BackendKind::Gpu => {
                 // One stream of blocks keeps its order and state on one GPU.
@@ -156,13 +179,14 @@ impl Plan {
         }
     }
 
-    /// Reconstruction workers: for EEG on GPUs one per GPU, on the CPU `daemon.workers`
+    /// Reconstruction workers: on GPUs one per GPU (events spread over them; each EEG
+    /// stream on one), on the CPU `daemon.workers`
     /// (streams are spread over them by `source_id`), and one when `--sources-out` writes
     /// a single stream's amplitudes; otherwise `daemon.workers`.
     pub fn workers(&self) -> usize {
         match &self.eeg {
             Some(e) if e.sources_out.is_some() => 1,
-            Some(_) if self.kind == BackendKind::Gpu => self.gpus.len().max(1),
+            _ if self.kind == BackendKind::Gpu => self.gpus.len().max(1),
             _ => self.cfg.daemon.workers.max(1),
         }
     }
@@ -187,14 +211,15 @@ impl Plan {
 
     /// The CPU backend of worker `w` that takes the batches its GPU backend failed.
     pub fn make_fallback(&self, w: usize) -> anyhow::Result<Box<dyn Backend>> {
-        match &self.eeg {
-            Some(e) => Ok(Box::new(CpuEeg::new(
+        match (&self.tracking, &self.eeg) {
+            (Some(t), _) => Ok(Box::new(CpuTracking::new(t))),
+            (_, Some(e)) => Ok(Box::new(CpuEeg::new(
                 e.clone(),
                 self.eeg_streams[w].clone(),
                 self.eeg_threads(e),
                 self.cfg.daemon.batch_max,
             )?)),
-            None => anyhow::bail!("no fallback backend for this workload"),
+            (None, None) => anyhow::bail!("no fallback backend for this workload"),
         }
     }
 

@@ -209,3 +209,166 @@ fn minimum_bias_events_give_the_cpu_finders_two_passes() {
 fn central_events_give_the_cpu_finders_two_passes() {
     two_passes(Preset::Central, 3);
 }
+
+/// Sorted (hits, chi-square bits) of each track: the assignment and the fit's result.
+fn track_key(tracks: &[trigd::tracking::track::Track]) -> Vec<(Vec<u32>, u32)> {
+    let mut v: Vec<_> = tracks
+        .iter()
+        .map(|t| (t.hits.clone(), t.chi2.to_bits()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The whole finder on the GPU (`GpuTracker`: both passes, candidates, fits, clones)
+/// against `Reconstructor::reconstruct` on every event: the same tracks (hit lists) and
+/// fits (state and chi-square within float32 tolerance); a second run of the same batch
+/// gives the same tracks in the same order.
+fn end_to_end(preset: Preset, n_events: u64, launch: usize) {
+    use trigd::gpu::tracking::{GpuTracker, TrackerLimits};
+    use trigd::tracking::reco::Reconstructor;
+    let dev = device();
+    let s = seed();
+    for (name, det, sim) in configurations(preset) {
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let events: Vec<Vec<HitRecord>> = simulate_events(&det, &sim, s, 0, n_events)
+            .map(|e| e.hits)
+            .collect();
+        let mut tracker = GpuTracker::new(&dev, &det, &cfg, TrackerLimits::for_batch(&cfg, launch))
+            .expect("tracker");
+        let mut reco = Reconstructor::new(&det, cfg.clone());
+        let (mut out, mut back, mut again, mut back2, mut cpu) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut n_tracks, mut differ, mut handed_back, mut worst) = (0usize, 0usize, 0, 0f64);
+        for chunk in events.chunks(launch) {
+            let views: Vec<&[HitRecord]> = chunk.iter().map(Vec::as_slice).collect();
+            tracker
+                .reconstruct_batch(&views, &mut out, &mut back)
+                .expect("launch");
+            tracker
+                .reconstruct_batch(&views, &mut again, &mut back2)
+                .expect("launch again");
+            assert_eq!(back, back2, "{name}: the same events handed back");
+            for (k, ev) in chunk.iter().enumerate() {
+                if back[k].is_some() {
+                    handed_back += 1;
+                    continue;
+                }
+                let same_order = out[k].len() == again[k].len()
+                    && out[k]
+                        .iter()
+                        .zip(&again[k])
+                        .all(|(a, b)| a.hits == b.hits && a.chi2.to_bits() == b.chi2.to_bits());
+                assert!(
+                    same_order,
+                    "{name}: a repeated launch gives the same tracks in order"
+                );
+                reco.reconstruct(ev, &mut cpu);
+                n_tracks += cpu.len();
+                let (g, c) = (track_key(&out[k]), track_key(&cpu));
+                let gh: std::collections::HashSet<&Vec<u32>> = g.iter().map(|t| &t.0).collect();
+                differ += c.iter().filter(|t| !gh.contains(&t.0)).count();
+                // Fits of the tracks with the same hits.
+                for t in &out[k] {
+                    if let Some(ct) = cpu.iter().find(|c| c.hits == t.hits) {
+                        let rel = |a: f32, b: f32| ((a - b).abs() / b.abs().max(1e-3)) as f64;
+                        worst = worst
+                            .max(rel(t.chi2, ct.chi2))
+                            .max(rel(t.state.qop, ct.state.qop))
+                            .max(rel(t.state.tx, ct.state.tx))
+                            .max(rel(t.state.x_mm, ct.state.x_mm));
+                    }
+                }
+            }
+        }
+        println!(
+            "{name} {preset:?}: {} events ({handed_back} handed back), {n_tracks} CPU tracks, {differ} without a GPU track of the same hits, worst relative difference of a fitted value {worst:.2e}",
+            events.len()
+        );
+        assert!(n_tracks > 0, "{name}");
+        assert!(
+            (differ as f64) <= 1e-3 * n_tracks as f64,
+            "{name}: {differ} of {n_tracks} tracks differ"
+        );
+        assert!(worst <= 1e-4, "{name}: fits differ by {worst}");
+        assert!(
+            handed_back * 10 <= events.len(),
+            "{name}: {handed_back} handed back"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_whole_finder_on_minimum_bias_events_gives_the_cpus_tracks() {
+    end_to_end(Preset::Minbias, 1000, 256);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_whole_finder_on_central_events_gives_the_cpus_tracks() {
+    end_to_end(Preset::Central, 12, 6);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_device_error_fails_the_launch_and_the_next_runs_and_overflows_are_handed_back() {
+    use trigd::gpu::tracking::{GpuTracker, TrackerLimits};
+    let dev = device();
+    let det = load("detector.toml");
+    let cfg = FinderConfig::from_detector(&det, 1.0);
+    let events: Vec<Vec<HitRecord>> =
+        simulate_events(&det, &SimConfig::preset(Preset::Minbias), seed(), 0, 64)
+            .map(|e| e.hits)
+            .collect();
+    let views: Vec<&[HitRecord]> = events.iter().map(Vec::as_slice).collect();
+    let mut tracker =
+        GpuTracker::new(&dev, &det, &cfg, TrackerLimits::for_batch(&cfg, 64)).expect("tracker");
+    let (mut out, mut back) = (Vec::new(), Vec::new());
+    tracker
+        .reconstruct_batch(&views, &mut out, &mut back)
+        .expect("launch");
+    let reference: Vec<_> = out.iter().map(|t| track_key(t)).collect();
+    tracker.inject_device_error();
+    assert!(tracker
+        .reconstruct_batch(&views, &mut out, &mut back)
+        .is_err());
+    tracker
+        .reconstruct_batch(&views, &mut out, &mut back)
+        .expect("the next launch runs");
+    let now: Vec<_> = out.iter().map(|t| track_key(t)).collect();
+    assert_eq!(
+        now, reference,
+        "the launch after a device error decides as before"
+    );
+    // An event beyond the finder's own candidate limit is handed back, the others not.
+    let small = FinderConfig {
+        limits: trigd::tracking::reco::Limits {
+            max_candidates: 40,
+            ..cfg.limits.clone()
+        },
+        ..cfg.clone()
+    };
+    let mut tracker =
+        GpuTracker::new(&dev, &det, &small, TrackerLimits::for_batch(&small, 64)).expect("tracker");
+    tracker
+        .reconstruct_batch(&views, &mut out, &mut back)
+        .expect("launch");
+    let n_back = back.iter().filter(|b| b.is_some()).count();
+    println!(
+        "candidate limit 40: {n_back} of 64 events handed back ({:?})",
+        back.iter().flatten().next()
+    );
+    assert!(n_back > 0 && n_back < 64, "{n_back}");
+    for (k, b) in back.iter().enumerate() {
+        if b.is_some() {
+            assert!(out[k].is_empty());
+        } else {
+            assert_eq!(
+                track_key(&out[k]),
+                reference[k],
+                "event {k} kept its tracks"
+            );
+        }
+    }
+}

@@ -14,13 +14,7 @@ use crate::config::Config;
 use crate::frame::{FrameView, Payload};
 use crate::gpu::eeg::{EegBlockOutput, EegEngineConfig, GpuEegEngine};
 use crate::gpu::runtime::BatchSizer;
-use crate::gpu::{BackendChoice, GpuDevice};
-
-/// The GPUs the EEG workload runs on for `--backend auto|gpu|cpu` (empty: the CPU).
-pub fn detect(choice: &str) -> anyhow::Result<Vec<GpuDevice>> {
-    let choice: BackendChoice = choice.parse()?;
-    Ok(crate::gpu::detect(choice)?)
-}
+use crate::gpu::GpuDevice;
 
 /// The GPU EEG backend.
 pub struct GpuEeg {

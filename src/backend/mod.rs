@@ -4,6 +4,13 @@
 
 use crate::frame::FrameView;
 
+/// The GPUs a workload runs on for `--backend auto|gpu|cpu` (empty: the CPU). `gpu`
+/// without a usable GPU is an error naming what is missing (driver, CUDA, device).
+pub fn detect_gpus(choice: &str) -> anyhow::Result<Vec<crate::gpu::GpuDevice>> {
+    let choice: crate::gpu::BackendChoice = choice.parse()?;
+    Ok(crate::gpu::detect(choice)?)
+}
+
 /// Which implementation produced a verdict (the decision record's `backend` field).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BackendKind {
@@ -85,5 +92,6 @@ pub trait Backend: Send {
 
 pub mod eeg;
 pub mod gpu_eeg;
+pub mod gpu_tracking;
 pub mod multiplicity;
 pub mod tracking;

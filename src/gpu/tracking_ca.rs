@@ -667,7 +667,6 @@ pub struct PassOptions {
     /// Skip the hits marked used (the tracks of the earlier pass): a later pass on the
     /// hits already sorted, with no new copy of hits.
     pub skip_used: bool,
-
 }
 
 /// The fitter's tables on the device (`FitTables`, as the fit engine uploads them).

@@ -1,0 +1,200 @@
+//! Tracking end to end, GPU against the CPU in the same run (run on a machine with a CUDA
+//! GPU):
+//!
+//!     cargo bench --bench gpu_tracking_e2e            # or the built binary
+//!     options: --central N (events, default 256) --minbias N (default 8192)
+//!              --launch-central N (events per launch, default 128)
+//!              --launch-minbias N (default 512) --rounds N (default 5)
+//!              --configs spectrometer,dipole,forward
+//!
+//! For central and minimum-bias events of each detector: the CPU finder
+//! (`Reconstructor::reconstruct`, the daemon's CPU path) on one core and on every core of
+//! this host (one finder per thread, the events dealt round-robin), and the GPU
+//! (`GpuTracker::reconstruct_batch`: hits in host memory to tracks in host memory, every
+//! step on the device) in launches of a fixed size, each launch timed (p50, p99); the
+//! GPU's time per stage of a launch; and the agreement of the two (events whose tracks,
+//! hit lists and chi-squares, are the CPU's). Prints `key value` lines and a table.
+
+use std::time::Instant;
+
+use trigd::frame::HitRecord;
+use trigd::gpu::tracking::{GpuTracker, TrackerLimits};
+use trigd::gpu::{detect, BackendChoice};
+use trigd::tracking::geometry::Detector;
+use trigd::tracking::reco::{FinderConfig, Reconstructor};
+use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
+use trigd::tracking::track::Track;
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn str_arg(name: &str, default: &str) -> String {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+        .unwrap_or_else(|| default.to_string())
+}
+
+fn quantile(v: &[f64], q: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+fn key(tracks: &[Track]) -> Vec<(Vec<u32>, u32)> {
+    let mut v: Vec<_> = tracks
+        .iter()
+        .map(|t| (t.hits.clone(), t.chi2.to_bits()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// CPU events per second on `threads` threads (one finder each).
+fn cpu_rate(det: &Detector, cfg: &FinderConfig, events: &[Vec<HitRecord>], threads: usize) -> f64 {
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for k in 0..threads {
+            s.spawn(move || {
+                let mut reco = Reconstructor::new(det, cfg.clone());
+                let mut out = Vec::new();
+                for ev in events.iter().skip(k).step_by(threads) {
+                    reco.reconstruct(ev, &mut out);
+                }
+            });
+        }
+    });
+    events.len() as f64 / t0.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let devices = match detect(BackendChoice::Gpu) {
+        Ok(d) if !d.is_empty() => d,
+        Ok(_) | Err(_) => {
+            eprintln!("gpu_tracking_e2e: no usable CUDA GPU; nothing to measure");
+            return;
+        }
+    };
+    let dev = &devices[0];
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!("device {dev}");
+    println!("host_cores {cores}");
+    let rounds = arg("--rounds", 5).max(1);
+    let configs = str_arg("--configs", "spectrometer,dipole,forward");
+    let mut table = Vec::new();
+    for name in configs.split(',') {
+        let (geometry, forward) = match name {
+            "spectrometer" => ("fixtures/detector.toml", false),
+            "dipole" => ("fixtures/tracking/dipole/detector_dipole.toml", false),
+            "forward" => ("fixtures/tracking/forward/detector_forward.toml", true),
+            other => panic!("unknown configuration {other}"),
+        };
+        let det = Detector::from_toml_file(std::path::Path::new(geometry))
+            .expect("run from the repository root");
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        for (preset, n_events, launch) in [
+            (
+                Preset::Central,
+                arg("--central", 256),
+                arg("--launch-central", 128),
+            ),
+            (
+                Preset::Minbias,
+                arg("--minbias", 8192),
+                arg("--launch-minbias", 512),
+            ),
+        ] {
+            let sim = if forward {
+                SimConfig::forward(preset)
+            } else {
+                SimConfig::preset(preset)
+            };
+            let events: Vec<Vec<HitRecord>> = simulate_events(&det, &sim, 11, 0, n_events as u64)
+                .map(|e| e.hits)
+                .collect();
+            let hits: usize = events.iter().map(Vec::len).sum();
+            let one = cpu_rate(&det, &cfg, &events[..events.len().min(64)], 1);
+            let all = cpu_rate(&det, &cfg, &events, cores);
+            let limits = TrackerLimits::for_batch(&cfg, launch);
+            let mut tracker = GpuTracker::new(dev, &det, &cfg, limits).expect("tracker");
+            let (mut out, mut back) = (Vec::new(), Vec::new());
+            // Warm-up, and agreement with the CPU on every event.
+            let mut reco = Reconstructor::new(&det, cfg.clone());
+            let mut cpu_tracks = Vec::new();
+            let (mut equal, mut handed_back, mut n_tracks) = (0, 0, 0);
+            for chunk in events.chunks(launch) {
+                let views: Vec<&[HitRecord]> = chunk.iter().map(Vec::as_slice).collect();
+                tracker
+                    .reconstruct_batch(&views, &mut out, &mut back)
+                    .expect("launch");
+                for (k, ev) in chunk.iter().enumerate() {
+                    if back[k].is_some() {
+                        handed_back += 1;
+                        continue;
+                    }
+                    reco.reconstruct(ev, &mut cpu_tracks);
+                    n_tracks += cpu_tracks.len();
+                    equal += (key(&out[k]) == key(&cpu_tracks)) as usize;
+                }
+            }
+            let mut lat = Vec::new();
+            let mut stages = Vec::new();
+            let t0 = Instant::now();
+            for _ in 0..rounds {
+                for chunk in events.chunks(launch) {
+                    let views: Vec<&[HitRecord]> = chunk.iter().map(Vec::as_slice).collect();
+                    let t = Instant::now();
+                    tracker
+                        .reconstruct_batch(&views, &mut out, &mut back)
+                        .expect("launch");
+                    lat.push(t.elapsed().as_secs_f64() * 1e3);
+                    stages.push(tracker.last_times());
+                }
+            }
+            let gpu = (rounds * events.len()) as f64 / t0.elapsed().as_secs_f64();
+            let what = format!("{name} {preset:?}");
+            println!(
+                "{what}: {} events, {:.0} hits/event, {:.1} tracks/event; agreement {equal}/{} events equal ({handed_back} handed back)",
+                events.len(),
+                hits as f64 / events.len() as f64,
+                n_tracks as f64 / (events.len() - handed_back).max(1) as f64,
+                events.len() - handed_back
+            );
+            let mean = |f: fn(&trigd::gpu::tracking::TrackerTimes) -> f64| {
+                stages.iter().map(f).sum::<f64>() / stages.len() as f64
+            };
+            println!(
+                "{what}: launch of {launch}: stages ms first pass {:.3}, candidates {:.3}, later pass {:.3}, candidates {:.3}, tracks back {:.3}, clones {:.3}",
+                mean(|t| t.first_pass_ms),
+                mean(|t| t.first_candidates_ms),
+                mean(|t| t.later_pass_ms),
+                mean(|t| t.later_candidates_ms),
+                mean(|t| t.readback_ms),
+                mean(|t| t.clones_ms),
+            );
+            table.push(format!(
+                "| {what} | {launch} | {:.0} | {:.0} | {:.0} | {:.0}x | {:.1}x | {:.2} / {:.2} |",
+                one,
+                all,
+                gpu,
+                gpu / one,
+                gpu / all,
+                quantile(&lat, 0.5),
+                quantile(&lat, 0.99),
+            ));
+        }
+    }
+    println!();
+    println!("| events | per launch | CPU 1 core, events/s | CPU {cores} cores, events/s | GPU, events/s | GPU / 1 core | GPU / all cores | launch ms p50 / p99 |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    for row in table {
+        println!("{row}");
+    }
+}

@@ -1,0 +1,353 @@
+//! Tracking on the GPU, end to end: [`GpuTracker`] finds and fits the tracks of a batch of
+//! events as the CPU's [`crate::tracking::reco::Reconstructor`] does for each, with every
+//! step on the device:
+//!
+//! 1. the first pass ([`GpuCaEngine::run_first`]): hits up once and sorted into the grid,
+//!    doublets on consecutive planes, triplets, the dead ends dropped where the finder
+//!    keeps only chains that reach the last plane or leave the detector, neighbours,
+//!    evolution; then the candidates of at least `first_pass_min_hits` hits, fitted and
+//!    chosen with each hit used once ([`GpuCaEngine::select_candidates`]);
+//! 2. the later pass over missing planes on the hits the first left
+//!    ([`GpuCaEngine::run_pass`]), its candidates appended;
+//! 3. clone suppression ([`GpuCloneEngine`]) on the accepted tracks;
+//! 4. the tracks (hits as the event's input indices, fitted state, covariance,
+//!    chi-square) come back to the host, where the trigger lines run on them.
+//!
+//! A finder configured for one pass (no missing plane allowed, or a first pass that could
+//! not make a track) runs step 1 with the pass's reach and `min_hits`, as the CPU.
+//!
+//! An event the device cannot take whole (a step's per-event limit, where the CPU would
+//! overflow too, or the batch's arena) is marked in the result with the step's name and
+//! none of its tracks are returned: the caller runs it on the CPU and counts it
+//! (`trigd_tracking_overflow_total{step}`). A device error fails the whole batch
+//! ([`GpuError`]); the engines stay usable for the next one.
+
+use crate::frame::HitRecord;
+use crate::gpu::nvrtc::KernelCache;
+use crate::gpu::tracking_ca::{CaLimits, GpuCaEngine, PassOptions};
+use crate::gpu::tracking_clones::{CloneEngineConfig, CloneLimits, CloneTrack, GpuCloneEngine};
+use crate::gpu::{GpuDevice, GpuError};
+use crate::tracking::ca::{FinderGeometry, MAX_REACH};
+use crate::tracking::geometry::Detector;
+use crate::tracking::kalman::{FitHit, KalmanFitter};
+use crate::tracking::reco::FinderConfig;
+use crate::tracking::track::Track;
+
+/// Most accepted tracks of one event the clone step takes (central events have some
+/// 2,000): an event with more is handed back to the CPU (step `tracks`).
+const CLONE_TRACKS_PER_EVENT: usize = 4096;
+
+/// The sizes a tracker is built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrackerLimits {
+    /// Events per launch.
+    pub max_events: usize,
+    /// Hits of all the launch's events together.
+    pub max_hits: usize,
+    /// The arenas of the steps.
+    pub ca: CaLimits,
+}
+
+impl TrackerLimits {
+    /// Arenas for launches of up to `max_events` events (at most 512; the arenas are
+    /// [`CaLimits::default`]'s, about 2 GiB, whatever the events).
+    pub fn for_batch(_cfg: &FinderConfig, max_events: usize) -> Self {
+        let ca = CaLimits {
+            max_events: max_events.clamp(1, 512),
+            ..CaLimits::default()
+        };
+        TrackerLimits {
+            max_events: ca.max_events,
+            max_hits: ca.max_hits,
+            ca,
+        }
+    }
+}
+
+/// Wall time of each stage of the last launch, milliseconds (each stage ends with the
+/// stream synchronised).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TrackerTimes {
+    /// Hits up, sorted, and the first pass's steps.
+    pub first_pass_ms: f64,
+    pub first_candidates_ms: f64,
+    pub later_pass_ms: f64,
+    pub later_candidates_ms: f64,
+    /// The accepted tracks back to the host.
+    pub readback_ms: f64,
+    pub clones_ms: f64,
+}
+
+/// How the CPU finder runs its passes, from its configuration (as
+/// `Reconstructor::reconstruct`).
+#[derive(Debug, Clone, Copy)]
+struct Passes {
+    two_pass: bool,
+    first_min_hits: usize,
+    min_hits: usize,
+    /// The first pass keeps only chains that can end (dead ends dropped from this plane).
+    dead_ends_from: Option<usize>,
+    /// Reach of the single pass, or of the later pass.
+    reach: usize,
+}
+
+impl Passes {
+    fn new(cfg: &FinderConfig, n_planes: usize) -> Self {
+        let two_pass = cfg.allow_missing_plane && cfg.first_pass_min_hits <= n_planes;
+        let reach = if cfg.allow_missing_plane {
+            (1 + cfg.max_gap_planes).min(MAX_REACH)
+        } else {
+            1
+        };
+        let seed_planes = (n_planes + 1).saturating_sub(cfg.first_pass_min_hits.max(3));
+        let dead_ends_from = (two_pass && cfg.first_pass_to_last_plane)
+            .then(|| n_planes - seed_planes.min(n_planes));
+        Passes {
+            two_pass,
+            first_min_hits: cfg.first_pass_min_hits,
+            min_hits: cfg.min_hits,
+            dead_ends_from,
+            reach,
+        }
+    }
+}
+
+/// The finder and fitter on one GPU. See the module documentation.
+pub struct GpuTracker {
+    ca: GpuCaEngine,
+    clones: Option<GpuCloneEngine>,
+    passes: Passes,
+    limits: TrackerLimits,
+    /// Per event of the last batch: the accepted tracks before clone suppression.
+    accepted: Vec<Vec<crate::gpu::tracking_ca::CaTrack>>,
+    fit_hits: Vec<Vec<FitHit>>,
+    marks: Vec<bool>,
+    times: TrackerTimes,
+}
+
+impl GpuTracker {
+    /// Uploads the finder's tables, compiles the kernels and allocates every arena.
+    pub fn new(
+        device: &GpuDevice,
+        det: &Detector,
+        cfg: &FinderConfig,
+        limits: TrackerLimits,
+    ) -> Result<Self, GpuError> {
+        let geo = FinderGeometry::new(det, cfg);
+        let fitter = KalmanFitter::new(det, cfg.fit.clone());
+        let n_planes = det.planes.len();
+        let passes = Passes::new(cfg, n_planes);
+        let reaches: Vec<usize> = if passes.two_pass {
+            vec![1, passes.reach]
+        } else {
+            vec![passes.reach]
+        };
+        let cache = KernelCache::from_env();
+        let ca = GpuCaEngine::with_passes(
+            device,
+            &geo,
+            cfg,
+            Some(&fitter),
+            &reaches,
+            limits.ca,
+            &cache,
+        )?;
+        // Clone suppression compares short tracks (at most n - 3 hits) with longer ones.
+        let clones = if n_planes >= 4 {
+            Some(GpuCloneEngine::new(
+                device,
+                &geo,
+                cfg,
+                CloneEngineConfig {
+                    limits: CloneLimits {
+                        max_events: limits.max_events,
+                        max_tracks_per_event: cfg.limits.max_tracks.min(CLONE_TRACKS_PER_EVENT),
+                        max_hits_per_track: n_planes,
+                    },
+                    cache,
+                },
+            )?)
+        } else {
+            None
+        };
+        Ok(GpuTracker {
+            ca,
+            clones,
+            passes,
+            limits,
+            accepted: Vec::new(),
+            fit_hits: Vec::new(),
+            marks: Vec::new(),
+            times: TrackerTimes::default(),
+        })
+    }
+
+    pub fn limits(&self) -> TrackerLimits {
+        self.limits
+    }
+
+    /// The stages' times of the last launch.
+    pub fn last_times(&self) -> TrackerTimes {
+        self.times
+    }
+
+    /// Test hook: the next batch fails as a device error would.
+    pub fn inject_device_error(&mut self) {
+        self.ca.inject_device_error();
+    }
+
+    /// Finds and fits the tracks of `events`: `out[e]` holds event `e`'s tracks as
+    /// [`crate::tracking::reco::Reconstructor::reconstruct`] writes them, and `back[e]`
+    /// the step at which the event left the device (its tracks then empty: run it on the
+    /// CPU), or `None`.
+    // Events index the summary, the accepted tracks, `out` and `back` in lockstep.
+    #[allow(clippy::needless_range_loop)]
+    pub fn reconstruct_batch(
+        &mut self,
+        events: &[&[HitRecord]],
+        out: &mut Vec<Vec<Track>>,
+        back: &mut Vec<Option<&'static str>>,
+    ) -> Result<(), GpuError> {
+        let n = events.len();
+        if n > self.limits.max_events {
+            return Err(GpuError::Config(format!(
+                "a launch of {n} events exceeds the tracker's {}",
+                self.limits.max_events
+            )));
+        }
+        out.resize_with(n, Vec::new);
+        back.clear();
+        back.resize(n, None);
+        if n == 0 {
+            return Ok(());
+        }
+        let p = self.passes;
+        let mut times = TrackerTimes::default();
+        let mut clock = std::time::Instant::now();
+        let mut lap = || {
+            let now = std::time::Instant::now();
+            let ms = (now - clock).as_secs_f64() * 1e3;
+            clock = now;
+            ms
+        };
+        let first = PassOptions {
+            pass: 0,
+            dead_ends_from_plane: p.dead_ends_from,
+            skip_used: false,
+        };
+        self.ca.run_first(events, first)?;
+        times.first_pass_ms = lap();
+        let first_min = if p.two_pass {
+            p.first_min_hits
+        } else {
+            p.min_hits
+        };
+        let mut summary = self.ca.select_candidates(first_min, false)?;
+        times.first_candidates_ms = lap();
+        if p.two_pass {
+            self.ca.run_pass(PassOptions {
+                pass: 1,
+                dead_ends_from_plane: None,
+                skip_used: true,
+            })?;
+            times.later_pass_ms = lap();
+            summary = self.ca.select_candidates(p.min_hits, true)?;
+            times.later_candidates_ms = lap();
+        }
+        // The accepted tracks back, then the clones marked.
+        self.accepted.resize_with(n, Vec::new);
+        for e in 0..n {
+            if let Some(step) = summary.failed[e] {
+                back[e] = Some(step.name());
+                self.accepted[e].clear();
+                continue;
+            }
+            match self.ca.event_tracks(e)? {
+                Some(t) => self.accepted[e] = t.tracks,
+                None => back[e] = Some("candidates"),
+            }
+        }
+        times.readback_ms = lap();
+        for e in 0..n {
+            if self.accepted[e].len() > CLONE_TRACKS_PER_EVENT {
+                back[e] = Some("tracks");
+                self.accepted[e].clear();
+            }
+        }
+        self.mark_clones(events)?;
+        times.clones_ms = lap();
+        self.times = times;
+        let mut k = 0;
+        for e in 0..n {
+            let tracks = &mut out[e];
+            tracks.clear();
+            if back[e].is_some() {
+                continue;
+            }
+            for t in &self.accepted[e] {
+                let clone = self.marks.get(k).copied().unwrap_or(false);
+                k += 1;
+                if clone {
+                    continue;
+                }
+                let mut track = Track {
+                    hits: t.hits.clone(),
+                    ..Track::default()
+                };
+                t.fit.write_track(&mut track);
+                tracks.push(track);
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks the clones among the accepted tracks of every event (`self.marks`, the
+    /// events' tracks one after the other).
+    fn mark_clones(&mut self, events: &[&[HitRecord]]) -> Result<(), GpuError> {
+        self.marks.clear();
+        let Some(engine) = self.clones.as_mut() else {
+            return Ok(());
+        };
+        self.fit_hits.clear();
+        for (e, tracks) in self.accepted.iter().enumerate() {
+            for t in tracks {
+                self.fit_hits.push(
+                    t.hits
+                        .iter()
+                        .map(|&h| {
+                            let r = &events[e][h as usize];
+                            FitHit {
+                                plane: r.plane,
+                                x_mm: r.x_mm,
+                                y_mm: r.y_mm,
+                            }
+                        })
+                        .collect(),
+                );
+            }
+        }
+        let mut k = 0;
+        let per_event: Vec<Vec<CloneTrack<'_>>> = self
+            .accepted
+            .iter()
+            .map(|tracks| {
+                tracks
+                    .iter()
+                    .map(|t| {
+                        let c = CloneTrack {
+                            hits: &self.fit_hits[k],
+                            fit: &t.fit,
+                        };
+                        k += 1;
+                        c
+                    })
+                    .collect()
+            })
+            .collect();
+        let views: Vec<&[CloneTrack<'_>]> = per_event.iter().map(Vec::as_slice).collect();
+        engine
+            .mark_batch(&views, &mut self.marks)
+            .map_err(|e| GpuError::Config(format!("clone suppression: {e}")))?;
+        Ok(())
+    }
+}
