@@ -24,12 +24,12 @@
 
 use crate::frame::HitRecord;
 use crate::gpu::nvrtc::KernelCache;
-use crate::gpu::tracking_ca::{CaLimits, GpuCaEngine, PassOptions};
+use crate::gpu::tracking_ca::{BatchTracks, CaLimits, GpuCaEngine, PassOptions};
 use crate::gpu::tracking_clones::{CloneEngineConfig, CloneLimits, CloneTrack, GpuCloneEngine};
 use crate::gpu::{GpuDevice, GpuError};
 use crate::tracking::ca::{FinderGeometry, MAX_REACH};
 use crate::tracking::geometry::Detector;
-use crate::tracking::kalman::{FitHit, KalmanFitter};
+use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter};
 use crate::tracking::reco::FinderConfig;
 use crate::tracking::track::Track;
 
@@ -118,9 +118,11 @@ pub struct GpuTracker {
     clones: Option<GpuCloneEngine>,
     passes: Passes,
     limits: TrackerLimits,
-    /// Per event of the last batch: the accepted tracks before clone suppression.
-    accepted: Vec<Vec<crate::gpu::tracking_ca::CaTrack>>,
-    fit_hits: Vec<Vec<FitHit>>,
+    /// The accepted tracks of the last launch, before clone suppression, their fits and
+    /// hits (in the packed order).
+    batch: BatchTracks,
+    fits: Vec<FitOutput>,
+    fit_hits: Vec<FitHit>,
     marks: Vec<bool>,
     times: TrackerTimes,
 }
@@ -175,7 +177,8 @@ impl GpuTracker {
             clones,
             passes,
             limits,
-            accepted: Vec::new(),
+            batch: BatchTracks::default(),
+            fits: Vec::new(),
             fit_hits: Vec::new(),
             marks: Vec::new(),
             times: TrackerTimes::default(),
@@ -255,99 +258,108 @@ impl GpuTracker {
             times.later_candidates_ms = lap();
         }
         // The accepted tracks back, then the clones marked.
-        self.accepted.resize_with(n, Vec::new);
+        self.ca.read_tracks(&mut self.batch)?;
         for e in 0..n {
             if let Some(step) = summary.failed[e] {
                 back[e] = Some(step.name());
-                self.accepted[e].clear();
-                continue;
-            }
-            match self.ca.event_tracks(e)? {
-                Some(t) => self.accepted[e] = t.tracks,
-                None => back[e] = Some("candidates"),
+            } else if self.batch.tracks_of(e).len() > CLONE_TRACKS_PER_EVENT {
+                back[e] = Some("tracks");
             }
         }
         times.readback_ms = lap();
-        for e in 0..n {
-            if self.accepted[e].len() > CLONE_TRACKS_PER_EVENT {
-                back[e] = Some("tracks");
-                self.accepted[e].clear();
-            }
-        }
-        self.mark_clones(events)?;
+        self.mark_clones(events, back)?;
         times.clones_ms = lap();
         self.times = times;
-        let mut k = 0;
         for e in 0..n {
             let tracks = &mut out[e];
             tracks.clear();
             if back[e].is_some() {
                 continue;
             }
-            for t in &self.accepted[e] {
-                let clone = self.marks.get(k).copied().unwrap_or(false);
-                k += 1;
-                if clone {
+            for t in self.batch.tracks_of(e) {
+                if self.marks[t] {
                     continue;
                 }
                 let mut track = Track {
-                    hits: t.hits.clone(),
+                    hits: self.batch.hits_of(t).to_vec(),
                     ..Track::default()
                 };
-                t.fit.write_track(&mut track);
+                self.fits[t].write_track(&mut track);
                 tracks.push(track);
             }
         }
         Ok(())
     }
 
-    /// Marks the clones among the accepted tracks of every event (`self.marks`, the
-    /// events' tracks one after the other).
-    fn mark_clones(&mut self, events: &[&[HitRecord]]) -> Result<(), GpuError> {
+    /// Marks the clones among the accepted tracks of every event not handed back
+    /// (`self.marks`, one per packed track; the others false).
+    fn mark_clones(
+        &mut self,
+        events: &[&[HitRecord]],
+        back: &[Option<&'static str>],
+    ) -> Result<(), GpuError> {
+        let b = &self.batch;
+        let n_tracks = b.track_hits.len();
         self.marks.clear();
+        self.marks.resize(n_tracks, false);
+        self.fits.clear();
+        self.fits.extend((0..n_tracks).map(|t| b.fit(t)));
         let Some(engine) = self.clones.as_mut() else {
             return Ok(());
         };
         self.fit_hits.clear();
-        for (e, tracks) in self.accepted.iter().enumerate() {
-            for t in tracks {
-                self.fit_hits.push(
-                    t.hits
-                        .iter()
-                        .map(|&h| {
-                            let r = &events[e][h as usize];
-                            FitHit {
-                                plane: r.plane,
-                                x_mm: r.x_mm,
-                                y_mm: r.y_mm,
-                            }
-                        })
-                        .collect(),
-                );
+        for (e, ev) in events.iter().enumerate() {
+            for &h in &b.hits[b
+                .track_hits
+                .get(b.first_track[e] as usize)
+                .map_or(0, |t| t[0]) as usize
+                ..b.track_hits
+                    .get(b.first_track[e + 1] as usize)
+                    .map_or(b.hits.len(), |t| t[0] as usize)]
+            {
+                let r = &ev[h as usize];
+                self.fit_hits.push(FitHit {
+                    plane: r.plane,
+                    x_mm: r.x_mm,
+                    y_mm: r.y_mm,
+                });
             }
         }
-        let mut k = 0;
-        let per_event: Vec<Vec<CloneTrack<'_>>> = self
-            .accepted
-            .iter()
-            .map(|tracks| {
-                tracks
-                    .iter()
-                    .map(|t| {
-                        let c = CloneTrack {
-                            hits: &self.fit_hits[k],
-                            fit: &t.fit,
-                        };
-                        k += 1;
-                        c
-                    })
-                    .collect()
+        let tracks: Vec<CloneTrack<'_>> = (0..n_tracks)
+            .map(|t| {
+                let [at, len] = b.track_hits[t];
+                CloneTrack {
+                    hits: &self.fit_hits[at as usize..at as usize + len as usize],
+                    fit: &self.fits[t],
+                }
             })
             .collect();
-        let views: Vec<&[CloneTrack<'_>]> = per_event.iter().map(Vec::as_slice).collect();
-        engine
-            .mark_batch(&views, &mut self.marks)
-            .map_err(|e| GpuError::Config(format!("clone suppression: {e}")))?;
+        let views: Vec<&[CloneTrack<'_>]> = (0..events.len())
+            .map(|e| {
+                if back[e].is_some() {
+                    &tracks[..0]
+                } else {
+                    &tracks[b.tracks_of(e)]
+                }
+            })
+            .collect();
+        let mut marks = std::mem::take(&mut self.marks);
+        let r = engine
+            .mark_batch(&views, &mut marks)
+            .map_err(|e| GpuError::Config(format!("clone suppression: {e}")));
+        // `marks` holds the tracks of the events compared, in order: spread them back.
+        let compared = marks;
+        self.marks.clear();
+        self.marks.resize(n_tracks, false);
+        r?;
+        let mut k = 0;
+        for (e, v) in views.iter().enumerate() {
+            let first = b.first_track[e] as usize;
+            for i in 0..v.len() {
+                self.marks[first + i] = compared[k];
+                k += 1;
+            }
+        }
         Ok(())
     }
 }

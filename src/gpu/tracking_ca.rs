@@ -112,7 +112,7 @@ use std::sync::Arc;
 use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaStream};
 
 use super::nvrtc::{load_module_with_options, KernelCache, LoadedModule};
-use super::runtime::{copy_to_device, DeviceBuffer, PinnedBuffer};
+use super::runtime::{copy_to_device, copy_to_host, DeviceBuffer, PinnedBuffer};
 use super::tracking_fit::FitTables;
 use super::{driver, GpuDevice, GpuError};
 use crate::frame::HitRecord;
@@ -126,7 +126,7 @@ use crate::tracking::propagate::K_GEV_PER_T_MM;
 
 /// The kernels of the steps, one file each, compiled together as one module.
 const COMMON: &str = include_str!("../../kernels/ca_common.cuh");
-const STEPS: [&str; 8] = [
+const STEPS: [&str; 9] = [
     include_str!("../../kernels/ca_hit_sorting.cu"),
     include_str!("../../kernels/ca_doublets.cu"),
     include_str!("../../kernels/ca_triplets.cu"),
@@ -136,6 +136,7 @@ const STEPS: [&str; 8] = [
     // The fit of one candidate as a device function, then the candidate step that uses it.
     include_str!("../../kernels/kalman_fit.cu"),
     include_str!("../../kernels/ca_candidates.cu"),
+    include_str!("../../kernels/ca_tracks.cu"),
 ];
 /// The windows and cuts must round as the CPU's: no fused multiply-adds.
 const KERNEL_OPTIONS: [&str; 1] = ["--fmad=false"];
@@ -448,6 +449,54 @@ pub struct CaBatchSummary {
     pub tracks: Vec<u32>,
 }
 
+/// Pinned host memory the packed tracks come back to.
+struct TracksHost {
+    /// Per event: tracks, hits, first track, first hit.
+    counts: PinnedBuffer<u32>,
+    tracks: PinnedBuffer<[u32; 2]>,
+    fits: PinnedBuffer<u32>,
+    hits: PinnedBuffer<u32>,
+}
+
+/// The accepted tracks of every event of a batch, packed ([`GpuCaEngine::read_tracks`]):
+/// event `e`'s tracks are `first_track[e]..first_track[e + 1]`; track `t`'s hits (the
+/// event's input indices, upstream first) are `hits[track_hits[t].0..][..track_hits[t].1]`
+/// and its fit `fit(t)`. A failed event has none.
+#[derive(Debug, Clone, Default)]
+pub struct BatchTracks {
+    pub first_track: Vec<u32>,
+    pub track_hits: Vec<[u32; 2]>,
+    pub fits: Vec<u32>,
+    pub hits: Vec<u32>,
+}
+
+impl BatchTracks {
+    /// Tracks of event `e`.
+    pub fn tracks_of(&self, e: usize) -> std::ops::Range<usize> {
+        self.first_track[e] as usize..self.first_track[e + 1] as usize
+    }
+
+    /// The hits of track `t`.
+    pub fn hits_of(&self, t: usize) -> &[u32] {
+        let [at, len] = self.track_hits[t];
+        &self.hits[at as usize..at as usize + len as usize]
+    }
+
+    /// The fit of track `t`, as the CPU's [`FitOutput`].
+    pub fn fit(&self, t: usize) -> FitOutput {
+        let w = &self.fits[t * FIT_WORDS..(t + 1) * FIT_WORDS];
+        let f = |i: usize| f64::from(f32::from_bits(w[i]));
+        FitOutput {
+            state: std::array::from_fn(f),
+            cov: std::array::from_fn(|i| f(5 + i)),
+            z_mm: f(20),
+            chi2: f(21),
+            ndf: w[22].min(u16::MAX as u32) as u16,
+            ok: w[23] != 0,
+        }
+    }
+}
+
 /// One accepted track read back: its hits as the event's input indices, upstream first
 /// (as the CPU's `Reconstructor` writes them), and its fit.
 #[derive(Debug, Clone, Default)]
@@ -621,6 +670,8 @@ struct Kernels {
     candidates_order: CudaFunction,
     candidates_chains: CudaFunction,
     candidates: CudaFunction,
+    tracks_count: CudaFunction,
+    tracks_pack: CudaFunction,
 }
 
 /// A pass's tables on the device (reach-dependent windows and cuts; see [`CaTables`]).
@@ -788,6 +839,15 @@ struct Arenas {
     n_cand: DeviceBuffer<u32>,
     n_cand_hits: DeviceBuffer<u32>,
     n_accepted: DeviceBuffer<u32>,
+    /// The tracks out (ca_tracks.cu): per event tracks and hits, and where they start in
+    /// the packed arrays; per track (first hit, length), its fit, and the hits.
+    trk_n: DeviceBuffer<u32>,
+    trk_hits: DeviceBuffer<u32>,
+    trk_base: DeviceBuffer<u32>,
+    trk_hit_base: DeviceBuffer<u32>,
+    out_tracks: DeviceBuffer<[u32; 2]>,
+    out_fits: DeviceBuffer<u32>,
+    out_hits: DeviceBuffer<u32>,
     /// Dead ends: per doublet, continued by a kept triplet; per triplet, kept and its
     /// place among the kept; the kept triplets' second arrays.
     continues: DeviceBuffer<u32>,
@@ -868,6 +928,13 @@ impl Arenas {
             n_cand: u(e)?,
             n_cand_hits: u(e)?,
             n_accepted: u(e)?,
+            trk_n: u(e)?,
+            trk_hits: u(e)?,
+            trk_base: u(e)?,
+            trk_hit_base: u(e)?,
+            out_tracks: DeviceBuffer::new(ctx, l.max_candidates)?,
+            out_fits: u(l.max_candidates * FIT_WORDS)?,
+            out_hits: u(l.max_candidate_hits)?,
             continues: u(d)?,
             keep: u(t)?,
             koff: u(t)?,
@@ -903,6 +970,8 @@ pub struct GpuCaEngine {
     host_start: PinnedBuffer<u32>,
     /// The per-event summary read back after each batch.
     summary_host: PinnedBuffer<u32>,
+    /// The packed tracks of a batch, read back ([`Self::read_tracks`]).
+    tracks_host: TracksHost,
     limits: CaLimits,
     /// Events of the batch in the device buffers.
     n_events: usize,
@@ -1012,6 +1081,8 @@ impl GpuCaEngine {
             candidates_order: module.function("ca_candidates_order")?,
             candidates_chains: module.function("ca_candidates_chains")?,
             candidates: module.function("ca_candidates")?,
+            tracks_count: module.function("ca_tracks_count")?,
+            tracks_pack: module.function("ca_tracks_pack")?,
         };
         let fit = fitter.map(|f| FitDevice::new(&ctx, f)).transpose()?;
         let stream = driver("cuStreamCreate", ctx.new_stream())?;
@@ -1032,6 +1103,12 @@ impl GpuCaEngine {
             host_plane: PinnedBuffer::new(&ctx, limits.max_hits)?,
             host_start: PinnedBuffer::new(&ctx, limits.max_events + 1)?,
             summary_host: PinnedBuffer::new(&ctx, 7 * limits.max_events + 8)?,
+            tracks_host: TracksHost {
+                counts: PinnedBuffer::new(&ctx, 4 * limits.max_events)?,
+                tracks: PinnedBuffer::new(&ctx, limits.max_candidates)?,
+                fits: PinnedBuffer::new(&ctx, limits.max_candidates * FIT_WORDS)?,
+                hits: PinnedBuffer::new(&ctx, limits.max_candidate_hits)?,
+            },
             kernels_from_cache: module.from_cache,
             kernel_load_ms: module.load_ms,
             _module: module,
@@ -1209,6 +1286,8 @@ impl GpuCaEngine {
             "ca_candidates_order" => &self.k.candidates_order,
             "ca_candidates_chains" => &self.k.candidates_chains,
             "ca_candidates" => &self.k.candidates,
+            "ca_tracks_count" => &self.k.tracks_count,
+            "ca_tracks_pack" => &self.k.tracks_pack,
             "ca_event_scan" => &self.k.event_scan,
             "ca_event_budget" => &self.k.event_budget,
             "ca_bin_hits" => &self.k.bin_hits,
@@ -1699,6 +1778,105 @@ impl GpuCaEngine {
     /// Reads back the accepted tracks of event `e` of the last batch after
     /// [`Self::select_candidates`], in acceptance order, and its used flags per input hit
     /// (tests and comparison; not the hot path). `None` where the event failed.
+    /// Every event's accepted tracks of the last batch, packed on the device and read back
+    /// in one copy per array (the hot path's read-back; a failed event has none).
+    pub fn read_tracks(&mut self, out: &mut BatchTracks) -> Result<(), GpuError> {
+        out.first_track.clear();
+        out.track_hits.clear();
+        out.fits.clear();
+        out.hits.clear();
+        out.first_track.push(0);
+        if self.n_events == 0 {
+            return Ok(());
+        }
+        driver("cuCtxSetCurrent", self.ctx.bind_to_thread())?;
+        let r = self.pack_tracks(out);
+        if r.is_err() {
+            let _ = self.stream.synchronize();
+        }
+        r
+    }
+
+    fn pack_tracks(&mut self, out: &mut BatchTracks) -> Result<(), GpuError> {
+        use Arg::{Ptr, U32};
+        let e = self.n_events;
+        let (share_c, share_h) = self.limits.candidate_share(e);
+        let a = &self.a;
+        let p = |b: &DeviceBuffer<u32>| Ptr(b.ptr());
+        #[rustfmt::skip]
+        let count_args = [p(&a.failed), p(&a.n_accepted), p(&a.accepted), Ptr(a.cand.ptr()),
+            U32(share_c as u32), p(&a.trk_n), p(&a.trk_hits)];
+        // Placing the events cannot fail: an event's tracks are among its candidates.
+        let place = |total: &DeviceBuffer<u32>, base: &DeviceBuffer<u32>, cap: usize| {
+            [
+                p(total),
+                p(base),
+                p(&a.total),
+                p(&a.failed),
+                U32(e as u32),
+                U32(u32::MAX),
+                U32(cap.min(u32::MAX as usize) as u32),
+                U32(0),
+                p(&a.overflow),
+            ]
+        };
+        let place_t = place(&a.trk_n, &a.trk_base, self.limits.max_candidates);
+        let place_h = place(&a.trk_hits, &a.trk_hit_base, self.limits.max_candidate_hits);
+        #[rustfmt::skip]
+        let pack_args = [p(&a.failed), p(&a.n_accepted), p(&a.accepted), Ptr(a.cand.ptr()),
+            p(&a.cand_hits), p(&a.fits), U32(share_c as u32), U32(share_h as u32),
+            p(&a.trk_base), p(&a.trk_hit_base), Ptr(a.out_tracks.ptr()), p(&a.out_fits),
+            p(&a.out_hits)];
+        self.launch("ca_tracks_count", (1, e as u32), &count_args)?;
+        self.launch("ca_event_budget", (1, 1), &place_t)?;
+        self.launch("ca_event_budget", (1, 1), &place_h)?;
+        self.launch("ca_tracks_pack", (1, e as u32), &pack_args)?;
+        let h = &mut self.tracks_host;
+        for (k, src) in [
+            &self.a.trk_n,
+            &self.a.trk_hits,
+            &self.a.trk_base,
+            &self.a.trk_hit_base,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            // SAFETY: `e` words of the device buffer into the k-th quarter of `counts`
+            // (4 e words); read after the stream's synchronisation.
+            driver("cuMemcpyDtoHAsync", unsafe {
+                drv_sys::cuMemcpyDtoHAsync_v2(
+                    h.counts.as_mut_slice()[k * e..(k + 1) * e]
+                        .as_mut_ptr()
+                        .cast(),
+                    src.ptr(),
+                    e * 4,
+                    self.stream.cu_stream(),
+                )
+                .result()
+            })?;
+        }
+        driver("cuStreamSynchronize", self.stream.synchronize())?;
+        let c = h.counts.as_slice();
+        let (n, nh, base, hbase) = (&c[..e], &c[e..2 * e], &c[2 * e..3 * e], &c[3 * e..4 * e]);
+        let n_t = (base[e - 1] + n[e - 1]) as usize;
+        let n_h = (hbase[e - 1] + nh[e - 1]) as usize;
+        copy_to_host(&self.a.out_tracks, &h.tracks, n_t, &self.stream)?;
+        copy_to_host(&self.a.out_fits, &h.fits, n_t * FIT_WORDS, &self.stream)?;
+        copy_to_host(&self.a.out_hits, &h.hits, n_h, &self.stream)?;
+        driver("cuStreamSynchronize", self.stream.synchronize())?;
+        out.first_track.clear();
+        out.first_track.push(0);
+        for k in 0..e {
+            out.first_track.push(base[k] + n[k]);
+        }
+        out.track_hits
+            .extend_from_slice(&h.tracks.as_slice()[..n_t]);
+        out.fits
+            .extend_from_slice(&h.fits.as_slice()[..n_t * FIT_WORDS]);
+        out.hits.extend_from_slice(&h.hits.as_slice()[..n_h]);
+        Ok(())
+    }
+
     pub fn event_tracks(&self, e: usize) -> Result<Option<CaEventTracks>, GpuError> {
         if e >= self.n_events {
             return Err(GpuError::Config(format!(

@@ -1,0 +1,69 @@
+// The tracks out (what Reconstructor::write_tracks reads): every event's accepted tracks,
+// in acceptance order, packed one event after the other into three arrays that go to the
+// host in one copy each: per track its first hit in the packed hits and its length, its
+// fit (FIT_WORDS words), and the hits themselves (the event's input indices, upstream
+// first). ca_tracks_count totals each event's tracks and hits; ca_event_budget (with the
+// arenas' own sizes as capacity: the accepted tracks of an event are some of its
+// candidates, so nothing can overflow) places the events; ca_tracks_pack copies, a block
+// per event, each track's hits at its place from a block scan of the lengths.
+
+// Candidate records (ca_candidates.cu): start in the event's candidate hits, length,
+// chi2 bits, ndf.
+extern "C" __global__ void ca_tracks_count(const u32* __restrict__ failed,
+                                           const u32* __restrict__ n_accepted,
+                                           const u32* __restrict__ accepted,
+                                           const uint4* __restrict__ cand, u32 share_c,
+                                           u32* __restrict__ n_tracks,
+                                           u32* __restrict__ n_hits) {
+    int e = blockIdx.y;
+    u32 na = failed[e] ? 0u : n_accepted[e];
+    const u32* acc = accepted + (size_t)e * share_c;
+    const uint4* cd = cand + (size_t)e * share_c;
+    u32 sum = 0;
+    for (u32 k = threadIdx.x; k < na; k += CA_THREADS) sum += cd[acc[k]].y;
+    u32 total;
+    block_scan_inclusive(sum, &total);
+    if (threadIdx.x == 0) {
+        n_tracks[e] = na;
+        n_hits[e] = total;
+    }
+}
+
+extern "C" __global__ void ca_tracks_pack(const u32* __restrict__ failed,
+                                          const u32* __restrict__ n_accepted,
+                                          const u32* __restrict__ accepted,
+                                          const uint4* __restrict__ cand,
+                                          const u32* __restrict__ cand_hits,
+                                          const u32* __restrict__ fits, u32 share_c,
+                                          u32 share_h, const u32* __restrict__ trk_base,
+                                          const u32* __restrict__ hit_base,
+                                          uint2* __restrict__ out_tracks,
+                                          u32* __restrict__ out_fits,
+                                          u32* __restrict__ out_hits) {
+    int e = blockIdx.y;
+    if (failed[e]) return;
+    u32 na = n_accepted[e];
+    const u32* acc = accepted + (size_t)e * share_c;
+    const uint4* cd = cand + (size_t)e * share_c;
+    const u32* ch = cand_hits + (size_t)e * share_h;
+    const u32* fw = fits + (size_t)e * share_c * FIT_WORDS;
+    u32 tb = trk_base[e], carry = hit_base[e];
+    for (u32 c0 = 0; c0 < na; c0 += CA_THREADS) {
+        u32 k = c0 + threadIdx.x;
+        uint4 c = make_uint4(0, 0, 0, 0);
+        u32 cidx = 0;
+        if (k < na) {
+            cidx = acc[k];
+            c = cd[cidx];
+        }
+        u32 chunk;
+        u32 at = carry + block_scan_inclusive(c.y, &chunk) - c.y;
+        if (k < na) {
+            out_tracks[tb + k] = make_uint2(at, c.y);
+            for (u32 i = 0; i < c.y; i++) out_hits[at + i] = ch[c.x + i];
+            for (int w = 0; w < FIT_WORDS; w++)
+                out_fits[(size_t)(tb + k) * FIT_WORDS + w] = fw[(size_t)cidx * FIT_WORDS + w];
+        }
+        carry += chunk;
+    }
+}
