@@ -390,11 +390,20 @@ __device__ __forceinline__ bool maybe_used_in_chunk(const u32* bits, u32 h) {
 __device__ bool accept_candidate(const CandEvent& ev, const CandArenas& a, CandState& s, u32 k,
                                  const u32* hits, u32 len, u32* bits) {
     if (s.n_acc == s.max_tracks) return false;
-    for (u32 i = 0; i < len; i++) {
-        u32 h = hits[i];
-        ev.used[h] = 1u;
-        u32 b = h & 0xffffu;
-        bits[b >> 5] |= 1u << (b & 31);
+    // Eight hits at a time, their loads independent (one thread: latency, not work).
+    for (u32 i0 = 0; i0 < len; i0 += 8) {
+        u32 w[8];
+#pragma unroll
+        for (int q = 0; q < 8; q++) w[q] = i0 + q < len ? hits[i0 + q] : 0u;
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            if (i0 + q < len) {
+                u32 h = w[q];
+                ev.used[h] = 1u;
+                u32 b = h & 0xffffu;
+                atomicOr(&bits[b >> 5], 1u << (b & 31));
+            }
+        }
     }
     a.acc[s.n_acc++] = k;
     return true;
@@ -471,9 +480,18 @@ __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, cons
         u32 j = k - from;
         uint4 c = st.cand[j];
         const u32* hits = st.hits + j * MAX_CHAIN;
-        // Free: all its hits free at the chunk's start and none taken since.
+        // Free: all its hits free at the chunk's start and none taken since (the filter
+        // first, eight hits at a time; the used flags only where a bit is set).
         bool is_free = st.free0[j] == c.y;
-        for (u32 r = 0; is_free && r < c.y; r++) {
+        bool maybe = false;
+        for (u32 r0 = 0; is_free && r0 < c.y; r0 += 8) {
+            u32 w[8];
+#pragma unroll
+            for (int q = 0; q < 8; q++) w[q] = r0 + q < c.y ? hits[r0 + q] : hits[0];
+#pragma unroll
+            for (int q = 0; q < 8; q++) maybe |= maybe_used_in_chunk(st.bits, w[q]);
+        }
+        for (u32 r = 0; maybe && is_free && r < c.y; r++) {
             u32 h = hits[r];
             if (maybe_used_in_chunk(st.bits, h) && ev.used[h]) is_free = false;
         }
@@ -630,49 +648,53 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
         s_flen[tid] = f_at >= 0 ? flen + 1 : 0;
         __syncthreads();
         if (tid == 0) {
-            // The CPU's loop over the window, in order, with its limits.
+            // The CPU's loop over the window, in order, with its limits (the counters in
+            // registers).
+            CandState ls = s;
+            const u32 pending_from = s_pending_from;
             u32 j = 0;
             int close = 0;
             u32 lim_chits = hits_cap / 2;
             for (; j < CAND_THREADS && oi + j < n_order; j++) {
                 s_off[j] = ~0u;
                 s_foff[j] = ~0u;
-                if (s.n_cand == s.max_cand || s.n_hits + MAX_CHAIN > lim_chits) {
-                    s.failed = true;
+                if (ls.n_cand == ls.max_cand || ls.n_hits + MAX_CHAIN > lim_chits) {
+                    ls.failed = true;
                     j++;
                     break;
                 }
                 u32 l = s_len[j];
                 if (l > 0) {
-                    if (s.n_cand >= s.share_cand || s.n_hits + l > s.share_hits) {
-                        s.failed = true;
+                    if (ls.n_cand >= ls.share_cand || ls.n_hits + l > ls.share_hits) {
+                        ls.failed = true;
                         j++;
                         break;
                     }
-                    s_off[j] = s.n_hits;
-                    a.cand[s.n_cand++] = make_uint4(s.n_hits, l, 0u, 0u);
-                    s.n_hits += l;
+                    s_off[j] = ls.n_hits;
+                    a.cand[ls.n_cand++] = make_uint4(ls.n_hits, l, 0u, 0u);
+                    ls.n_hits += l;
                 }
                 u32 fl = s_flen[j];
-                if (fl > 0 && s.n_cand < s.max_cand && s.n_hits + MAX_CHAIN <= lim_chits &&
+                if (fl > 0 && ls.n_cand < ls.max_cand && ls.n_hits + MAX_CHAIN <= lim_chits &&
                     fl - 1 > 0) {
                     fl -= 1;
-                    if (s.n_cand >= s.share_cand || s.n_hits + fl > s.share_hits) {
-                        s.failed = true;
+                    if (ls.n_cand >= ls.share_cand || ls.n_hits + fl > ls.share_hits) {
+                        ls.failed = true;
                         j++;
                         break;
                     }
-                    s_foff[j] = s.n_hits;
-                    a.cand[s.n_cand++] = make_uint4(s.n_hits, fl, 0u, 0u);
-                    s.n_hits += fl;
+                    s_foff[j] = ls.n_hits;
+                    a.cand[ls.n_cand++] = make_uint4(ls.n_hits, fl, 0u, 0u);
+                    ls.n_hits += fl;
                 }
-                if (s.n_cand - s_pending_from >= CAND_CHUNK) {
+                if (ls.n_cand - pending_from >= CAND_CHUNK) {
                     close = 1;
                     j++;
                     break;
                 }
             }
-            if (!close && oi + j >= n_order && s.n_cand > s_pending_from) close = 1;
+            if (!close && oi + j >= n_order && ls.n_cand > pending_from) close = 1;
+            s = ls;
             s_consumed = j;
             s_close = close;
         }
@@ -693,8 +715,11 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
             u32 m = s.n_cand - s_pending_from;
             stage_chunk(ev, a, s_pending_from, m, st);
             if (tid == 0) {
-                if (!choose_candidates(ev, a, T, s, s_pending_from, m, st)) s.failed = true;
-                s_pending_from = s.n_cand;
+                // The counters in registers while one thread works through the chunk.
+                CandState ls = s;
+                if (!choose_candidates(ev, a, T, ls, s_pending_from, m, st)) ls.failed = true;
+                s = ls;
+                s_pending_from = ls.n_cand;
             }
             __syncthreads();
             if (s.failed) break;

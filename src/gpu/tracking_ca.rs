@@ -147,8 +147,6 @@ const CAND_THREADS: u32 = 64;
 /// Words per fit in the fit arena (FIT_WORDS in ca_candidates.cu, the fit kernel's
 /// output words).
 const FIT_WORDS: usize = super::tracking_fit::OUT_WORDS;
-/// The longest candidate (MAX_CHAIN in ca_candidates.cu and candidates.rs).
-const MAX_CHAIN: usize = crate::tracking::kalman::MAX_PLANES;
 
 // Table layouts (ca_common.cuh).
 const PLF: usize = 32;
@@ -1707,7 +1705,7 @@ impl GpuCaEngine {
             return Ok(());
         }
         // As extract_and_select: at least three hits, end triplets of level min_hits - 2.
-        let min_hits = min_hits.clamp(3, MAX_CHAIN);
+        let min_hits = min_hits.clamp(3, u32::MAX as usize);
         let min_level = (min_hits - 2) as u32;
         let lim = &self.tables().limits;
         let to_u32 = |v: usize| v.min(u32::MAX as usize) as u32;
@@ -2165,6 +2163,27 @@ mod tests {
             &[t0[0], t0[1], inv[0], inv[1]]
         );
         assert_eq!(t.tents[k * TENT_FLOATS + 4 + 3 * 20 + 1], b[20][1]);
+    }
+
+    #[test]
+    fn the_candidate_kernels_constants_are_the_cpus() {
+        use crate::tracking::ca::candidates::{CHUNK, FORK_CHI2, MAX_CHAIN};
+        let src = STEPS[6];
+        let def = |name: &str| -> String {
+            let prefix = format!("#define {name} ");
+            let line = src
+                .lines()
+                .find(|l| l.starts_with(&prefix))
+                .unwrap_or_else(|| panic!("{name} is not defined in ca_candidates.cu"));
+            line[prefix.len()..].trim().to_string()
+        };
+        assert_eq!(def("CAND_CHUNK"), CHUNK.to_string());
+        assert_eq!(def("MAX_CHAIN"), MAX_CHAIN.to_string());
+        assert_eq!(def("FORK_CHI2"), format!("{FORK_CHI2:.1}f"));
+        assert_eq!(def("FIT_WORDS"), FIT_WORDS.to_string());
+        assert_eq!(def("CAND_THREADS"), CAND_THREADS.to_string());
+        // A window of end triplets is one per thread and fills at most a chunk.
+        assert_eq!(CAND_THREADS as usize, CHUNK);
     }
 
     #[test]

@@ -25,7 +25,7 @@ fn total_key(x: f32) -> u32 {
 }
 
 /// Number of candidates fitted together before the greedy choice among them.
-const CHUNK: usize = 64;
+pub(crate) const CHUNK: usize = 64;
 
 /// Extracts, fits and chooses candidates in one greedy pass: end triplets (nobody's left
 /// neighbour, level high enough for `min_hits`) ordered by level (longest first) then kink
@@ -135,12 +135,12 @@ pub fn extract_and_select(
 }
 
 /// Longest chain a candidate can have (one hit per plane).
-const MAX_CHAIN: usize = crate::tracking::kalman::MAX_PLANES;
+pub(crate) const MAX_CHAIN: usize = crate::tracking::kalman::MAX_PLANES;
 
 /// Left neighbours whose kink chi-squares differ by less than this are as good as each
 /// other (about one standard deviation of the difference of two chi-squares of two degrees
 /// of freedom): the chain is built through both.
-const FORK_CHI2: f32 = 2.0;
+pub(crate) const FORK_CHI2: f32 = 2.0;
 
 /// Builds the chain ending with triplet `t` into `buf.candidate_hits` (upstream first),
 /// following the left neighbour of one level lower with the best kink chi-square, except
