@@ -57,19 +57,25 @@ fn key(tracks: &[Track]) -> Vec<(Vec<u32>, u32)> {
     v
 }
 
-/// CPU events per second on `threads` threads (one finder each).
+/// CPU events per second on `threads` threads (one finder each, built and warmed up on
+/// one event before the clock starts; the threads start together).
 fn cpu_rate(det: &Detector, cfg: &FinderConfig, events: &[Vec<HitRecord>], threads: usize) -> f64 {
-    let t0 = Instant::now();
-    std::thread::scope(|s| {
+    let start = std::sync::Barrier::new(threads + 1);
+    let t0 = std::thread::scope(|s| {
         for k in 0..threads {
+            let start = &start;
             s.spawn(move || {
                 let mut reco = Reconstructor::new(det, cfg.clone());
                 let mut out = Vec::new();
+                reco.reconstruct(&events[0], &mut out);
+                start.wait();
                 for ev in events.iter().skip(k).step_by(threads) {
                     reco.reconstruct(ev, &mut out);
                 }
             });
         }
+        start.wait();
+        Instant::now()
     });
     events.len() as f64 / t0.elapsed().as_secs_f64()
 }
@@ -120,7 +126,9 @@ fn main() {
                 .map(|e| e.hits)
                 .collect();
             let hits: usize = events.iter().map(Vec::len).sum();
-            let one = cpu_rate(&det, &cfg, &events[..events.len().min(64)], 1);
+            // One core: a quarter of the events (at least 32).
+            let n_one = (events.len() / 4).max(32);
+            let one = cpu_rate(&det, &cfg, &events[..events.len().min(n_one)], 1);
             let all = cpu_rate(&det, &cfg, &events, cores);
             let limits = TrackerLimits::for_batch(&cfg, launch);
             let mut tracker = GpuTracker::new(dev, &det, &cfg, limits).expect("tracker");
@@ -129,14 +137,16 @@ fn main() {
             let mut reco = Reconstructor::new(&det, cfg.clone());
             let mut cpu_tracks = Vec::new();
             let (mut equal, mut handed_back, mut n_tracks) = (0, 0, 0);
+            let mut steps: std::collections::BTreeMap<&str, usize> = Default::default();
             for chunk in events.chunks(launch) {
                 let views: Vec<&[HitRecord]> = chunk.iter().map(Vec::as_slice).collect();
                 tracker
                     .reconstruct_batch(&views, &mut out, &mut back)
                     .expect("launch");
                 for (k, ev) in chunk.iter().enumerate() {
-                    if back[k].is_some() {
+                    if let Some(step) = back[k] {
                         handed_back += 1;
+                        *steps.entry(step).or_default() += 1;
                         continue;
                     }
                     reco.reconstruct(ev, &mut cpu_tracks);
@@ -161,7 +171,7 @@ fn main() {
             let gpu = (rounds * events.len()) as f64 / t0.elapsed().as_secs_f64();
             let what = format!("{name} {preset:?}");
             println!(
-                "{what}: {} events, {:.0} hits/event, {:.1} tracks/event; agreement {equal}/{} events equal ({handed_back} handed back)",
+                "{what}: {} events, {:.0} hits/event, {:.1} tracks/event; agreement {equal}/{} events equal ({handed_back} handed back: {steps:?})",
                 events.len(),
                 hits as f64 / events.len() as f64,
                 n_tracks as f64 / (events.len() - handed_back).max(1) as f64,
@@ -171,13 +181,13 @@ fn main() {
                 stages.iter().map(f).sum::<f64>() / stages.len() as f64
             };
             println!(
-                "{what}: launch of {launch}: stages ms first pass {:.3}, candidates {:.3}, later pass {:.3}, candidates {:.3}, tracks back {:.3}, clones {:.3}",
+                "{what}: launch of {launch}: stages ms first pass {:.3}, candidates {:.3}, later pass {:.3}, candidates {:.3}, tracks packed, clones marked and read back {:.3}, tracks written {:.3}",
                 mean(|t| t.first_pass_ms),
                 mean(|t| t.first_candidates_ms),
                 mean(|t| t.later_pass_ms),
                 mean(|t| t.later_candidates_ms),
                 mean(|t| t.readback_ms),
-                mean(|t| t.clones_ms),
+                mean(|t| t.write_ms),
             );
             table.push(format!(
                 "| {what} | {launch} | {:.0} | {:.0} | {:.0} | {:.0}x | {:.1}x | {:.2} / {:.2} |",

@@ -67,3 +67,54 @@ extern "C" __global__ void ca_tracks_pack(const u32* __restrict__ failed,
         carry += chunk;
     }
 }
+
+// The packed tracks in the layout of the clone step (kernels/ca_clones.cu): per event its
+// first track, per track its first hit, per hit its plane and position (from the event's
+// input hits), per track its fit in double precision (z, state, covariance: the fit's
+// single-precision values, exact in double, as the CPU's FitOutput holds them). One block
+// per event; the last event's block writes the closing offsets.
+#define CLONE_FIT_WORDS 21
+extern "C" __global__ void ca_tracks_clone_input(u32 n_events, const u32* __restrict__ failed,
+                                                 const u32* __restrict__ trk_n,
+                                                 const u32* __restrict__ trk_base,
+                                                 const u32* __restrict__ trk_hits,
+                                                 const u32* __restrict__ trk_hit_base,
+                                                 const u32* __restrict__ hit_start,
+                                                 const float* __restrict__ in_x,
+                                                 const float* __restrict__ in_y,
+                                                 const u32* __restrict__ in_plane,
+                                                 const uint2* __restrict__ out_tracks,
+                                                 const u32* __restrict__ out_fits,
+                                                 const u32* __restrict__ out_hits,
+                                                 u32* __restrict__ event_start,
+                                                 u32* __restrict__ track_hit_start,
+                                                 u32* __restrict__ hit_plane,
+                                                 float* __restrict__ hit_x,
+                                                 float* __restrict__ hit_y,
+                                                 double* __restrict__ fits) {
+    u32 e = blockIdx.y;
+    u32 tb = trk_base[e], nt = failed[e] ? 0u : trk_n[e];
+    u32 hb = trk_hit_base[e], nh = failed[e] ? 0u : trk_hits[e];
+    if (threadIdx.x == 0) {
+        event_start[e] = tb;
+        if (e + 1 == n_events) {
+            event_start[n_events] = tb + nt;
+            track_hit_start[tb + nt] = hb + nh;
+        }
+    }
+    u32 s = hit_start[e];
+    for (u32 k = threadIdx.x; k < nt; k += CA_THREADS) {
+        u32 t = tb + k;
+        track_hit_start[t] = out_tracks[t].x;
+        const u32* w = out_fits + (size_t)t * FIT_WORDS;
+        double* f = fits + (size_t)t * CLONE_FIT_WORDS;
+        f[0] = (double)__uint_as_float(w[20]);
+        for (int i = 0; i < 20; i++) f[1 + i] = (double)__uint_as_float(w[i]);
+    }
+    for (u32 i = threadIdx.x; i < nh; i += CA_THREADS) {
+        u32 h = s + out_hits[hb + i];
+        hit_plane[hb + i] = in_plane[h];
+        hit_x[hb + i] = in_x[h];
+        hit_y[hb + i] = in_y[h];
+    }
+}

@@ -9,9 +9,11 @@
 //!    chosen with each hit used once ([`GpuCaEngine::select_candidates`]);
 //! 2. the later pass over missing planes on the hits the first left
 //!    ([`GpuCaEngine::run_pass`]), its candidates appended;
-//! 3. clone suppression ([`GpuCloneEngine`]) on the accepted tracks;
-//! 4. the tracks (hits as the event's input indices, fitted state, covariance,
-//!    chi-square) come back to the host, where the trigger lines run on them.
+//! 3. the accepted tracks packed on the device, one event after the other
+//!    ([`GpuCaEngine::read_tracks`]), clone suppression ([`GpuCloneEngine`]) on them in
+//!    place, and the tracks (hits as the event's input indices, fitted state,
+//!    covariance, chi-square) and clone marks back to the host in one copy per array,
+//!    where the trigger lines run on the tracks kept.
 //!
 //! A finder configured for one pass (no missing plane allowed, or a first pass that could
 //! not make a track) runs step 1 with the pass's reach and `min_hits`, as the CPU.
@@ -25,17 +27,13 @@
 use crate::frame::HitRecord;
 use crate::gpu::nvrtc::KernelCache;
 use crate::gpu::tracking_ca::{BatchTracks, CaLimits, GpuCaEngine, PassOptions};
-use crate::gpu::tracking_clones::{CloneEngineConfig, CloneLimits, CloneTrack, GpuCloneEngine};
+use crate::gpu::tracking_clones::{CloneEngineConfig, CloneLimits, GpuCloneEngine};
 use crate::gpu::{GpuDevice, GpuError};
 use crate::tracking::ca::{FinderGeometry, MAX_REACH};
 use crate::tracking::geometry::Detector;
-use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter};
+use crate::tracking::kalman::KalmanFitter;
 use crate::tracking::reco::FinderConfig;
 use crate::tracking::track::Track;
-
-/// Most accepted tracks of one event the clone step takes (central events have some
-/// 2,000): an event with more is handed back to the CPU (step `tracks`).
-const CLONE_TRACKS_PER_EVENT: usize = 4096;
 
 /// The sizes a tracker is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,9 +71,11 @@ pub struct TrackerTimes {
     pub first_candidates_ms: f64,
     pub later_pass_ms: f64,
     pub later_candidates_ms: f64,
-    /// The accepted tracks back to the host.
+    /// The accepted tracks packed, their clones marked (on the device), both back to the
+    /// host.
     pub readback_ms: f64,
-    pub clones_ms: f64,
+    /// The caller's tracks written from them.
+    pub write_ms: f64,
 }
 
 /// How the CPU finder runs its passes, from its configuration (as
@@ -118,12 +118,8 @@ pub struct GpuTracker {
     clones: Option<GpuCloneEngine>,
     passes: Passes,
     limits: TrackerLimits,
-    /// The accepted tracks of the last launch, before clone suppression, their fits and
-    /// hits (in the packed order).
+    /// The accepted tracks of the last launch and their clone marks.
     batch: BatchTracks,
-    fits: Vec<FitOutput>,
-    fit_hits: Vec<FitHit>,
-    marks: Vec<bool>,
     times: TrackerTimes,
 }
 
@@ -161,9 +157,11 @@ impl GpuTracker {
                 &geo,
                 cfg,
                 CloneEngineConfig {
+                    // It compares the tracks packed on the device: as many as the
+                    // candidate arenas hold.
                     limits: CloneLimits {
                         max_events: limits.max_events,
-                        max_tracks_per_event: cfg.limits.max_tracks.min(CLONE_TRACKS_PER_EVENT),
+                        max_tracks_per_event: limits.ca.max_candidates.div_ceil(limits.max_events),
                         max_hits_per_track: n_planes,
                     },
                     cache,
@@ -178,9 +176,6 @@ impl GpuTracker {
             passes,
             limits,
             batch: BatchTracks::default(),
-            fits: Vec::new(),
-            fit_hits: Vec::new(),
-            marks: Vec::new(),
             times: TrackerTimes::default(),
         })
     }
@@ -257,109 +252,31 @@ impl GpuTracker {
             summary = self.ca.select_candidates(p.min_hits, true)?;
             times.later_candidates_ms = lap();
         }
-        // The accepted tracks back, then the clones marked.
-        self.ca.read_tracks(&mut self.batch)?;
-        for e in 0..n {
-            if let Some(step) = summary.failed[e] {
-                back[e] = Some(step.name());
-            } else if self.batch.tracks_of(e).len() > CLONE_TRACKS_PER_EVENT {
-                back[e] = Some("tracks");
-            }
-        }
+        // The accepted tracks packed, their clones marked, both read back.
+        self.ca.read_tracks(self.clones.as_ref(), &mut self.batch)?;
         times.readback_ms = lap();
-        self.mark_clones(events, back)?;
-        times.clones_ms = lap();
-        self.times = times;
+        let b = &self.batch;
         for e in 0..n {
             let tracks = &mut out[e];
-            tracks.clear();
-            if back[e].is_some() {
+            if let Some(step) = summary.failed[e] {
+                back[e] = Some(step.name());
+                tracks.clear();
                 continue;
             }
-            for t in self.batch.tracks_of(e) {
-                if self.marks[t] {
-                    continue;
+            // The event's `Track`s and their hit vectors are reused.
+            let kept = b.tracks_of(e).filter(|&t| !b.clone[t]);
+            let mut w = 0;
+            for t in kept {
+                if w == tracks.len() {
+                    tracks.push(Track::default());
                 }
-                let mut track = Track {
-                    hits: self.batch.hits_of(t).to_vec(),
-                    ..Track::default()
-                };
-                self.fits[t].write_track(&mut track);
-                tracks.push(track);
+                b.write_track(t, &mut tracks[w]);
+                w += 1;
             }
+            tracks.truncate(w);
         }
-        Ok(())
-    }
-
-    /// Marks the clones among the accepted tracks of every event not handed back
-    /// (`self.marks`, one per packed track; the others false).
-    fn mark_clones(
-        &mut self,
-        events: &[&[HitRecord]],
-        back: &[Option<&'static str>],
-    ) -> Result<(), GpuError> {
-        let b = &self.batch;
-        let n_tracks = b.track_hits.len();
-        self.marks.clear();
-        self.marks.resize(n_tracks, false);
-        self.fits.clear();
-        self.fits.extend((0..n_tracks).map(|t| b.fit(t)));
-        let Some(engine) = self.clones.as_mut() else {
-            return Ok(());
-        };
-        self.fit_hits.clear();
-        for (e, ev) in events.iter().enumerate() {
-            for &h in &b.hits[b
-                .track_hits
-                .get(b.first_track[e] as usize)
-                .map_or(0, |t| t[0]) as usize
-                ..b.track_hits
-                    .get(b.first_track[e + 1] as usize)
-                    .map_or(b.hits.len(), |t| t[0] as usize)]
-            {
-                let r = &ev[h as usize];
-                self.fit_hits.push(FitHit {
-                    plane: r.plane,
-                    x_mm: r.x_mm,
-                    y_mm: r.y_mm,
-                });
-            }
-        }
-        let tracks: Vec<CloneTrack<'_>> = (0..n_tracks)
-            .map(|t| {
-                let [at, len] = b.track_hits[t];
-                CloneTrack {
-                    hits: &self.fit_hits[at as usize..at as usize + len as usize],
-                    fit: &self.fits[t],
-                }
-            })
-            .collect();
-        let views: Vec<&[CloneTrack<'_>]> = (0..events.len())
-            .map(|e| {
-                if back[e].is_some() {
-                    &tracks[..0]
-                } else {
-                    &tracks[b.tracks_of(e)]
-                }
-            })
-            .collect();
-        let mut marks = std::mem::take(&mut self.marks);
-        let r = engine
-            .mark_batch(&views, &mut marks)
-            .map_err(|e| GpuError::Config(format!("clone suppression: {e}")));
-        // `marks` holds the tracks of the events compared, in order: spread them back.
-        let compared = marks;
-        self.marks.clear();
-        self.marks.resize(n_tracks, false);
-        r?;
-        let mut k = 0;
-        for (e, v) in views.iter().enumerate() {
-            let first = b.first_track[e] as usize;
-            for i in 0..v.len() {
-                self.marks[first + i] = compared[k];
-                k += 1;
-            }
-        }
+        times.write_ms = lap();
+        self.times = times;
         Ok(())
     }
 }

@@ -113,6 +113,7 @@ use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaFunction, C
 
 use super::nvrtc::{load_module_with_options, KernelCache, LoadedModule};
 use super::runtime::{copy_to_device, copy_to_host, DeviceBuffer, PinnedBuffer};
+use super::tracking_clones::{BatchShape as CloneShape, DeviceCloneBatch, GpuCloneEngine};
 use super::tracking_fit::FitTables;
 use super::{driver, GpuDevice, GpuError};
 use crate::frame::HitRecord;
@@ -454,7 +455,11 @@ struct TracksHost {
     tracks: PinnedBuffer<[u32; 2]>,
     fits: PinnedBuffer<u32>,
     hits: PinnedBuffer<u32>,
+    marks: PinnedBuffer<u32>,
 }
+
+/// Doubles per track of the clone step's fits.
+const CLONE_FIT_WORDS: usize = super::tracking_clones::FIT_WORDS;
 
 /// The accepted tracks of every event of a batch, packed ([`GpuCaEngine::read_tracks`]):
 /// event `e`'s tracks are `first_track[e]..first_track[e + 1]`; track `t`'s hits (the
@@ -466,6 +471,8 @@ pub struct BatchTracks {
     pub track_hits: Vec<[u32; 2]>,
     pub fits: Vec<u32>,
     pub hits: Vec<u32>,
+    /// Per track: marked a clone by the clone step (all false without one).
+    pub clone: Vec<bool>,
 }
 
 impl BatchTracks {
@@ -478,6 +485,28 @@ impl BatchTracks {
     pub fn hits_of(&self, t: usize) -> &[u32] {
         let [at, len] = self.track_hits[t];
         &self.hits[at as usize..at as usize + len as usize]
+    }
+
+    /// Writes track `t`'s hits and fit into `track` (as the CPU's
+    /// [`FitOutput::write_track`]: the fit's single-precision values as they are).
+    pub fn write_track(&self, t: usize, track: &mut crate::tracking::track::Track) {
+        track.hits.clear();
+        track.hits.extend_from_slice(self.hits_of(t));
+        let w = &self.fits[t * FIT_WORDS..(t + 1) * FIT_WORDS];
+        let f = |i: usize| f32::from_bits(w[i]);
+        track.state = crate::tracking::track::TrackState {
+            z_mm: f(20),
+            x_mm: f(0),
+            y_mm: f(1),
+            tx: f(2),
+            ty: f(3),
+            qop: f(4),
+        };
+        for i in 0..15 {
+            track.cov[i] = f(5 + i);
+        }
+        track.chi2 = f(21);
+        track.ndf = w[22].min(u16::MAX as u32) as u16;
     }
 
     /// The fit of track `t`, as the CPU's [`FitOutput`].
@@ -670,6 +699,7 @@ struct Kernels {
     candidates: CudaFunction,
     tracks_count: CudaFunction,
     tracks_pack: CudaFunction,
+    tracks_clone_input: CudaFunction,
 }
 
 /// A pass's tables on the device (reach-dependent windows and cuts; see [`CaTables`]).
@@ -846,6 +876,15 @@ struct Arenas {
     out_tracks: DeviceBuffer<[u32; 2]>,
     out_fits: DeviceBuffer<u32>,
     out_hits: DeviceBuffer<u32>,
+    /// The packed tracks as the clone step takes them (kernels/ca_clones.cu), and its
+    /// marks.
+    cl_event_start: DeviceBuffer<u32>,
+    cl_track_hit_start: DeviceBuffer<u32>,
+    cl_plane: DeviceBuffer<u32>,
+    cl_x: DeviceBuffer<f32>,
+    cl_y: DeviceBuffer<f32>,
+    cl_fits: DeviceBuffer<f64>,
+    cl_marks: DeviceBuffer<u32>,
     /// Dead ends: per doublet, continued by a kept triplet; per triplet, kept and its
     /// place among the kept; the kept triplets' second arrays.
     continues: DeviceBuffer<u32>,
@@ -933,6 +972,13 @@ impl Arenas {
             out_tracks: DeviceBuffer::new(ctx, l.max_candidates)?,
             out_fits: u(l.max_candidates * FIT_WORDS)?,
             out_hits: u(l.max_candidate_hits)?,
+            cl_event_start: u(e + 1)?,
+            cl_track_hit_start: u(l.max_candidates + 1)?,
+            cl_plane: u(l.max_candidate_hits)?,
+            cl_x: f(l.max_candidate_hits)?,
+            cl_y: f(l.max_candidate_hits)?,
+            cl_fits: DeviceBuffer::new(ctx, l.max_candidates * CLONE_FIT_WORDS)?,
+            cl_marks: u(l.max_candidates)?,
             continues: u(d)?,
             keep: u(t)?,
             koff: u(t)?,
@@ -1081,6 +1127,7 @@ impl GpuCaEngine {
             candidates: module.function("ca_candidates")?,
             tracks_count: module.function("ca_tracks_count")?,
             tracks_pack: module.function("ca_tracks_pack")?,
+            tracks_clone_input: module.function("ca_tracks_clone_input")?,
         };
         let fit = fitter.map(|f| FitDevice::new(&ctx, f)).transpose()?;
         let stream = driver("cuStreamCreate", ctx.new_stream())?;
@@ -1106,6 +1153,7 @@ impl GpuCaEngine {
                 tracks: PinnedBuffer::new(&ctx, limits.max_candidates)?,
                 fits: PinnedBuffer::new(&ctx, limits.max_candidates * FIT_WORDS)?,
                 hits: PinnedBuffer::new(&ctx, limits.max_candidate_hits)?,
+                marks: PinnedBuffer::new(&ctx, limits.max_candidates)?,
             },
             kernels_from_cache: module.from_cache,
             kernel_load_ms: module.load_ms,
@@ -1286,6 +1334,7 @@ impl GpuCaEngine {
             "ca_candidates" => &self.k.candidates,
             "ca_tracks_count" => &self.k.tracks_count,
             "ca_tracks_pack" => &self.k.tracks_pack,
+            "ca_tracks_clone_input" => &self.k.tracks_clone_input,
             "ca_event_scan" => &self.k.event_scan,
             "ca_event_budget" => &self.k.event_budget,
             "ca_bin_hits" => &self.k.bin_hits,
@@ -1778,7 +1827,14 @@ impl GpuCaEngine {
     /// (tests and comparison; not the hot path). `None` where the event failed.
     /// Every event's accepted tracks of the last batch, packed on the device and read back
     /// in one copy per array (the hot path's read-back; a failed event has none).
-    pub fn read_tracks(&mut self, out: &mut BatchTracks) -> Result<(), GpuError> {
+    /// With `clones`, the clone step runs on the packed tracks on the device too and
+    /// `out.clone` holds its marks.
+    pub fn read_tracks(
+        &mut self,
+        clones: Option<&GpuCloneEngine>,
+        out: &mut BatchTracks,
+    ) -> Result<(), GpuError> {
+        out.clone.clear();
         out.first_track.clear();
         out.track_hits.clear();
         out.fits.clear();
@@ -1788,14 +1844,21 @@ impl GpuCaEngine {
             return Ok(());
         }
         driver("cuCtxSetCurrent", self.ctx.bind_to_thread())?;
-        let r = self.pack_tracks(out);
+        let r = self.pack_tracks(clones, out);
         if r.is_err() {
             let _ = self.stream.synchronize();
+            if let Some(c) = clones {
+                let _ = c.stream().synchronize();
+            }
         }
         r
     }
 
-    fn pack_tracks(&mut self, out: &mut BatchTracks) -> Result<(), GpuError> {
+    fn pack_tracks(
+        &mut self,
+        clones: Option<&GpuCloneEngine>,
+        out: &mut BatchTracks,
+    ) -> Result<(), GpuError> {
         use Arg::{Ptr, U32};
         let e = self.n_events;
         let (share_c, share_h) = self.limits.candidate_share(e);
@@ -1854,10 +1917,42 @@ impl GpuCaEngine {
             })?;
         }
         driver("cuStreamSynchronize", self.stream.synchronize())?;
-        let c = h.counts.as_slice();
+        // A few words per event: copied out of the pinned buffer.
+        let c = h.counts.as_slice()[..4 * e].to_vec();
         let (n, nh, base, hbase) = (&c[..e], &c[e..2 * e], &c[2 * e..3 * e], &c[3 * e..4 * e]);
         let n_t = (base[e - 1] + n[e - 1]) as usize;
         let n_h = (hbase[e - 1] + nh[e - 1]) as usize;
+        if let (Some(engine), true) = (clones, n_t > 0) {
+            use Arg::{Ptr, U32};
+            let a = &self.a;
+            let p = |b: &DeviceBuffer<u32>| Ptr(b.ptr());
+            let pf = |b: &DeviceBuffer<f32>| Ptr(b.ptr());
+            #[rustfmt::skip]
+            let args = [U32(e as u32), p(&a.failed), p(&a.trk_n), p(&a.trk_base), p(&a.trk_hits),
+                p(&a.trk_hit_base), p(&a.hit_start), pf(&a.in_x), pf(&a.in_y), p(&a.in_plane),
+                Ptr(a.out_tracks.ptr()), p(&a.out_fits), p(&a.out_hits), p(&a.cl_event_start),
+                p(&a.cl_track_hit_start), p(&a.cl_plane), pf(&a.cl_x), pf(&a.cl_y),
+                Ptr(a.cl_fits.ptr())];
+            self.launch("ca_tracks_clone_input", (1, e as u32), &args)?;
+            driver("cuStreamSynchronize", self.stream.synchronize())?;
+            let a = &self.a;
+            engine.launch(&DeviceCloneBatch {
+                shape: CloneShape {
+                    n_events: e,
+                    n_tracks: n_t,
+                    n_hits: n_h,
+                },
+                event_start: &a.cl_event_start,
+                track_hit_start: &a.cl_track_hit_start,
+                hit_plane: &a.cl_plane,
+                hit_x: &a.cl_x,
+                hit_y: &a.cl_y,
+                fits: &a.cl_fits,
+                marks: &a.cl_marks,
+            })?;
+            copy_to_host(&a.cl_marks, &self.tracks_host.marks, n_t, engine.stream())?;
+        }
+        let h = &mut self.tracks_host;
         copy_to_host(&self.a.out_tracks, &h.tracks, n_t, &self.stream)?;
         copy_to_host(&self.a.out_fits, &h.fits, n_t * FIT_WORDS, &self.stream)?;
         copy_to_host(&self.a.out_hits, &h.hits, n_h, &self.stream)?;
@@ -1872,6 +1967,14 @@ impl GpuCaEngine {
         out.fits
             .extend_from_slice(&h.fits.as_slice()[..n_t * FIT_WORDS]);
         out.hits.extend_from_slice(&h.hits.as_slice()[..n_h]);
+        if let Some(engine) = clones {
+            if n_t > 0 {
+                driver("cuStreamSynchronize", engine.stream().synchronize())?;
+                out.clone
+                    .extend(h.marks.as_slice()[..n_t].iter().map(|&m| m != 0));
+            }
+        }
+        out.clone.resize(n_t, false);
         Ok(())
     }
 
