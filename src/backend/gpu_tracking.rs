@@ -1,7 +1,7 @@
 //! The tracking workload on the GPU behind the backend trait: every frame's hits go up in
 //! one batch, the device finds and fits the tracks ([`crate::gpu::tracking::GpuTracker`]),
 //! and the host runs the trigger lines on the tracks that come back, with the same
-//! [`Decider`] as the CPU backend, so both decide alike from the same tracks.
+//! `Decider` as the CPU backend, so both decide alike from the same tracks.
 //!
 //! An event the device cannot take whole (a step's per-event limit or the batch's arena
 //! exceeded) comes back marked; it is counted in `trigd_tracking_overflow_total{step}` and

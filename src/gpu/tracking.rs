@@ -47,12 +47,19 @@ pub struct TrackerLimits {
 }
 
 impl TrackerLimits {
-    /// Arenas for launches of up to `max_events` events (at most 512; the arenas are
-    /// [`CaLimits::default`]'s, about 2 GiB, whatever the events).
+    /// Arenas for launches of up to `max_events` events (at most 512): those of
+    /// [`CaLimits::default`] with twice the doublets, triplets and neighbour links (the
+    /// later pass over missing planes makes more doublets per event than the first: 128
+    /// central events of the dipole spectrometer need some 17 Mi), about 4 GiB whatever
+    /// the events; an event beyond what is left is handed back.
     pub fn for_batch(_cfg: &FinderConfig, max_events: usize) -> Self {
+        let d = CaLimits::default();
         let ca = CaLimits {
             max_events: max_events.clamp(1, 512),
-            ..CaLimits::default()
+            max_doublets: 2 * d.max_doublets,
+            max_triplets: 2 * d.max_triplets,
+            max_neighbours: 2 * d.max_neighbours,
+            ..d
         };
         TrackerLimits {
             max_events: ca.max_events,

@@ -12,9 +12,13 @@
 //! for index. Then, on those arrays, the candidate step of the pass
 //! ([`GpuCaEngine::select_candidates`], `ca_candidates.cu`), as
 //! [`crate::tracking::ca::candidates::extract_and_select`] makes it: the same accepted
-//! tracks, in the same order, with the same fits and used hits. Clone suppression and the
-//! later pass on the hits left are the CPU's (see "What is left" below); the daemon's
-//! `--backend gpu` still answers that tracking runs on the CPU.
+//! tracks, in the same order, with the same fits and used hits. The first pass's dead
+//! ends (`ca_dead_ends.cu`, as [`crate::tracking::ca::triplets::prune_dead_ends`]) and a
+//! later pass on the hits the earlier one left ([`GpuCaEngine::run_pass`] with the tables
+//! of another reach: the doublet step skips the used hits, as the CPU) complete the
+//! finder's passes; [`GpuCaEngine::read_tracks`] packs every event's accepted tracks
+//! (`ca_tracks.cu`), runs clone suppression on them in place and reads them back.
+//! [`super::tracking::GpuTracker`] puts the passes together as `Reconstructor` does.
 //!
 //! # Design
 //!
@@ -89,19 +93,15 @@
 //! a candidate or track overflow, or that outgrows its share, fails with
 //! [`CaStep::Candidates`].
 //!
-//! # What is left (the rest of the issue)
+//! # What is left
 //!
-//! The seeded first pass (`follow_seeds`) and `prune_dead_ends` (its tracks are the full
-//! search's, so the full search's sets are what is compared here), the second pass on
-//! the hits the first left (a copy of the free hits, as `hit_sorting::free_hits`; the
-//! candidate step already appends to an event's tracks and keeps its used flags per input
-//! hit), clone suppression, the trigger lines, and the daemon's wiring (a worker per GPU, the
-//! `trigd_tracking_overflow_total{step}` metric from [`CaBatchSummary::overflow`] with
-//! [`CaStep::name`], the events that failed handed to the CPU path). For speed
-//! (`bench/RESULTS.md`, "Tracking on the GPU, first steps"): the doublet continuation
-//! search is one thread per left doublet with loops of different lengths; the per-event
-//! scans and the one-thread budget dominate batches of small events; the next batch's
-//! packing and upload do not overlap this one's steps yet; [`GpuCaEngine::run`]
+//! The seeded first pass (`follow_seeds`): the GPU runs the full search, whose tracks are
+//! the seeded pass's (the CPU's test `following_the_seeds_finds_the_tracks_of_the_full_search`).
+//! The trigger lines run on the host on the tracks that come back. For speed
+//! (`bench/RESULTS.md`, "Tracking on the GPU, first steps" and "end to end"): the doublet
+//! continuation search is one thread per left doublet with loops of different lengths;
+//! the per-event scans and the one-thread budget dominate batches of small events; the
+//! next batch's packing and upload do not overlap this one's steps yet; [`GpuCaEngine::run`]
 //! returns its summary in fresh vectors (a caller-owned summary would keep the hot path
 //! free of allocation); and the candidate step's chunks run one after the other in one
 //! block per event, so a batch of a few central events (some 2,000 tracks, 35 chunks
@@ -245,14 +245,19 @@ impl Default for CaLimits {
 impl CaLimits {
     /// Bytes of device memory for the arenas, with `n_bins` grid cells per event.
     pub fn device_bytes(&self, n_bins: usize) -> usize {
+        // Per candidate: its record, fit and accepted slot; packed out, its hit range
+        // and fit; for the clone step, its first hit, fit in double and mark. Per
+        // candidate hit: the hit, packed out, and the clone step's plane, x and y.
+        let per_candidate = (4 + FIT_WORDS + 1) + (2 + FIT_WORDS) + (2 + 2 * CLONE_FIT_WORDS);
         4 * (12 * self.max_hits
             + 3 * self.max_events * (n_bins + 1)
-            + 19 * self.max_events
+            + 24 * self.max_events
+            + 2
             + 11 * self.max_doublets
             + 26 * self.max_triplets
             + self.max_neighbours
-            + (4 + FIT_WORDS + 1) * self.max_candidates
-            + self.max_candidate_hits
+            + per_candidate * self.max_candidates
+            + 5 * self.max_candidate_hits
             + self.max_chain_hits)
     }
 
@@ -2271,7 +2276,10 @@ mod tests {
     #[test]
     fn the_candidate_kernels_constants_are_the_cpus() {
         use crate::tracking::ca::candidates::{CHUNK, FORK_CHI2, MAX_CHAIN};
-        let src = STEPS[6];
+        let src = STEPS
+            .iter()
+            .find(|s| s.contains("void ca_candidates_order("))
+            .expect("the candidate step's source is one of the steps");
         let def = |name: &str| -> String {
             let prefix = format!("#define {name} ");
             let line = src
@@ -2306,12 +2314,13 @@ mod tests {
             l.device_bytes(99),
             4 * (12 * 1000
                 + 3 * 10 * 100
-                + 19 * 10
-                + 50_000
-                + 18 * 6000
+                + 24 * 10
+                + 2
+                + 11 * 5000
+                + 26 * 6000
                 + 7000
-                + (4 + 24 + 1) * 100
-                + 1600
+                + (29 + 26 + 44) * 100
+                + 5 * 1600
                 + 5000)
         );
         // Each event of a batch gets an equal share of the candidate arenas.
