@@ -112,6 +112,7 @@ fn gpu_marks_the_cpus_clones_on_simulated_events() {
                 max_hits_per_track: 64,
             },
             cache: KernelCache::from_env(),
+            host_batches: true,
         };
         let mut engine = GpuCloneEngine::new(dev, reco.geometry(), reco.config(), config)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -168,6 +169,7 @@ fn gpu_marks_constructed_clones_as_the_cpu() {
                 max_hits_per_track: 8,
             },
             cache: KernelCache::from_env(),
+            host_batches: true,
         },
     )
     .expect("engine");

@@ -172,6 +172,7 @@ impl GpuTracker {
                         max_hits_per_track: n_planes,
                     },
                     cache,
+                    host_batches: false,
                 },
             )?)
         } else {

@@ -392,6 +392,11 @@ impl DeviceCloneBatch<'_> {
 pub struct CloneEngineConfig {
     pub limits: CloneLimits,
     pub cache: KernelCache,
+    /// Whether batches come from host slices ([`GpuCloneEngine::mark_batch`]): their
+    /// staging (host and device) is sized from `limits`. Without (a caller whose tracks
+    /// are already on the device, [`GpuCloneEngine::launch`]), only the kernel's scratch
+    /// is, and `mark_batch` takes batches of one track.
+    pub host_batches: bool,
 }
 
 impl Default for CloneEngineConfig {
@@ -399,6 +404,7 @@ impl Default for CloneEngineConfig {
         Self {
             limits: CloneLimits::default(),
             cache: KernelCache::from_env(),
+            host_batches: true,
         }
     }
 }
@@ -469,7 +475,16 @@ impl GpuCloneEngine {
         cfg: &FinderConfig,
         config: CloneEngineConfig,
     ) -> Result<Self, GpuError> {
-        let limits = config.limits;
+        let scratch_tracks = config.limits.max_tracks();
+        let limits = if config.host_batches {
+            config.limits
+        } else {
+            CloneLimits {
+                max_events: 1,
+                max_tracks_per_event: 1,
+                ..config.limits
+            }
+        };
         limits.validate()?;
         let tables = CloneTables::new(geo, cfg);
         if tables.plane_z.is_empty() {
@@ -533,7 +548,7 @@ impl GpuCloneEngine {
             ints: DeviceBuffer::from_host(&ctx, &tables.ints)?,
             doubles: DeviceBuffer::from_host(&ctx, &tables.doubles)?,
             nodes: DeviceBuffer::from_host(&ctx, &tables.nodes)?,
-            masks: DeviceBuffer::new(&ctx, tracks)?,
+            masks: DeviceBuffer::new(&ctx, scratch_tracks.max(tracks))?,
             kernels_from_cache: module.from_cache,
             kernel_load_ms: module.load_ms,
             _module: module,
