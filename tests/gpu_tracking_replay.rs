@@ -67,6 +67,7 @@ fn replay(
     backend: &str,
 ) -> (HashMap<(u64, u64), Value>, String) {
     let decisions = dir.join(format!("decisions-{backend}.jsonl"));
+    let tracks = dir.join(format!("tracks-{backend}.csv"));
     let _ = std::fs::remove_file(&decisions);
     let out = trigd(&[
         "replay",
@@ -79,6 +80,8 @@ fn replay(
         backend,
         "--decisions",
         decisions.to_str().unwrap(),
+        "--tracks-out",
+        tracks.to_str().unwrap(),
         "--no-progress",
     ]);
     let log = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -236,6 +239,22 @@ fn every_tracking_fixture_and_fresh_simulations_decide_alike_on_both_backends() 
         assert!(
             gpu.values().all(|v| v["backend"] == "gpu"),
             "{what}: every event decided on the GPU: {log}"
+        );
+        // The same track assignment of every hit (`--tracks-out`, TrackML rows).
+        let rows = |b: &str| {
+            let mut v: Vec<String> = std::fs::read_to_string(dir.join(format!("tracks-{b}.csv")))
+                .unwrap()
+                .lines()
+                .map(str::to_string)
+                .collect();
+            v.sort();
+            v
+        };
+        let (rc, rg) = (rows("cpu"), rows("gpu"));
+        assert!(rc.len() > n, "{what}: one row per hit");
+        assert!(
+            rc == rg,
+            "{what}: --tracks-out differs between the backends"
         );
         println!("{what}: {n} events, {tracks} tracks, identical decisions on both backends");
         assert!(tracks > 0, "{what}");
