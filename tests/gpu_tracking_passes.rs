@@ -307,7 +307,7 @@ fn the_whole_finder_on_minimum_bias_events_gives_the_cpus_tracks() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_whole_finder_on_central_events_gives_the_cpus_tracks() {
-    end_to_end(Preset::Central, 12, 6);
+    end_to_end(Preset::Central, 12, 12);
 }
 
 #[test]

@@ -35,6 +35,9 @@ use crate::tracking::kalman::KalmanFitter;
 use crate::tracking::reco::FinderConfig;
 use crate::tracking::track::Track;
 
+/// Tracks of a launch from which they are written on several host threads.
+const WRITE_THREADS_FROM_TRACKS: usize = 16_384;
+
 /// The sizes a tracker is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TrackerLimits {
@@ -127,6 +130,8 @@ pub struct GpuTracker {
     limits: TrackerLimits,
     /// The accepted tracks of the last launch and their clone marks.
     batch: BatchTracks,
+    /// Host threads that write a launch's tracks when it has many.
+    write_threads: usize,
     times: TrackerTimes,
 }
 
@@ -184,6 +189,9 @@ impl GpuTracker {
             passes,
             limits,
             batch: BatchTracks::default(),
+            write_threads: std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .clamp(1, 8),
             times: TrackerTimes::default(),
         })
     }
@@ -265,23 +273,47 @@ impl GpuTracker {
         times.readback_ms = lap();
         let b = &self.batch;
         for e in 0..n {
-            let tracks = &mut out[e];
             if let Some(step) = summary.failed[e] {
                 back[e] = Some(step.name());
-                tracks.clear();
-                continue;
             }
-            // The event's `Track`s and their hit vectors are reused.
-            let kept = b.tracks_of(e).filter(|&t| !b.clone[t]);
-            let mut w = 0;
-            for t in kept {
-                if w == tracks.len() {
-                    tracks.push(Track::default());
+        }
+        // The events' tracks written from the packed arrays, on several host threads
+        // when there are many (a launch of central events has some 250,000).
+        let back: &[Option<&'static str>] = back;
+        let write = |first: usize, outs: &mut [Vec<Track>]| {
+            for (i, tracks) in outs.iter_mut().enumerate() {
+                let e = first + i;
+                if back[e].is_some() {
+                    tracks.clear();
+                    continue;
                 }
-                b.write_track(t, &mut tracks[w]);
-                w += 1;
+                // The event's `Track`s and their hit vectors are reused.
+                let mut w = 0;
+                for t in b.tracks_of(e).filter(|&t| !b.clone[t]) {
+                    if w == tracks.len() {
+                        tracks.push(Track::default());
+                    }
+                    b.write_track(t, &mut tracks[w]);
+                    w += 1;
+                }
+                tracks.truncate(w);
             }
-            tracks.truncate(w);
+        };
+        let threads = if b.track_hits.len() >= WRITE_THREADS_FROM_TRACKS {
+            self.write_threads
+        } else {
+            1
+        };
+        if threads <= 1 {
+            write(0, &mut out[..n]);
+        } else {
+            let chunk = n.div_ceil(threads);
+            std::thread::scope(|s| {
+                for (k, part) in out[..n].chunks_mut(chunk).enumerate() {
+                    let write = &write;
+                    s.spawn(move || write(k * chunk, part));
+                }
+            });
         }
         times.write_ms = lap();
         self.times = times;
