@@ -13,6 +13,7 @@
 //! [`mark_clones`]: trigd::tracking::ca::clones::mark_clones
 
 mod clones_common;
+mod gpu_common;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

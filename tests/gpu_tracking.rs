@@ -12,51 +12,17 @@
 //! `--ignored --test-threads=1`, from the repository root (or with `TRIGD_FIXTURES`
 //! naming the fixtures directory). `TRIGD_TEST_SEED` replays a run.
 
-use std::path::PathBuf;
+mod gpu_common;
 
+use gpu_common::{device, load, seed};
 use trigd::frame::HitRecord;
 use trigd::gpu::nvrtc::KernelCache;
-use trigd::gpu::tracking_ca::{CaEventResult, CaEventTracks, CaLimits, CaStep, GpuCaEngine};
-use trigd::gpu::{detect, BackendChoice, GpuDevice};
+use trigd::gpu::tracking_ca::{CaEventTracks, CaLimits, CaStep, GpuCaEngine};
 use trigd::tracking::ca::{self, CaBuffers, FinderGeometry};
 use trigd::tracking::geometry::Detector;
 use trigd::tracking::kalman::{FitOutput, KalmanFitter};
 use trigd::tracking::reco::FinderConfig;
 use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
-
-fn device() -> GpuDevice {
-    let devices = detect(BackendChoice::Gpu).expect("a GPU is needed for this test");
-    devices
-        .into_iter()
-        .next()
-        .expect("detect(Gpu) returned no device")
-}
-
-fn seed() -> u64 {
-    let s = std::env::var("TRIGD_TEST_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
-    eprintln!("seed {s}");
-    s
-}
-
-fn fixture(rel: &str) -> PathBuf {
-    let base = std::env::var_os("TRIGD_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("fixtures"));
-    base.join(rel)
-}
-
-fn load(rel: &str) -> Detector {
-    Detector::from_toml_file(fixture(rel))
-        .unwrap_or_else(|e| panic!("{rel}: {e} (run from the repository root)"))
-}
 
 /// The detectors: name, geometry, simulation of a class of events.
 fn configurations(preset: Preset) -> Vec<(&'static str, Detector, SimConfig)> {
@@ -105,65 +71,6 @@ fn cpu_pass(
     ca::evolution::evolve(buf, geo.planes.len());
 }
 
-/// The first difference between the GPU's and the CPU's arrays of one event, if any.
-fn difference(gpu: &CaEventResult, cpu: &CaBuffers) -> Option<String> {
-    fn first<T: PartialEq + std::fmt::Debug>(what: &str, a: &[T], b: &[T]) -> Option<String> {
-        if a.len() != b.len() {
-            return Some(format!(
-                "{what}: {} on the GPU, {} on the CPU",
-                a.len(),
-                b.len()
-            ));
-        }
-        let k = a.iter().zip(b).position(|(x, y)| x != y)?;
-        Some(format!("{what}[{k}]: GPU {:?}, CPU {:?}", a[k], b[k]))
-    }
-    let dbl = |d: &ca::Doublet| (d.a, d.b, d.tx.to_bits(), d.ty.to_bits());
-    let trip = |t: &ca::Triplet| {
-        (
-            t.left,
-            t.right,
-            t.qop.to_bits(),
-            t.qop_sigma.to_bits(),
-            t.chi2.to_bits(),
-        )
-    };
-    let cpu_gap: Vec<u32> = cpu.dbl_lanes.gap.iter().map(|&g| g as u32).collect();
-    first("input_index", &gpu.input_index, &cpu.hits.input_index)
-        .or_else(|| first("bin_start", &gpu.bin_start, &cpu.hits.bin_start))
-        .or_else(|| {
-            // The doublets as a set first (a clearer message when one is missing).
-            let mut g: Vec<_> = gpu.doublets.iter().map(|d| (d.a, d.b)).collect();
-            let mut c: Vec<_> = cpu.doublets.iter().map(|d| (d.a, d.b)).collect();
-            g.sort_unstable();
-            c.sort_unstable();
-            first("doublet (a, b) set", &g, &c)
-        })
-        .or_else(|| {
-            let g: Vec<_> = gpu.doublets.iter().map(dbl).collect();
-            let c: Vec<_> = cpu.doublets.iter().map(dbl).collect();
-            first("doublets", &g, &c)
-        })
-        .or_else(|| first("gap", &gpu.gap, &cpu_gap))
-        .or_else(|| first("dbl_start", &gpu.dbl_start, &cpu.dbl_start))
-        .or_else(|| {
-            let mut g: Vec<_> = gpu.triplets.iter().map(|t| (t.left, t.right)).collect();
-            let mut c: Vec<_> = cpu.triplets.iter().map(|t| (t.left, t.right)).collect();
-            g.sort_unstable();
-            c.sort_unstable();
-            first("triplet (left, right) set", &g, &c)
-        })
-        .or_else(|| {
-            let g: Vec<_> = gpu.triplets.iter().map(trip).collect();
-            let c: Vec<_> = cpu.triplets.iter().map(trip).collect();
-            first("triplets", &g, &c)
-        })
-        .or_else(|| first("left_start", &gpu.left_start, &cpu.left_start))
-        .or_else(|| first("left", &gpu.left, &cpu.left))
-        .or_else(|| first("has_right", &gpu.has_right, &cpu.has_right))
-        .or_else(|| first("level", &gpu.level, &cpu.level))
-}
-
 struct Totals {
     events: usize,
     doublets: usize,
@@ -206,7 +113,7 @@ fn compare_batch(
             .event_result(e)
             .expect("read back")
             .expect("the event did not fail");
-        if let Some(d) = difference(&gpu, buf) {
+        if let Some(d) = gpu.difference(buf) {
             panic!("{name}, reach {reach}, event {e}: {d}");
         }
         assert_eq!(summary.doublets[e] as usize, buf.doublets.len());
@@ -370,7 +277,7 @@ fn an_event_beyond_a_limit_is_counted_and_handed_back_to_the_cpu() {
     for (e, hits) in events.iter().enumerate() {
         cpu_pass(&geo, &cfg, 1, hits, &mut buf);
         match engine.event_result(e).unwrap() {
-            Some(gpu) => assert_eq!(difference(&gpu, &buf), None, "event {e}"),
+            Some(gpu) => assert_eq!(gpu.difference(&buf), None, "event {e}"),
             None => assert!(!buf.overflow.any() && buf.triplets.len() > 1000),
         }
     }
@@ -400,7 +307,7 @@ fn an_event_beyond_a_limit_is_counted_and_handed_back_to_the_cpu() {
     for (e, hits) in events.iter().enumerate() {
         cpu_pass(&geo, &cfg, 1, hits, &mut buf);
         match engine.event_result(e).unwrap() {
-            Some(gpu) => assert_eq!(difference(&gpu, &buf), None, "event {e}"),
+            Some(gpu) => assert_eq!(gpu.difference(&buf), None, "event {e}"),
             None => assert!(buf.overflow.hits > 0, "event {e}"),
         }
     }

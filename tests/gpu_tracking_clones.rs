@@ -13,6 +13,7 @@
 //! naming the fixtures directory).
 
 mod clones_common;
+mod gpu_common;
 
 use std::time::Instant;
 
@@ -20,22 +21,14 @@ use clones_common::{
     constructed_cases, constructed_events, count, found_events, seed, shipped_detectors,
     EventTracks,
 };
+use gpu_common::device;
 use trigd::gpu::nvrtc::KernelCache;
 use trigd::gpu::tracking_clones::{
     CloneEngineConfig, CloneError, CloneLimit, CloneLimits, CloneTrack, GpuCloneEngine,
 };
-use trigd::gpu::{detect, BackendChoice, GpuDevice};
 use trigd::tracking::ca::FinderGeometry;
 use trigd::tracking::reco::{FinderConfig, Reconstructor};
 use trigd::tracking::simulate::Preset;
-
-fn device() -> GpuDevice {
-    let devices = detect(BackendChoice::Gpu).expect("a GPU is needed for this test");
-    devices
-        .into_iter()
-        .next()
-        .expect("detect(Gpu) returned no device")
-}
 
 /// The GPU's marks of `events` (in batches of the engine's event limit) against the
 /// CPU's, track by track; returns (tracks, short tracks, clones).

@@ -13,53 +13,22 @@
 //! its double-precision reference to 2e-2 of it), every covariance entry within 1e-4 of
 //! `sqrt(C_ii C_jj)`, the chi-square within 1e-3 relative, ndf, z and the ok flag equal.
 
-use std::path::PathBuf;
+mod gpu_common;
+
 use std::time::Instant;
+
+use gpu_common::{device, load, seed};
 
 use trigd::gpu::nvrtc::KernelCache;
 use trigd::gpu::tracking_fit::{FitEngineConfig, FitError, FitLimit, FitLimits, GpuFitEngine};
-use trigd::gpu::{detect, BackendChoice, GpuDevice};
+use trigd::gpu::GpuDevice;
 use trigd::tracking::geometry::Detector;
 use trigd::tracking::kalman::{tri, FitHit, FitOutput, KalmanFitter};
 use trigd::tracking::reco::{FinderConfig, Reconstructor};
 use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
 
-fn device() -> GpuDevice {
-    let devices = detect(BackendChoice::Gpu).expect("a GPU is needed for this test");
-    devices
-        .into_iter()
-        .next()
-        .expect("detect(Gpu) returned no device")
-}
-
-fn seed() -> u64 {
-    // Fresh events each run; the seed is printed so a failure can be replayed.
-    let s = std::env::var("TRIGD_TEST_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
-    eprintln!("seed {s}");
-    s
-}
-
-fn fixture(rel: &str) -> PathBuf {
-    let base = std::env::var_os("TRIGD_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("fixtures"));
-    base.join(rel)
-}
-
 /// The shipped detectors: name, geometry, central-event simulation.
 fn detectors() -> Vec<(&'static str, Detector, SimConfig)> {
-    let load = |rel: &str| {
-        Detector::from_toml_file(fixture(rel))
-            .unwrap_or_else(|e| panic!("{rel}: {e} (run from the repository root)"))
-    };
     vec![
         (
             "uniform (detector.toml)",

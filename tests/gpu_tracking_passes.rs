@@ -9,47 +9,17 @@
 //! Needs a CUDA GPU: ignored in CI; on the device machine run with
 //! `--ignored --test-threads=1` from the repository root. `TRIGD_TEST_SEED` replays a run.
 
-use std::path::PathBuf;
+mod gpu_common;
 
+use gpu_common::{device, load, seed};
 use trigd::frame::HitRecord;
 use trigd::gpu::nvrtc::KernelCache;
 use trigd::gpu::tracking_ca::{CaLimits, GpuCaEngine, PassOptions};
-use trigd::gpu::{detect, BackendChoice, GpuDevice};
 use trigd::tracking::ca::{self, CaBuffers, FinderGeometry};
 use trigd::tracking::geometry::Detector;
 use trigd::tracking::kalman::KalmanFitter;
 use trigd::tracking::reco::FinderConfig;
 use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
-
-fn device() -> GpuDevice {
-    detect(BackendChoice::Gpu)
-        .expect("a GPU is needed for this test")
-        .into_iter()
-        .next()
-        .expect("detect(Gpu) returned no device")
-}
-
-fn seed() -> u64 {
-    let s = std::env::var("TRIGD_TEST_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
-    eprintln!("seed {s}");
-    s
-}
-
-fn load(rel: &str) -> Detector {
-    let base = std::env::var_os("TRIGD_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("fixtures"));
-    Detector::from_toml_file(base.join(rel))
-        .unwrap_or_else(|e| panic!("{rel}: {e} (run from the repository root)"))
-}
 
 fn configurations(preset: Preset) -> Vec<(&'static str, Detector, SimConfig)> {
     vec![

@@ -5,8 +5,9 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
 use std::time::Instant;
+
+pub use super::gpu_common::{load, seed};
 
 use trigd::gpu::tracking_clones::CloneTrack;
 use trigd::tracking::ca::clones::{accepted_fit, accepted_hits, mark_clones};
@@ -16,33 +17,6 @@ use trigd::tracking::kalman::{FitHit, FitOutput};
 use trigd::tracking::propagate::propagate_state;
 use trigd::tracking::reco::{FinderConfig, Reconstructor};
 use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
-
-pub fn seed() -> u64 {
-    // Fresh events each run; the seed is printed so a failure can be replayed.
-    let s = std::env::var("TRIGD_TEST_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
-    eprintln!("seed {s}");
-    s
-}
-
-pub fn fixture(rel: &str) -> PathBuf {
-    let base = std::env::var_os("TRIGD_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("fixtures"));
-    base.join(rel)
-}
-
-pub fn load(rel: &str) -> Detector {
-    Detector::from_toml_file(fixture(rel))
-        .unwrap_or_else(|e| panic!("{rel}: {e} (run from the repository root)"))
-}
 
 /// One event's accepted tracks before clone suppression and the CPU's marks.
 pub struct EventTracks {
