@@ -6,6 +6,11 @@
 //!              --launch-central N (events per launch, default 128)
 //!              --launch-minbias N (default 512) --rounds N (default 5)
 //!              --configs spectrometer,dipole,forward
+//!              --gpus N (on a host with several GPUs: also every launch dealt
+//!              round-robin over the first N GPUs, default all, one host thread each)
+//!              --per-gpu K (K trackers per GPU, each on its own stream and host
+//!              thread, so one's host work overlaps another's kernels; default as
+//!              the daemon's `gpu_workers`, 2)
 //!
 //! For central and minimum-bias events of each detector: the CPU finder
 //! (`Reconstructor::reconstruct`, the daemon's CPU path) on one core and on every core of
@@ -94,7 +99,17 @@ fn main() {
     println!("host_cores {cores}");
     let rounds = arg("--rounds", 5).max(1);
     let configs = str_arg("--configs", "spectrometer,dipole,forward");
+    let n_gpus = arg("--gpus", devices.len()).clamp(1, devices.len());
+    let per_gpu = arg("--per-gpu", trigd::config::GPU_WORKERS_DEFAULT).max(1);
+    // Tracker k on GPU k % gpus: per GPU `per_gpu` trackers, on one GPU and on all.
+    let on = |gpus: usize| -> Vec<trigd::gpu::GpuDevice> {
+        (0..gpus * per_gpu)
+            .map(|k| devices[k % gpus].clone())
+            .collect()
+    };
+    let (on_one, on_all) = (on(1), on(n_gpus));
     let mut table = Vec::new();
+    let mut multi = Vec::new();
     for name in configs.split(',') {
         let (geometry, forward) = match name {
             "spectrometer" => ("fixtures/detector.toml", false),
@@ -170,6 +185,29 @@ fn main() {
             }
             let gpu = (rounds * events.len()) as f64 / t0.elapsed().as_secs_f64();
             let what = format!("{name} {preset:?}");
+            if on_all.len() > 1 {
+                // One GPU with `per_gpu` trackers, then every GPU with as many, same run.
+                let one_k = if per_gpu > 1 {
+                    several_gpus(&on_one, &det, &cfg, &events, launch, rounds)
+                } else {
+                    gpu
+                };
+                let all_k = if n_gpus > 1 {
+                    several_gpus(&on_all, &det, &cfg, &events, launch, rounds)
+                } else {
+                    one_k
+                };
+                println!(
+                    "{what}: 1 GPU x 1 tracker {gpu:.0}, 1 GPU x {per_gpu} {one_k:.0}, {n_gpus} GPU(s) x {per_gpu} {all_k:.0} events/s"
+                );
+                multi.push(format!(
+                    "| {what} | {launch} | {gpu:.0} | {one_k:.0} | {all_k:.0} | {:.2}x | {:.2}x | {:.1}x | {:.1}x |",
+                    one_k / gpu,
+                    all_k / one_k,
+                    all_k / n_gpus as f64 / one,
+                    all_k / all / n_gpus as f64,
+                ));
+            }
             println!(
                 "{what}: {} events, {:.0} hits/event, {:.1} tracks/event; agreement {equal}/{} events equal ({handed_back} handed back: {steps:?})",
                 events.len(),
@@ -207,4 +245,67 @@ fn main() {
     for row in table {
         println!("{row}");
     }
+    if !multi.is_empty() {
+        println!();
+        println!(
+            "| events | per launch | 1 GPU x 1 tracker, events/s | 1 GPU x {per_gpu}, events/s | {n_gpus} GPU(s) x {per_gpu}, events/s | 1 GPU: {per_gpu} trackers / 1 | {n_gpus} GPUs / 1, {per_gpu} trackers each | per GPU / 1 core | per GPU / all {cores} cores |"
+        );
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+        for row in multi {
+            println!("{row}");
+        }
+    }
+}
+
+/// Events/s with the launches dealt round-robin over one tracker per entry of `devices`
+/// (a GPU may appear more than once), each on its own host thread (as the daemon runs
+/// one worker per tracker), `rounds` times over `events`.
+fn several_gpus(
+    devices: &[trigd::gpu::GpuDevice],
+    det: &Detector,
+    cfg: &FinderConfig,
+    events: &[Vec<HitRecord>],
+    launch: usize,
+    rounds: usize,
+) -> f64 {
+    let chunks: Vec<&[Vec<HitRecord>]> = events.chunks(launch).collect();
+    let mut trackers: Vec<GpuTracker> = devices
+        .iter()
+        .map(|d| {
+            let mut t = GpuTracker::new(d, det, cfg, TrackerLimits::for_batch(cfg, launch))
+                .expect("tracker");
+            // Compiled and warm before the clock starts.
+            let views: Vec<&[HitRecord]> = chunks[0].iter().map(Vec::as_slice).collect();
+            t.reconstruct_batch(&views, &mut Vec::new(), &mut Vec::new())
+                .expect("launch");
+            t
+        })
+        .collect();
+    let n = devices.len();
+    // The host's cores shared among the trackers, as the daemon does.
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    for t in &mut trackers {
+        t.set_write_threads((cores / n).max(1));
+    }
+    let start = std::sync::Barrier::new(n + 1);
+    let t0 = std::thread::scope(|s| {
+        for (g, tracker) in trackers.iter_mut().enumerate() {
+            let (chunks, start) = (&chunks, &start);
+            s.spawn(move || {
+                let (mut out, mut back) = (Vec::new(), Vec::new());
+                start.wait();
+                for _ in 0..rounds {
+                    for chunk in chunks.iter().skip(g).step_by(n) {
+                        let views: Vec<&[HitRecord]> = chunk.iter().map(Vec::as_slice).collect();
+                        tracker
+                            .reconstruct_batch(&views, &mut out, &mut back)
+                            .expect("launch");
+                    }
+                }
+            });
+        }
+        start.wait();
+        Instant::now()
+    });
+    (rounds * events.len()) as f64 / t0.elapsed().as_secs_f64()
 }

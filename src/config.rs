@@ -105,9 +105,15 @@ pub struct DaemonConfig {
     /// Reconstruction workers. EEG streams (one per frame `source_id`) are spread over them,
     /// each stream on one worker; EEG on GPUs runs one worker per GPU instead.
     pub workers: usize,
+    /// Tracking workers per GPU, each with its own tracker and stream, so one's host work
+    /// (reading tracks back, deciding) overlaps another's kernels.
+    pub gpu_workers: usize,
     /// Load shedding at the socket inputs: `none` or `deadline`.
     pub admission: Admission,
 }
+
+/// Tracking workers per GPU by default.
+pub const GPU_WORKERS_DEFAULT: usize = 2;
 
 impl Default for DaemonConfig {
     fn default() -> Self {
@@ -122,6 +128,7 @@ impl Default for DaemonConfig {
             ring_slots: 1024,
             slot_bytes: 64 * 1024,
             workers: 1,
+            gpu_workers: GPU_WORKERS_DEFAULT,
             admission: Admission::None,
         }
     }
@@ -691,6 +698,12 @@ impl Config {
         }
         if d.workers == 0 || d.workers > 256 {
             return Err(format!("daemon.workers = {} must be in 1..=256", d.workers));
+        }
+        if d.gpu_workers == 0 || d.gpu_workers > 16 {
+            return Err(format!(
+                "daemon.gpu_workers = {} must be in 1..=16",
+                d.gpu_workers
+            ));
         }
         if d.batch_wait_us > 1_000_000 {
             return Err(format!(

@@ -73,7 +73,8 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
         WorkloadKind::Eeg => Workload::Eeg,
     };
     let plan = workload::plan(&cfg, &opts.outputs, Some(metrics.clone()))
-        .context("setting up the workload")?;
+        .context("setting up the workload")?
+        .with_deadlines(opts.deadlines);
     let active = plan.primary_kind();
     for kind in [BackendKind::Cpu, BackendKind::Gpu] {
         metrics.backend(kind).set_active(kind == active);
@@ -228,6 +229,16 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
 
     let mut daemon_cfg = cfg.daemon.clone();
     daemon_cfg.workers = plan.workers();
+    daemon_cfg.batch_max = plan.batch_max();
+    if daemon_cfg.batch_max != cfg.daemon.batch_max {
+        tracing::info!(
+            batch_max = daemon_cfg.batch_max,
+            "tracking on GPUs: up to {} frames per batch (daemon.batch_max {}, ring_slots {})",
+            daemon_cfg.batch_max,
+            cfg.daemon.batch_max,
+            cfg.daemon.ring_slots
+        );
+    }
     // Frames that may legitimately be between arrival and decision while running: the slot
     // pools (the ring metrics add their own capacity).
     metrics.add_in_flight_frames((daemon_cfg.batch_max * daemon_cfg.workers) as u64);
@@ -469,6 +480,9 @@ impl Observe for MetricsObserver {
     }
     fn batch(&self, backend: BackendKind, size: usize) {
         self.backends[backend as usize].observe_batch(size);
+    }
+    fn worker_frames(&self, worker: usize, device: &str, frames: usize) {
+        self.metrics.worker_frames(worker, device, frames);
     }
     fn sequence_gap(&self, source: u16, missing: u64) {
         if let Some(s) = self.sources.get(source as usize) {

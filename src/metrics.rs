@@ -348,6 +348,7 @@ pub struct Metrics {
     ring_capacity: IntGaugeVec,
     batch_size: HistogramVec,
     backend_active: IntGaugeVec,
+    worker_frames: IntCounterVec,
     backend_failovers: IntCounter,
     line_fired: IntCounterVec,
     accounting_balanced: IntGaugeVec,
@@ -471,6 +472,13 @@ impl Metrics {
             "trigd_backend_active",
             "1 while the backend takes batches, else 0.",
             ["backend"]
+        );
+        let worker_frames = family!(
+            &r,
+            IntCounterVec,
+            "trigd_worker_frames_total",
+            "Frames each reconstruction worker reconstructed, by the device that did it (cpu, or gpuN for the GPU of ordinal N).",
+            ["worker", "device"]
         );
         let backend_failovers = register(
             &r,
@@ -638,6 +646,7 @@ impl Metrics {
             ring_capacity,
             batch_size,
             backend_active,
+            worker_frames,
             backend_failovers,
             line_fired,
             accounting_balanced,
@@ -767,6 +776,15 @@ impl Metrics {
             active,
             batch_size: self.batch_size.with_label_values(&[kind.as_str()]),
         }
+    }
+
+    /// `trigd_worker_frames_total{worker,device}`: adds `frames` (a batch, off the per-frame
+    /// path; 0 exports the series when the worker starts).
+    pub fn worker_frames(&self, worker: usize, device: &str, frames: usize) {
+        let w = worker.to_string();
+        self.worker_frames
+            .with_label_values(&[w.as_str(), device])
+            .inc_by(frames as u64);
     }
 
     /// `trigd_backend_failovers_total`.

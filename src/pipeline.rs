@@ -72,6 +72,9 @@ pub trait Observe: Send + Sync {
     fn received(&self, _source: u16) {}
     fn stage(&self, _stage: Stage, _seconds: f64) {}
     fn batch(&self, _backend: BackendKind, _size: usize) {}
+    /// Worker `worker` reconstructed `frames` frames on `device` (`cpu`, `gpuN`) in one
+    /// batch; called once with 0 for each of its backends when it starts.
+    fn worker_frames(&self, _worker: usize, _device: &str, _frames: usize) {}
     fn sequence_gap(&self, _source: u16, _missing: u64) {}
     fn sequence_repeat(&self, _source: u16) {}
     fn failover(&self) {}
@@ -585,6 +588,7 @@ pub fn run(
                 load: load.clone(),
                 heartbeats: heartbeats.clone(),
                 index: w,
+                tally: Default::default(),
             };
             let live = workers_live.clone();
             worker_handles.push(
@@ -1111,6 +1115,16 @@ struct WorkerCtx {
     /// Marks this worker busy while it is inside a batch (the watchdog's view of it).
     heartbeats: Arc<crate::notify::Heartbeats>,
     index: usize,
+    /// Frames and batches reconstructed by the backend (0) and by its fallback (1).
+    tally: [Tally; 2],
+}
+
+/// What one backend of a worker reconstructed.
+#[derive(Default)]
+struct Tally {
+    device: String,
+    frames: u64,
+    batches: u64,
 }
 
 fn expected_kind(w: Workload) -> FrameKind {
@@ -1129,6 +1143,22 @@ fn run_worker(mut ctx: WorkerCtx) {
     let mut live_idx: Vec<usize> = Vec::with_capacity(batch_max);
     let mut next_ring = 0usize;
     let mut idle = Idle::default();
+    ctx.tally[0].device = ctx.backend.device();
+    ctx.tally[1].device = ctx
+        .fallback
+        .as_ref()
+        .map_or_else(String::new, |b| b.device());
+    for t in ctx.tally.iter().filter(|t| !t.device.is_empty()) {
+        ctx.observer.worker_frames(ctx.index, &t.device, 0);
+    }
+    tracing::info!(
+        worker = ctx.index,
+        device = %ctx.tally[0].device,
+        fallback = %ctx.tally[1].device,
+        "worker {} reconstructs on {}",
+        ctx.index,
+        ctx.tally[0].device
+    );
     loop {
         match ctx.reload.try_recv() {
             Ok(cfg) => {
@@ -1179,6 +1209,20 @@ fn run_worker(mut ctx: WorkerCtx) {
                         tracing::error!("{} backend could not finish: {e}", b.kind().as_str());
                     }
                 }
+                let [main, fb] = &ctx.tally;
+                tracing::info!(
+                    worker = ctx.index,
+                    device = %main.device,
+                    frames = main.frames,
+                    batches = main.batches,
+                    fallback_frames = fb.frames,
+                    "worker {} reconstructed {} frames in {} batches on {} ({} on the fallback)",
+                    ctx.index,
+                    main.frames,
+                    main.batches,
+                    main.device,
+                    fb.frames
+                );
                 return;
             }
             idle.wait();
@@ -1237,6 +1281,7 @@ fn process_batch(
     verdicts.clear();
     let mut backend_kind = ctx.backend.kind();
     let mut failed_reason: Option<&'static str> = None;
+    let mut on_fallback = false;
     if !live_idx.is_empty() {
         // Reuse the views' allocation across batches: an empty vector collected in place
         // keeps its buffer whatever the borrow's lifetime.
@@ -1272,6 +1317,7 @@ fn process_batch(
                     ctx.failovers.fetch_add(1, Ordering::Relaxed);
                     ctx.observer.failover();
                     backend_kind = fb.kind();
+                    on_fallback = true;
                     if let Err(e) = fb.process(&views, verdicts) {
                         tracing::error!("fallback backend failed too: {e}");
                         verdicts.clear();
@@ -1287,6 +1333,11 @@ fn process_batch(
         ctx.load.observe(took.as_nanos() as u64, views.len());
         ctx.observer.stage(Stage::Reconstruct, took.as_secs_f64());
         ctx.observer.batch(backend_kind, views.len());
+        let tally = &mut ctx.tally[usize::from(on_fallback)];
+        tally.frames += views.len() as u64;
+        tally.batches += 1;
+        ctx.observer
+            .worker_frames(ctx.index, &tally.device, views.len());
         views.clear();
         ctx.views = views.into_iter().map(|_| unreachable!()).collect();
     }

@@ -35,6 +35,9 @@ pub struct Plan {
     eeg_streams: Vec<Arc<Mutex<EegStreams>>>,
     gpus: Vec<crate::gpu::GpuDevice>,
     metrics: Option<Arc<Metrics>>,
+    /// Whether frames have deadlines (`trigd run`, paced replays): GPU tracking launches
+    /// are sized to fit them; without (`replay --speed max`) to the largest launch.
+    deadlines: bool,
 }
 
 /// Builds the plan for `cfg`'s workload (`metrics`: where the backends count what they
@@ -93,6 +96,10 @@ fn plan_workload(cfg: &Arc<Config>, outputs: &Outputs) -> anyhow::Result<Plan> {
     }
 }
 
+/// Events per GPU tracking launch at most (the tracker's arenas are sized for it; the
+/// backend's sizer keeps launches within the deadline).
+const GPU_TRACKING_LAUNCH: usize = 512;
+
 impl Plan {
     fn new(
         cfg: &Arc<Config>,
@@ -109,6 +116,7 @@ impl Plan {
             eeg_streams: Vec::new(),
             gpus,
             metrics: None,
+            deadlines: true,
         };
         plan.eeg_streams = (0..plan.workers())
             .map(|_| Arc::new(Mutex::new(EegStreams::new())))
@@ -132,6 +140,13 @@ impl Plan {
         self.eeg.is_some()
     }
 
+    /// Whether frames have deadlines (default: yes). Without, GPU tracking launches are as
+    /// large as the arenas allow, for throughput.
+    pub fn with_deadlines(mut self, deadlines: bool) -> Self {
+        self.deadlines = deadlines;
+        self
+    }
+
     /// The backend kind that takes batches first.
     pub fn primary_kind(&self) -> BackendKind {
         self.kind
@@ -146,8 +161,15 @@ impl Plan {
                 Ok(Box::new(GpuTracking::new(
                     t,
                     dev,
-                    self.cfg.daemon.batch_max.clamp(1, 4096),
-                    self.cfg.daemon.budget_ms * 1e3,
+                    GPU_TRACKING_LAUNCH,
+                    if self.deadlines {
+                        self.cfg.daemon.budget_ms * 1e3
+                    } else {
+                        f64::INFINITY
+                    },
+                    // The host's cores shared among the tracking workers.
+                    (std::thread::available_parallelism().map_or(1, |n| n.get()) / self.workers())
+                        .max(1),
                     self.metrics.clone(),
                 )?))
             }
@@ -179,14 +201,34 @@ impl Plan {
         }
     }
 
-    /// Reconstruction workers: on GPUs one per GPU (events spread over them; each EEG
-    /// stream on one), on the CPU `daemon.workers`
+    /// Frames a worker takes off its rings at once: `daemon.batch_max`, and for tracking on
+    /// GPUs at least half of a worker's share of an input's slots (at most 4096). The worker
+    /// takes only what is queued (and what arrives within `batch_wait_us`), and splits a
+    /// batch into launches that fit the deadline: under load its launches grow to what
+    /// keeps the GPU efficient (a launch of 64 minimum-bias events costs about what one of
+    /// 512 does), while the input always keeps half its slots.
+    pub fn batch_max(&self) -> usize {
+        let cfg = &self.cfg.daemon;
+        if self.tracking.is_some() && self.kind == BackendKind::Gpu {
+            let share = cfg.ring_slots / (2 * self.workers());
+            cfg.batch_max.max(share.min(4096))
+        } else {
+            cfg.batch_max
+        }
+    }
+
+    /// Reconstruction workers: on GPUs one per GPU for EEG (each stream on one),
+    /// `daemon.gpu_workers` per GPU for tracking (events spread over them), on the CPU
+    /// `daemon.workers`
     /// (streams are spread over them by `source_id`), and one when `--sources-out` writes
     /// a single stream's amplitudes; otherwise `daemon.workers`.
     pub fn workers(&self) -> usize {
         match &self.eeg {
             Some(e) if e.sources_out.is_some() => 1,
-            _ if self.kind == BackendKind::Gpu => self.gpus.len().max(1),
+            Some(_) if self.kind == BackendKind::Gpu => self.gpus.len().max(1),
+            None if self.kind == BackendKind::Gpu => {
+                self.gpus.len().max(1) * self.cfg.daemon.gpu_workers.max(1)
+            }
             _ => self.cfg.daemon.workers.max(1),
         }
     }

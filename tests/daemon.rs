@@ -44,6 +44,9 @@ fn udp_frames_get_one_decision_each_and_metrics_count_them() {
         // A generous deadline: this shared test machine must not turn frames into timeouts.
         "--budget-ms",
         "5000",
+        // Two workers share the ring; each says in the metrics what it reconstructed.
+        "--workers",
+        "2",
     ]);
     let udp = d.addr_from_log("listening");
     let metrics = d.addr_from_log("metrics at");
@@ -124,9 +127,36 @@ fn udp_frames_get_one_decision_each_and_metrics_count_them() {
         metric_sum(&body, "trigd_backend_active", &[("backend", "cpu")]),
         1.0
     );
+    // Every valid frame was reconstructed by one of the two workers, on the CPU; both
+    // workers' series exist from the start.
+    assert_eq!(
+        metric_sum(&body, "trigd_worker_frames_total", &[("device", "cpu")]),
+        n as f64
+    );
+    for w in ["0", "1"] {
+        assert!(
+            body.contains(&format!(
+                "trigd_worker_frames_total{{device=\"cpu\",worker=\"{w}\"}}"
+            )),
+            "{body}"
+        );
+    }
 
     d.signal("TERM");
-    let (code, stdout, _) = d.wait(T);
+    let (code, stdout, log) = d.wait(T);
+    for w in 0..2 {
+        let start = format!("worker {w} reconstructs on cpu");
+        assert!(log.iter().any(|l| l.contains(&start)), "{log:?}");
+    }
+    // At the end each worker says what it did; together, every valid frame.
+    let done: u64 = log
+        .iter()
+        .filter_map(|l| {
+            let rest = l.split_once("reconstructed ")?.1;
+            rest.split(' ').next()?.parse::<u64>().ok()
+        })
+        .sum();
+    assert_eq!(done, n, "{log:?}");
     assert_eq!(code, 0, "{stdout}");
     let recs = read_jsonl(&decisions);
     assert_eq!(recs.len() as u64, n + 2);

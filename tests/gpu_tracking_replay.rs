@@ -260,3 +260,166 @@ fn every_tracking_fixture_and_fresh_simulations_decide_alike_on_both_backends() 
         assert!(tracks > 0, "{what}");
     }
 }
+
+/// The GPUs `trigd` sees (`CUDA_VISIBLE_DEVICES` applies).
+fn gpu_count() -> usize {
+    trigd::gpu::detect(trigd::gpu::BackendChoice::Gpu).map_or(0, |d| d.len())
+}
+
+/// Per device label (`gpuN`, `cpu`): the frames the workers say, in the log's last lines,
+/// they reconstructed there.
+fn frames_by_device(log: &str) -> HashMap<String, u64> {
+    let mut by = HashMap::new();
+    for l in log.lines() {
+        let Some((_, rest)) = l.split_once(" reconstructed ") else {
+            continue;
+        };
+        let mut words = rest.split(' ');
+        let frames: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+        // "... frames in B batches on DEVICE (F on the fallback)"
+        let device = rest
+            .split_once(" batches on ")
+            .and_then(|(_, d)| d.split(' ').next())
+            .unwrap_or("?");
+        *by.entry(device.to_string()).or_default() += frames;
+    }
+    by
+}
+
+/// With every GPU of the host: one tracking worker per GPU, the log says which GPU each
+/// took, every GPU reconstructs a share of the events, and the decisions are the CPU's.
+#[test]
+#[ignore = "needs CUDA GPUs (two or more to spread the events)"]
+fn replay_spreads_the_events_over_every_gpu_and_decides_as_the_cpu() {
+    let gpus = gpu_count();
+    assert!(gpus >= 1, "no GPU");
+    let tmp = tempfile::tempdir().unwrap();
+    let geometry = fixture("fixtures/detector.toml");
+    for (preset, events) in [("minbias", 20_000usize), ("central", 200)] {
+        let rec = simulate(tmp.path(), &geometry, preset, events, &[]);
+        let rec = rec.to_str().unwrap();
+        let (cpu, _) = replay(tmp.path(), rec, &geometry, "cpu");
+        let (gpu, log) = replay(tmp.path(), rec, &geometry, "gpu");
+        let (n, tracks) = same_decisions(preset, &cpu, &gpu);
+        assert_eq!(n, events);
+        assert!(gpu.values().all(|v| v["backend"] == "gpu"), "{log}");
+        for k in 0..gpus {
+            assert!(
+                log.contains(&format!("tracking worker on GPU {k}")),
+                "{preset}: a worker on GPU {k}: {log}"
+            );
+        }
+        let by = frames_by_device(&log);
+        for k in 0..gpus {
+            let f = by.get(&format!("gpu{k}")).copied().unwrap_or(0);
+            assert!(f > 0, "{preset}: GPU {k} reconstructed no event: {by:?}");
+        }
+        assert_eq!(by.values().sum::<u64>(), events as u64, "{by:?}");
+        println!("{preset}: {n} events, {tracks} tracks on {gpus} GPU(s): {by:?}");
+    }
+}
+
+/// `trigd run` fed over TCP, with every GPU of the host: the metrics say which GPU
+/// reconstructed how many frames (`trigd_worker_frames_total{worker,device}`), each GPU
+/// takes a share, and the decisions are those of the CPU replay of the same events.
+#[test]
+#[ignore = "needs CUDA GPUs (two or more to spread the events)"]
+fn run_spreads_the_events_over_every_gpu_and_the_metrics_say_which() {
+    use std::time::{Duration, Instant};
+    let gpus = gpu_count();
+    assert!(gpus >= 1, "no GPU");
+    let tmp = tempfile::tempdir().unwrap();
+    let geometry = fixture("fixtures/detector.toml");
+    let events = 20_000u64;
+    let rec = simulate(tmp.path(), &geometry, "minbias", events as usize, &[]);
+    let (cpu, _) = replay(tmp.path(), rec.to_str().unwrap(), &geometry, "cpu");
+    let decisions = tmp.path().join("run.jsonl");
+    // Slots for every frame of the run: this test is about spreading, not back-pressure
+    // (a socket input drops a frame it has no slot for).
+    let config = tmp.path().join("trigd.toml");
+    std::fs::write(&config, "[daemon]\nring_slots = 32768\n").unwrap();
+    let mut d = common::Daemon::spawn(&[
+        "run",
+        "--config",
+        config.to_str().unwrap(),
+        "--listen",
+        "tcp://127.0.0.1:0",
+        "--workload",
+        "tracking",
+        "--geometry",
+        &geometry,
+        "--backend",
+        "gpu",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--decisions",
+        decisions.to_str().unwrap(),
+        "--budget-ms",
+        "5000",
+    ]);
+    let tcp = d.addr_from_log("listening");
+    let metrics = d.addr_from_log("metrics at");
+    let to = format!("tcp://{tcp}");
+    // Paced well below what one GPU decides, so no frame meets a full ring.
+    let sent = trigd(&[
+        "send",
+        rec.to_str().unwrap(),
+        "--to",
+        &to,
+        "--rate",
+        "20000",
+    ]);
+    assert!(
+        sent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let body = loop {
+        let (status, body) = common::http_get(metrics, "/metrics");
+        assert_eq!(status, 200);
+        if common::metric_sum(&body, "trigd_frames_total", &[]) >= events as f64 {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "not all decided:\n{body}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let outcomes: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("trigd_frames_total"))
+        .collect();
+    println!("run: {outcomes:?}");
+    assert_eq!(
+        common::metric_sum(&body, "trigd_frames_total", &[("outcome", "accept")])
+            + common::metric_sum(&body, "trigd_frames_total", &[("outcome", "reject")]),
+        events as f64,
+        "every frame reconstructed: {outcomes:?}"
+    );
+    assert_eq!(
+        common::metric_sum(&body, "trigd_backend_active", &[("backend", "gpu")]),
+        1.0
+    );
+    let mut total = 0.0;
+    for k in 0..gpus {
+        let f = common::metric_sum(
+            &body,
+            "trigd_worker_frames_total",
+            &[("device", &format!("gpu{k}"))],
+        );
+        assert!(f > 0.0, "GPU {k} reconstructed no frame:\n{body}");
+        total += f;
+    }
+    assert_eq!(total, events as f64, "{body}");
+    d.signal("TERM");
+    let (code, stdout, _) = d.wait(Duration::from_secs(30));
+    assert_eq!(code, 0, "{stdout}");
+    let run: HashMap<(u64, u64), Value> = common::read_jsonl(&decisions)
+        .into_iter()
+        .map(|v| {
+            let key = (v["source_id"].as_u64().unwrap(), v["seq"].as_u64().unwrap());
+            (key, v)
+        })
+        .collect();
+    let (n, _) = same_decisions("run", &cpu, &run);
+    assert_eq!(n as u64, events);
+}

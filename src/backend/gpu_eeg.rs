@@ -35,6 +35,8 @@ pub struct GpuEeg {
     /// Samples of each staged frame (reused across batches).
     n_times_of: Vec<usize>,
     group_outs: Vec<EegBlockOutput>,
+    /// The GPU's ordinal.
+    ordinal: usize,
 }
 
 impl GpuEeg {
@@ -70,6 +72,7 @@ impl GpuEeg {
         }
         tracing::info!(device = %device, "EEG inverse resident on the GPU");
         Ok(Self {
+            ordinal: device.ordinal,
             setup,
             streams,
             engine,
@@ -95,6 +98,9 @@ impl GpuEeg {
 impl Backend for GpuEeg {
     fn kind(&self) -> BackendKind {
         BackendKind::Gpu
+    }
+    fn device(&self) -> String {
+        format!("gpu{}", self.ordinal)
     }
     fn line_names(&self) -> &[String] {
         &self.names

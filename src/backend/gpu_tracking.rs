@@ -41,6 +41,25 @@ pub struct GpuTracking {
     handed_back: Vec<Option<&'static str>>,
     launch_tracks: Vec<Vec<Track>>,
     launch_back: Vec<Option<&'static str>>,
+    /// The GPU's ordinal.
+    ordinal: usize,
+    /// What the worker did, for its last log line.
+    stats: RunStats,
+}
+
+/// Totals over a run: where a GPU tracking worker's time went.
+#[derive(Debug, Default)]
+struct RunStats {
+    batches: u64,
+    launches: u64,
+    events: u64,
+    handed_back: u64,
+    /// Inside `process`, all of it.
+    process_s: f64,
+    /// Inside the tracker's launches.
+    launch_s: f64,
+    /// The launches' stages, summed (milliseconds).
+    stages: crate::gpu::tracking::TrackerTimes,
 }
 
 impl GpuTracking {
@@ -51,18 +70,25 @@ impl GpuTracking {
         device: &GpuDevice,
         max_events: usize,
         budget_us: f64,
+        write_threads: usize,
         metrics: Option<Arc<Metrics>>,
     ) -> anyhow::Result<Self> {
         let limits = TrackerLimits::for_batch(&setup.finder, max_events.max(1));
         let mut tracker = GpuTracker::new(device, &setup.detector, &setup.finder, limits)?;
+        tracker.set_write_threads(write_threads);
         // Compile and warm up before the first frame.
         let mut t = Vec::new();
         let mut b = Vec::new();
         tracker.reconstruct_batch(&[&[]], &mut t, &mut b)?;
         tracing::info!(device = %device, "tracking on the GPU: {limits:?}");
         Ok(Self {
+            stats: RunStats::default(),
+            ordinal: device.ordinal,
             max_events: limits.max_events,
-            max_hits: limits.max_hits,
+            // The doublet, triplet and link arenas hold about half the hit arena's worth of
+            // busy events (some 128 central events): a launch of more would hand the
+            // last ones back to the CPU.
+            max_hits: (limits.max_hits / 2).max(1),
             tracker,
             reco: Reconstructor::new(&setup.detector, setup.finder.clone()),
             decider: Decider::new(setup),
@@ -89,8 +115,18 @@ impl GpuTracking {
         self.tracker
             .reconstruct_batch(&events, &mut self.launch_tracks, &mut self.launch_back)
             .map_err(|e| BackendError::Device(e.to_string()))?;
-        self.sizer
-            .record(j - i, started.elapsed().as_secs_f64() * 1e6);
+        let took = started.elapsed().as_secs_f64();
+        self.sizer.record(j - i, took * 1e6);
+        let t = self.tracker.last_times();
+        let st = &mut self.stats;
+        st.launches += 1;
+        st.launch_s += took;
+        st.stages.first_pass_ms += t.first_pass_ms;
+        st.stages.first_candidates_ms += t.first_candidates_ms;
+        st.stages.later_pass_ms += t.later_pass_ms;
+        st.stages.later_candidates_ms += t.later_candidates_ms;
+        st.stages.readback_ms += t.readback_ms;
+        st.stages.write_ms += t.write_ms;
         for (k, e) in (i..j).enumerate() {
             std::mem::swap(&mut self.tracks[e], &mut self.launch_tracks[k]);
             self.handed_back[e] = self.launch_back[k];
@@ -103,6 +139,9 @@ impl Backend for GpuTracking {
     fn kind(&self) -> BackendKind {
         BackendKind::Gpu
     }
+    fn device(&self) -> String {
+        format!("gpu{}", self.ordinal)
+    }
     fn line_names(&self) -> &[String] {
         self.decider.names()
     }
@@ -113,6 +152,7 @@ impl Backend for GpuTracking {
         batch: &[FrameView<'_>],
         out: &mut Vec<Verdict>,
     ) -> Result<(), BackendError> {
+        let entered = std::time::Instant::now();
         let n = batch.len();
         if self.hits.len() < n {
             self.hits.resize_with(n, Vec::new);
@@ -150,6 +190,7 @@ impl Backend for GpuTracking {
         }
         for e in 0..n {
             if let Some(step) = self.handed_back[e] {
+                self.stats.handed_back += 1;
                 if let Some(m) = &self.metrics {
                     m.tracking_overflow(step).inc();
                 }
@@ -165,12 +206,38 @@ impl Backend for GpuTracking {
                 &self.tracks[e],
             )?);
         }
+        self.stats.batches += 1;
+        self.stats.events += n as u64;
+        self.stats.process_s += entered.elapsed().as_secs_f64();
         Ok(())
     }
     fn reload(&mut self, cfg: &Config) -> Result<(), String> {
         self.decider.reload(cfg)
     }
     fn finish(&mut self) -> Result<(), String> {
+        let st = &self.stats;
+        let per_launch = |ms: f64| ms / st.launches.max(1) as f64;
+        tracing::info!(
+            device = %self.device(),
+            batches = st.batches,
+            launches = st.launches,
+            events = st.events,
+            handed_back = st.handed_back,
+            "GPU tracking: {} events in {} launches ({:.1} per launch), {:.3} s in launches of \
+             {:.3} s in batches; per launch ms: first pass {:.3}, candidates {:.3}, later pass \
+             {:.3}, candidates {:.3}, read back {:.3}, tracks written {:.3}",
+            st.events,
+            st.launches,
+            st.events as f64 / st.launches.max(1) as f64,
+            st.launch_s,
+            st.process_s,
+            per_launch(st.stages.first_pass_ms),
+            per_launch(st.stages.first_candidates_ms),
+            per_launch(st.stages.later_pass_ms),
+            per_launch(st.stages.later_candidates_ms),
+            per_launch(st.stages.readback_ms),
+            per_launch(st.stages.write_ms),
+        );
         self.decider.finish()
     }
 }

@@ -88,6 +88,11 @@ pub trait Backend: Send {
     fn finish(&mut self) -> Result<(), String> {
         Ok(())
     }
+    /// Where this backend reconstructs: `cpu`, or `gpuN` for the GPU of ordinal N (the
+    /// `device` label of `trigd_worker_frames_total`, and the workers' log lines).
+    fn device(&self) -> String {
+        "cpu".to_string()
+    }
 }
 
 pub mod eeg;

@@ -573,6 +573,20 @@ mod tests {
     }
 
     #[test]
+    fn sizer_without_a_deadline_takes_the_largest_batch() {
+        let mut s = BatchSizer::new(f64::INFINITY, 512);
+        assert_eq!(s.next_batch(), 1);
+        s.record(1, 7000.0);
+        assert_eq!(s.next_batch(), 512);
+        s.record(512, 30000.0);
+        for _ in 0..40 {
+            let n = s.next_batch();
+            assert!(n == 512 || n == 256, "{n}");
+            s.record(n, 6000.0 + 50.0 * n as f64);
+        }
+    }
+
+    #[test]
     fn sizer_ignores_nonsense_measurements() {
         let mut s = BatchSizer::new(100.0, 4);
         s.record(0, 5.0);

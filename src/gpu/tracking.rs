@@ -196,6 +196,13 @@ impl GpuTracker {
         })
     }
 
+    /// Host threads that write a launch's tracks when it has many (default: the host's
+    /// cores, at most 8). Several trackers on one host share its cores: give each its
+    /// share.
+    pub fn set_write_threads(&mut self, threads: usize) {
+        self.write_threads = threads.clamp(1, 8);
+    }
+
     pub fn limits(&self) -> TrackerLimits {
         self.limits
     }
