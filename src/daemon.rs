@@ -559,8 +559,9 @@ pub fn print_summary(summary: &Summary, out: &mut dyn std::io::Write) -> std::io
     let n = summary.frames_in();
     writeln!(
         out,
-        "frames      {n} in {secs:.3} s = {:.0} frames/s",
-        n as f64 / secs
+        "frames      {n} in {secs:.3} s = {:.0} frames/s (backends started in {:.3} s before)",
+        n as f64 / secs,
+        summary.startup.as_secs_f64()
     )?;
     let outcomes: Vec<String> = Outcome::ALL
         .iter()

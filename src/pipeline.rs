@@ -228,7 +228,11 @@ impl LatencyHistogram {
 pub struct Summary {
     pub sources: Vec<SourceTotals>,
     pub latency: LatencyHistogram,
+    /// From the backends ready (the inputs open) to the last decision.
     pub elapsed: Duration,
+    /// Building the backends before the first frame (a GPU's context, kernels, arenas and
+    /// warm-up launch), not in `elapsed`.
+    pub startup: Duration,
     /// Frames decided per backend kind (cpu, gpu).
     pub by_backend: [u64; 2],
     pub failovers: u64,
@@ -422,6 +426,10 @@ pub fn run(
         lines: Vec::new(),
     };
     names.lines = backends[0].line_names().to_vec();
+    // The run's clock starts once the backends are ready: a GPU's start-up is reported
+    // apart, so a short replay's rate is the rate frames are decided at.
+    let startup = started.elapsed();
+    let started = Instant::now();
     let names = Arc::new(names);
     let sink_blocked = Arc::new(AtomicBool::new(false));
     let heartbeats = crate::notify::Heartbeats::new(workers);
@@ -660,6 +668,7 @@ pub fn run(
     }
     let mut summary = summary;
     summary.elapsed = started.elapsed();
+    summary.startup = startup;
     for (i, s) in summary.sources.iter_mut().enumerate() {
         s.name = names.source(i as u16).to_string();
         s.frames_in = shared[i].frames_in.load(Ordering::Acquire);
