@@ -173,7 +173,15 @@ impl Plan {
                     self.metrics.clone(),
                 )?))
             }
-            (Some(t), _) => Ok(Box::new(CpuTracking::new(t))),
+            (Some(t), _) => {
+                let threads = self.tracking_threads(t);
+                tracing::info!(
+                    worker = w,
+                    threads,
+                    "tracking worker {w} on the CPU, {threads} thread(s) per batch"
+                );
+                Ok(Box::new(CpuTracking::new(t, threads)?))
+            }
             (_, Some(e)) if self.kind == BackendKind::Gpu => {
                 // One stream of blocks keeps its order and state on one GPU.
                 let dev = &self.gpus[w % self.gpus.len()];
@@ -233,6 +241,20 @@ impl Plan {
         }
     }
 
+    /// Threads each CPU tracking backend reconstructs a batch on: `tracking.threads`, or
+    /// the cores left once the inputs and the decision thread have theirs, shared among
+    /// the workers (as for EEG).
+    pub fn tracking_threads(&self, t: &TrackingSetup) -> usize {
+        t.config.threads.unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            crate::eeg::cpu_apply::default_threads(
+                cores,
+                self.cfg.inputs.len().max(1),
+                self.workers(),
+            )
+        })
+    }
+
     /// Threads of each CPU EEG worker's product: `eeg.threads`, or the cores left once
     /// the inputs and the decision thread have theirs, shared among the workers.
     pub fn eeg_threads(&self, e: &EegSetup) -> usize {
@@ -254,7 +276,7 @@ impl Plan {
     /// The CPU backend of worker `w` that takes the batches its GPU backend failed.
     pub fn make_fallback(&self, w: usize) -> anyhow::Result<Box<dyn Backend>> {
         match (&self.tracking, &self.eeg) {
-            (Some(t), _) => Ok(Box::new(CpuTracking::new(t))),
+            (Some(t), _) => Ok(Box::new(CpuTracking::new(t, self.tracking_threads(t))?)),
             (_, Some(e)) => Ok(Box::new(CpuEeg::new(
                 e.clone(),
                 self.eeg_streams[w].clone(),
