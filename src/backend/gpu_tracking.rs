@@ -80,6 +80,18 @@ impl GpuTracking {
         let mut t = Vec::new();
         let mut b = Vec::new();
         tracker.reconstruct_batch(&[&[]], &mut t, &mut b)?;
+        // Then a launch of simulated events with tracks, so every step's kernels are loaded
+        // (CUDA loads a kernel at its first launch) and the host's buffers have grown
+        // before the first frame, not while the inputs' slots fill behind it.
+        let sim = crate::tracking::simulate::SimConfig::preset(
+            crate::tracking::simulate::Preset::Minbias,
+        );
+        let warm: Vec<Vec<HitRecord>> =
+            crate::tracking::simulate::simulate_events(&setup.detector, &sim, 1, 0, 8)
+                .map(|e| e.hits)
+                .collect();
+        let views: Vec<&[HitRecord]> = warm.iter().map(Vec::as_slice).collect();
+        tracker.reconstruct_batch(&views, &mut t, &mut b)?;
         tracing::info!(device = %device, "tracking on the GPU: {limits:?}");
         Ok(Self {
             stats: RunStats::default(),
