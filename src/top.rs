@@ -229,6 +229,18 @@ pub fn render(addr: &str, a: &Scrape, b: &Scrape) -> String {
         b.sum("trigd_backend_failovers_total", &[]),
         b.sum("trigd_input_refused_total", &[]),
     );
+    // Frames per device (each GPU, the CPU): with several GPUs, each should carry a share.
+    let devices = b.by("trigd_worker_frames_total", "device");
+    if !devices.is_empty() {
+        let list: Vec<String> = devices
+            .iter()
+            .map(|(d, total)| {
+                let r = rate("trigd_worker_frames_total", &[("device", d)]);
+                format!("{d} {r:.0}/s ({total:.0})")
+            })
+            .collect();
+        let _ = writeln!(o, "devices  {}", list.join("   "));
+    }
     let _ = writeln!(o, "outcome         rate/s        total");
     let totals = b.by("trigd_frames_total", "outcome");
     for outcome in ["accept", "reject", "timeout", "dropped", "malformed"] {
@@ -421,6 +433,9 @@ trigd_ring_fill_max_ratio{ring="udp0->w0"} 0.5
 trigd_sink_errors_total{kind="storage_full",sink="jsonl"} 1
 trigd_sink_lost_total{sink="jsonl"} 0
 trigd_start_time_seconds 1.7e9
+trigd_worker_frames_total{device="gpu0",worker="0"} 500
+trigd_worker_frames_total{device="gpu1",worker="1"} 490
+trigd_worker_frames_total{device="cpu",worker="0"} 0
 "#;
 
     fn scrape_of(text: &str, at: Instant) -> Scrape {
@@ -470,7 +485,9 @@ trigd_start_time_seconds 1.7e9
             .replace("source=\"udp0\"} 890", "source=\"udp0\"} 1880")
             .replace("le=\"0.002\"} 990", "le=\"0.002\"} 2980")
             .replace("le=\"+Inf\"} 990", "le=\"+Inf\"} 2990")
-            .replace("sink=\"jsonl\"} 1\n", "sink=\"jsonl\"} 2\n");
+            .replace("sink=\"jsonl\"} 1\n", "sink=\"jsonl\"} 2\n")
+            .replace("worker=\"0\"} 500", "worker=\"0\"} 1500")
+            .replace("worker=\"1\"} 490", "worker=\"1\"} 1490");
         let b = scrape_of(&b_text, t0 + Duration::from_secs(2));
         let screen = render("127.0.0.1:9187", &a, &b);
         assert!(screen.contains("backend gpu"), "{screen}");
@@ -482,6 +499,10 @@ trigd_start_time_seconds 1.7e9
             ["accept", "500", "1100"]
         );
         assert!(screen.contains("reasons: dropped/ring_full 10"), "{screen}");
+        assert!(
+            screen.contains("devices  cpu 0/s (0)   gpu0 500/s (1500)   gpu1 500/s (1490)"),
+            "{screen}"
+        );
         // The window's 2,000 decisions all lie in (1 ms, 2 ms]: p50 at 1.5 ms.
         assert!(screen.contains("p50 1.50 ms"), "{screen}");
         assert!(screen.contains("2000 decisions"), "{screen}");
