@@ -14,6 +14,7 @@ use crate::recording;
 use crate::sinks::binlog::{decode_record, encode_header, encode_record, parse_binlog};
 use crate::tracking::geometry::{Detector, Field, Plane};
 use crate::tracking::reco::{FinderConfig, FinderOverrides, Reconstructor};
+use zerocopy::IntoBytes;
 
 /// A fuzz target's name (its file name under `fuzz/fuzz_targets/` and its corpus directory
 /// under `fuzz/corpus/`) and its entry point.
@@ -218,12 +219,34 @@ pub fn finder_overrides(data: &[u8]) {
 /// parses agrees with its own header, and `peek_header` accepts it too.
 pub fn frame(data: &[u8]) {
     let peeked = frame::peek_header(data).is_ok();
+    // Never a panic, whatever the CRC; what it accepts is well formed.
+    let validated = frame::parse_validated(data);
+    if let Ok(view) = &validated {
+        assert!(peeked, "parse_validated accepted what peek_header refused");
+        assert_eq!(
+            frame::HEADER_LEN + view.header.payload_len.get() as usize,
+            data.len()
+        );
+    }
     if let Ok(view) = frame::parse(data) {
         assert!(peeked, "parse accepted what peek_header refused");
         assert_eq!(
             frame::HEADER_LEN + view.header.payload_len.get() as usize,
             data.len()
         );
+        // What parse accepts, parse_validated (the workers' view) sees alike.
+        let v = validated.expect("parse_validated refused what parse accepted");
+        assert_eq!(v.header.as_bytes(), view.header.as_bytes());
+        match (v.payload, view.payload) {
+            (frame::Payload::Hits(a), frame::Payload::Hits(b)) => {
+                assert_eq!(a.as_bytes(), b.as_bytes())
+            }
+            (frame::Payload::Eeg(a), frame::Payload::Eeg(b)) => {
+                assert_eq!(a.header.as_bytes(), b.header.as_bytes());
+                assert_eq!(a.samples.as_bytes(), b.samples.as_bytes());
+            }
+            _ => panic!("parse and parse_validated disagree on the kind"),
+        }
     }
 }
 
