@@ -38,6 +38,23 @@ pub struct Plan {
     /// Whether frames have deadlines (`trigd run`, paced replays): GPU tracking launches
     /// are sized to fit them; without (`replay --speed max`) to the largest launch.
     deadlines: bool,
+    /// Tracking on GPUs: the GPU (index into `gpus`) of each worker, `gpu_workers` per GPU
+    /// where its memory holds that many trackers, the GPUs taken in turn.
+    tracking_gpu_of: Vec<usize>,
+}
+
+/// How many tracking workers `dev` can hold, at most `wanted`, at least one: each
+/// tracker's arenas (those of launches of [`GPU_TRACKING_LAUNCH`] events, with room for a
+/// grid of 16 Ki cells) and 1 GiB for its fit and clone engines and what else the GPU
+/// holds. (One that cannot fit even one tracker fails at start, saying how much it needs.)
+fn trackers_fitting(
+    dev: &crate::gpu::GpuDevice,
+    finder: &crate::tracking::reco::FinderConfig,
+    wanted: usize,
+) -> usize {
+    let limits = crate::gpu::tracking::TrackerLimits::for_batch(finder, GPU_TRACKING_LAUNCH);
+    let per_tracker = limits.ca.device_bytes(1 << 14) + (1 << 30);
+    (dev.memory_bytes / per_tracker).clamp(1, wanted.max(1))
 }
 
 /// Builds the plan for `cfg`'s workload (`metrics`: where the backends count what they
@@ -117,7 +134,33 @@ impl Plan {
             gpus,
             metrics: None,
             deadlines: true,
+            tracking_gpu_of: Vec::new(),
         };
+        if let (Some(t), BackendKind::Gpu) = (&plan.tracking, plan.kind) {
+            let per_gpu: Vec<usize> = plan
+                .gpus
+                .iter()
+                .map(|d| trackers_fitting(d, &t.finder, cfg.daemon.gpu_workers))
+                .collect();
+            for (&n, d) in per_gpu.iter().zip(&plan.gpus) {
+                if n < cfg.daemon.gpu_workers {
+                    tracing::warn!(
+                        device = %d,
+                        "GPU {} holds the arenas of {n} tracking worker(s), not daemon.gpu_workers = {}",
+                        d.ordinal,
+                        cfg.daemon.gpu_workers
+                    );
+                }
+            }
+            let most = per_gpu.iter().copied().max().unwrap_or(0);
+            for k in 0..most {
+                for (g, &n) in per_gpu.iter().enumerate() {
+                    if k < n {
+                        plan.tracking_gpu_of.push(g);
+                    }
+                }
+            }
+        }
         plan.eeg_streams = (0..plan.workers())
             .map(|_| Arc::new(Mutex::new(EegStreams::new())))
             .collect();
@@ -156,7 +199,7 @@ impl Plan {
     pub fn make(&self, w: usize) -> anyhow::Result<Box<dyn Backend>> {
         match (&self.tracking, &self.eeg) {
             (Some(t), _) if self.kind == BackendKind::Gpu => {
-                let dev = &self.gpus[w % self.gpus.len()];
+                let dev = &self.gpus[self.tracking_gpu_of[w % self.tracking_gpu_of.len()]];
                 tracing::info!(worker = w, device = %dev, "tracking worker on GPU {}", dev.ordinal);
                 Ok(Box::new(GpuTracking::new(
                     t,
@@ -234,8 +277,8 @@ impl Plan {
         match &self.eeg {
             Some(e) if e.sources_out.is_some() => 1,
             Some(_) if self.kind == BackendKind::Gpu => self.gpus.len().max(1),
-            None if self.kind == BackendKind::Gpu => {
-                self.gpus.len().max(1) * self.cfg.daemon.gpu_workers.max(1)
+            None if self.kind == BackendKind::Gpu && !self.tracking_gpu_of.is_empty() => {
+                self.tracking_gpu_of.len()
             }
             _ => self.cfg.daemon.workers.max(1),
         }
@@ -295,5 +338,40 @@ impl Plan {
                 .write()?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tracking::geometry::Detector;
+    use crate::tracking::reco::FinderConfig;
+
+    fn gpu(gib: usize) -> crate::gpu::GpuDevice {
+        crate::gpu::GpuDevice {
+            ordinal: 0,
+            name: "test".into(),
+            compute_capability: (9, 0),
+            memory_bytes: gib << 30,
+            multiprocessors: 132,
+        }
+    }
+
+    /// A GPU gets as many tracking workers as its memory holds trackers, at most the
+    /// configured number and at least one.
+    #[test]
+    fn tracking_workers_per_gpu_follow_its_memory() {
+        let det = Detector::from_toml_file(std::path::Path::new("fixtures/detector.toml")).unwrap();
+        let finder = FinderConfig::from_detector(&det, 1.0);
+        let limits = crate::gpu::tracking::TrackerLimits::for_batch(&finder, GPU_TRACKING_LAUNCH);
+        let one = limits.ca.device_bytes(1 << 14) + (1 << 30);
+        println!("one tracker: {:.2} GiB", one as f64 / (1u64 << 30) as f64);
+        assert!(one > 2 << 30, "a tracker takes GiBs: {one}");
+        assert_eq!(trackers_fitting(&gpu(80), &finder, 2), 2, "an H100");
+        assert_eq!(trackers_fitting(&gpu(80), &finder, 1), 1);
+        assert_eq!(trackers_fitting(&gpu(8), &finder, 2), 1, "an 8 GB card");
+        assert_eq!(trackers_fitting(&gpu(2), &finder, 2), 1, "at least one");
+        let fits = one.div_ceil(1 << 30);
+        assert_eq!(trackers_fitting(&gpu(2 * fits), &finder, 4), 2);
     }
 }
