@@ -103,7 +103,8 @@ pub struct DaemonConfig {
     /// Initial capacity of each slot; a larger frame grows its slot once.
     pub slot_bytes: usize,
     /// Reconstruction workers. EEG streams (one per frame `source_id`) are spread over them,
-    /// each stream on one worker; EEG on GPUs runs one worker per GPU instead.
+    /// each stream on one worker. On GPUs instead: EEG one worker per GPU, tracking
+    /// `gpu_workers` per GPU.
     pub workers: usize,
     /// Tracking workers per GPU, each with its own tracker and stream, so one's host work
     /// (reading tracks back, deciding) overlaps another's kernels.
