@@ -374,4 +374,53 @@ mod tests {
         let fits = one.div_ceil(1 << 30);
         assert_eq!(trackers_fitting(&gpu(2 * fits), &finder, 4), 2);
     }
+
+    /// The tracking plan on faked GPUs: `gpu_workers` per GPU where memory allows, the
+    /// GPUs taken in turn, and batches of half a worker's share of the slots.
+    #[test]
+    fn tracking_on_faked_gpus_spreads_workers_over_them() {
+        let cfg = Arc::new(
+            Config::from_str_named(
+                "[daemon]\nworkload = \"tracking\"\nring_slots = 4096\n[tracking]\ngeometry = \"fixtures/detector.toml\"\n",
+                "test",
+            )
+            .unwrap(),
+        );
+        let setup = || TrackingSetup::new(&cfg, None).unwrap();
+        let devices = |gib: &[usize]| -> Vec<crate::gpu::GpuDevice> {
+            gib.iter()
+                .enumerate()
+                .map(|(k, &g)| crate::gpu::GpuDevice {
+                    ordinal: k,
+                    ..gpu(g)
+                })
+                .collect()
+        };
+        // Two H100s: two workers each, alternating.
+        let plan = Plan::new(
+            &cfg,
+            BackendKind::Gpu,
+            Some(setup()),
+            None,
+            devices(&[80, 80]),
+        );
+        assert_eq!(plan.workers(), 4);
+        assert_eq!(plan.tracking_gpu_of, [0, 1, 0, 1]);
+        assert_eq!(plan.batch_max(), 4096 / (2 * 4));
+        assert!(plan.has_fallback());
+        // A small card beside a large one: one worker there.
+        let plan = Plan::new(
+            &cfg,
+            BackendKind::Gpu,
+            Some(setup()),
+            None,
+            devices(&[80, 8]),
+        );
+        assert_eq!(plan.tracking_gpu_of, [0, 1, 0]);
+        // On the CPU: daemon.workers, batch_max as configured.
+        let plan = Plan::new(&cfg, BackendKind::Cpu, Some(setup()), None, Vec::new());
+        assert_eq!(plan.workers(), 1);
+        assert_eq!(plan.batch_max(), 64);
+        assert!(!plan.has_fallback());
+    }
 }
