@@ -12,23 +12,6 @@ use common::*;
 
 const T: Duration = Duration::from_secs(30);
 
-/// Waits until `cond(metrics text)` holds.
-fn wait_metrics(addr: std::net::SocketAddr, cond: impl Fn(&str) -> bool) -> String {
-    let deadline = std::time::Instant::now() + T;
-    loop {
-        let (status, body) = http_get(addr, "/metrics");
-        assert_eq!(status, 200);
-        if cond(&body) {
-            return body;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "metrics never satisfied the condition:\n{body}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn udp_frames_get_one_decision_each_and_metrics_count_them() {
     let dir = tempfile::tempdir().unwrap();
@@ -149,13 +132,7 @@ fn udp_frames_get_one_decision_each_and_metrics_count_them() {
         assert!(log.iter().any(|l| l.contains(&start)), "{log:?}");
     }
     // At the end each worker says what it did; together, every valid frame.
-    let done: u64 = log
-        .iter()
-        .filter_map(|l| {
-            let rest = l.split_once("reconstructed ")?.1;
-            rest.split(' ').next()?.parse::<u64>().ok()
-        })
-        .sum();
+    let done: u64 = frames_by_device(&log.join("\n")).values().sum();
     assert_eq!(done, n, "{log:?}");
     assert_eq!(code, 0, "{stdout}");
     let recs = read_jsonl(&decisions);

@@ -5,28 +5,12 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, UdpSocket};
-use std::time::{Duration, Instant};
+use std::net::{TcpStream, UdpSocket};
+use std::time::Duration;
 
 use common::*;
 
 const T: Duration = Duration::from_secs(30);
-
-fn wait_metrics(addr: SocketAddr, cond: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + T;
-    loop {
-        let (status, body) = http_get(addr, "/metrics");
-        assert_eq!(status, 200);
-        if cond(&body) {
-            return body;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "metrics never satisfied the condition:\n{body}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 #[test]
 fn udp_senders_outside_the_allowlist_are_refused_counted_and_never_decided() {

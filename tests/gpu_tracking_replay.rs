@@ -266,26 +266,6 @@ fn gpu_count() -> usize {
     trigd::gpu::detect(trigd::gpu::BackendChoice::Gpu).map_or(0, |d| d.len())
 }
 
-/// Per device label (`gpuN`, `cpu`): the frames the workers say, in the log's last lines,
-/// they reconstructed there.
-fn frames_by_device(log: &str) -> HashMap<String, u64> {
-    let mut by = HashMap::new();
-    for l in log.lines() {
-        let Some((_, rest)) = l.split_once(" reconstructed ") else {
-            continue;
-        };
-        let mut words = rest.split(' ');
-        let frames: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
-        // "... frames in B batches on DEVICE (F on the fallback)"
-        let device = rest
-            .split_once(" batches on ")
-            .and_then(|(_, d)| d.split(' ').next())
-            .unwrap_or("?");
-        *by.entry(device.to_string()).or_default() += frames;
-    }
-    by
-}
-
 /// With every GPU of the host: one tracking worker per GPU, the log says which GPU each
 /// took, every GPU reconstructs a share of the events, and the decisions are the CPU's.
 #[test]
@@ -309,7 +289,7 @@ fn replay_spreads_the_events_over_every_gpu_and_decides_as_the_cpu() {
                 "{preset}: a worker on GPU {k}: {log}"
             );
         }
-        let by = frames_by_device(&log);
+        let by = common::frames_by_device(&log);
         for k in 0..gpus {
             let f = by.get(&format!("gpu{k}")).copied().unwrap_or(0);
             assert!(f > 0, "{preset}: GPU {k} reconstructed no event: {by:?}");
@@ -325,7 +305,6 @@ fn replay_spreads_the_events_over_every_gpu_and_decides_as_the_cpu() {
 #[test]
 #[ignore = "needs CUDA GPUs (two or more to spread the events)"]
 fn run_spreads_the_events_over_every_gpu_and_the_metrics_say_which() {
-    use std::time::{Duration, Instant};
     let gpus = gpu_count();
     assert!(gpus >= 1, "no GPU");
     let tmp = tempfile::tempdir().unwrap();
@@ -374,16 +353,9 @@ fn run_spreads_the_events_over_every_gpu_and_the_metrics_say_which() {
         "{}",
         String::from_utf8_lossy(&sent.stderr)
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let body = loop {
-        let (status, body) = common::http_get(metrics, "/metrics");
-        assert_eq!(status, 200);
-        if common::metric_sum(&body, "trigd_frames_total", &[]) >= events as f64 {
-            break body;
-        }
-        assert!(Instant::now() < deadline, "not all decided:\n{body}");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let body = common::wait_metrics(metrics, |b| {
+        common::metric_sum(b, "trigd_frames_total", &[]) >= events as f64
+    });
     let outcomes: Vec<&str> = body
         .lines()
         .filter(|l| l.starts_with("trigd_frames_total"))
@@ -411,7 +383,7 @@ fn run_spreads_the_events_over_every_gpu_and_the_metrics_say_which() {
     }
     assert_eq!(total, events as f64, "{body}");
     d.signal("TERM");
-    let (code, stdout, _) = d.wait(Duration::from_secs(30));
+    let (code, stdout, _) = d.wait(std::time::Duration::from_secs(30));
     assert_eq!(code, 0, "{stdout}");
     let run: HashMap<(u64, u64), Value> = common::read_jsonl(&decisions)
         .into_iter()

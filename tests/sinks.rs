@@ -11,22 +11,6 @@ use common::*;
 
 const T: Duration = Duration::from_secs(30);
 
-fn wait_metrics(addr: SocketAddr, cond: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + T;
-    loop {
-        let (status, body) = http_get(addr, "/metrics");
-        assert_eq!(status, 200);
-        if cond(&body) {
-            return body;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "metrics never satisfied the condition:\n{body}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn wait_ready(addr: SocketAddr, want: u16) {
     let deadline = Instant::now() + T;
     while http_get(addr, "/readyz").0 != want {

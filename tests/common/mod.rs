@@ -232,3 +232,43 @@ pub fn summary_count(stdout: &str, label: &str) -> u64 {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no number after {label}:\n{stdout}"))
 }
+
+/// Polls `/metrics` at `addr` until `cond(text)` holds (30 s at most); the text.
+pub fn wait_metrics(addr: SocketAddr, cond: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = http_get(addr, "/metrics");
+        assert_eq!(status, 200);
+        if cond(&body) {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "metrics never satisfied the condition:\n{body}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Per device label (`gpuN`, `cpu`): the frames the workers say, in their closing log
+/// lines ("worker W reconstructed N frames in B batches on DEVICE ..."), they
+/// reconstructed there.
+pub fn frames_by_device(log: &str) -> std::collections::HashMap<String, u64> {
+    let mut by = std::collections::HashMap::new();
+    for l in log.lines() {
+        let Some((_, rest)) = l.split_once(" reconstructed ") else {
+            continue;
+        };
+        let frames: u64 = rest
+            .split(' ')
+            .next()
+            .and_then(|w| w.parse().ok())
+            .unwrap_or(0);
+        let device = rest
+            .split_once(" batches on ")
+            .and_then(|(_, d)| d.split(' ').next())
+            .unwrap_or("?");
+        *by.entry(device.to_string()).or_default() += frames;
+    }
+    by
+}
