@@ -481,8 +481,9 @@ impl Observe for MetricsObserver {
     fn batch(&self, backend: BackendKind, size: usize) {
         self.backends[backend as usize].observe_batch(size);
     }
-    fn worker_frames(&self, worker: usize, device: &str, frames: usize) {
-        self.metrics.worker_frames(worker, device, frames);
+    fn worker_frames(&self, worker: usize, device: &str) -> Option<pipeline::FrameCount> {
+        let c = self.metrics.worker_frames(worker, device);
+        Some(Box::new(move |n| c.inc_by(n)))
     }
     fn sequence_gap(&self, source: u16, missing: u64) {
         if let Some(s) = self.sources.get(source as usize) {

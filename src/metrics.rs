@@ -778,13 +778,11 @@ impl Metrics {
         }
     }
 
-    /// `trigd_worker_frames_total{worker,device}`: adds `frames` (a batch, off the per-frame
-    /// path; 0 exports the series when the worker starts).
-    pub fn worker_frames(&self, worker: usize, device: &str, frames: usize) {
-        let w = worker.to_string();
+    /// `trigd_worker_frames_total{worker,device}`, exported at 0; resolved once per worker
+    /// and device, so counting a batch is one atomic add.
+    pub fn worker_frames(&self, worker: usize, device: &str) -> IntCounter {
         self.worker_frames
-            .with_label_values(&[w.as_str(), device])
-            .inc_by(frames as u64);
+            .with_label_values(&[worker.to_string().as_str(), device])
     }
 
     /// `trigd_backend_failovers_total`.

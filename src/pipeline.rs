@@ -72,9 +72,11 @@ pub trait Observe: Send + Sync {
     fn received(&self, _source: u16) {}
     fn stage(&self, _stage: Stage, _seconds: f64) {}
     fn batch(&self, _backend: BackendKind, _size: usize) {}
-    /// Worker `worker` reconstructed `frames` frames on `device` (`cpu`, `gpuN`) in one
-    /// batch; called once with 0 for each of its backends when it starts.
-    fn worker_frames(&self, _worker: usize, _device: &str, _frames: usize) {}
+    /// Where worker `worker` counts the frames it reconstructs on `device` (`cpu`,
+    /// `gpuN`): asked once per backend when the worker starts, then called per batch.
+    fn worker_frames(&self, _worker: usize, _device: &str) -> Option<FrameCount> {
+        None
+    }
     fn sequence_gap(&self, _source: u16, _missing: u64) {}
     fn sequence_repeat(&self, _source: u16) {}
     fn failover(&self) {}
@@ -95,6 +97,9 @@ pub trait Observe: Send + Sync {
     /// A live stream (LSL) came back after `samples` samples it never delivered.
     fn stream_gap(&self, _source: u16, _samples: u64) {}
 }
+
+/// Adds a batch's frames to a count kept by an [`Observe`] implementation.
+pub type FrameCount = Box<dyn Fn(u64) + Send + Sync>;
 
 /// An observer that records nothing.
 pub struct NoObserver;
@@ -1134,6 +1139,8 @@ struct Tally {
     device: String,
     frames: u64,
     batches: u64,
+    /// The observer's count of this device's frames.
+    count: Option<FrameCount>,
 }
 
 fn expected_kind(w: Workload) -> FrameKind {
@@ -1157,8 +1164,8 @@ fn run_worker(mut ctx: WorkerCtx) {
         .fallback
         .as_ref()
         .map_or_else(String::new, |b| b.device());
-    for t in ctx.tally.iter().filter(|t| !t.device.is_empty()) {
-        ctx.observer.worker_frames(ctx.index, &t.device, 0);
+    for t in ctx.tally.iter_mut().filter(|t| !t.device.is_empty()) {
+        t.count = ctx.observer.worker_frames(ctx.index, &t.device);
     }
     tracing::info!(
         worker = ctx.index,
@@ -1346,8 +1353,9 @@ fn process_batch(
         let tally = &mut ctx.tally[usize::from(on_fallback)];
         tally.frames += views.len() as u64;
         tally.batches += 1;
-        ctx.observer
-            .worker_frames(ctx.index, &tally.device, views.len());
+        if let Some(count) = &tally.count {
+            count(views.len() as u64);
+        }
         views.clear();
         ctx.views = views.into_iter().map(|_| unreachable!()).collect();
     }

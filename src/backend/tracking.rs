@@ -194,6 +194,14 @@ impl CpuTracking {
     }
 }
 
+/// A hit event's wire hits (`None` for another kind of frame).
+fn wire<'a>(f: &FrameView<'a>) -> Option<&'a [crate::frame::Hit]> {
+    match f.payload {
+        Payload::Hits(hits) => Some(hits),
+        _ => None,
+    }
+}
+
 /// Copies a frame's wire hits into `out` (replacing it).
 pub(crate) fn copy_hits(hits: &[crate::frame::Hit], out: &mut Vec<HitRecord>) {
     out.clear();
@@ -320,17 +328,13 @@ impl Backend for CpuTracking {
         batch: &[FrameView<'_>],
         out: &mut Vec<Verdict>,
     ) -> Result<(), BackendError> {
-        let mut wires = Vec::with_capacity(batch.len());
-        for (index, f) in batch.iter().enumerate() {
-            let Payload::Hits(hits) = f.payload else {
-                return Err(BackendError::WrongKind {
-                    index,
-                    expected: "hit_event",
-                });
-            };
-            wires.push(hits);
+        if let Some(index) = batch.iter().position(|f| wire(f).is_none()) {
+            return Err(BackendError::WrongKind {
+                index,
+                expected: "hit_event",
+            });
         }
-        let n = wires.len();
+        let n = batch.len();
         if self.events.len() < n {
             self.events.resize_with(n, Default::default);
         }
@@ -345,7 +349,7 @@ impl Backend for CpuTracking {
                 }
                 let mut ev = events[e].lock().unwrap_or_else(|e| e.into_inner());
                 let EventWork { hits, tracks } = &mut *ev;
-                copy_hits(wires[e], hits);
+                copy_hits(wire(&batch[e]).expect("checked above"), hits);
                 tracks.clear();
                 reco.reconstruct(hits, tracks);
             }
@@ -360,9 +364,10 @@ impl Backend for CpuTracking {
         }
         for (e, f) in batch.iter().enumerate() {
             let ev = self.events[e].lock().unwrap_or_else(|e| e.into_inner());
+            let hits = wire(f).expect("checked above");
             out.push(
                 self.decider
-                    .decide(f.sequence(), wires[e], &ev.hits, &ev.tracks)?,
+                    .decide(f.sequence(), hits, &ev.hits, &ev.tracks)?,
             );
         }
         Ok(())

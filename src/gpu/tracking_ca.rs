@@ -480,6 +480,20 @@ pub struct BatchTracks {
     pub clone: Vec<bool>,
 }
 
+/// A device fit record (`FIT_WORDS` words: state, covariance, z, chi-square in float32
+/// bits, then ndf and the ok flag) as the CPU's [`FitOutput`].
+fn fit_of_words(w: &[u32]) -> FitOutput {
+    let f = |i: usize| f64::from(f32::from_bits(w[i]));
+    FitOutput {
+        state: std::array::from_fn(f),
+        cov: std::array::from_fn(|i| f(5 + i)),
+        z_mm: f(20),
+        chi2: f(21),
+        ndf: w[22].min(u16::MAX as u32) as u16,
+        ok: w[23] != 0,
+    }
+}
+
 impl BatchTracks {
     /// Tracks of event `e`.
     pub fn tracks_of(&self, e: usize) -> std::ops::Range<usize> {
@@ -516,16 +530,7 @@ impl BatchTracks {
 
     /// The fit of track `t`, as the CPU's [`FitOutput`].
     pub fn fit(&self, t: usize) -> FitOutput {
-        let w = &self.fits[t * FIT_WORDS..(t + 1) * FIT_WORDS];
-        let f = |i: usize| f64::from(f32::from_bits(w[i]));
-        FitOutput {
-            state: std::array::from_fn(f),
-            cov: std::array::from_fn(|i| f(5 + i)),
-            z_mm: f(20),
-            chi2: f(21),
-            ndf: w[22].min(u16::MAX as u32) as u16,
-            ok: w[23] != 0,
-        }
+        fit_of_words(&self.fits[t * FIT_WORDS..(t + 1) * FIT_WORDS])
     }
 }
 
@@ -2014,18 +2019,9 @@ impl GpuCaEngine {
             let h = hits.get(start..start + len).ok_or_else(|| {
                 GpuError::Config(format!("candidate {k} hits past {nh} in event {e}"))
             })?;
-            let w = &fits[k * FIT_WORDS..(k + 1) * FIT_WORDS];
-            let f = |i: usize| f64::from(f32::from_bits(w[i]));
             tracks.push(CaTrack {
                 hits: h.to_vec(),
-                fit: FitOutput {
-                    state: std::array::from_fn(f),
-                    cov: std::array::from_fn(|i| f(5 + i)),
-                    z_mm: f(20),
-                    chi2: f(21),
-                    ndf: w[22].min(u16::MAX as u32) as u16,
-                    ok: w[23] != 0,
-                },
+                fit: fit_of_words(&fits[k * FIT_WORDS..(k + 1) * FIT_WORDS]),
             });
         }
         let used = self
