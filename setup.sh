@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-command set-up for trigd on a Debian/Ubuntu machine with a Rust toolchain:
 #   ./setup.sh            build trigd and install what the tests need (Prometheus, NATS;
-#                         pylsl, whose wheel bundles liblsl, for EEG over Lab Streaming Layer)
+#                         pylsl, whose wheel bundles liblsl, for EEG over Lab Streaming Layer;
+#                         NumPy for the independent tracking simulation)
 #   ./setup.sh --python   also the Python packages that regenerate fixtures and run the
 #                         MNE-Python / SciPy comparisons (fixtures/requirements.txt)
 # It is idempotent: run it again after pulling.
@@ -71,6 +72,15 @@ fi
   echo "setup: build liblsl from https://github.com/sccn/liblsl and set TRIGD_LIBLSL and PYLSL_LIB to it" >&2
   exit 1
 }
+
+# tests/independent_simulation.rs simulates detectors with NumPy only
+# (fixtures/tracking/independent/simulate.py), independently of trigd's own simulation.
+NUMPY_VERSION="2.4.6"
+if ! "$PYTHON" -c 'import numpy' >/dev/null 2>&1; then
+  echo "setup: installing NumPy $NUMPY_VERSION for the independent tracking simulation"
+  "$PYTHON" -m pip install -q "numpy==$NUMPY_VERSION" 2>/dev/null \
+    || "$PYTHON" -m pip install -q --break-system-packages "numpy==$NUMPY_VERSION"
+fi
 
 if [ "${1:-}" = "--python" ]; then
   python3 -m pip install -q -r fixtures/requirements.txt

@@ -161,6 +161,8 @@ struct CandEvent {
     const u32* tleft;
     const u32* tright;
     const float* tchi2;
+    const float* tqop;
+    const float* tsigma;
     const u32* level;
     const u32* nb_off;
     const u32* nb_count;
@@ -171,10 +173,34 @@ __device__ __forceinline__ bool hit_used(const CandEvent& ev, u32 sorted) {
     return ev.used[ev.sinput[sorted]] != 0;
 }
 
+// ChainQop::add in candidates.rs: triplet l's q/p into the chain's weighted sums.
+__device__ __forceinline__ void chain_qop_add(const CandEvent& ev, u32 l, float* w, float* wq) {
+    float s = ev.tsigma[l];
+    float v = s * s;
+    if (v > 0.0f) {
+        *w = *w + 1.0f / v;
+        *wq = *wq + ev.tqop[l] / v;
+    }
+}
+
+// ChainQop::score: left neighbour l's kink chi-square plus the chi-square of its q/p
+// against the chain's.
+__device__ __forceinline__ float chain_qop_score(const CandEvent& ev, u32 l, float w, float wq) {
+    float s = ev.tsigma[l];
+    float v = s * s;
+    float c = ev.tchi2[l];
+    if (w > 0.0f && v > 0.0f) {
+        float d = ev.tqop[l] - wq / w;
+        return c + d * d / (v + 1.0f / w);
+    }
+    return c;
+}
+
 // The walk of build_chain in candidates.rs, which does not depend on the used flags: the
 // chain ending with triplet t (sorted hits, downstream first, into raw; returns its
 // length, min(level + 2, MAX_CHAIN)), following the left neighbour of one level lower
-// with the best kink chi-square, except at the fork (fork_at, fork_l) when fork_at >= 0.
+// with the best score (chain_qop_score), except at the fork (fork_at, fork_l) when
+// fork_at >= 0.
 // Without a fork, *f_at and *f_l receive the step where the second-best neighbour came
 // closest to the best (within FORK_CHI2), *f_at = -1 if none.
 __device__ int walk_chain(const CandEvent& ev, u32 t, int fork_at, u32 fork_l, u32* raw,
@@ -191,6 +217,9 @@ __device__ int walk_chain(const CandEvent& ev, u32 t, int fork_at, u32 fork_l, u
     u32 c_l = 0;
     float c_gap = 0.0f;
     u32 cur = t;
+    // The chain's q/p so far (ChainQop in candidates.rs): sums of 1/sigma^2 and q/p/sigma^2.
+    float qw = 0.0f, qwq = 0.0f;
+    chain_qop_add(ev, t, &qw, &qwq);
     while (ev.level[cur] > 1 && len < MAX_CHAIN) {
         u32 want = ev.level[cur] - 1;
         u32 k0 = ev.nb_off[cur], k1 = k0 + ev.nb_count[cur];
@@ -200,7 +229,7 @@ __device__ int walk_chain(const CandEvent& ev, u32 t, int fork_at, u32 fork_l, u
         for (u32 k = k0; k < k1; k++) {
             u32 l = ev.left[k];
             if (ev.level[l] != want) continue;
-            float c = ev.tchi2[l];
+            float c = chain_qop_score(ev, l, qw, qwq);
             if (!has_best || c < bc) {
                 has_second = has_best;
                 sl = bl;
@@ -227,6 +256,7 @@ __device__ int walk_chain(const CandEvent& ev, u32 t, int fork_at, u32 fork_l, u
                 c_gap = gap;
             }
         }
+        chain_qop_add(ev, l, &qw, &qwq);
         raw[len++] = ev.dbl[ev.tleft[l]].x;
         cur = l;
     }
@@ -248,6 +278,8 @@ extern "C" __global__ void ca_candidates_chains(const u32* __restrict__ hit_star
                                                 const u32* __restrict__ tleft,
                                                 const u32* __restrict__ tright,
                                                 const float* __restrict__ tchi2,
+                                                const float* __restrict__ tqop,
+                                                const float* __restrict__ tsigma,
                                                 const u32* __restrict__ level,
                                                 const u32* __restrict__ nb_off,
                                                 const u32* __restrict__ nb_count,
@@ -274,6 +306,8 @@ extern "C" __global__ void ca_candidates_chains(const u32* __restrict__ hit_star
     ev.tleft = tleft + tb;
     ev.tright = tright + tb;
     ev.tchi2 = tchi2 + tb;
+    ev.tqop = tqop + tb;
+    ev.tsigma = tsigma + tb;
     ev.level = level + tb;
     ev.nb_off = nb_off + tb;
     ev.nb_count = nb_count + tb;
@@ -595,6 +629,8 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
     ev.tleft = tleft + tb;
     ev.tright = tright + tb;
     ev.tchi2 = tchi2 + tb;
+    ev.tqop = nullptr;
+    ev.tsigma = nullptr;
     ev.level = level + tb;
     ev.nb_off = nb_off + tb;
     ev.nb_count = nb_count + tb;

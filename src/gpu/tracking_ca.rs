@@ -1786,7 +1786,8 @@ impl GpuCaEngine {
             U32(CaStep::Candidates.code()), p(&a.overflow)];
         #[rustfmt::skip]
         let chain_args = [p(&a.hit_start), p(&a.sinput), Ptr(a.dbl.ptr()), p(&a.dbl_base),
-            p(&a.trip_base), p(&a.tleft), p(&a.tright), pf(&a.tchi2), p(&a.level),
+            p(&a.trip_base), p(&a.tleft), p(&a.tright), pf(&a.tchi2), pf(&a.tqop),
+            pf(&a.tsigma), p(&a.level),
             p(&a.nb_off), p(&a.nb_count), p(&a.nb_base), p(&a.left), Ptr(a.keys.ptr()),
             p(&a.n_end), p(&a.failed), p(&a.chain_off), p(&a.chain_base), p(&a.chain_fork),
             p(&a.chain_hits)];

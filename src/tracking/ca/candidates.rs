@@ -1,7 +1,10 @@
 //! Candidates: from every triplet that is nobody's left neighbour (the downstream end of a
 //! chain) with a level high enough for `min_hits`, follow the left neighbours of one level
-//! lower (best kink chi-square first) to the upstream end, and where two neighbours were
-//! as good (kink chi-squares within [`FORK_CHI2`]) also the chain through the other one at
+//! lower to the upstream end, each time the one with the best score (its kink chi-square
+//! plus the chi-square of its q/p against the q/p the chain has measured so far,
+//! [`ChainQop`]: where two particles' segments come close, the one that continues the
+//! same momentum), and where two neighbours were
+//! as good (scores within [`FORK_CHI2`]) also the chain through the other one at
 //! the closest such step, so that the fits choose between them (close pairs of particles
 //! whose straight segments fit either continuation, as across a magnet with field-free
 //! planes upstream); chains are taken longest first,
@@ -14,7 +17,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::cuts::FinderConfig;
-use super::{CaBuffers, Candidate};
+use super::{CaBuffers, Candidate, Triplet};
 use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter, LANES};
 
 /// An unsigned key in the order of [`f32::total_cmp`].
@@ -134,16 +137,51 @@ pub fn extract_and_select(
     fit_ns
 }
 
+/// The q/p a chain has measured so far, to choose its next left neighbour by: the
+/// inverse-variance weighted mean of its triplets' q/p estimates (each a measurement of
+/// the same particle's q/p with its scattering and resolution error; triplets that do not
+/// measure it, without field along their tent, weigh nothing).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct ChainQop {
+    /// Sum of 1 / sigma^2.
+    w: f32,
+    /// Sum of q/p / sigma^2.
+    wq: f32,
+}
+
+impl ChainQop {
+    pub(crate) fn add(&mut self, t: &Triplet) {
+        let v = t.qop_sigma * t.qop_sigma;
+        if v > 0.0 {
+            self.w += 1.0 / v;
+            self.wq += t.qop / v;
+        }
+    }
+
+    /// A left neighbour's score: its kink chi-square plus the chi-square of its q/p against
+    /// the chain's (the neighbour that continues the same particle agrees in both).
+    pub(crate) fn score(&self, t: &Triplet) -> f32 {
+        let v = t.qop_sigma * t.qop_sigma;
+        if self.w > 0.0 && v > 0.0 {
+            let d = t.qop - self.wq / self.w;
+            t.chi2 + d * d / (v + 1.0 / self.w)
+        } else {
+            t.chi2
+        }
+    }
+}
+
 /// Longest chain a candidate can have (one hit per plane).
 pub(crate) const MAX_CHAIN: usize = crate::tracking::kalman::MAX_PLANES;
 
-/// Left neighbours whose kink chi-squares differ by less than this are as good as each
+/// Left neighbours whose scores ([`ChainQop::score`]) differ by less than this are as good as each
 /// other (about one standard deviation of the difference of two chi-squares of two degrees
 /// of freedom): the chain is built through both.
 pub(crate) const FORK_CHI2: f32 = 2.0;
 
 /// Builds the chain ending with triplet `t` into `buf.candidate_hits` (upstream first),
-/// following the left neighbour of one level lower with the best kink chi-square, except
+/// following the left neighbour of one level lower with the best score
+/// ([`ChainQop::score`]), except
 /// at `fork = (triplet, left neighbour)`, where it takes that neighbour; `None` (and
 /// nothing kept) when it touches a used hit. Without `fork`, also returns the step where
 /// the second-best neighbour came closest to the best (within [`FORK_CHI2`]), as a fork.
@@ -172,6 +210,9 @@ fn build_chain(
     buf.candidate_hits.push(buf.doublets[tr.left as usize].a);
     let mut chi2 = tr.chi2;
     let mut cur = t;
+    // The chain's q/p so far: the inverse-variance weighted mean of its triplets' q/p.
+    let mut link = ChainQop::default();
+    link.add(&tr);
     while buf.level[cur] > 1 && buf.candidate_hits.len() - start < MAX_CHAIN {
         let want = buf.level[cur] - 1;
         let (s, e) = (
@@ -185,7 +226,7 @@ fn build_chain(
             if buf.level[l] != want {
                 continue;
             }
-            let c = buf.triplets[l].chi2;
+            let c = link.score(&buf.triplets[l]);
             if best.is_none_or(|(_, bc)| c < bc) {
                 second = best;
                 best = Some((l, c));
@@ -193,10 +234,10 @@ fn build_chain(
                 second = Some((l, c));
             }
         }
-        let Some((mut l, mut c)) = best else { break };
+        let Some((mut l, c)) = best else { break };
         match fork {
             Some((at, other)) if at == cur => {
-                (l, c) = (other, buf.triplets[other].chi2);
+                l = other;
             }
             None => {
                 if let Some((l2, c2)) = second {
@@ -208,7 +249,8 @@ fn build_chain(
             }
             _ => {}
         }
-        chi2 += c;
+        chi2 += buf.triplets[l].chi2;
+        link.add(&buf.triplets[l]);
         buf.candidate_hits
             .push(buf.doublets[buf.triplets[l].left as usize].a);
         cur = l;
