@@ -48,12 +48,8 @@ pub enum FieldMapError {
     },
     #[error("cannot read NPY: {0}")]
     Npy(String),
-    #[error("NPY dtype is {0}, expected float32 ('<f4')")]
-    WrongDtype(String),
     #[error("NPY shape is {0:?}, expected [nx, ny, nz, 3]")]
     WrongShape(Vec<u64>),
-    #[error("NPY array is in Fortran order, expected C order")]
-    FortranOrder,
 }
 
 impl FieldMap {
@@ -108,48 +104,30 @@ impl FieldMap {
         })
     }
 
-    /// Reads a float32 NPY of shape `[nx, ny, nz, 3]` (tesla).
+    /// Reads an NPY of shape `[nx, ny, nz, 3]` (tesla): float32 as the format asks, or
+    /// float64 as NumPy writes by default (rounded to float32, far below any field map's
+    /// accuracy), in either byte order and C or Fortran order
+    /// ([`crate::eeg::inputs::parse_npy`], which refuses truncated or oversized data
+    /// before allocating).
     pub fn from_npy_bytes(
         bytes: &[u8],
         origin_mm: [f64; 3],
         step_mm: [f64; 3],
     ) -> Result<Self, FieldMapError> {
-        use npyz::{DType, Order, TypeChar};
-        crate::npy::check_header(bytes).map_err(|e| FieldMapError::Npy(e.to_string()))?;
-        let npy = npyz::NpyFile::new(bytes).map_err(|e| FieldMapError::Npy(e.to_string()))?;
-        match npy.dtype() {
-            DType::Plain(ts) if ts.type_char() == TypeChar::Float && ts.size_field() == 4 => {}
-            other => return Err(FieldMapError::WrongDtype(other.descr())),
-        }
-        let shape = npy.shape().to_vec();
-        if shape.len() != 4 || shape[3] != 3 {
-            return Err(FieldMapError::WrongShape(shape));
-        }
-        if npy.order() == Order::Fortran {
-            return Err(FieldMapError::FortranOrder);
-        }
-        let to_usize =
-            |v: u64| usize::try_from(v).map_err(|_| FieldMapError::WrongShape(shape.clone()));
-        let dims = [
-            to_usize(shape[0])?,
-            to_usize(shape[1])?,
-            to_usize(shape[2])?,
-        ];
-        // Refuse before allocating from a header that promises more than the bytes hold.
-        let n_values = dims
-            .iter()
-            .try_fold(3usize, |acc, &n| acc.checked_mul(n))
-            .ok_or_else(|| FieldMapError::WrongShape(shape.clone()))?;
-        if n_values.saturating_mul(4) > bytes.len() {
-            return Err(FieldMapError::Npy(format!(
-                "header declares {n_values} values but the file has {} bytes",
-                bytes.len()
-            )));
-        }
-        let flat: Vec<f32> = npy
-            .into_vec()
+        let arr = crate::eeg::inputs::parse_npy(bytes, Path::new("field map"))
             .map_err(|e| FieldMapError::Npy(e.to_string()))?;
-        let nodes = flat.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect();
+        let shape = arr.shape;
+        if shape.len() != 4 || shape[3] != 3 {
+            return Err(FieldMapError::WrongShape(
+                shape.iter().map(|&d| d as u64).collect(),
+            ));
+        }
+        let dims = [shape[0], shape[1], shape[2]];
+        let nodes = arr
+            .data
+            .chunks_exact(3)
+            .map(|c| [c[0] as f32, c[1] as f32, c[2] as f32])
+            .collect();
         Self::new(dims, origin_mm, step_mm, nodes)
     }
 
@@ -476,6 +454,97 @@ mod tests {
         let err = FieldMap::from_npy_bytes(&bytes, [0.0; 3], [1.0; 3]).unwrap_err();
         assert!(err.to_string().contains("nests brackets"), "{err}");
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
+
+    /// NPY bytes of `values` (C order flattened, written in the given layout) with the
+    /// given `descr` and shape.
+    fn npy_bytes(descr: &str, fortran: bool, shape: &[usize], values: &[f64]) -> Vec<u8> {
+        let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+        let mut header = format!(
+            "{{'descr': '{descr}', 'fortran_order': {}, 'shape': ({},), }}",
+            if fortran { "True" } else { "False" },
+            dims.join(", ")
+        );
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut out = b"\x93NUMPY\x01\x00".to_vec();
+        out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        out.extend_from_slice(header.as_bytes());
+        // Element order of the file: C order, or the first index fastest.
+        let n = values.len();
+        let mut order: Vec<usize> = (0..n).collect();
+        if fortran {
+            order.clear();
+            let mut idx = vec![0usize; shape.len()];
+            for _ in 0..n {
+                order.push(idx.iter().zip(shape).fold(0, |acc, (&i, &d)| acc * d + i));
+                for (i, d) in idx.iter_mut().zip(shape) {
+                    *i += 1;
+                    if *i < *d {
+                        break;
+                    }
+                    *i = 0;
+                }
+            }
+        }
+        for &k in &order {
+            match descr {
+                "<f4" => out.extend_from_slice(&(values[k] as f32).to_le_bytes()),
+                ">f4" => out.extend_from_slice(&(values[k] as f32).to_be_bytes()),
+                "<f8" => out.extend_from_slice(&values[k].to_le_bytes()),
+                _ => out.extend_from_slice(&values[k].to_be_bytes()),
+            }
+        }
+        out
+    }
+
+    /// A map written as NumPy writes by default (float64), big-endian or in Fortran order
+    /// reads as the same map as float32 in C order; other dtypes and shapes are refused.
+    #[test]
+    fn float64_big_endian_and_fortran_maps_read_as_the_float32_map() {
+        let shape = [3usize, 2, 4, 3];
+        let values: Vec<f64> = (0..72).map(|i| 0.01 * i as f64 - 0.3).collect();
+        let reference = FieldMap::from_npy_bytes(
+            &npy_bytes("<f4", false, &shape, &values),
+            [0.0; 3],
+            [10.0; 3],
+        )
+        .unwrap();
+        for (descr, fortran) in [
+            ("<f8", false),
+            (">f8", false),
+            (">f4", false),
+            ("<f4", true),
+            ("<f8", true),
+        ] {
+            let map = FieldMap::from_npy_bytes(
+                &npy_bytes(descr, fortran, &shape, &values),
+                [0.0; 3],
+                [10.0; 3],
+            )
+            .unwrap_or_else(|e| panic!("{descr} fortran {fortran}: {e}"));
+            for p in [[1.0, 2.0, 3.0], [15.0, 7.0, 22.0], [-5.0, 30.0, 12.5]] {
+                assert_eq!(
+                    map.at(p),
+                    reference.at(p),
+                    "{descr} fortran {fortran} at {p:?}"
+                );
+            }
+        }
+        let err = FieldMap::from_npy_bytes(
+            &npy_bytes("<f8", false, &[4, 6, 3], &values),
+            [0.0; 3],
+            [1.0; 3],
+        )
+        .unwrap_err();
+        assert!(matches!(err, FieldMapError::WrongShape(_)), "{err}");
+        let mut ints = npy_bytes("<f4", false, &shape, &values);
+        let at = ints.windows(3).position(|w| w == b"<f4").unwrap();
+        ints[at..at + 3].copy_from_slice(b"<i4");
+        let err = FieldMap::from_npy_bytes(&ints, [0.0; 3], [1.0; 3]).unwrap_err();
+        assert!(err.to_string().contains("not float32 or float64"), "{err}");
     }
 
     /// A slice's bilinear interpolation is the map's trilinear one at the slice's z,

@@ -588,13 +588,14 @@ b_tesla = [0.0, 1.0, 0.0]
 
         let mut out = Vec::new();
         {
-            let mut w = npyz::WriteOptions::<f64>::new()
+            // Integers: float32 and float64 (NumPy's default) are read, nothing else.
+            let mut w = npyz::WriteOptions::<i32>::new()
                 .default_dtype()
                 .shape(&[2, 2, 2, 3])
                 .writer(&mut out)
                 .begin_nd()
                 .unwrap();
-            w.extend([0.0f64; 24]).unwrap();
+            w.extend([0i32; 24]).unwrap();
             w.finish().unwrap();
         }
         std::fs::write(&npy, out).unwrap();
