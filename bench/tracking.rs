@@ -8,13 +8,19 @@
 //! `--fits N` (0: events only), `--fit-threads N` (fits on 1..=N threads, default 2), `--portable 0` (only
 //! the kernel the CPU runs), `--configs LIST` (detectors, comma-separated, of `spectrometer`
 //! (the default), `dipole`, `forward`, `reversing`, `telescope`, or `all`), `--finder TOML` (overrides of the finder's derived cuts, the
-//! contents of a `[finder]` table, e.g. `--finder 'first_pass_min_hits = 8'`)).
+//! contents of a `[finder]` table, e.g. `--finder 'first_pass_min_hits = 8'`), `--min-p GEV`
+//! (the finder's minimum momentum, default 1), `--events-dir LIST` (comma-separated
+//! TrackML-style CSV directories, each with its own `detector.toml` beside the events, as
+//! `fixtures/tracking/independent/simulate.py` writes them: their events are timed as they
+//! are, after the configurations of `--configs`, which `--configs none` leaves out)).
 
 use std::time::Instant;
+use trigd::frame::HitRecord;
 use trigd::tracking::geometry::Detector;
 use trigd::tracking::kalman::{FitConfig, FitHit, FitKernel, FitOutput, KalmanFitter};
 use trigd::tracking::reco::{FinderConfig, FinderOverrides, Reconstructor};
 use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
+use trigd::tracking::trackml;
 
 fn arg(name: &str, default: usize) -> usize {
     str_arg(name)
@@ -81,8 +87,15 @@ fn main() {
     let n_events = arg("--events", 20) as u64;
     let n_fits = arg("--fits", 2_000_000);
     let which = str_arg("--configs").unwrap_or_else(|| "spectrometer".into());
-    let configs = configs(&which);
-    if configs.is_empty() {
+    let min_p: f64 = str_arg("--min-p")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1.0);
+    let configs = if which == "none" {
+        Vec::new()
+    } else {
+        configs(&which)
+    };
+    if configs.is_empty() && which != "none" {
         eprintln!(
             "--configs {which}: none of spectrometer, dipole, forward, reversing, telescope, all"
         );
@@ -97,7 +110,7 @@ fn main() {
                 std::process::exit(1);
             }
         };
-        println!("# Tracking (CPU), {config} ({path}), min p 1 GeV/c");
+        println!("# Tracking (CPU), {config} ({path}), min p {min_p} GeV/c");
         for (name, sim, n) in [
             (
                 "minbias",
@@ -107,12 +120,44 @@ fn main() {
             ("central", central, n_events),
         ] {
             if n > 0 {
-                bench_events(&det, &overrides, name, &sim, n);
+                let events: Vec<Vec<HitRecord>> = simulate_events(&det, &sim, 7, 0, n)
+                    .map(|ev| ev.hits)
+                    .collect();
+                bench_events(&det, &overrides, min_p, name, &events);
             }
         }
         if config == "spectrometer" {
             spectrometer_det = Some(det);
         }
+    }
+    for dir in str_arg("--events-dir")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|d| !d.is_empty())
+    {
+        let dir = std::path::Path::new(dir);
+        let geometry = dir.join("detector.toml");
+        let read = || -> Result<(Detector, Vec<Vec<HitRecord>>), String> {
+            let det = Detector::from_toml_file(&geometry).map_err(|e| e.to_string())?;
+            let events = trackml::read_trackml_dir(dir)
+                .map_err(|e| e.to_string())?
+                .map(|ev| ev.map(|ev| ev.hits).map_err(|e| e.to_string()))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((det, events))
+        };
+        let (det, events) = match read() {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("--events-dir {}: {e}", dir.display());
+                std::process::exit(1);
+            }
+        };
+        println!(
+            "# Tracking (CPU), {} ({}), min p {min_p} GeV/c",
+            dir.display(),
+            geometry.display()
+        );
+        bench_events(&det, &overrides, min_p, "events", &events);
     }
     if n_fits > 0 {
         let Some(det) = spectrometer_det else {
@@ -128,19 +173,25 @@ fn main() {
     }
 }
 
-fn bench_events(det: &Detector, overrides: &FinderOverrides, name: &str, sim: &SimConfig, n: u64) {
-    let events: Vec<_> = simulate_events(det, sim, 7, 0, n).collect();
-    let mut reco = Reconstructor::new(det, FinderConfig::from_detector_with(det, 1.0, overrides));
+fn bench_events(
+    det: &Detector,
+    overrides: &FinderOverrides,
+    min_p: f64,
+    name: &str,
+    events: &[Vec<HitRecord>],
+) {
+    let n = events.len() as u64;
+    let mut reco = Reconstructor::new(det, FinderConfig::from_detector_with(det, min_p, overrides));
     let mut tracks = Vec::new();
     // Warm-up: buffers reach their working size.
-    for ev in events.iter().take(2) {
-        reco.reconstruct(&ev.hits, &mut tracks);
+    for hits in events.iter().take(2) {
+        reco.reconstruct(hits, &mut tracks);
     }
     reco.reset_step_times();
     let t0 = Instant::now();
     let mut n_tracks = 0;
-    for ev in &events {
-        reco.reconstruct(&ev.hits, &mut tracks);
+    for hits in events {
+        reco.reconstruct(hits, &mut tracks);
         n_tracks += tracks.len();
     }
     let dt = t0.elapsed().as_secs_f64();
