@@ -552,7 +552,10 @@ fn part<T: Real, const NR: usize, const ISA: u8>(
                 if ISA == 2 {
                     // The first block of a pass fetches the next panel meanwhile: with few
                     // blocks per panel, reading the operator and multiplying then overlap.
-                    let next = if jb == cb0 && p + 1 < panels.end {
+                    // Not for one column per block (a one-sample frame alone): that loop
+                    // only streams the operator, which the hardware prefetcher follows
+                    // better than the extra prefetch instructions (bench/RESULTS.md).
+                    let next = if NR > 1 && jb == cb0 && p + 1 < panels.end {
                         &b.op.kernel[(p + 1) * c * 3 * l..(p + 2) * c * 3 * l]
                     } else {
                         &[]
