@@ -468,6 +468,46 @@ fn fit_range(fitter: &KalmanFitter, buf: &mut CaBuffers, from: usize) {
 mod tests {
     use super::*;
 
+    fn triplet(qop: f32, qop_sigma: f32, chi2: f32) -> Triplet {
+        Triplet {
+            left: 0,
+            right: 0,
+            qop,
+            qop_sigma,
+            chi2,
+        }
+    }
+
+    /// Of two left neighbours with the same kink, the one whose q/p agrees with what the
+    /// chain measured scores lower, by the chi-square of the difference; triplets that
+    /// measure no q/p (no field along their tent) leave the kink alone and add nothing to
+    /// the chain's estimate.
+    #[test]
+    fn a_chain_prefers_the_neighbour_that_continues_its_momentum() {
+        let mut chain = ChainQop::default();
+        assert_eq!(chain.score(&triplet(0.4, 0.05, 1.5)), 1.5);
+        chain.add(&triplet(0.0, 0.0, 0.3));
+        assert_eq!(chain.score(&triplet(0.4, 0.05, 1.5)), 1.5);
+        chain.add(&triplet(-0.10, 0.01, 0.2));
+        chain.add(&triplet(-0.10, 0.01, 0.1));
+        let (same, other) = (triplet(-0.09, 0.02, 0.5), triplet(0.47, 0.02, 0.5));
+        let s_same = chain.score(&same);
+        let s_other = chain.score(&other);
+        // The chain's q/p is -0.10 +- 0.01 / sqrt(2).
+        let var = 0.02f32 * 0.02 + 0.01 * 0.01 / 2.0;
+        assert!(
+            (s_same - (0.5 + 0.01 * 0.01 / var)).abs() < 1e-3,
+            "{s_same}"
+        );
+        assert!(
+            (s_other - (0.5 + 0.57 * 0.57 / var)).abs() < 1.0,
+            "{s_other}"
+        );
+        assert!(s_same < s_other);
+        // A triplet without a measurement is scored by its kink alone.
+        assert_eq!(chain.score(&triplet(0.0, 0.0, 2.5)), 2.5);
+    }
+
     #[test]
     fn total_key_orders_as_total_cmp() {
         let v = [
