@@ -1,4 +1,5 @@
-//! Bounds on an NPY file's header, checked before the header text is parsed.
+//! NPY files: bounds on the header, checked before the header text is parsed, and the
+//! reader of float arrays ([`parse`]) the EEG inputs and the tracking field map share.
 //!
 //! The header is a Python dict literal that `npyz` parses with a backtracking grammar: its
 //! time grows exponentially with the nesting of brackets (a header of twenty `[` takes
@@ -60,6 +61,109 @@ pub fn check_header(bytes: &[u8]) -> Result<(), HeaderError> {
     Ok(())
 }
 
+/// A dense array read from an NPY file, converted to f64, in C (row-major) order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NpyArray {
+    pub shape: Vec<usize>,
+    pub data: Vec<f64>,
+    /// True when the file held float32 values.
+    pub was_f32: bool,
+}
+
+/// Parse an NPY file's bytes (float32 or float64, any byte order, C or Fortran order), the
+/// header checked first ([`check_header`]). Refuses truncated data, trailing bytes and
+/// shapes whose element count does not fit the bytes present (so a hostile header cannot
+/// make it allocate more than the file holds). The error is the reason, for the caller to
+/// name the file.
+pub fn parse(bytes: &[u8]) -> Result<NpyArray, String> {
+    check_header(bytes).map_err(|e| e.to_string())?;
+    let mut rest: &[u8] = bytes;
+    let header = npyz::NpyHeader::from_reader(&mut rest).map_err(|e| e.to_string())?;
+    let shape: Vec<usize> = header
+        .shape()
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| format!("dimension {d} too large")))
+        .collect::<Result<_, _>>()?;
+    let len = shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| format!("shape {shape:?} overflows"))?;
+    let order = header.order();
+    let file = npyz::NpyFile::with_header(header, rest);
+    let (data, was_f32) = match file.try_data::<f64>() {
+        Ok(reader) => (read_exact_elements(reader, len, 8, rest.len())?, false),
+        Err(file) => match file.try_data::<f32>() {
+            Ok(reader) => {
+                let v = read_exact_elements(reader, len, 4, rest.len())?;
+                (v.into_iter().map(f64::from).collect(), true)
+            }
+            Err(file) => {
+                return Err(format!(
+                    "dtype {} is not float32 or float64",
+                    file.header().dtype().descr()
+                ))
+            }
+        },
+    };
+    let data = if order == npyz::Order::Fortran && shape.len() > 1 {
+        fortran_to_c(&data, &shape)
+    } else {
+        data
+    };
+    Ok(NpyArray {
+        shape,
+        data,
+        was_f32,
+    })
+}
+
+fn read_exact_elements<T: npyz::Deserialize>(
+    reader: npyz::NpyReader<T, &[u8]>,
+    len: usize,
+    item_bytes: usize,
+    available_bytes: usize,
+) -> Result<Vec<T>, String> {
+    let needed = len
+        .checked_mul(item_bytes)
+        .ok_or_else(|| "element count overflows".to_string())?;
+    if needed != available_bytes {
+        return Err(format!(
+            "header promises {len} elements ({needed} bytes) but {available_bytes} data bytes follow"
+        ));
+    }
+    let mut out = Vec::with_capacity(len);
+    for item in reader {
+        out.push(item.map_err(|e| e.to_string())?);
+    }
+    if out.len() != len {
+        return Err(format!("read {} of {len} elements", out.len()));
+    }
+    Ok(out)
+}
+
+/// Reorder Fortran-order (first index fastest) data to C order.
+fn fortran_to_c(data: &[f64], shape: &[usize]) -> Vec<f64> {
+    let n = data.len();
+    let mut out = vec![0.0; n];
+    let mut idx = vec![0usize; shape.len()];
+    for &v in data {
+        // idx is the multi-index of f_pos in Fortran order.
+        let mut c_pos = 0usize;
+        for (d, &i) in idx.iter().enumerate() {
+            c_pos = c_pos * shape[d] + i;
+        }
+        out[c_pos] = v;
+        for (d, i) in idx.iter_mut().enumerate() {
+            *i += 1;
+            if *i < shape[d] {
+                break;
+            }
+            *i = 0;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,6 +174,13 @@ mod tests {
         out.extend_from_slice(&(header.len() as u16).to_le_bytes());
         out.extend_from_slice(header.as_bytes());
         out
+    }
+
+    #[test]
+    fn fortran_order_is_transposed() {
+        // shape [2, 3] in Fortran order: columns stored first.
+        let f = fortran_to_c(&[1.0, 4.0, 2.0, 5.0, 3.0, 6.0], &[2, 3]);
+        assert_eq!(f, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
     }
 
     #[test]

@@ -57,114 +57,15 @@ fn invalid(path: &Path, reason: impl Into<String>) -> EegInputError {
     }
 }
 
-/// A dense array read from an NPY file, converted to f64, in C (row-major) order.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NpyArray {
-    pub shape: Vec<usize>,
-    pub data: Vec<f64>,
-    /// True when the file held float32 values.
-    pub was_f32: bool,
-}
+pub use crate::npy::NpyArray;
 
-/// Parse an NPY file's bytes (float32 or float64, any byte order, C or Fortran order).
-/// `path` only labels errors. Refuses truncated data, trailing bytes and shapes whose
-/// element count does not fit the bytes present (so a hostile header cannot make it
-/// allocate more than the file holds).
+/// Parse an NPY file's bytes ([`crate::npy::parse`]: float32 or float64, any byte order, C
+/// or Fortran order); `path` only labels errors.
 pub fn parse_npy(bytes: &[u8], path: &Path) -> Result<NpyArray, EegInputError> {
-    let npy_err = |reason: String| EegInputError::Npy {
+    crate::npy::parse(bytes).map_err(|reason| EegInputError::Npy {
         path: path.to_path_buf(),
         reason,
-    };
-    crate::npy::check_header(bytes).map_err(|e| npy_err(e.to_string()))?;
-    let mut rest: &[u8] = bytes;
-    let header = npyz::NpyHeader::from_reader(&mut rest).map_err(|e| npy_err(e.to_string()))?;
-    let shape: Vec<usize> = header
-        .shape()
-        .iter()
-        .map(|&d| usize::try_from(d).map_err(|_| npy_err(format!("dimension {d} too large"))))
-        .collect::<Result<_, _>>()?;
-    let len = shape
-        .iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-        .ok_or_else(|| npy_err(format!("shape {shape:?} overflows")))?;
-    let order = header.order();
-    let file = npyz::NpyFile::with_header(header, rest);
-    let (data, was_f32) = match file.try_data::<f64>() {
-        Ok(reader) => (
-            read_exact_elements(reader, len, 8, rest.len(), &npy_err)?,
-            false,
-        ),
-        Err(file) => match file.try_data::<f32>() {
-            Ok(reader) => {
-                let v = read_exact_elements(reader, len, 4, rest.len(), &npy_err)?;
-                (v.into_iter().map(f64::from).collect(), true)
-            }
-            Err(file) => {
-                return Err(npy_err(format!(
-                    "dtype {} is not float32 or float64",
-                    file.header().dtype().descr()
-                )))
-            }
-        },
-    };
-    let data = if order == npyz::Order::Fortran && shape.len() > 1 {
-        fortran_to_c(&data, &shape)
-    } else {
-        data
-    };
-    Ok(NpyArray {
-        shape,
-        data,
-        was_f32,
     })
-}
-
-fn read_exact_elements<T: npyz::Deserialize>(
-    reader: npyz::NpyReader<T, &[u8]>,
-    len: usize,
-    item_bytes: usize,
-    available_bytes: usize,
-    npy_err: &dyn Fn(String) -> EegInputError,
-) -> Result<Vec<T>, EegInputError> {
-    let needed = len
-        .checked_mul(item_bytes)
-        .ok_or_else(|| npy_err("element count overflows".into()))?;
-    if needed != available_bytes {
-        return Err(npy_err(format!(
-            "header promises {len} elements ({needed} bytes) but {available_bytes} data bytes follow"
-        )));
-    }
-    let mut out = Vec::with_capacity(len);
-    for item in reader {
-        out.push(item.map_err(|e| npy_err(e.to_string()))?);
-    }
-    if out.len() != len {
-        return Err(npy_err(format!("read {} of {len} elements", out.len())));
-    }
-    Ok(out)
-}
-
-/// Reorder Fortran-order (first index fastest) data to C order.
-fn fortran_to_c(data: &[f64], shape: &[usize]) -> Vec<f64> {
-    let n = data.len();
-    let mut out = vec![0.0; n];
-    let mut idx = vec![0usize; shape.len()];
-    for &v in data {
-        // idx is the multi-index of f_pos in Fortran order.
-        let mut c_pos = 0usize;
-        for (d, &i) in idx.iter().enumerate() {
-            c_pos = c_pos * shape[d] + i;
-        }
-        out[c_pos] = v;
-        for (d, i) in idx.iter_mut().enumerate() {
-            *i += 1;
-            if *i < shape[d] {
-                break;
-            }
-            *i = 0;
-        }
-    }
-    out
 }
 
 /// Read and parse an NPY file.
@@ -569,13 +470,6 @@ mod tests {
         let mut longer = bytes.clone();
         longer.push(0);
         assert!(parse_npy(&longer, &p()).is_err());
-    }
-
-    #[test]
-    fn fortran_order_is_transposed() {
-        // shape [2, 3] in Fortran order: columns stored first.
-        let f = fortran_to_c(&[1.0, 4.0, 2.0, 5.0, 3.0, 6.0], &[2, 3]);
-        assert_eq!(f, vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
     }
 
     #[test]

@@ -107,15 +107,14 @@ impl FieldMap {
     /// Reads an NPY of shape `[nx, ny, nz, 3]` (tesla): float32 as the format asks, or
     /// float64 as NumPy writes by default (rounded to float32, far below any field map's
     /// accuracy), in either byte order and C or Fortran order
-    /// ([`crate::eeg::inputs::parse_npy`], which refuses truncated or oversized data
-    /// before allocating).
+    /// ([`crate::npy::parse`], which refuses truncated or oversized data before
+    /// allocating).
     pub fn from_npy_bytes(
         bytes: &[u8],
         origin_mm: [f64; 3],
         step_mm: [f64; 3],
     ) -> Result<Self, FieldMapError> {
-        let arr = crate::eeg::inputs::parse_npy(bytes, Path::new("field map"))
-            .map_err(|e| FieldMapError::Npy(e.to_string()))?;
+        let arr = crate::npy::parse(bytes).map_err(FieldMapError::Npy)?;
         let shape = arr.shape;
         if shape.len() != 4 || shape[3] != 3 {
             return Err(FieldMapError::WrongShape(
@@ -456,29 +455,16 @@ mod tests {
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
     }
 
-    /// NPY bytes of `values` (C order flattened, written in the given layout) with the
-    /// given `descr` and shape.
+    /// NPY bytes of `values` (given in C order) written with `descr` (`<f4`, `>f4`, `<f8`,
+    /// `>f8`) in C or Fortran order, as NumPy would write them.
     fn npy_bytes(descr: &str, fortran: bool, shape: &[usize], values: &[f64]) -> Vec<u8> {
-        let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-        let mut header = format!(
-            "{{'descr': '{descr}', 'fortran_order': {}, 'shape': ({},), }}",
-            if fortran { "True" } else { "False" },
-            dims.join(", ")
-        );
-        while (10 + header.len() + 1) % 64 != 0 {
-            header.push(' ');
-        }
-        header.push('\n');
-        let mut out = b"\x93NUMPY\x01\x00".to_vec();
-        out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-        out.extend_from_slice(header.as_bytes());
-        // Element order of the file: C order, or the first index fastest.
-        let n = values.len();
-        let mut order: Vec<usize> = (0..n).collect();
+        use npyz::{DType, Order, WriteOptions, WriterBuilder};
+        // The file's element order: C order, or the first index fastest.
+        let mut order: Vec<usize> = (0..values.len()).collect();
         if fortran {
             order.clear();
             let mut idx = vec![0usize; shape.len()];
-            for _ in 0..n {
+            for _ in 0..values.len() {
                 order.push(idx.iter().zip(shape).fold(0, |acc, (&i, &d)| acc * d + i));
                 for (i, d) in idx.iter_mut().zip(shape) {
                     *i += 1;
@@ -489,13 +475,30 @@ mod tests {
                 }
             }
         }
-        for &k in &order {
-            match descr {
-                "<f4" => out.extend_from_slice(&(values[k] as f32).to_le_bytes()),
-                ">f4" => out.extend_from_slice(&(values[k] as f32).to_be_bytes()),
-                "<f8" => out.extend_from_slice(&values[k].to_le_bytes()),
-                _ => out.extend_from_slice(&values[k].to_be_bytes()),
-            }
+        let dtype = DType::Plain(descr.parse().unwrap());
+        let layout = if fortran { Order::Fortran } else { Order::C };
+        let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+        let mut out = Vec::new();
+        if descr.ends_with('4') {
+            let mut w = WriteOptions::<f32>::new()
+                .dtype(dtype)
+                .order(layout)
+                .shape(&dims)
+                .writer(&mut out)
+                .begin_nd()
+                .unwrap();
+            w.extend(order.iter().map(|&k| values[k] as f32)).unwrap();
+            w.finish().unwrap();
+        } else {
+            let mut w = WriteOptions::<f64>::new()
+                .dtype(dtype)
+                .order(layout)
+                .shape(&dims)
+                .writer(&mut out)
+                .begin_nd()
+                .unwrap();
+            w.extend(order.iter().map(|&k| values[k])).unwrap();
+            w.finish().unwrap();
         }
         out
     }
