@@ -412,8 +412,10 @@ pub struct Rights {
     yb: Vec<f32>,
     /// Per middle hit with right doublets (by `h - first`): the pointing and first
     /// triplet tents' mean fields there ([`tent_fields`]), looked up once for its back
-    /// boxes and its pairs.
+    /// boxes and its pairs, or for the windows of its left doublets on a seed plane.
     fields: Vec<[f32; 6]>,
+    /// The doublet planes `fields` was looked up for (`None` until it is).
+    fields_planes: Option<(usize, usize)>,
     boxes: [Vec<f32>; 4],
     /// First and last column, first and last row.
     cells: [Vec<u16>; 4],
@@ -431,6 +433,29 @@ impl Rights {
         self.ids.clear();
         self.downstream = false;
         self.t2.clear();
+        self.fields_planes = None;
+    }
+
+    /// [`Rights::fields`] of the doublet planes `planes` at every middle hit that has
+    /// right doublets.
+    #[inline(always)]
+    fn fill_fields(
+        &mut self,
+        geo: &FinderGeometry,
+        cuts: &Cuts,
+        planes: (usize, usize),
+        sh: &SortedHits,
+    ) {
+        self.fields.clear();
+        self.fields.resize(self.start.len() - 1, [0.0; 6]);
+        for (k, w) in self.start.windows(2).enumerate() {
+            if w[1] > w[0] {
+                let h = self.first + k;
+                let (bd, bg) = tent_fields(geo, cuts, planes, sh.x_mm[h], sh.y_mm[h]);
+                self.fields[k] = [bd[0], bd[1], bd[2], bg[0][0], bg[0][1], bg[0][2]];
+            }
+        }
+        self.fields_planes = Some(planes);
     }
 
     /// The slopes of the doublets `ids`, as lanes.
@@ -460,17 +485,12 @@ impl Rights {
         // The middle hit of each right doublet, and the fields there.
         self.xb.clear();
         self.yb.clear();
-        self.fields.clear();
-        self.fields.resize(self.start.len() - 1, [0.0; 6]);
+        self.fill_fields(geo, cuts, back.planes, sh);
         for (k, w) in self.start.windows(2).enumerate() {
             let m = (w[1] - w[0]) as usize;
             let h = self.first + k;
             self.xb.extend(std::iter::repeat_n(sh.x_mm[h], m));
             self.yb.extend(std::iter::repeat_n(sh.y_mm[h], m));
-            if m > 0 {
-                let (bd, bg) = tent_fields(geo, cuts, back.planes, sh.x_mm[h], sh.y_mm[h]);
-                self.fields[k] = [bd[0], bd[1], bd[2], bg[0][0], bg[0][1], bg[0][2]];
-            }
         }
         let mut group = 0;
         let g = &geo.planes[i];
@@ -693,7 +713,9 @@ fn left_doublets_outgoing<const AVX2: bool, const R: usize>(
         let ids = &ids[..c1 - c0];
         for p0 in (0..ids.len()).step_by(LANES) {
             let lane_ids = &ids[p0..(p0 + LANES).min(ids.len())];
-            chunk_windows::<R>(geo, cuts, buf, lane_ids, lefts.planes(), p0, w);
+            // The fields at the middle hits, where they were looked up once per hit.
+            let fields = rights.filter(|r| R == 1 && r.fields_planes == lefts.planes());
+            chunk_windows::<R>(geo, cuts, buf, lane_ids, lefts.planes(), fields, p0, w);
         }
         for (i, &d1) in ids.iter().enumerate() {
             let (lo, hi) = (w.lo[i], w.hi[i]);
@@ -1097,6 +1119,11 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                     lefts.push(d);
                 }
             }
+            // A middle hit there has many left doublets: its fields once for all (in a
+            // uniform field the lookup is the field itself).
+            if cuts.uniform.is_none() {
+                rights.fill_fields(geo, &cuts, (i, j), &buf.hits);
+            }
         } else if let (Some(back), Some((_, inv_dz))) =
             (BackWindow::new(geo, &cuts, i), pw.target(0))
         {
@@ -1258,7 +1285,9 @@ fn pair_constants(p: &super::PairLanes, reach: u8, pf: &mut [[f32; LANES]; PF_N]
 }
 
 /// Phase 1: the windows of doublets `ids` (at most [`LANES`]; all on the planes `planes`
-/// where given), stored at `i0..` in `w`.
+/// where given), stored at `i0..` in `w`; the fields at their middle hits from `fields`
+/// ([`Rights::fill_fields`] of those planes, reach 1) where given.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn chunk_windows<const R: usize>(
     geo: &FinderGeometry,
@@ -1266,6 +1295,7 @@ fn chunk_windows<const R: usize>(
     buf: &CaBuffers,
     ids: &[u32],
     planes: Option<(usize, usize)>,
+    fields: Option<&Rights>,
     i0: usize,
     w: &mut ChunkWindows,
 ) {
@@ -1304,7 +1334,14 @@ fn chunk_windows<const R: usize>(
         // field needs none; the lefts of one plane pair come with right doublets).
         let b = d.b as usize;
         let looked_up = cuts.uniform.is_some() || planes.is_some();
-        let (d_field, g_field) = if looked_up || buf.dbl_start[b] < buf.dbl_start[b + 1] {
+        let (d_field, g_field) = if let Some(r) = fields {
+            // The same lookup, once per middle hit (the triples past the first are zero
+            // at reach 1).
+            let f = &r.fields[b - r.first];
+            let mut g = [[0.0; 3]; MAX_REACH];
+            g[0] = [f[3], f[4], f[5]];
+            ([f[0], f[1], f[2]], g)
+        } else if looked_up || buf.dbl_start[b] < buf.dbl_start[b + 1] {
             tent_fields(geo, cuts, (pa, pb), xb, yb)
         } else {
             ([0.0; 3], [[0.0; 3]; MAX_REACH])
