@@ -479,26 +479,28 @@ mod tests {
         let layout = if fortran { Order::Fortran } else { Order::C };
         let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
         let mut out = Vec::new();
+        fn write<T: npyz::AutoSerialize>(
+            dtype: DType,
+            layout: Order,
+            dims: &[u64],
+            out: &mut Vec<u8>,
+            items: impl Iterator<Item = T>,
+        ) {
+            let mut w = WriteOptions::<T>::new()
+                .dtype(dtype)
+                .order(layout)
+                .shape(dims)
+                .writer(out)
+                .begin_nd()
+                .unwrap();
+            w.extend(items).unwrap();
+            w.finish().unwrap();
+        }
+        let items = order.iter().map(|&k| values[k]);
         if descr.ends_with('4') {
-            let mut w = WriteOptions::<f32>::new()
-                .dtype(dtype)
-                .order(layout)
-                .shape(&dims)
-                .writer(&mut out)
-                .begin_nd()
-                .unwrap();
-            w.extend(order.iter().map(|&k| values[k] as f32)).unwrap();
-            w.finish().unwrap();
+            write(dtype, layout, &dims, &mut out, items.map(|v| v as f32));
         } else {
-            let mut w = WriteOptions::<f64>::new()
-                .dtype(dtype)
-                .order(layout)
-                .shape(&dims)
-                .writer(&mut out)
-                .begin_nd()
-                .unwrap();
-            w.extend(order.iter().map(|&k| values[k])).unwrap();
-            w.finish().unwrap();
+            write(dtype, layout, &dims, &mut out, items);
         }
         out
     }

@@ -714,7 +714,8 @@ fn left_doublets_outgoing<const AVX2: bool, const R: usize>(
         for p0 in (0..ids.len()).step_by(LANES) {
             let lane_ids = &ids[p0..(p0 + LANES).min(ids.len())];
             // The fields at the middle hits, where they were looked up once per hit.
-            let fields = rights.filter(|r| R == 1 && r.fields_planes == lefts.planes());
+            let planes = lefts.planes();
+            let fields = rights.filter(|r| R == 1 && planes.is_some() && r.fields_planes == planes);
             chunk_windows::<R>(geo, cuts, buf, lane_ids, lefts.planes(), fields, p0, w);
         }
         for (i, &d1) in ids.iter().enumerate() {
