@@ -79,6 +79,7 @@ typedef unsigned int u32;
 #define G_UNIFORM 14
 #define G_UB 15 // 3
 #define G_K 18
+#define G_MIN_EVENT_HITS 19 // events with fewer sorted hits make no doublets in the pass
 #define G_N 20
 
 // Failure codes of an event (the step that overflowed).

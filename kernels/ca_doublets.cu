@@ -9,7 +9,9 @@
 // the arena plus the hit's scanned offset (dbl_off): per doublet a, b, tx, ty in one
 // 16-byte record (dbl) and the gap. In a later pass (`used` not null: per input hit, the
 // hits the earlier pass's tracks took; `sinput` maps a sorted hit to its input index),
-// doublets with a used hit are not made, as the CPU skips them.
+// doublets with a used hit are not made, as the CPU skips them. A pass whose tables set
+// G_MIN_EVENT_HITS makes none in an event with fewer sorted hits (the CPU does not run it
+// there).
 
 struct Box4 {
     float x0, x1, y0, y1;
@@ -71,9 +73,11 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
     u32 s = hit_start[e], m = n_sorted[e];
     const u32* starts = bin_start + (size_t)e * (n_bins + 1);
     u32 base = write ? dbl_base[e] : 0;
+    // A pass for busy events only (the stiff-track pass): a sparse event makes nothing.
+    bool sparse = (float)m < g[G_MIN_EVENT_HITS];
     for (u32 a = CA_FIRST; a < m; a += CA_STRIDE) {
         if (write && dbl_count[s + a] == 0) continue;
-        if (used && used[s + sinput[s + a]]) {
+        if (sparse || (used && used[s + sinput[s + a]])) {
             if (!write) dbl_count[s + a] = 0;
             continue;
         }

@@ -342,3 +342,75 @@ fn a_device_error_fails_the_launch_and_the_next_runs_and_overflows_are_handed_ba
         }
     }
 }
+
+/// One launch of busy and sparse events together, at the product's default minimum
+/// momentum (0.5 GeV/c): the stiff-track pass runs in the busy events only, on the device
+/// as on the CPU (`stiff_pass_min_hits`), so every event's tracks equal the CPU's in
+/// acceptance order (where the stiff pass ran, its tracks come first).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_launch_of_busy_and_sparse_events_gives_the_cpus_tracks_in_order() {
+    use trigd::gpu::tracking::{GpuTracker, TrackerLimits};
+    use trigd::tracking::reco::Reconstructor;
+    let dev = device();
+    let s = seed();
+    for (name, det, sim) in configurations(Preset::Central) {
+        let cfg = FinderConfig::from_detector(&det, 0.5);
+        assert!(cfg.stiff_pass(&det).is_some(), "{name}");
+        let minbias = match name {
+            "forward" => SimConfig::forward(Preset::Minbias),
+            _ => SimConfig::preset(Preset::Minbias),
+        };
+        let busy = simulate_events(&det, &sim, s, 0, 4).map(|e| e.hits);
+        let sparse: Vec<Vec<HitRecord>> = simulate_events(&det, &minbias, s, 10, 12)
+            .map(|e| e.hits)
+            .collect();
+        let mut events = Vec::new();
+        for (k, b) in busy.enumerate() {
+            events.push(b);
+            events.extend(sparse[3 * k..3 * k + 3].iter().cloned());
+        }
+        let n_busy = events
+            .iter()
+            .filter(|e| e.len() >= cfg.stiff_pass_min_hits)
+            .count();
+        assert!(
+            n_busy == 4,
+            "{name}: {n_busy} busy events of {}",
+            events.len()
+        );
+        let views: Vec<&[HitRecord]> = events.iter().map(Vec::as_slice).collect();
+        let mut tracker = GpuTracker::new(
+            &dev,
+            &det,
+            &cfg,
+            TrackerLimits::for_batch(&cfg, views.len()),
+        )
+        .expect("tracker");
+        let (mut out, mut back, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
+        tracker
+            .reconstruct_batch(&views, &mut out, &mut back)
+            .expect("launch");
+        let mut reco = Reconstructor::new(&det, cfg.clone());
+        let mut n_tracks = 0;
+        for (k, ev) in events.iter().enumerate() {
+            assert!(back[k].is_none(), "{name}: event {k} handed back");
+            reco.reconstruct(ev, &mut cpu);
+            n_tracks += cpu.len();
+            let hits = |t: &[trigd::tracking::track::Track]| -> Vec<Vec<u32>> {
+                t.iter().map(|t| t.hits.clone()).collect()
+            };
+            assert_eq!(
+                hits(&out[k]),
+                hits(&cpu),
+                "{name}: event {k} ({} hits)",
+                ev.len()
+            );
+        }
+        println!(
+            "{name}: {} events, {n_tracks} tracks equal in order",
+            events.len()
+        );
+        assert!(n_tracks > 1000, "{name}");
+    }
+}

@@ -6,7 +6,9 @@
 //!    doublets on consecutive planes, triplets, the dead ends dropped where the finder
 //!    keeps only chains that reach the last plane or leave the detector, neighbours,
 //!    evolution; then the candidates of at least `first_pass_min_hits` hits, fitted and
-//!    chosen with each hit used once ([`GpuCaEngine::select_candidates`]);
+//!    chosen with each hit used once ([`GpuCaEngine::select_candidates`]); with the
+//!    stiff-track cuts first ([`FinderConfig::stiff_pass`], their own tables), then again
+//!    with the configuration's on the hits left ([`GpuCaEngine::run_pass`]), as the CPU;
 //! 2. the later pass over missing planes on the hits the first left
 //!    ([`GpuCaEngine::run_pass`]), its candidates appended;
 //! 3. the accepted tracks packed on the device, one event after the other
@@ -26,7 +28,7 @@
 
 use crate::frame::HitRecord;
 use crate::gpu::nvrtc::KernelCache;
-use crate::gpu::tracking_ca::{BatchTracks, CaLimits, GpuCaEngine, PassOptions};
+use crate::gpu::tracking_ca::{BatchTracks, CaLimits, CaTables, GpuCaEngine, PassOptions};
 use crate::gpu::tracking_clones::{CloneEngineConfig, CloneLimits, GpuCloneEngine};
 use crate::gpu::{GpuDevice, GpuError};
 use crate::tracking::ca::{FinderGeometry, MAX_REACH};
@@ -76,7 +78,7 @@ impl TrackerLimits {
 /// stream synchronised).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct TrackerTimes {
-    /// Hits up, sorted, and the first pass's steps.
+    /// Hits up, sorted, and the first pass's steps (the stiff-track pass's included).
     pub first_pass_ms: f64,
     pub first_candidates_ms: f64,
     pub later_pass_ms: f64,
@@ -93,6 +95,11 @@ pub struct TrackerTimes {
 #[derive(Debug, Clone, Copy)]
 struct Passes {
     two_pass: bool,
+    /// The first pass runs first with the stiff-track cuts
+    /// ([`FinderConfig::stiff_pass`]; two passes only): the engine's pass 0, in events
+    /// of at least `stiff_min_hits` sorted hits.
+    stiff: bool,
+    stiff_min_hits: usize,
     first_min_hits: usize,
     min_hits: usize,
     /// The first pass keeps only chains that can end (dead ends dropped from this plane).
@@ -102,7 +109,7 @@ struct Passes {
 }
 
 impl Passes {
-    fn new(cfg: &FinderConfig, n_planes: usize) -> Self {
+    fn new(cfg: &FinderConfig, stiff: bool, n_planes: usize) -> Self {
         let two_pass = cfg.allow_missing_plane && cfg.first_pass_min_hits <= n_planes;
         let reach = if cfg.allow_missing_plane {
             (1 + cfg.max_gap_planes).min(MAX_REACH)
@@ -114,6 +121,8 @@ impl Passes {
             .then(|| n_planes - seed_planes.min(n_planes));
         Passes {
             two_pass,
+            stiff: two_pass && stiff,
+            stiff_min_hits: cfg.stiff_pass_min_hits,
             first_min_hits: cfg.first_pass_min_hits,
             min_hits: cfg.min_hits,
             dead_ends_from,
@@ -146,22 +155,21 @@ impl GpuTracker {
         let geo = FinderGeometry::new(det, cfg);
         let fitter = KalmanFitter::new(det, cfg.fit.clone());
         let n_planes = det.planes.len();
-        let passes = Passes::new(cfg, n_planes);
-        let reaches: Vec<usize> = if passes.two_pass {
-            vec![1, passes.reach]
-        } else {
-            vec![passes.reach]
-        };
+        let stiff = cfg.stiff_pass(det);
+        let passes = Passes::new(cfg, stiff.is_some(), n_planes);
+        // The engine's passes: the stiff-track pass (its own cuts and tables), then the
+        // configuration's first pass and the later one, as the CPU runs them.
+        let mut tables = Vec::new();
+        if let (true, Some(s)) = (passes.stiff, &stiff) {
+            let t = CaTables::new(&FinderGeometry::new(det, s), s, 1);
+            tables.push(t.for_events_of(cfg.stiff_pass_min_hits));
+        }
+        if passes.two_pass {
+            tables.push(CaTables::new(&geo, cfg, 1));
+        }
+        tables.push(CaTables::new(&geo, cfg, passes.reach));
         let cache = KernelCache::from_env();
-        let ca = GpuCaEngine::with_passes(
-            device,
-            &geo,
-            cfg,
-            Some(&fitter),
-            &reaches,
-            limits.ca,
-            &cache,
-        )?;
+        let ca = GpuCaEngine::with_tables(device, tables, Some(&fitter), limits.ca, &cache)?;
         // Clone suppression compares short tracks (at most n - 3 hits) with longer ones.
         let clones = if n_planes >= 4 {
             Some(GpuCloneEngine::new(
@@ -251,8 +259,11 @@ impl GpuTracker {
             clock = now;
             ms
         };
+        // The stiff-track pass where some event is busy enough for it (a sparse event
+        // makes nothing in it; the device counts sorted hits, at most an event's hits).
+        let stiff = p.stiff && events.iter().any(|e| e.len() >= p.stiff_min_hits);
         let first = PassOptions {
-            pass: 0,
+            pass: (p.stiff && !stiff) as usize,
             dead_ends_from_plane: p.dead_ends_from,
             skip_used: false,
         };
@@ -265,9 +276,20 @@ impl GpuTracker {
         };
         let mut summary = self.ca.select_candidates(first_min, false)?;
         times.first_candidates_ms = lap();
-        if p.two_pass {
+        if stiff {
+            // The configuration's first pass on the hits the stiff tracks left.
             self.ca.run_pass(PassOptions {
                 pass: 1,
+                dead_ends_from_plane: p.dead_ends_from,
+                skip_used: true,
+            })?;
+            times.first_pass_ms += lap();
+            summary = self.ca.select_candidates(first_min, true)?;
+            times.first_candidates_ms += lap();
+        }
+        if p.two_pass {
+            self.ca.run_pass(PassOptions {
+                pass: 1 + p.stiff as usize,
                 dead_ends_from_plane: None,
                 skip_used: true,
             })?;

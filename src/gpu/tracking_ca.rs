@@ -318,6 +318,9 @@ pub struct CaTables {
     pub max_chi2_ndf: f64,
     /// Per-event limits of the CPU finder.
     pub limits: Limits,
+    /// Per plane: the exit margin and half sizes of [`FinderGeometry::may_leave`] (the
+    /// dead-end step's, at the pass's momentum).
+    pub exits: Vec<f32>,
 }
 
 impl CaTables {
@@ -376,6 +379,8 @@ impl CaTables {
             globals[15..18].copy_from_slice(&b);
         }
         globals[18] = K_GEV_PER_T_MM as f32;
+        // globals[19]: the fewest sorted hits of an event the pass runs on (every event;
+        // see `for_events_of`).
         let mut pair_f32 = vec![0.0f32; n * n * PRF];
         let mut pair_i32 = vec![-1i32; n * n * PRI];
         let mut tents = Vec::new();
@@ -431,7 +436,23 @@ impl CaTables {
             neighbour_chi2_max: cfg.neighbour_chi2_max,
             max_chi2_ndf: cfg.max_chi2_ndf,
             limits: cfg.limits.clone(),
+            exits: geo.planes.iter().flat_map(|p| p.exit).collect(),
         }
+    }
+}
+
+impl CaTables {
+    /// The pass runs on events of at least `min_hits` sorted hits only (the others make
+    /// no doublets in it, hence nothing), as the CPU runs its stiff-track pass on busy
+    /// events only.
+    pub fn for_events_of(mut self, min_hits: usize) -> Self {
+        self.globals[19] = min_hits.min(u32::MAX as usize) as f32;
+        self
+    }
+
+    /// [`Self::for_events_of`]'s value.
+    pub fn min_event_hits(&self) -> usize {
+        self.globals[19] as usize
     }
 }
 
@@ -722,6 +743,7 @@ struct DeviceTables {
     pair_i32: DeviceBuffer<i32>,
     tents: DeviceBuffer<f32>,
     globals: DeviceBuffer<f32>,
+    exits: DeviceBuffer<f32>,
 }
 
 impl DeviceTables {
@@ -739,6 +761,7 @@ impl DeviceTables {
             pair_i32: DeviceBuffer::from_host(ctx, &tables.pair_i32)?,
             tents: DeviceBuffer::from_host(ctx, &tents)?,
             globals: DeviceBuffer::from_host(ctx, &tables.globals)?,
+            exits: DeviceBuffer::from_host(ctx, &tables.exits)?,
             tables,
         })
     }
@@ -1011,8 +1034,6 @@ pub struct GpuCaEngine {
     stream: Arc<CudaStream>,
     /// The tables of each pass (the first pass's are [`Self::tables`]).
     passes: Vec<DeviceTables>,
-    /// Per plane: the exit margin and half sizes of [`FinderGeometry::may_leave`].
-    exits: DeviceBuffer<f32>,
     /// The fitter's tables, for the candidate step (engines built with a fitter).
     fit: Option<FitDevice>,
     /// The cells per event, once per event (the item counts of the cells' scan).
@@ -1079,16 +1100,59 @@ impl GpuCaEngine {
         limits: CaLimits,
         cache: &KernelCache,
     ) -> Result<Self, GpuError> {
+        let tables = reaches
+            .iter()
+            .map(|&r| CaTables::new(geo, cfg, r))
+            .collect();
+        Self::with_tables(device, tables, fitter, limits, cache)
+    }
+
+    /// The engine of several passes, each with its own tables (at least one; the passes'
+    /// cuts may differ, as the stiff-track pass's do, but not their grid or limits):
+    /// [`Self::run_pass`] runs pass `k` with `tables[k]`.
+    pub fn with_tables(
+        device: &GpuDevice,
+        tables: Vec<CaTables>,
+        fitter: Option<&KalmanFitter>,
+        limits: CaLimits,
+        cache: &KernelCache,
+    ) -> Result<Self, GpuError> {
         limits.validate()?;
-        let Some(&reach) = reaches.first() else {
+        let mut tables = tables.into_iter();
+        let Some(first) = tables.next() else {
             return Err(GpuError::Config(
                 "a tracking engine needs at least one pass".into(),
             ));
         };
-        let tables = CaTables::new(geo, cfg, reach);
-        if tables.n_planes == 0 {
+        if first.n_planes == 0 {
             return Err(GpuError::Config("the detector has no planes".into()));
         }
+        let later: Vec<CaTables> = tables.collect();
+        // Hits are sorted into the grid once, by the first pass's tables.
+        let grid = |t: &CaTables| -> Vec<u32> {
+            let mut g = vec![t.n_planes as u32, t.n_bins as u32];
+            for i in 0..t.n_planes {
+                g.extend(
+                    t.plane_f32[i * PLF..i * PLF + 4]
+                        .iter()
+                        .map(|v| v.to_bits()),
+                );
+                g.extend(t.plane_i32[i * PLI..i * PLI + 3].iter().map(|&v| v as u32));
+            }
+            g
+        };
+        if later
+            .iter()
+            .any(|t| grid(t) != grid(&first) || t.limits != first.limits)
+        {
+            return Err(GpuError::Config(
+                "the passes of a tracking engine must share the planes' grid and the limits".into(),
+            ));
+        }
+        let reaches: Vec<usize> = std::iter::once(first.reach)
+            .chain(later.iter().map(|t| t.reach))
+            .collect();
+        let tables = first;
         let ctx = device.open()?;
         // SAFETY: the engine synchronises its one stream explicitly and uses no
         // cudarc-managed slices.
@@ -1143,14 +1207,12 @@ impl GpuCaEngine {
         let stream = driver("cuStreamCreate", ctx.new_stream())?;
         let n_bins = tables.n_bins;
         let mut passes = vec![DeviceTables::new(&ctx, tables)?];
-        for &r in &reaches[1..] {
-            passes.push(DeviceTables::new(&ctx, CaTables::new(geo, cfg, r))?);
+        for t in later {
+            passes.push(DeviceTables::new(&ctx, t)?);
         }
-        let exits: Vec<f32> = geo.planes.iter().flat_map(|p| p.exit).collect();
         let engine = GpuCaEngine {
             passes,
             fit,
-            exits: DeviceBuffer::from_host(&ctx, &exits)?,
             cells_n: DeviceBuffer::from_host(&ctx, &vec![n_bins as u32; limits.max_events])?,
             a: Arenas::new(&ctx, &limits, n_bins)?,
             host_x: PinnedBuffer::new(&ctx, limits.max_hits)?,
@@ -1545,7 +1607,7 @@ impl GpuCaEngine {
             pf(&a.k_chi2),
             p(&a.k_plane),
         );
-        let exits = pf(&self.exits);
+        let exits = pf(&dt.exits);
         let null = Ptr(0);
         let cells_n = p(&self.cells_n);
         let chi2 = Arg::F64(tb.neighbour_chi2_max);

@@ -66,11 +66,22 @@ impl StepTimes {
     }
 }
 
+/// Which cuts a pass runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// [`FinderConfig::stiff_pass`]'s.
+    Stiff,
+    /// The configuration's.
+    Main,
+}
+
 /// Track reconstruction for one detector; one per worker thread (it owns its buffers).
 #[derive(Debug)]
 pub struct Reconstructor {
     cfg: FinderConfig,
     geo: FinderGeometry,
+    /// The stiff-track pass's cuts and tables ([`FinderConfig::stiff_pass`]).
+    stiff: Option<Box<(FinderConfig, FinderGeometry)>>,
     fitter: KalmanFitter,
     buf: CaBuffers,
     spare: Vec<Track>,
@@ -87,9 +98,14 @@ impl Reconstructor {
         let geo = FinderGeometry::new(det, &cfg);
         let fitter = KalmanFitter::new(det, cfg.fit.clone());
         let buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+        let stiff = cfg.stiff_pass(det).map(|c| {
+            let g = FinderGeometry::new(det, &c);
+            Box::new((c, g))
+        });
         Reconstructor {
             cfg,
             geo,
+            stiff,
             fitter,
             buf,
             spare: Vec::new(),
@@ -165,13 +181,20 @@ impl Reconstructor {
             1
         };
         if two_pass {
-            // Tracks without a gap first, on consecutive-plane doublets; then the hits left,
-            // with doublets skipping planes.
+            // Tracks without a gap first, on consecutive-plane doublets (in a busy event
+            // the stiff ones first, then the others on the hits left); then the hits
+            // left, with doublets skipping planes.
             let to_last_plane = self.cfg.first_pass_to_last_plane;
-            self.find_pass(1, self.cfg.first_pass_min_hits, to_last_plane, false);
-            self.find_pass(reach, self.cfg.min_hits, false, true);
+            let first_min_hits = self.cfg.first_pass_min_hits;
+            let stiff =
+                self.stiff.is_some() && self.buf.hits.x_mm.len() >= self.cfg.stiff_pass_min_hits;
+            if stiff {
+                self.find_pass(Pass::Stiff, 1, first_min_hits, to_last_plane, false);
+            }
+            self.find_pass(Pass::Main, 1, first_min_hits, to_last_plane, stiff);
+            self.find_pass(Pass::Main, reach, self.cfg.min_hits, false, true);
         } else {
-            self.find_pass(reach, self.cfg.min_hits, false, false);
+            self.find_pass(Pass::Main, reach, self.cfg.min_hits, false, false);
         }
         let t = &mut self.times;
         t.events += 1;
@@ -194,24 +217,35 @@ impl Reconstructor {
         &self.geo
     }
 
-    /// One pass of the cellular automaton on the hits not used yet: doublets on planes up to
+    /// One pass of the cellular automaton (with the cuts of `pass`) on the hits not used
+    /// yet: doublets on planes up to
     /// `reach` apart, triplets, neighbours, evolution, then candidates of at least
     /// `min_hits` hits (appended to the earlier pass's when `append`). With
     /// `to_last_plane` (reach 1), only chains that end on the last plane or may leave
     /// the detector before it ([`ca::triplets::prune_dead_ends`]).
-    fn find_pass(&mut self, reach: usize, min_hits: usize, to_last_plane: bool, append: bool) {
+    fn find_pass(
+        &mut self,
+        pass: Pass,
+        reach: usize,
+        min_hits: usize,
+        to_last_plane: bool,
+        append: bool,
+    ) {
+        let (geo, cfg) = match (&self.stiff, pass) {
+            (Some(s), Pass::Stiff) => (&s.1, &s.0),
+            _ => (&self.geo, &self.cfg),
+        };
+        let (buf, fitter, times) = (&mut self.buf, &self.fitter, &mut self.times);
         let t1 = Instant::now();
-        let n_planes = self.geo.planes.len();
+        let n_planes = geo.planes.len();
         // Tracks of `min_hits` hits on consecutive planes end on one of this many last planes.
         let seed_planes = (n_planes + 1).saturating_sub(min_hits.max(3));
-        let dense = self.buf.hits.x_mm.len() >= self.cfg.follow_seeds_min_hits;
-        let t2 = if reach == 1 && self.cfg.follow_seeds && dense && seed_planes + 1 < n_planes {
+        let dense = buf.hits.x_mm.len() >= cfg.follow_seeds_min_hits;
+        let t2 = if reach == 1 && cfg.follow_seeds && dense && seed_planes + 1 < n_planes {
             let kernel = ca::Kernel::detect();
-            let (geo, cfg) = (&self.geo, &self.cfg);
             let a_planes = ca::triplets::seed_doublet_planes(n_planes, seed_planes);
-            ca::doublets::find_doublets_with(kernel, geo, cfg, 1, a_planes, &mut self.buf);
+            ca::doublets::find_doublets_with(kernel, geo, cfg, 1, a_planes, buf);
             let t2 = Instant::now();
-            let buf = &mut self.buf;
             ca::triplets::find_triplets_seeded_with(
                 kernel,
                 geo,
@@ -222,30 +256,24 @@ impl Reconstructor {
             );
             t2
         } else {
-            ca::doublets::find_doublets(&self.geo, &self.cfg, reach, &mut self.buf);
+            ca::doublets::find_doublets(geo, cfg, reach, buf);
             let t2 = Instant::now();
-            ca::triplets::find_triplets(&self.geo, &self.cfg, reach, &mut self.buf);
+            ca::triplets::find_triplets(geo, cfg, reach, buf);
             if to_last_plane && reach == 1 {
                 let first_end_plane = n_planes - seed_planes.min(n_planes);
-                ca::triplets::prune_dead_ends(&self.geo, first_end_plane, &mut self.buf);
+                ca::triplets::prune_dead_ends(geo, first_end_plane, buf);
             }
             t2
         };
         let t3 = Instant::now();
-        ca::neighbours::find_neighbours(&self.cfg, &mut self.buf);
+        ca::neighbours::find_neighbours(cfg, buf);
         let t4 = Instant::now();
-        ca::evolution::evolve(&mut self.buf, self.geo.planes.len());
+        ca::evolution::evolve(buf, geo.planes.len());
         let t5 = Instant::now();
-        let fit_ns = ca::candidates::extract_and_select(
-            &self.cfg,
-            &self.fitter,
-            &mut self.buf,
-            min_hits,
-            append,
-        );
+        let fit_ns = ca::candidates::extract_and_select(cfg, fitter, buf, min_hits, append);
         let t6 = Instant::now();
         let ns = |a: Instant, b: Instant| (b - a).as_nanos() as u64;
-        let t = &mut self.times;
+        let t = times;
         t.doublets_ns += ns(t1, t2);
         t.triplets_ns += ns(t2, t3);
         t.neighbours_ns += ns(t3, t4);
@@ -253,8 +281,8 @@ impl Reconstructor {
         // Extraction and greedy selection interleave with the fits (chunks of candidates).
         t.candidates_ns += ns(t5, t6).saturating_sub(fit_ns);
         t.fit_ns += fit_ns;
-        t.doublets += self.buf.doublets.len() as u64;
-        t.triplets += self.buf.triplets.len() as u64;
+        t.doublets += buf.doublets.len() as u64;
+        t.triplets += buf.triplets.len() as u64;
     }
 
     fn write_tracks(&mut self, out: &mut Vec<Track>) {
@@ -772,6 +800,108 @@ mod tests {
         reco.reconstruct(&hits, &mut tracks);
         let found: Vec<Vec<u32>> = tracks.iter().map(|t| t.hits.clone()).collect();
         assert_eq!(found, vec![a]);
+    }
+
+    /// The stiff-track pass runs with every momentum-dependent window derived at its
+    /// momentum (narrower bending and slope limits), everything else kept; none below a
+    /// factor above 1.
+    #[test]
+    fn the_stiff_pass_narrows_the_momentum_windows_and_keeps_the_other_cuts() {
+        let det = detector(8, [0.0, 0.8, 0.0], 0.004, 0.016);
+        let ov = FinderOverrides::from_toml_str("n_sigma = 5.0\nmin_hits = 5\n").unwrap();
+        let cfg = FinderConfig::from_detector_with(&det, 0.5, &ov);
+        assert_eq!(cfg.stiff_pass_p_factor, 3.0);
+        let stiff = cfg.stiff_pass(&det).expect("a stiff-track pass by default");
+        assert_eq!(stiff.min_p_gev, 1.5);
+        assert_eq!((stiff.n_sigma, stiff.min_hits), (5.0, 5));
+        assert_eq!(stiff.first_pass_min_hits, cfg.first_pass_min_hits);
+        assert_eq!(stiff.stiff_pass_p_factor, 0.0);
+        assert!(stiff.stiff_pass(&det).is_none());
+        // By bends in x: a third of the curvature bound (at most: the slope limits, on
+        // which the curvature of an inclined track depends, shrink too).
+        let third = cfg.max_curvature_x_per_mm / 3.0;
+        assert!(
+            stiff.max_curvature_x_per_mm <= third * (1.0 + 1e-9)
+                && stiff.max_curvature_x_per_mm > 0.0,
+            "{} vs {third}",
+            stiff.max_curvature_x_per_mm
+        );
+        assert!(stiff.max_tx < cfg.max_tx && stiff.max_ty <= cfg.max_ty);
+        assert!(stiff.slope_factor <= cfg.slope_factor);
+        let (g, gs) = (
+            FinderGeometry::new(&det, &cfg),
+            FinderGeometry::new(&det, &stiff),
+        );
+        for (a, b) in g.planes.iter().zip(&gs.planes) {
+            // Scattering at three times the momentum: a ninth of the variance (a little
+            // more: the pion's velocity is closer to c).
+            let r = b.theta2_min_p * 9.0 / a.theta2_min_p;
+            assert!(r < 1.0 && r > 0.9, "{r}");
+        }
+        for k in [1.0, 0.0, 0.5] {
+            let one = FinderConfig {
+                stiff_pass_p_factor: k,
+                ..cfg.clone()
+            };
+            assert!(one.stiff_pass(&det).is_none());
+            assert!(one.validate(&det).is_ok());
+        }
+        for k in [f64::NAN, -2.0] {
+            let bad = FinderConfig {
+                stiff_pass_p_factor: k,
+                ..cfg.clone()
+            };
+            assert!(matches!(
+                bad.validate(&det),
+                Err(ConfigError::Invalid {
+                    field: "stiff_pass_p_factor",
+                    ..
+                })
+            ));
+        }
+        let off = FinderOverrides::from_toml_str("stiff_pass_p_factor = 0").unwrap();
+        let c = FinderConfig::from_detector_with(&det, 0.5, &off);
+        assert!(c.stiff_pass(&det).is_none());
+    }
+
+    /// A soft track, bent beyond the stiff-track pass's windows, is found by the pass at
+    /// the minimum momentum on the hits the stiff tracks left; the stiff tracks are found
+    /// as without the stiff pass.
+    #[test]
+    fn a_soft_track_is_found_on_the_hits_the_stiff_pass_leaves() {
+        let det = detector(8, [0.0, 0.8, 0.0], 0.004, 0.016);
+        let mut rng = ChaCha8Rng::seed_from_u64(23);
+        let mut hits = Vec::new();
+        let mut want = Vec::new();
+        for start in [
+            [0.0, 0.0, 0.08, 0.03, 1.0 / 5.0],
+            [0.1, 0.0, -0.06, -0.04, -1.0 / 3.0],
+            [0.0, 0.1, 0.02, 0.05, -1.0 / 0.8],
+        ] {
+            want.push(track(&det, start, true, true, &mut rng, &mut hits).0);
+        }
+        let soft = want[2].clone();
+        want.sort();
+        let cfg = FinderConfig::from_detector(&det, 0.5);
+        let stiff = cfg.stiff_pass(&det).expect("stiff pass");
+        let find = |cfg: FinderConfig| {
+            let mut reco = Reconstructor::new(&det, cfg);
+            let mut tracks = Vec::new();
+            reco.reconstruct(&hits, &mut tracks);
+            let mut found: Vec<Vec<u32>> = tracks.iter().map(|t| t.hits.clone()).collect();
+            found.sort();
+            found
+        };
+        let one = FinderConfig {
+            stiff_pass_p_factor: 0.0,
+            ..cfg.clone()
+        };
+        assert_eq!(find(one), want);
+        assert_eq!(find(cfg), want);
+        // The stiff-track cuts alone do not take the soft track.
+        let alone = find(stiff);
+        assert!(!alone.contains(&soft), "{alone:?}");
+        assert_eq!(alone.len(), 2);
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! | `neighbour_chi2_max` | the q/p difference of neighbouring triplets in units of their errors (also where the seeded step makes a triplet upstream of the seed planes in a field map: kept only as a neighbour of one downstream) |
 //! | `clone_window_mm` | the scattering displacement over the detector at the minimum momentum |
 //! | exit margins (`may_leave`) | the curvature bound, scattering and resolution over one plane gap |
+//! | `stiff_pass_p_factor` | the momentum of a first pass on consecutive planes for the stiffer tracks (every momentum-dependent window above at that momentum), whose hits the passes at the minimum momentum no longer see |
 //! | `max_gap_planes` | the planes in a row a track may cross without a hit (plane inefficiency: two in a row miss at `(1 - eff)^2`), bridged by doublets in the second pass |
 
 use crate::tracking::geometry::Detector;
@@ -106,6 +107,20 @@ pub struct FinderConfig {
     /// efficiency on eight planes: without doublets over them such a track falls into two
     /// pieces, each too short where it has fewer than `min_hits` hits. Default 2.
     pub max_gap_planes: usize,
+    /// The first pass on consecutive planes runs twice: first for tracks above this factor
+    /// times `min_p_gev`, with every momentum-dependent window (bending, scattering, slope
+    /// limits, exit margins) derived at that momentum ([`FinderConfig::stiff_pass`]), then
+    /// at `min_p_gev` on the hits it left. Most tracks of a busy event are stiff: their
+    /// windows are this factor narrower in the bending and the scattering, and the wide
+    /// windows of the soft tracks then search a fraction of the hits, with fewer wrong
+    /// combinations to choose from. The stiff tracks' candidates are chosen before the
+    /// soft ones' (hits used once, as between the passes). At most 1 (or 0): one pass.
+    /// Default 3 (the windows a third as wide; the finder's cost is flat from 2 to 4).
+    pub stiff_pass_p_factor: f64,
+    /// Fewest hits of an event for the stiff-track pass: in sparse events the windows
+    /// hold few wrong hits at any momentum and the extra pass costs more than it saves.
+    /// Default 2000.
+    pub stiff_pass_min_hits: usize,
     /// Fewest hits of a track found in the first pass, which makes doublets on consecutive
     /// planes only (a fraction of the combinations of the doublets skipping a plane); the
     /// second pass, with the skipping doublets when `allow_missing_plane`, runs on the hits
@@ -171,32 +186,8 @@ impl FinderConfig {
         let origin_z_mm = 0.0;
         let momentum_slack = 1.15;
         let fit = FitConfig::from_detector(det);
-        // Slope limits from the acceptance seen from the origin.
-        let mut tx_geo: f64 = 0.0;
-        let mut ty_geo: f64 = 0.0;
-        for p in &det.planes {
-            let lever = p.z_mm - origin_z_mm;
-            if lever > 1.0 {
-                tx_geo = tx_geo.max(p.half_x_mm / lever);
-                ty_geo = ty_geo.max(p.half_y_mm / lever);
-            }
-        }
-        if tx_geo == 0.0 {
-            tx_geo = 1.0;
-            ty_geo = 1.0;
-        }
-        let (cx0, cy0) =
-            max_curvature_per_mm(det, origin_z_mm, min_p / momentum_slack, tx_geo, ty_geo);
-        let length = det
-            .planes
-            .last()
-            .map(|p| p.z_mm - origin_z_mm)
-            .unwrap_or(0.0)
-            .max(0.0);
-        let max_tx = (tx_geo + cx0 * length).min(3.0);
-        let max_ty = (ty_geo + cy0 * length).min(3.0);
-        let (cx, cy) =
-            max_curvature_per_mm(det, origin_z_mm, min_p / momentum_slack, max_tx, max_ty);
+        let b = MomentumBounds::new(det, origin_z_mm, min_p / momentum_slack);
+        let (max_tx, max_ty, cx, cy) = (b.max_t[0], b.max_t[1], b.curvature[0], b.curvature[1]);
         let slope_factor = slope_factor(max_tx, max_ty);
         let n_sigma: f64 = 4.0;
         let mut cfg = FinderConfig {
@@ -214,6 +205,8 @@ impl FinderConfig {
             allow_missing_plane: true,
             max_gap_planes: super::MAX_REACH - 1,
             first_pass_min_hits: 0,
+            stiff_pass_p_factor: 3.0,
+            stiff_pass_min_hits: 2000,
             first_pass_to_last_plane: true,
             follow_seeds: true,
             follow_seeds_min_hits: 2000,
@@ -249,6 +242,33 @@ impl FinderConfig {
         let mut c = FinderConfig::from_detector(det, min_p);
         ov.apply(&mut c);
         c
+    }
+
+    /// The cuts of the stiff-track pass (see [`Self::stiff_pass_p_factor`]), or `None`
+    /// where there is none: this configuration at `stiff_pass_p_factor` times the minimum
+    /// momentum, every other cut (overrides included) kept. The slope limits and the
+    /// curvature bounds are derived at the higher momentum from the origin and the field
+    /// as [`Self::from_detector`] does, never beyond this configuration's; the scattering
+    /// windows follow from `min_p_gev` where the finder's tables are built.
+    pub fn stiff_pass(&self, det: &Detector) -> Option<FinderConfig> {
+        let k = self.stiff_pass_p_factor;
+        if !(k > 1.0 && k.is_finite()) {
+            return None;
+        }
+        let min_p = self.min_p_gev * k;
+        let b = MomentumBounds::new(det, self.origin_z_mm, min_p / self.momentum_slack);
+        let max_tx = b.max_t[0].min(self.max_tx);
+        let max_ty = b.max_t[1].min(self.max_ty);
+        Some(FinderConfig {
+            min_p_gev: min_p,
+            max_tx,
+            max_ty,
+            max_curvature_x_per_mm: b.curvature[0].min(self.max_curvature_x_per_mm),
+            max_curvature_y_per_mm: b.curvature[1].min(self.max_curvature_y_per_mm),
+            slope_factor: slope_factor(max_tx, max_ty).min(self.slope_factor),
+            stiff_pass_p_factor: 0.0,
+            ..self.clone()
+        })
     }
 
     /// Largest |q/p| the cuts accept, e/(GeV/c).
@@ -309,6 +329,12 @@ impl FinderConfig {
         }
         if self.max_gap_planes == 0 || self.max_gap_planes >= super::MAX_REACH {
             return bad("max_gap_planes", "must be 1 or 2");
+        }
+        if self.stiff_pass_p_factor.is_nan() || self.stiff_pass_p_factor < 0.0 {
+            return bad(
+                "stiff_pass_p_factor",
+                "must be zero or positive (at most 1: no stiff-track pass)",
+            );
         }
         if self.first_pass_min_hits < self.min_hits {
             return bad("first_pass_min_hits", "must be at least min_hits");
@@ -375,6 +401,8 @@ pub struct FinderOverrides {
     pub allow_missing_plane: Option<bool>,
     pub max_gap_planes: Option<usize>,
     pub first_pass_min_hits: Option<usize>,
+    pub stiff_pass_p_factor: Option<f64>,
+    pub stiff_pass_min_hits: Option<usize>,
     pub first_pass_to_last_plane: Option<bool>,
     pub follow_seeds: Option<bool>,
     pub follow_seeds_min_hits: Option<usize>,
@@ -426,6 +454,8 @@ impl FinderOverrides {
             allow_missing_plane,
             max_gap_planes,
             first_pass_min_hits,
+            stiff_pass_p_factor,
+            stiff_pass_min_hits,
             first_pass_to_last_plane,
             follow_seeds,
             follow_seeds_min_hits,
@@ -467,6 +497,49 @@ pub fn slope_factor(tx: f64, ty: f64) -> f64 {
     let t = tx.abs().max(ty.abs());
     let n2 = 1.0 + tx * tx + ty * ty;
     ((1.0 + t * t) * n2).sqrt() * n2.sqrt().sqrt()
+}
+
+/// The slope limits and curvature bounds of tracks from the origin above a momentum.
+struct MomentumBounds {
+    /// Largest |dx/dz| and |dy/dz|: the acceptance seen from the origin plus the bending
+    /// over the detector (at most 3).
+    max_t: [f64; 2],
+    /// Largest |d2x/dz2| and |d2y/dz2| on the lines through those slopes, 1/mm.
+    curvature: [f64; 2],
+}
+
+impl MomentumBounds {
+    /// At momentum `p_gev` (the minimum momentum over the slack), from `origin_z_mm`.
+    fn new(det: &Detector, origin_z_mm: f64, p_gev: f64) -> Self {
+        // Slope limits from the acceptance seen from the origin.
+        let mut tx_geo: f64 = 0.0;
+        let mut ty_geo: f64 = 0.0;
+        for p in &det.planes {
+            let lever = p.z_mm - origin_z_mm;
+            if lever > 1.0 {
+                tx_geo = tx_geo.max(p.half_x_mm / lever);
+                ty_geo = ty_geo.max(p.half_y_mm / lever);
+            }
+        }
+        if tx_geo == 0.0 {
+            tx_geo = 1.0;
+            ty_geo = 1.0;
+        }
+        let (cx0, cy0) = max_curvature_per_mm(det, origin_z_mm, p_gev, tx_geo, ty_geo);
+        let length = det
+            .planes
+            .last()
+            .map(|p| p.z_mm - origin_z_mm)
+            .unwrap_or(0.0)
+            .max(0.0);
+        let max_tx = (tx_geo + cx0 * length).min(3.0);
+        let max_ty = (ty_geo + cy0 * length).min(3.0);
+        let (cx, cy) = max_curvature_per_mm(det, origin_z_mm, p_gev, max_tx, max_ty);
+        MomentumBounds {
+            max_t: [max_tx, max_ty],
+            curvature: [cx, cy],
+        }
+    }
 }
 
 /// Largest |d2x/dz2| and |d2y/dz2| (1/mm) of tracks above `min_p_gev` with slopes up to

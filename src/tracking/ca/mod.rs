@@ -13,7 +13,13 @@
 //! doublets are a fraction of the combinations the skipping ones make. The first pass
 //! keeps only chains that reach the last plane or may leave the detector before it
 //! (`first_pass_to_last_plane`, [`FinderGeometry::may_leave`]): a track that stops early
-//! because the next plane missed its hit is the second pass's.
+//! because the next plane missed its hit is the second pass's. In a busy event
+//! (`stiff_pass_min_hits`) the first pass runs twice: first with the cuts of the tracks
+//! above `stiff_pass_p_factor` times the minimum momentum
+//! ([`cuts::FinderConfig::stiff_pass`]: bending, scattering and slope windows that much
+//! narrower), then with the configuration's on the hits the stiff tracks left, as the
+//! iterations of CBM's cellular automaton search fast tracks before slow ones: most tracks
+//! are stiff, and the wide windows of the soft ones then search a fraction of the hits.
 //!
 //! The first pass follows its tracks upstream from the planes they can end on, where the
 //! hits are least dense (`follow_seeds`): doublets are searched in the wide pointing
