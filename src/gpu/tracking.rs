@@ -96,8 +96,8 @@ pub struct TrackerTimes {
 struct Passes {
     two_pass: bool,
     /// The first pass runs first with the stiff-track cuts
-    /// ([`FinderConfig::stiff_pass`]; two passes only): the engine's pass 0, in events
-    /// of at least `stiff_min_hits` sorted hits.
+    /// ([`FinderConfig::stiff_pass`]; two passes only, set by the tracker): the engine's
+    /// pass 0, in events of at least `stiff_min_hits` sorted hits.
     stiff: bool,
     stiff_min_hits: usize,
     first_min_hits: usize,
@@ -109,7 +109,7 @@ struct Passes {
 }
 
 impl Passes {
-    fn new(cfg: &FinderConfig, stiff: bool, n_planes: usize) -> Self {
+    fn new(cfg: &FinderConfig, n_planes: usize) -> Self {
         let two_pass = cfg.allow_missing_plane && cfg.first_pass_min_hits <= n_planes;
         let reach = if cfg.allow_missing_plane {
             (1 + cfg.max_gap_planes).min(MAX_REACH)
@@ -121,7 +121,7 @@ impl Passes {
             .then(|| n_planes - seed_planes.min(n_planes));
         Passes {
             two_pass,
-            stiff: two_pass && stiff,
+            stiff: false,
             stiff_min_hits: cfg.stiff_pass_min_hits,
             first_min_hits: cfg.first_pass_min_hits,
             min_hits: cfg.min_hits,
@@ -155,12 +155,13 @@ impl GpuTracker {
         let geo = FinderGeometry::new(det, cfg);
         let fitter = KalmanFitter::new(det, cfg.fit.clone());
         let n_planes = det.planes.len();
-        let stiff = cfg.stiff_pass(det);
-        let passes = Passes::new(cfg, stiff.is_some(), n_planes);
+        let mut passes = Passes::new(cfg, n_planes);
+        let stiff = cfg.stiff_pass(det).filter(|_| passes.two_pass);
+        passes.stiff = stiff.is_some();
         // The engine's passes: the stiff-track pass (its own cuts and tables), then the
         // configuration's first pass and the later one, as the CPU runs them.
         let mut tables = Vec::new();
-        if let (true, Some(s)) = (passes.stiff, &stiff) {
+        if let Some(s) = &stiff {
             let t = CaTables::new(&FinderGeometry::new(det, s), s, 1);
             tables.push(t.for_events_of(cfg.stiff_pass_min_hits));
         }

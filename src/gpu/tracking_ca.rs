@@ -439,20 +439,13 @@ impl CaTables {
             exits: geo.planes.iter().flat_map(|p| p.exit).collect(),
         }
     }
-}
 
-impl CaTables {
     /// The pass runs on events of at least `min_hits` sorted hits only (the others make
     /// no doublets in it, hence nothing), as the CPU runs its stiff-track pass on busy
     /// events only.
     pub fn for_events_of(mut self, min_hits: usize) -> Self {
         self.globals[19] = min_hits.min(u32::MAX as usize) as f32;
         self
-    }
-
-    /// [`Self::for_events_of`]'s value.
-    pub fn min_event_hits(&self) -> usize {
-        self.globals[19] as usize
     }
 }
 
@@ -1141,9 +1134,10 @@ impl GpuCaEngine {
             }
             g
         };
+        let first_grid = grid(&first);
         if later
             .iter()
-            .any(|t| grid(t) != grid(&first) || t.limits != first.limits)
+            .any(|t| grid(t) != first_grid || t.limits != first.limits)
         {
             return Err(GpuError::Config(
                 "the passes of a tracking engine must share the planes' grid and the limits".into(),
