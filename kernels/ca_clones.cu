@@ -39,6 +39,9 @@
 #define PD_B 5
 #define PD_ORIGIN 8
 #define PD_INV_STEP 11
+#define PD_WINDOW_FLOOR 14
+#define PD_QOP_REF 15
+#define PD_N_SIGMA 16
 
 #define FIT_WORDS 21
 #define FIT_Z 0
@@ -165,6 +168,29 @@ __device__ __forceinline__ unsigned long long plane_mask(const Batch& bt, int h0
 
 // Whether short track b (hits hb0..hb1, mask mb) is a clone of reference track a: the
 // tests of mark_clones' inner loop, in its order.
+// The window of a longer track whose largest |q/p| is q: the scattering displacement at the
+// momentum cut (PD_WINDOW) scaled to the track's momentum, at least PD_WINDOW_FLOOR; not
+// scaled without a momentum measurement (PD_QOP_REF zero). As CloneCuts::window_for.
+__device__ __forceinline__ double clone_window(const double* __restrict__ pd, double q) {
+    const double qref = pd[PD_QOP_REF];
+    if (qref > 0.0) {
+        return fmax(pd[PD_WINDOW] * fmin(q / qref, 1.0), pd[PD_WINDOW_FLOOR]);
+    }
+    return pd[PD_WINDOW];
+}
+
+// Whether two tracks' fitted q/p (values and variances) may be one particle's: always
+// without a momentum measurement. As CloneCuts::same_qop.
+__device__ __forceinline__ bool same_qop(const double* __restrict__ pd, double qa, double va,
+                                         double qb, double vb) {
+    if (pd[PD_QOP_REF] > 0.0) {
+        const double d = qa - qb;
+        const double ns = pd[PD_N_SIGMA];
+        return !(d * d > ns * ns * (fmax(va, 0.0) + fmax(vb, 0.0)));
+    }
+    return true;
+}
+
 __device__ bool is_clone_of(const Batch& bt, const CloneField& f, const double* pd,
                             const volatile unsigned* marks,
                             const unsigned long long* masks, int a, int b, int hb0,
@@ -191,14 +217,19 @@ __device__ bool is_clone_of(const Batch& bt, const CloneField& f, const double* 
         }
     }
     const double* fa = bt.fits + (size_t)a * FIT_WORDS;
+    const double* fb = bt.fits + (size_t)b * FIT_WORDS;
+    if (!same_qop(pd, fa[FIT_STATE + 4], fa[FIT_COV + COV_QOP], fb[FIT_STATE + 4],
+                  fb[FIT_COV + COV_QOP])) {
+        return false;
+    }
     const double za = fa[FIT_Z];
-    const double window = pd[PD_WINDOW];
     const double bend_x = pd[PD_BEND_X], bend_y = pd[PD_BEND_Y];
     // Every hit of b near a's straight line, within the largest bending.
     const double sd_tx = 3.0 * sqrt(fmax(fa[FIT_COV + COV_TX], 0.0));
     const double sd_ty = 3.0 * sqrt(fmax(fa[FIT_COV + COV_TY], 0.0));
     const double sd_q = 3.0 * sqrt(fmax(fa[FIT_COV + COV_QOP], 0.0));
     const double q = fabs(fa[FIT_STATE + 4]) + sd_q;
+    const double window = clone_window(pd, q);
     for (int hb = hb0; hb < hb1; ++hb) {
         const double dz = bt.plane_z[plane_of(bt, hb)] - za;
         const double bend = 0.5 * q * dz * dz;

@@ -458,6 +458,18 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 });
                 let mut tracks = Vec::new();
                 r.reconstruct(hits, &mut tracks);
+                let o = r.last_overflow();
+                if o.any() {
+                    tracing::warn!(
+                        hits = o.hits,
+                        doublets = o.doublets,
+                        triplets = o.triplets,
+                        neighbours = o.neighbours,
+                        candidates = o.candidates,
+                        tracks = o.tracks,
+                        "an event overflowed the finder's limits: its tracks are incomplete"
+                    );
+                }
                 Ok(tracks)
             })?;
             Ok(ExitCode::SUCCESS)

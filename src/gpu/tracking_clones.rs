@@ -63,7 +63,7 @@ pub const FIT_WORDS: usize = 21;
 
 /// Entries of the parameter arrays (PI_*, PD_* in kernels/ca_clones.cu).
 const PARAM_INTS: usize = 6;
-const PARAM_DOUBLES: usize = 14;
+const PARAM_DOUBLES: usize = 17;
 
 /// One accepted track as the comparison takes it: its hits, upstream first, and its fit.
 #[derive(Debug, Clone, Copy)]
@@ -190,7 +190,7 @@ pub struct CloneTables {
     /// Planes, longest short track (-1: no comparison), field map flag, map nodes per axis.
     pub ints: [i32; PARAM_INTS],
     /// Bending bounds (x, y), step, window, K, uniform field (3), map origin (3), map
-    /// inverse steps (3).
+    /// inverse steps (3), smallest window, |q/p| of the window, n_sigma of the q/p comparison.
     pub doubles: [f64; PARAM_DOUBLES],
     /// Field map nodes `[nx][ny][nz][3]` (one zero node in a uniform field).
     pub nodes: Vec<f32>,
@@ -209,6 +209,9 @@ impl CloneTables {
         doubles[2] = cuts.step_mm;
         doubles[3] = cuts.window_mm;
         doubles[4] = K_GEV_PER_T_MM;
+        doubles[14] = cuts.window_floor_mm;
+        doubles[15] = cuts.qop_ref;
+        doubles[16] = cuts.n_sigma;
         let nodes = match &geo.field {
             Field::Uniform { b_tesla } => {
                 doubles[5..8].copy_from_slice(b_tesla);

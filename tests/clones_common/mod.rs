@@ -13,7 +13,7 @@ use trigd::gpu::tracking_clones::CloneTrack;
 use trigd::tracking::ca::clones::{accepted_fit, accepted_hits, mark_clones};
 use trigd::tracking::ca::{CaBuffers, Candidate, FinderGeometry};
 use trigd::tracking::geometry::{Detector, Field, Plane};
-use trigd::tracking::kalman::{FitHit, FitOutput};
+use trigd::tracking::kalman::{FitHit, FitOutput, KalmanFitter};
 use trigd::tracking::propagate::propagate_state;
 use trigd::tracking::reco::{FinderConfig, Reconstructor};
 use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
@@ -69,8 +69,45 @@ pub fn shipped_detectors() -> Vec<(&'static str, Detector, bool)> {
     ]
 }
 
-/// `n_events` fresh events of `preset` found by `reco` up to clone suppression, with the
-/// CPU's marks.
+/// Every this many accepted tracks of a found event, one of at least [`SPLIT_MIN_HITS`]
+/// hits is split in two ([`found_events`]).
+pub const SPLIT_EVERY: usize = 200;
+/// Fewest hits of a track split in two: its upstream hits and its last three.
+pub const SPLIT_MIN_HITS: usize = 7;
+
+/// The tracks of `ev` with every [`SPLIT_EVERY`]-th track of at least [`SPLIT_MIN_HITS`]
+/// hits split in two, each piece fitted on its own: the upstream piece in its place, the
+/// last three hits appended (accepted later), as a chain broken by missing planes gives
+/// them. The short piece lies on the long one's trajectory and measures its q/p: a clone.
+fn with_split_tracks(det: &Detector, cfg: &FinderConfig, ev: &EventTracks) -> Vec<Track> {
+    let fitter = KalmanFitter::new(det, cfg.fit.clone());
+    let mut tracks: Vec<Track> = ev
+        .hits
+        .iter()
+        .cloned()
+        .zip(ev.fits.iter().copied())
+        .collect();
+    let mut tails = Vec::new();
+    for (i, (hits, fit)) in tracks.iter_mut().enumerate() {
+        if i % SPLIT_EVERY != 0 || hits.len() < SPLIT_MIN_HITS {
+            continue;
+        }
+        let tail = hits.split_off(hits.len() - 3);
+        let (head_fit, tail_fit) = (fitter.fit_reference(hits), fitter.fit_reference(&tail));
+        if !(head_fit.ok && tail_fit.ok) {
+            hits.extend(tail);
+            continue;
+        }
+        *fit = head_fit;
+        tails.push((tail, tail_fit));
+    }
+    tracks.extend(tails);
+    tracks
+}
+
+/// `n_events` fresh events of `preset` found by `reco` up to clone suppression, some of
+/// their tracks split in two ([`with_split_tracks`]: the finder itself leaves hardly any
+/// clone in the shipped detectors' events), with the CPU's marks.
 pub fn found_events(
     reco: &mut Reconstructor,
     det: &Detector,
@@ -87,7 +124,9 @@ pub fn found_events(
     simulate_events(det, &sim, seed, 0, n_events)
         .map(|ev| {
             reco.find_tracks(&ev.hits);
-            capture(reco.geometry(), reco.config(), reco.buffers())
+            let found = capture(reco.geometry(), reco.config(), reco.buffers());
+            let tracks = with_split_tracks(det, reco.config(), &found);
+            capture(reco.geometry(), reco.config(), &buffers_of(&tracks))
         })
         .collect()
 }
@@ -186,6 +225,10 @@ pub fn constructed_cases() -> (Detector, Vec<Case>) {
     // many windows over the detector, so a straight line would not do.
     let t = [10.0, -5.0, 0.1, 0.02, 0.5];
     let u = [-40.0, 20.0, -0.05, -0.03, -1.0];
+    // A 10 GeV/c track, and the clone window of the minimum momentum (1 GeV/c, as the tests
+    // build the cuts): the stiff track's is about a ninth of it.
+    let stiff = [10.0, -5.0, 0.1, 0.02, 0.1];
+    let window = FinderConfig::from_detector(&det, 1.0).clone_window_mm;
     let cases: Vec<Case> = vec![
         (
             "a long track and short ones: on its trajectory, off it, sharing a plane",
@@ -224,6 +267,25 @@ pub fn constructed_cases() -> (Detector, Vec<Case>) {
                 along(&det, t, &[6, 7], 0.0),
             ],
             vec![true, false, true],
+        ),
+        (
+            "beside a stiff track: off by half the window of the minimum momentum (not a \
+             clone: the window is its own momentum's), and by a twentieth of it (a clone)",
+            vec![
+                along(&det, stiff, &[0, 1, 2, 3, 4], 0.0),
+                along(&det, stiff, &[5, 6, 7], 0.5 * window),
+                along(&det, stiff, &[6, 7], 0.05 * window),
+            ],
+            vec![false, false, true],
+        ),
+        (
+            "on a track's trajectory, but measuring the other charge: not a clone",
+            vec![along(&det, t, &[0, 1, 2, 3, 4], 0.0), {
+                let (hits, mut fit) = along(&det, t, &[5, 6, 7], 0.0);
+                fit.state[4] = -fit.state[4];
+                (hits, fit)
+            }],
+            vec![false, false],
         ),
     ];
     (det, cases)

@@ -2,8 +2,17 @@
 //! its chain breaks (two missing planes in a row, a kink): a short track on planes the
 //! other does not use, lying on the other's trajectory. Each short track (at most
 //! `n_planes - 3` hits) is compared with the longer accepted tracks: when all its hits lie
-//! within `clone_window_mm` of a longer track's fitted trajectory (Runge-Kutta through the
-//! field), it is a clone and dropped. Before the Runge-Kutta, each hit is compared with the
+//! within the window of a longer track's fitted trajectory (Runge-Kutta through the
+//! field), it is a clone and dropped. The window is the scattering displacement of the
+//! longer track's own momentum: `clone_window_mm` (the displacement at the minimum
+//! momentum) times the ratio of its largest |q/p| (fitted, plus three standard
+//! deviations) to the momentum cut's, at least ten hit resolutions; without a field the
+//! momentum is not measured and the window stays at the minimum momentum's. A window of the
+//! minimum momentum for every track would take, in a dense event, the short track of
+//! another particle (one that leaves the acceptance early) near a stiff track's
+//! extrapolation for a clone. Where the field measures the momentum, the two pieces of one
+//! particle also measure the same q/p: the short track's fitted q/p must agree with the
+//! longer one's within `n_sigma` standard deviations of their difference. Before the Runge-Kutta, each hit is compared with the
 //! straight line of the longer track's state, which cannot be further from the trajectory
 //! than the bending of the largest field over the distance at the track's momentum (plus
 //! three standard deviations of its q/p and slopes): most pairs fail there. The Runge-Kutta
@@ -37,8 +46,16 @@ pub struct CloneCuts {
     pub bend_y: f64,
     /// Runge-Kutta step of the comparison, mm.
     pub step_mm: f64,
-    /// How far each hit of the short track may lie from the longer track's trajectory, mm.
+    /// How far each hit of the short track may lie from the trajectory of a longer track
+    /// at the momentum cut, mm ([`Self::window_for`] scales it to the track's momentum).
     pub window_mm: f64,
+    /// The smallest window, mm: ten hit resolutions (at most `window_mm`).
+    pub window_floor_mm: f64,
+    /// The |q/p| `window_mm` is for (the momentum cut's); zero without a momentum
+    /// measurement (no scaling, no comparison of the q/p).
+    pub qop_ref: f64,
+    /// Standard deviations of the q/p difference two pieces of one particle may have.
+    pub n_sigma: f64,
 }
 
 impl CloneCuts {
@@ -55,6 +72,37 @@ impl CloneCuts {
             bend_y: K_GEV_PER_T_MM * nn * ((1.0 + ty * ty) * bx + tx * ty * by + tx * bz),
             step_mm: cfg.fit.max_step_mm.max(CLONE_STEP_MM),
             window_mm: cfg.clone_window_mm,
+            window_floor_mm: (10.0 * geo.sigma_max_mm()).min(cfg.clone_window_mm),
+            qop_ref: if cfg.fit.fit_momentum && geo.b_max_tesla.iter().any(|&b| b != 0.0) {
+                cfg.qop_max()
+            } else {
+                0.0
+            },
+            n_sigma: cfg.n_sigma,
+        }
+    }
+
+    /// Whether two tracks' fitted q/p (values and variances) may be one particle's: always
+    /// without a momentum measurement. As `same_qop` in `kernels/ca_clones.cu`.
+    // Negated: a q/p or variance that is not a number tells nothing against the pair.
+    #[allow(clippy::neg_cmp_op_on_partial_ord)]
+    pub fn same_qop(&self, qa: f64, va: f64, qb: f64, vb: f64) -> bool {
+        if self.qop_ref > 0.0 {
+            let d = qa - qb;
+            !(d * d > self.n_sigma * self.n_sigma * (va.max(0.0) + vb.max(0.0)))
+        } else {
+            true
+        }
+    }
+
+    /// The window of a longer track whose largest |q/p| is `q` (its fitted |q/p| plus three
+    /// standard deviations): the scattering displacement scales with |q/p|. The GPU's
+    /// `clone_window` in `kernels/ca_clones.cu` computes the same.
+    pub fn window_for(&self, q: f64) -> f64 {
+        if self.qop_ref > 0.0 {
+            (self.window_mm * (q / self.qop_ref).min(1.0)).max(self.window_floor_mm)
+        } else {
+            self.window_mm
         }
     }
 }
@@ -157,17 +205,27 @@ pub fn mark_clones(
                 continue;
             }
             let fa = &buf.fits[ca.fit as usize];
+            let fb = &buf.fits[cb.fit as usize];
+            if !cuts.same_qop(
+                fa.state[4],
+                fa.cov[tri(4, 4)],
+                fb.state[4],
+                fb.cov[tri(4, 4)],
+            ) {
+                continue;
+            }
             // Every hit of b near a's straight line, within the largest bending.
             let sd = |k: usize| 3.0 * fa.cov[k].max(0.0).sqrt();
             let q = fa.state[4].abs() + sd(tri(4, 4));
+            let window = cuts.window_for(q);
             let near_line = hits_b.iter().all(|&hb| {
                 let hb = hb as usize;
                 let dz = geo.planes[buf.hits.plane[hb] as usize].z_mm - fa.z_mm;
                 let bend = 0.5 * q * dz * dz;
                 let x_lin = fa.state[0] + fa.state[2] * dz;
                 let y_lin = fa.state[1] + fa.state[3] * dz;
-                let wx = cfg.clone_window_mm + bend * bend_x + sd(tri(2, 2)) * dz.abs();
-                let wy = cfg.clone_window_mm + bend * bend_y + sd(tri(3, 3)) * dz.abs();
+                let wx = window + bend * bend_x + sd(tri(2, 2)) * dz.abs();
+                let wy = window + bend * bend_y + sd(tri(3, 3)) * dz.abs();
                 (x_lin - buf.hits.x_mm[hb] as f64).abs() <= wx
                     && (y_lin - buf.hits.y_mm[hb] as f64).abs() <= wy
             });
@@ -182,8 +240,8 @@ pub fn mark_clones(
                 let zt = geo.planes[buf.hits.plane[hb] as usize].z_mm;
                 s = propagate_state(&geo.field, z, s, zt, step_mm);
                 z = zt;
-                if (s[0] - buf.hits.x_mm[hb] as f64).abs() > cfg.clone_window_mm
-                    || (s[1] - buf.hits.y_mm[hb] as f64).abs() > cfg.clone_window_mm
+                if (s[0] - buf.hits.x_mm[hb] as f64).abs() > window
+                    || (s[1] - buf.hits.y_mm[hb] as f64).abs() > window
                 {
                     all_close = false;
                     break;

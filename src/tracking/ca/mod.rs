@@ -522,6 +522,14 @@ impl FinderGeometry {
             b_max_tesla,
         }
     }
+    /// The largest hit resolution of any plane, x or y, mm.
+    pub fn sigma_max_mm(&self) -> f64 {
+        self.planes
+            .iter()
+            .map(|p| p.var_x.max(p.var_y))
+            .fold(0.0, f64::max)
+            .sqrt()
+    }
 
     /// Whether a track whose last doublet ends at `(x, y)` on plane `p` with slopes
     /// `(tx, ty)` may leave the detector before the next plane: its extrapolation, widened
