@@ -165,9 +165,11 @@ pub struct FinderConfig {
     /// over the gap) at the minimum momentum to that at the assumed one
     /// ([`no_field_chi2_scale`]).
     pub max_chi2_ndf: f64,
-    /// A short track whose hits all lie this close (mm) to a longer track's trajectory is
-    /// its clone. Default `n_sigma` times the scattering displacement over the detector at
-    /// the minimum momentum, at least 10 hit resolutions.
+    /// A short track whose hits all lie this close (mm) to the trajectory of a longer track
+    /// at the minimum momentum is its clone; for a stiffer longer track the window shrinks
+    /// with its momentum, to ten hit resolutions at least ([`super::clones::CloneCuts`]).
+    /// Default `n_sigma` times the scattering displacement over the detector at the
+    /// minimum momentum, at least 10 hit resolutions.
     pub clone_window_mm: f64,
     /// Kalman fit settings.
     pub fit: FitConfig,
