@@ -166,8 +166,6 @@ __device__ __forceinline__ unsigned long long plane_mask(const Batch& bt, int h0
     return m;
 }
 
-// Whether short track b (hits hb0..hb1, mask mb) is a clone of reference track a: the
-// tests of mark_clones' inner loop, in its order.
 // The window of a longer track whose largest |q/p| is q: the scattering displacement at the
 // momentum cut (PD_WINDOW) scaled to the track's momentum, at least PD_WINDOW_FLOOR; not
 // scaled without a momentum measurement (PD_QOP_REF zero). As CloneCuts::window_for.
@@ -191,6 +189,8 @@ __device__ __forceinline__ bool same_qop(const double* __restrict__ pd, double q
     return true;
 }
 
+// Whether short track b (hits hb0..hb1, mask mb) is a clone of reference track a: the
+// tests of mark_clones' inner loop, in its order.
 __device__ bool is_clone_of(const Batch& bt, const CloneField& f, const double* pd,
                             const volatile unsigned* marks,
                             const unsigned long long* masks, int a, int b, int hb0,

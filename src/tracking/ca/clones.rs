@@ -7,16 +7,17 @@
 //! longer track's own momentum: `clone_window_mm` (the displacement at the minimum
 //! momentum) times the ratio of its largest |q/p| (fitted, plus three standard
 //! deviations) to the momentum cut's, at least ten hit resolutions; without a field the
-//! momentum is not measured and the window stays at the minimum momentum's. A window of the
-//! minimum momentum for every track would take, in a dense event, the short track of
+//! momentum is not measured and the window stays at the minimum momentum's. A window of
+//! the minimum momentum for every track would take, in a dense event, the short track of
 //! another particle (one that leaves the acceptance early) near a stiff track's
 //! extrapolation for a clone. Where the field measures the momentum, the two pieces of one
 //! particle also measure the same q/p: the short track's fitted q/p must agree with the
-//! longer one's within `n_sigma` standard deviations of their difference. Before the Runge-Kutta, each hit is compared with the
-//! straight line of the longer track's state, which cannot be further from the trajectory
-//! than the bending of the largest field over the distance at the track's momentum (plus
-//! three standard deviations of its q/p and slopes): most pairs fail there. The Runge-Kutta
-//! then takes steps of up to [`CLONE_STEP_MM`]: the comparison is against a window of
+//! longer one's within `n_sigma` standard deviations of their difference.
+//!
+//! Before the Runge-Kutta, each hit is compared with the straight line of the longer
+//! track's state, which cannot be further from the trajectory than the bending of the
+//! largest field over the distance at the track's momentum (plus three standard deviations
+//! of its q/p and slopes): most pairs fail there. The Runge-Kutta then takes steps of up to [`CLONE_STEP_MM`]: the comparison is against a window of
 //! millimetres, not a fit's micrometres. Ghosts (random combinations) are removed earlier by
 //! the triplet, neighbour and fit chi-square cuts and `min_hits`.
 

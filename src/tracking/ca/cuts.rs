@@ -228,13 +228,8 @@ impl FinderConfig {
         };
         cfg.first_pass_min_hits = det.planes.len().saturating_sub(1).max(cfg.min_hits);
         let geo = FinderGeometry::new(det, &cfg);
-        let sigma_max = det
-            .planes
-            .iter()
-            .map(|p| p.sigma_x_mm.max(p.sigma_y_mm))
-            .fold(0.0, f64::max);
         let ms = geo.planes.last().map(|g| g.ms_origin_mm).unwrap_or(0.0);
-        cfg.clone_window_mm = (n_sigma * ms * slope_factor).max(10.0 * sigma_max);
+        cfg.clone_window_mm = (n_sigma * ms * slope_factor).max(10.0 * geo.sigma_max_mm());
         cfg
     }
 

@@ -522,6 +522,7 @@ impl FinderGeometry {
             b_max_tesla,
         }
     }
+
     /// The largest hit resolution of any plane, x or y, mm.
     pub fn sigma_max_mm(&self) -> f64 {
         self.planes
