@@ -316,11 +316,32 @@ pub async fn ensure_stream(
         duplicate_window: spec.duplicate_window,
         ..Default::default()
     };
-    let mut s = js
-        .get_or_create_stream(config)
-        .await
-        .map_err(|e| e.to_string())
-        .map_err(server_err(format!("creating stream {}", spec.name)))?;
+    // Nodes of a farm start together: two may both miss the stream, and the one whose
+    // creation loses the race is refused (name in use, subjects overlap). The stream the
+    // winner created is then there to be taken; the first error is kept for the case where
+    // it is not.
+    let mut first_err = None;
+    let mut found = None;
+    for attempt in 0..CREATE_ATTEMPTS {
+        match js.get_or_create_stream(config.clone()).await {
+            Ok(s) => {
+                found = Some(s);
+                break;
+            }
+            Err(e) => {
+                tracing::debug!(stream = %spec.name, attempt, "creating the stream: {e}");
+                first_err.get_or_insert_with(|| e.to_string());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50 * (attempt as u64 + 1))).await;
+        if let Ok(s) = js.get_stream(&spec.name).await {
+            found = Some(s);
+            break;
+        }
+    }
+    let mut s = found.ok_or_else(|| {
+        server_err(format!("creating stream {}", spec.name))(first_err.unwrap_or_default())
+    })?;
     let info = s
         .info()
         .await
@@ -361,12 +382,32 @@ pub async fn ensure_consumer(
         filter_subject: spec.filter_subject.clone().unwrap_or_default(),
         ..Default::default()
     };
-    stream
-        .get_or_create_consumer(&spec.durable, config)
-        .await
-        .map_err(|e| e.to_string())
-        .map_err(server_err(format!("creating consumer {}", spec.durable)))
+    // As for streams: a node that loses the race to create the shared consumer takes the
+    // one that won.
+    let mut first_err = None;
+    for attempt in 0..CREATE_ATTEMPTS {
+        match stream
+            .get_or_create_consumer(&spec.durable, config.clone())
+            .await
+        {
+            Ok(c) => return Ok(c),
+            Err(e) => {
+                tracing::debug!(consumer = %spec.durable, attempt, "creating the consumer: {e}");
+                first_err.get_or_insert_with(|| e.to_string());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50 * (attempt as u64 + 1))).await;
+        if let Ok(c) = stream.get_consumer(&spec.durable).await {
+            return Ok(c);
+        }
+    }
+    Err(server_err(format!("creating consumer {}", spec.durable))(
+        first_err.unwrap_or_default(),
+    ))
 }
+
+/// Tries at creating a stream or consumer that other nodes may be creating at the same time.
+const CREATE_ATTEMPTS: usize = 4;
 
 /// The `Nats-Msg-Id` of a frame: its producer's id and sequence number.
 pub fn frame_msg_id(source_id: u32, seq: u64) -> String {

@@ -4,7 +4,8 @@
 //! event minimum-bias recording has exactly one decision in the decision stream, equal to
 //! the decision a single-node replay of the same recording makes. Also: a malformed
 //! message is decided `malformed` and acknowledged (not redelivered for ever), an
-//! unreachable server is a clear error, and `trigd record` reads a stream back.
+//! unreachable server is a clear error, `trigd record` reads a stream back, and nodes
+//! starting together all get the one stream and consumer whichever of them creates it.
 
 mod common;
 
@@ -447,5 +448,64 @@ fn record_reads_a_stream_back_frame_for_frame() {
     assert_eq!(b.len(), 50);
     for i in 0..50 {
         assert_eq!(a.frame(i), b.frame(i), "frame {i}");
+    }
+}
+
+/// Nodes of a farm start together, each creating the work queue and the shared consumer it
+/// does not find: every one of them must end up with the same stream and consumer, whoever
+/// wins the creation (the server refuses the losers' creation with "subjects overlap" or
+/// "name in use").
+#[test]
+fn nodes_starting_together_all_get_the_stream_and_the_consumer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = Server::start(tmp.path(), free_port());
+    let url: trigd::farm::NatsUrl = format!("nats://127.0.0.1:{}", server.port).parse().unwrap();
+    const NODES: usize = 24;
+    let contexts: Vec<_> = (0..NODES)
+        .map(|_| {
+            trigd::farm::js_context(trigd::farm::connect(&url, Duration::from_secs(5)).unwrap())
+        })
+        .collect();
+    for round in 0..30 {
+        let spec = trigd::farm::StreamSpec {
+            name: format!("RACE{round}"),
+            work_queue: true,
+            duplicate_window: Duration::from_secs(120),
+        };
+        let consumer = trigd::farm::ConsumerSpec {
+            durable: "nodes".into(),
+            filter_subject: None,
+            ack_wait: Duration::from_secs(30),
+            max_ack_pending: 1000,
+        };
+        let results = trigd::farm::runtime().block_on(async {
+            let tasks: Vec<_> = contexts
+                .iter()
+                .map(|js| {
+                    let (js, spec, consumer) = (js.clone(), spec.clone(), consumer.clone());
+                    tokio::spawn(async move {
+                        let mut s = trigd::farm::ensure_stream(&js, &spec).await?;
+                        let mut c = trigd::farm::ensure_consumer(&s, &consumer).await?;
+                        let created = s.info().await.unwrap().created;
+                        let durable = c.info().await.unwrap().name.clone();
+                        Ok::<_, trigd::farm::FarmError>((created, durable))
+                    })
+                })
+                .collect();
+            let mut out = Vec::new();
+            for t in tasks {
+                out.push(t.await.unwrap());
+            }
+            out
+        });
+        let ok: Vec<_> = results
+            .iter()
+            .map(|r| r.as_ref().map_err(|e| e.to_string()))
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|e| panic!("round {round}: a node could not get the stream: {e}"));
+        assert!(
+            ok.iter().all(|x| *x == ok[0]),
+            "round {round}: nodes got different streams or consumers: {ok:?}"
+        );
     }
 }
