@@ -467,7 +467,9 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                         neighbours = o.neighbours,
                         candidates = o.candidates,
                         tracks = o.tracks,
-                        "an event overflowed the finder's limits: its tracks are incomplete"
+                        passes_raised = o.raised,
+                        "an event filled the finder's buffers: tracks below the momentum its \
+                         passes were raised to may be missing"
                     );
                 }
                 Ok(tracks)

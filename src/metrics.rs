@@ -361,6 +361,8 @@ pub struct Metrics {
     nats_redelivered: IntCounterVec,
     nats_consumer: IntGaugeVec,
     tracking_overflow: IntCounterVec,
+    finder_limit: IntCounterVec,
+    passes_raised: IntCounter,
     stream_gaps: IntCounterVec,
     stream_gap_samples: IntCounterVec,
     lsl_marker_latency: Histogram,
@@ -567,6 +569,25 @@ impl Metrics {
             "Events the GPU tracking handed back to the CPU finder, by the step whose per-event limit or batch arena they exceeded (hits, doublets, triplets, neighbours, candidates, tracks).",
             ["step"]
         );
+        let finder_limit = family!(
+            &r,
+            IntCounterVec,
+            "trigd_tracking_finder_limit_total",
+            "Events whose track finding on the CPU filled a per-event buffer, by step: hits (the hits beyond the limit dropped), doublets, triplets or neighbours (the pass run again with the windows of a higher momentum, trigd_tracking_passes_raised_total, so tracks below it may be missing), candidates or tracks (the last candidates dropped). The event is decided on the tracks found.",
+            ["step"]
+        );
+        let passes_raised = register(
+            &r,
+            "trigd_tracking_passes_raised_total",
+            IntCounter::new(
+                "trigd_tracking_passes_raised_total",
+                "Finder passes run again with the windows of twice the momentum because their combinations filled a per-event buffer.",
+            )
+            .map_err(|source| MetricsError::Register {
+                name: "trigd_tracking_passes_raised_total",
+                source,
+            })?,
+        )?;
         let nats_consumer = family!(
             &r,
             IntGaugeVec,
@@ -659,6 +680,8 @@ impl Metrics {
             nats_redelivered,
             nats_consumer,
             tracking_overflow,
+            finder_limit,
+            passes_raised,
             stream_gaps,
             stream_gap_samples,
             lsl_marker_latency,
@@ -677,6 +700,17 @@ impl Metrics {
     /// back to the CPU finder.
     pub fn tracking_overflow(&self, step: &str) -> IntCounter {
         self.tracking_overflow.with_label_values(&[step])
+    }
+
+    /// `trigd_tracking_finder_limit_total{step}`: events whose CPU track finding filled
+    /// `step`'s per-event buffer.
+    pub fn finder_limit(&self, step: &str) -> IntCounter {
+        self.finder_limit.with_label_values(&[step])
+    }
+
+    /// `trigd_tracking_passes_raised_total`.
+    pub fn passes_raised(&self) -> &IntCounter {
+        &self.passes_raised
     }
 
     /// Handles of a NATS input's metrics (resolved once, exported at 0).

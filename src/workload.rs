@@ -223,7 +223,11 @@ impl Plan {
                     threads,
                     "tracking worker {w} on the CPU, {threads} thread(s) per batch"
                 );
-                Ok(Box::new(CpuTracking::new(t, threads)?))
+                Ok(Box::new(CpuTracking::new(
+                    t,
+                    threads,
+                    self.metrics.clone(),
+                )?))
             }
             (_, Some(e)) if self.kind == BackendKind::Gpu => {
                 // One stream of blocks keeps its order and state on one GPU.
@@ -319,7 +323,11 @@ impl Plan {
     /// The CPU backend of worker `w` that takes the batches its GPU backend failed.
     pub fn make_fallback(&self, w: usize) -> anyhow::Result<Box<dyn Backend>> {
         match (&self.tracking, &self.eeg) {
-            (Some(t), _) => Ok(Box::new(CpuTracking::new(t, self.tracking_threads(t))?)),
+            (Some(t), _) => Ok(Box::new(CpuTracking::new(
+                t,
+                self.tracking_threads(t),
+                self.metrics.clone(),
+            )?)),
             (_, Some(e)) => Ok(Box::new(CpuEeg::new(
                 e.clone(),
                 self.eeg_streams[w].clone(),

@@ -207,6 +207,7 @@ impl Backend for GpuTracking {
                     m.tracking_overflow(step).inc();
                 }
                 self.reco.reconstruct(&self.hits[e], &mut self.tracks[e]);
+                super::tracking::report_limits(&self.reco, self.metrics.as_deref());
             }
             let Payload::Hits(wire) = batch[e].payload else {
                 unreachable!("checked above")

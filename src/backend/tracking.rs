@@ -12,6 +12,7 @@ use serde::Deserialize;
 use super::{Backend, BackendError, BackendKind, Detail, Verdict};
 use crate::config::{Config, MultiplicityConfig};
 use crate::frame::{FrameView, HitRecord, Payload};
+use crate::metrics::Metrics;
 use crate::tracking::geometry::Detector;
 use crate::tracking::lines::{self, LineConfig};
 use crate::tracking::reco::{FinderConfig, FinderOverrides, Reconstructor};
@@ -164,6 +165,7 @@ pub struct CpuTracking {
     /// Per event of the batch: its hits and tracks (grown to the largest batch, reused).
     events: Vec<Mutex<EventWork>>,
     pool: crate::eeg::workers::Workers,
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// One event's hits and tracks while its batch is reconstructed.
@@ -174,8 +176,14 @@ struct EventWork {
 }
 
 impl CpuTracking {
-    /// A backend reconstructing each batch on `threads` threads (its own included).
-    pub fn new(setup: &TrackingSetup, threads: usize) -> anyhow::Result<Self> {
+    /// A backend reconstructing each batch on `threads` threads (its own included);
+    /// `metrics`: where events the finder could not search whole are counted
+    /// ([`report_limits`]).
+    pub fn new(
+        setup: &TrackingSetup,
+        threads: usize,
+        metrics: Option<Arc<Metrics>>,
+    ) -> anyhow::Result<Self> {
         let threads = threads.max(1);
         Ok(Self {
             finders: (0..threads)
@@ -185,12 +193,55 @@ impl CpuTracking {
             events: Vec::new(),
             pool: crate::eeg::workers::Workers::new(threads, "tracking")
                 .map_err(|e| anyhow::anyhow!("starting the tracking threads: {e}"))?,
+            metrics,
         })
     }
 
     /// Threads a batch is reconstructed on.
     pub fn threads(&self) -> usize {
         self.pool.threads()
+    }
+}
+
+/// Counts an event whose finding filled a per-event buffer (the last of `reco`), in
+/// `trigd_tracking_finder_limit_total{step}` and `trigd_tracking_passes_raised_total`,
+/// and logs it: a finder's first such events, then every power of two, so that a detector
+/// whose every event fills a buffer does not flood the log.
+pub(crate) fn report_limits(reco: &Reconstructor, metrics: Option<&Metrics>) {
+    let o = reco.last_overflow();
+    if !o.any() {
+        return;
+    }
+    let steps = [
+        ("hits", o.hits),
+        ("doublets", o.doublets),
+        ("triplets", o.triplets),
+        ("neighbours", o.neighbours),
+        ("candidates", o.candidates),
+        ("tracks", o.tracks),
+    ];
+    if let Some(m) = metrics {
+        for (step, n) in steps {
+            if n > 0 {
+                m.finder_limit(step).inc();
+            }
+        }
+        m.passes_raised().inc_by(o.raised as u64);
+    }
+    let events = reco.overflow_events();
+    if events.is_power_of_two() {
+        tracing::warn!(
+            events,
+            hits = o.hits,
+            doublets = o.doublets,
+            triplets = o.triplets,
+            neighbours = o.neighbours,
+            candidates = o.candidates,
+            tracks = o.tracks,
+            passes_raised = o.raised,
+            "an event filled the track finder's per-event buffers ([tracking.finder.limits]); \
+             tracks below the momentum its passes were raised to may be missing"
+        );
     }
 }
 
@@ -340,6 +391,7 @@ impl Backend for CpuTracking {
         }
         let next = std::sync::atomic::AtomicUsize::new(0);
         let (events, finders) = (&self.events, &self.finders);
+        let metrics = self.metrics.as_deref();
         let work = |part: usize| {
             let mut reco = finders[part].lock().unwrap_or_else(|e| e.into_inner());
             loop {
@@ -352,6 +404,7 @@ impl Backend for CpuTracking {
                 copy_hits(wire(&batch[e]).expect("checked above"), hits);
                 tracks.clear();
                 reco.reconstruct(hits, tracks);
+                report_limits(&reco, metrics);
             }
         };
         if n <= 1 || self.pool.threads() == 1 {
@@ -419,7 +472,7 @@ mod tests {
         let mut outs = Vec::new();
         for threads in [1, 3] {
             let path = dir.path().join(format!("tracks{threads}.csv"));
-            let mut b = CpuTracking::new(&setup(Some(&path)), threads).unwrap();
+            let mut b = CpuTracking::new(&setup(Some(&path)), threads, None).unwrap();
             assert_eq!(b.threads(), threads);
             let mut out = Vec::new();
             // Twice: the second batch reuses every buffer.
@@ -442,5 +495,61 @@ mod tests {
         assert_eq!(outs[0].0, outs[1].0, "verdicts in order");
         assert!(outs[0].1.lines().count() > 10_000);
         assert_eq!(outs[0].1, outs[1].1, "--tracks-out rows in order");
+    }
+
+    /// Central events whose combinations fill the finder's triplet buffer are counted in
+    /// `trigd_tracking_finder_limit_total{step="triplets"}` and
+    /// `trigd_tracking_passes_raised_total`, and still decided on the tracks of the raised
+    /// passes; the minimum-bias events between them are decided as without the limit.
+    #[test]
+    fn events_that_fill_the_finders_buffers_are_counted_and_decided() {
+        let det = Detector::from_toml_file(Path::new("fixtures/detector.toml")).unwrap();
+        let mut frames = Vec::new();
+        for (preset, n, seed) in [(Preset::Minbias, 5, 3), (Preset::Central, 2, 4)] {
+            for ev in simulate_events(&det, &SimConfig::preset(preset), seed, 0, n) {
+                let stamp = Stamp {
+                    source_id: 1,
+                    sequence: frames.len() as u64,
+                    timestamp_ns: 0,
+                };
+                frames.push(encode_event_frame(&ev, stamp));
+            }
+        }
+        let views: Vec<FrameView<'_>> = frames.iter().map(|f| frame::parse(f).unwrap()).collect();
+        let limited = Config::from_str_named(
+            "[daemon]\nworkload = \"tracking\"\n[tracking]\ngeometry = \"fixtures/detector.toml\"\n\
+             [tracking.finder.limits]\nmax_triplets = 6000\n",
+            "test",
+        )
+        .unwrap();
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let mut b = CpuTracking::new(
+            &TrackingSetup::new(&limited, None).unwrap(),
+            1,
+            Some(metrics.clone()),
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        b.process(&views, &mut out).unwrap();
+        let mut reference = Vec::new();
+        CpuTracking::new(&setup(None), 1, Some(metrics.clone()))
+            .unwrap()
+            .process(&views, &mut reference)
+            .unwrap();
+        assert_eq!(metrics.finder_limit("triplets").get(), 2);
+        assert!(metrics.passes_raised().get() >= 2);
+        assert_eq!(out.len(), 7);
+        assert_eq!(out[..5], reference[..5], "minimum-bias events");
+        for (v, r) in out[5..].iter().zip(&reference[5..]) {
+            let (Detail::Tracking { n_tracks: a, .. }, Detail::Tracking { n_tracks: b, .. }) =
+                (&v.detail, &r.detail)
+            else {
+                panic!("tracking verdicts")
+            };
+            // The raised passes take the stiff tracks, the pass at the minimum momentum on
+            // the hits they left then fits the buffer and finds the others.
+            let (a, b) = (*a as f64, *b as f64);
+            assert!(a >= 0.9 * b && a <= 1.02 * b, "{a} tracks against {b}");
+        }
     }
 }

@@ -16,8 +16,9 @@ pub struct FieldMap {
     pub dims: [usize; 3],
     pub origin_mm: [f64; 3],
     pub step_mm: [f64; 3],
-    /// Node values, C order of `[nx, ny, nz]`: index `(ix * ny + iy) * nz + iz`.
-    pub nodes_tesla: Vec<[f32; 3]>,
+    /// Node values, C order of `[nx, ny, nz]`: index `(ix * ny + iy) * nz + iz`. Shared by
+    /// every clone of the map (each worker's finder tables and fitter hold the one map).
+    pub nodes_tesla: std::sync::Arc<[[f32; 3]]>,
     inv_step_mm: [f64; 3],
     /// `origin_mm` and `inv_step_mm` in `f32`, for [`FieldMap::at_f32`].
     origin_f32: [f32; 3],
@@ -97,7 +98,7 @@ impl FieldMap {
             dims,
             origin_mm,
             step_mm,
-            nodes_tesla,
+            nodes_tesla: nodes_tesla.into(),
             inv_step_mm,
             origin_f32: origin_mm.map(|v| v as f32),
             inv_step_f32: inv_step_mm.map(|v| v as f32),

@@ -69,10 +69,18 @@ impl StepTimes {
 /// Which cuts a pass runs with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Pass {
-    /// [`FinderConfig::stiff_pass`]'s.
-    Stiff,
     /// The configuration's.
     Main,
+    /// Those of `Reconstructor::rungs[i]`.
+    Rung(usize),
+}
+
+/// The cuts at a multiple of the configuration's minimum momentum, and their tables.
+#[derive(Debug)]
+struct Rung {
+    factor: f64,
+    cfg: FinderConfig,
+    geo: FinderGeometry,
 }
 
 /// Track reconstruction for one detector; one per worker thread (it owns its buffers).
@@ -80,8 +88,12 @@ enum Pass {
 pub struct Reconstructor {
     cfg: FinderConfig,
     geo: FinderGeometry,
-    /// The stiff-track pass's cuts and tables ([`FinderConfig::stiff_pass`]).
-    stiff: Option<Box<(FinderConfig, FinderGeometry)>>,
+    /// Cuts above the minimum momentum, by increasing factor: the stiff-track pass's
+    /// ([`FinderConfig::stiff_pass`]) and those a pass that fills a buffer is run again
+    /// with (2, 4, .. times the minimum momentum, [`FinderConfig::overflow_p_steps`]).
+    rungs: Vec<Rung>,
+    /// The stiff-track pass's rung.
+    stiff: Option<usize>,
     fitter: KalmanFitter,
     buf: CaBuffers,
     spare: Vec<Track>,
@@ -98,13 +110,37 @@ impl Reconstructor {
         let geo = FinderGeometry::new(det, &cfg);
         let fitter = KalmanFitter::new(det, cfg.fit.clone());
         let buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
-        let stiff = cfg.stiff_pass(det).map(|c| {
-            let g = FinderGeometry::new(det, &c);
-            Box::new((c, g))
-        });
+        // The stiff-track pass's rung has its own field tables (as on the GPU); the others
+        // share the configuration's, which cover their narrower slopes.
+        let stiff_factor = cfg.stiff_pass(det).map(|_| cfg.stiff_pass_p_factor);
+        let mut rungs: Vec<Rung> = (1..=cfg.overflow_p_steps.min(16))
+            .map(|i| (1u32 << i) as f64)
+            .filter(|&f| Some(f) != stiff_factor)
+            .map(|factor| {
+                let c = cfg.at_momentum_factor(det, factor);
+                let g = FinderGeometry::sharing_field_tables(det, &c, &geo);
+                Rung {
+                    factor,
+                    cfg: c,
+                    geo: g,
+                }
+            })
+            .chain(stiff_factor.map(|factor| {
+                let c = cfg.at_momentum_factor(det, factor);
+                let g = FinderGeometry::new(det, &c);
+                Rung {
+                    factor,
+                    cfg: c,
+                    geo: g,
+                }
+            }))
+            .collect();
+        rungs.sort_by(|a, b| a.factor.total_cmp(&b.factor));
+        let stiff = stiff_factor.and_then(|f| rungs.iter().position(|r| r.factor == f));
         Reconstructor {
             cfg,
             geo,
+            rungs,
             stiff,
             fitter,
             buf,
@@ -186,15 +222,22 @@ impl Reconstructor {
             // left, with doublets skipping planes.
             let to_last_plane = self.cfg.first_pass_to_last_plane;
             let first_min_hits = self.cfg.first_pass_min_hits;
-            let stiff =
-                self.stiff.is_some() && self.buf.hits.x_mm.len() >= self.cfg.stiff_pass_min_hits;
-            if stiff {
-                self.find_pass(Pass::Stiff, 1, first_min_hits, to_last_plane, false);
+            let stiff = self
+                .stiff
+                .filter(|_| self.buf.hits.x_mm.len() >= self.cfg.stiff_pass_min_hits);
+            if let Some(r) = stiff {
+                self.run_pass(Pass::Rung(r), 1, first_min_hits, to_last_plane, false);
             }
-            self.find_pass(Pass::Main, 1, first_min_hits, to_last_plane, stiff);
-            self.find_pass(Pass::Main, reach, self.cfg.min_hits, false, true);
+            self.run_pass(
+                Pass::Main,
+                1,
+                first_min_hits,
+                to_last_plane,
+                stiff.is_some(),
+            );
+            self.run_pass(Pass::Main, reach, self.cfg.min_hits, false, true);
         } else {
-            self.find_pass(Pass::Main, reach, self.cfg.min_hits, false, false);
+            self.run_pass(Pass::Main, reach, self.cfg.min_hits, false, false);
         }
         let t = &mut self.times;
         t.events += 1;
@@ -217,13 +260,23 @@ impl Reconstructor {
         &self.geo
     }
 
-    /// One pass of the cellular automaton (with the cuts of `pass`) on the hits not used
-    /// yet: doublets on planes up to
-    /// `reach` apart, triplets, neighbours, evolution, then candidates of at least
-    /// `min_hits` hits (appended to the earlier pass's when `append`). With
-    /// `to_last_plane` (reach 1), only chains that end on the last plane or may leave
-    /// the detector before it ([`ca::triplets::prune_dead_ends`]).
-    fn find_pass(
+    /// The rung a pass that fills a buffer is run again with: the next momentum above its
+    /// own, up to `2^overflow_p_steps` times the minimum.
+    fn next_rung(&self, pass: Pass) -> Option<usize> {
+        let top = (1u64 << self.cfg.overflow_p_steps.min(16)) as f64;
+        let from = match pass {
+            Pass::Main => 0,
+            Pass::Rung(r) => r + 1,
+        };
+        (from..self.rungs.len()).find(|&r| self.rungs[r].factor <= top)
+    }
+
+    /// [`Self::find_pass`] with the cuts of `pass`; where it fills a buffer of the doublet,
+    /// triplet or neighbour steps, its search is incomplete, so it is given up before
+    /// choosing candidates and run instead with the cuts of the next rung (recursively,
+    /// until one fits or none is left, whose truncated search is then kept), and once more
+    /// with its own cuts on the hits the stiffer tracks left, kept if it now fits.
+    fn run_pass(
         &mut self,
         pass: Pass,
         reach: usize,
@@ -231,48 +284,91 @@ impl Reconstructor {
         to_last_plane: bool,
         append: bool,
     ) {
-        let (geo, cfg) = match (&self.stiff, pass) {
-            (Some(s), Pass::Stiff) => (&s.1, &s.0),
-            _ => (&self.geo, &self.cfg),
+        let next = self.next_rung(pass);
+        if self.find_pass(pass, reach, min_hits, to_last_plane, append, next.is_some()) {
+            return;
+        }
+        let Some(next) = next else { return };
+        self.buf.overflow.raised += 1;
+        self.run_pass(Pass::Rung(next), reach, min_hits, to_last_plane, append);
+        self.find_pass(pass, reach, min_hits, to_last_plane, true, true);
+    }
+
+    /// One pass of the cellular automaton (with the cuts of `pass`) on the hits not used
+    /// yet: doublets on planes up to
+    /// `reach` apart, triplets, neighbours, evolution, then candidates of at least
+    /// `min_hits` hits (appended to the earlier pass's when `append`). With
+    /// `to_last_plane` (reach 1), only chains that end on the last plane or may leave
+    /// the detector before it ([`ca::triplets::prune_dead_ends`]). With
+    /// `give_up_on_overflow`, a pass whose doublets, triplets or neighbours fill their
+    /// buffer stops there and returns false, having chosen no candidate.
+    fn find_pass(
+        &mut self,
+        pass: Pass,
+        reach: usize,
+        min_hits: usize,
+        to_last_plane: bool,
+        append: bool,
+        give_up_on_overflow: bool,
+    ) -> bool {
+        let (geo, cfg) = match pass {
+            Pass::Rung(r) => (&self.rungs[r].geo, &self.rungs[r].cfg),
+            Pass::Main => (&self.geo, &self.cfg),
         };
+        let filled = |o: &Overflow| o.doublets as u64 + o.triplets as u64 + o.neighbours as u64;
+        let before = filled(&self.buf.overflow);
         let (buf, fitter, times) = (&mut self.buf, &self.fitter, &mut self.times);
         let t1 = Instant::now();
         let n_planes = geo.planes.len();
         // Tracks of `min_hits` hits on consecutive planes end on one of this many last planes.
         let seed_planes = (n_planes + 1).saturating_sub(min_hits.max(3));
         let dense = buf.hits.x_mm.len() >= cfg.follow_seeds_min_hits;
+        // Each step after one that filled its buffer would search a truncated list.
+        let gave_up = |buf: &CaBuffers| give_up_on_overflow && filled(&buf.overflow) > before;
         let t2 = if reach == 1 && cfg.follow_seeds && dense && seed_planes + 1 < n_planes {
             let kernel = ca::Kernel::detect();
             let a_planes = ca::triplets::seed_doublet_planes(n_planes, seed_planes);
             ca::doublets::find_doublets_with(kernel, geo, cfg, 1, a_planes, buf);
             let t2 = Instant::now();
-            ca::triplets::find_triplets_seeded_with(
-                kernel,
-                geo,
-                cfg,
-                seed_planes,
-                to_last_plane,
-                buf,
-            );
+            if !gave_up(buf) {
+                ca::triplets::find_triplets_seeded_with(
+                    kernel,
+                    geo,
+                    cfg,
+                    seed_planes,
+                    to_last_plane,
+                    buf,
+                );
+            }
             t2
         } else {
             ca::doublets::find_doublets(geo, cfg, reach, buf);
             let t2 = Instant::now();
-            ca::triplets::find_triplets(geo, cfg, reach, buf);
-            if to_last_plane && reach == 1 {
-                let first_end_plane = n_planes - seed_planes.min(n_planes);
-                ca::triplets::prune_dead_ends(geo, first_end_plane, buf);
+            if !gave_up(buf) {
+                ca::triplets::find_triplets(geo, cfg, reach, buf);
+                if to_last_plane && reach == 1 {
+                    let first_end_plane = n_planes - seed_planes.min(n_planes);
+                    ca::triplets::prune_dead_ends(geo, first_end_plane, buf);
+                }
             }
             t2
         };
         let t3 = Instant::now();
-        ca::neighbours::find_neighbours(cfg, buf);
+        if !gave_up(buf) {
+            ca::neighbours::find_neighbours(cfg, buf);
+        }
         let t4 = Instant::now();
+        let ns = |a: Instant, b: Instant| (b - a).as_nanos() as u64;
+        if gave_up(buf) {
+            times.doublets_ns += ns(t1, t2);
+            times.triplets_ns += ns(t2, t3);
+            times.neighbours_ns += ns(t3, t4);
+            return false;
+        }
         ca::evolution::evolve(buf, geo.planes.len());
         let t5 = Instant::now();
         let fit_ns = ca::candidates::extract_and_select(cfg, fitter, buf, min_hits, append);
         let t6 = Instant::now();
-        let ns = |a: Instant, b: Instant| (b - a).as_nanos() as u64;
         let t = times;
         t.doublets_ns += ns(t1, t2);
         t.triplets_ns += ns(t2, t3);
@@ -283,6 +379,7 @@ impl Reconstructor {
         t.fit_ns += fit_ns;
         t.doublets += buf.doublets.len() as u64;
         t.triplets += buf.triplets.len() as u64;
+        true
     }
 
     fn write_tracks(&mut self, out: &mut Vec<Track>) {
@@ -982,5 +1079,78 @@ mod tests {
         assert_eq!(o.hits, 20);
         assert!(o.doublets > 0);
         assert_eq!(reco.overflow_events(), 1);
+    }
+
+    /// A central event whose combinations at the minimum momentum fill the triplet buffer:
+    /// its passes run again with the windows of twice (four times, ..) the momentum, and
+    /// the particles above the highest momentum they need are found as in the full search.
+    /// Keeping the truncated search instead (`overflow_p_steps = 0`) loses many of them.
+    #[test]
+    fn a_pass_that_fills_a_buffer_runs_again_at_a_higher_momentum() {
+        use crate::tracking::eval::{EvalConfig, Evaluator};
+        use crate::tracking::simulate::{simulate_events, Preset, SimConfig};
+        let det = Detector::from_toml_file(std::path::Path::new("fixtures/detector.toml")).unwrap();
+        let events: Vec<_> =
+            simulate_events(&det, &SimConfig::preset(Preset::Central), 11, 0, 2).collect();
+        let run = |max_triplets: Option<usize>, steps: usize| {
+            let mut cfg = FinderConfig::from_detector(&det, 0.5);
+            cfg.overflow_p_steps = steps;
+            if let Some(m) = max_triplets {
+                cfg.limits.max_triplets = m;
+            }
+            let mut reco = Reconstructor::new(&det, cfg);
+            // Above 16 times the minimum momentum: found whatever rung the passes end on.
+            let mut eval = Evaluator::new(
+                EvalConfig {
+                    min_p_gev: 8.0,
+                    ..EvalConfig::default()
+                },
+                Some(&det),
+            );
+            let (mut raised, mut most_triplets) = (0, 0);
+            for ev in &events {
+                let mut tracks = Vec::new();
+                reco.reset_step_times();
+                reco.reconstruct(&ev.hits, &mut tracks);
+                raised += reco.last_overflow().raised;
+                most_triplets = most_triplets.max(reco.step_times().triplets);
+                eval.add_event(
+                    ev.event_id,
+                    &ev.hits,
+                    &ev.truth,
+                    Some(&ev.particles),
+                    &tracks,
+                )
+                .unwrap();
+            }
+            (eval.finish(), raised, most_triplets, reco.overflow_events())
+        };
+        let (full, raised, triplets, overflows) = run(None, 4);
+        assert_eq!((raised, overflows), (0, 0));
+        // A quarter of the triplets all passes of an event made together: the busiest
+        // pass fills it.
+        let limit = triplets as usize / 4;
+        let (ladder, raised, _, overflows) = run(Some(limit), 4);
+        let (truncated, _, _, _) = run(Some(limit), 0);
+        eprintln!(
+            "limit {limit}: full {:.4} ({} ghosts), raised {raised} times {:.4} ({} ghosts), truncated {:.4} ({} ghosts)",
+            full.efficiency, full.n_ghosts, ladder.efficiency, ladder.n_ghosts, truncated.efficiency, truncated.n_ghosts
+        );
+        assert_eq!(overflows, 2);
+        assert!(raised >= 2, "raised {raised}");
+        assert!(full.n_reconstructable > 300, "{}", full.n_reconstructable);
+        assert!(
+            ladder.efficiency >= full.efficiency - 0.01,
+            "{} against {}",
+            ladder.efficiency,
+            full.efficiency
+        );
+        assert!(ladder.ghost_rate <= full.ghost_rate + 0.01);
+        assert!(
+            truncated.efficiency < ladder.efficiency - 0.05,
+            "truncated {} raised {}",
+            truncated.efficiency,
+            ladder.efficiency
+        );
     }
 }

@@ -18,6 +18,7 @@
 //! | `clone_window_mm` | the scattering displacement over the detector at the minimum momentum |
 //! | exit margins (`may_leave`) | the curvature bound, scattering and resolution over one plane gap |
 //! | `stiff_pass_p_factor` | the momentum of a first pass on consecutive planes for the stiffer tracks (every momentum-dependent window above at that momentum), whose hits the passes at the minimum momentum no longer see |
+//! | `overflow_p_steps` | the momentum a pass is run again at when its combinations fill a per-event buffer: doubled each time, the windows narrowing with it |
 //! | `max_gap_planes` | the planes in a row a track may cross without a hit (plane inefficiency: two in a row miss at `(1 - eff)^2`), bridged by doublets in the second pass |
 
 use crate::tracking::geometry::Detector;
@@ -117,6 +118,18 @@ pub struct FinderConfig {
     /// soft ones' (hits used once, as between the passes). At most 1 (or 0): one pass.
     /// Default 3 (the windows a third as wide; the finder's cost is flat from 2 to 4).
     pub stiff_pass_p_factor: f64,
+    /// When a pass fills a per-event buffer (doublets, triplets, neighbours: `limits`), its
+    /// search is incomplete and what it would choose from truncated lists is arbitrary. It
+    /// is then run again with every momentum-dependent window derived at twice its
+    /// momentum ([`FinderConfig::at_momentum_factor`]: the combinations grow with the
+    /// square of the windows), doubling up to this many times until it fits, and the
+    /// stiffer tracks it finds are taken; then the pass runs once more at its own momentum
+    /// on the hits they left, kept if it now fits. An event this happened in still counts
+    /// as overflowed ([`super::Overflow`]: `raised` passes); its tracks below the raised
+    /// momentum may be missing, the others are found as in an event that fits. 0: the
+    /// pass keeps what it found in the truncated lists. Default 4 (up to 16 times the
+    /// minimum momentum).
+    pub overflow_p_steps: usize,
     /// Fewest hits of an event for the stiff-track pass: in sparse events the windows
     /// hold few wrong hits at any momentum and the extra pass costs more than it saves.
     /// Default 2000.
@@ -209,6 +222,7 @@ impl FinderConfig {
             first_pass_min_hits: 0,
             stiff_pass_p_factor: 3.0,
             stiff_pass_min_hits: 2000,
+            overflow_p_steps: 4,
             first_pass_to_last_plane: true,
             follow_seeds: true,
             follow_seeds_min_hits: 2000,
@@ -243,20 +257,26 @@ impl FinderConfig {
 
     /// The cuts of the stiff-track pass (see [`Self::stiff_pass_p_factor`]), or `None`
     /// where there is none: this configuration at `stiff_pass_p_factor` times the minimum
-    /// momentum, every other cut (overrides included) kept. The slope limits and the
-    /// curvature bounds are derived at the higher momentum from the origin and the field
-    /// as [`Self::from_detector`] does, never beyond this configuration's; the scattering
-    /// windows follow from `min_p_gev` where the finder's tables are built.
+    /// momentum ([`Self::at_momentum_factor`]).
     pub fn stiff_pass(&self, det: &Detector) -> Option<FinderConfig> {
         let k = self.stiff_pass_p_factor;
         if !(k > 1.0 && k.is_finite()) {
             return None;
         }
+        Some(self.at_momentum_factor(det, k))
+    }
+
+    /// This configuration for tracks above `k` (> 1) times its minimum momentum: the slope
+    /// limits and the curvature bounds derived at that momentum from the origin and the
+    /// field as [`Self::from_detector`] does (never beyond this configuration's), the
+    /// scattering windows following from `min_p_gev` where the finder's tables are built;
+    /// every other cut, overrides included, kept, and no stiff-track pass of its own.
+    pub fn at_momentum_factor(&self, det: &Detector, k: f64) -> FinderConfig {
         let min_p = self.min_p_gev * k;
         let b = MomentumBounds::new(det, self.origin_z_mm, min_p / self.momentum_slack);
         let max_tx = b.max_t[0].min(self.max_tx);
         let max_ty = b.max_t[1].min(self.max_ty);
-        Some(FinderConfig {
+        FinderConfig {
             min_p_gev: min_p,
             max_tx,
             max_ty,
@@ -265,7 +285,7 @@ impl FinderConfig {
             slope_factor: slope_factor(max_tx, max_ty).min(self.slope_factor),
             stiff_pass_p_factor: 0.0,
             ..self.clone()
-        })
+        }
     }
 
     /// Largest |q/p| the cuts accept, e/(GeV/c).
@@ -400,6 +420,7 @@ pub struct FinderOverrides {
     pub first_pass_min_hits: Option<usize>,
     pub stiff_pass_p_factor: Option<f64>,
     pub stiff_pass_min_hits: Option<usize>,
+    pub overflow_p_steps: Option<usize>,
     pub first_pass_to_last_plane: Option<bool>,
     pub follow_seeds: Option<bool>,
     pub follow_seeds_min_hits: Option<usize>,
@@ -453,6 +474,7 @@ impl FinderOverrides {
             first_pass_min_hits,
             stiff_pass_p_factor,
             stiff_pass_min_hits,
+            overflow_p_steps,
             first_pass_to_last_plane,
             follow_seeds,
             follow_seeds_min_hits,

@@ -37,7 +37,13 @@
 //! portable kernel gives the same results.
 //!
 //! The steps share the buffers in [`CaBuffers`], sized once from [`cuts::Limits`];
-//! every push is bounded and an overflow is counted in [`Overflow`] instead of growing.
+//! every push is bounded and an overflow is counted in [`Overflow`] instead of growing. A
+//! pass whose doublets, triplets or neighbours fill their buffer chooses nothing from the
+//! truncated lists: it runs again with every momentum-dependent window derived at twice
+//! the momentum (then four times, ..: [`cuts::FinderConfig::overflow_p_steps`]), which
+//! narrows the bending and scattering windows and so the combinations, and then once more
+//! at its own momentum on the hits the stiffer tracks left, as CBM's iterations go from
+//! fast to slow tracks ([`crate::tracking::reco::Reconstructor`]).
 
 pub mod bending;
 pub mod candidates;
@@ -181,6 +187,10 @@ pub struct Overflow {
     pub tracks: u32,
     /// Hits with an unknown plane or non-finite coordinates (not an overflow: refused).
     pub bad_hits: u32,
+    /// Passes run again at a higher momentum because they filled a buffer
+    /// ([`cuts::FinderConfig::overflow_p_steps`]); each comes with the count of what it
+    /// dropped in the step it filled.
+    pub raised: u32,
 }
 
 impl Overflow {
@@ -322,8 +332,9 @@ pub struct FinderGeometry {
     pub pair_lanes: Vec<PairLanes>,
     pub n_bins: usize,
     pub field: crate::tracking::geometry::Field,
-    /// The tent-weighted mean fields of the plane pairs and triples ([`bending`]).
-    pub bending: bending::Bending,
+    /// The tent-weighted mean fields of the plane pairs and triples ([`bending`]); shared
+    /// with the geometries of [`FinderGeometry::sharing_field_tables`].
+    pub bending: std::sync::Arc<bending::Bending>,
     /// Per doublet planes `(i, j)` at `i * n_planes + j`: the largest |B| components of
     /// the pointing tent `(origin, i, j)` over the acceptance, tesla (the field in a
     /// uniform field).
@@ -335,6 +346,19 @@ pub struct FinderGeometry {
 
 impl FinderGeometry {
     pub fn new(det: &Detector, cfg: &FinderConfig) -> Self {
+        Self::build(det, cfg, None)
+    }
+
+    /// The tables of `cfg`, with the field's tables (the tents' mean fields and the field
+    /// bounds over the acceptance) of `of` instead of their own: for a configuration whose
+    /// slope limits lie within `of`'s (a higher minimum momentum), whose field tables
+    /// cover its slopes and bound the field over an acceptance at least as wide. Cheap to
+    /// build (the field tables are the costly part of [`Self::new`] in a field map).
+    pub fn sharing_field_tables(det: &Detector, cfg: &FinderConfig, of: &FinderGeometry) -> Self {
+        Self::build(det, cfg, Some(of))
+    }
+
+    fn build(det: &Detector, cfg: &FinderConfig, field_tables: Option<&FinderGeometry>) -> Self {
         let mut planes = Vec::with_capacity(det.planes.len());
         let mut offset = 0;
         let mut ms_sum = 0.0;
@@ -396,31 +420,13 @@ impl FinderGeometry {
                 (gc.half_y_mm - my) as f32,
             ];
         }
-        let zs: Vec<f64> = det.planes.iter().map(|p| p.z_mm).collect();
-        let t_max = [cfg.max_tx, cfg.max_ty];
-        let bending = bending::Bending::new(&det.field, cfg.origin_z_mm, &zs, t_max);
-        let n = zs.len();
-        let mut pointing_b_max_tesla = vec![[0.0f64; 3]; n * n];
-        for i in 0..n {
-            for j in (i + 1)..n {
-                pointing_b_max_tesla[i * n + j] = match (&det.field, bending.pointing(i, j)) {
-                    (Field::Uniform { b_tesla }, _) => b_tesla.map(f64::abs),
-                    (_, Some(t)) => t.bound,
-                    // No pointing tent (the origin is not upstream): the field anywhere.
-                    (_, None) => {
-                        bending::max_field_tesla(&det.field, cfg.origin_z_mm, zs[j], t_max)
-                    }
-                };
-            }
-        }
-        let b_max_tesla = match &det.field {
-            Field::Uniform { b_tesla } => b_tesla.map(f64::abs),
-            f => bending::max_field_tesla(
-                f,
-                cfg.origin_z_mm,
-                zs.last().copied().unwrap_or(0.0),
-                t_max,
+        let (bending, pointing_b_max_tesla, b_max_tesla) = match field_tables {
+            Some(g) => (
+                g.bending.clone(),
+                g.pointing_b_max_tesla.clone(),
+                g.b_max_tesla,
             ),
+            None => Self::field_tables(det, cfg),
         };
         let n = planes.len();
         let mut pairs = vec![PairGeometry::default(); n * n];
@@ -521,6 +527,47 @@ impl FinderGeometry {
             pointing_b_max_tesla,
             b_max_tesla,
         }
+    }
+
+    /// The tents' mean fields, the largest field of each pointing tent and the largest on
+    /// the lines through the acceptance ([`Self::bending`], [`Self::pointing_b_max_tesla`],
+    /// [`Self::b_max_tesla`]).
+    #[allow(clippy::type_complexity)]
+    fn field_tables(
+        det: &Detector,
+        cfg: &FinderConfig,
+    ) -> (std::sync::Arc<bending::Bending>, Vec<[f64; 3]>, [f64; 3]) {
+        let zs: Vec<f64> = det.planes.iter().map(|p| p.z_mm).collect();
+        let t_max = [cfg.max_tx, cfg.max_ty];
+        let bending = bending::Bending::new(&det.field, cfg.origin_z_mm, &zs, t_max);
+        let n = zs.len();
+        let mut pointing_b_max_tesla = vec![[0.0f64; 3]; n * n];
+        for i in 0..n {
+            for j in (i + 1)..n {
+                pointing_b_max_tesla[i * n + j] = match (&det.field, bending.pointing(i, j)) {
+                    (Field::Uniform { b_tesla }, _) => b_tesla.map(f64::abs),
+                    (_, Some(t)) => t.bound,
+                    // No pointing tent (the origin is not upstream): the field anywhere.
+                    (_, None) => {
+                        bending::max_field_tesla(&det.field, cfg.origin_z_mm, zs[j], t_max)
+                    }
+                };
+            }
+        }
+        let b_max_tesla = match &det.field {
+            Field::Uniform { b_tesla } => b_tesla.map(f64::abs),
+            f => bending::max_field_tesla(
+                f,
+                cfg.origin_z_mm,
+                zs.last().copied().unwrap_or(0.0),
+                t_max,
+            ),
+        };
+        (
+            std::sync::Arc::new(bending),
+            pointing_b_max_tesla,
+            b_max_tesla,
+        )
     }
 
     /// The largest hit resolution of any plane, x or y, mm.
