@@ -318,6 +318,7 @@ impl Reconstructor {
         let filled = |o: &Overflow| o.doublets as u64 + o.triplets as u64 + o.neighbours as u64;
         let before = filled(&self.buf.overflow);
         let (buf, fitter, times) = (&mut self.buf, &self.fitter, &mut self.times);
+        buf.stop_when_full = give_up_on_overflow;
         let t1 = Instant::now();
         let n_planes = geo.planes.len();
         // Tracks of `min_hits` hits on consecutive planes end on one of this many last planes.

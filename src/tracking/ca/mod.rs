@@ -671,6 +671,10 @@ pub struct CaBuffers {
     pub clone_marks: Vec<bool>,
     /// Per input hit: its global bin, `u32::MAX` when refused or dropped (hit sorting).
     pub hit_bin: Vec<u32>,
+    /// Set while a pass that gives up on a full buffer runs: the triplet and neighbour
+    /// steps then stop once their buffer is full (the counts of what they dropped are
+    /// then lower bounds), the pass being run again anyway.
+    pub stop_when_full: bool,
 }
 
 impl CaBuffers {

@@ -57,6 +57,10 @@ pub fn find_neighbours(cfg: &FinderConfig, buf: &mut CaBuffers) {
             }
             if buf.left.len() == cfg.limits.max_neighbours {
                 buf.overflow.neighbours += 1;
+                if buf.stop_when_full {
+                    buf.left_start[n_triplets] = buf.left.len() as u32;
+                    return;
+                }
                 continue;
             }
             buf.left.push(t1 as u32);

@@ -706,6 +706,9 @@ fn left_doublets_outgoing<const AVX2: bool, const R: usize>(
     let mut ids = [0u32; CHUNK];
     let n_left = lefts.len();
     for c0 in (0..n_left).step_by(CHUNK) {
+        if buf.stop_when_full && buf.triplets.len() >= cfg.limits.max_triplets {
+            break;
+        }
         let c1 = (c0 + CHUNK).min(n_left);
         for (k, id) in ids[..c1 - c0].iter_mut().enumerate() {
             *id = lefts.get(c0 + k);
@@ -1031,6 +1034,12 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
     // right doublets.
     let mut block = 0;
     for j in (1..n_planes - 1).rev() {
+        if buf.stop_when_full
+            && (buf.triplets.len() >= cfg.limits.max_triplets
+                || buf.doublets.len() >= cfg.limits.max_doublets)
+        {
+            break;
+        }
         let i = j - 1;
         let (fi, ei) = buf.hits.plane_range(&geo.planes[i]);
         let (fj, ej) = buf.hits.plane_range(&geo.planes[j]);
