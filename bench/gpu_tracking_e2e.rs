@@ -2,7 +2,7 @@
 //! GPU):
 //!
 //!     cargo bench --bench gpu_tracking_e2e            # or the built binary
-//!     options: --central N (events, default 256) --minbias N (default 8192)
+//!     options: --central N (events, default 256; 0: none) --minbias N (default 8192; 0: none)
 //!              --launch-central N (events per launch, default 128)
 //!              --launch-minbias N (default 512) --rounds N (default 5)
 //!              --configs spectrometer,dipole,forward
@@ -132,6 +132,9 @@ fn main() {
                 arg("--launch-minbias", 512),
             ),
         ] {
+            if n_events == 0 {
+                continue;
+            }
             let sim = if forward {
                 SimConfig::forward(preset)
             } else {

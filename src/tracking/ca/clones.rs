@@ -172,6 +172,27 @@ pub fn mark_clones(
             .iter()
             .fold(0u64, |m, &h| m | 1 << (buf.hits.plane[h as usize] % 64))
     }));
+    // With up to 64 planes only tracks on planes disjoint from the short track's can be
+    // its longer piece: the tracks by mask (ids sorted by mask, then index, after the
+    // masks; then the start of each run of one mask), so a short track visits the runs,
+    // not every track, and gathers the ids of the disjoint runs (after the run starts),
+    // then tries them in increasing index as the scan of every track did.
+    let grouped = n_planes <= 64;
+    let runs_at = 2 * n;
+    if grouped {
+        masks.extend(0..n as u64);
+        let (m, ids) = masks.split_at_mut(n);
+        ids.sort_unstable_by_key(|&i| (m[i as usize], i));
+        let mut k = 0;
+        while k < n {
+            masks.push(k as u64);
+            let mk = masks[masks[n + k] as usize];
+            while k < n && masks[masks[n + k] as usize] == mk {
+                k += 1;
+            }
+        }
+        masks.push(n as u64);
+    }
     for ib in 0..n {
         let kb = buf.accepted[ib];
         let cb = buf.candidates[kb as usize];
@@ -180,19 +201,15 @@ pub fn mark_clones(
         }
         let hits_b = &buf.candidate_hits[cb.start as usize..cb.start as usize + cb.len as usize];
         let mb = masks[ib];
-        for (ia, &ma) in masks.iter().enumerate() {
-            // Planes must be disjoint (most tracks share one with any short track: this
-            // test comes first).
-            if ma & mb != 0 && n_planes <= 64 {
-                continue;
-            }
+        // Whether track `ia` is the longer piece of the short track `ib`.
+        let clone_of = |ia: usize, ma: u64, marks: &[bool]| -> bool {
             if ia == ib || marks[ia] {
-                continue;
+                return false;
             }
             let ka = buf.accepted[ia];
             let ca = buf.candidates[ka as usize];
             if ca.len < cb.len {
-                continue;
+                return false;
             }
             let hits_a =
                 &buf.candidate_hits[ca.start as usize..ca.start as usize + ca.len as usize];
@@ -203,7 +220,7 @@ pub fn mark_clones(
                         .any(|&ha| buf.hits.plane[ha as usize] == buf.hits.plane[hb as usize])
                 })
             {
-                continue;
+                return false;
             }
             let fa = &buf.fits[ca.fit as usize];
             let fb = &buf.fits[cb.fit as usize];
@@ -213,7 +230,7 @@ pub fn mark_clones(
                 fb.state[4],
                 fb.cov[tri(4, 4)],
             ) {
-                continue;
+                return false;
             }
             // Every hit of b near a's straight line, within the largest bending.
             let sd = |k: usize| 3.0 * fa.cov[k].max(0.0).sqrt();
@@ -231,9 +248,8 @@ pub fn mark_clones(
                     && (y_lin - buf.hits.y_mm[hb] as f64).abs() <= wy
             });
             if !near_line {
-                continue;
+                return false;
             }
-            let mut all_close = true;
             let mut z = fa.z_mm;
             let mut s = fa.state;
             for &hb in hits_b {
@@ -244,15 +260,35 @@ pub fn mark_clones(
                 if (s[0] - buf.hits.x_mm[hb] as f64).abs() > window
                     || (s[1] - buf.hits.y_mm[hb] as f64).abs() > window
                 {
-                    all_close = false;
-                    break;
+                    return false;
                 }
             }
-            if all_close {
-                marks[ib] = true;
-                removed += 1;
-                break;
+            true
+        };
+        let found = if grouped {
+            // Planes must be disjoint (most tracks share one with any short track).
+            let gathered = masks.len();
+            let n_runs = gathered - runs_at - 1;
+            for r in 0..n_runs {
+                let (s0, s1) = (masks[runs_at + r] as usize, masks[runs_at + r + 1] as usize);
+                if masks[masks[n + s0] as usize] & mb == 0 {
+                    for j in s0..s1 {
+                        masks.push(masks[n + j]);
+                    }
+                }
             }
+            masks[gathered..].sort_unstable();
+            let found = masks[gathered..]
+                .iter()
+                .any(|&ia| clone_of(ia as usize, masks[ia as usize], marks));
+            masks.truncate(gathered);
+            found
+        } else {
+            (0..n).any(|ia| clone_of(ia, masks[ia], marks))
+        };
+        if found {
+            marks[ib] = true;
+            removed += 1;
         }
     }
     removed
