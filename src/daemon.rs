@@ -270,7 +270,9 @@ pub fn execute(opts: Options, inputs: Vec<Input>) -> anyhow::Result<Summary> {
     if let Some(bar) = &progress {
         bar.finish_and_clear();
     }
-    let summary = result?;
+    let mut summary = result?;
+    summary.finder_limits = metrics.finder_limits();
+    summary.passes_raised = metrics.passes_raised().get();
     if let Some(w) = accepted {
         if let Some(w) = w
             .lock()
@@ -600,6 +602,20 @@ pub fn print_summary(summary: &Summary, out: &mut dyn std::io::Write) -> std::io
             out,
             "sink        {} {}: {} errors, {} decisions not written, {} spilled (policy {policy})",
             s.kind, s.target, s.errors, s.lost, s.spilled
+        )?;
+    }
+    if !summary.finder_limits.is_empty() {
+        let steps: Vec<String> = summary
+            .finder_limits
+            .iter()
+            .map(|(s, n)| format!("{s} {n}"))
+            .collect();
+        writeln!(
+            out,
+            "tracking    events that filled the finder's buffers: {} ({} passes raised; \
+             tracks below the raised momentum may be missing)",
+            steps.join(", "),
+            summary.passes_raised
         )?;
     }
     if summary.recording_lost > 0 {

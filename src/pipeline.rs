@@ -247,6 +247,10 @@ pub struct Summary {
     pub sinks: Vec<SinkTotals>,
     /// Accepted frames the accepted-frame recording failed to take.
     pub recording_lost: u64,
+    /// Events whose track finding on the CPU filled a per-event buffer, by step (the
+    /// steps with any), and the passes run again at a higher momentum for it.
+    pub finder_limits: Vec<(&'static str, u64)>,
+    pub passes_raised: u64,
 }
 
 impl Summary {

@@ -181,3 +181,74 @@ fn sequence_gaps_and_repeats_are_counted() {
     assert_eq!(summary_count(&stdout, "frames"), seqs.len() as u64);
     assert!(stdout.contains("10 missing, 1 repeated"), "{stdout}");
 }
+
+/// Central events whose combinations fill the finder's triplet buffer (a limit set low in
+/// the configuration) are decided all the same, and the run says so: a warning in the log
+/// and a line of the end-of-run summary naming the step; without the limit, neither.
+#[test]
+fn events_that_fill_the_finders_buffers_are_named_in_the_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let rec = dir.path().join("central.trgr");
+    let geometry = root().join("fixtures/detector.toml");
+    let out = std::process::Command::new(trigd_bin())
+        .args([
+            "simulate", "tracking", "--preset", "central", "--events", "3",
+        ])
+        .args(["--seed", "7", "--geometry", geometry.to_str().unwrap()])
+        .args(["--recording", rec.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for limited in [true, false] {
+        let cfg = dir.path().join(format!("trigd{limited}.toml"));
+        let limits = if limited {
+            "[tracking.finder.limits]\nmax_triplets = 6000\n"
+        } else {
+            ""
+        };
+        std::fs::write(
+            &cfg,
+            format!(
+                "[daemon]\nworkload = \"tracking\"\n[tracking]\ngeometry = \"{}\"\n{limits}",
+                geometry.display()
+            ),
+        )
+        .unwrap();
+        let decisions = dir.path().join(format!("decisions{limited}.jsonl"));
+        let (code, stdout, log) = replay(&[
+            "replay",
+            rec.to_str().unwrap(),
+            "--config",
+            cfg.to_str().unwrap(),
+            "--backend",
+            "cpu",
+            "--decisions",
+            decisions.to_str().unwrap(),
+            "--no-progress",
+        ]);
+        assert_eq!(code, 0, "{stdout}\n{}", log.join("\n"));
+        let decided = read_jsonl(&decisions);
+        assert_eq!(decided.len(), 3);
+        assert!(
+            decided
+                .iter()
+                .all(|d| d["n_tracks"].as_u64().unwrap_or(0) > 1000),
+            "{decided:?}"
+        );
+        let line = stdout
+            .lines()
+            .find(|l| l.contains("filled the finder's buffers"));
+        let warned = log.iter().any(|l| l.contains("filled the track finder's"));
+        if limited {
+            let line = line.unwrap_or_else(|| panic!("no summary line:\n{stdout}"));
+            assert!(line.contains("triplets 3"), "{line}");
+            assert!(warned, "{}", log.join("\n"));
+        } else {
+            assert!(line.is_none() && !warned, "{stdout}");
+        }
+    }
+}
