@@ -458,20 +458,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 });
                 let mut tracks = Vec::new();
                 r.reconstruct(hits, &mut tracks);
-                let o = r.last_overflow();
-                if o.any() {
-                    tracing::warn!(
-                        hits = o.hits,
-                        doublets = o.doublets,
-                        triplets = o.triplets,
-                        neighbours = o.neighbours,
-                        candidates = o.candidates,
-                        tracks = o.tracks,
-                        passes_raised = o.raised,
-                        "an event filled the finder's buffers: tracks below the momentum its \
-                         passes were raised to may be missing"
-                    );
-                }
+                crate::backend::tracking::report_limits(r, None);
                 Ok(tracks)
             })?;
             Ok(ExitCode::SUCCESS)

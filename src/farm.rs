@@ -316,32 +316,12 @@ pub async fn ensure_stream(
         duplicate_window: spec.duplicate_window,
         ..Default::default()
     };
-    // Nodes of a farm start together: two may both miss the stream, and the one whose
-    // creation loses the race is refused (name in use, subjects overlap). The stream the
-    // winner created is then there to be taken; the first error is kept for the case where
-    // it is not.
-    let mut first_err = None;
-    let mut found = None;
-    for attempt in 0..CREATE_ATTEMPTS {
-        match js.get_or_create_stream(config.clone()).await {
-            Ok(s) => {
-                found = Some(s);
-                break;
-            }
-            Err(e) => {
-                tracing::debug!(stream = %spec.name, attempt, "creating the stream: {e}");
-                first_err.get_or_insert_with(|| e.to_string());
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50 * (attempt as u64 + 1))).await;
-        if let Ok(s) = js.get_stream(&spec.name).await {
-            found = Some(s);
-            break;
-        }
-    }
-    let mut s = found.ok_or_else(|| {
-        server_err(format!("creating stream {}", spec.name))(first_err.unwrap_or_default())
-    })?;
+    let mut s = create_racing(
+        format!("creating stream {}", spec.name),
+        || js.get_or_create_stream(config.clone()),
+        || js.get_stream(&spec.name),
+    )
+    .await?;
     let info = s
         .info()
         .await
@@ -382,28 +362,46 @@ pub async fn ensure_consumer(
         filter_subject: spec.filter_subject.clone().unwrap_or_default(),
         ..Default::default()
     };
-    // As for streams: a node that loses the race to create the shared consumer takes the
-    // one that won.
+    create_racing(
+        format!("creating consumer {}", spec.durable),
+        || stream.get_or_create_consumer(&spec.durable, config.clone()),
+        || stream.get_consumer(&spec.durable),
+    )
+    .await
+}
+
+/// What `create` gets or creates, where other nodes may be creating it at the same time:
+/// the nodes of a farm start together, two may both miss a stream or consumer, and the one
+/// whose creation loses the race is refused (name in use, subjects overlap). What the
+/// winner created is then there for `get` to take. Up to [`CREATE_ATTEMPTS`] tries; the
+/// first error is kept for the case where nothing is found.
+async fn create_racing<T, E1, E2, C, CF, G, GF>(
+    what: String,
+    create: C,
+    get: G,
+) -> Result<T, FarmError>
+where
+    E1: fmt::Display,
+    C: Fn() -> CF,
+    CF: std::future::Future<Output = Result<T, E1>>,
+    G: Fn() -> GF,
+    GF: std::future::Future<Output = Result<T, E2>>,
+{
     let mut first_err = None;
     for attempt in 0..CREATE_ATTEMPTS {
-        match stream
-            .get_or_create_consumer(&spec.durable, config.clone())
-            .await
-        {
-            Ok(c) => return Ok(c),
+        match create().await {
+            Ok(v) => return Ok(v),
             Err(e) => {
-                tracing::debug!(consumer = %spec.durable, attempt, "creating the consumer: {e}");
+                tracing::debug!(attempt, "{what}: {e}");
                 first_err.get_or_insert_with(|| e.to_string());
             }
         }
         tokio::time::sleep(Duration::from_millis(50 * (attempt as u64 + 1))).await;
-        if let Ok(c) = stream.get_consumer(&spec.durable).await {
-            return Ok(c);
+        if let Ok(v) = get().await {
+            return Ok(v);
         }
     }
-    Err(server_err(format!("creating consumer {}", spec.durable))(
-        first_err.unwrap_or_default(),
-    ))
+    Err(server_err(what)(first_err.unwrap_or_default()))
 }
 
 /// Tries at creating a stream or consumer that other nodes may be creating at the same time.

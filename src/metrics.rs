@@ -372,16 +372,6 @@ pub struct Metrics {
     in_flight_max_frames: AtomicU64,
 }
 
-/// The `step` labels of `trigd_tracking_finder_limit_total`, in the finder's order.
-pub const FINDER_STEPS: [&str; 6] = [
-    "hits",
-    "doublets",
-    "triplets",
-    "neighbours",
-    "candidates",
-    "tracks",
-];
-
 fn register<C: prometheus::core::Collector + Clone + 'static>(
     registry: &Registry,
     name: &'static str,
@@ -725,7 +715,7 @@ impl Metrics {
 
     /// The steps of `trigd_tracking_finder_limit_total` with events, and their counts.
     pub fn finder_limits(&self) -> Vec<(&'static str, u64)> {
-        FINDER_STEPS
+        crate::tracking::ca::Overflow::STEPS
             .iter()
             .map(|&s| (s, self.finder_limit.with_label_values(&[s]).get()))
             .filter(|&(_, n)| n > 0)

@@ -13,6 +13,7 @@ use super::{Backend, BackendError, BackendKind, Detail, Verdict};
 use crate::config::{Config, MultiplicityConfig};
 use crate::frame::{FrameView, HitRecord, Payload};
 use crate::metrics::Metrics;
+use crate::tracking::ca::Overflow;
 use crate::tracking::geometry::Detector;
 use crate::tracking::lines::{self, LineConfig};
 use crate::tracking::reco::{FinderConfig, FinderOverrides, Reconstructor};
@@ -212,16 +213,8 @@ pub(crate) fn report_limits(reco: &Reconstructor, metrics: Option<&Metrics>) {
     if !o.any() {
         return;
     }
-    let steps = [
-        ("hits", o.hits),
-        ("doublets", o.doublets),
-        ("triplets", o.triplets),
-        ("neighbours", o.neighbours),
-        ("candidates", o.candidates),
-        ("tracks", o.tracks),
-    ];
     if let Some(m) = metrics {
-        for (step, n) in steps {
+        for (step, n) in Overflow::STEPS.into_iter().zip(o.counts()) {
             if n > 0 {
                 m.finder_limit(step).inc();
             }
@@ -448,17 +441,12 @@ mod tests {
         TrackingSetup::new(&cfg, tracks_out).unwrap()
     }
 
-    /// A batch reconstructed on several threads decides as on one, event by event and in
-    /// order, and writes the same `--tracks-out` rows in the same order.
-    #[test]
-    fn a_batch_on_several_threads_decides_as_on_one() {
-        let dir = tempfile::tempdir().unwrap();
-        let det = Detector::from_toml_file(Path::new("fixtures/detector.toml")).unwrap();
-        // Events of very different cost (central and minimum-bias), so the threads finish
-        // out of order.
+    /// Hit-event frames of simulated events: per `(preset, events, seed)` in turn, numbered
+    /// from 0 in one source.
+    fn event_frames(det: &Detector, classes: &[(Preset, u64, u64)]) -> Vec<Vec<u8>> {
         let mut frames = Vec::new();
-        for (preset, n, seed) in [(Preset::Minbias, 40, 3), (Preset::Central, 3, 4)] {
-            for ev in simulate_events(&det, &SimConfig::preset(preset), seed, 0, n) {
+        for &(preset, n, seed) in classes {
+            for ev in simulate_events(det, &SimConfig::preset(preset), seed, 0, n) {
                 let stamp = Stamp {
                     source_id: 1,
                     sequence: frames.len() as u64,
@@ -467,6 +455,18 @@ mod tests {
                 frames.push(encode_event_frame(&ev, stamp));
             }
         }
+        frames
+    }
+
+    /// A batch reconstructed on several threads decides as on one, event by event and in
+    /// order, and writes the same `--tracks-out` rows in the same order.
+    #[test]
+    fn a_batch_on_several_threads_decides_as_on_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let det = Detector::from_toml_file(Path::new("fixtures/detector.toml")).unwrap();
+        // Events of very different cost (central and minimum-bias), so the threads finish
+        // out of order.
+        let mut frames = event_frames(&det, &[(Preset::Minbias, 40, 3), (Preset::Central, 3, 4)]);
         frames.swap(1, 41);
         let views: Vec<FrameView<'_>> = frames.iter().map(|f| frame::parse(f).unwrap()).collect();
         let mut outs = Vec::new();
@@ -504,17 +504,7 @@ mod tests {
     #[test]
     fn events_that_fill_the_finders_buffers_are_counted_and_decided() {
         let det = Detector::from_toml_file(Path::new("fixtures/detector.toml")).unwrap();
-        let mut frames = Vec::new();
-        for (preset, n, seed) in [(Preset::Minbias, 5, 3), (Preset::Central, 2, 4)] {
-            for ev in simulate_events(&det, &SimConfig::preset(preset), seed, 0, n) {
-                let stamp = Stamp {
-                    source_id: 1,
-                    sequence: frames.len() as u64,
-                    timestamp_ns: 0,
-                };
-                frames.push(encode_event_frame(&ev, stamp));
-            }
-        }
+        let frames = event_frames(&det, &[(Preset::Minbias, 5, 3), (Preset::Central, 2, 4)]);
         let views: Vec<FrameView<'_>> = frames.iter().map(|f| frame::parse(f).unwrap()).collect();
         let limited = Config::from_str_named(
             "[daemon]\nworkload = \"tracking\"\n[tracking]\ngeometry = \"fixtures/detector.toml\"\n\

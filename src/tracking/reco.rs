@@ -113,29 +113,28 @@ impl Reconstructor {
         // The stiff-track pass's rung has its own field tables (as on the GPU); the others
         // share the configuration's, which cover their narrower slopes.
         let stiff_factor = cfg.stiff_pass(det).map(|_| cfg.stiff_pass_p_factor);
-        let mut rungs: Vec<Rung> = (1..=cfg.overflow_p_steps.min(16))
+        let mut factors: Vec<f64> = (1..=cfg.overflow_p_steps.min(16))
             .map(|i| (1u32 << i) as f64)
-            .filter(|&f| Some(f) != stiff_factor)
+            .chain(stiff_factor)
+            .collect();
+        factors.sort_by(f64::total_cmp);
+        factors.dedup();
+        let rungs: Vec<Rung> = factors
+            .into_iter()
             .map(|factor| {
                 let c = cfg.at_momentum_factor(det, factor);
-                let g = FinderGeometry::sharing_field_tables(det, &c, &geo);
+                let g = if Some(factor) == stiff_factor {
+                    FinderGeometry::new(det, &c)
+                } else {
+                    FinderGeometry::sharing_field_tables(det, &c, &geo)
+                };
                 Rung {
                     factor,
                     cfg: c,
                     geo: g,
                 }
             })
-            .chain(stiff_factor.map(|factor| {
-                let c = cfg.at_momentum_factor(det, factor);
-                let g = FinderGeometry::new(det, &c);
-                Rung {
-                    factor,
-                    cfg: c,
-                    geo: g,
-                }
-            }))
             .collect();
-        rungs.sort_by(|a, b| a.factor.total_cmp(&b.factor));
         let stiff = stiff_factor.and_then(|f| rungs.iter().position(|r| r.factor == f));
         Reconstructor {
             cfg,

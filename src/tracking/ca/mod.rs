@@ -194,9 +194,31 @@ pub struct Overflow {
 }
 
 impl Overflow {
+    /// The steps whose buffers can fill, in the finder's order (the `step` label of
+    /// `trigd_tracking_finder_limit_total`).
+    pub const STEPS: [&'static str; 6] = [
+        "hits",
+        "doublets",
+        "triplets",
+        "neighbours",
+        "candidates",
+        "tracks",
+    ];
+
+    /// What each of [`Self::STEPS`] dropped.
+    pub fn counts(&self) -> [u32; 6] {
+        [
+            self.hits,
+            self.doublets,
+            self.triplets,
+            self.neighbours,
+            self.candidates,
+            self.tracks,
+        ]
+    }
+
     pub fn any(&self) -> bool {
-        self.hits + self.doublets + self.triplets + self.neighbours + self.candidates + self.tracks
-            > 0
+        self.counts().iter().any(|&n| n > 0)
     }
 }
 
