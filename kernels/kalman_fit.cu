@@ -21,7 +21,8 @@
 //          as 32-bit words, hit k of candidate c at k * stride + c of its region;
 //   out:   [OUT_WORDS][stride] words: x, y, tx, ty, qop, covariance (15, lower triangle
 //          row by row), z, chi2 (floats), ndf, ok (integers).
-// Per plane p: rows32/rows64 [z, var_x, var_y, x0, ln_x0]; gap_steps[p] and gap_kind[p]
+// Per plane p: rows32/rows64 [z, var_x, var_y, x0, ln_x0, seed_db]; gap_steps[p] and
+// gap_kind[p]
 // for the step over the gap from plane p + 1 to p; in a field map, gap_slice[p], the first
 // of the map's slices (FieldSlices in src/tracking/field.rs: the map's (x, y) nodes at the
 // z of the stages, [slice][nx][ny][3]) that the steps over that gap read: step i reads
@@ -53,7 +54,7 @@
 #define GAP_PROFILE 3
 
 #define OUT_WORDS 24
-#define ROW 5
+#define ROW 6
 
 // K_GEV_PER_T_MM and the Highland constant, as the CPU rounds them.
 #define K_F ((float)0.299792458e-3)
@@ -631,6 +632,7 @@ __device__ void kalman_fit_track(const Hits& h, int n, int kmax, const KalmanTab
     const float xa = HX(0), xb = HX(n / 2), xm = HX(n - 2), xn = HX(n - 1);
     const float ya = HY(0), yb = HY(n / 2), ym = HY(n - 2), yn = HY(n - 1);
     const float vxm = rm[1], vym = rm[2], vxn = rn[1], vyn = rn[2];
+    const float seed_db = rn[5];
     const bool gap = pl > pm + 1;
 
     // The fields the seed's two estimates measure (seed_fields): the three-hit
@@ -721,16 +723,21 @@ __device__ void kalman_fit_track(const Hits& h, int n, int kmax, const KalmanTab
         ms[2] = (float)m2;
     }
     const float inv_dz2 = inv_dz * inv_dz;
+    // What the seed's mean field over the last gap may miss (seed_field_errors) bends
+    // the slopes by up to this much at the seed's q/p.
+    const float seed_err =
+        f * (1.0f + chord_x * chord_x + chord_y * chord_y) * seed_db * qop;
+    const float seed_var = seed_err * seed_err;
     float c[15];
 #pragma unroll
     for (int i = 0; i < 15; ++i) c[i] = 0.0f;
     c[0] = vxn;
     c[2] = vyn;
     c[3] = vxn * inv_dz;
-    c[5] = (vxn + vxm) * inv_dz2 + gx * gx * cq + ms[0];
+    c[5] = (vxn + vxm) * inv_dz2 + gx * gx * cq + ms[0] + seed_var;
     c[7] = vyn * inv_dz;
     c[8] = gx * gy * cq + ms[2];
-    c[9] = (vyn + vym) * inv_dz2 + gy * gy * cq + ms[1];
+    c[9] = (vyn + vym) * inv_dz2 + gy * gy * cq + ms[1] + seed_var;
     c[12] = gx * cq;
     c[13] = gy * cq;
     c[14] = cq;

@@ -295,7 +295,8 @@ pub fn unpack_outputs(words: &[u32], shape: &BatchShape, out: &mut Vec<FittedTra
 /// field source of the step over the gap to the plane, the fit settings, and the field.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FitTables {
-    /// Per plane `[z, var_x, var_y, x0, ln_x0]` rounded to `f32`.
+    /// Per plane `[z, var_x, var_y, x0, ln_x0, seed_db]` rounded to `f32`
+    /// ([`KalmanFitter::plane_constants`]).
     pub rows32: Vec<f32>,
     pub rows64: Vec<f64>,
     /// Per plane `p`: steps over the gap from plane `p + 1` to `p`.
@@ -717,6 +718,7 @@ mod tests {
     use super::*;
     use crate::tracking::geometry::Detector;
     use crate::tracking::kalman::FitConfig;
+    use crate::tracking::kalman::ROW;
     use std::path::Path;
 
     fn hits(planes: &[u16], seed: f32) -> Vec<FitHit> {
@@ -883,8 +885,8 @@ mod tests {
         let f = KalmanFitter::new(&uniform, FitConfig::from_detector(&uniform));
         let t = FitTables::new(&f);
         let n = uniform.planes.len();
-        assert_eq!(t.rows32.len(), 5 * n);
-        assert_eq!(t.rows64.len(), 5 * n);
+        assert_eq!(t.rows32.len(), ROW * n);
+        assert_eq!(t.rows64.len(), ROW * n);
         assert_eq!(t.rows32[0], uniform.planes[0].z_mm as f32);
         // A uniform field along y: one step per gap, the stages without Bx and Bz.
         assert!(t.gap_steps.iter().all(|&s| s == 1));

@@ -237,6 +237,32 @@ pub struct EvalReport {
     /// (p_fit - p_true) / p_true over all matched fitted tracks.
     pub momentum_resolution: RobustStat,
     pub pulls: Vec<Pull>,
+    /// The fit's chi-square per degree of freedom over the matched fitted tracks: about 1
+    /// where the fit's model of the detector (resolution, material, field) is right.
+    pub fit_chi2_ndf: Chi2Summary,
+}
+
+/// Mean and median of the matched tracks' chi-square per degree of freedom.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Chi2Summary {
+    pub n_tracks: usize,
+    pub mean: f64,
+    pub median: f64,
+}
+
+impl Chi2Summary {
+    fn of(values: &[f64]) -> Self {
+        if values.is_empty() {
+            return Chi2Summary::default();
+        }
+        let mut v = values.to_vec();
+        v.sort_by(f64::total_cmp);
+        Chi2Summary {
+            n_tracks: v.len(),
+            mean: v.iter().sum::<f64>() / v.len() as f64,
+            median: v[v.len() / 2],
+        }
+    }
 }
 
 struct ParticleInfo {
@@ -263,6 +289,8 @@ pub struct Evaluator<'d> {
     resolution: Vec<f64>,
     resolution_bins: Vec<Vec<f64>>,
     pulls: [Vec<f64>; 5],
+    /// Chi-square per degree of freedom of the matched fitted tracks.
+    chi2_ndf: Vec<f64>,
     /// `(particles, found)` by planes hit (index: planes; up to the detector's plane count
     /// when there is a detector, else up to the most planes seen) and by missing planes.
     by_planes: Vec<(usize, usize)>,
@@ -299,6 +327,7 @@ impl<'d> Evaluator<'d> {
             resolution: Vec::new(),
             resolution_bins: vec![Vec::new(); n_bins],
             pulls: Default::default(),
+            chi2_ndf: Vec::new(),
             by_planes,
             by_missing: [(0, 0); MISSING_PLANES_MAX + 1],
             ghost_bins: vec![(0, 0); n_bins],
@@ -459,6 +488,9 @@ impl<'d> Evaluator<'d> {
         if var.iter().any(|v| !(v.is_finite() && *v > 0.0)) {
             return;
         }
+        if track.ndf > 0 && track.chi2.is_finite() {
+            self.chi2_ndf.push(track.chi2_ndf() as f64);
+        }
         let z = track.state.z_mm as f64;
         let Some((i, _)) = truth
             .iter()
@@ -598,6 +630,7 @@ impl<'d> Evaluator<'d> {
             n_ghosts_unmeasured: self.ghost_unmeasured.1,
             momentum_resolution: robust_stat(&self.resolution),
             pulls,
+            fit_chi2_ndf: Chi2Summary::of(&self.chi2_ndf),
         }
     }
 }
@@ -772,6 +805,14 @@ impl EvalReport {
                 s,
                 "| {} | {:.3} | {:.3} | {} |",
                 p.parameter, p.stat.mean, p.stat.width, p.stat.n_total
+            );
+        }
+        let c = &self.fit_chi2_ndf;
+        if c.n_tracks > 0 {
+            let _ = writeln!(
+                s,
+                "\nfit chi-square per degree of freedom (matched tracks): mean {:.3}, median {:.3}, {} tracks",
+                c.mean, c.median, c.n_tracks
             );
         }
         s
@@ -1465,6 +1506,9 @@ mod tests {
                 t.state.tx += 1e-4 * g(&mut rng);
                 t.state.ty += 1e-4 * g(&mut rng);
                 t.state.qop += 1e-3 * g(&mut rng);
+                // Every other track with twice the chi-square of the other.
+                t.ndf = 4;
+                t.chi2 = if t.hits.len() % 2 == 0 { 2.0 } else { 4.0 };
             }
             e.add_event(i, &ev.hits, &ev.truth, Some(&ev.particles), &tracks)
                 .unwrap();
@@ -1478,6 +1522,16 @@ mod tests {
                 "{p:?}"
             );
         }
+        // The chi-square summary is over the same matched tracks.
+        let c = r.fit_chi2_ndf;
+        assert_eq!(c.n_tracks, r.pulls[0].stat.n_total);
+        assert!(
+            c.mean > 0.5 && c.mean < 1.0 && (c.median == 0.5 || c.median == 1.0),
+            "{c:?}"
+        );
+        assert!(r
+            .to_markdown()
+            .contains("fit chi-square per degree of freedom"));
     }
 
     #[test]
