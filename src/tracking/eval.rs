@@ -26,14 +26,17 @@
 //!   overall efficiency, so each table sums to its numerator and denominator.
 //! - Ghost rate against momentum: ghosts and tracks per bin of the *fitted* momentum,
 //!   `1 / |q/p|` of the track's state (a ghost has no true one), with the edges of the
-//!   efficiency. Tracks with q/p of zero (no field, or a submission file without a fit) are
-//!   counted apart as *unmeasured*, not in the top bin; a fitted momentum outside the edges
-//!   is in no bin.
+//!   efficiency. Tracks whose fit did not measure the momentum (q/p of zero or not finite,
+//!   as from a submission file without a fit, or a q/p error as large as the q/p itself,
+//!   as the fit reports in a detector without field: [`momentum_measured`]) are counted
+//!   apart as *unmeasured*, not in the top bin; a fitted momentum outside the edges is in
+//!   no bin.
 //! - Pulls: `(fitted - true) / sqrt(variance)` for x, y, tx, ty, q/p at the track's z, the
 //!   truth state taken from the matched particle's truth hit at that z (transported with the
 //!   detector's field when the particle has no hit there and a detector is given). Only
 //!   tracks with a positive, finite covariance diagonal are used (a submission file carries
-//!   no fit, so it gives no pulls or resolution).
+//!   no fit, so it gives no pulls or resolution); the q/p pull and the momentum resolution
+//!   only where the momentum was measured.
 //! - Mean and width of pulls and resolutions are robust: start from the median and
 //!   1.4826 × MAD, then iterate mean and standard deviation over the values within 3 widths
 //!   until the selection no longer changes; the width is divided by 0.9866 (the standard
@@ -242,6 +245,15 @@ pub struct EvalReport {
     pub fit_chi2_ndf: Chi2Summary,
 }
 
+/// Whether the track's fit measured its momentum: q/p finite and not zero, with an error
+/// below nine tenths of itself (a fit in a detector without field keeps the q/p it
+/// assumes with an error as large, up to rounding: it knows nothing of the momentum).
+pub fn momentum_measured(track: &Track) -> bool {
+    let qop = track.state.qop as f64;
+    let var = track.var(4) as f64;
+    qop != 0.0 && qop.is_finite() && !(var >= 0.81 * qop * qop)
+}
+
 /// Mean and median of the matched tracks' chi-square per degree of freedom.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Chi2Summary {
@@ -412,7 +424,7 @@ impl<'d> Evaluator<'d> {
         for track in tracks {
             self.n_tracks += 1;
             let qop = track.state.qop as f64;
-            let ghost_bin = if qop != 0.0 && qop.is_finite() {
+            let ghost_bin = if momentum_measured(track) {
                 self.bin_of(1.0 / qop.abs())
                     .map(|b| &mut self.ghost_bins[b])
             } else {
@@ -529,10 +541,11 @@ impl<'d> Evaluator<'d> {
             track.state.qop as f64,
         ];
         let truth_v = [s.x_mm, s.y_mm, s.tx, s.ty, s.qop];
-        for k in 0..5 {
+        let measured = momentum_measured(track);
+        for k in 0..if measured { 5 } else { 4 } {
             self.pulls[k].push((fit[k] - truth_v[k]) / var[k].sqrt());
         }
-        if fit[4] != 0.0 {
+        if measured {
             let p_true = 1.0 / s.qop.abs();
             let r = (1.0 / fit[4].abs() - p_true) / p_true;
             self.resolution.push(r);
@@ -1532,6 +1545,34 @@ mod tests {
         assert!(r
             .to_markdown()
             .contains("fit chi-square per degree of freedom"));
+    }
+
+    #[test]
+    fn tracks_whose_fit_did_not_measure_the_momentum_give_no_q_over_p_pull() {
+        let det = detector();
+        let ev = simulate_event(
+            &det,
+            &SimConfig::preset(Preset::Minbias),
+            &mut event_rng(7, 0),
+        );
+        let mut tracks = perfect_tracks(&ev);
+        let n = tracks.len();
+        assert!(n > 20);
+        // Half of them as a fit without field reports them: the q/p it assumes, with an
+        // error as large.
+        for t in tracks.iter_mut().step_by(2) {
+            t.state.qop = 0.2;
+            t.cov[14] = 0.04;
+        }
+        assert!(!momentum_measured(&tracks[0]) && momentum_measured(&tracks[1]));
+        let mut e = Evaluator::new(EvalConfig::default(), Some(&det));
+        e.add_event(0, &ev.hits, &ev.truth, Some(&ev.particles), &tracks)
+            .unwrap();
+        let r = e.finish();
+        assert_eq!(r.pulls[0].stat.n_total, n);
+        assert_eq!(r.pulls[4].stat.n_total, n / 2);
+        assert_eq!(r.momentum_resolution.n_total, n / 2);
+        assert_eq!(r.n_tracks_unmeasured, n.div_ceil(2));
     }
 
     #[test]
