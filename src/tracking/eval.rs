@@ -251,7 +251,7 @@ pub struct EvalReport {
 pub fn momentum_measured(track: &Track) -> bool {
     let qop = track.state.qop as f64;
     let var = track.var(4) as f64;
-    qop != 0.0 && qop.is_finite() && !(var >= 0.81 * qop * qop)
+    qop != 0.0 && qop.is_finite() && (var < 0.81 * qop * qop || var.is_nan())
 }
 
 /// Mean and median of the matched tracks' chi-square per degree of freedom.
