@@ -570,12 +570,34 @@ __device__ __forceinline__ void kalman_empty(KalmanResult& r) {
     r.ok = 0;
 }
 
+// A fit of four hits or more that fails or exceeds this chi-square per degree of freedom
+// is fitted again with the seed's middle hit one hit upstream, the better kept
+// (kalman.rs: RETRY_CHI2_NDF, seed_middle).
+#define RETRY_CHI2_NDF 5.0f
+
+template <class Hits>
+__device__ void kalman_fit_pass(const Hits& h, int n, int kmax, const KalmanTables& T,
+                                KalmanResult& res, int mid);
+
 // The fit of one candidate of n hits (upstream first), read through `h`: h.plane(k),
 // h.x(k), h.y(k). Used by the kalman_fit kernel (hits in its batch layout) and by the
 // candidate step of the CA module (hits of a device-resident candidate).
 template <class Hits>
 __device__ void kalman_fit_track(const Hits& h, int n, int kmax, const KalmanTables& T,
                                  KalmanResult& res) {
+    kalman_fit_pass(h, n, kmax, T, res, n / 2);
+    const bool retry = n >= 4 && !(res.ok && res.chi2 <= RETRY_CHI2_NDF * (float)res.ndf);
+    if (retry) {
+        KalmanResult again;
+        kalman_fit_pass(h, n, kmax, T, again, n / 2 - 1);
+        if (again.ok && (!res.ok || again.chi2 < res.chi2)) res = again;
+    }
+}
+
+// One pass of the fit, the seed's three-hit q/p from hits 0, `mid` and n - 1.
+template <class Hits>
+__device__ void kalman_fit_pass(const Hits& h, int n, int kmax, const KalmanTables& T,
+                                KalmanResult& res, int mid) {
     const float* rows32 = T.rows32;
     const double* rows64 = T.rows64;
     const int* gap_steps = T.gap_steps;
@@ -597,7 +619,7 @@ __device__ void kalman_fit_track(const Hits& h, int n, int kmax, const KalmanTab
         kalman_empty(res);
         return;
     }
-    const int pa = PLANE(0), pb = PLANE(n / 2), pm = PLANE(n - 2), pl = PLANE(n - 1);
+    const int pa = PLANE(0), pb = PLANE(mid), pm = PLANE(n - 2), pl = PLANE(n - 1);
     bool valid = (pa < pb) && (pb <= pm) && (pm < pl) && (pl < n_planes);
     int prev = -1;
     for (int k = 0; k < n - 2; ++k) {
@@ -629,8 +651,8 @@ __device__ void kalman_fit_track(const Hits& h, int n, int kmax, const KalmanTab
     const float* rm = rows32 + ROW * pm;
     const float* rn = rows32 + ROW * pl;
     const float za = ra[0], zb = rb[0], zm = rm[0], zn = rn[0];
-    const float xa = HX(0), xb = HX(n / 2), xm = HX(n - 2), xn = HX(n - 1);
-    const float ya = HY(0), yb = HY(n / 2), ym = HY(n - 2), yn = HY(n - 1);
+    const float xa = HX(0), xb = HX(mid), xm = HX(n - 2), xn = HX(n - 1);
+    const float ya = HY(0), yb = HY(mid), ym = HY(n - 2), yn = HY(n - 1);
     const float vxm = rm[1], vym = rm[2], vxn = rn[1], vyn = rn[2];
     const float seed_db = rn[5];
     const bool gap = pl > pm + 1;
