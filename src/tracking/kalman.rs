@@ -1501,21 +1501,33 @@ mod tests {
         (det, out)
     }
 
-    fn grid() -> Field {
-        let dims = [5, 5, 13];
-        let (origin, step) = ([-400.0, -400.0, 0.0], [200.0, 200.0, 100.0]);
+    /// A map of `by(x, z)` (tesla, along y; nothing else) on the nodes of a grid.
+    fn by_map(
+        dims: [usize; 3],
+        origin: [f64; 3],
+        step: [f64; 3],
+        by: impl Fn(f64, f64) -> f64,
+    ) -> Field {
         let mut nodes = Vec::new();
         for ix in 0..dims[0] {
             for _iy in 0..dims[1] {
                 for iz in 0..dims[2] {
-                    let z = 100.0 * iz as f64;
                     let x = origin[0] + step[0] * ix as f64;
-                    let by = 0.8 * (-((z - 650.0) / 700.0).powi(2) - (x / 1000.0).powi(2)).exp();
-                    nodes.push([0.0, by as f32, 0.0]);
+                    let z = origin[2] + step[2] * iz as f64;
+                    nodes.push([0.0, by(x, z) as f32, 0.0]);
                 }
             }
         }
         Field::Grid(FieldMap::new(dims, origin, step, nodes).expect("valid map"))
+    }
+
+    fn grid() -> Field {
+        by_map(
+            [5, 5, 13],
+            [-400.0, -400.0, 0.0],
+            [200.0, 200.0, 100.0],
+            |x, z| 0.8 * (-((z - 650.0) / 700.0).powi(2) - (x / 1000.0).powi(2)).exp(),
+        )
     }
 
     /// A magnet of 1.3 T with edges 15 mm wide, the exit edge inside the last gap (planes
@@ -1523,19 +1535,12 @@ mod tests {
     fn edge_in_the_last_gap() -> Detector {
         let mut det = detector(8, [0.0; 3], 0.02, 0.02);
         det.planes[7].z_mm = 1200.0;
-        let dims = [5, 5, 131];
-        let (origin, step) = ([-400.0, -400.0, 0.0], [200.0, 200.0, 10.0]);
-        let mut nodes = Vec::new();
-        for _ix in 0..dims[0] {
-            for _iy in 0..dims[1] {
-                for iz in 0..dims[2] {
-                    let z = 10.0 * iz as f64;
-                    let by = 0.65 * (((z - 500.0) / 15.0).tanh() - ((z - 1060.0) / 15.0).tanh());
-                    nodes.push([0.0, by as f32, 0.0]);
-                }
-            }
-        }
-        det.field = Field::Grid(FieldMap::new(dims, origin, step, nodes).expect("valid map"));
+        det.field = by_map(
+            [5, 5, 131],
+            [-400.0, -400.0, 0.0],
+            [200.0, 200.0, 10.0],
+            |_, z| 0.65 * (((z - 500.0) / 15.0).tanh() - ((z - 1060.0) / 15.0).tanh()),
+        );
         det
     }
 
@@ -1595,19 +1600,13 @@ mod tests {
             p.half_x_mm = 600.0;
             p.half_y_mm = 600.0;
         }
-        let dims = [5, 5, 61];
-        let (origin, step) = ([-800.0, -800.0, -50.0], [400.0, 400.0, 25.0]);
-        let mut nodes = Vec::new();
-        for _ix in 0..dims[0] {
-            for _iy in 0..dims[1] {
-                for iz in 0..dims[2] {
-                    let z = -50.0 + 25.0 * iz as f64;
-                    let lobe = |b: f64, zp: f64| b * (-0.5 * ((z - zp) / 236.0).powi(2)).exp();
-                    nodes.push([0.0, (lobe(1.13, 483.0) + lobe(-0.9, 1014.0)) as f32, 0.0]);
-                }
-            }
-        }
-        det.field = Field::Grid(FieldMap::new(dims, origin, step, nodes).expect("valid map"));
+        let lobe = |b: f64, zp: f64, z: f64| b * (-0.5 * ((z - zp) / 236.0).powi(2)).exp();
+        det.field = by_map(
+            [5, 5, 61],
+            [-800.0, -800.0, -50.0],
+            [400.0, 400.0, 25.0],
+            |_, z| lobe(1.13, 483.0, z) + lobe(-0.9, 1014.0, z),
+        );
         det
     }
 
