@@ -25,6 +25,7 @@ use std::time::Instant;
 use trigd::frame::HitRecord;
 use trigd::gpu::tracking::{GpuTracker, TrackerLimits};
 use trigd::gpu::{detect, BackendChoice};
+use trigd::tracking::ca::cuts::FinderOverrides;
 use trigd::tracking::geometry::Detector;
 use trigd::tracking::reco::{FinderConfig, Reconstructor};
 use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
@@ -119,7 +120,10 @@ fn main() {
         };
         let det = Detector::from_toml_file(std::path::Path::new(geometry))
             .expect("run from the repository root");
-        let cfg = FinderConfig::from_detector(&det, 1.0);
+        // `--finder 'key = value; ..'`: overrides of the derived cuts, as `[tracking.finder]`.
+        let overrides = FinderOverrides::from_toml_str(&str_arg("--finder", "").replace(';', "\n"))
+            .unwrap_or_else(|e| panic!("--finder: {e}"));
+        let cfg = FinderConfig::from_detector_with(&det, 1.0, &overrides);
         for (preset, n_events, launch) in [
             (
                 Preset::Central,

@@ -196,11 +196,17 @@ __device__ __forceinline__ float chain_qop_score(const CandEvent& ev, u32 l, flo
     return c;
 }
 
-// The walk of build_chain in candidates.rs, which does not depend on the used flags: the
-// chain ending with triplet t (sorted hits, downstream first, into raw; returns its
-// length, min(level + 2, MAX_CHAIN)), following the left neighbour of one level lower
-// with the best score (chain_qop_score), except at the fork (fork_at, fork_l) when
-// fork_at >= 0.
+// A walked chain's first hit where the walk made none.
+#define NO_CHAIN 0xffffffffu
+
+// The walk of build_chain in candidates.rs: the chain ending with triplet t (sorted hits,
+// downstream first, into raw; returns its length, min(level + 2, MAX_CHAIN)), following
+// the left neighbour of one level lower with the best score (chain_qop_score), except at
+// the fork (fork_at, fork_l) when fork_at >= 0. The first round's walk does not read the
+// used flags (ev.used null); the second round's (divert_chains) reads them as they were
+// when it began: it returns 0 (no chain, no fork) where one of the end triplet's hits is
+// used or where no step chose a free neighbour's hit over a better used one (the first
+// round's chain), and prefers, at each step, the neighbours whose hit is free.
 // Without a fork, *f_at and *f_l receive the step where the second-best neighbour came
 // closest to the best (within FORK_CHI2), *f_at = -1 if none.
 __device__ int walk_chain(const CandEvent& ev, u32 t, int fork_at, u32 fork_l, u32* raw,
@@ -208,6 +214,11 @@ __device__ int walk_chain(const CandEvent& ev, u32 t, int fork_at, u32 fork_l, u
     *f_at = -1;
     uint4 r = ev.dbl[ev.tright[t]];
     uint4 lft = ev.dbl[ev.tleft[t]];
+    const bool divert = ev.used != nullptr;
+    if (divert && (hit_used(ev, r.y) || hit_used(ev, r.x) || hit_used(ev, lft.x))) return 0;
+    // Whether a step left a better neighbour whose hit was used for a free one (a fork's
+    // chain is kept either way: its main chain was).
+    bool diverted = fork_at >= 0;
     int len = 0;
     raw[len++] = r.y;
     raw[len++] = r.x;
@@ -223,13 +234,21 @@ __device__ int walk_chain(const CandEvent& ev, u32 t, int fork_at, u32 fork_l, u
     while (ev.level[cur] > 1 && len < MAX_CHAIN) {
         u32 want = ev.level[cur] - 1;
         u32 k0 = ev.nb_off[cur], k1 = k0 + ev.nb_count[cur];
-        bool has_best = false, has_second = false;
-        u32 bl = 0, sl = 0;
-        float bc = 0.0f, sc = 0.0f;
+        bool has_best = false, has_second = false, has_taken = false;
+        u32 bl = 0, sl = 0, tl = 0;
+        float bc = 0.0f, sc = 0.0f, tc = 0.0f;
         for (u32 k = k0; k < k1; k++) {
             u32 l = ev.left[k];
             if (ev.level[l] != want) continue;
             float c = chain_qop_score(ev, l, qw, qwq);
+            if (divert && hit_used(ev, ev.dbl[ev.tleft[l]].x)) {
+                if (!has_taken || c < tc) {
+                    has_taken = true;
+                    tl = l;
+                    tc = c;
+                }
+                continue;
+            }
             if (!has_best || c < bc) {
                 has_second = has_best;
                 sl = bl;
@@ -242,6 +261,13 @@ __device__ int walk_chain(const CandEvent& ev, u32 t, int fork_at, u32 fork_l, u
                 sl = l;
                 sc = c;
             }
+        }
+        if (has_best && has_taken && tc < bc) {
+            diverted = true;
+        } else if (!has_best && has_taken) {
+            has_best = true;
+            bl = tl;
+            bc = tc;
         }
         if (!has_best) break;
         u32 l = bl;
@@ -260,6 +286,7 @@ __device__ int walk_chain(const CandEvent& ev, u32 t, int fork_at, u32 fork_l, u
         raw[len++] = ev.dbl[ev.tleft[l]].x;
         cur = l;
     }
+    if (divert && !diverted) return 0;
     if (has_closest) {
         *f_at = c_at;
         *f_l = c_l;
@@ -291,14 +318,15 @@ extern "C" __global__ void ca_candidates_chains(const u32* __restrict__ hit_star
                                                 const u32* __restrict__ chain_off,
                                                 const u32* __restrict__ chain_base,
                                                 u32* __restrict__ chain_fork,
-                                                u32* __restrict__ chain_hits) {
+                                                u32* __restrict__ chain_hits,
+                                                u32* __restrict__ used, int divert) {
     int e = blockIdx.y;
     if (failed[e]) return;
     const u32 hs = hit_start[e];
     const u32 tb = trip_base[e];
     CandEvent ev;
     ev.sinput = sinput + hs;
-    ev.used = nullptr;
+    ev.used = divert ? used + hs : nullptr;
     ev.x = nullptr;
     ev.y = nullptr;
     ev.plane = nullptr;
@@ -322,6 +350,12 @@ extern "C" __global__ void ca_candidates_chains(const u32* __restrict__ hit_star
         int f_at;
         u32 f_l = 0;
         int len = walk_chain(ev, t, -1, 0, raw, &f_at, &f_l);
+        if (len == 0) {
+            // No chain this round (the second round's): filter_chain makes no candidate.
+            out[0] = NO_CHAIN;
+            chain_fork[tb + p] = 0u;
+            continue;
+        }
         for (int i = 0; i < len; i++) out[i] = ev.sinput[raw[i]];
         chain_fork[tb + p] = f_at >= 0 ? 1u : 0u;
         if (f_at >= 0) {
@@ -339,6 +373,7 @@ extern "C" __global__ void ca_candidates_chains(const u32* __restrict__ hit_star
 // and their count, 0 (no candidate) when fewer than min_hits.
 __device__ int filter_chain(const CandEvent& ev, const u32* raw, u32 len, u32 lv, u32 min_hits,
                             u32* out) {
+    if (raw[0] == NO_CHAIN) return -1;
     u32 taken = (ev.used[raw[0]] ? 1u : 0u) + (ev.used[raw[1]] ? 1u : 0u) +
                 (ev.used[raw[2]] ? 1u : 0u);
     if (lv + 2 - taken < min_hits) return -1;

@@ -483,6 +483,9 @@ fn compare_tracks(
 fn candidate_agreement(preset: Preset, n_events: u64) {
     let dev = device();
     let s = seed();
+    // The first calls' tracks the candidate step's second round chose (`divert_chains`,
+    // in central events of the dipole map): the comparison covers them.
+    let mut diverted = 0usize;
     for (name, det, sim) in configurations(preset) {
         let cfg = FinderConfig::from_detector(&det, 1.0);
         let geo = FinderGeometry::new(&det, &cfg);
@@ -505,6 +508,10 @@ fn candidate_agreement(preset: Preset, n_events: u64) {
         let min_hits = cfg.min_hits;
         let mut words: Option<Vec<Vec<u32>>> = None;
         let mut totals = [TrackTotals::default(), TrackTotals::default()];
+        let first_round = FinderConfig {
+            divert_chains: false,
+            ..cfg.clone()
+        };
         for run in 0..2 {
             let summary = engine.run(&batch).expect("the batch runs on the GPU");
             assert!(
@@ -538,7 +545,11 @@ fn candidate_agreement(preset: Preset, n_events: u64) {
             }
             for (e, hits) in events.iter().enumerate() {
                 cpu_pass(&geo, &cfg, 1, hits, &mut buf);
+                let one_round =
+                    cpu_select(&first_round, &fitter, &mut buf, hits.len(), min_hits, false);
+                cpu_pass(&geo, &cfg, 1, hits, &mut buf);
                 let cpu = cpu_select(&cfg, &fitter, &mut buf, hits.len(), min_hits, false);
+                diverted += cpu.0.len().saturating_sub(one_round.0.len());
                 assert!(!buf.overflow.any(), "{name}: the CPU overflowed");
                 let what = format!("{name}, event {e}");
                 compare_tracks(&what, &gpu_first[e], &cpu, &mut totals[0]);
@@ -561,6 +572,10 @@ fn candidate_agreement(preset: Preset, n_events: u64) {
             );
         }
         assert!(totals[0].tracks > 0, "{name}: no track found");
+    }
+    println!("candidates {preset:?}: {diverted} tracks more with the second round");
+    if preset == Preset::Central {
+        assert!(diverted > 0, "the second round chose no track");
     }
 }
 

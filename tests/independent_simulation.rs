@@ -211,9 +211,13 @@ fn a_drawn_detector_twelve_planes_in_a_dipole_bending_in_y() {
 /// A detector drawn from a seed (`simulate.py random:24`): ten planes from 157 mm, a
 /// Gaussian dipole of 1.4 T bending in y, a narrow cone of particles (0.06 rad). Below
 /// 2 GeV/c most particles leave after four planes, where the centre of a central event is
-/// densest: the finder keeps the aims over all particles but reaches about 88 % between 1
-/// and 2 GeV/c (`bench/RESULTS.md`), short of 95 %; the test holds it to what it reaches
-/// (75 % there with the clone window of the minimum momentum).
+/// densest: the first plane's hit of such a particle was often second, as a left
+/// neighbour, to a hit another track then took, which left its chain three hits long. The
+/// candidate step's second round (`divert_chains`) walks those chains again around the
+/// taken hits: between 1 and 2 GeV/c the central sample went from 92 % to 96 % found (75 %
+/// with the clone window of the minimum momentum). The pulls of these thick planes (0.85 %
+/// X0 each) are 1.2 wide in central events (the fit assumes pions), so the central sample
+/// is held to the efficiency, ghost and clone aims.
 #[test]
 fn a_drawn_detector_where_slow_particles_leave_after_four_planes() {
     let dir = tempfile::tempdir().expect("temporary directory");
@@ -232,8 +236,8 @@ fn a_drawn_detector_where_slow_particles_leave_after_four_planes() {
         if num(b, "p_lo_gev") >= 1.0 && num(b, "n_particles") >= 30.0 {
             let e = num(b, "efficiency");
             assert!(
-                e >= 0.85,
-                "central: {} GeV/c: efficiency {e:.4} < 0.85",
+                e >= 0.95,
+                "central: {} GeV/c: efficiency {e:.4} < 0.95",
                 b["p_lo_gev"]
             );
         }

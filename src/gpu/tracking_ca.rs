@@ -86,7 +86,10 @@
 //! after the choice), the chunk is fitted one candidate per thread with the fit of
 //! `kalman_fit.cu` (a device function, with the fitter's own tables,
 //! [`super::tracking_fit::FitTables`]), staged in shared memory and ranked by the block,
-//! and one thread makes the choice with its refits.
+//! and one thread makes the choice with its refits. The second round
+//! ([`FinderConfig::divert_chains`]) runs the same two kernels again: the walks read the
+//! used flags as the first round left them (a chain that left no taken hit is not walked
+//! again, `NO_CHAIN`), and the choice appends.
 //! Candidates (their hits as the event's input indices), fits and accepted tracks live in
 //! per-event shares of arenas sized from [`CaLimits`] and stay on the device across
 //! passes (`append`); the used flags are per input hit. An event where the CPU would count
@@ -316,6 +319,8 @@ pub struct CaTables {
     pub neighbour_chi2_max: f64,
     /// The candidates' chi-square per degree of freedom cut.
     pub max_chi2_ndf: f64,
+    /// The candidate step's second round ([`FinderConfig::divert_chains`]).
+    pub divert_chains: bool,
     /// Per-event limits of the CPU finder.
     pub limits: Limits,
     /// Per plane: the exit margin and half sizes of [`FinderGeometry::may_leave`] (the
@@ -435,6 +440,7 @@ impl CaTables {
             globals,
             neighbour_chi2_max: cfg.neighbour_chi2_max,
             max_chi2_ndf: cfg.max_chi2_ndf,
+            divert_chains: cfg.divert_chains,
             limits: cfg.limits.clone(),
             exits: geo.planes.iter().flat_map(|p| p.exit).collect(),
         }
@@ -1841,14 +1847,14 @@ impl GpuCaEngine {
             U32(e as u32), U32(u32::MAX), U32(to_u32(self.limits.max_chain_hits)),
             U32(CaStep::Candidates.code()), p(&a.overflow)];
         #[rustfmt::skip]
-        let chain_args = [p(&a.hit_start), p(&a.sinput), Ptr(a.dbl.ptr()), p(&a.dbl_base),
-            p(&a.trip_base), p(&a.tleft), p(&a.tright), pf(&a.tchi2), pf(&a.tqop),
-            pf(&a.tsigma), p(&a.level),
+        let chain_args = |divert: bool| [p(&a.hit_start), p(&a.sinput), Ptr(a.dbl.ptr()),
+            p(&a.dbl_base), p(&a.trip_base), p(&a.tleft), p(&a.tright), pf(&a.tchi2),
+            pf(&a.tqop), pf(&a.tsigma), p(&a.level),
             p(&a.nb_off), p(&a.nb_count), p(&a.nb_base), p(&a.left), Ptr(a.keys.ptr()),
             p(&a.n_end), p(&a.failed), p(&a.chain_off), p(&a.chain_base), p(&a.chain_fork),
-            p(&a.chain_hits)];
+            p(&a.chain_hits), p(&a.used), I32(divert as i32)];
         #[rustfmt::skip]
-        let cand_args = [pf(&a.in_x), pf(&a.in_y), p(&a.in_plane), p(&a.hit_start),
+        let cand_args = |a_round: bool| [pf(&a.in_x), pf(&a.in_y), p(&a.in_plane), p(&a.hit_start),
             p(&a.sinput), Ptr(a.dbl.ptr()), p(&a.dbl_base), p(&a.trip_base), p(&a.tleft),
             p(&a.tright), pf(&a.tchi2), p(&a.level), p(&a.nb_off), p(&a.nb_count),
             p(&a.nb_base), p(&a.left), Ptr(a.keys.ptr()), p(&a.n_end), p(&a.chain_off),
@@ -1857,20 +1863,30 @@ impl GpuCaEngine {
             p(&a.accepted), p(&a.n_cand), p(&a.n_cand_hits), p(&a.n_accepted),
             U32(to_u32(share_c)), U32(to_u32(share_h)), U32(max_cand), U32(hits_cap),
             U32(max_tracks), U32(min_hits as u32), F64(self.tables().max_chi2_ndf),
-            I32(append as i32), Ptr(fit.rows32.ptr()), Ptr(fit.rows64.ptr()),
+            I32(a_round as i32), Ptr(fit.rows32.ptr()), Ptr(fit.rows64.ptr()),
             Ptr(fit.gap_steps.ptr()), Ptr(fit.gap_kind.ptr()), Ptr(fit.gap_slice.ptr()),
             Ptr(fit.slices.ptr()), Ptr(fit.floats.ptr()), Ptr(fit.doubles.ptr()),
             Ptr(fit.ints.ptr()), Ptr(fit.nodes.ptr())];
+        let divert = self.tables().divert_chains;
+        let (chains1, chains2) = (chain_args(false), chain_args(true));
+        let (cand1, cand2) = (cand_args(append), cand_args(true));
         self.mark_if(profile, "start")?;
         let sms = self.device.multiprocessors.max(1) as u32;
         let bpe = (4 * sms).div_ceil(e as u32).clamp(1, 64);
         self.launch("ca_candidates_order", (1, e as u32), &order_args)?;
         self.launch("ca_event_budget", (1, 1), &budget_args)?;
         self.mark_if(profile, "candidates: order")?;
-        self.launch("ca_candidates_chains", (bpe, e as u32), &chain_args)?;
+        self.launch("ca_candidates_chains", (bpe, e as u32), &chains1)?;
         self.mark_if(profile, "candidates: chains")?;
-        self.launch_block("ca_candidates", (1, e as u32), CAND_THREADS, &cand_args)?;
+        self.launch_block("ca_candidates", (1, e as u32), CAND_THREADS, &cand1)?;
         self.mark_if(profile, "candidates: fits, choice")?;
+        if divert {
+            // The second round (FinderConfig::divert_chains): the chains walked again
+            // around the hits the first round's tracks took, then chosen as before.
+            self.launch("ca_candidates_chains", (bpe, e as u32), &chains2)?;
+            self.launch_block("ca_candidates", (1, e as u32), CAND_THREADS, &cand2)?;
+            self.mark_if(profile, "candidates: second round")?;
+        }
         if profile {
             driver("cuStreamSynchronize", self.stream.synchronize())?;
         }

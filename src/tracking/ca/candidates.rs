@@ -10,7 +10,12 @@
 //! planes upstream); chains are taken longest first,
 //! Kalman fitted in chunks and accepted best chi-square per degree of freedom first, each
 //! hit used once (hits a better track took are left out and the rest refitted; a failed
-//! fit gets a second chance without an end hit).
+//! fit gets a second chance without an end hit). A second round
+//! ([`FinderConfig::divert_chains`]) walks the chains again from the end triplets whose
+//! hits are all still free, choosing at each step among the left neighbours whose hit is
+//! free: in a dense event a particle's own upstream hit is often second to another
+//! particle's, which a better track then takes, leaving the chain too short. Only the
+//! chains that left such a taken hit are fitted again (the others are the first round's).
 
 // Lane loops index several structure-of-arrays quantities in lockstep (what LLVM
 // vectorises); iterator chains over one of them would hide that.
@@ -96,6 +101,27 @@ pub fn extract_and_select(
             *o = k as u32;
         }
     }
+    let mut fit_ns = extract_round(cfg, fitter, buf, min_hits, false);
+    if cfg.divert_chains {
+        // Second round: the chains that ran into hits the first round's tracks took,
+        // walked again around them.
+        buf.used_before.clear();
+        buf.used_before.extend_from_slice(&buf.hits.used);
+        fit_ns += extract_round(cfg, fitter, buf, min_hits, true);
+    }
+    fit_ns
+}
+
+/// One round of [`extract_and_select`] over the end triplets in `buf.order`: chains built
+/// ([`build_chain`], around the hits of `buf.used_before` when `divert`), fitted in
+/// chunks and chosen; returns the time spent fitting, ns.
+fn extract_round(
+    cfg: &FinderConfig,
+    fitter: &KalmanFitter,
+    buf: &mut CaBuffers,
+    min_hits: usize,
+    divert: bool,
+) -> u64 {
     let mut fit_ns = 0u64;
     let mut pending_from = buf.candidates.len();
     let n_order = buf.order.len();
@@ -107,7 +133,7 @@ pub fn extract_and_select(
             {
                 buf.overflow.candidates += 1;
             } else {
-                let (c, fork) = build_chain(buf, t, min_hits, None);
+                let (c, fork) = build_chain(buf, t, min_hits, None, divert);
                 if let Some(c) = c {
                     buf.candidates.push(c);
                 }
@@ -117,7 +143,7 @@ pub fn extract_and_select(
                     if buf.candidates.len() < cfg.limits.max_candidates
                         && buf.candidate_hits.len() + MAX_CHAIN <= buf.candidate_hits.capacity() / 2
                     {
-                        if let (Some(c), _) = build_chain(buf, t, min_hits, Some(fork)) {
+                        if let (Some(c), _) = build_chain(buf, t, min_hits, Some(fork), divert) {
                             buf.candidates.push(c);
                         }
                     }
@@ -190,17 +216,22 @@ fn build_chain(
     t: usize,
     min_hits: usize,
     fork: Option<(usize, usize)>,
+    divert: bool,
 ) -> (Option<Candidate>, Option<(usize, usize)>) {
     let start = buf.candidate_hits.len();
     let tr = buf.triplets[t];
     let right = buf.doublets[tr.right as usize];
+    let end_hits = [right.b, right.a, buf.doublets[tr.left as usize].a];
+    if divert && end_hits.iter().any(|&h| buf.used_before[h as usize]) {
+        return (None, None);
+    }
+    // Whether the walk left a neighbour whose hit was taken for one whose hit was not (a
+    // fork's chain is kept either way: its main chain was).
+    let mut diverted = fork.is_some();
     // The chain has `level + 2` hits: when too many of the end triplet's are taken, the
     // rest cannot make a track (the common case of the other ends of an accepted track).
     let used = &buf.hits.used;
-    let taken = [right.b, right.a, buf.doublets[tr.left as usize].a]
-        .iter()
-        .filter(|&&h| used[h as usize])
-        .count();
+    let taken = end_hits.iter().filter(|&&h| used[h as usize]).count();
     if buf.level[t] as usize + 2 - taken < min_hits {
         return (None, None);
     }
@@ -221,18 +252,30 @@ fn build_chain(
         );
         let mut best: Option<(usize, f32)> = None;
         let mut second: Option<(usize, f32)> = None;
+        let mut best_taken: Option<(usize, f32)> = None;
         for &l in &buf.left[s..e] {
             let l = l as usize;
             if buf.level[l] != want {
                 continue;
             }
             let c = link.score(&buf.triplets[l]);
+            if divert && buf.used_before[buf.doublets[buf.triplets[l].left as usize].a as usize] {
+                if best_taken.is_none_or(|(_, bc)| c < bc) {
+                    best_taken = Some((l, c));
+                }
+                continue;
+            }
             if best.is_none_or(|(_, bc)| c < bc) {
                 second = best;
                 best = Some((l, c));
             } else if second.is_none_or(|(_, sc)| c < sc) {
                 second = Some((l, c));
             }
+        }
+        match (best, best_taken) {
+            (Some((_, c)), Some((_, ct))) if ct < c => diverted = true,
+            (None, Some(_)) => best = best_taken,
+            _ => {}
         }
         let Some((mut l, c)) = best else { break };
         match fork {
@@ -267,6 +310,11 @@ fn build_chain(
     }
     buf.candidate_hits.truncate(w);
     let fork = closest.map(|(at, l, _)| (at, l));
+    if divert && !diverted {
+        // The first round's chain: tried already.
+        buf.candidate_hits.truncate(start);
+        return (None, None);
+    }
     if w - start < min_hits {
         buf.candidate_hits.truncate(start);
         return (None, fork);

@@ -184,6 +184,12 @@ pub struct FinderConfig {
     /// Default `n_sigma` times the scattering displacement over the detector at the
     /// minimum momentum, at least 10 hit resolutions.
     pub clone_window_mm: f64,
+    /// The candidate step runs a second round over the chains that ran into hits the
+    /// first round's tracks took: each walked again, choosing among a triplet's left
+    /// neighbours those whose hit is still free (in a dense event a particle's own
+    /// upstream hit is often second to a neighbour's that another track then takes,
+    /// which left the chain too short). Default true.
+    pub divert_chains: bool,
     /// Kalman fit settings.
     pub fit: FitConfig,
     /// Buffer sizes.
@@ -237,6 +243,7 @@ impl FinderConfig {
                 5.0 * no_field_chi2_scale(det, min_p, fit.p_no_field_gev)
             },
             clone_window_mm: 0.0,
+            divert_chains: true,
             fit,
             limits: Limits::default(),
         };
@@ -431,6 +438,7 @@ pub struct FinderOverrides {
     pub min_hits: Option<usize>,
     pub max_chi2_ndf: Option<f64>,
     pub clone_window_mm: Option<f64>,
+    pub divert_chains: Option<bool>,
     pub fit: FitOverrides,
     pub limits: Option<Limits>,
 }
@@ -484,7 +492,8 @@ impl FinderOverrides {
             neighbour_chi2_max,
             min_hits,
             max_chi2_ndf,
-            clone_window_mm
+            clone_window_mm,
+            divert_chains
         );
         if self.first_pass_min_hits.is_none() {
             // The derived value follows an overridden `min_hits`.

@@ -693,6 +693,9 @@ pub struct CaBuffers {
     pub clone_marks: Vec<bool>,
     /// Per input hit: its global bin, `u32::MAX` when refused or dropped (hit sorting).
     pub hit_bin: Vec<u32>,
+    /// Per sorted hit: whether it was used when the candidate step's second round began
+    /// (the round's chains avoid those hits, [`candidates::extract_and_select`]).
+    pub used_before: Vec<bool>,
     /// Set while a pass that gives up on a full buffer runs: the triplet and neighbour
     /// steps then stop once their buffer is full (the counts of what they dropped are
     /// then lower bounds), the pass being run again anyway.
@@ -739,6 +742,7 @@ impl CaBuffers {
         b.scratch_u64.reserve(limits.max_tracks);
         b.clone_marks.reserve(limits.max_tracks);
         b.hit_bin.reserve(h);
+        b.used_before.reserve(h);
         b
     }
 }
