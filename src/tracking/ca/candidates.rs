@@ -211,6 +211,10 @@ pub(crate) const FORK_CHI2: f32 = 2.0;
 /// at `fork = (triplet, left neighbour)`, where it takes that neighbour; `None` (and
 /// nothing kept) when it touches a used hit. Without `fork`, also returns the step where
 /// the second-best neighbour came closest to the best (within [`FORK_CHI2`]), as a fork.
+/// With `divert` (the second round): nothing where one of the end triplet's hits is in
+/// `buf.used_before`; at each step the best neighbour whose hit is not in it (the best
+/// one only where every neighbour's is); nothing where no step left a better neighbour
+/// for a free one (the first round's chain, tried already).
 fn build_chain(
     buf: &mut CaBuffers,
     t: usize,
