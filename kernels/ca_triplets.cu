@@ -125,9 +125,13 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
         float kappa_y = pointing * (ty - ya * inv_zi) * two_inv_zj;
         float sf2 = fminf(slope_factor2(tx, ty), sf2_max);
         float kvar_ms = kvar_ms_per_qop2 * sf2;
-        float n1 = sqrtf(1.0f + tx * tx + ty * ty);
+        // The pointing tent's bending at its mean slope (the mean of the chords origin-a
+        // and a-b).
+        float tpx = tx + pointing * 0.5f * (xa * inv_zi - tx);
+        float tpy = ty + pointing * 0.5f * (ya * inv_zi - ty);
+        float n1 = sqrtf(1.0f + tpx * tpx + tpy * tpy);
         float ax, ay;
-        bending(tx, ty, bd, &ax, &ay);
+        bending(tpx, tpy, bd, &ax, &ay);
         float k = K * n1;
         float cx = k * ax, cy = k * ay;
         float c2 = cx * cx + cy * cy;
@@ -163,9 +167,13 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
             float h = pr[PRF_HALF + q];
             float var = kvar * h * h + pr[PRF_TH2 + q] * ms2 + pr[PRF_VAR + q];
             float gauss = ns * sqrtf(var);
+            // The triplet tent's at its mean slope (the chord a-b plus half the predicted
+            // change).
+            float ttx = tx + 0.5f * kappa_x * h, tty = ty + 0.5f * kappa_y * h;
+            float kt = K * sqrtf(1.0f + ttx * ttx + tty * tty);
             float gx, gy;
-            bending(tx, ty, bg[q], &gx, &gy);
-            float dcx = (k * gx - cx) * h, dcy = (k * gy - cy) * h;
+            bending(ttx, tty, bg[q], &gx, &gy);
+            float dcx = (kt * gx - cx) * h, dcy = (kt * gy - cy) * h;
             pred_x[q] = tx + kappa_x * h + q_c * dcx;
             pred_y[q] = ty + kappa_y * h + q_c * dcy;
             bool open = q < n_win;

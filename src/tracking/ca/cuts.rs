@@ -12,7 +12,7 @@
 //! | `max_tx`, `max_ty` | the slopes of tracks from the origin inside the acceptance, plus the bending of a track at the minimum momentum over the detector |
 //! | `max_curvature_*_per_mm` | d2x/dz2 and d2y/dz2 of a track at the minimum momentum (with `momentum_slack`) in the largest field on the lines through the acceptance |
 //! | doublet pointing window | the miss at the origin: origin size + the pointing tent's bending at the minimum momentum + `n_sigma` scattering upstream + resolution |
-//! | triplet continuation window | the change of chord slope: the pointing parabola's prediction, corrected by the q/p it allows for the difference of the pointing and triplet tents' fields, + origin size + `n_sigma` scattering and resolution |
+//! | triplet continuation window | the change of chord slope: the pointing parabola's prediction, corrected by the q/p it allows for the difference of the pointing and triplet tents' bending (each tent's field at its own mean slope: in a strong field at large slopes the bending factor changes along the track), + origin size + `n_sigma` scattering and resolution |
 //! | `triplet_chi2_max` | the breaking angle not explained by the triplet tent's field, in units of scattering and resolution |
 //! | `neighbour_chi2_max` | the q/p difference of neighbouring triplets in units of their errors (also where the seeded step makes a triplet upstream of the seed planes in a field map: kept only as a neighbour of one downstream) |
 //! | `clone_window_mm` | the scattering displacement over the detector at the minimum momentum |

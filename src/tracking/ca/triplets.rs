@@ -508,7 +508,9 @@ impl Rights {
                 while self.start[group + 1] as usize <= r {
                     group += 1;
                 }
-                back.local_widths(xb, yb, &self.fields[group], [x0, x1, y0, y1])
+                back.local_widths(xb, yb, Some(&self.fields[group]), [x0, x1, y0, y1])
+            } else if back.slope.is_some() {
+                back.local_widths(xb, yb, None, [x0, x1, y0, y1])
             } else {
                 back.w
             };
@@ -901,6 +903,74 @@ struct BackWindow {
     qkh: f64,
     planes: (usize, usize),
     max_t: [f64; 2],
+    /// The bound of the window's bending at each tent's own mean slope
+    /// ([`SlopeBound::widths`]); `None` where the window takes no q/p from the pointing
+    /// tent.
+    slope: Option<SlopeBound>,
+    /// The pointing tent's largest field components (tesla), for the slope bound where
+    /// the fields at the middle hit are not looked up.
+    b_pointing: [f64; 3],
+}
+
+/// The bending function's components ([`bending`]) bounded for slopes up to `tx`, `ty` and
+/// field components up to `b` (all absolute).
+#[inline(always)]
+fn bend_bound(tx: f64, ty: f64, b: [f64; 3]) -> (f64, f64) {
+    (
+        tx * ty * b[0] + (1.0 + tx * tx) * b[1] + ty * b[2],
+        (1.0 + ty * ty) * b[0] + tx * ty * b[1] + tx * b[2],
+    )
+}
+
+/// How far the continuation window's prediction and width move because [`window_lanes`]
+/// takes the pointing and the triplet tents' bending each at its own mean slope: the two
+/// slopes differ by the pointing curvature times `zq` (a quarter of the middle plane's
+/// distance to the origin plus half the triplet tent's half length), the bending factor's
+/// derivatives in the slopes are bounded at the slopes the doublets can have plus that
+/// difference, and the largest q/p multiplies the product over the tent's half length.
+#[derive(Clone, Copy)]
+struct SlopeBound {
+    q: f64,
+    h: f64,
+    zq: f64,
+    /// The pointing curvature's hard error and Gaussian width (`n_sigma` of them) per
+    /// coordinate, beyond `q` times the bending.
+    extra: [f64; 2],
+}
+
+impl SlopeBound {
+    /// The largest difference of the two tents' mean slopes from a doublet of slopes up
+    /// to `t`: the pointing curvature's bound times `zq`.
+    fn dt(&self, t: [f64; 2], b: [f64; 3]) -> [f64; 2] {
+        let (ax, ay) = bend_bound(t[0], t[1], b);
+        let kq = K_GEV_PER_T_MM * self.q * (1.0 + t[0] * t[0] + t[1] * t[1]).sqrt();
+        [
+            (kq * ax + self.extra[0]) * self.zq,
+            (kq * ay + self.extra[1]) * self.zq,
+        ]
+    }
+
+    /// The bound in x and y for doublet slopes up to `t` (absolute) in a pointing field
+    /// of components up to `b` (absolute, tesla): the bending function's derivatives in
+    /// the slopes ([`bending`] times `K sqrt(1 + tx^2 + ty^2)`) times the slopes'
+    /// difference, times the largest q/p and the tent's half length.
+    fn widths(&self, t: [f64; 2], b: [f64; 3]) -> [f64; 2] {
+        let [dtx, dty] = self.dt(t, b);
+        let (tx, ty) = (t[0] + dtx, t[1] + dty);
+        let (ax, ay) = bend_bound(tx, ty, b);
+        let n = (1.0 + tx * tx + ty * ty).sqrt();
+        let k = K_GEV_PER_T_MM;
+        let (jxx, jxy) = (
+            k * (tx * ax + n * (ty * b[0] + 2.0 * tx * b[1])),
+            k * (ty * ax + n * (tx * b[0] + b[2])),
+        );
+        let (jyx, jyy) = (
+            k * (tx * ay + n * (ty * b[1] + b[2])),
+            k * (ty * ay + n * (2.0 * ty * b[0] + tx * b[1])),
+        );
+        let qh = self.q * self.h;
+        [qh * (jxx * dtx + jxy * dty), qh * (jyx * dtx + jyy * dty)]
+    }
 }
 
 impl BackWindow {
@@ -925,6 +995,24 @@ impl BackWindow {
         // moves and the window widens by together at most the largest q/p times the
         // difference of their bending ([`window_lanes`]).
         let tents = pointing * f(cuts.fit_momentum) > 0.0;
+        // The middle plane's distance to the origin plane (pointing pairs only).
+        let zj = if pointing > 0.0 {
+            2.0 / f(p.two_inv_zj)
+        } else {
+            0.0
+        };
+        let slope = tents.then(|| {
+            let sig = f(cuts.n_sigma) * kvar.sqrt();
+            SlopeBound {
+                q,
+                h,
+                zq: 0.25 * zj + 0.5 * h,
+                extra: [f(p.hard_kx) + sig, f(p.hard_ky) + sig],
+            }
+        });
+        let slope_w = slope.map_or([0.0; 2], |sb| {
+            sb.widths(cuts.max_t.map(f), geo.pointing_b_max_tesla[i * n + j])
+        });
         let profile = match (
             geo.bending.pointing(i, j),
             geo.bending.triple(i, j, 0),
@@ -933,6 +1021,10 @@ impl BackWindow {
             (Some(d), Some(g), true) => {
                 let db = g.bound_of_difference(d);
                 let [tx, ty] = cuts.max_t.map(f);
+                let [dx, dy] = slope.map_or([0.0; 2], |sb: SlopeBound| {
+                    sb.dt([tx, ty], geo.pointing_b_max_tesla[i * n + j])
+                });
+                let (tx, ty) = (tx + dx, ty + dy);
                 let kn = K_GEV_PER_T_MM * (1.0 + tx * tx + ty * ty).sqrt();
                 let ax = tx * ty * db[0] + (1.0 + tx * tx) * db[1] + ty * db[2];
                 let ay = (1.0 + ty * ty) * db[0] + tx * ty * db[1] + tx * db[2];
@@ -941,7 +1033,9 @@ impl BackWindow {
             _ => [0.0; 2],
         };
         // A relative margin for the single-precision arithmetic of the window.
-        let w = |hard: f32, c: usize| (f(hard) * h + gauss + profile[c]) * (1.0 + 1e-4) + 1e-7;
+        let w = |hard: f32, c: usize| {
+            (f(hard) * h + gauss + profile[c] + slope_w[c]) * (1.0 + 1e-4) + 1e-7
+        };
         let has_tents =
             geo.bending.pointing(i, j).is_some() && geo.bending.triple(i, j, 0).is_some();
         Some(BackWindow {
@@ -957,6 +1051,8 @@ impl BackWindow {
             },
             planes: (i, j),
             max_t: cuts.max_t.map(f),
+            slope,
+            b_pointing: geo.pointing_b_max_tesla[i * n + j],
         })
     }
 
@@ -967,12 +1063,7 @@ impl BackWindow {
     /// the acceptance. Every hit whose doublet's window can hold the right doublet lies in
     /// the wide box, so its slopes are among those.
     #[inline(always)]
-    fn local_widths(&self, xb: f32, yb: f32, field: &[f32; 6], wide: [f32; 4]) -> [f64; 2] {
-        if self.qkh == 0.0 {
-            return self.w;
-        }
-        // The pointing tent's field, then the first triplet tent's ([`tent_fields`]).
-        let db: [f64; 3] = std::array::from_fn(|c| (field[3 + c] as f64 - field[c] as f64).abs());
+    fn local_widths(&self, xb: f32, yb: f32, field: Option<&[f32; 6]>, wide: [f32; 4]) -> [f64; 2] {
         let slope = |v: f32, lo: f32, hi: f32, c: usize| {
             let (a, b) = (
                 (v as f64 - hi as f64) / self.dz,
@@ -982,10 +1073,33 @@ impl BackWindow {
         };
         let tx = slope(xb, wide[0], wide[1], 0);
         let ty = slope(yb, wide[2], wide[3], 1);
-        let kn = self.qkh * (1.0 + tx * tx + ty * ty).sqrt();
-        let ax = tx * ty * db[0] + (1.0 + tx * tx) * db[1] + ty * db[2];
-        let ay = (1.0 + ty * ty) * db[0] + tx * ty * db[1] + tx * db[2];
-        let w = |c: usize, a: f64| ((self.base[c] + kn * a) * (1.0 + 1e-4) + 1e-7).min(self.w[c]);
+        // The bending at each tent's own slope ([`SlopeBound`]), with the pointing tent's
+        // field at the middle hit where it is looked up.
+        let b_pointing = field.map_or(self.b_pointing, |f| {
+            std::array::from_fn(|c| (f[c] as f64).abs())
+        });
+        let sw = self
+            .slope
+            .map_or([0.0; 2], |sb| sb.widths([tx, ty], b_pointing));
+        let (ax, ay, kn) = match field {
+            Some(field) if self.qkh != 0.0 => {
+                // The pointing tent's field, then the first triplet tent's ([`tent_fields`]).
+                let db: [f64; 3] =
+                    std::array::from_fn(|c| (field[3 + c] as f64 - field[c] as f64).abs());
+                // The triplet tent's bending is taken at its own slope: up to the slopes'
+                // difference further out.
+                let [dx, dy] = self
+                    .slope
+                    .map_or([0.0; 2], |sb| sb.dt([tx, ty], b_pointing));
+                let (tx, ty) = (tx + dx, ty + dy);
+                let (ax, ay) = bend_bound(tx, ty, db);
+                (ax, ay, self.qkh * (1.0 + tx * tx + ty * ty).sqrt())
+            }
+            _ => (0.0, 0.0, 0.0),
+        };
+        let w = |c: usize, a: f64| {
+            ((self.base[c] + kn * a + sw[c]) * (1.0 + 1e-4) + 1e-7).min(self.w[c])
+        };
         [w(0, ax), w(1, ay)]
     }
 
@@ -1425,9 +1539,13 @@ fn window_lanes<const R: usize>(
         let kappa_y = pointing * (ty - ya[l] * inv_zi) * two_inv_zj;
         let sf2 = slope_factor2(tx, ty).min(cuts.sf2_max);
         let kvar_ms = kvar_ms_per_qop2 * sf2;
-        // Curvature d2(x, y)/dz2 per unit q/p over the pointing tent.
-        let n1 = (1.0 + tx * tx + ty * ty).sqrt();
-        let (ax, ay) = bending(tx, ty, [bd[0][l], bd[1][l], bd[2][l]]);
+        // Curvature d2(x, y)/dz2 per unit q/p over the pointing tent, at the tent's mean
+        // slope (the mean of its chords origin-a and a-b): in a strong field at large
+        // slopes the bending factor changes along the track.
+        let tpx = tx + pointing * 0.5 * (xa[l] * inv_zi - tx);
+        let tpy = ty + pointing * 0.5 * (ya[l] * inv_zi - ty);
+        let n1 = (1.0 + tpx * tpx + tpy * tpy).sqrt();
+        let (ax, ay) = bending(tpx, tpy, [bd[0][l], bd[1][l], bd[2][l]]);
         let k = K_GEV_PER_T_MM as f32 * n1;
         let (cx, cy) = (k * ax, k * ay);
         let c2 = cx * cx + cy * cy;
@@ -1466,9 +1584,12 @@ fn window_lanes<const R: usize>(
             let h = pf[PF_HALF + s][l];
             let var = kvar * h * h + pf[PF_TH2 + s][l] * ms2 + pf[PF_VAR + s][l];
             let gauss = ns * var.sqrt();
-            // Bending per unit q/p over the triplet's tent, less the pointing tent's.
-            let (gx, gy) = bending(tx, ty, [bg[s][0][l], bg[s][1][l], bg[s][2][l]]);
-            let (dcx, dcy) = ((k * gx - cx) * h, (k * gy - cy) * h);
+            // Bending per unit q/p over the triplet's tent at its mean slope (the chord a-b
+            // plus half the predicted change), less the pointing tent's.
+            let (ttx, tty) = (tx + 0.5 * kappa_x * h, ty + 0.5 * kappa_y * h);
+            let kt = K_GEV_PER_T_MM as f32 * (1.0 + ttx * ttx + tty * tty).sqrt();
+            let (gx, gy) = bending(ttx, tty, [bg[s][0][l], bg[s][1][l], bg[s][2][l]]);
+            let (dcx, dcy) = ((kt * gx - cx) * h, (kt * gy - cy) * h);
             let pred_x = tx + kappa_x * h + q_c * dcx;
             let pred_y = ty + kappa_y * h + q_c * dcy;
             // A plane triple outside the detector or beyond the reach gets no window.
@@ -1699,6 +1820,50 @@ mod tests {
                 (mean - q / p).abs() < 0.1 / p + 0.02,
                 "p {p}: mean q/p {mean}"
             );
+        }
+    }
+
+    /// In a strong field at large slopes the bending factor (1 + t^2) sqrt(1 + tx^2 + ty^2)
+    /// changes along a track near the minimum momentum: a window that took both tents'
+    /// bending at the left doublet's slope predicted the next chord a millimetre off over
+    /// these lever arms, which only a wide origin box covered. With a beam spot of 0.05 mm
+    /// every triplet of such a track (exact hits) must still be found.
+    #[test]
+    fn windows_hold_at_large_slopes_in_a_strong_field_with_a_small_origin_box() {
+        let det = detector(9, [1.4, 0.0, 0.0], 0.003, 0.006);
+        let mut cfg = FinderConfig::from_detector(&det, 1.0);
+        cfg.origin_half_x_mm = 0.05;
+        cfg.origin_half_y_mm = 0.05;
+        let geo = FinderGeometry::new(&det, &cfg);
+        let mut rng = ChaCha8Rng::seed_from_u64(19);
+        for &(tx, ty, qop) in &[
+            (0.12, 0.10, 1.0 / 1.02),
+            (-0.15, 0.08, -1.0 / 1.05),
+            (0.05, -0.20, 1.0 / 1.1),
+        ] {
+            let mut hits = Vec::new();
+            track(
+                &det,
+                [0.0, 0.0, tx, ty, qop],
+                false,
+                false,
+                &mut rng,
+                &mut hits,
+            );
+            let n = hits.len();
+            assert!(n >= 7, "the track leaves after {n} planes");
+            let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+            sort_hits(&geo, &hits, cfg.limits.max_hits, &mut buf);
+            find_doublets(&geo, &cfg, 1, &mut buf);
+            find_triplets(&geo, &cfg, 1, &mut buf);
+            let found: Vec<[u32; 3]> = buf.triplets.iter().map(|t| input_hits(&buf, t)).collect();
+            for a in 0..n - 2 {
+                let want = [a as u32, a as u32 + 1, a as u32 + 2];
+                assert!(
+                    found.contains(&want),
+                    "slopes ({tx}, {ty}), q/p {qop}: triplet {want:?} missing, found {found:?}"
+                );
+            }
         }
     }
 
