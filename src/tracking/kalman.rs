@@ -300,6 +300,16 @@ pub struct FitHit {
     pub y_mm: f32,
 }
 
+impl From<&crate::frame::HitRecord> for FitHit {
+    fn from(h: &crate::frame::HitRecord) -> Self {
+        FitHit {
+            plane: h.plane,
+            x_mm: h.x_mm,
+            y_mm: h.y_mm,
+        }
+    }
+}
+
 /// Result of one fit, in the number type of the fit.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct FitOutput {
@@ -1490,11 +1500,7 @@ mod tests {
                 ids.iter()
                     .map(|&i| &hits[i as usize])
                     .filter(|h| Some(h.plane) != missing)
-                    .map(|h| FitHit {
-                        plane: h.plane,
-                        x_mm: h.x_mm,
-                        y_mm: h.y_mm,
-                    })
+                    .map(FitHit::from)
                     .collect(),
             );
         }
@@ -1561,11 +1567,7 @@ mod tests {
             let (ids, _) = track(&det, start, true, true, &mut rng, &mut hits);
             let fit_hits: Vec<FitHit> = ids
                 .iter()
-                .map(|&i| FitHit {
-                    plane: hits[i as usize].plane,
-                    x_mm: hits[i as usize].x_mm,
-                    y_mm: hits[i as usize].y_mm,
-                })
+                .map(|&i| FitHit::from(&hits[i as usize]))
                 .collect();
             let o = fitter.fit_reference(&fit_hits);
             assert!(o.ok);
@@ -1633,11 +1635,7 @@ mod tests {
                 .iter()
                 .map(|&i| &hits[i as usize])
                 .filter(|h| rng.random::<f64>() > 0.2 || h.plane == 9)
-                .map(|h| FitHit {
-                    plane: h.plane,
-                    x_mm: h.x_mm,
-                    y_mm: h.y_mm,
-                })
+                .map(FitHit::from)
                 .collect();
             if fit_hits.len() < 5 {
                 continue;
@@ -2091,11 +2089,7 @@ mod profile_tests {
             );
             sets.push(
                 ids.iter()
-                    .map(|&i| FitHit {
-                        plane: hits[i as usize].plane,
-                        x_mm: hits[i as usize].x_mm,
-                        y_mm: hits[i as usize].y_mm,
-                    })
+                    .map(|&i| FitHit::from(&hits[i as usize]))
                     .collect::<Vec<_>>(),
             );
         }

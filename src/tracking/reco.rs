@@ -499,11 +499,7 @@ mod tests {
 
     fn fit_hits(hits: &[HitRecord], ids: &[u32]) -> Vec<FitHit> {
         ids.iter()
-            .map(|&i| FitHit {
-                plane: hits[i as usize].plane,
-                x_mm: hits[i as usize].x_mm,
-                y_mm: hits[i as usize].y_mm,
-            })
+            .map(|&i| FitHit::from(&hits[i as usize]))
             .collect()
     }
 

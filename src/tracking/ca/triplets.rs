@@ -953,8 +953,9 @@ impl SlopeBound {
     /// The bound in x and y for doublet slopes up to `t` (absolute) in a pointing field
     /// of components up to `b` (absolute, tesla): the bending function's derivatives in
     /// the slopes ([`bending`] times `K sqrt(1 + tx^2 + ty^2)`) times the slopes'
-    /// difference, times the largest q/p and the tent's half length.
-    fn widths(&self, t: [f64; 2], b: [f64; 3]) -> [f64; 2] {
+    /// difference, times the largest q/p and the tent's half length; and that difference
+    /// ([`Self::dt`]).
+    fn widths(&self, t: [f64; 2], b: [f64; 3]) -> ([f64; 2], [f64; 2]) {
         let [dtx, dty] = self.dt(t, b);
         let (tx, ty) = (t[0] + dtx, t[1] + dty);
         let (ax, ay) = bend_bound(tx, ty, b);
@@ -969,7 +970,10 @@ impl SlopeBound {
             k * (ty * ay + n * (2.0 * ty * b[0] + tx * b[1])),
         );
         let qh = self.q * self.h;
-        [qh * (jxx * dtx + jxy * dty), qh * (jyx * dtx + jyy * dty)]
+        (
+            [qh * (jxx * dtx + jxy * dty), qh * (jyx * dtx + jyy * dty)],
+            [dtx, dty],
+        )
     }
 }
 
@@ -1010,7 +1014,7 @@ impl BackWindow {
                 extra: [f(p.hard_kx) + sig, f(p.hard_ky) + sig],
             }
         });
-        let slope_w = slope.map_or([0.0; 2], |sb| {
+        let (slope_w, slope_dt) = slope.map_or(([0.0; 2], [0.0; 2]), |sb| {
             sb.widths(cuts.max_t.map(f), geo.pointing_b_max_tesla[i * n + j])
         });
         let profile = match (
@@ -1020,14 +1024,11 @@ impl BackWindow {
         ) {
             (Some(d), Some(g), true) => {
                 let db = g.bound_of_difference(d);
+                // At the triplet tent's own slope, up to the slopes' difference further out.
                 let [tx, ty] = cuts.max_t.map(f);
-                let [dx, dy] = slope.map_or([0.0; 2], |sb: SlopeBound| {
-                    sb.dt([tx, ty], geo.pointing_b_max_tesla[i * n + j])
-                });
-                let (tx, ty) = (tx + dx, ty + dy);
+                let (tx, ty) = (tx + slope_dt[0], ty + slope_dt[1]);
                 let kn = K_GEV_PER_T_MM * (1.0 + tx * tx + ty * ty).sqrt();
-                let ax = tx * ty * db[0] + (1.0 + tx * tx) * db[1] + ty * db[2];
-                let ay = (1.0 + ty * ty) * db[0] + tx * ty * db[1] + tx * db[2];
+                let (ax, ay) = bend_bound(tx, ty, db);
                 [q * kn * ax * h, q * kn * ay * h]
             }
             _ => [0.0; 2],
@@ -1078,9 +1079,9 @@ impl BackWindow {
         let b_pointing = field.map_or(self.b_pointing, |f| {
             std::array::from_fn(|c| (f[c] as f64).abs())
         });
-        let sw = self
+        let (sw, [dx, dy]) = self
             .slope
-            .map_or([0.0; 2], |sb| sb.widths([tx, ty], b_pointing));
+            .map_or(([0.0; 2], [0.0; 2]), |sb| sb.widths([tx, ty], b_pointing));
         let (ax, ay, kn) = match field {
             Some(field) if self.qkh != 0.0 => {
                 // The pointing tent's field, then the first triplet tent's ([`tent_fields`]).
@@ -1088,9 +1089,6 @@ impl BackWindow {
                     std::array::from_fn(|c| (field[3 + c] as f64 - field[c] as f64).abs());
                 // The triplet tent's bending is taken at its own slope: up to the slopes'
                 // difference further out.
-                let [dx, dy] = self
-                    .slope
-                    .map_or([0.0; 2], |sb| sb.dt([tx, ty], b_pointing));
                 let (tx, ty) = (tx + dx, ty + dy);
                 let (ax, ay) = bend_bound(tx, ty, db);
                 (ax, ay, self.qkh * (1.0 + tx * tx + ty * ty).sqrt())
