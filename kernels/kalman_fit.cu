@@ -35,6 +35,7 @@
 #define PI_NY 3
 #define PI_NZ 4
 #define PI_FIELD_MAP 5
+#define PI_SCATTER_QOP 6
 #define PF_QOP_FIXED 0
 #define PF_QOP_FIXED_VAR 1
 #define PF_PRIOR_REL 2
@@ -46,6 +47,8 @@
 #define PD_MASS 0
 #define PD_ORIGIN 1
 #define PD_INV_STEP 4
+#define PD_SCATTER_Q_MIN 7
+#define PD_SCATTER_Q_MAX 8
 
 // How the step over a gap reads the field (GapField in propagate.rs).
 #define GAP_BY_ONLY 0
@@ -529,6 +532,107 @@ __device__ double theta0_sq(const double* row, double mass, double qop, double t
     return f * f * xr;
 }
 
+// Points of q/p at which scattering_qop weighs the kinks (SCATTER_GRID in kalman.rs).
+#define SCATTER_GRID 16
+
+// The q/p of a track no field bends, from the scattering its hits show
+// (KalmanFitter::scattering_qop, the same sums in the same order): the kinks' likelihood
+// on a grid of q/p over (0, q_max], a prior proportional to 1 / sqrt(q), and the root of
+// the posterior mean of q^2.
+// Not inlined, its loops not unrolled: only fits without a field take it, and the
+// arrays stay out of the registers of the fit.
+template <class Hits>
+__device__ __noinline__ double scattering_qop(const Hits& h, int n, const double* rows64,
+                                              int n_planes, double mass, double q_min,
+                                              double q_max) {
+    if (n < 3) return q_min;
+#pragma unroll 1
+    for (int k = 0; k < n; ++k) {
+        if (h.plane(k) < 0 || h.plane(k) >= n_planes) return q_min;
+    }
+    const double* first = rows64 + ROW * h.plane(0);
+    const double* last = rows64 + ROW * h.plane(n - 1);
+    const double dz = last[0] - first[0];
+    const double tx = ((double)h.x(n - 1) - (double)h.x(0)) / dz;
+    const double ty = ((double)h.y(n - 1) - (double)h.y(0)) / dz;
+    const double n2 = 1.0 + tx * tx + ty * ty;
+    const double ln_root_n2 = 0.5 * log(n2);
+    const double root_n2 = sqrt(n2);
+    const double fx = (1.0 + tx * tx) * n2, fy = (1.0 + ty * ty) * n2;
+    const double m2 = mass * mass;
+    double logl[SCATTER_GRID], det[SCATTER_GRID], q2s[SCATTER_GRID], us[SCATTER_GRID];
+#pragma unroll 1
+    for (int g = 0; g < SCATTER_GRID; ++g) {
+        const double q = q_max * ((double)g + 0.5) / (double)SCATTER_GRID;
+        q2s[g] = q * q;
+        us[g] = q2s[g] * (1.0 + m2 * q2s[g]);
+        logl[g] = 0.0;
+        det[g] = 1.0;
+    }
+    double bound = 1.0;
+#pragma unroll 1
+    for (int k = 1; k < n - 1; ++k) {
+        const int pa = h.plane(k - 1), pb = h.plane(k), pd = h.plane(k + 1);
+        const double* a = rows64 + ROW * pa;
+        const double* b = rows64 + ROW * pb;
+        const double* d = rows64 + ROW * pd;
+        const double i1 = 1.0 / (b[0] - a[0]);
+        const double i2 = 1.0 / (d[0] - b[0]);
+        const double w1 = i1 + i2;
+        const double x0 = h.x(k - 1), x1 = h.x(k), x2 = h.x(k + 1);
+        const double y0 = h.y(k - 1), y1 = h.y(k), y2 = h.y(k + 1);
+        const double kx = (x2 - x1) * i2 - (x1 - x0) * i1;
+        const double ky = (y2 - y1) * i2 - (y1 - y0) * i1;
+        const double mx = a[1] * i1 * i1 + b[1] * w1 * w1 + d[1] * i2 * i2;
+        const double my = a[2] * i1 * i1 + b[2] * w1 * w1 + d[2] * i2 * i2;
+        double c = 0.0;
+#pragma unroll 1
+        for (int j = pa + 1; j < pd; ++j) {
+            const double* r = rows64 + ROW * j;
+            if (r[3] <= 0.0) continue;
+            const double w = j <= pb ? (r[0] - a[0]) * i1 : (d[0] - r[0]) * i2;
+            const double f = HIGHLAND_D * (1.0 + 0.038 * (r[4] + ln_root_n2));
+            c += f * f * r[3] * root_n2 * w * w;
+        }
+        const double kx2 = kx * kx, ky2 = ky * ky, cx = c * fx, cy = c * fy;
+        const double inv_m = 1.0 / (mx * my);
+        const double top = us[SCATTER_GRID - 1];
+        bound *= (mx + cx * top) * (my + cy * top) * inv_m;
+        if (bound > 1e200) {
+#pragma unroll 1
+            for (int g = 0; g < SCATTER_GRID; ++g) {
+                logl[g] += log(det[g]);
+                det[g] = 1.0;
+            }
+            bound = (mx + cx * top) * (my + cy * top) * inv_m;
+        }
+#pragma unroll 1
+        for (int g = 0; g < SCATTER_GRID; ++g) {
+            const double vx = mx + cx * us[g];
+            const double vy = my + cy * us[g];
+            logl[g] += kx2 / vx + ky2 / vy;
+            det[g] *= vx * vy * inv_m;
+        }
+    }
+    double top = -__longlong_as_double(0x7ff0000000000000LL);
+#pragma unroll 1
+    for (int g = 0; g < SCATTER_GRID; ++g) {
+        logl[g] = -0.5 * (logl[g] + log(det[g]));
+        top = fmax(top, logl[g]);
+    }
+    double sw = 0.0, sq = 0.0;
+#pragma unroll 1
+    for (int g = 0; g < SCATTER_GRID; ++g) {
+        if (logl[g] - top > -40.0) {
+            const double w = exp(logl[g] - top) / sqrt((double)g + 0.5);
+            sw += w;
+            sq += w * q2s[g];
+        }
+    }
+    // fmax/fmin return the number where the root is not one, as the CPU's max/min.
+    return fmin(fmax(sqrt(sq / sw), q_min), q_max);
+}
+
 __device__ __forceinline__ void fit_bending(float tx, float ty, const float b[3], float& ax, float& ay) {
     const float one = 1.0f;
     const float txy = tx * ty;
@@ -680,7 +784,12 @@ __device__ void kalman_fit_pass(const Hits& h, int n, int kmax, const KalmanTabl
 
     // Three-hit q/p and its prior variance (seed_qop).
     float qop, cq;
-    if (pi[PI_FIT_MOMENTUM] == 0) {
+    if (pi[PI_FIT_MOMENTUM] == 0 && pi[PI_SCATTER_QOP] != 0) {
+        const double q = scattering_qop(h, n, rows64, n_planes, pd[PD_MASS],
+                                        pd[PD_SCATTER_Q_MIN], pd[PD_SCATTER_Q_MAX]);
+        qop = (float)q;
+        cq = (float)(q * q);
+    } else if (pi[PI_FIT_MOMENTUM] == 0) {
         qop = pf[PF_QOP_FIXED];
         cq = pf[PF_QOP_FIXED_VAR];
     } else {

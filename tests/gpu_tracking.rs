@@ -19,7 +19,7 @@ use trigd::frame::HitRecord;
 use trigd::gpu::nvrtc::KernelCache;
 use trigd::gpu::tracking_ca::{CaEventTracks, CaLimits, CaStep, GpuCaEngine};
 use trigd::tracking::ca::{self, CaBuffers, FinderGeometry};
-use trigd::tracking::geometry::Detector;
+use trigd::tracking::geometry::{Detector, Field};
 use trigd::tracking::kalman::{FitOutput, KalmanFitter};
 use trigd::tracking::reco::FinderConfig;
 use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
@@ -42,7 +42,19 @@ fn configurations(preset: Preset) -> Vec<(&'static str, Detector, SimConfig)> {
             load("tracking/forward/detector_forward.toml"),
             SimConfig::forward(preset),
         ),
+        (
+            "telescope, no field",
+            no_field(load("detector.toml")),
+            SimConfig::preset(preset),
+        ),
     ]
+}
+
+/// The detector without its field: a telescope, whose fit takes each track's momentum
+/// from its scattering.
+fn no_field(mut det: Detector) -> Detector {
+    det.field = Field::Uniform { b_tesla: [0.0; 3] };
+    det
 }
 
 /// The reaches of the finder's passes: the first pass's consecutive planes, and the

@@ -22,7 +22,7 @@ use gpu_common::{device, load, seed};
 use trigd::gpu::nvrtc::KernelCache;
 use trigd::gpu::tracking_fit::{FitEngineConfig, FitError, FitLimit, FitLimits, GpuFitEngine};
 use trigd::gpu::GpuDevice;
-use trigd::tracking::geometry::Detector;
+use trigd::tracking::geometry::{Detector, Field};
 use trigd::tracking::kalman::{tri, FitHit, FitOutput, KalmanFitter};
 use trigd::tracking::reco::{FinderConfig, Reconstructor};
 use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
@@ -44,6 +44,15 @@ fn detectors() -> Vec<(&'static str, Detector, SimConfig)> {
             "forward map",
             load("tracking/forward/detector_forward.toml"),
             SimConfig::forward(Preset::Central),
+        ),
+        (
+            "no field (the uniform detector's planes)",
+            {
+                let mut det = load("detector.toml");
+                det.field = Field::Uniform { b_tesla: [0.0; 3] };
+                det
+            },
+            SimConfig::preset(Preset::Central),
         ),
     ]
 }

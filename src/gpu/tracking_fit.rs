@@ -29,7 +29,7 @@ use super::nvrtc::{load_module_with_options, KernelCache, LoadedModule};
 use super::runtime::{copy_to_device, copy_to_host, DeviceBuffer, PinnedBuffer};
 use super::{driver, GpuDevice, GpuError};
 use crate::tracking::geometry::Field;
-use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter};
+use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter, SCATTER_P_MAX_GEV};
 
 const KERNEL_SOURCE: &str = include_str!("../../kernels/kalman_fit.cu");
 /// NVRTC options of the fit: no contraction of products and sums into fused
@@ -61,9 +61,9 @@ const GAP_MAP: i32 = 2;
 const GAP_PROFILE: i32 = 3;
 
 /// Entries of the parameter arrays (PI_*, PF_*, PD_* in kernels/kalman_fit.cu).
-const PARAM_INTS: usize = 6;
+const PARAM_INTS: usize = 7;
 const PARAM_FLOATS: usize = 14;
-const PARAM_DOUBLES: usize = 7;
+const PARAM_DOUBLES: usize = 9;
 
 /// The result of one fit: the CPU fitter's own record, so that either backend fills the
 /// same type and a batch refused by the GPU is fitted by the CPU into the same place.
@@ -349,7 +349,7 @@ impl FitTables {
                 Field::Grid(_) => GAP_MAP,
             })
             .collect();
-        let q_fixed = 1.0 / cfg.p_no_field_gev.max(1e-3);
+        let q_fixed = 1.0 / cfg.p_no_field_gev.unwrap_or(SCATTER_P_MAX_GEV).max(1e-3);
         let mut floats = [0.0f32; PARAM_FLOATS];
         floats[0] = q_fixed as f32;
         floats[1] = (q_fixed * q_fixed) as f32;
@@ -358,9 +358,13 @@ impl FitTables {
         floats[4] = (cfg.mass_gev * cfg.mass_gev) as f32;
         let mut doubles = [0.0f64; PARAM_DOUBLES];
         doubles[0] = cfg.mass_gev;
+        // The bounds of `scattering_qop`.
+        doubles[7] = 1.0 / SCATTER_P_MAX_GEV;
+        doubles[8] = 1.0 / cfg.scatter_p_min_gev;
         let mut ints = [0i32; PARAM_INTS];
         ints[0] = n as i32;
         ints[1] = i32::from(cfg.fit_momentum);
+        ints[6] = i32::from(!cfg.fit_momentum && cfg.p_no_field_gev.is_none());
         let nodes = match field {
             Field::Uniform { b_tesla } => {
                 for k in 0..3 {

@@ -172,11 +172,12 @@ pub struct FinderConfig {
     /// Fewest hits of a track. Default 4 (3 on a detector of three planes).
     pub min_hits: usize,
     /// Cut on the Kalman fit's chi-square per degree of freedom. Default 5 where the fit
-    /// measures the momentum. Without a field the fit assumes `fit.p_no_field_gev` for the
-    /// scattering, and a track at the minimum momentum scatters more: 5 times the largest
-    /// ratio over the plane gaps of the residual variance (resolution plus scattering
-    /// over the gap) at the minimum momentum to that at the assumed one
-    /// ([`no_field_chi2_scale`]).
+    /// measures the momentum, and without a field where the fit estimates each track's
+    /// momentum from its scattering (down to the momentum cut: `fit.scatter_p_min_gev`).
+    /// Where it assumes one momentum for all (`fit.p_no_field_gev`), a track at the
+    /// minimum momentum scatters more: 5 times the largest ratio over the plane gaps of
+    /// the residual variance (resolution plus scattering over the gap) at the minimum
+    /// momentum to that at the assumed one ([`no_field_chi2_scale`]).
     pub max_chi2_ndf: f64,
     /// A short track whose hits all lie this close (mm) to the trajectory of a longer track
     /// at the minimum momentum is its clone; for a stiffer longer track the window shrinks
@@ -206,7 +207,8 @@ impl FinderConfig {
         };
         let origin_z_mm = 0.0;
         let momentum_slack = 1.15;
-        let fit = FitConfig::from_detector(det);
+        let mut fit = FitConfig::from_detector(det);
+        fit.scatter_p_min_gev = min_p / momentum_slack;
         let b = MomentumBounds::new(det, origin_z_mm, min_p / momentum_slack);
         let (max_tx, max_ty, cx, cy) = (b.max_t[0], b.max_t[1], b.curvature[0], b.curvature[1]);
         let slope_factor = slope_factor(max_tx, max_ty);
@@ -237,11 +239,7 @@ impl FinderConfig {
             triplet_chi2_max: n_sigma * n_sigma + if fit.fit_momentum { 0.0 } else { 2.0 },
             neighbour_chi2_max: n_sigma * n_sigma,
             min_hits: if det.planes.len() >= 4 { 4 } else { 3 },
-            max_chi2_ndf: if fit.fit_momentum {
-                5.0
-            } else {
-                5.0 * no_field_chi2_scale(det, min_p, fit.p_no_field_gev)
-            },
+            max_chi2_ndf: max_chi2_ndf(det, min_p, &fit),
             clone_window_mm: 0.0,
             divert_chains: true,
             fit,
@@ -259,6 +257,10 @@ impl FinderConfig {
         let min_p = ov.min_p_gev.unwrap_or(min_p_gev);
         let mut c = FinderConfig::from_detector(det, min_p);
         ov.apply(&mut c);
+        if ov.max_chi2_ndf.is_none() {
+            // The derived cut follows the fit's overridden scattering model.
+            c.max_chi2_ndf = max_chi2_ndf(det, c.min_p_gev, &c.fit);
+        }
         c
     }
 
@@ -387,12 +389,13 @@ impl FinderConfig {
         }
         let positive = |v: f64| v > 0.0 && v.is_finite();
         if !positive(self.fit.max_step_mm)
-            || !positive(self.fit.p_no_field_gev)
+            || !self.fit.p_no_field_gev.is_none_or(positive)
+            || !positive(self.fit.scatter_p_min_gev)
             || !positive(self.fit.qop_prior_floor)
         {
             return bad(
                 "fit",
-                "max_step_mm, p_no_field_gev and qop_prior_floor must be positive",
+                "max_step_mm, p_no_field_gev, scatter_p_min_gev and qop_prior_floor must be positive",
             );
         }
         Ok(())
@@ -450,6 +453,7 @@ pub struct FitOverrides {
     pub max_step_mm: Option<f64>,
     pub fit_momentum: Option<bool>,
     pub p_no_field_gev: Option<f64>,
+    pub scatter_p_min_gev: Option<f64>,
     pub qop_prior_rel: Option<f64>,
     pub qop_prior_floor: Option<f64>,
     pub mass_gev: Option<f64>,
@@ -506,11 +510,14 @@ impl FinderOverrides {
         set_fit!(
             max_step_mm,
             fit_momentum,
-            p_no_field_gev,
+            scatter_p_min_gev,
             qop_prior_rel,
             qop_prior_floor,
             mass_gev
         );
+        if let Some(p) = f.p_no_field_gev {
+            c.fit.p_no_field_gev = Some(p);
+        }
         if let Some(l) = &self.limits {
             c.limits = l.clone();
         }
@@ -589,6 +596,14 @@ pub fn max_curvature_per_mm(
     let ay = (1.0 + max_ty * max_ty) * bmax[0] + max_tx * max_ty * bmax[1] + max_tx * bmax[2];
     let k = K_GEV_PER_T_MM / min_p_gev.max(1e-3) * n;
     (k * ax, k * ay)
+}
+
+/// The default of [`FinderConfig::max_chi2_ndf`] for tracks above `min_p_gev`.
+pub fn max_chi2_ndf(det: &Detector, min_p_gev: f64, fit: &FitConfig) -> f64 {
+    match fit.p_no_field_gev {
+        Some(p) if !fit.fit_momentum => 5.0 * no_field_chi2_scale(det, min_p_gev, p),
+        _ => 5.0,
+    }
 }
 
 /// The largest factor, over the gaps between consecutive planes, by which the residual
