@@ -998,6 +998,57 @@ mod tests {
     }
 
     #[test]
+    fn without_a_field_the_fit_estimates_each_momentum_unless_one_is_given() {
+        let det = detector(6, [0.0; 3], 0.01, 0.01);
+        // Derived: the estimate from the momentum cut (over its slack) up, and the
+        // chi-square cut of a fit that measures the momentum.
+        let c = FinderConfig::from_detector(&det, 1.0);
+        assert!(!c.fit.fit_momentum);
+        assert_eq!(c.fit.p_no_field_gev, None);
+        assert!((c.fit.scatter_p_min_gev - 1.0 / c.momentum_slack).abs() < 1e-12);
+        assert_eq!(c.max_chi2_ndf, 5.0);
+        assert!(c.validate(&det).is_ok());
+        // A test beam's momentum: every track's, and the cut widens for the tracks at the
+        // momentum cut, which scatter more than the assumed momentum.
+        let ov = FinderOverrides::from_toml_str("[fit]\np_no_field_gev = 5.0\n").unwrap();
+        let beam = FinderConfig::from_detector_with(&det, 1.0, &ov);
+        assert_eq!(beam.fit.p_no_field_gev, Some(5.0));
+        let scale = ca::cuts::no_field_chi2_scale(&det, 1.0, 5.0);
+        assert!(scale > 2.0, "{scale}");
+        assert!((beam.max_chi2_ndf - 5.0 * scale).abs() < 1e-9);
+        // An explicit cut stays.
+        let ov =
+            FinderOverrides::from_toml_str("max_chi2_ndf = 7.0\n[fit]\np_no_field_gev = 5.0\n")
+                .unwrap();
+        assert_eq!(
+            FinderConfig::from_detector_with(&det, 1.0, &ov).max_chi2_ndf,
+            7.0
+        );
+        let bad = FinderOverrides::from_toml_str("[fit]\np_no_field_gev = -1.0\n").unwrap();
+        assert!(FinderConfig::from_detector_with(&det, 1.0, &bad)
+            .validate(&det)
+            .is_err());
+        // The fitter takes the two paths apart: each track's own q/p against one for all.
+        let fit = |cfg: &FinderConfig| {
+            let f = KalmanFitter::new(&det, cfg.fit.clone());
+            let mut rng = ChaCha8Rng::seed_from_u64(3);
+            let mut hits: Vec<HitRecord> = Vec::new();
+            let (ids, _) = track(
+                &det,
+                [0.0, 0.0, 0.05, 0.02, 1.0 / 1.2],
+                true,
+                true,
+                &mut rng,
+                &mut hits,
+            );
+            f.fit_reference(&fit_hits(&hits, &ids))
+        };
+        assert!((fit(&beam).state[4] - 0.2).abs() < 1e-6);
+        let own = fit(&c).state[4];
+        assert!(own > 0.2 && own <= c.momentum_slack, "{own}");
+    }
+
+    #[test]
     fn overrides_replace_derived_values_and_refuse_unknown_keys() {
         let det = detector(6, [0.0, 1.0, 0.0], 0.004, 0.01);
         let ov = FinderOverrides::from_toml_str(
