@@ -161,8 +161,10 @@ pub fn edf(data: &[u8]) {
 
 /// The `[finder]` overrides parser and the reconstruction on arbitrary hits: the first
 /// byte says how many of the following bytes are overrides text, the rest are hits of 10
-/// bytes each (x and y as `f32`, plane as `u16`, little-endian). Any input gives a
-/// configuration or an error, and any hits give tracks whose hit indices lie in the event.
+/// bytes each (x and y as `f32`, plane as `u16`, little-endian); an input of odd length
+/// has no field (the fit then estimates each track's momentum from its scattering). Any
+/// input gives a configuration or an error, and any hits give tracks whose hit indices
+/// lie in the event.
 pub fn finder_overrides(data: &[u8]) {
     let det = Detector {
         planes: (0..5)
@@ -177,7 +179,7 @@ pub fn finder_overrides(data: &[u8]) {
             })
             .collect(),
         field: Field::Uniform {
-            b_tesla: [0.0, 1.0, 0.0],
+            b_tesla: [0.0, if data.len() % 2 == 1 { 0.0 } else { 1.0 }, 0.0],
         },
     };
     let split = data
