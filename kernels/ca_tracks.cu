@@ -39,7 +39,21 @@ extern "C" __global__ void ca_tracks_pack(const u32* __restrict__ failed,
                                           const u32* __restrict__ hit_base,
                                           uint2* __restrict__ out_tracks,
                                           u32* __restrict__ out_fits,
-                                          u32* __restrict__ out_hits) {
+                                          u32* __restrict__ out_hits, int refit,
+                                          const float* __restrict__ in_x,
+                                          const float* __restrict__ in_y,
+                                          const u32* __restrict__ in_plane,
+                                          const u32* __restrict__ hit_start,
+                                          const float* __restrict__ rows32,
+                                          const double* __restrict__ rows64,
+                                          const int* __restrict__ gap_steps,
+                                          const int* __restrict__ gap_kind,
+                                          const int* __restrict__ gap_slice,
+                                          const float* __restrict__ slices,
+                                          const float* __restrict__ pf,
+                                          const double* __restrict__ pd,
+                                          const int* __restrict__ pi,
+                                          const float* __restrict__ nodes) {
     int e = blockIdx.y;
     if (failed[e]) return;
     u32 na = n_accepted[e];
@@ -61,8 +75,29 @@ extern "C" __global__ void ca_tracks_pack(const u32* __restrict__ failed,
         if (k < na) {
             out_tracks[tb + k] = make_uint2(at, c.y);
             for (u32 i = 0; i < c.y; i++) out_hits[at + i] = ch[c.x + i];
-            for (int w = 0; w < FIT_WORDS; w++)
-                out_fits[(size_t)(tb + k) * FIT_WORDS + w] = fw[(size_t)cidx * FIT_WORDS + w];
+            u32* o = out_fits + (size_t)(tb + k) * FIT_WORDS;
+            if (refit) {
+                // The accepted track fitted again with the track fit's parameters
+                // (Reconstructor::refit_accepted), in the candidates' layout.
+                const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
+                                        slices, pf,     pd,        pi,       nodes};
+                const u32 hs = hit_start[e];
+                CandHits h;
+                h.idx = ch + c.x;
+                h.hx = in_x + hs;
+                h.hy = in_y + hs;
+                h.hp = in_plane + hs;
+                KalmanResult r;
+                kalman_fit_track(h, (int)c.y, MAX_CHAIN, T, r);
+                for (int i = 0; i < 5; ++i) o[i] = __float_as_uint(r.st[i]);
+                for (int i = 0; i < 15; ++i) o[5 + i] = __float_as_uint(r.c[i]);
+                o[20] = __float_as_uint(r.z);
+                o[21] = __float_as_uint(r.chi2);
+                o[22] = (u32)r.ndf;
+                o[23] = (u32)r.ok;
+            } else {
+                for (int w = 0; w < FIT_WORDS; w++) o[w] = fw[(size_t)cidx * FIT_WORDS + w];
+            }
         }
         carry += chunk;
     }

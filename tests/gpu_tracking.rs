@@ -501,7 +501,7 @@ fn candidate_agreement(preset: Preset, n_events: u64) {
     for (name, det, sim) in configurations(preset) {
         let cfg = FinderConfig::from_detector(&det, 1.0);
         let geo = FinderGeometry::new(&det, &cfg);
-        let fitter = KalmanFitter::new(&det, cfg.fit.clone());
+        let fitter = KalmanFitter::new(&det, cfg.candidate_fit());
         let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
         let events: Vec<Vec<HitRecord>> = simulate_events(&det, &sim, s, 0, n_events)
             .map(|e| e.hits)

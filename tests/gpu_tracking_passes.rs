@@ -354,7 +354,17 @@ fn a_launch_of_busy_and_sparse_events_gives_the_cpus_tracks_in_order() {
     use trigd::tracking::reco::Reconstructor;
     let dev = device();
     let s = seed();
-    for (name, det, sim) in configurations(Preset::Central) {
+    // And the telescope, without a field: its candidates fitted at the momentum cut's
+    // scattering, its accepted tracks again at their own (`FinderConfig::candidate_fit`).
+    let telescope = (
+        "telescope",
+        load("telescope.toml"),
+        SimConfig::preset(Preset::Central),
+    );
+    for (name, det, sim) in configurations(Preset::Central)
+        .into_iter()
+        .chain([telescope])
+    {
         let cfg = FinderConfig::from_detector(&det, 0.5);
         assert!(cfg.stiff_pass(&det).is_some(), "{name}");
         let minbias = match name {
@@ -397,8 +407,19 @@ fn a_launch_of_busy_and_sparse_events_gives_the_cpus_tracks_in_order() {
             assert!(back[k].is_none(), "{name}: event {k} handed back");
             reco.reconstruct(ev, &mut cpu);
             n_tracks += cpu.len();
-            let hits = |t: &[trigd::tracking::track::Track]| -> Vec<Vec<u32>> {
-                t.iter().map(|t| t.hits.clone()).collect()
+            // The hits and the fit, to the bit.
+            let hits = |t: &[trigd::tracking::track::Track]| -> Vec<(Vec<u32>, Vec<u32>)> {
+                t.iter()
+                    .map(|t| {
+                        let s = &t.state;
+                        let fit = [s.x_mm, s.y_mm, s.tx, s.ty, s.qop, t.chi2]
+                            .iter()
+                            .chain(&t.cov)
+                            .map(|v| v.to_bits())
+                            .collect();
+                        (t.hits.clone(), fit)
+                    })
+                    .collect()
             };
             assert_eq!(
                 hits(&out[k]),

@@ -153,7 +153,7 @@ impl GpuTracker {
         limits: TrackerLimits,
     ) -> Result<Self, GpuError> {
         let geo = FinderGeometry::new(det, cfg);
-        let fitter = KalmanFitter::new(det, cfg.fit.clone());
+        let fitter = KalmanFitter::new(det, cfg.candidate_fit());
         let n_planes = det.planes.len();
         let mut passes = Passes::new(cfg, n_planes);
         let stiff = cfg.stiff_pass(det).filter(|_| passes.two_pass);
@@ -170,7 +170,10 @@ impl GpuTracker {
         }
         tables.push(CaTables::new(&geo, cfg, passes.reach));
         let cache = KernelCache::from_env();
-        let ca = GpuCaEngine::with_tables(device, tables, Some(&fitter), limits.ca, &cache)?;
+        let mut ca = GpuCaEngine::with_tables(device, tables, Some(&fitter), limits.ca, &cache)?;
+        if cfg.candidate_fit() != cfg.fit {
+            ca.set_track_fitter(&KalmanFitter::new(det, cfg.fit.clone()))?;
+        }
         // Clone suppression compares short tracks (at most n - 3 hits) with longer ones.
         let clones = if n_planes >= 4 {
             Some(GpuCloneEngine::new(

@@ -1035,6 +1035,10 @@ pub struct GpuCaEngine {
     passes: Vec<DeviceTables>,
     /// The fitter's tables, for the candidate step (engines built with a fitter).
     fit: Option<FitDevice>,
+    /// The parameters (ints, floats, doubles of `FitTables`) of the fit the accepted
+    /// tracks are fitted again with where it differs from the candidates'
+    /// ([`Self::set_track_fitter`]).
+    track_fit: Option<(DeviceBuffer<i32>, DeviceBuffer<f32>, DeviceBuffer<f64>)>,
     /// The cells per event, once per event (the item counts of the cells' scan).
     cells_n: DeviceBuffer<u32>,
     a: Arenas,
@@ -1059,6 +1063,21 @@ pub struct GpuCaEngine {
 }
 
 impl GpuCaEngine {
+    /// Fits the accepted tracks again, where their tracks are packed, with `fitter`'s
+    /// parameters (the detector's tables are the candidates' fitter's: the two fits differ
+    /// only in their settings), as the CPU finder does without a field
+    /// ([`crate::tracking::reco::FinderConfig::candidate_fit`]).
+    pub fn set_track_fitter(&mut self, fitter: &KalmanFitter) -> Result<(), GpuError> {
+        let t = FitTables::new(fitter);
+        let ctx = &self.ctx;
+        self.track_fit = Some((
+            DeviceBuffer::from_host(ctx, &t.ints)?,
+            DeviceBuffer::from_host(ctx, &t.floats)?,
+            DeviceBuffer::from_host(ctx, &t.doubles)?,
+        ));
+        Ok(())
+    }
+
     /// Uploads the finder's tables for a pass of `reach`, compiles or loads the kernels and
     /// allocates the arenas for `limits`. Without a fitter: the steps up to evolution
     /// ([`Self::with_fitter`] for the candidate step too).
@@ -1213,6 +1232,7 @@ impl GpuCaEngine {
         let engine = GpuCaEngine {
             passes,
             fit,
+            track_fit: None,
             cells_n: DeviceBuffer::from_host(&ctx, &vec![n_bins as u32; limits.max_events])?,
             a: Arenas::new(&ctx, &limits, n_bins)?,
             host_x: PinnedBuffer::new(&ctx, limits.max_hits)?,
@@ -1942,11 +1962,39 @@ impl GpuCaEngine {
         clones: Option<&GpuCloneEngine>,
         out: &mut BatchTracks,
     ) -> Result<(), GpuError> {
-        use Arg::{Ptr, U32};
+        use Arg::{Ptr, I32, U32};
         let e = self.n_events;
         let (share_c, share_h) = self.limits.candidate_share(e);
         let a = &self.a;
         let p = |b: &DeviceBuffer<u32>| Ptr(b.ptr());
+        let pf = |b: &DeviceBuffer<f32>| Ptr(b.ptr());
+        // The accepted tracks' fit: the candidates' tables with the track fit's
+        // parameters, where there is one (`refit`).
+        let (refit, fit_args) = match (&self.fit, &self.track_fit) {
+            (Some(f), t) => {
+                let (ints, floats, doubles) = match t {
+                    Some((i, fl, d)) => (i.ptr(), fl.ptr(), d.ptr()),
+                    None => (f.ints.ptr(), f.floats.ptr(), f.doubles.ptr()),
+                };
+                (
+                    t.is_some(),
+                    [
+                        f.rows32.ptr(),
+                        f.rows64.ptr(),
+                        f.gap_steps.ptr(),
+                        f.gap_kind.ptr(),
+                        f.gap_slice.ptr(),
+                        f.slices.ptr(),
+                        floats,
+                        doubles,
+                        ints,
+                        f.nodes.ptr(),
+                    ],
+                )
+            }
+            // No candidate step without a fitter: nothing to fit (pointers unread).
+            (None, _) => (false, [a.in_x.ptr(); 10]),
+        };
         #[rustfmt::skip]
         let count_args = [p(&a.failed), p(&a.n_accepted), p(&a.accepted), Ptr(a.cand.ptr()),
             U32(share_c as u32), p(&a.trk_n), p(&a.trk_hits)];
@@ -1970,7 +2018,10 @@ impl GpuCaEngine {
         let pack_args = [p(&a.failed), p(&a.n_accepted), p(&a.accepted), Ptr(a.cand.ptr()),
             p(&a.cand_hits), p(&a.fits), U32(share_c as u32), U32(share_h as u32),
             p(&a.trk_base), p(&a.trk_hit_base), Ptr(a.out_tracks.ptr()), p(&a.out_fits),
-            p(&a.out_hits)];
+            p(&a.out_hits), I32(refit as i32), pf(&a.in_x), pf(&a.in_y), p(&a.in_plane),
+            p(&a.hit_start), Ptr(fit_args[0]), Ptr(fit_args[1]), Ptr(fit_args[2]),
+            Ptr(fit_args[3]), Ptr(fit_args[4]), Ptr(fit_args[5]), Ptr(fit_args[6]),
+            Ptr(fit_args[7]), Ptr(fit_args[8]), Ptr(fit_args[9])];
         self.launch("ca_tracks_count", (1, e as u32), &count_args)?;
         self.launch("ca_event_budget", (1, 1), &place_t)?;
         self.launch("ca_event_budget", (1, 1), &place_h)?;

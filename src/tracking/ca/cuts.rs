@@ -174,7 +174,8 @@ pub struct FinderConfig {
     pub min_hits: usize,
     /// Cut on the Kalman fit's chi-square per degree of freedom. Default 5 where the fit
     /// measures the momentum, and without a field where the fit estimates each track's
-    /// momentum from its scattering (down to the momentum cut: `fit.scatter_p_min_gev`).
+    /// momentum from its scattering (the candidates are then fitted, ranked and cut with
+    /// the scattering of the momentum cut, `fit.scatter_p_min_gev`: [`Self::candidate_fit`]).
     /// Where it assumes one momentum for all (`fit.p_no_field_gev`), a track at the
     /// minimum momentum scatters more: 5 times the largest ratio over the plane gaps of
     /// the residual variance (resolution plus scattering over the gap) at the minimum
@@ -296,6 +297,20 @@ impl FinderConfig {
             stiff_pass_p_factor: 0.0,
             ..self.clone()
         }
+    }
+
+    /// The fit of the candidates: the configuration's, but without a field and without a
+    /// given momentum (`fit.p_no_field_gev`) the scattering of the momentum cut
+    /// (`fit.scatter_p_min_gev`) for every candidate. Ranked and cut by that chi-square, a
+    /// candidate pays for every kink beyond what a track at the cut could show; with each
+    /// candidate's own estimate a foreign hit's kink read as a lower momentum instead, and
+    /// the choice took more ghosts. The accepted tracks are fitted again with their own.
+    pub fn candidate_fit(&self) -> FitConfig {
+        let mut f = self.fit.clone();
+        if !f.fit_momentum && f.p_no_field_gev.is_none() {
+            f.p_no_field_gev = Some(f.scatter_p_min_gev);
+        }
+        f
     }
 
     /// Largest |q/p| the cuts accept, e/(GeV/c).
