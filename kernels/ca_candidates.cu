@@ -405,6 +405,16 @@ struct CandArenas {
     u32* acc;     // accepted candidate indices
 };
 
+// A fit's FIT_WORDS words: state (5), covariance (15), z, chi2 (floats), ndf, ok.
+__device__ __forceinline__ void store_fit(const KalmanResult& r, u32* o) {
+    for (int i = 0; i < 5; ++i) o[i] = __float_as_uint(r.st[i]);
+    for (int i = 0; i < 15; ++i) o[5 + i] = __float_as_uint(r.c[i]);
+    o[20] = __float_as_uint(r.z);
+    o[21] = __float_as_uint(r.chi2);
+    o[22] = (u32)r.ndf;
+    o[23] = (u32)r.ok;
+}
+
 // fit_range for one candidate: the fit into the fit arena, its chi2 and ndf into the
 // candidate (chi2 infinite where the fit failed).
 __device__ void fit_candidate(const CandEvent& ev, const CandArenas& a, const KalmanTables& T,
@@ -417,13 +427,7 @@ __device__ void fit_candidate(const CandEvent& ev, const CandArenas& a, const Ka
     h.hp = ev.plane;
     KalmanResult r;
     kalman_fit_track(h, (int)cd.y, MAX_CHAIN, T, r);
-    u32* o = a.fits + (size_t)c * FIT_WORDS;
-    for (int i = 0; i < 5; ++i) o[i] = __float_as_uint(r.st[i]);
-    for (int i = 0; i < 15; ++i) o[5 + i] = __float_as_uint(r.c[i]);
-    o[20] = __float_as_uint(r.z);
-    o[21] = __float_as_uint(r.chi2);
-    o[22] = (u32)r.ndf;
-    o[23] = (u32)r.ok;
+    store_fit(r, a.fits + (size_t)c * FIT_WORDS);
     float chi2 = (r.ok && r.ndf > 0) ? r.chi2 : CA_INF;
     a.cand[c] = make_uint4(cd.x, cd.y, __float_as_uint(chi2), (u32)r.ndf);
 }

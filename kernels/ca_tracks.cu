@@ -78,7 +78,7 @@ extern "C" __global__ void ca_tracks_pack(const u32* __restrict__ failed,
             u32* o = out_fits + (size_t)(tb + k) * FIT_WORDS;
             if (refit) {
                 // The accepted track fitted again with the track fit's parameters
-                // (Reconstructor::refit_accepted), in the candidates' layout.
+                // (candidates::refit_accepted), in the candidates' layout.
                 const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
                                         slices, pf,     pd,        pi,       nodes};
                 const u32 hs = hit_start[e];
@@ -89,12 +89,7 @@ extern "C" __global__ void ca_tracks_pack(const u32* __restrict__ failed,
                 h.hp = in_plane + hs;
                 KalmanResult r;
                 kalman_fit_track(h, (int)c.y, MAX_CHAIN, T, r);
-                for (int i = 0; i < 5; ++i) o[i] = __float_as_uint(r.st[i]);
-                for (int i = 0; i < 15; ++i) o[5 + i] = __float_as_uint(r.c[i]);
-                o[20] = __float_as_uint(r.z);
-                o[21] = __float_as_uint(r.chi2);
-                o[22] = (u32)r.ndf;
-                o[23] = (u32)r.ok;
+                store_fit(r, o);
             } else {
                 for (int w = 0; w < FIT_WORDS; w++) o[w] = fw[(size_t)cidx * FIT_WORDS + w];
             }

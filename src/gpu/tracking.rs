@@ -171,7 +171,7 @@ impl GpuTracker {
         tables.push(CaTables::new(&geo, cfg, passes.reach));
         let cache = KernelCache::from_env();
         let mut ca = GpuCaEngine::with_tables(device, tables, Some(&fitter), limits.ca, &cache)?;
-        if cfg.candidate_fit() != cfg.fit {
+        if cfg.fit.estimates_scattering() {
             ca.set_track_fitter(&KalmanFitter::new(det, cfg.fit.clone()))?;
         }
         // Clone suppression compares short tracks (at most n - 3 hits) with longer ones.

@@ -364,7 +364,7 @@ impl FitTables {
         let mut ints = [0i32; PARAM_INTS];
         ints[0] = n as i32;
         ints[1] = i32::from(cfg.fit_momentum);
-        ints[6] = i32::from(!cfg.fit_momentum && cfg.p_no_field_gev.is_none());
+        ints[6] = i32::from(cfg.estimates_scattering());
         let nodes = match field {
             Field::Uniform { b_tesla } => {
                 for k in 0..3 {

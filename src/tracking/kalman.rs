@@ -96,6 +96,12 @@ impl Default for FitConfig {
 }
 
 impl FitConfig {
+    /// Whether the fit takes each track's momentum from its scattering
+    /// ([`KalmanFitter::scattering_qop`]): no field measures it and none is given.
+    pub fn estimates_scattering(&self) -> bool {
+        !self.fit_momentum && self.p_no_field_gev.is_none()
+    }
+
     /// Settings derived from the detector.
     pub fn from_detector(det: &Detector) -> Self {
         let mut c = FitConfig::default();
@@ -1029,7 +1035,7 @@ impl KalmanFitter {
         // Seed: position of the last hit, chord slopes of the last two corrected by the
         // bending between them, three-hit q/p; their exact covariance.
         let (mut qop, mut cq) = self.seed_qop([za, zb, zn], [xa, xb, xn], [ya, yb, yn], b_mid);
-        if !self.cfg.fit_momentum && self.cfg.p_no_field_gev.is_none() {
+        if self.cfg.estimates_scattering() {
             for l in 0..L {
                 let q = self.scattering_qop(lane_hits[l]);
                 qop.0[l] = T::of(q);

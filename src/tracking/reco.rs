@@ -18,7 +18,7 @@
 use crate::frame::HitRecord;
 use crate::tracking::ca::{self, CaBuffers, FinderGeometry, Overflow};
 use crate::tracking::geometry::Detector;
-use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter, LANES};
+use crate::tracking::kalman::KalmanFitter;
 use crate::tracking::track::Track;
 use std::time::Instant;
 
@@ -98,7 +98,6 @@ pub struct Reconstructor {
     fitter: KalmanFitter,
     /// The accepted tracks' fitter where it differs from the candidates'.
     track_fitter: Option<KalmanFitter>,
-    track_hits: Vec<FitHit>,
     buf: CaBuffers,
     spare: Vec<Track>,
     times: StepTimes,
@@ -115,9 +114,11 @@ impl Reconstructor {
         // Without a field and without a given momentum the candidates are fitted, ranked
         // and cut with the scattering of the momentum cut (`scatter_p_min_gev`), and the
         // accepted tracks fitted again with each one's own (`scattering_qop`).
-        let estimate = !cfg.fit.fit_momentum && cfg.fit.p_no_field_gev.is_none();
         let fitter = KalmanFitter::new(det, cfg.candidate_fit());
-        let track_fitter = estimate.then(|| KalmanFitter::new(det, cfg.fit.clone()));
+        let track_fitter = cfg
+            .fit
+            .estimates_scattering()
+            .then(|| KalmanFitter::new(det, cfg.fit.clone()));
         let buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
         // The stiff-track pass's rung has its own field tables (as on the GPU); the others
         // share the configuration's, which cover their narrower slopes.
@@ -152,7 +153,6 @@ impl Reconstructor {
             stiff,
             fitter,
             track_fitter,
-            track_hits: Vec::new(),
             buf,
             spare: Vec::new(),
             times: StepTimes::default(),
@@ -249,7 +249,9 @@ impl Reconstructor {
         } else {
             self.run_pass(Pass::Main, reach, self.cfg.min_hits, false, false);
         }
-        self.refit_accepted();
+        if let Some(f) = &self.track_fitter {
+            ca::candidates::refit_accepted(f, &mut self.buf);
+        }
         let t = &mut self.times;
         t.events += 1;
         t.hits += self.buf.hits.x_mm.len() as u64;
@@ -392,42 +394,6 @@ impl Reconstructor {
         t.doublets += buf.doublets.len() as u64;
         t.triplets += buf.triplets.len() as u64;
         true
-    }
-
-    /// Fits the accepted tracks again with the track fitter where there is one (without a
-    /// field: each track's own scattering, [`FinderConfig::candidate_fit`]), in place of
-    /// their candidates' fits, in chunks of the fit's lanes (the fits of `fit_batch`).
-    fn refit_accepted(&mut self) {
-        let Some(f) = &self.track_fitter else { return };
-        let buf = &mut self.buf;
-        let n = buf.accepted.len();
-        self.track_hits.clear();
-        for i in 0..n {
-            self.track_hits.extend(ca::clones::accepted_hits(buf, i));
-        }
-        let mut start = 0;
-        for c0 in (0..n).step_by(LANES) {
-            let m = (n - c0).min(LANES);
-            let mut refs: [&[FitHit]; LANES] = [&[]; LANES];
-            for (j, r) in refs.iter_mut().take(m).enumerate() {
-                let len = buf.candidates[buf.accepted[c0 + j] as usize].len as usize;
-                *r = &self.track_hits[start..start + len];
-                start += len;
-            }
-            let mut out = [FitOutput::default(); LANES];
-            f.fit_lanes::<f32, LANES>(&refs[..m], &mut out[..m]);
-            for (j, o) in out.iter().take(m).enumerate() {
-                let k = buf.accepted[c0 + j] as usize;
-                let c = &mut buf.candidates[k];
-                buf.fits[c.fit as usize] = *o;
-                c.chi2 = if o.ok && o.ndf > 0 {
-                    o.chi2 as f32
-                } else {
-                    f32::INFINITY
-                };
-                c.ndf = o.ndf;
-            }
-        }
     }
 
     fn write_tracks(&mut self, out: &mut Vec<Track>) {

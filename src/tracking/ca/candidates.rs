@@ -504,15 +504,44 @@ fn fit_range(fitter: &KalmanFitter, buf: &mut CaBuffers, from: usize) {
         i += m;
     }
     for k in from..n {
-        let f = &buf.fits[k];
         let c = &mut buf.candidates[k];
         c.fit = k as u32;
-        c.ndf = f.ndf;
-        c.chi2 = if f.ok && f.ndf > 0 {
-            f.chi2 as f32
-        } else {
-            f32::INFINITY
-        };
+        take_fit(c, &buf.fits[k]);
+    }
+}
+
+/// A candidate's chi-square (infinite where its fit failed) and degrees of freedom from
+/// its fit.
+fn take_fit(c: &mut Candidate, f: &FitOutput) {
+    c.ndf = f.ndf;
+    c.chi2 = if f.ok && f.ndf > 0 {
+        f.chi2 as f32
+    } else {
+        f32::INFINITY
+    };
+}
+
+/// Fits the accepted candidates again with `fitter`, in place of their fits, from the
+/// hits [`fit_range`] laid out for them, in chunks of the fit's lanes (the fits of
+/// `fit_batch`): without a field, each track with its own scattering after the candidates
+/// were chosen with the momentum cut's (`FinderConfig::candidate_fit`).
+pub fn refit_accepted(fitter: &KalmanFitter, buf: &mut CaBuffers) {
+    let n = buf.accepted.len();
+    let mut out = [FitOutput::default(); LANES];
+    for c0 in (0..n).step_by(LANES) {
+        let m = (n - c0).min(LANES);
+        let empty: &[FitHit] = &[];
+        let mut slices: [&[FitHit]; LANES] = [empty; LANES];
+        for (j, s) in slices.iter_mut().take(m).enumerate() {
+            let c = &buf.candidates[buf.accepted[c0 + j] as usize];
+            *s = &buf.fit_hits[c.start as usize..c.start as usize + c.len as usize];
+        }
+        fitter.fit_lanes::<f32, LANES>(&slices[..m], &mut out[..m]);
+        for (j, o) in out.iter().take(m).enumerate() {
+            let c = &mut buf.candidates[buf.accepted[c0 + j] as usize];
+            buf.fits[c.fit as usize] = *o;
+            take_fit(c, o);
+        }
     }
 }
 

@@ -307,7 +307,7 @@ impl FinderConfig {
     /// the choice took more ghosts. The accepted tracks are fitted again with their own.
     pub fn candidate_fit(&self) -> FitConfig {
         let mut f = self.fit.clone();
-        if !f.fit_momentum && f.p_no_field_gev.is_none() {
+        if f.estimates_scattering() {
             f.p_no_field_gev = Some(f.scatter_p_min_gev);
         }
         f
