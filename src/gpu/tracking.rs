@@ -208,11 +208,12 @@ impl GpuTracker {
         })
     }
 
-    /// Host threads that write a launch's tracks when it has many (default: the host's
-    /// cores, at most 8). Several trackers on one host share its cores: give each its
+    /// Host threads that lay a launch's hits out and write its tracks when it has many
+    /// (default: the host's cores, at most 8). Several trackers on one host share its cores: give each its
     /// share.
     pub fn set_write_threads(&mut self, threads: usize) {
         self.write_threads = threads.clamp(1, 8);
+        self.ca.set_host_threads(self.write_threads);
     }
 
     pub fn limits(&self) -> TrackerLimits {
@@ -304,7 +305,7 @@ impl GpuTracker {
         // The accepted tracks packed, their clones marked, both read back.
         self.ca.read_tracks(self.clones.as_ref(), &mut self.batch)?;
         times.readback_ms = lap();
-        let b = &self.batch;
+        let b = self.ca.tracks_view(&self.batch);
         for e in 0..n {
             if let Some(step) = summary.failed[e] {
                 back[e] = Some(step.name());
@@ -322,7 +323,7 @@ impl GpuTracker {
                 }
                 // The event's `Track`s and their hit vectors are reused.
                 let mut w = 0;
-                for t in b.tracks_of(e).filter(|&t| !b.clone[t]) {
+                for t in b.tracks_of(e).filter(|&t| !b.is_clone(t)) {
                     if w == tracks.len() {
                         tracks.push(Track::default());
                     }
@@ -332,7 +333,7 @@ impl GpuTracker {
                 tracks.truncate(w);
             }
         };
-        let threads = if b.track_hits.len() >= WRITE_THREADS_FROM_TRACKS {
+        let threads = if b.n_tracks() >= WRITE_THREADS_FROM_TRACKS {
             self.write_threads
         } else {
             1

@@ -487,17 +487,72 @@ struct TracksHost {
 const CLONE_FIT_WORDS: usize = super::tracking_clones::FIT_WORDS;
 
 /// The accepted tracks of every event of a batch, packed ([`GpuCaEngine::read_tracks`]):
-/// event `e`'s tracks are `first_track[e]..first_track[e + 1]`; track `t`'s hits (the
-/// event's input indices, upstream first) are `hits[track_hits[t].0..][..track_hits[t].1]`
-/// and its fit `fit(t)`. A failed event has none.
+/// event `e`'s tracks are `first_track[e]..first_track[e + 1]`. The tracks themselves stay
+/// in the engine's pinned buffers they were read back to (no second copy on the host):
+/// [`GpuCaEngine::tracks_view`] reads them. A failed event has none.
 #[derive(Debug, Clone, Default)]
 pub struct BatchTracks {
     pub first_track: Vec<u32>,
-    pub track_hits: Vec<[u32; 2]>,
-    pub fits: Vec<u32>,
-    pub hits: Vec<u32>,
-    /// Per track: marked a clone by the clone step (all false without one).
-    pub clone: Vec<bool>,
+    /// Tracks and hits of the batch.
+    pub n_tracks: usize,
+    pub n_hits: usize,
+    /// Whether the clone step marked the tracks.
+    pub clones_marked: bool,
+}
+
+/// The accepted tracks of a batch where they were read back to ([`GpuCaEngine::tracks_view`]):
+/// track `t`'s hits (the event's input indices, upstream first) are
+/// `hits[track_hits[t].0..][..track_hits[t].1]`, its fit `fit(t)`, its clone mark
+/// `is_clone(t)`.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchView<'a> {
+    pub first_track: &'a [u32],
+    pub track_hits: &'a [[u32; 2]],
+    pub fits: &'a [u32],
+    pub hits: &'a [u32],
+    /// Per track: non-zero where the clone step marked it (empty without one).
+    pub marks: &'a [u32],
+}
+
+/// Hits of a batch from which they are laid out for the copy up on several host threads.
+const PACK_THREADS_FROM_HITS: usize = 1 << 18;
+
+/// Lays the hits of `events` out one after the other in `xs`, `ys`, `ps` (as long as the
+/// hits together), the events dealt in chunks to `threads` host threads.
+fn pack_hits(
+    events: &[&[HitRecord]],
+    xs: &mut [f32],
+    ys: &mut [f32],
+    ps: &mut [u32],
+    threads: usize,
+) {
+    let pack = |evs: &[&[HitRecord]], xs: &mut [f32], ys: &mut [f32], ps: &mut [u32]| {
+        let mut k = 0;
+        for ev in evs {
+            for h in ev.iter() {
+                xs[k] = h.x_mm;
+                ys[k] = h.y_mm;
+                ps[k] = h.plane as u32;
+                k += 1;
+            }
+        }
+    };
+    if threads <= 1 || events.len() < 2 {
+        pack(events, xs, ys, ps);
+        return;
+    }
+    let chunk = events.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let (mut xr, mut yr, mut pr) = (xs, ys, ps);
+        for evs in events.chunks(chunk) {
+            let len: usize = evs.iter().map(|e| e.len()).sum();
+            let (xa, xb) = std::mem::take(&mut xr).split_at_mut(len);
+            let (ya, yb) = std::mem::take(&mut yr).split_at_mut(len);
+            let (pa, pb) = std::mem::take(&mut pr).split_at_mut(len);
+            (xr, yr, pr) = (xb, yb, pb);
+            s.spawn(move || pack(evs, xa, ya, pa));
+        }
+    });
 }
 
 /// A device fit record (`FIT_WORDS` words: state, covariance, z, chi-square in float32
@@ -514,16 +569,26 @@ fn fit_of_words(w: &[u32]) -> FitOutput {
     }
 }
 
-impl BatchTracks {
+impl BatchView<'_> {
     /// Tracks of event `e`.
     pub fn tracks_of(&self, e: usize) -> std::ops::Range<usize> {
         self.first_track[e] as usize..self.first_track[e + 1] as usize
+    }
+
+    /// Tracks of the batch.
+    pub fn n_tracks(&self) -> usize {
+        self.track_hits.len()
     }
 
     /// The hits of track `t`.
     pub fn hits_of(&self, t: usize) -> &[u32] {
         let [at, len] = self.track_hits[t];
         &self.hits[at as usize..at as usize + len as usize]
+    }
+
+    /// Whether the clone step marked track `t`.
+    pub fn is_clone(&self, t: usize) -> bool {
+        self.marks.get(t).is_some_and(|&m| m != 0)
     }
 
     /// Writes track `t`'s hits and fit into `track` (as the CPU's
@@ -1026,6 +1091,8 @@ impl Arenas {
 
 /// The CA steps on one GPU. See the module documentation.
 pub struct GpuCaEngine {
+    /// Host threads that lay a large batch's hits out for the copy up.
+    host_threads: usize,
     ctx: Arc<CudaContext>,
     device: GpuDevice,
     _module: LoadedModule,
@@ -1240,6 +1307,9 @@ impl GpuCaEngine {
             host_plane: PinnedBuffer::new(&ctx, limits.max_hits)?,
             host_start: PinnedBuffer::new(&ctx, limits.max_events + 1)?,
             summary_host: PinnedBuffer::new(&ctx, 7 * limits.max_events + 8)?,
+            host_threads: std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .clamp(1, 8),
             tracks_host: TracksHost {
                 counts: PinnedBuffer::new(&ctx, 4 * limits.max_events)?,
                 tracks: PinnedBuffer::new(&ctx, limits.max_candidates)?,
@@ -1384,14 +1454,21 @@ impl GpuCaEngine {
             let mut k = 0;
             for (e, ev) in events.iter().enumerate() {
                 st[e] = k as u32;
-                for h in ev.iter() {
-                    xs[k] = h.x_mm;
-                    ys[k] = h.y_mm;
-                    ps[k] = h.plane as u32;
-                    k += 1;
-                }
+                k += ev.len();
             }
             st[events.len()] = k as u32;
+            let threads = if n_hits >= PACK_THREADS_FROM_HITS {
+                self.host_threads
+            } else {
+                1
+            };
+            pack_hits(
+                events,
+                &mut xs[..n_hits],
+                &mut ys[..n_hits],
+                &mut ps[..n_hits],
+                threads,
+            );
         }
         self.n_events = events.len();
         let r = self
@@ -1937,11 +2014,10 @@ impl GpuCaEngine {
         clones: Option<&GpuCloneEngine>,
         out: &mut BatchTracks,
     ) -> Result<(), GpuError> {
-        out.clone.clear();
         out.first_track.clear();
-        out.track_hits.clear();
-        out.fits.clear();
-        out.hits.clear();
+        out.n_tracks = 0;
+        out.n_hits = 0;
+        out.clones_marked = false;
         out.first_track.push(0);
         if self.n_events == 0 {
             return Ok(());
@@ -2096,20 +2172,39 @@ impl GpuCaEngine {
         for k in 0..e {
             out.first_track.push(base[k] + n[k]);
         }
-        out.track_hits
-            .extend_from_slice(&h.tracks.as_slice()[..n_t]);
-        out.fits
-            .extend_from_slice(&h.fits.as_slice()[..n_t * FIT_WORDS]);
-        out.hits.extend_from_slice(&h.hits.as_slice()[..n_h]);
+        out.n_tracks = n_t;
+        out.n_hits = n_h;
         if let Some(engine) = clones {
             if n_t > 0 {
                 driver("cuStreamSynchronize", engine.stream().synchronize())?;
-                out.clone
-                    .extend(h.marks.as_slice()[..n_t].iter().map(|&m| m != 0));
+                out.clones_marked = true;
             }
         }
-        out.clone.resize(n_t, false);
         Ok(())
+    }
+
+    /// Host threads that lay a large batch's hits out for the copy up (default: the
+    /// host's cores, at most 8).
+    pub fn set_host_threads(&mut self, threads: usize) {
+        self.host_threads = threads.clamp(1, 8);
+    }
+
+    /// The tracks [`Self::read_tracks`] read back into `b`, where they lie (valid until the
+    /// engine's next read).
+    pub fn tracks_view<'a>(&'a self, b: &'a BatchTracks) -> BatchView<'a> {
+        let h = &self.tracks_host;
+        let (n_t, n_h) = (b.n_tracks, b.n_hits);
+        BatchView {
+            first_track: &b.first_track,
+            track_hits: &h.tracks.as_slice()[..n_t],
+            fits: &h.fits.as_slice()[..n_t * FIT_WORDS],
+            hits: &h.hits.as_slice()[..n_h],
+            marks: if b.clones_marked {
+                &h.marks.as_slice()[..n_t]
+            } else {
+                &[]
+            },
+        }
     }
 
     pub fn event_tracks(&self, e: usize) -> Result<Option<CaEventTracks>, GpuError> {
@@ -2335,6 +2430,48 @@ mod tests {
     use super::*;
     use crate::tracking::geometry::Detector;
     use std::path::Path;
+
+    #[test]
+    fn hits_laid_out_on_several_threads_are_those_of_one() {
+        // Events of uneven sizes, some empty, more events than threads and fewer.
+        let events: Vec<Vec<HitRecord>> = (0..37)
+            .map(|e| {
+                (0..(e * 7919) % 53)
+                    .map(|i| HitRecord {
+                        x_mm: e as f32 + i as f32 * 0.25,
+                        y_mm: -(i as f32),
+                        z_mm: 0.0,
+                        plane: (i % 9) as u16,
+                        hit_id: i as u32,
+                    })
+                    .collect()
+            })
+            .collect();
+        let refs: Vec<&[HitRecord]> = events.iter().map(|e| e.as_slice()).collect();
+        let n: usize = refs.iter().map(|e| e.len()).sum();
+        let run = |threads: usize, refs: &[&[HitRecord]]| {
+            let n: usize = refs.iter().map(|e| e.len()).sum();
+            let (mut x, mut y, mut p) = (vec![f32::NAN; n], vec![f32::NAN; n], vec![u32::MAX; n]);
+            pack_hits(refs, &mut x, &mut y, &mut p, threads);
+            (x, y, p)
+        };
+        let one = run(1, &refs);
+        let mut k = 0;
+        for ev in &events {
+            for h in ev {
+                assert_eq!(
+                    (one.0[k], one.1[k], one.2[k]),
+                    (h.x_mm, h.y_mm, h.plane as u32)
+                );
+                k += 1;
+            }
+        }
+        assert_eq!(k, n);
+        for threads in [2, 3, 8, 64] {
+            assert_eq!(run(threads, &refs), one, "{threads} threads");
+            assert_eq!(run(threads, &refs[..1]), run(1, &refs[..1]));
+        }
+    }
 
     #[test]
     fn the_engine_can_move_to_a_worker_thread() {
