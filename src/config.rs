@@ -107,14 +107,16 @@ pub struct DaemonConfig {
     /// `gpu_workers` per GPU.
     pub workers: usize,
     /// Tracking workers per GPU, each with its own tracker and stream, so one's host work
-    /// (reading tracks back, deciding) overlaps another's kernels.
+    /// (reading tracks back, deciding) overlaps another's kernels and their kernels fill
+    /// the SMs together (a launch's candidate step runs one block per event). Default 4,
+    /// or as many as the GPU's memory holds.
     pub gpu_workers: usize,
     /// Load shedding at the socket inputs: `none` or `deadline`.
     pub admission: Admission,
 }
 
 /// Tracking workers per GPU by default.
-pub const GPU_WORKERS_DEFAULT: usize = 2;
+pub const GPU_WORKERS_DEFAULT: usize = 4;
 
 impl Default for DaemonConfig {
     fn default() -> Self {

@@ -144,12 +144,21 @@ impl Plan {
                 .collect();
             for (&n, d) in per_gpu.iter().zip(&plan.gpus) {
                 if n < cfg.daemon.gpu_workers {
-                    tracing::warn!(
-                        device = %d,
-                        "GPU {} holds the arenas of {n} tracking worker(s), not daemon.gpu_workers = {}",
-                        d.ordinal,
-                        cfg.daemon.gpu_workers
-                    );
+                    // The default asks for as many as fit; a number the user set, warned.
+                    if cfg.daemon.gpu_workers == crate::config::GPU_WORKERS_DEFAULT {
+                        tracing::info!(
+                            device = %d,
+                            "GPU {} holds the arenas of {n} tracking worker(s)",
+                            d.ordinal
+                        );
+                    } else {
+                        tracing::warn!(
+                            device = %d,
+                            "GPU {} holds the arenas of {n} tracking worker(s), not daemon.gpu_workers = {}",
+                            d.ordinal,
+                            cfg.daemon.gpu_workers
+                        );
+                    }
                 }
             }
             let most = per_gpu.iter().copied().max().unwrap_or(0);
