@@ -413,7 +413,8 @@ mod tests {
                 })
                 .collect()
         };
-        // Two H100s: two workers each, alternating.
+        // Two H100s: the default four workers each, alternating.
+        assert_eq!(cfg.daemon.gpu_workers, crate::config::GPU_WORKERS_DEFAULT);
         let plan = Plan::new(
             &cfg,
             BackendKind::Gpu,
@@ -421,9 +422,9 @@ mod tests {
             None,
             devices(&[80, 80]),
         );
-        assert_eq!(plan.workers(), 4);
-        assert_eq!(plan.tracking_gpu_of, [0, 1, 0, 1]);
-        assert_eq!(plan.batch_max(), 4096 / (2 * 4));
+        assert_eq!(plan.workers(), 8);
+        assert_eq!(plan.tracking_gpu_of, [0, 1, 0, 1, 0, 1, 0, 1]);
+        assert_eq!(plan.batch_max(), 4096 / (2 * 8));
         assert!(plan.has_fallback());
         // A small card beside a large one: one worker there.
         let plan = Plan::new(
@@ -433,7 +434,24 @@ mod tests {
             None,
             devices(&[80, 8]),
         );
-        assert_eq!(plan.tracking_gpu_of, [0, 1, 0]);
+        assert_eq!(plan.tracking_gpu_of, [0, 1, 0, 0, 0]);
+        // Two workers per GPU where the configuration says so.
+        let two = Arc::new(
+            Config::from_str_named(
+                "[daemon]\nworkload = \"tracking\"\nring_slots = 4096\ngpu_workers = 2\n[tracking]\ngeometry = \"fixtures/detector.toml\"\n",
+                "test",
+            )
+            .unwrap(),
+        );
+        let plan = Plan::new(
+            &two,
+            BackendKind::Gpu,
+            Some(TrackingSetup::new(&two, None).unwrap()),
+            None,
+            devices(&[80, 80]),
+        );
+        assert_eq!(plan.tracking_gpu_of, [0, 1, 0, 1]);
+        assert_eq!(plan.batch_max(), 4096 / (2 * 4));
         // On the CPU: daemon.workers, batch_max as configured.
         let plan = Plan::new(&cfg, BackendKind::Cpu, Some(setup()), None, Vec::new());
         assert_eq!(plan.workers(), 1);
