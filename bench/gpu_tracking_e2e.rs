@@ -10,7 +10,7 @@
 //!              round-robin over the first N GPUs, default all, one host thread each)
 //!              --per-gpu K (K trackers per GPU, each on its own stream and host
 //!              thread, so one's host work overlaps another's kernels; default as
-//!              the daemon's `gpu_workers`, 2)
+//!              the daemon's `gpu_workers`, 4)
 //!
 //! For central and minimum-bias events of each detector: the CPU finder
 //! (`Reconstructor::reconstruct`, the daemon's CPU path) on one core and on every core of
