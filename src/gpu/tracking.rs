@@ -139,8 +139,6 @@ pub struct GpuTracker {
     limits: TrackerLimits,
     /// The accepted tracks of the last launch and their clone marks.
     batch: BatchTracks,
-    /// Host threads that write a launch's tracks when it has many.
-    write_threads: usize,
     times: TrackerTimes,
 }
 
@@ -201,19 +199,15 @@ impl GpuTracker {
             passes,
             limits,
             batch: BatchTracks::default(),
-            write_threads: std::thread::available_parallelism()
-                .map_or(1, |n| n.get())
-                .clamp(1, 8),
             times: TrackerTimes::default(),
         })
     }
 
     /// Host threads that lay a launch's hits out and write its tracks when it has many
-    /// (default: the host's cores, at most 8). Several trackers on one host share its cores: give each its
-    /// share.
+    /// (default: the host's cores, at most 8). Several trackers on one host share its
+    /// cores: give each its share.
     pub fn set_write_threads(&mut self, threads: usize) {
-        self.write_threads = threads.clamp(1, 8);
-        self.ca.set_host_threads(self.write_threads);
+        self.ca.set_host_threads(threads);
     }
 
     pub fn limits(&self) -> TrackerLimits {
@@ -334,7 +328,7 @@ impl GpuTracker {
             }
         };
         let threads = if b.n_tracks() >= WRITE_THREADS_FROM_TRACKS {
-            self.write_threads
+            self.ca.host_threads()
         } else {
             1
         };

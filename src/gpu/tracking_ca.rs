@@ -1091,7 +1091,8 @@ impl Arenas {
 
 /// The CA steps on one GPU. See the module documentation.
 pub struct GpuCaEngine {
-    /// Host threads that lay a large batch's hits out for the copy up.
+    /// Host threads that lay a large batch's hits out for the copy up (and write the
+    /// tracks, [`super::tracking::GpuTracker`]).
     host_threads: usize,
     ctx: Arc<CudaContext>,
     device: GpuDevice,
@@ -2183,10 +2184,14 @@ impl GpuCaEngine {
         Ok(())
     }
 
-    /// Host threads that lay a large batch's hits out for the copy up (default: the
-    /// host's cores, at most 8).
+    /// Host threads that lay a large batch's hits out for the copy up, and that the
+    /// tracker writes a large launch's tracks on (default: the host's cores, at most 8).
     pub fn set_host_threads(&mut self, threads: usize) {
         self.host_threads = threads.clamp(1, 8);
+    }
+
+    pub fn host_threads(&self) -> usize {
+        self.host_threads
     }
 
     /// The tracks [`Self::read_tracks`] read back into `b`, where they lie (valid until the
