@@ -208,17 +208,33 @@ impl FieldMap {
         if self.nodes_tesla.len() * 3 < i32::MAX as usize
             && std::arch::is_x86_feature_detected!("avx2")
         {
-            while k + 4 <= pos_mm.len() {
-                let p = [pos_mm[k], pos_mm[k + 1], pos_mm[k + 2], pos_mm[k + 3]];
-                // SAFETY: the CPU has AVX2; the gathers' indices are those of `at`'s nodes.
-                let b = unsafe { self.at4_avx2(&p) };
-                out[k..k + 4].copy_from_slice(&b);
-                k += 4;
-            }
+            // SAFETY: the CPU has AVX2, and the node values' indices fit an `i32`.
+            k = unsafe { self.at_many_avx2(pos_mm, out) };
         }
         for (p, o) in pos_mm[k..].iter().zip(&mut out[k..]) {
             *o = self.at(*p);
         }
+    }
+
+    /// The lookups of [`FieldMap::at_many`] four at a time ([`FieldMap::at4_avx2`], inlined
+    /// here), as many as make whole groups of four; returns how many.
+    ///
+    /// # Safety
+    /// As [`FieldMap::at4_avx2`].
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn at_many_avx2(&self, pos_mm: &[[f64; 3]], out: &mut [[f64; 3]]) -> usize {
+        let n = pos_mm.len().min(out.len()) / 4 * 4;
+        for (p, o) in pos_mm[..n]
+            .chunks_exact(4)
+            .zip(out[..n].chunks_exact_mut(4))
+        {
+            let p = [p[0], p[1], p[2], p[3]];
+            // SAFETY: as this function's.
+            let b = unsafe { self.at4_avx2(&p) };
+            o.copy_from_slice(&b);
+        }
+        n
     }
 
     /// Four lookups of [`FieldMap::at`], one per lane of `f64` vectors.
@@ -227,6 +243,7 @@ impl FieldMap {
     /// The CPU must have AVX2, and `3 * nodes_tesla.len()` must fit an `i32`.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
+    #[inline]
     unsafe fn at4_avx2(&self, p: &[[f64; 3]; 4]) -> [[f64; 3]; 4] {
         use std::arch::x86_64::*;
         let zero = _mm256_setzero_pd();

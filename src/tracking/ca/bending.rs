@@ -186,20 +186,29 @@ pub struct PairTents {
     t0: [f32; 2],
     inv_step: [f32; 2],
     /// Node `(ix, iy)` at `ix * NODES + iy`.
-    b: Vec<[f32; PAIR_FIELDS]>,
+    b: Vec<PairRow>,
 }
+
+/// A node's [`PAIR_FIELDS`] values, padded with zeros to two vectors of eight, aligned.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(32))]
+struct PairRow([f32; PAIR_ROW]);
+
+/// Length of a [`PairRow`].
+pub const PAIR_ROW: usize = 16;
+const _: () = assert!(PAIR_FIELDS <= PAIR_ROW);
 
 impl PairTents {
     /// The tables of a plane pair, all over the same slopes (`None` for no table: zero).
     fn new(pointing: Option<&TentTable>, triples: [Option<&TentTable>; MAX_REACH]) -> Option<Self> {
         let any = pointing.or(triples.iter().flatten().next().copied())?;
-        let mut b = vec![[0.0f32; PAIR_FIELDS]; NODES * NODES];
+        let mut b = vec![PairRow([0.0f32; PAIR_ROW]); NODES * NODES];
         let tables = std::iter::once(pointing).chain(triples);
         for (k, t) in tables.enumerate() {
             let Some(t) = t else { continue };
             assert!(t.t0 == any.t0 && t.inv_step == any.inv_step);
             for (row, node) in b.iter_mut().zip(&t.b) {
-                row[3 * k..3 * k + 3].copy_from_slice(node);
+                row.0[3 * k..3 * k + 3].copy_from_slice(node);
             }
         }
         Some(PairTents {
@@ -209,10 +218,10 @@ impl PairTents {
         })
     }
 
-    /// Every mean field along the line of slopes `(tx, ty)` from the origin: the cell and
-    /// weights of [`TentTable::at`], found once.
+    /// The cell of [`TentTable::at`] for slopes `(tx, ty)`: the index of its lower node
+    /// and the weights along the two axes.
     #[inline(always)]
-    pub fn at(&self, tx: f32, ty: f32) -> [f32; PAIR_FIELDS] {
+    fn cell(&self, tx: f32, ty: f32) -> (usize, f32, f32) {
         let top = (NODES - 1) as f32 - 1e-3;
         let u = ((tx - self.t0[0]) * self.inv_step[0]).max(0.0).min(top);
         let v = ((ty - self.t0[1]) * self.inv_step[1]).max(0.0).min(top);
@@ -221,9 +230,16 @@ impl PairTents {
         let (iu, iv) = (u as u32 as usize, v as u32 as usize);
         let (fu, fv) = (u - iu as f32, v - iv as f32);
         // `iu`, `iv` are at most `NODES - 2`: the four nodes are the table's.
-        let k = iu * NODES + iv;
-        let (b00, b01) = (&self.b[k], &self.b[k + 1]);
-        let (b10, b11) = (&self.b[k + NODES], &self.b[k + NODES + 1]);
+        (iu * NODES + iv, fu, fv)
+    }
+
+    /// Every mean field along the line of slopes `(tx, ty)` from the origin: the cell and
+    /// weights of [`TentTable::at`], found once.
+    #[inline(always)]
+    pub fn at(&self, tx: f32, ty: f32) -> [f32; PAIR_FIELDS] {
+        let (k, fu, fv) = self.cell(tx, ty);
+        let (b00, b01) = (&self.b[k].0, &self.b[k + 1].0);
+        let (b10, b11) = (&self.b[k + NODES].0, &self.b[k + NODES + 1].0);
         let mut out = [0.0f32; PAIR_FIELDS];
         for c in 0..PAIR_FIELDS {
             let lo = b00[c] + fv * (b01[c] - b00[c]);
@@ -231,6 +247,42 @@ impl PairTents {
             out[c] = lo + fu * (hi - lo);
         }
         out
+    }
+
+    /// [`PairTents::at`] in two vectors of eight (the same operations in the same order,
+    /// so the same values, bit for bit); the values past [`PAIR_FIELDS`] are zero.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub unsafe fn at_avx2(&self, tx: f32, ty: f32) -> [f32; PAIR_ROW] {
+        use std::arch::x86_64::*;
+        let (k, fu, fv) = self.cell(tx, ty);
+        // The cell's lower node is at most `(NODES - 2) * (NODES + 1)`: its three
+        // neighbours are inside the table (checked, once, for the highest of them).
+        let rows = &self.b[k..k + NODES + 2];
+        let (fu, fv) = (_mm256_set1_ps(fu), _mm256_set1_ps(fv));
+        let mut out = PairRow([0.0; PAIR_ROW]);
+        for half in 0..2 {
+            let o = 8 * half;
+            // SAFETY: rows are 32-byte aligned arrays of 16 floats; `o + 8 <= 16`.
+            let (b00, b01, b10, b11) = unsafe {
+                (
+                    _mm256_load_ps(rows[0].0.as_ptr().add(o)),
+                    _mm256_load_ps(rows[1].0.as_ptr().add(o)),
+                    _mm256_load_ps(rows[NODES].0.as_ptr().add(o)),
+                    _mm256_load_ps(rows[NODES + 1].0.as_ptr().add(o)),
+                )
+            };
+            let lo = _mm256_add_ps(b00, _mm256_mul_ps(fv, _mm256_sub_ps(b01, b00)));
+            let hi = _mm256_add_ps(b10, _mm256_mul_ps(fv, _mm256_sub_ps(b11, b10)));
+            let v = _mm256_add_ps(lo, _mm256_mul_ps(fu, _mm256_sub_ps(hi, lo)));
+            // SAFETY: as above.
+            unsafe { _mm256_store_ps(out.0.as_mut_ptr().add(o), v) };
+        }
+        out.0
     }
 }
 
@@ -415,9 +467,27 @@ mod tests {
                     (0.11, -0.07),
                     (-0.29, 0.24),
                     (5.0, -5.0),
+                    (-5.0, 5.0),
+                    (0.3, 0.25),
+                    (-0.3, -0.25),
                     (f32::NAN, 0.1),
+                    (0.1, f32::NAN),
                 ] {
                     let v = p.at(tx, ty);
+                    #[cfg(target_arch = "x86_64")]
+                    if std::arch::is_x86_feature_detected!("avx2") {
+                        // SAFETY: the CPU has AVX2.
+                        let w = unsafe { p.at_avx2(tx, ty) };
+                        assert_eq!(
+                            w[..PAIR_FIELDS]
+                                .iter()
+                                .map(|x| x.to_bits())
+                                .collect::<Vec<_>>(),
+                            v.map(f32::to_bits),
+                            "({tx}, {ty})"
+                        );
+                        assert!(w[PAIR_FIELDS..].iter().all(|&x| x == 0.0));
+                    }
                     let d = b.pointing(i, j).map_or([0.0; 3], |t| t.at(tx, ty));
                     assert_eq!(
                         v[..3].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),

@@ -28,6 +28,7 @@
 // loops index several arrays by lane.
 #![allow(clippy::neg_cmp_op_on_partial_ord, clippy::needless_range_loop)]
 
+use super::bending::{PAIR_FIELDS, PAIR_ROW};
 use super::cuts::FinderConfig;
 use super::doublets::{scan_cells, slopes, PlaneWindows};
 use super::neighbours::compatible;
@@ -306,7 +307,7 @@ pub(crate) fn cuts(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize) -> Cu
 /// `(xb, yb)`: the pointing tent `(origin, pa, pb)` and the triplet tents
 /// `(pa, pb, pb + 1 + s)` for `s < reach` (zero where there is none), tesla.
 #[inline(always)]
-fn tent_fields(
+fn tent_fields<const AVX2: bool>(
     geo: &FinderGeometry,
     cuts: &Cuts,
     (pa, pb): (usize, usize),
@@ -321,7 +322,18 @@ fn tent_fields(
         return ([0.0; 3], [[0.0; 3]; MAX_REACH]);
     };
     let inv = bend.inv_lever[pb];
-    let v = tents.at(xb * inv, yb * inv);
+    let (tx, ty) = (xb * inv, yb * inv);
+    #[cfg(target_arch = "x86_64")]
+    let v = if AVX2 {
+        // SAFETY: this instance only runs where the CPU has AVX2.
+        unsafe { tents.at_avx2(tx, ty) }
+    } else {
+        let mut v = [0.0; PAIR_ROW];
+        v[..PAIR_FIELDS].copy_from_slice(&tents.at(tx, ty));
+        v
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let v = tents.at(tx, ty);
     let bd = [v[0], v[1], v[2]];
     // The triples past the reach stay zero.
     let bg = std::array::from_fn(|s| {
@@ -439,7 +451,7 @@ impl Rights {
     /// [`Rights::fields`] of the doublet planes `planes` at every middle hit that has
     /// right doublets.
     #[inline(always)]
-    fn fill_fields(
+    fn fill_fields<const AVX2: bool>(
         &mut self,
         geo: &FinderGeometry,
         cuts: &Cuts,
@@ -451,7 +463,7 @@ impl Rights {
         for (k, w) in self.start.windows(2).enumerate() {
             if w[1] > w[0] {
                 let h = self.first + k;
-                let (bd, bg) = tent_fields(geo, cuts, planes, sh.x_mm[h], sh.y_mm[h]);
+                let (bd, bg) = tent_fields::<AVX2>(geo, cuts, planes, sh.x_mm[h], sh.y_mm[h]);
                 self.fields[k] = [bd[0], bd[1], bd[2], bg[0][0], bg[0][1], bg[0][2]];
             }
         }
@@ -473,7 +485,7 @@ impl Rights {
     /// widths of [`BackWindow::local_widths`]), and its cells there (an empty box keeps
     /// `x0 > x1` or `y0 > y1`).
     #[inline(always)]
-    fn back_boxes(
+    fn back_boxes<const AVX2: bool>(
         &mut self,
         geo: &FinderGeometry,
         cuts: &Cuts,
@@ -485,7 +497,7 @@ impl Rights {
         // The middle hit of each right doublet, and the fields there.
         self.xb.clear();
         self.yb.clear();
-        self.fill_fields(geo, cuts, back.planes, sh);
+        self.fill_fields::<AVX2>(geo, cuts, back.planes, sh);
         for (k, w) in self.start.windows(2).enumerate() {
             let m = (w[1] - w[0]) as usize;
             let h = self.first + k;
@@ -721,7 +733,7 @@ fn left_doublets_outgoing<const AVX2: bool, const R: usize>(
             // The fields at the middle hits, where they were looked up once per hit.
             let planes = lefts.planes();
             let fields = rights.filter(|r| R == 1 && planes.is_some() && r.fields_planes == planes);
-            chunk_windows::<R>(geo, cuts, buf, lane_ids, lefts.planes(), fields, p0, w);
+            chunk_windows::<AVX2, R>(geo, cuts, buf, lane_ids, lefts.planes(), fields, p0, w);
         }
         for (i, &d1) in ids.iter().enumerate() {
             let (lo, hi) = (w.lo[i], w.hi[i]);
@@ -1244,7 +1256,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
             // A middle hit there has many left doublets: its fields once for all (in a
             // uniform field the lookup is the field itself).
             if cuts.uniform.is_none() {
-                rights.fill_fields(geo, &cuts, (i, j), &buf.hits);
+                rights.fill_fields::<AVX2>(geo, &cuts, (i, j), &buf.hits);
             }
         } else if let (Some(back), Some((_, inv_dz))) =
             (BackWindow::new(geo, &cuts, i), pw.target(0))
@@ -1260,7 +1272,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                     v.extend_from_slice(&b[..n]);
                 }
             }
-            rights.back_boxes(geo, &cuts, &back, i, &buf.hits);
+            rights.back_boxes::<AVX2>(geo, &cuts, &back, i, &buf.hits);
             let CaBuffers {
                 hits: sh,
                 doublets,
@@ -1411,7 +1423,7 @@ fn pair_constants(p: &super::PairLanes, reach: u8, pf: &mut [[f32; LANES]; PF_N]
 /// ([`Rights::fill_fields`] of those planes, reach 1) where given.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn chunk_windows<const R: usize>(
+fn chunk_windows<const AVX2: bool, const R: usize>(
     geo: &FinderGeometry,
     cuts: &Cuts,
     buf: &CaBuffers,
@@ -1464,7 +1476,7 @@ fn chunk_windows<const R: usize>(
             g[0] = [f[3], f[4], f[5]];
             ([f[0], f[1], f[2]], g)
         } else if looked_up || buf.dbl_start[b] < buf.dbl_start[b + 1] {
-            tent_fields(geo, cuts, (pa, pb), xb, yb)
+            tent_fields::<AVX2>(geo, cuts, (pa, pb), xb, yb)
         } else {
             ([0.0; 3], [[0.0; 3]; MAX_REACH])
         };
