@@ -544,75 +544,107 @@ __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, 
     __syncthreads();
 }
 
-// choose in candidates.rs over the staged chunk (in thread 0); false where the event
-// fails.
+// One candidate of the choice that is not simply accepted (in one thread): one that lost a
+// hit to a better track of the chunk (refitted without the taken hits), or one whose fit
+// failed the cut (a second chance without its last, then its first hit). False where the
+// event fails.
+__device__ bool choose_slow(const CandEvent& ev, const CandArenas& a, const KalmanTables& T,
+                            CandState& s, uint4 c, const u32* hits, bool is_free, u32* bits) {
+    if (!is_free) {
+        u32 n_free = 0;
+        for (u32 r = 0; r < c.y; r++) n_free += ev.used[hits[r]] ? 0u : 1u;
+        // Taken hits left out (a better track of this chunk took them), refitted.
+        if (n_free < s.min_hits || s.n_cand == s.max_cand || s.n_hits + c.y > s.hits_cap) {
+            return true;
+        }
+        u32 base = s.n_cand;
+        if (!push_copy(ev, a, s, c.x, c.y, true, n_free)) return false;
+        fit_candidate(ev, a, T, base);
+        uint4 cb = a.cand[base];
+        if (good_candidate(cb, s.min_hits, s.max_chi2_ndf) &&
+            !accept_candidate(ev, a, s, base, a.chits + cb.x, cb.y, bits)) {
+            return false;
+        }
+        return true;
+    }
+    if (c.y <= s.min_hits) return true;
+    // Second chance: without the last hit, then without the first.
+    u32 base = s.n_cand;
+    for (int v = 0; v < 2; v++) {
+        if (s.n_cand == s.max_cand || s.n_hits + c.y > s.hits_cap) return false;
+        u32 skip_first = v == 0 ? 0 : 1;
+        if (!push_copy(ev, a, s, c.x + skip_first, c.y - 1, false, c.y - 1)) return false;
+    }
+    for (u32 q = base; q < s.n_cand; q++) fit_candidate(ev, a, T, q);
+    int best = -1;
+    float best_q = 0.0f;
+    for (u32 q = base; q < s.n_cand; q++) {
+        uint4 cq = a.cand[q];
+        if (!good_candidate(cq, s.min_hits, s.max_chi2_ndf)) continue;
+        float qq = __uint_as_float(cq.z) / (float)cq.w;
+        if (best < 0 || qq < best_q) {
+            best = (int)q;
+            best_q = qq;
+        }
+    }
+    if (best >= 0) {
+        uint4 cb = a.cand[best];
+        if (!accept_candidate(ev, a, s, (u32)best, a.chits + cb.x, cb.y, bits)) return false;
+    }
+    return true;
+}
+
+// choose in candidates.rs over the staged chunk, by the block's first warp (all its 32
+// lanes, each with the same copy of the counters `s`): a candidate's hits are checked and
+// taken by the lanes together, one candidate after the other in the choice's order (a
+// __syncwarp between two orders the used flags and the filter); a candidate that is not
+// simply accepted goes to lane 0 (choose_slow), which hands the counters back through
+// `shared_s`. False (in every lane) where the event fails.
 __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, const KalmanTables& T,
-                                  CandState& s, u32 from, u32 m, ChunkStage& st) {
+                                  CandState& s, u32 from, u32 m, ChunkStage& st,
+                                  CandState* shared_s) {
+    const u32 lane = threadIdx.x & 31u;
     for (u32 i = 0; i < m; i++) {
         u32 k = st.order[i];
         u32 j = k - from;
         uint4 c = st.cand[j];
         const u32* hits = st.hits + j * MAX_CHAIN;
-        // Free: all its hits free at the chunk's start and none taken since (the filter
-        // first, eight hits at a time; the used flags only where a bit is set).
+        // Free: all its hits free at the chunk's start and none taken since (the used
+        // flags read only where the filter's bit is set).
         bool is_free = st.free0[j] == c.y;
-        bool maybe = false;
-        for (u32 r0 = 0; is_free && r0 < c.y; r0 += 8) {
-            u32 w[8];
-#pragma unroll
-            for (int q = 0; q < 8; q++) w[q] = r0 + q < c.y ? hits[r0 + q] : hits[0];
-#pragma unroll
-            for (int q = 0; q < 8; q++) maybe |= maybe_used_in_chunk(st.bits, w[q]);
-        }
-        for (u32 r = 0; maybe && is_free && r < c.y; r++) {
-            u32 h = hits[r];
-            if (maybe_used_in_chunk(st.bits, h) && ev.used[h]) is_free = false;
-        }
-        if (!is_free) {
-            u32 n_free = 0;
-            for (u32 r = 0; r < c.y; r++) n_free += ev.used[hits[r]] ? 0u : 1u;
-            // Taken hits left out (a better track of this chunk took them), refitted.
-            if (n_free < s.min_hits || s.n_cand == s.max_cand || s.n_hits + c.y > s.hits_cap) {
-                continue;
+        if (is_free) {
+            bool taken = false;
+            for (u32 r = lane; r < c.y; r += 32) {
+                u32 h = hits[r];
+                if (maybe_used_in_chunk(st.bits, h) && ev.used[h]) taken = true;
             }
-            u32 base = s.n_cand;
-            if (!push_copy(ev, a, s, c.x, c.y, true, n_free)) return false;
-            fit_candidate(ev, a, T, base);
-            uint4 cb = a.cand[base];
-            if (good_candidate(cb, s.min_hits, s.max_chi2_ndf) &&
-                !accept_candidate(ev, a, s, base, a.chits + cb.x, cb.y, st.bits)) {
-                return false;
+            is_free = !__any_sync(0xffffffffu, taken);
+        }
+        if (is_free && good_candidate(c, s.min_hits, s.max_chi2_ndf)) {
+            // accept_candidate, its hits taken by the lanes together.
+            if (s.n_acc == s.max_tracks) return false;
+            for (u32 r = lane; r < c.y; r += 32) {
+                u32 h = hits[r];
+                ev.used[h] = 1u;
+                u32 b = h & 0xffffu;
+                atomicOr(&st.bits[b >> 5], 1u << (b & 31));
             }
+            if (lane == 0) a.acc[s.n_acc] = k;
+            s.n_acc++;
+            __syncwarp();
             continue;
         }
-        if (good_candidate(c, s.min_hits, s.max_chi2_ndf)) {
-            if (!accept_candidate(ev, a, s, k, hits, c.y, st.bits)) return false;
-            continue;
+        int ok = 1;
+        if (lane == 0) {
+            ok = choose_slow(ev, a, T, s, c, hits, is_free, st.bits) ? 1 : 0;
+            *shared_s = s;
         }
-        if (c.y <= s.min_hits) continue;
-        // Second chance: without the last hit, then without the first.
-        u32 base = s.n_cand;
-        for (int v = 0; v < 2; v++) {
-            if (s.n_cand == s.max_cand || s.n_hits + c.y > s.hits_cap) return false;
-            u32 skip_first = v == 0 ? 0 : 1;
-            if (!push_copy(ev, a, s, c.x + skip_first, c.y - 1, false, c.y - 1)) return false;
-        }
-        for (u32 q = base; q < s.n_cand; q++) fit_candidate(ev, a, T, q);
-        int best = -1;
-        float best_q = 0.0f;
-        for (u32 q = base; q < s.n_cand; q++) {
-            uint4 cq = a.cand[q];
-            if (!good_candidate(cq, s.min_hits, s.max_chi2_ndf)) continue;
-            float qq = __uint_as_float(cq.z) / (float)cq.w;
-            if (best < 0 || qq < best_q) {
-                best = (int)q;
-                best_q = qq;
-            }
-        }
-        if (best >= 0) {
-            uint4 cb = a.cand[best];
-            if (!accept_candidate(ev, a, s, (u32)best, a.chits + cb.x, cb.y, st.bits)) return false;
-        }
+        __syncwarp();
+        s = *shared_s;
+        ok = __shfl_sync(0xffffffffu, ok, 0);
+        // Every lane has read the counters before lane 0 writes them again.
+        __syncwarp();
+        if (!ok) return false;
     }
     return true;
 }
@@ -641,7 +673,7 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
               const int* __restrict__ pi, const float* __restrict__ nodes) {
     const int e = blockIdx.y;
     const u32 tid = threadIdx.x;
-    __shared__ CandState s;
+    __shared__ CandState s, s_choose;
     __shared__ u32 s_len[CAND_THREADS], s_flen[CAND_THREADS];
     __shared__ u32 s_off[CAND_THREADS], s_foff[CAND_THREADS];
     __shared__ u32 s_consumed, s_pending_from;
@@ -789,12 +821,17 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
             __syncthreads();
             u32 m = s.n_cand - s_pending_from;
             stage_chunk(ev, a, s_pending_from, m, st);
-            if (tid == 0) {
-                // The counters in registers while one thread works through the chunk.
+            if (tid < 32) {
+                // The counters in registers while the first warp works through the chunk.
                 CandState ls = s;
-                if (!choose_candidates(ev, a, T, ls, s_pending_from, m, st)) ls.failed = true;
-                s = ls;
-                s_pending_from = ls.n_cand;
+                __syncwarp();
+                if (!choose_candidates(ev, a, T, ls, s_pending_from, m, st, &s_choose)) {
+                    ls.failed = true;
+                }
+                if (tid == 0) {
+                    s = ls;
+                    s_pending_from = ls.n_cand;
+                }
             }
             __syncthreads();
             if (s.failed) break;
