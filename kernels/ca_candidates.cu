@@ -22,7 +22,8 @@
 // with the CPU's limits, until the chunk holds CHUNK candidates (the rest of the window
 // is filtered again after the choice); the chunk's fits run one candidate per thread; the
 // chunk is staged in shared memory and ranked by the block; the greedy choice runs in
-// thread 0, with its refits. Candidates, their hits (the event's input indices, upstream
+// the block's first warp (a candidate's hits checked and taken by its lanes together),
+// its refits and second chances in lane 0. Candidates, their hits (the event's input indices, upstream
 // first), their fits and the accepted list persist per event across passes (`append`);
 // the used flags are per input hit of the event.
 //
@@ -437,7 +438,7 @@ __device__ __forceinline__ bool good_candidate(uint4 c, u32 min_hits, double max
            (double)(__uint_as_float(c.z) / (float)c.w) <= max_chi2_ndf;
 }
 
-// The per-event counters and limits thread 0 works with.
+// The per-event counters and limits the choice works with.
 struct CandState {
     u32 n_cand, n_hits, n_acc;
     // The CPU's limits (candidates, candidate-hit capacity, tracks) and this event's

@@ -86,7 +86,8 @@
 //! after the choice), the chunk is fitted one candidate per thread with the fit of
 //! `kalman_fit.cu` (a device function, with the fitter's own tables,
 //! [`super::tracking_fit::FitTables`]), staged in shared memory and ranked by the block,
-//! and one thread makes the choice with its refits. The second round
+//! and the block's first warp makes the choice (each candidate's hits checked and taken
+//! by its lanes together; refits and second chances in one lane). The second round
 //! ([`FinderConfig::divert_chains`]) runs the same two kernels again: the walks read the
 //! used flags as the first round left them (a chain that left no taken hit is not walked
 //! again, `NO_CHAIN`), and the choice appends.
