@@ -459,6 +459,13 @@ __device__ __forceinline__ bool maybe_used_in_chunk(const u32* bits, u32 h) {
     return (bits[b >> 5] >> (b & 31)) & 1u;
 }
 
+// Marks hit h used, in the used flags and in the chunk's filter.
+__device__ __forceinline__ void take_hit(const CandEvent& ev, u32* bits, u32 h) {
+    ev.used[h] = 1u;
+    u32 b = h & 0xffffu;
+    atomicOr(&bits[b >> 5], 1u << (b & 31));
+}
+
 // accept in candidates.rs: candidate k of `len` hits `hits` (shared or global); false (the
 // event fails) where the CPU would count a track overflow.
 __device__ bool accept_candidate(const CandEvent& ev, const CandArenas& a, CandState& s, u32 k,
@@ -471,12 +478,7 @@ __device__ bool accept_candidate(const CandEvent& ev, const CandArenas& a, CandS
         for (int q = 0; q < 8; q++) w[q] = i0 + q < len ? hits[i0 + q] : 0u;
 #pragma unroll
         for (int q = 0; q < 8; q++) {
-            if (i0 + q < len) {
-                u32 h = w[q];
-                ev.used[h] = 1u;
-                u32 b = h & 0xffffu;
-                atomicOr(&bits[b >> 5], 1u << (b & 31));
-            }
+            if (i0 + q < len) take_hit(ev, bits, w[q]);
         }
     }
     a.acc[s.n_acc++] = k;
@@ -624,12 +626,7 @@ __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, cons
         if (is_free && good_candidate(c, s.min_hits, s.max_chi2_ndf)) {
             // accept_candidate, its hits taken by the lanes together.
             if (s.n_acc == s.max_tracks) return false;
-            for (u32 r = lane; r < c.y; r += 32) {
-                u32 h = hits[r];
-                ev.used[h] = 1u;
-                u32 b = h & 0xffffu;
-                atomicOr(&st.bits[b >> 5], 1u << (b & 31));
-            }
+            for (u32 r = lane; r < c.y; r += 32) take_hit(ev, st.bits, hits[r]);
             if (lane == 0) a.acc[s.n_acc] = k;
             s.n_acc++;
             __syncwarp();

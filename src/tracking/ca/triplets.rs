@@ -28,7 +28,6 @@
 // loops index several arrays by lane.
 #![allow(clippy::neg_cmp_op_on_partial_ord, clippy::needless_range_loop)]
 
-use super::bending::{PAIR_FIELDS, PAIR_ROW};
 use super::cuts::FinderConfig;
 use super::doublets::{scan_cells, slopes, PlaneWindows};
 use super::neighbours::compatible;
@@ -328,9 +327,7 @@ fn tent_fields<const AVX2: bool>(
         // SAFETY: this instance only runs where the CPU has AVX2.
         unsafe { tents.at_avx2(tx, ty) }
     } else {
-        let mut v = [0.0; PAIR_ROW];
-        v[..PAIR_FIELDS].copy_from_slice(&tents.at(tx, ty));
-        v
+        tents.at(tx, ty)
     };
     #[cfg(not(target_arch = "x86_64"))]
     let v = tents.at(tx, ty);
