@@ -28,6 +28,14 @@ MNE's `apply_inverse_raw` on the same block (the export is MNE's operator).
 Threads: EEG_BENCH_THREADS (default: all cores) sets OMP/OPENBLAS/MKL_NUM_THREADS for
 NumPy's BLAS and `--threads` for trigd.
 
+BLAS: the table's header names the BLAS NumPy runs and the kernel it chose
+(threadpoolctl). On machines where OPENBLAS_CORETYPE is set to an older core (some
+environments pin `Haswell`, AVX2, for old OpenBLAS builds), NumPy's OpenBLAS runs at about
+half its speed on an AVX-512 CPU and MNE's side is understated; the script warns, and a
+fair comparison unsets it for the bench alone:
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python3 bench/eeg_vs_mne.py
+
 Run from the crate root:  python3 bench/eeg_vs_mne.py [--quick] [--rounds N]
                           [--sizes 64:7.0,128:4.7] [--keep DIR]
 """
@@ -87,6 +95,18 @@ def timeit(fn, budget_s, min_calls=3):
     return float(np.median(lat)), len(lat)
 
 
+def blas_description():
+    """The BLAS NumPy calls, its kernel and threads, as threadpoolctl reports them."""
+    try:
+        import threadpoolctl
+    except ImportError:
+        return "BLAS unknown (threadpoolctl not installed)"
+    libs = [i for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"]
+    return "; ".join(
+        f"{i.get('internal_api')} {i.get('version')} kernel {i.get('architecture')} "
+        f"threads {i.get('num_threads')}" for i in libs) or "no BLAS found"
+
+
 def run_trigd(kpath, npath, quick, extra=()):
     cmd = ["cargo", "bench", "--bench", "eeg_cpu", "--", "--kernel", kpath, "--scale", npath,
            "--threads", THREADS, "--blocks", ",".join(map(str, BLOCKS)), "--batch", "1",
@@ -111,6 +131,10 @@ def main():
                     help="channels:grid step mm, comma-separated")
     ap.add_argument("--keep", help="write the exported operators here")
     args = ap.parse_args()
+    if os.environ.get("OPENBLAS_CORETYPE"):
+        print(f"# WARNING: OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']} pins NumPy's "
+              "OpenBLAS kernel; unset it for a fair comparison (see the docstring)",
+              file=sys.stderr, flush=True)
     mne.set_log_level("ERROR")
     rng = np.random.default_rng(0)
     budget = 0.5 if args.quick else 1.5
@@ -166,7 +190,8 @@ def main():
 
     print(f"mne {mne.__version__}, numpy {np.__version__}, threads {THREADS} for both "
           f"(OMP/OPENBLAS/MKL_NUM_THREADS={THREADS}, trigd --threads {THREADS}), "
-          f"{METHOD}, lambda2 = 1/9, {args.rounds} rounds")
+          f"{METHOD}, lambda2 = 1/9, {args.rounds} rounds; NumPy's BLAS: "
+          f"{blas_description()}")
     print("| impl | dtype | channels | sources | block | median over rounds, us | samples/s |")
     print("|---|---|---|---|---|---|---|")
     for side in ("mne_apply_inverse_raw", "numpy_kernel", "trigd", "trigd_stats_only"):
