@@ -21,9 +21,12 @@
 // flags only change in the choice); thread 0 then places the chains in the CPU's order
 // with the CPU's limits, until the chunk holds CHUNK candidates (the rest of the window
 // is filtered again after the choice); the chunk's fits run one candidate per thread; the
-// chunk is staged in shared memory and ranked by the block; the greedy choice runs in
-// the block's first warp (a candidate's hits checked and taken by its lanes together),
-// its refits and second chances in lane 0. Candidates, their hits (the event's input indices, upstream
+// chunk is staged in shared memory and ranked by the block, which also marks the
+// candidates the choice must accept whenever their turn comes (passing the cut, every hit
+// free and shared with no other candidate of the chunk: most of them); the greedy choice
+// runs in the block's first warp: a run of such candidates is accepted together, a lane
+// each, the others one at a time (their hits checked and taken by the lanes together),
+// their refits and second chances in lane 0. Candidates, their hits (the event's input indices, upstream
 // first), their fits and the accepted list persist per event across passes (`append`);
 // the used flags are per input hit of the event.
 //
@@ -507,6 +510,10 @@ struct ChunkStage {
     u32* free0;    // [CHUNK_MAX]
     u32* order;    // [CHUNK_MAX]: candidate indices, in the order of the choice
     u32* bits;     // [CHUNK_BITS_WORDS]
+    u32* twice;    // [CHUNK_BITS_WORDS]: hits (modulo 2^16) of two candidates of the chunk
+    u32* fast;     // [CHUNK_MAX]: the candidate is accepted whatever the others do
+    u32 min_hits;
+    double max_chi2_ndf;
 };
 
 // The chunk's order key of a fitted candidate: chi2/ndf (infinite without ndf) by
@@ -515,9 +522,16 @@ __device__ __forceinline__ u32 choice_key(uint4 c) {
     return total_key(c.w > 0 ? __uint_as_float(c.z) / (float)c.w : CA_INF);
 }
 
-// Stages the chunk from..n_cand (all threads; a __syncthreads between the two loops and
-// after): records, hits, free counts, then each candidate's rank in the choice's order
-// (longest first, then chi2/ndf by total_cmp, then index).
+// Stages the chunk from..n_cand (all threads; a __syncthreads after each of its three
+// loops): records, hits, free counts, then each candidate's rank in the choice's order
+// (longest first, then chi2/ndf by total_cmp, then index), then which candidates are
+// `fast`: passing the cut with every hit free at the chunk's start and none shared with
+// another candidate of the chunk. The choice would accept such a candidate whenever its
+// turn comes (no other candidate, nor any copy of one, can take its hits first), so the
+// choice takes a run of them together. A hit shared is found by setting each candidate's
+// hits in `bits` (by index modulo 2^16: two hits of one bit count as shared, which only
+// sends their candidates the slow way); `bits` then holds every hit of the chunk, which
+// the choice's filter treats as possibly taken (it reads the used flags), as it must.
 __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, u32 m,
                             ChunkStage& st) {
     for (u32 j = threadIdx.x; j < m; j += CAND_THREADS) {
@@ -543,6 +557,21 @@ __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, 
             rank += before ? 1u : 0u;
         }
         st.order[rank] = from + j;
+        for (u32 r = 0; r < cj.y; r++) {
+            u32 b = st.hits[j * MAX_CHAIN + r] & 0xffffu;
+            u32 bit = 1u << (b & 31);
+            if (atomicOr(&st.bits[b >> 5], bit) & bit) atomicOr(&st.twice[b >> 5], bit);
+        }
+    }
+    __syncthreads();
+    for (u32 j = threadIdx.x; j < m; j += CAND_THREADS) {
+        uint4 cj = st.cand[j];
+        bool fast = st.free0[j] == cj.y && good_candidate(cj, st.min_hits, st.max_chi2_ndf);
+        for (u32 r = 0; fast && r < cj.y; r++) {
+            u32 b = st.hits[j * MAX_CHAIN + r] & 0xffffu;
+            fast = !((st.twice[b >> 5] >> (b & 31)) & 1u);
+        }
+        st.fast[j] = fast ? 1u : 0u;
     }
     __syncthreads();
 }
@@ -597,6 +626,12 @@ __device__ bool choose_slow(const CandEvent& ev, const CandArenas& a, const Kalm
     return true;
 }
 
+#ifdef CA_PHASE_CLOCKS
+// Profiling builds: the choice's slow calls per block, by kind (0 lost hits and dropped,
+// 1 lost hits and refitted, 2 second chance), and their cycles.
+__shared__ unsigned long long ca_slow_calls[3], ca_slow_cycles[3];
+#endif
+
 // choose in candidates.rs over the staged chunk, by the block's first warp (all its 32
 // lanes, each with the same copy of the counters `s`): a candidate's hits are checked and
 // taken by the lanes together, one candidate after the other in the choice's order (a
@@ -607,7 +642,34 @@ __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, cons
                                   CandState& s, u32 from, u32 m, ChunkStage& st,
                                   CandState* shared_s) {
     const u32 lane = threadIdx.x & 31u;
-    for (u32 i = 0; i < m; i++) {
+    for (u32 i = 0; i < m;) {
+        // A run of fast candidates from rank i (at most 32): accepted together, each by a
+        // lane, in the order of the choice.
+        {
+            const u32 rl = i + lane;
+            u32 kl = 0;
+            bool fl = false;
+            if (rl < m) {
+                kl = st.order[rl];
+                fl = st.fast[kl - from] != 0u;
+            }
+            const u32 not_fast = ~__ballot_sync(0xffffffffu, fl);
+            const u32 run = not_fast ? (u32)__ffs(not_fast) - 1u : 32u;
+            if (run > 0) {
+                if (s.n_acc + run > s.max_tracks) return false;
+                if (lane < run) {
+                    const u32 jl = kl - from;
+                    const uint4 cl = st.cand[jl];
+                    const u32* hl = st.hits + jl * MAX_CHAIN;
+                    for (u32 r = 0; r < cl.y; r++) take_hit(ev, st.bits, hl[r]);
+                    a.acc[s.n_acc + lane] = kl;
+                }
+                s.n_acc += run;
+                i += run;
+                __syncwarp();
+                continue;
+            }
+        }
         u32 k = st.order[i];
         u32 j = k - from;
         uint4 c = st.cand[j];
@@ -630,11 +692,25 @@ __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, cons
             if (lane == 0) a.acc[s.n_acc] = k;
             s.n_acc++;
             __syncwarp();
+            i++;
             continue;
         }
         int ok = 1;
         if (lane == 0) {
+#ifdef CA_PHASE_CLOCKS
+            int kind = 2;
+            if (!is_free) {
+                u32 n_free = 0;
+                for (u32 r = 0; r < c.y; r++) n_free += ev.used[hits[r]] ? 0u : 1u;
+                kind = n_free >= s.min_hits ? 1 : 0;
+            }
+            const long long t0 = clock64();
+#endif
             ok = choose_slow(ev, a, T, s, c, hits, is_free, st.bits) ? 1 : 0;
+#ifdef CA_PHASE_CLOCKS
+            ca_slow_calls[kind]++;
+            ca_slow_cycles[kind] += clock64() - t0;
+#endif
             *shared_s = s;
         }
         __syncwarp();
@@ -643,6 +719,7 @@ __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, cons
         // Every lane has read the counters before lane 0 writes them again.
         __syncwarp();
         if (!ok) return false;
+        i++;
     }
     return true;
 }
@@ -681,9 +758,12 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
     __shared__ u32 s_hits[CHUNK_MAX * MAX_CHAIN];
     __shared__ u32 s_free0[CHUNK_MAX];
     __shared__ u32 s_bits[CHUNK_BITS_WORDS];
+    __shared__ u32 s_twice[CHUNK_BITS_WORDS];
+    __shared__ u32 s_fast[CHUNK_MAX];
     if (failed[e]) return;
-    ChunkStage st = {s_cand, s_hits, s_free0, s_order, s_bits};
-    for (u32 i = tid; i < CHUNK_BITS_WORDS; i += CAND_THREADS) s_bits[i] = 0u;
+    ChunkStage st = {s_cand, s_hits,  s_free0,  s_order,     s_bits,
+                     s_twice, s_fast, min_hits, max_chi2_ndf};
+    for (u32 i = tid; i < CHUNK_BITS_WORDS; i += CAND_THREADS) s_bits[i] = s_twice[i] = 0u;
     const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
                             slices, pf,     pd,        pi,       nodes};
     const u32 hs = hit_start[e];
@@ -730,6 +810,28 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
     __syncthreads();
     u32 chain[MAX_CHAIN], fchain[MAX_CHAIN];
     u32 oi = 0;
+#ifdef CA_PHASE_CLOCKS
+    // Profiling builds (-DCA_PHASE_CLOCKS through TRIGD_KERNEL_OPTIONS): thread 0 times
+    // each phase of the loop, each interval ending at the barrier that closes the phase,
+    // and prints the first two events' totals.
+    long long ph[7] = {0, 0, 0, 0, 0, 0, 0};
+    long long ph_t = clock64();
+    u32 ph_windows = 0, ph_chunks = 0;
+    if (tid < 3) ca_slow_calls[tid] = ca_slow_cycles[tid] = 0;
+    __syncthreads();
+#define CA_PHASE(k)                   \
+    do {                              \
+        if (tid == 0) {               \
+            long long t_ = clock64(); \
+            ph[k] += t_ - ph_t;       \
+            ph_t = t_;                \
+        }                             \
+    } while (0)
+#else
+#define CA_PHASE(k) \
+    do {            \
+    } while (0)
+#endif
     while (oi < n_order) {
         // Every thread builds the chains of one end triplet of the window.
         u32 my = oi + tid;
@@ -752,6 +854,7 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
         // A fork found: its chain's length + 1 (0: no fork).
         s_flen[tid] = f_at >= 0 ? flen + 1 : 0;
         __syncthreads();
+        CA_PHASE(0);
         if (tid == 0) {
             // The CPU's loop over the window, in order, with its limits (the counters in
             // registers).
@@ -804,6 +907,7 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
             s_close = close;
         }
         __syncthreads();
+        CA_PHASE(1);
         if (s.failed) break;
         if (tid < s_consumed) {
             if (s_off[tid] != ~0u)
@@ -812,13 +916,16 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
                 for (u32 i = 0; i < flen; i++) a.chits[s_foff[tid] + i] = fchain[i];
         }
         __syncthreads();
+        CA_PHASE(2);
         if (s_close) {
             for (u32 c = s_pending_from + tid; c < s.n_cand; c += CAND_THREADS) {
                 fit_candidate(ev, a, T, c);
             }
             __syncthreads();
+            CA_PHASE(3);
             u32 m = s.n_cand - s_pending_from;
             stage_chunk(ev, a, s_pending_from, m, st);
+            CA_PHASE(4);
             if (tid < 32) {
                 // The counters in registers while the first warp works through the chunk.
                 CandState ls = s;
@@ -832,13 +939,32 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
                 }
             }
             __syncthreads();
+            CA_PHASE(5);
+#ifdef CA_PHASE_CLOCKS
+            ph_chunks++;
+#endif
             if (s.failed) break;
-            // The next chunk's filter starts empty.
-            for (u32 i = tid; i < CHUNK_BITS_WORDS; i += CAND_THREADS) s_bits[i] = 0u;
+            // The next chunk's filter and shared hits start empty.
+            for (u32 i = tid; i < CHUNK_BITS_WORDS; i += CAND_THREADS) s_bits[i] = s_twice[i] = 0u;
         }
         oi += s_consumed;
         __syncthreads();
+        CA_PHASE(6);
+#ifdef CA_PHASE_CLOCKS
+        ph_windows++;
+#endif
     }
+#ifdef CA_PHASE_CLOCKS
+    if (tid == 0 && e < 2)
+        printf("ca_candidates phases event %d append %d ends %u windows %u chunks %u "
+               "candidates %u cycles filter %lld place %lld copy %lld fit %lld stage %lld "
+               "choice %lld other %lld; slow calls dropped %llu (%llu cycles) refitted %llu "
+               "(%llu) second chance %llu (%llu)\n",
+               e, append, n_order, ph_windows, ph_chunks, s.n_cand, ph[0], ph[1], ph[2],
+               ph[3], ph[4], ph[5], ph[6], ca_slow_calls[0], ca_slow_cycles[0],
+               ca_slow_calls[1], ca_slow_cycles[1], ca_slow_calls[2], ca_slow_cycles[2]);
+#endif
+#undef CA_PHASE
     if (tid == 0) {
         if (s.failed) {
             fail_event(failed, overflow, e);

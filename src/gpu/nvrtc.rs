@@ -295,6 +295,13 @@ pub fn load_module(
     load_module_with_options(ctx, name, source, arch, &[], cache)
 }
 
+/// NVRTC options from `TRIGD_KERNEL_OPTIONS` (separated by white space), for profiling.
+fn profiling_options() -> Vec<String> {
+    std::env::var("TRIGD_KERNEL_OPTIONS")
+        .map(|v| v.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
 /// [`load_module`] with further NVRTC options after the architecture and language
 /// standard (such as `--fmad=false` for kernels that must round as the CPU does); they
 /// are part of the cache key.
@@ -313,6 +320,10 @@ pub fn load_module_with_options(
         "--std=c++17".to_string(),
     ];
     options.extend(extra_options.iter().map(|o| o.to_string()));
+    // Further options for profiling builds, such as `--generate-line-info` (source lines
+    // for a profiler's per-line counters) or `-DCA_PHASE_CLOCKS` (the candidate step's
+    // time per phase, printed by the kernel); part of the cache key as the others.
+    options.extend(profiling_options());
     let key = cache_key(source, &options, arch, version);
     if let Some(image) = cache.read(&key) {
         match load_image(ctx, &image) {
