@@ -753,6 +753,10 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
     __shared__ u32 s_off[CAND_THREADS], s_foff[CAND_THREADS];
     __shared__ u32 s_consumed, s_pending_from;
     __shared__ int s_close;
+    // The placement's scan: per warp its candidates' and hits' sums, then which of its
+    // entries bring the chunk to CAND_CHUNK; per thread its inclusive sums.
+    __shared__ u32 s_scan[6];
+    __shared__ u32 s_scan_c[CAND_THREADS], s_scan_h[CAND_THREADS];
     __shared__ u32 s_order[CHUNK_MAX];
     __shared__ uint4 s_cand[CHUNK_MAX];
     __shared__ u32 s_hits[CHUNK_MAX * MAX_CHAIN];
@@ -855,7 +859,75 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
         s_flen[tid] = f_at >= 0 ? flen + 1 : 0;
         __syncthreads();
         CA_PHASE(0);
-        if (tid == 0) {
+        // The placement by a scan over the block: each entry's candidates (its chain, its
+        // fork) and their hits, summed in order; the chunk closes after the first entry
+        // that brings it to CAND_CHUNK pending candidates. Where no limit can be reached
+        // in the whole window (the rule) this places exactly what the CPU's loop below
+        // places; otherwise thread 0 runs that loop.
+        const u32 n_win = n_order - oi < CAND_THREADS ? n_order - oi : CAND_THREADS;
+        const bool has_main = tid < n_win && len > 0;
+        const bool has_fork = tid < n_win && f_at >= 0 && flen > 0;
+        const u32 e_c = (has_main ? 1u : 0u) + (has_fork ? 1u : 0u);
+        const u32 e_h = (has_main ? len : 0u) + (has_fork ? flen : 0u);
+        u32 i_c = e_c, i_h = e_h;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            u32 c2 = __shfl_up_sync(0xffffffffu, i_c, o);
+            u32 h2 = __shfl_up_sync(0xffffffffu, i_h, o);
+            if ((tid & 31u) >= (u32)o) {
+                i_c += c2;
+                i_h += h2;
+            }
+        }
+        if ((tid & 31u) == 31u) {
+            s_scan[tid >> 5] = i_c;
+            s_scan[2 + (tid >> 5)] = i_h;
+        }
+        __syncthreads();
+        if (tid >= 32) {
+            i_c += s_scan[0];
+            i_h += s_scan[2];
+        }
+        const CandState ps = s;
+        const u32 pending_now = ps.n_cand - s_pending_from;
+        const u32 cap_c = ps.max_cand < ps.share_cand ? ps.max_cand : ps.share_cand;
+        const u32 tot_c = s_scan[0] + s_scan[1], tot_h = s_scan[2] + s_scan[3];
+        const bool scan_ok = ps.n_cand + tot_c < cap_c &&
+                             ps.n_hits + tot_h + MAX_CHAIN <= hits_cap / 2 &&
+                             ps.n_hits + tot_h <= ps.share_hits;
+        const u32 reach = __ballot_sync(0xffffffffu, tid < n_win && pending_now + i_c >= CAND_CHUNK);
+        if ((tid & 31u) == 0u) s_scan[4 + (tid >> 5)] = reach;
+        s_scan_c[tid] = i_c;
+        s_scan_h[tid] = i_h;
+        __syncthreads();
+        if (scan_ok) {
+            const u32 r0 = s_scan[4], r1 = s_scan[5];
+            const u32 first = r0 ? (u32)__ffs(r0) - 1u : (r1 ? 31u + (u32)__ffs(r1) : ~0u);
+            const u32 consumed = first != ~0u ? first + 1u : n_win;
+            if (tid < consumed) {
+                u32 c0 = ps.n_cand + i_c - e_c, h0 = ps.n_hits + i_h - e_h;
+                s_off[tid] = ~0u;
+                s_foff[tid] = ~0u;
+                if (has_main) {
+                    s_off[tid] = h0;
+                    a.cand[c0++] = make_uint4(h0, len, 0u, 0u);
+                    h0 += len;
+                }
+                if (has_fork) {
+                    s_foff[tid] = h0;
+                    a.cand[c0] = make_uint4(h0, flen, 0u, 0u);
+                }
+            }
+            if (tid == 0) {
+                const u32 n_cand = ps.n_cand + s_scan_c[consumed - 1];
+                int close = first != ~0u ? 1 : 0;
+                if (!close && oi + consumed >= n_order && n_cand > s_pending_from) close = 1;
+                s.n_cand = n_cand;
+                s.n_hits = ps.n_hits + s_scan_h[consumed - 1];
+                s_consumed = consumed;
+                s_close = close;
+            }
+        } else if (tid == 0) {
             // The CPU's loop over the window, in order, with its limits (the counters in
             // registers).
             CandState ls = s;
