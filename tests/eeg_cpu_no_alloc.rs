@@ -92,7 +92,7 @@ fn allocations_per_round<T: Real>(k: &InverseKernel, rounds: usize) -> usize {
         .iter()
         .map(|&(f, t)| vec![T::ZERO; f * k.n_sources * t])
         .collect();
-    let mut run = |e: &mut CpuInverse<T>, amplitudes: &mut Vec<Vec<T>>| {
+    let run = |e: &mut CpuInverse<T>, amplitudes: &mut Vec<Vec<T>>| {
         for (i, &(_, t)) in shapes.iter().enumerate() {
             let stats = e.process(&inputs[i], t, None).expect("stats");
             assert!(stats
