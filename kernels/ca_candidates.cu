@@ -512,8 +512,6 @@ struct ChunkStage {
     u32* bits;     // [CHUNK_BITS_WORDS]
     u32* twice;    // [CHUNK_BITS_WORDS]: hits (modulo 2^16) of two candidates of the chunk
     u32* fast;     // [CHUNK_MAX]: the candidate is accepted whatever the others do
-    u32 min_hits;
-    double max_chi2_ndf;
 };
 
 // The chunk's order key of a fitted candidate: chi2/ndf (infinite without ndf) by
@@ -533,7 +531,7 @@ __device__ __forceinline__ u32 choice_key(uint4 c) {
 // sends their candidates the slow way); `bits` then holds every hit of the chunk, which
 // the choice's filter treats as possibly taken (it reads the used flags), as it must.
 __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, u32 m,
-                            ChunkStage& st) {
+                            ChunkStage& st, u32 min_hits, double max_chi2_ndf) {
     for (u32 j = threadIdx.x; j < m; j += CAND_THREADS) {
         uint4 c = a.cand[from + j];
         st.cand[j] = c;
@@ -566,7 +564,7 @@ __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, 
     __syncthreads();
     for (u32 j = threadIdx.x; j < m; j += CAND_THREADS) {
         uint4 cj = st.cand[j];
-        bool fast = st.free0[j] == cj.y && good_candidate(cj, st.min_hits, st.max_chi2_ndf);
+        bool fast = st.free0[j] == cj.y && good_candidate(cj, min_hits, max_chi2_ndf);
         for (u32 r = 0; fast && r < cj.y; r++) {
             u32 b = st.hits[j * MAX_CHAIN + r] & 0xffffu;
             fast = !((st.twice[b >> 5] >> (b & 31)) & 1u);
@@ -658,10 +656,12 @@ __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, cons
             if (run > 0) {
                 if (s.n_acc + run > s.max_tracks) return false;
                 if (lane < run) {
+                    // take_hit without the filter's bits, which the stage set for every
+                    // hit of the chunk.
                     const u32 jl = kl - from;
                     const uint4 cl = st.cand[jl];
                     const u32* hl = st.hits + jl * MAX_CHAIN;
-                    for (u32 r = 0; r < cl.y; r++) take_hit(ev, st.bits, hl[r]);
+                    for (u32 r = 0; r < cl.y; r++) ev.used[hl[r]] = 1u;
                     a.acc[s.n_acc + lane] = kl;
                 }
                 s.n_acc += run;
@@ -754,9 +754,8 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
     __shared__ u32 s_consumed, s_pending_from;
     __shared__ int s_close;
     // The placement's scan: per warp its candidates' and hits' sums, then which of its
-    // entries bring the chunk to CAND_CHUNK; per thread its inclusive sums.
+    // entries bring the chunk to CAND_CHUNK.
     __shared__ u32 s_scan[6];
-    __shared__ u32 s_scan_c[CAND_THREADS], s_scan_h[CAND_THREADS];
     __shared__ u32 s_order[CHUNK_MAX];
     __shared__ uint4 s_cand[CHUNK_MAX];
     __shared__ u32 s_hits[CHUNK_MAX * MAX_CHAIN];
@@ -765,8 +764,7 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
     __shared__ u32 s_twice[CHUNK_BITS_WORDS];
     __shared__ u32 s_fast[CHUNK_MAX];
     if (failed[e]) return;
-    ChunkStage st = {s_cand, s_hits,  s_free0,  s_order,     s_bits,
-                     s_twice, s_fast, min_hits, max_chi2_ndf};
+    ChunkStage st = {s_cand, s_hits, s_free0, s_order, s_bits, s_twice, s_fast};
     for (u32 i = tid; i < CHUNK_BITS_WORDS; i += CAND_THREADS) s_bits[i] = s_twice[i] = 0u;
     const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
                             slices, pf,     pd,        pi,       nodes};
@@ -862,7 +860,7 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
         // The placement by a scan over the block: each entry's candidates (its chain, its
         // fork) and their hits, summed in order; the chunk closes after the first entry
         // that brings it to CAND_CHUNK pending candidates. Where no limit can be reached
-        // in the whole window (the rule) this places exactly what the CPU's loop below
+        // in the whole window (nearly every window) this places exactly what the CPU's loop below
         // places; otherwise thread 0 runs that loop.
         const u32 n_win = n_order - oi < CAND_THREADS ? n_order - oi : CAND_THREADS;
         const bool has_main = tid < n_win && len > 0;
@@ -897,8 +895,6 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
                              ps.n_hits + tot_h <= ps.share_hits;
         const u32 reach = __ballot_sync(0xffffffffu, tid < n_win && pending_now + i_c >= CAND_CHUNK);
         if ((tid & 31u) == 0u) s_scan[4 + (tid >> 5)] = reach;
-        s_scan_c[tid] = i_c;
-        s_scan_h[tid] = i_h;
         __syncthreads();
         if (scan_ok) {
             const u32 r0 = s_scan[4], r1 = s_scan[5];
@@ -918,12 +914,13 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
                     a.cand[c0] = make_uint4(h0, flen, 0u, 0u);
                 }
             }
-            if (tid == 0) {
-                const u32 n_cand = ps.n_cand + s_scan_c[consumed - 1];
+            if (tid == consumed - 1) {
+                // The last entry placed holds the sums up to it.
+                const u32 n_cand = ps.n_cand + i_c;
                 int close = first != ~0u ? 1 : 0;
                 if (!close && oi + consumed >= n_order && n_cand > s_pending_from) close = 1;
                 s.n_cand = n_cand;
-                s.n_hits = ps.n_hits + s_scan_h[consumed - 1];
+                s.n_hits = ps.n_hits + i_h;
                 s_consumed = consumed;
                 s_close = close;
             }
@@ -996,7 +993,7 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
             __syncthreads();
             CA_PHASE(3);
             u32 m = s.n_cand - s_pending_from;
-            stage_chunk(ev, a, s_pending_from, m, st);
+            stage_chunk(ev, a, s_pending_from, m, st, min_hits, max_chi2_ndf);
             CA_PHASE(4);
             if (tid < 32) {
                 // The counters in registers while the first warp works through the chunk.
