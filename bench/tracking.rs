@@ -1,6 +1,6 @@
 //! Tracking throughput on the CPU: events per second per core for minimum-bias and
 //! central events on the default spectrometer (with the time of each reconstruction step),
-//! and Kalman fits per second on one and two threads (the kernel the CPU runs and the
+//! and Kalman fits per second on one and two threads on each configuration (the kernel the CPU runs and the
 //! portable one).
 //!
 //! `cargo bench --bench tracking` (options after `--`: `--events N` central events (0:
@@ -12,7 +12,8 @@
 //! (the finder's minimum momentum, default 1), `--events-dir LIST` (comma-separated
 //! TrackML-style CSV directories, each with its own `detector.toml` beside the events, as
 //! `fixtures/tracking/independent/simulate.py` writes them: their events are timed as they
-//! are, after the configurations of `--configs`, which `--configs none` leaves out)).
+//! are, after the configurations of `--configs`, which `--configs none` leaves out),
+//! `--repeat N` (the events reconstructed N times over, for profilers)).
 
 use std::time::Instant;
 use trigd::frame::HitRecord;
@@ -101,7 +102,7 @@ fn main() {
         );
         std::process::exit(1);
     }
-    let mut spectrometer_det = None;
+    let mut fit_dets = Vec::new();
     for (config, path, minbias, central) in configs {
         let det = match Detector::from_toml_file(root.join(path)) {
             Ok(d) => d,
@@ -126,9 +127,7 @@ fn main() {
                 bench_events(&det, &overrides, min_p, name, &events);
             }
         }
-        if config == "spectrometer" {
-            spectrometer_det = Some(det);
-        }
+        fit_dets.push((config, det));
     }
     for dir in str_arg("--events-dir")
         .unwrap_or_default()
@@ -160,16 +159,19 @@ fn main() {
         bench_events(&det, &overrides, min_p, "events", &events);
     }
     if n_fits > 0 {
-        let Some(det) = spectrometer_det else {
-            eprintln!("--fits needs the spectrometer in --configs");
+        if fit_dets.is_empty() {
+            eprintln!("--fits needs a detector in --configs");
             std::process::exit(1);
-        };
-        bench_fits(
-            &det,
-            n_fits,
-            arg("--fit-threads", 2),
-            arg("--portable", 1) != 0,
-        );
+        }
+        for (config, det) in &fit_dets {
+            println!("\n# Kalman fits, {config}");
+            bench_fits(
+                det,
+                n_fits,
+                arg("--fit-threads", 2),
+                arg("--portable", 1) != 0,
+            );
+        }
     }
 }
 
@@ -188,12 +190,16 @@ fn bench_events(
         reco.reconstruct(hits, &mut tracks);
     }
     reco.reset_step_times();
+    let repeat = arg("--repeat", 1).max(1) as u64;
     let t0 = Instant::now();
     let mut n_tracks = 0;
-    for hits in events {
-        reco.reconstruct(hits, &mut tracks);
-        n_tracks += tracks.len();
+    for _ in 0..repeat {
+        for hits in events {
+            reco.reconstruct(hits, &mut tracks);
+            n_tracks += tracks.len();
+        }
     }
+    let n = n * repeat;
     let dt = t0.elapsed().as_secs_f64();
     let st = reco.step_times();
     let per_event_ms = 1e3 * dt / n as f64;
