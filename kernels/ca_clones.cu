@@ -3,12 +3,14 @@
 // --fmad=false after kernels/field_map.cuh: the comparison and the Runge-Kutta steps are
 // the CPU's double-precision operations in the CPU's order, so the decisions are the CPU's.
 //
-// One warp per event. The CPU marks in acceptance order, and a track marked earlier is no
-// longer a reference; so the warp walks the event's short tracks in that order, its lanes
-// test the reference tracks 32 at a time, and a vote decides: the short track is a clone
-// when any reference passes every test (which one does not matter). The warp writes the
-// mark before it goes on to the next short track. No atomics; the result does not depend
-// on scheduling.
+// Three launches. The CPU marks in acceptance order, and a track marked earlier is no
+// longer a reference: a short track is a clone when a reference not marked at its turn
+// passes every test (which one does not matter). The tests themselves do not depend on the
+// marks, so they run first for every short track in parallel (ca_clone_refs, a warp per
+// short track after ca_clone_masks, a thread per track), each keeping which references
+// passed; only the order of the marks is then walked per event (ca_clones, a warp per
+// event), which asks of most short tracks one word. No atomics; the result does not
+// depend on scheduling.
 //
 // Layout of a batch (offsets are absolute indices into the batch's arrays):
 //   event_start[n_events + 1]    tracks of event e: event_start[e] .. event_start[e + 1]
@@ -19,6 +21,7 @@
 //                                triangle row by row), doubles
 //   marks[n_tracks]              out: 1 a clone, 0 kept
 //   masks[n_tracks]              scratch: each track's planes modulo 64 as bits
+//   refs[n_tracks * REF_WORDS]   scratch: step 2's references of each short track
 // Offsets beyond the counts are clamped to them (a malformed batch reads no memory outside
 // its arrays; its marks are then meaningless); plane indices are clamped to the last plane.
 // Tables: plane_z[n_planes] (mm); pi[PI_*]; pd[PD_*]; nodes the field map's (one zero
@@ -53,6 +56,16 @@
 #define COV_QOP 14
 
 #define FULL_MASK 0xffffffffu
+
+// Step 2's words per track (refs): flags and count, then up to REF_MAX short references
+// (fewer may be set when compiling, as the tests do to take the other path more often).
+#ifndef REF_MAX
+#define REF_MAX 7u
+#endif
+#define REF_WORDS 8
+#define REF_COUNT 0xffu
+#define REF_LONG 0x100u
+#define REF_OVERFLOW 0x200u
 
 struct CloneField {
     bool map;
@@ -189,17 +202,17 @@ __device__ __forceinline__ bool same_qop(const double* __restrict__ pd, double q
     return true;
 }
 
-// Whether short track b (hits hb0..hb1, mask mb) is a clone of reference track a: the
-// tests of mark_clones' inner loop, in its order.
-__device__ bool is_clone_of(const Batch& bt, const CloneField& f, const double* pd,
-                            const volatile unsigned* marks,
-                            const unsigned long long* masks, int a, int b, int hb0,
-                            int hb1, unsigned long long mb) {
+// Whether reference track a passes every test of mark_clones' inner loop for short track
+// b (hits hb0..hb1, mask mb), in its order, but the mark: whether a was marked before b
+// is the resolution's to ask (ca_clones).
+__device__ bool qualifies(const Batch& bt, const CloneField& f, const double* pd,
+                          const unsigned long long* masks, int a, int b, int hb0, int hb1,
+                          unsigned long long mb) {
     const unsigned long long ma = masks[a];
     if ((ma & mb) != 0 && bt.n_planes <= 64) {
         return false;
     }
-    if (a == b || marks[a] != 0) {
+    if (a == b) {
         return false;
     }
     int ha0, ha1;
@@ -261,32 +274,20 @@ __device__ bool is_clone_of(const Batch& bt, const CloneField& f, const double* 
     return true;
 }
 
-extern "C" __global__ void ca_clones(const unsigned* __restrict__ event_start, int n_events,
-                                     const unsigned* __restrict__ track_hit_start, int n_tracks,
-                                     const unsigned* __restrict__ hit_plane,
-                                     const float* __restrict__ hit_x,
-                                     const float* __restrict__ hit_y, int n_hits,
-                                     const double* __restrict__ fits,
-                                     const double* __restrict__ plane_z,
-                                     const int* __restrict__ pi, const double* __restrict__ pd,
-                                     const float* __restrict__ nodes, unsigned* marks,
-                                     unsigned long long* masks) {
-    // One warp per event: every lane of a warp takes the same branches up to the votes.
-    const int ev = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
-    const int lane = threadIdx.x & 31;
-    if (ev >= n_events) {
-        return;
-    }
-    const int t0 = (int)min(event_start[ev], (unsigned)n_tracks);
-    const int t1 = max((int)min(event_start[ev + 1], (unsigned)n_tracks), t0);
-    const int short_max = pi[PI_SHORT_MAX];
-    const int n_planes = pi[PI_N_PLANES];
-    if (short_max < 0 || n_planes < 1) {
-        for (int t = t0 + lane; t < t1; t += 32) {
-            marks[t] = 0;
-        }
-        return;
-    }
+// The kernels' common arguments.
+#define CLONE_ARGS                                                                          \
+    const unsigned *__restrict__ event_start, int n_events,                                 \
+        const unsigned *__restrict__ track_hit_start, int n_tracks,                         \
+        const unsigned *__restrict__ hit_plane, const float *__restrict__ hit_x,            \
+        const float *__restrict__ hit_y, int n_hits, const double *__restrict__ fits,       \
+        const double *__restrict__ plane_z, const int *__restrict__ pi,                     \
+        const double *__restrict__ pd, const float *__restrict__ nodes, unsigned *marks,    \
+        unsigned long long *masks, unsigned *refs
+
+__device__ __forceinline__ Batch batch_of(const unsigned* track_hit_start, int n_tracks,
+                                          const unsigned* hit_plane, const float* hit_x,
+                                          const float* hit_y, int n_hits, const double* fits,
+                                          const double* plane_z, int n_planes) {
     Batch bt;
     bt.track_hit_start = track_hit_start;
     bt.n_tracks = n_tracks;
@@ -297,6 +298,11 @@ extern "C" __global__ void ca_clones(const unsigned* __restrict__ event_start, i
     bt.fits = fits;
     bt.plane_z = plane_z;
     bt.n_planes = n_planes;
+    return bt;
+}
+
+__device__ __forceinline__ CloneField field_of(const int* pi, const double* pd,
+                                               const float* nodes) {
     CloneField f;
     f.map = pi[PI_FIELD_MAP] != 0;
     f.g.nodes = nodes;
@@ -306,35 +312,190 @@ extern "C" __global__ void ca_clones(const unsigned* __restrict__ event_start, i
         f.g.origin[a] = pd[PD_ORIGIN + a];
         f.g.inv_step[a] = pd[PD_INV_STEP + a];
     }
-    // Every track's plane mask once (the comparisons read them again and again), no marks.
-    for (int t = t0 + lane; t < t1; t += 32) {
-        int h0, h1;
-        hit_range(bt, t, h0, h1);
-        masks[t] = plane_mask(bt, h0, h1);
-        marks[t] = 0;
+    return f;
+}
+
+// The tracks of event ev, clamped to the batch.
+__device__ __forceinline__ void event_range(const unsigned* event_start, int ev, int n_tracks,
+                                            int& t0, int& t1) {
+    t0 = (int)min(event_start[ev], (unsigned)n_tracks);
+    t1 = max((int)min(event_start[ev + 1], (unsigned)n_tracks), t0);
+}
+
+// Step 1, a thread per track: its plane mask (the comparisons read them again and again)
+// and no mark.
+extern "C" __global__ void ca_clone_masks(CLONE_ARGS) {
+    const int t = (int)(blockIdx.x * (size_t)blockDim.x + threadIdx.x);
+    if (t >= n_tracks) {
+        return;
     }
-    __syncwarp();
-    const volatile unsigned* seen = marks;
-    // Written above by other lanes, read-only from here on.
-    const unsigned long long* seen_masks = masks;
-    for (int b = t0; b < t1; ++b) {
+    marks[t] = 0;
+    const int n_planes = pi[PI_N_PLANES];
+    if (n_planes < 1) {
+        return;
+    }
+    const Batch bt = batch_of(track_hit_start, n_tracks, hit_plane, hit_x, hit_y, n_hits, fits,
+                              plane_z, n_planes);
+    int h0, h1;
+    hit_range(bt, t, h0, h1);
+    masks[t] = plane_mask(bt, h0, h1);
+}
+
+// Step 2, a warp per short track (warps striding over the batch's tracks): which of its
+// event's tracks it qualifies against (`qualifies`: every test but the mark), as one word
+// of flags and up to REF_MAX short references in increasing index, in refs[t * REF_WORDS].
+// A long reference (more than PI_SHORT_MAX hits) is never marked, so one makes the short
+// track a clone whatever the order; short references are marked or not by then, which
+// step 3 asks in the order of acceptance. Every warp's work is its own: the events' short
+// tracks are compared in parallel.
+extern "C" __global__ void ca_clone_refs(CLONE_ARGS) {
+    const int lane = threadIdx.x & 31;
+    const int short_max = pi[PI_SHORT_MAX];
+    const int n_planes = pi[PI_N_PLANES];
+    if (short_max < 0 || n_planes < 1 || n_events < 1) {
+        return;
+    }
+    const Batch bt = batch_of(track_hit_start, n_tracks, hit_plane, hit_x, hit_y, n_hits, fits,
+                              plane_z, n_planes);
+    const CloneField f = field_of(pi, pd, nodes);
+    const size_t warps = ((size_t)gridDim.x * blockDim.x) >> 5;
+    for (size_t w = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5; w < (size_t)n_tracks;
+         w += warps) {
+        const int b = (int)w;
         int hb0, hb1;
         hit_range(bt, b, hb0, hb1);
         if (hb1 - hb0 > short_max) {
             continue;
         }
-        const unsigned long long mb = seen_masks[b];
-        bool clone = false;
-        for (int base = t0; base < t1 && !clone; base += 32) {
-            const int a = base + lane;
-            const bool hit =
-                a < t1 && is_clone_of(bt, f, pd, seen, seen_masks, a, b, hb0, hb1, mb);
-            clone = __any_sync(FULL_MASK, hit);
+        // The event of track b: the last whose first track is at most b.
+        int lo = 0, hi = n_events;
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) / 2;
+            if ((int)min(event_start[mid], (unsigned)n_tracks) <= b) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
         }
-        if (clone && lane == 0) {
+        int t0, t1;
+        event_range(event_start, lo, n_tracks, t0, t1);
+        unsigned* out = refs + (size_t)b * REF_WORDS;
+        if (b < t0 || b >= t1) {
+            if (lane == 0) {
+                out[0] = 0;
+            }
+            continue;
+        }
+        const unsigned long long mb = masks[b];
+        unsigned flags = 0;
+        unsigned n_refs = 0;
+        for (int base = t0; base < t1; base += 32) {
+            const int a = base + lane;
+            const bool hit = a < t1 && qualifies(bt, f, pd, masks, a, b, hb0, hb1, mb);
+            bool long_ref = false;
+            if (hit) {
+                int ha0, ha1;
+                hit_range(bt, a, ha0, ha1);
+                long_ref = ha1 - ha0 > short_max;
+            }
+            if (__any_sync(FULL_MASK, long_ref)) {
+                flags = REF_LONG;
+                break;
+            }
+            const unsigned votes = __ballot_sync(FULL_MASK, hit);
+            const unsigned n = (unsigned)__popc(votes);
+            if (n_refs + n > REF_MAX) {
+                flags = REF_OVERFLOW;
+                break;
+            }
+            if (hit) {
+                out[1 + n_refs + (unsigned)__popc(votes & ((1u << lane) - 1u))] = (unsigned)a;
+            }
+            n_refs += n;
+        }
+        if (lane == 0) {
+            out[0] = flags | n_refs;
+        }
+    }
+}
+
+// Whether short track b of an event walked in order is a clone, given every track before it
+// marked already: the CPU's test of every reference a with its mark at b's turn. Step 3
+// sets the marks of tracks with a long reference ahead of their turn, so a mark counts only
+// for a track before b (at b's turn on the CPU, no track after it is marked).
+__device__ __forceinline__ bool marked_before(const volatile unsigned* marks, int a, int b) {
+    return a < b && marks[a] != 0;
+}
+
+// Step 3, a warp per event: the marks in the order of acceptance. The warp reads the step-2
+// words of 32 tracks at once; tracks with a long reference are clones, and marked at once;
+// then the lanes whose short tracks have short references only take their turns in order:
+// a clone when one of its references is not marked before it; with more references than
+// step 2 kept, the lanes test every track of the event again (qualifies) and vote. No
+// atomics; the result does not depend on scheduling.
+extern "C" __global__ void ca_clones(CLONE_ARGS) {
+    const int ev = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5);
+    const int lane = threadIdx.x & 31;
+    if (ev >= n_events) {
+        return;
+    }
+    const int short_max = pi[PI_SHORT_MAX];
+    const int n_planes = pi[PI_N_PLANES];
+    if (short_max < 0 || n_planes < 1) {
+        return;
+    }
+    const Batch bt = batch_of(track_hit_start, n_tracks, hit_plane, hit_x, hit_y, n_hits, fits,
+                              plane_z, n_planes);
+    const CloneField f = field_of(pi, pd, nodes);
+    int t0, t1;
+    event_range(event_start, ev, n_tracks, t0, t1);
+    const volatile unsigned* seen = marks;
+    for (int base = t0; base < t1; base += 32) {
+        const int b = base + lane;
+        unsigned word = 0;
+        int hb0 = 0, hb1 = 0;
+        if (b < t1) {
+            hit_range(bt, b, hb0, hb1);
+            if (hb1 - hb0 <= short_max) {
+                word = refs[(size_t)b * REF_WORDS];
+            }
+        }
+        if ((word & REF_LONG) != 0) {
             marks[b] = 1;
         }
-        // The mark is seen by every lane before the next short track's comparisons.
         __syncwarp();
+        // The lanes with a turn to take, in order.
+        unsigned turns = __ballot_sync(FULL_MASK, (word & REF_LONG) == 0 && word != 0);
+        while (turns != 0) {
+            const int l = __ffs((int)turns) - 1;
+            turns &= turns - 1;
+            const int tb = base + l;
+            const unsigned tw = __shfl_sync(FULL_MASK, word, l);
+            bool clone = false;
+            if ((tw & REF_OVERFLOW) != 0) {
+                int tb0, tb1;
+                hit_range(bt, tb, tb0, tb1);
+                const unsigned long long mb = masks[tb];
+                for (int a0 = t0; a0 < t1 && !clone; a0 += 32) {
+                    const int a = a0 + lane;
+                    const bool hit = a < t1 && !marked_before(seen, a, tb) &&
+                                     qualifies(bt, f, pd, masks, a, tb, tb0, tb1, mb);
+                    clone = __any_sync(FULL_MASK, hit);
+                }
+            } else {
+                const unsigned n = tw & REF_COUNT;
+                const unsigned* r = refs + (size_t)tb * REF_WORDS + 1;
+                bool free_ref = false;
+                if ((unsigned)lane < n) {
+                    free_ref = !marked_before(seen, (int)r[lane], tb);
+                }
+                clone = __any_sync(FULL_MASK, free_ref);
+            }
+            if (clone && lane == 0) {
+                marks[tb] = 1;
+            }
+            // The mark is seen by every lane before the next turn.
+            __syncwarp();
+        }
     }
 }

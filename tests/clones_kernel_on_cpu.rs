@@ -3,7 +3,7 @@
 //! threads (`tests/kernels_on_cpu/warp.h`), on batches packed as the GPU engine packs them
 //! ([`pack_batch`], [`CloneTables`]): its marks must be the CPU's ([`mark_clones`]) on
 //! fresh simulated events of the three shipped detectors and on the constructed cases.
-//! This checks the kernel's logic (the order of the short tracks, the vote, the tests and
+//! This checks the kernels' logic (the order of the short tracks, the votes, the tests and
 //! their double-precision arithmetic, compiled without contraction as NVRTC's
 //! `--fmad=false`) on every CI run, without a GPU; `tests/gpu_tracking_clones.rs` runs the
 //! same comparisons on a GPU.
@@ -31,21 +31,42 @@ use trigd::tracking::ca::FinderGeometry;
 use trigd::tracking::reco::{FinderConfig, Reconstructor};
 use trigd::tracking::simulate::Preset;
 
-/// The kernel on the CPU, compiled once per test run.
-fn kernel_binary() -> &'static Path {
-    static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
+/// The kernel on the CPU, compiled once per test run: as the GPU runs it, and with step 2
+/// keeping no short reference and one (`REF_MAX`), so that step 3's full comparison in
+/// order and its mixed cases run on every event too.
+fn kernel_binaries() -> &'static [PathBuf] {
+    static BINARIES: OnceLock<Vec<PathBuf>> = OnceLock::new();
+    BINARIES.get_or_init(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ca_clones_on_cpu");
         let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-        let status = Command::new(&cxx)
-            .args(["-O2", "-std=c++20", "-ffp-contract=off", "-pthread", "-o"])
-            .arg(&out)
-            .arg(root.join("tests/kernels_on_cpu/ca_clones.cpp"))
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run {cxx} ({e}): run ./setup.sh"));
-        assert!(status.success(), "{cxx} could not compile the kernel");
-        out
+        let variants = [("", None), ("_ref0", Some("0u")), ("_ref1", Some("1u"))];
+        let builds: Vec<(PathBuf, std::process::Child)> = variants
+            .iter()
+            .map(|(suffix, ref_max)| {
+                let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
+                    .join(format!("ca_clones_on_cpu{suffix}"));
+                let mut cmd = Command::new(&cxx);
+                cmd.args(["-O2", "-std=c++20", "-ffp-contract=off", "-pthread"]);
+                if let Some(r) = ref_max {
+                    cmd.arg(format!("-DREF_MAX={r}"));
+                }
+                let child = cmd
+                    .arg("-o")
+                    .arg(&out)
+                    .arg(root.join("tests/kernels_on_cpu/ca_clones.cpp"))
+                    .spawn()
+                    .unwrap_or_else(|e| panic!("cannot run {cxx} ({e}): run ./setup.sh"));
+                (out, child)
+            })
+            .collect();
+        builds
+            .into_iter()
+            .map(|(out, mut child)| {
+                let status = child.wait().expect("the compiler");
+                assert!(status.success(), "{cxx} could not compile the kernel");
+                out
+            })
+            .collect()
     })
 }
 
@@ -99,25 +120,38 @@ fn kernel_marks(geo: &FinderGeometry, cfg: &FinderConfig, events: &[EventTracks]
     write(d, "hit_x", &hit_x);
     write(d, "hit_y", &hit_y);
     write(d, "fits", &fits);
-    let out = Command::new(kernel_binary())
-        .arg(d)
-        .output()
-        .expect("run the kernel");
-    assert!(
-        out.status.success(),
-        "kernel on the CPU failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let bytes = std::fs::read(d.join("marks")).expect("the kernel's marks");
-    assert_eq!(bytes.len(), 4 * shape.n_tracks, "one mark per track");
-    bytes
-        .chunks_exact(4)
-        .map(|w| match u32::from_le_bytes([w[0], w[1], w[2], w[3]]) {
-            0 => false,
-            1 => true,
-            m => panic!("mark {m:#x}: not written, or not a mark"),
-        })
-        .collect()
+    let mut variants = kernel_binaries().iter().map(|binary| {
+        let out = Command::new(binary)
+            .arg(d)
+            .output()
+            .expect("run the kernel");
+        assert!(
+            out.status.success(),
+            "kernel on the CPU failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bytes = std::fs::read(d.join("marks")).expect("the kernel's marks");
+        assert_eq!(bytes.len(), 4 * shape.n_tracks, "one mark per track");
+        let marks: Vec<bool> = bytes
+            .chunks_exact(4)
+            .map(|w| match u32::from_le_bytes([w[0], w[1], w[2], w[3]]) {
+                0 => false,
+                1 => true,
+                m => panic!("mark {m:#x}: not written, or not a mark"),
+            })
+            .collect();
+        (binary, marks)
+    });
+    let (_, marks) = variants.next().expect("the kernel as the GPU runs it");
+    for (binary, other) in variants {
+        assert_eq!(
+            other,
+            marks,
+            "{}: the marks of step 2 with fewer references kept differ",
+            binary.display()
+        );
+    }
+    marks
 }
 
 /// The kernel's marks against the CPU's, event by event; returns the clones.
@@ -171,5 +205,5 @@ fn kernel_marks_the_constructed_clones() {
     let geo = FinderGeometry::new(&det, &cfg);
     let events = constructed_events(&geo, &cfg, &cases);
     let kernel = kernel_marks(&geo, &cfg, &events);
-    assert_eq!(assert_same_marks(&kernel, &events, "constructed"), 8);
+    assert_eq!(assert_same_marks(&kernel, &events, "constructed"), 10);
 }

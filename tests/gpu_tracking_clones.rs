@@ -167,7 +167,7 @@ fn gpu_marks_constructed_clones_as_the_cpu() {
     )
     .expect("engine");
     let (_, _, clones) = compare(&mut engine, &events, 5, "constructed");
-    assert_eq!(clones, 2 + 1 + 2 + 2 + 1);
+    assert_eq!(clones, 2 + 1 + 2 + 2 + 2 + 1);
     // An empty batch, and events without tracks among others.
     let mut marks = vec![true];
     assert_eq!(engine.mark_batch(&[], &mut marks).unwrap(), 0);

@@ -1,13 +1,15 @@
 //! Clone suppression on the GPU: the CPU's [`mark_clones`](crate::tracking::ca::clones::mark_clones)
-//! over a batch of events (`kernels/ca_clones.cu`, one warp per event), with the same
-//! decisions. Per event the input is its accepted tracks in acceptance order, each with
-//! its hits (plane, x, y; upstream first) and its fit ([`FitOutput`]: state at z,
-//! covariance); the output is one mark per track, true for a clone. The kernel walks the
-//! short tracks in acceptance order as the CPU does (a track marked earlier is no longer
-//! a reference), its lanes compare with the reference tracks and vote; the straight-line
-//! bound and the Runge-Kutta comparison are the CPU's double-precision operations in the
-//! CPU's order (`--fmad=false`, the field map's lookup of `kernels/field_map.cuh`), so the
-//! marks are meant to be the CPU's exactly, and the tests compare them track by track.
+//! over a batch of events (`kernels/ca_clones.cu`), with the same decisions. Per event the
+//! input is its accepted tracks in acceptance order, each with its hits (plane, x, y;
+//! upstream first) and its fit ([`FitOutput`]: state at z, covariance); the output is one
+//! mark per track, true for a clone. The comparisons do not depend on the marks, so every
+//! short track is compared with its event's tracks in parallel first (a warp per short
+//! track, which keeps the references that passed); then a warp per event walks the short
+//! tracks in acceptance order as the CPU does (a track marked earlier is no longer a
+//! reference) and decides from what was kept. The straight-line bound and the Runge-Kutta
+//! comparison are the CPU's double-precision operations in the CPU's order
+//! (`--fmad=false`, the field map's lookup of `kernels/field_map.cuh`), so the marks are
+//! meant to be the CPU's exactly, and the tests compare them track by track.
 //!
 //! The cuts ([`CloneCuts`]: short-track length, bending bound, step, window), the planes'
 //! z and the field (uniform value or map nodes) are uploaded once, in
@@ -28,10 +30,10 @@
 //! Per track some `12 n_hits + 172` bytes go up (hits, offsets, state and covariance in
 //! double precision) and 4 come back: a central event's 2,000 tracks of about ten hits
 //! are some 600 KB, 12 us on a PCIe 5 link (about 50 GB/s). The work is one pass over the
-//! event's tracks per short track (a plane-mask test each, computed once per event into
+//! event's tracks per short track (a plane-mask test each, computed once per track into
 //! the engine's scratch; the straight-line bound and the Runge-Kutta only for the few
-//! tracks on disjoint planes), so an event costs `n_short * n / 32` steps of its warp:
-//! the GPU fills with events, so batches should hold many.
+//! tracks on disjoint planes), `n / 32` steps of a warp per short track, all short tracks
+//! of the batch at once; the walk in order then reads about one word per track.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -53,9 +55,11 @@ const KERNEL_SOURCE: &str = include_str!("../../kernels/ca_clones.cu");
 /// No contraction of products and sums into fused multiply-adds, which the CPU does not
 /// make either: the comparisons decide on the same numbers.
 const KERNEL_OPTIONS: [&str; 1] = ["--fmad=false"];
-/// Threads per block of `ca_clones` (four events, a warp each).
+/// Threads per block of the kernels (four warps).
 const BLOCK_THREADS: u32 = 128;
 const WARP: usize = 32;
+/// Words per track of the comparisons' scratch (REF_WORDS in kernels/ca_clones.cu).
+const REF_WORDS: usize = 8;
 
 /// Doubles per track in the fit array (FIT_WORDS in kernels/ca_clones.cu): z, the state
 /// (5), the covariance's lower triangle (15).
@@ -114,7 +118,7 @@ impl CloneLimits {
             + 12 * self.max_hits()
             + 8 * FIT_WORDS * self.max_tracks()
             + 4 * self.max_tracks()
-            + 8 * self.max_tracks()
+            + (8 + 4 * REF_WORDS) * self.max_tracks()
     }
 
     fn validate(&self) -> Result<(), GpuError> {
@@ -452,14 +456,18 @@ impl DeviceBatch {
 pub struct GpuCloneEngine {
     ctx: Arc<CudaContext>,
     _module: LoadedModule,
+    masks_fn: CudaFunction,
+    refs_fn: CudaFunction,
     clones_fn: CudaFunction,
     stream: Arc<CudaStream>,
     plane_z: DeviceBuffer<f64>,
     ints: DeviceBuffer<i32>,
     doubles: DeviceBuffer<f64>,
     nodes: DeviceBuffer<f32>,
-    /// The kernel's scratch: per track its plane mask (`max_tracks` words).
+    /// The kernels' scratch: per track its plane mask (`max_tracks` words) and the
+    /// references its comparisons passed (`REF_WORDS` words per track).
     masks: DeviceBuffer<u64>,
+    refs: DeviceBuffer<u32>,
     host: Staging,
     dev: DeviceBatch,
     limits: CloneLimits,
@@ -516,6 +524,8 @@ impl GpuCloneEngine {
             &KERNEL_OPTIONS,
             &config.cache,
         )?;
+        let masks_fn = module.function("ca_clone_masks")?;
+        let refs_fn = module.function("ca_clone_refs")?;
         let clones_fn = module.function("ca_clones")?;
         let stream = driver("cuStreamCreate", ctx.new_stream())?;
         let (events, tracks, hits) = (limits.max_events, limits.max_tracks(), limits.max_hits());
@@ -552,9 +562,12 @@ impl GpuCloneEngine {
             doubles: DeviceBuffer::from_host(&ctx, &tables.doubles)?,
             nodes: DeviceBuffer::from_host(&ctx, &tables.nodes)?,
             masks: DeviceBuffer::new(&ctx, scratch_tracks.max(tracks))?,
+            refs: DeviceBuffer::new(&ctx, scratch_tracks.max(tracks) * REF_WORDS)?,
             kernels_from_cache: module.from_cache,
             kernel_load_ms: module.load_ms,
             _module: module,
+            masks_fn,
+            refs_fn,
             clones_fn,
             stream,
             host,
@@ -670,7 +683,8 @@ impl GpuCloneEngine {
         let mut nodes = self.nodes.ptr();
         let mut marks = batch.marks.ptr();
         let mut masks = self.masks.ptr();
-        let mut params: [*mut std::ffi::c_void; 15] = [
+        let mut refs = self.refs.ptr();
+        let mut params: [*mut std::ffi::c_void; 16] = [
             (&mut event_start as *mut u64).cast(),
             (&mut n_events as *mut i32).cast(),
             (&mut track_hit_start as *mut u64).cast(),
@@ -686,23 +700,44 @@ impl GpuCloneEngine {
             (&mut nodes as *mut u64).cast(),
             (&mut marks as *mut u64).cast(),
             (&mut masks as *mut u64).cast(),
+            (&mut refs as *mut u64).cast(),
         ];
         let warps_per_block = BLOCK_THREADS as usize / WARP;
-        let grid = s.n_events.div_ceil(warps_per_block) as u32;
-        // SAFETY: the parameters match the kernel's signature and point to live locals;
-        // the buffers and the scratch hold the counts passed (checked above); the kernel
-        // writes only the marks and the scratch, and it clamps every
-        // offset and plane index it reads to those counts and the planes' table.
-        driver("cuLaunchKernel(ca_clones)", unsafe {
-            drv::launch_kernel(
-                self.clones_fn.cu_function(),
-                (grid, 1, 1),
-                (BLOCK_THREADS, 1, 1),
-                0,
-                self.stream.cu_stream(),
-                &mut params,
-            )
-        })
+        // A thread per track, a warp per track, a warp per event.
+        let steps = [
+            (
+                &self.masks_fn,
+                s.n_tracks.div_ceil(BLOCK_THREADS as usize),
+                "cuLaunchKernel(ca_clone_masks)",
+            ),
+            (
+                &self.refs_fn,
+                s.n_tracks.div_ceil(warps_per_block),
+                "cuLaunchKernel(ca_clone_refs)",
+            ),
+            (
+                &self.clones_fn,
+                s.n_events.div_ceil(warps_per_block),
+                "cuLaunchKernel(ca_clones)",
+            ),
+        ];
+        for (f, grid, name) in steps {
+            // SAFETY: the parameters match the kernels' common signature and point to live
+            // locals; the buffers and the scratch hold the counts passed (checked above);
+            // the kernels write only the marks and the scratch, and they clamp every
+            // offset and plane index they read to those counts and the planes' table.
+            driver(name, unsafe {
+                drv::launch_kernel(
+                    f.cu_function(),
+                    (grid.max(1) as u32, 1, 1),
+                    (BLOCK_THREADS, 1, 1),
+                    0,
+                    self.stream.cu_stream(),
+                    &mut params,
+                )
+            })?;
+        }
+        Ok(())
     }
 
     /// Writes the batch into the pinned staging buffers in the kernel's layout.

@@ -269,6 +269,16 @@ pub fn constructed_cases() -> (Detector, Vec<Case>) {
             vec![true, false, true],
         ),
         (
+            "a short track whose only reference is a later short one, itself the clone of a \
+             long track: the later one is not marked yet at the earlier one's turn",
+            vec![
+                along(&det, t, &[3, 4], 0.0),
+                along(&det, t, &[6, 7], 0.0),
+                along(&det, t, &[0, 1, 2, 3, 4, 5], 0.0),
+            ],
+            vec![true, true, false],
+        ),
+        (
             "beside a stiff track: off by half the window of the minimum momentum (not a \
              clone: the window is its own momentum's), and by a twentieth of it (a clone)",
             vec![

@@ -1,6 +1,7 @@
 // kernels/ca_clones.cu on the CPU (see warp.h): reads a batch and the tables as raw
 // little-endian arrays from the directory given, one file per kernel argument, runs the
-// kernel with one warp per event, and writes the marks to DIR/marks.
+// kernels as the engine launches them (a thread per track; warps striding over the
+// tracks, fewer than the GPU's; a warp per event), and writes the marks to DIR/marks.
 #include <cstdio>
 #include <string>
 
@@ -50,12 +51,16 @@ int main(int argc, char** argv) {
     // Poisoned: every mark must be written.
     std::vector<unsigned> marks(n_tracks, 0xdeadbeefu);
     std::vector<unsigned long long> masks(n_tracks, ~0ull);
-    launch_warps(n_events, [&] {
-        ca_clones(event_start.data(), n_events, track_hit_start.data(), n_tracks,
-                  hit_plane.data(), hit_x.data(), hit_y.data(), n_hits, fits.data(),
-                  plane_z.data(), ints.data(), doubles.data(), nodes.data(), marks.data(),
-                  masks.data());
-    });
+    std::vector<unsigned> refs((size_t)n_tracks * REF_WORDS, 0xdeadbeefu);
+    auto run = [&](auto kernel) {
+        kernel(event_start.data(), n_events, track_hit_start.data(), n_tracks, hit_plane.data(),
+               hit_x.data(), hit_y.data(), n_hits, fits.data(), plane_z.data(), ints.data(),
+               doubles.data(), nodes.data(), marks.data(), masks.data(), refs.data());
+    };
+    launch_warps((n_tracks + 31) / 32, [&] { run(ca_clone_masks); });
+    // A few warps, each striding over many tracks (the GPU launches one per track).
+    launch_warps(std::max(1, std::min(n_tracks, 7)), [&] { run(ca_clone_refs); });
+    launch_warps(n_events, [&] { run(ca_clones); });
     FILE* out = std::fopen((dir + "/marks").c_str(), "wb");
     if (!out || std::fwrite(marks.data(), sizeof(unsigned), marks.size(), out) != marks.size()) {
         std::fprintf(stderr, "cannot write %s/marks\n", dir.c_str());
