@@ -99,7 +99,14 @@ pub struct FinderConfig {
     /// angles): the cuts use the factor of each hit's or track's own slopes
     /// ([`ca::slope_factor`]), at most this one. Default: the factor at the slope limits.
     pub slope_factor: f64,
-    /// Width of every window in standard deviations (scattering and resolution). Default 4.
+    /// Width of every window in standard deviations (scattering and resolution). Default 3:
+    /// each window is already the sum of its widths' bounds (scattering at the minimum
+    /// momentum, the largest slope factor, resolution, the bending bound), so a particle
+    /// above the cut lies well inside it; wider windows hold more hits of other particles,
+    /// and in dense events on thick planes those make ghosts that take true tracks' hits
+    /// (on 102 drawn detectors and events, 3 against 4: efficiency 0.9847 -> 0.9869 and
+    /// ghosts 1.53 % -> 1.34 % on average, no sample worse by more than 0.3 % of its
+    /// particles; with 2-5 % of the scattering kicks three times wider, no loss).
     pub n_sigma: f64,
     /// Make doublets that skip planes (inefficient planes), in a second pass. Default true.
     pub allow_missing_plane: bool,
@@ -214,7 +221,7 @@ impl FinderConfig {
         let b = MomentumBounds::new(det, origin_z_mm, min_p / momentum_slack);
         let (max_tx, max_ty, cx, cy) = (b.max_t[0], b.max_t[1], b.curvature[0], b.curvature[1]);
         let slope_factor = slope_factor(max_tx, max_ty);
-        let n_sigma: f64 = 4.0;
+        let n_sigma: f64 = 3.0;
         let mut cfg = FinderConfig {
             min_p_gev: min_p,
             momentum_slack,

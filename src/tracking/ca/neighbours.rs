@@ -102,15 +102,36 @@ mod tests {
             },
         };
         let cfg = FinderConfig::from_detector(&det, 1.0);
-        // The difference's error is 0.05 (two errors of 0.0354): 4 sigma is 0.2.
+        // The difference's error is 0.05 (two errors of 0.0354): `n_sigma` of them, `w`.
         let s = 0.05f32 / 2f32.sqrt();
-        assert!(compatible(&cfg, &triplet(0.5, s), &triplet(0.31, s)));
-        assert!(!compatible(&cfg, &triplet(0.5, s), &triplet(0.29, s)));
-        assert!(!compatible(&cfg, &triplet(-0.1, s), &triplet(0.11, s)));
+        let w = cfg.n_sigma as f32 * 0.05;
+        assert!(compatible(
+            &cfg,
+            &triplet(0.5, s),
+            &triplet(0.5 - w + 0.01, s)
+        ));
+        assert!(!compatible(
+            &cfg,
+            &triplet(0.5, s),
+            &triplet(0.5 - w - 0.01, s)
+        ));
+        assert!(!compatible(
+            &cfg,
+            &triplet(-0.1, s),
+            &triplet(-0.1 + w + 0.01, s)
+        ));
         // Neither measured q/p (no field): sharing the doublet is the whole condition.
         assert!(compatible(&cfg, &triplet(0.0, 0.0), &triplet(0.0, 0.0)));
         // One measured: the other's q/p (0) within its error.
-        assert!(compatible(&cfg, &triplet(0.15, 0.05), &triplet(0.0, 0.0)));
-        assert!(!compatible(&cfg, &triplet(0.25, 0.05), &triplet(0.0, 0.0)));
+        assert!(compatible(
+            &cfg,
+            &triplet(w - 0.01, 0.05),
+            &triplet(0.0, 0.0)
+        ));
+        assert!(!compatible(
+            &cfg,
+            &triplet(w + 0.01, 0.05),
+            &triplet(0.0, 0.0)
+        ));
     }
 }

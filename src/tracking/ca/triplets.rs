@@ -1876,9 +1876,10 @@ mod tests {
 
     #[test]
     fn kink_cut_follows_the_triplet_momentum() {
-        // The same breaking angle (2.4 mrad in y at the third plane: under 3 sigma of the
-        // scattering at 1.2 GeV/c, over 10 sigma at 20 GeV/c) is kept on a soft track and
-        // refused on a stiff one.
+        // The same breaking angle (1.5 mrad in y at the second plane: within the kink cut's
+        // `n_sigma` of scattering and resolution at 1.2 GeV/c, far beyond them at 20 GeV/c,
+        // where the scattering is 17 times smaller) is kept on a soft track and refused on
+        // a stiff one.
         let det = detector(4, [0.0, 0.8, 0.0], 0.004, 0.016);
         let mut rng = ChaCha8Rng::seed_from_u64(13);
         for &(p, keep) in &[(1.2, true), (20.0, false)] {
@@ -1891,9 +1892,9 @@ mod tests {
                 &mut rng,
                 &mut hits,
             );
-            // Kink at plane 1 (z = 400): planes 2 and 3 move by 0.24 and 0.48 mm in y.
-            hits[2].y_mm += 0.24;
-            hits[3].y_mm += 0.48;
+            // Kink at plane 1 (z = 400): planes 2 and 3 move by 0.15 and 0.30 mm in y.
+            hits[2].y_mm += 0.15;
+            hits[3].y_mm += 0.30;
             let t = triplets(&det, &hits);
             let has = t.iter().any(|x| x.0 == [0, 1, 2]);
             assert_eq!(has, keep, "p {p}: {t:?}");
