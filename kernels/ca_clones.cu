@@ -322,14 +322,15 @@ __device__ __forceinline__ void event_range(const unsigned* event_start, int ev,
     t1 = max((int)min(event_start[ev + 1], (unsigned)n_tracks), t0);
 }
 
-// Step 1, a thread per track: its plane mask (the comparisons read them again and again)
-// and no mark.
+// Step 1, a thread per track: its plane mask (the comparisons read them again and again),
+// no mark, and no reference yet (step 2 writes those of the short tracks).
 extern "C" __global__ void ca_clone_masks(CLONE_ARGS) {
     const int t = (int)(blockIdx.x * (size_t)blockDim.x + threadIdx.x);
     if (t >= n_tracks) {
         return;
     }
     marks[t] = 0;
+    refs[(size_t)t * REF_WORDS] = 0;
     const int n_planes = pi[PI_N_PLANES];
     if (n_planes < 1) {
         return;
@@ -379,13 +380,10 @@ extern "C" __global__ void ca_clone_refs(CLONE_ARGS) {
         }
         int t0, t1;
         event_range(event_start, lo, n_tracks, t0, t1);
-        unsigned* out = refs + (size_t)b * REF_WORDS;
         if (b < t0 || b >= t1) {
-            if (lane == 0) {
-                out[0] = 0;
-            }
             continue;
         }
+        unsigned* out = refs + (size_t)b * REF_WORDS;
         const unsigned long long mb = masks[b];
         unsigned flags = 0;
         unsigned n_refs = 0;
@@ -452,14 +450,8 @@ extern "C" __global__ void ca_clones(CLONE_ARGS) {
     const volatile unsigned* seen = marks;
     for (int base = t0; base < t1; base += 32) {
         const int b = base + lane;
-        unsigned word = 0;
-        int hb0 = 0, hb1 = 0;
-        if (b < t1) {
-            hit_range(bt, b, hb0, hb1);
-            if (hb1 - hb0 <= short_max) {
-                word = refs[(size_t)b * REF_WORDS];
-            }
-        }
+        // Zero for a long track (never a clone) and for a short one without references.
+        const unsigned word = b < t1 ? refs[(size_t)b * REF_WORDS] : 0u;
         if ((word & REF_LONG) != 0) {
             marks[b] = 1;
         }
