@@ -26,9 +26,10 @@
 // free and shared with no other candidate of the chunk: most of them); the greedy choice
 // runs in the block's first warp: a run of such candidates is accepted together, a lane
 // each, the others one at a time (their hits checked and taken by the lanes together),
-// their refits and second chances in lane 0. Candidates, their hits (the event's input indices, upstream
-// first), their fits and the accepted list persist per event across passes (`append`);
-// the used flags are per input hit of the event.
+// their refits in lane 0, the two fits of a second chance in lanes 0 and 1 at once.
+// Candidates, their hits (the event's input indices, upstream first), their fits and the
+// accepted list persist per event across passes (`append`); the used flags are per input
+// hit of the event.
 //
 // An event where the CPU would count an overflow (candidates, candidate hits, tracks) or
 // whose candidates do not fit in its share of the batch's arenas fails with
@@ -574,54 +575,77 @@ __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, 
     __syncthreads();
 }
 
-// One candidate of the choice that is not simply accepted (in one thread): one that lost a
-// hit to a better track of the chunk (refitted without the taken hits), or one whose fit
-// failed the cut (a second chance without its last, then its first hit). False where the
-// event fails.
-__device__ bool choose_slow(const CandEvent& ev, const CandArenas& a, const KalmanTables& T,
-                            CandState& s, uint4 c, const u32* hits, bool is_free, u32* bits) {
-    if (!is_free) {
-        u32 n_free = 0;
-        for (u32 r = 0; r < c.y; r++) n_free += ev.used[hits[r]] ? 0u : 1u;
-        // Taken hits left out (a better track of this chunk took them), refitted.
-        if (n_free < s.min_hits || s.n_cand == s.max_cand || s.n_hits + c.y > s.hits_cap) {
-            return true;
-        }
-        u32 base = s.n_cand;
-        if (!push_copy(ev, a, s, c.x, c.y, true, n_free)) return false;
-        fit_candidate(ev, a, T, base);
-        uint4 cb = a.cand[base];
-        if (good_candidate(cb, s.min_hits, s.max_chi2_ndf) &&
-            !accept_candidate(ev, a, s, base, a.chits + cb.x, cb.y, bits)) {
-            return false;
-        }
+// A candidate of the choice that lost a hit to a better track of the chunk (in one
+// thread): refitted without the taken hits, and accepted if it passes the cut. False
+// where the event fails.
+__device__ bool choose_refit(const CandEvent& ev, const CandArenas& a, const KalmanTables& T,
+                             CandState& s, uint4 c, const u32* hits, u32* bits) {
+    u32 n_free = 0;
+    for (u32 r = 0; r < c.y; r++) n_free += ev.used[hits[r]] ? 0u : 1u;
+    if (n_free < s.min_hits || s.n_cand == s.max_cand || s.n_hits + c.y > s.hits_cap) {
         return true;
     }
-    if (c.y <= s.min_hits) return true;
-    // Second chance: without the last hit, then without the first.
     u32 base = s.n_cand;
-    for (int v = 0; v < 2; v++) {
-        if (s.n_cand == s.max_cand || s.n_hits + c.y > s.hits_cap) return false;
-        u32 skip_first = v == 0 ? 0 : 1;
-        if (!push_copy(ev, a, s, c.x + skip_first, c.y - 1, false, c.y - 1)) return false;
-    }
-    for (u32 q = base; q < s.n_cand; q++) fit_candidate(ev, a, T, q);
-    int best = -1;
-    float best_q = 0.0f;
-    for (u32 q = base; q < s.n_cand; q++) {
-        uint4 cq = a.cand[q];
-        if (!good_candidate(cq, s.min_hits, s.max_chi2_ndf)) continue;
-        float qq = __uint_as_float(cq.z) / (float)cq.w;
-        if (best < 0 || qq < best_q) {
-            best = (int)q;
-            best_q = qq;
-        }
-    }
-    if (best >= 0) {
-        uint4 cb = a.cand[best];
-        if (!accept_candidate(ev, a, s, (u32)best, a.chits + cb.x, cb.y, bits)) return false;
+    if (!push_copy(ev, a, s, c.x, c.y, true, n_free)) return false;
+    fit_candidate(ev, a, T, base);
+    uint4 cb = a.cand[base];
+    if (good_candidate(cb, s.min_hits, s.max_chi2_ndf) &&
+        !accept_candidate(ev, a, s, base, a.chits + cb.x, cb.y, bits)) {
+        return false;
     }
     return true;
+}
+
+// The second chance of a candidate that failed the cut with every hit free (choose in
+// candidates.rs), by the choice's warp: lane 0 places its two copies (without the last
+// hit, without the first), lanes 0 and 1 fit one each at the same time, and lane 0
+// accepts the better one that passes the cut. The counters go through `shared_s`. False
+// (in every lane) where the event fails.
+__device__ bool choose_second_chance(const CandEvent& ev, const CandArenas& a,
+                                     const KalmanTables& T, CandState& s, uint4 c, u32* bits,
+                                     CandState* shared_s) {
+    const u32 lane = threadIdx.x & 31u;
+    int ok = 1;
+    if (lane == 0) {
+        for (int v = 0; v < 2 && ok; v++) {
+            if (s.n_cand == s.max_cand || s.n_hits + c.y > s.hits_cap ||
+                !push_copy(ev, a, s, c.x + (u32)v, c.y - 1, false, c.y - 1)) {
+                ok = 0;
+            }
+        }
+        *shared_s = s;
+    }
+    __syncwarp();
+    s = *shared_s;
+    ok = __shfl_sync(0xffffffffu, ok, 0);
+    __syncwarp();
+    if (!ok) return false;
+    const u32 base = s.n_cand - 2;
+    if (lane < 2) fit_candidate(ev, a, T, base + lane);
+    __syncwarp();
+    if (lane == 0) {
+        int best = -1;
+        float best_q = 0.0f;
+        for (u32 q = base; q < base + 2; q++) {
+            uint4 cq = a.cand[q];
+            if (!good_candidate(cq, s.min_hits, s.max_chi2_ndf)) continue;
+            float qq = __uint_as_float(cq.z) / (float)cq.w;
+            if (best < 0 || qq < best_q) {
+                best = (int)q;
+                best_q = qq;
+            }
+        }
+        if (best >= 0) {
+            uint4 cb = a.cand[best];
+            if (!accept_candidate(ev, a, s, (u32)best, a.chits + cb.x, cb.y, bits)) ok = 0;
+        }
+        *shared_s = s;
+    }
+    __syncwarp();
+    s = *shared_s;
+    ok = __shfl_sync(0xffffffffu, ok, 0);
+    __syncwarp();
+    return ok != 0;
 }
 
 #ifdef CA_PHASE_CLOCKS
@@ -633,9 +657,10 @@ __shared__ unsigned long long ca_slow_calls[3], ca_slow_cycles[3];
 // choose in candidates.rs over the staged chunk, by the block's first warp (all its 32
 // lanes, each with the same copy of the counters `s`): a candidate's hits are checked and
 // taken by the lanes together, one candidate after the other in the choice's order (a
-// __syncwarp between two orders the used flags and the filter); a candidate that is not
-// simply accepted goes to lane 0 (choose_slow), which hands the counters back through
-// `shared_s`. False (in every lane) where the event fails.
+// __syncwarp between two orders the used flags and the filter); a candidate that failed
+// the cut gets its second chance from the warp (choose_second_chance), one that lost a
+// hit goes to lane 0 (choose_refit); both hand the counters back through `shared_s`.
+// False (in every lane) where the event fails.
 __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, const KalmanTables& T,
                                   CandState& s, u32 from, u32 m, ChunkStage& st,
                                   CandState* shared_s) {
@@ -695,18 +720,34 @@ __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, cons
             i++;
             continue;
         }
+        if (is_free) {
+            // Failed the cut: a second chance without an end hit where it has hits to
+            // spare (its two fits at once), nothing otherwise.
+            if (c.y > s.min_hits) {
+#ifdef CA_PHASE_CLOCKS
+                const long long t0 = clock64();
+#endif
+                const bool ok2 = choose_second_chance(ev, a, T, s, c, st.bits, shared_s);
+#ifdef CA_PHASE_CLOCKS
+                if (lane == 0) {
+                    ca_slow_calls[2]++;
+                    ca_slow_cycles[2] += clock64() - t0;
+                }
+#endif
+                if (!ok2) return false;
+            }
+            i++;
+            continue;
+        }
         int ok = 1;
         if (lane == 0) {
 #ifdef CA_PHASE_CLOCKS
-            int kind = 2;
-            if (!is_free) {
-                u32 n_free = 0;
-                for (u32 r = 0; r < c.y; r++) n_free += ev.used[hits[r]] ? 0u : 1u;
-                kind = n_free >= s.min_hits ? 1 : 0;
-            }
+            u32 n_free = 0;
+            for (u32 r = 0; r < c.y; r++) n_free += ev.used[hits[r]] ? 0u : 1u;
+            const int kind = n_free >= s.min_hits ? 1 : 0;
             const long long t0 = clock64();
 #endif
-            ok = choose_slow(ev, a, T, s, c, hits, is_free, st.bits) ? 1 : 0;
+            ok = choose_refit(ev, a, T, s, c, hits, st.bits) ? 1 : 0;
 #ifdef CA_PHASE_CLOCKS
             ca_slow_calls[kind]++;
             ca_slow_cycles[kind] += clock64() - t0;
