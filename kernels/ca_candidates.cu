@@ -382,10 +382,19 @@ __device__ int filter_chain(const CandEvent& ev, const u32* raw, u32 len, u32 lv
     u32 taken = (ev.used[raw[0]] ? 1u : 0u) + (ev.used[raw[1]] ? 1u : 0u) +
                 (ev.used[raw[2]] ? 1u : 0u);
     if (lv + 2 - taken < min_hits) return -1;
+    // Eight hits at a time, upstream first: their loads, then their flags' loads, each
+    // eight independent of each other (one thread: latency, not work).
     u32 w = 0;
-    for (u32 i = len; i-- > 0;) {
-        u32 h = raw[i];
-        if (!ev.used[h]) out[w++] = h;
+    for (u32 i0 = 0; i0 < len; i0 += 8) {
+        u32 h[8], u[8];
+#pragma unroll
+        for (int q = 0; q < 8; q++) h[q] = i0 + q < len ? raw[len - 1 - (i0 + q)] : 0u;
+#pragma unroll
+        for (int q = 0; q < 8; q++) u[q] = i0 + q < len ? ev.used[h[q]] : 1u;
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            if (!u[q]) out[w++] = h[q];
+        }
     }
     return w < min_hits ? 0 : (int)w;
 }
@@ -536,11 +545,21 @@ __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, 
     for (u32 j = threadIdx.x; j < m; j += CAND_THREADS) {
         uint4 c = a.cand[from + j];
         st.cand[j] = c;
+        // Eight hits at a time (their loads, then their flags' loads, independent).
         u32 n_free = 0;
-        for (u32 r = 0; r < c.y; r++) {
-            u32 h = a.chits[c.x + r];
-            st.hits[j * MAX_CHAIN + r] = h;
-            n_free += ev.used[h] ? 0u : 1u;
+        for (u32 r0 = 0; r0 < c.y; r0 += 8) {
+            u32 h[8], u[8];
+#pragma unroll
+            for (int q = 0; q < 8; q++) h[q] = r0 + q < c.y ? a.chits[c.x + r0 + q] : 0u;
+#pragma unroll
+            for (int q = 0; q < 8; q++) u[q] = r0 + q < c.y ? ev.used[h[q]] : 1u;
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                if (r0 + q < c.y) {
+                    st.hits[j * MAX_CHAIN + r0 + q] = h[q];
+                    n_free += u[q] ? 0u : 1u;
+                }
+            }
         }
         st.free0[j] = n_free;
     }
