@@ -671,6 +671,12 @@ __device__ bool choose_second_chance(const CandEvent& ev, const CandArenas& a,
 // Profiling builds: the choice's slow calls per block, by kind (0 lost hits and dropped,
 // 1 lost hits and refitted, 2 second chance), and their cycles.
 __shared__ unsigned long long ca_slow_calls[3], ca_slow_cycles[3];
+#ifdef CA_COUNT_RETRIES
+// With -DCA_COUNT_RETRIES too: the chunk's candidates whose first fit pass asks for the
+// retry (computed once more, so the phase's cycles are not the kernel's), and the chunks
+// with at least one such candidate.
+__shared__ u32 ca_retry_fits, ca_retry_chunks, ca_chunk_has_retry;
+#endif
 #endif
 
 // choose in candidates.rs over the staged chunk, by the block's first warp (all its 32
@@ -880,6 +886,9 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
     long long ph_t = clock64();
     u32 ph_windows = 0, ph_chunks = 0;
     if (tid < 3) ca_slow_calls[tid] = ca_slow_cycles[tid] = 0;
+#ifdef CA_COUNT_RETRIES
+    if (tid == 0) ca_retry_fits = ca_retry_chunks = ca_chunk_has_retry = 0u;
+#endif
     __syncthreads();
 #define CA_PHASE(k)                   \
     do {                              \
@@ -1049,8 +1058,30 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
         if (s_close) {
             for (u32 c = s_pending_from + tid; c < s.n_cand; c += CAND_THREADS) {
                 fit_candidate(ev, a, T, c);
+#if defined(CA_PHASE_CLOCKS) && defined(CA_COUNT_RETRIES)
+                {
+                    uint4 cd = a.cand[c];
+                    CandHits h;
+                    h.idx = a.chits + cd.x;
+                    h.hx = ev.x;
+                    h.hy = ev.y;
+                    h.hp = ev.plane;
+                    KalmanResult r1;
+                    kalman_fit_pass(h, (int)cd.y, MAX_CHAIN, T, r1, (int)cd.y / 2);
+                    if (cd.y >= 4 && !(r1.ok && r1.chi2 <= RETRY_CHI2_NDF * (float)r1.ndf)) {
+                        atomicAdd(&ca_retry_fits, 1u);
+                        ca_chunk_has_retry = 1u;
+                    }
+                }
+#endif
             }
             __syncthreads();
+#if defined(CA_PHASE_CLOCKS) && defined(CA_COUNT_RETRIES)
+            if (tid == 0) {
+                ca_retry_chunks += ca_chunk_has_retry;
+                ca_chunk_has_retry = 0u;
+            }
+#endif
             CA_PHASE(3);
             u32 m = s.n_cand - s_pending_from;
             stage_chunk(ev, a, s_pending_from, m, st, min_hits, max_chi2_ndf);
@@ -1092,6 +1123,12 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
                e, append, n_order, ph_windows, ph_chunks, s.n_cand, ph[0], ph[1], ph[2],
                ph[3], ph[4], ph[5], ph[6], ca_slow_calls[0], ca_slow_cycles[0],
                ca_slow_calls[1], ca_slow_cycles[1], ca_slow_calls[2], ca_slow_cycles[2]);
+#endif
+#if defined(CA_PHASE_CLOCKS) && defined(CA_COUNT_RETRIES)
+    if (tid == 0 && e < 2)
+        printf("ca_candidates retries event %d append %d: %u candidates' fits retried, in %u "
+               "of %u chunks\n",
+               e, append, ca_retry_fits, ca_retry_chunks, ph_chunks);
 #endif
 #undef CA_PHASE
     if (tid == 0) {
