@@ -429,16 +429,23 @@ __device__ __forceinline__ void store_fit(const KalmanResult& r, u32* o) {
     o[23] = (u32)r.ok;
 }
 
-// fit_range for one candidate: the fit into the fit arena, its chi2 and ndf into the
-// candidate (chi2 infinite where the fit failed).
-__device__ void fit_candidate(const CandEvent& ev, const CandArenas& a, const KalmanTables& T,
-                              u32 c) {
-    uint4 cd = a.cand[c];
+// The hits of candidate record cd for the fit.
+__device__ __forceinline__ CandHits candidate_hits(const CandEvent& ev, const CandArenas& a,
+                                                   uint4 cd) {
     CandHits h;
     h.idx = a.chits + cd.x;
     h.hx = ev.x;
     h.hy = ev.y;
     h.hp = ev.plane;
+    return h;
+}
+
+// fit_range for one candidate: the fit into the fit arena, its chi2 and ndf into the
+// candidate (chi2 infinite where the fit failed).
+__device__ void fit_candidate(const CandEvent& ev, const CandArenas& a, const KalmanTables& T,
+                              u32 c) {
+    uint4 cd = a.cand[c];
+    const CandHits h = candidate_hits(ev, a, cd);
     KalmanResult r;
     kalman_fit_track(h, (int)cd.y, MAX_CHAIN, T, r);
     store_fit(r, a.fits + (size_t)c * FIT_WORDS);
@@ -615,6 +622,17 @@ __device__ bool choose_refit(const CandEvent& ev, const CandArenas& a, const Kal
     return true;
 }
 
+// Lane 0's counters (written to *shared_s) and verdict `ok`, handed to every lane of the
+// warp; the second __syncwarp keeps lane 0 from writing *shared_s again before every lane
+// has read it.
+__device__ __forceinline__ int from_lane0(CandState& s, int ok, const CandState* shared_s) {
+    __syncwarp();
+    s = *shared_s;
+    ok = __shfl_sync(0xffffffffu, ok, 0);
+    __syncwarp();
+    return ok;
+}
+
 // The second chance of a candidate that failed the cut with every hit free (choose in
 // candidates.rs), by the choice's warp: lane 0 places its two copies (without the last
 // hit, without the first), lanes 0 and 1 fit one each at the same time, and lane 0
@@ -634,11 +652,7 @@ __device__ bool choose_second_chance(const CandEvent& ev, const CandArenas& a,
         }
         *shared_s = s;
     }
-    __syncwarp();
-    s = *shared_s;
-    ok = __shfl_sync(0xffffffffu, ok, 0);
-    __syncwarp();
-    if (!ok) return false;
+    if (!from_lane0(s, ok, shared_s)) return false;
     const u32 base = s.n_cand - 2;
     if (lane < 2) fit_candidate(ev, a, T, base + lane);
     __syncwarp();
@@ -660,11 +674,7 @@ __device__ bool choose_second_chance(const CandEvent& ev, const CandArenas& a,
         }
         *shared_s = s;
     }
-    __syncwarp();
-    s = *shared_s;
-    ok = __shfl_sync(0xffffffffu, ok, 0);
-    __syncwarp();
-    return ok != 0;
+    return from_lane0(s, ok, shared_s) != 0;
 }
 
 #ifdef CA_PHASE_CLOCKS
@@ -779,12 +789,7 @@ __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, cons
 #endif
             *shared_s = s;
         }
-        __syncwarp();
-        s = *shared_s;
-        ok = __shfl_sync(0xffffffffu, ok, 0);
-        // Every lane has read the counters before lane 0 writes them again.
-        __syncwarp();
-        if (!ok) return false;
+        if (!from_lane0(s, ok, shared_s)) return false;
         i++;
     }
     return true;
@@ -1060,15 +1065,11 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
                 fit_candidate(ev, a, T, c);
 #if defined(CA_PHASE_CLOCKS) && defined(CA_COUNT_RETRIES)
                 {
-                    uint4 cd = a.cand[c];
-                    CandHits h;
-                    h.idx = a.chits + cd.x;
-                    h.hx = ev.x;
-                    h.hy = ev.y;
-                    h.hp = ev.plane;
+                    const uint4 cd = a.cand[c];
                     KalmanResult r1;
-                    kalman_fit_pass(h, (int)cd.y, MAX_CHAIN, T, r1, (int)cd.y / 2);
-                    if (cd.y >= 4 && !(r1.ok && r1.chi2 <= RETRY_CHI2_NDF * (float)r1.ndf)) {
+                    kalman_fit_pass(candidate_hits(ev, a, cd), (int)cd.y, MAX_CHAIN, T, r1,
+                                    (int)cd.y / 2);
+                    if (kalman_retry((int)cd.y, r1)) {
                         atomicAdd(&ca_retry_fits, 1u);
                         ca_chunk_has_retry = 1u;
                     }

@@ -686,12 +686,16 @@ __device__ void kalman_fit_pass(const Hits& h, int n, int kmax, const KalmanTabl
 // The fit of one candidate of n hits (upstream first), read through `h`: h.plane(k),
 // h.x(k), h.y(k). Used by the kalman_fit kernel (hits in its batch layout) and by the
 // candidate step of the CA module (hits of a device-resident candidate).
+// Whether the first pass `res` of a fit of n hits is fitted again (RETRY_CHI2_NDF).
+__device__ __forceinline__ bool kalman_retry(int n, const KalmanResult& res) {
+    return n >= 4 && !(res.ok && res.chi2 <= RETRY_CHI2_NDF * (float)res.ndf);
+}
+
 template <class Hits>
 __device__ void kalman_fit_track(const Hits& h, int n, int kmax, const KalmanTables& T,
                                  KalmanResult& res) {
     kalman_fit_pass(h, n, kmax, T, res, n / 2);
-    const bool retry = n >= 4 && !(res.ok && res.chi2 <= RETRY_CHI2_NDF * (float)res.ndf);
-    if (retry) {
+    if (kalman_retry(n, res)) {
         KalmanResult again;
         kalman_fit_pass(h, n, kmax, T, again, n / 2 - 1);
         if (again.ok && (!res.ok || again.chi2 < res.chi2)) res = again;
