@@ -194,21 +194,22 @@ fn main() {
             let what = format!("{name} {preset:?}");
             if on_all.len() > 1 {
                 // One GPU with `per_gpu` trackers, then every GPU with as many, same run.
-                let one_k = if per_gpu > 1 {
+                let (one_k, lat_k) = if per_gpu > 1 {
                     several_gpus(&on_one, &det, &cfg, &events, launch, rounds)
                 } else {
-                    gpu
+                    (gpu, lat.clone())
                 };
                 let all_k = if n_gpus > 1 {
-                    several_gpus(&on_all, &det, &cfg, &events, launch, rounds)
+                    several_gpus(&on_all, &det, &cfg, &events, launch, rounds).0
                 } else {
                     one_k
                 };
+                let (p50_k, p99_k) = (quantile(&lat_k, 0.5), quantile(&lat_k, 0.99));
                 println!(
-                    "{what}: 1 GPU x 1 tracker {gpu:.0}, 1 GPU x {per_gpu} {one_k:.0}, {n_gpus} GPU(s) x {per_gpu} {all_k:.0} events/s"
+                    "{what}: 1 GPU x 1 tracker {gpu:.0}, 1 GPU x {per_gpu} {one_k:.0} (launch ms p50 {p50_k:.2}, p99 {p99_k:.2}), {n_gpus} GPU(s) x {per_gpu} {all_k:.0} events/s"
                 );
                 multi.push(format!(
-                    "| {what} | {launch} | {gpu:.0} | {one_k:.0} | {all_k:.0} | {:.2}x | {:.2}x | {:.1}x | {:.1}x |",
+                    "| {what} | {launch} | {gpu:.0} | {one_k:.0} | {p50_k:.2} / {p99_k:.2} | {all_k:.0} | {:.2}x | {:.2}x | {:.1}x | {:.1}x |",
                     one_k / gpu,
                     all_k / one_k,
                     all_k / n_gpus as f64 / one,
@@ -255,9 +256,9 @@ fn main() {
     if !multi.is_empty() {
         println!();
         println!(
-            "| events | per launch | 1 GPU x 1 tracker, events/s | 1 GPU x {per_gpu}, events/s | {n_gpus} GPU(s) x {per_gpu}, events/s | 1 GPU: {per_gpu} trackers / 1 | {n_gpus} GPUs / 1, {per_gpu} trackers each | per GPU / 1 core | per GPU / all {cores} cores |"
+            "| events | per launch | 1 GPU x 1 tracker, events/s | 1 GPU x {per_gpu}, events/s | 1 GPU x {per_gpu}: launch ms p50 / p99 | {n_gpus} GPU(s) x {per_gpu}, events/s | 1 GPU: {per_gpu} trackers / 1 | {n_gpus} GPUs / 1, {per_gpu} trackers each | per GPU / 1 core | per GPU / all {cores} cores |"
         );
-        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
         for row in multi {
             println!("{row}");
         }
@@ -266,7 +267,8 @@ fn main() {
 
 /// Events/s with the launches dealt round-robin over one tracker per entry of `devices`
 /// (a GPU may appear more than once), each on its own host thread (as the daemon runs
-/// one worker per tracker), `rounds` times over `events`.
+/// one worker per tracker), `rounds` times over `events`; and every launch's latency, ms
+/// (from the call to the tracks in host memory, while the other trackers run).
 fn several_gpus(
     devices: &[trigd::gpu::GpuDevice],
     det: &Detector,
@@ -274,7 +276,7 @@ fn several_gpus(
     events: &[Vec<HitRecord>],
     launch: usize,
     rounds: usize,
-) -> f64 {
+) -> (f64, Vec<f64>) {
     let chunks: Vec<&[Vec<HitRecord>]> = events.chunks(launch).collect();
     let mut trackers: Vec<GpuTracker> = devices
         .iter()
@@ -295,24 +297,39 @@ fn several_gpus(
         t.set_write_threads((cores / n).max(1));
     }
     let start = std::sync::Barrier::new(n + 1);
-    let t0 = std::thread::scope(|s| {
-        for (g, tracker) in trackers.iter_mut().enumerate() {
-            let (chunks, start) = (&chunks, &start);
-            s.spawn(move || {
-                let (mut out, mut back) = (Vec::new(), Vec::new());
-                start.wait();
-                for _ in 0..rounds {
-                    for chunk in chunks.iter().skip(g).step_by(n) {
-                        let views: Vec<&[HitRecord]> = chunk.iter().map(Vec::as_slice).collect();
-                        tracker
-                            .reconstruct_batch(&views, &mut out, &mut back)
-                            .expect("launch");
+    let (t0, lat) = std::thread::scope(|s| {
+        let handles: Vec<_> = trackers
+            .iter_mut()
+            .enumerate()
+            .map(|(g, tracker)| {
+                let (chunks, start) = (&chunks, &start);
+                s.spawn(move || {
+                    let (mut out, mut back) = (Vec::new(), Vec::new());
+                    let mut lat = Vec::new();
+                    start.wait();
+                    for _ in 0..rounds {
+                        for chunk in chunks.iter().skip(g).step_by(n) {
+                            let views: Vec<&[HitRecord]> =
+                                chunk.iter().map(Vec::as_slice).collect();
+                            let t = Instant::now();
+                            tracker
+                                .reconstruct_batch(&views, &mut out, &mut back)
+                                .expect("launch");
+                            lat.push(t.elapsed().as_secs_f64() * 1e3);
+                        }
                     }
-                }
-            });
-        }
+                    lat
+                })
+            })
+            .collect();
         start.wait();
-        Instant::now()
+        let t0 = Instant::now();
+        let lat: Vec<f64> = handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("tracker thread"))
+            .collect();
+        (t0, lat)
     });
-    (rounds * events.len()) as f64 / t0.elapsed().as_secs_f64()
+    let rate = (rounds * events.len()) as f64 / t0.elapsed().as_secs_f64();
+    (rate, lat)
 }
