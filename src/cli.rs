@@ -751,7 +751,15 @@ fn open_feed(
 ) -> anyhow::Result<Box<dyn crate::pipeline::FrameFeed>> {
     match InputFormat::of(path) {
         InputFormat::Recording => Ok(Box::new(RecordingFeed::open(path)?)),
-        InputFormat::TrackmlCsv => Ok(Box::new(TrackmlFeed::open(path)?)),
+        InputFormat::TrackmlCsv => {
+            // The detector's planes, to check each event's `layer_id` against its hits' z.
+            let planes_z = crate::backend::tracking::TrackingConfig::from_config(cfg)
+                .ok()
+                .and_then(|t| crate::tracking::geometry::Detector::from_toml_file(&t.geometry).ok())
+                .map(|d| d.planes.iter().map(|p| p.z_mm).collect())
+                .unwrap_or_default();
+            Ok(Box::new(TrackmlFeed::open(path, planes_z)?))
+        }
         InputFormat::Edf => {
             let eeg = cfg.eeg.as_ref();
             let channels = eeg

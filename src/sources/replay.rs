@@ -64,14 +64,18 @@ impl InputFormat {
 /// Replays a TrackML-style CSV directory: one hit event per `eventNNNNNNNNN-hits.csv`, in
 /// increasing event id; the frame's sequence number is the event id and its timestamp
 /// `event_id` milliseconds (CSV files carry no time: `--speed 1.0` replays 1,000 events/s).
+/// With the detector's planes, each event's planes are checked against them and taken from
+/// the hits' z where `layer_id` numbers them otherwise
+/// ([`crate::tracking::trackml::assign_planes`]; logged at the first such event).
 pub struct TrackmlFeed {
     dir: crate::tracking::trackml::TrackmlDir,
     total: u64,
 }
 
 impl TrackmlFeed {
-    pub fn open(path: &Path) -> anyhow::Result<Self> {
-        let dir = crate::tracking::trackml::read_trackml_dir(path)?;
+    /// `planes_z`: the detector's planes by increasing z (empty: `layer_id` as given).
+    pub fn open(path: &Path, planes_z: Vec<f64>) -> anyhow::Result<Self> {
+        let dir = crate::tracking::trackml::read_trackml_dir(path)?.with_planes(planes_z);
         let total = dir.len() as u64;
         Ok(Self { dir, total })
     }
@@ -79,7 +83,13 @@ impl TrackmlFeed {
 
 impl FrameFeed for TrackmlFeed {
     fn next_frame(&mut self, buf: &mut Vec<u8>) -> Option<Result<(), FeedError>> {
+        let before = self.dir.relabelled().0;
         let ev = self.dir.next()?;
+        if let (1, Some(note)) = self.dir.relabelled() {
+            if before == 0 {
+                tracing::warn!("{note}");
+            }
+        }
         buf.clear();
         Some(match ev {
             Ok(ev) => {

@@ -297,7 +297,13 @@ pub fn run_eval(
     let submission = args.tracks.as_deref().map(submission_tracks).transpose()?;
     let mut evaluator = Evaluator::new(cfg, Some(&det));
     let limit = args.max_events.unwrap_or(usize::MAX);
-    for ev in trackml::read_trackml_dir(&args.events)?.take(limit) {
+    // Each event's planes checked against the description's: taken from the hits' z where
+    // `layer_id` numbers the planes otherwise.
+    let mut events = trackml::read_trackml_dir(&args.events)?
+        .with_planes(det.planes.iter().map(|p| p.z_mm).collect());
+    let mut n_events = 0u64;
+    for ev in events.by_ref().take(limit) {
+        n_events += 1;
         let ev = ev?;
         let truth = ev.truth.as_ref().with_context(|| {
             format!(
@@ -323,6 +329,9 @@ pub fn run_eval(
             ev.particles.as_deref(),
             &tracks,
         )?;
+    }
+    if let (n, Some(note)) = events.relabelled() {
+        tracing::warn!("{note} (in {n} of {n_events} events)");
     }
     let report = evaluator.finish();
     let markdown = report.to_markdown();

@@ -4,7 +4,9 @@
 //! Files per event in one directory, `NNNNNNNNN` the event id (nine digits):
 //! - `eventNNNNNNNNN-hits.csv`: `hit_id,x,y,z,volume_id,layer_id,module_id` (mm;
 //!   `layer_id` is the plane index from 0; `volume_id` and `module_id` are written as 0
-//!   and ignored on reading),
+//!   and ignored on reading; where the reader knows the detector's planes and `layer_id`
+//!   numbers them otherwise, as TrackML's 2, 4, 6, .. or from 1, the hits' z tell their
+//!   planes: [`assign_planes`]),
 //! - `eventNNNNNNNNN-truth.csv`: `hit_id,particle_id,tx,ty,tz,tpx,tpy,tpz,weight` (true
 //!   position in mm, momentum in GeV/c; particle 0 = noise),
 //! - `eventNNNNNNNNN-particles.csv`: `particle_id,vx,vy,vz,px,py,pz,q,nhits`.
@@ -434,16 +436,154 @@ pub fn align_truth(
     Ok(truth)
 }
 
+/// Where an event's hits got their planes from ([`assign_planes`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PlaneSource {
+    /// `layer_id`: every hit lies on the plane it names (or no plane list was given).
+    LayerId,
+    /// The hits' z: `layer_id` is not the plane index (`example`: a hit's `layer_id`, its
+    /// z in mm and the plane at that z), and more hits lie on a plane than on the one their
+    /// `layer_id` names. `off_planes` hits lie on no plane: their plane is set to
+    /// [`NO_PLANE`], which the finder refuses and counts.
+    Z {
+        example: (u16, f32, u16),
+        off_planes: usize,
+    },
+    /// `layer_id`, although `inconsistent` hits do not lie on the plane it names: their z
+    /// say less (written as 0, say) than their `layer_id`.
+    LayerIdUnconfirmed { inconsistent: usize },
+}
+
+/// The plane of a hit whose z lies on no plane of the detector.
+pub const NO_PLANE: u16 = u16::MAX;
+
+/// How far (mm) a hit's z may lie from its plane's: a quarter of the smallest gap between
+/// neighbouring planes (a sensor's thickness or a module's offset, not the next plane),
+/// 1 mm with one plane.
+pub fn plane_z_tolerance(planes_z: &[f64]) -> f64 {
+    let gap = planes_z
+        .windows(2)
+        .map(|w| (w[1] - w[0]).abs())
+        .fold(f64::INFINITY, f64::min);
+    if gap.is_finite() {
+        0.25 * gap
+    } else {
+        1.0
+    }
+}
+
+/// Checks that each hit's plane (`layer_id`) is the plane at its z (`planes_z`: the
+/// detector's planes by increasing z) and, where it is not for some hits, takes the planes
+/// from the hits' z when that places more hits on a plane than `layer_id` does: files whose
+/// `layer_id` counts the planes otherwise (TrackML's 2, 4, 6, .., or from 1) would
+/// otherwise put every hit on a wrong plane and find nothing. Hits on no plane then get
+/// [`NO_PLANE`]. Where the hits' z place fewer hits (z written as 0, say), `layer_id` is
+/// kept. An empty `planes_z` checks nothing.
+pub fn assign_planes(hits: &mut [HitRecord], planes_z: &[f64]) -> PlaneSource {
+    if planes_z.is_empty() {
+        return PlaneSource::LayerId;
+    }
+    let tol = plane_z_tolerance(planes_z);
+    // The plane within `tol` of `z`: the nearest of the two around it.
+    let at = |z: f32| -> Option<u16> {
+        let z = f64::from(z);
+        let k = planes_z.partition_point(|&p| p < z);
+        [k.checked_sub(1), (k < planes_z.len()).then_some(k)]
+            .into_iter()
+            .flatten()
+            .map(|i| (i, (planes_z[i] - z).abs()))
+            .filter(|&(_, d)| d <= tol)
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(i, _)| i as u16)
+    };
+    let on_own = |h: &HitRecord| {
+        planes_z
+            .get(h.plane as usize)
+            .is_some_and(|&p| (f64::from(h.z_mm) - p).abs() <= tol)
+    };
+    let consistent = hits.iter().filter(|h| on_own(h)).count();
+    if consistent == hits.len() {
+        return PlaneSource::LayerId;
+    }
+    let placed = hits.iter().filter(|h| at(h.z_mm).is_some()).count();
+    if placed <= consistent {
+        return PlaneSource::LayerIdUnconfirmed {
+            inconsistent: hits.len() - consistent,
+        };
+    }
+    let mut example = None;
+    let mut off_planes = 0;
+    for h in hits.iter_mut() {
+        let plane = at(h.z_mm);
+        if example.is_none() && plane != Some(h.plane) {
+            if let Some(p) = plane {
+                example = Some((h.plane, h.z_mm, p));
+            }
+        }
+        off_planes += plane.is_none() as usize;
+        h.plane = plane.unwrap_or(NO_PLANE);
+    }
+    PlaneSource::Z {
+        // `placed > consistent`: some hit lies on a plane other than its own.
+        example: example.unwrap_or((0, 0.0, 0)),
+        off_planes,
+    }
+}
+
+impl PlaneSource {
+    /// What a log line says of an event whose planes did not come from `layer_id` alone;
+    /// `None` for [`PlaneSource::LayerId`].
+    pub fn describe(&self, origin: &str) -> Option<String> {
+        match *self {
+            PlaneSource::LayerId => None,
+            PlaneSource::Z {
+                example: (layer, z, plane),
+                off_planes,
+            } => Some(format!(
+                "{origin}: layer_id is not the plane index of the detector description \
+                 (a hit with layer_id {layer} lies at z = {z} mm, on plane {plane}): each hit's \
+                 plane is taken from its z{}",
+                if off_planes > 0 {
+                    format!(", and {off_planes} hits on no plane are refused")
+                } else {
+                    String::new()
+                }
+            )),
+            PlaneSource::LayerIdUnconfirmed { inconsistent } => Some(format!(
+                "{origin}: {inconsistent} hits do not lie at the z of the plane their layer_id \
+                 names, and their z name no plane either: layer_id kept"
+            )),
+        }
+    }
+}
+
 /// The events of a CSV directory, in increasing event id, read one at a time.
 #[derive(Debug)]
 pub struct TrackmlDir {
     dir: PathBuf,
     event_ids: std::vec::IntoIter<u64>,
+    /// The detector's planes' z ([`TrackmlDir::with_planes`]).
+    planes_z: Vec<f64>,
+    /// Events whose planes did not come from `layer_id` alone, and the first one's account.
+    relabelled: u64,
+    first_note: Option<String>,
 }
 
 impl TrackmlDir {
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+    /// Checks each event's planes against the detector's (`planes_z`, by increasing z),
+    /// taking them from the hits' z where `layer_id` numbers them otherwise
+    /// ([`assign_planes`]).
+    pub fn with_planes(mut self, planes_z: Vec<f64>) -> Self {
+        self.planes_z = planes_z;
+        self
+    }
+    /// Events read so far whose planes did not come from `layer_id` alone, and what the
+    /// first of them said ([`PlaneSource::describe`]).
+    pub fn relabelled(&self) -> (u64, Option<&str>) {
+        (self.relabelled, self.first_note.as_deref())
     }
     pub fn len(&self) -> usize {
         self.event_ids.len()
@@ -489,6 +629,9 @@ pub fn read_trackml_dir(dir: impl AsRef<Path>) -> Result<TrackmlDir, TrackmlErro
     Ok(TrackmlDir {
         dir,
         event_ids: ids.into_iter(),
+        planes_z: Vec::new(),
+        relabelled: 0,
+        first_note: None,
     })
 }
 
@@ -544,7 +687,19 @@ impl Iterator for TrackmlDir {
     type Item = Result<TrackmlEvent, TrackmlError>;
     fn next(&mut self) -> Option<Self::Item> {
         let id = self.event_ids.next()?;
-        Some(read_event(&self.dir, id))
+        let mut ev = read_event(&self.dir, id);
+        if let Ok(ev) = &mut ev {
+            let source = assign_planes(&mut ev.hits, &self.planes_z);
+            if let Some(note) =
+                source.describe(&file_name(&self.dir, id, "hits").display().to_string())
+            {
+                self.relabelled += 1;
+                if self.first_note.is_none() {
+                    self.first_note = Some(note);
+                }
+            }
+        }
+        Some(ev)
     }
     fn size_hint(&self) -> (usize, Option<usize>) {
         self.event_ids.size_hint()
@@ -553,7 +708,10 @@ impl Iterator for TrackmlDir {
 
 /// Runs every parser of this module over `bytes` (the fuzz target's body).
 pub fn fuzz_parsers(bytes: &[u8]) {
-    let _ = parse_hits_csv(bytes, "fuzz");
+    if let Ok(mut hits) = parse_hits_csv(bytes, "fuzz") {
+        let _ = assign_planes(&mut hits, &[100.0, 180.0, 250.5, 400.0]);
+        let _ = assign_planes(&mut hits, &[0.0]);
+    }
     let _ = parse_truth_csv(bytes, "fuzz");
     let _ = parse_particles_csv(bytes, "fuzz");
     let _ = parse_submission_csv(bytes, "fuzz");
@@ -561,6 +719,115 @@ pub fn fuzz_parsers(bytes: &[u8]) {
 
 #[cfg(test)]
 mod tests {
+
+    fn hit(id: u32, z: f32, plane: u16) -> HitRecord {
+        HitRecord {
+            x_mm: 1.0,
+            y_mm: -2.0,
+            z_mm: z,
+            plane,
+            hit_id: id,
+        }
+    }
+
+    const PLANES: [f64; 4] = [250.0, 330.0, 420.0, 520.0];
+
+    #[test]
+    fn planes_numbered_from_zero_are_kept() {
+        let mut hits: Vec<_> = (0..4)
+            .map(|k| hit(k, PLANES[k as usize] as f32, k as u16))
+            .collect();
+        // A sensor's thickness off its plane's z still counts as on it.
+        hits[2].z_mm += 3.0;
+        let before = hits.clone();
+        assert_eq!(assign_planes(&mut hits, &PLANES), PlaneSource::LayerId);
+        assert_eq!(hits, before);
+        assert_eq!(assign_planes(&mut hits, &[]), PlaneSource::LayerId);
+    }
+
+    #[test]
+    fn planes_numbered_otherwise_are_taken_from_z() {
+        for relabel in [|k: u16| 2 * k + 2, |k: u16| k + 1] {
+            let mut hits: Vec<_> = (0..8u16)
+                .map(|k| {
+                    hit(
+                        k as u32,
+                        PLANES[(k % 4) as usize] as f32 - 1.5,
+                        relabel(k % 4),
+                    )
+                })
+                .collect();
+            let source = assign_planes(&mut hits, &PLANES);
+            let PlaneSource::Z {
+                example: (layer, z, plane),
+                off_planes: 0,
+            } = source
+            else {
+                panic!("{source:?}");
+            };
+            assert_eq!(layer, relabel(plane));
+            assert_eq!(z, PLANES[plane as usize] as f32 - 1.5);
+            for (k, h) in hits.iter().enumerate() {
+                assert_eq!(h.plane, (k % 4) as u16);
+            }
+            assert!(source
+                .describe("e-hits.csv")
+                .unwrap()
+                .contains("layer_id is not the plane index"));
+        }
+    }
+
+    #[test]
+    fn a_hit_on_no_plane_is_refused_when_planes_come_from_z() {
+        let mut hits = vec![
+            hit(1, 250.0, 1),
+            hit(2, 330.0, 2),
+            hit(3, 420.0, 3),
+            hit(4, 290.0, 4),
+        ];
+        let source = assign_planes(&mut hits, &PLANES);
+        assert!(
+            matches!(source, PlaneSource::Z { off_planes: 1, .. }),
+            "{source:?}"
+        );
+        let planes: Vec<u16> = hits.iter().map(|h| h.plane).collect();
+        assert_eq!(planes, vec![0, 1, 2, NO_PLANE]);
+    }
+
+    #[test]
+    fn z_that_name_no_plane_leave_layer_id() {
+        // z written as 0 (the plane known only by its number): kept, and said.
+        let mut hits: Vec<_> = (0..4u16).map(|k| hit(k as u32, 0.0, k)).collect();
+        let before = hits.clone();
+        let source = assign_planes(&mut hits, &PLANES);
+        assert_eq!(source, PlaneSource::LayerIdUnconfirmed { inconsistent: 4 });
+        assert_eq!(hits, before);
+        // Mostly right: one hit with a wrong number does not move the others.
+        let mut hits: Vec<_> = (0..4u16)
+            .map(|k| hit(k as u32, PLANES[k as usize] as f32, k))
+            .collect();
+        hits[3].plane = 2;
+        let source = assign_planes(&mut hits, &PLANES);
+        assert!(
+            matches!(
+                source,
+                PlaneSource::Z {
+                    example: (2, _, 3),
+                    off_planes: 0
+                }
+            ),
+            "{source:?}"
+        );
+        assert_eq!(hits[3].plane, 3);
+        assert_eq!(hits[0].plane, 0);
+    }
+
+    #[test]
+    fn the_tolerance_is_a_quarter_of_the_smallest_gap() {
+        assert_eq!(plane_z_tolerance(&PLANES), 20.0);
+        assert_eq!(plane_z_tolerance(&[100.0]), 1.0);
+    }
+
     use super::*;
     use crate::tracking::geometry::Detector;
     use crate::tracking::simulate::{simulate_events, Preset, SimConfig};
