@@ -386,7 +386,9 @@ impl<'d> Evaluator<'d> {
         let mut info: HashMap<u64, ParticleInfo> = HashMap::new();
         let mut first_hit: HashMap<u64, usize> = HashMap::new();
         for (i, (h, t)) in hits.iter().zip(truth).enumerate() {
-            if t.particle_id == 0 {
+            // A hit the reader found on no plane (`trackml::NO_PLANE`) is not one the
+            // particle left on the detector.
+            if t.particle_id == 0 || h.plane == crate::tracking::trackml::NO_PLANE {
                 continue;
             }
             let e = info.entry(t.particle_id).or_insert_with(|| ParticleInfo {
@@ -1322,6 +1324,36 @@ mod tests {
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["efficiency_vs_missing"][2]["n_particles"], 1);
         assert_eq!(json["ghosts_vs_p"][4]["n_ghosts"], 1);
+    }
+
+    #[test]
+    fn a_hit_on_no_plane_is_not_a_plane_hit() {
+        let (mut hits, mut truth, tracks) = hand_made_event();
+        let mut ev = Evaluator::new(EvalConfig::default(), None);
+        ev.add_event(0, &hits, &truth, None, &tracks).unwrap();
+        let want = ev.finish();
+        // Particle 4 (planes 0, 2, 4, 6) also crossed something between the planes.
+        let t = truth.iter().position(|t| t.particle_id == 4).unwrap();
+        let mut stray = hits[t];
+        stray.plane = crate::tracking::trackml::NO_PLANE;
+        stray.hit_id = 1000;
+        hits.push(stray);
+        truth.push(truth[t].clone());
+        let mut ev = Evaluator::new(EvalConfig::default(), None);
+        ev.add_event(0, &hits, &truth, None, &tracks).unwrap();
+        let got = ev.finish();
+        assert_eq!(
+            classes(&got.efficiency_vs_planes),
+            classes(&want.efficiency_vs_planes)
+        );
+        assert_eq!(
+            classes(&got.efficiency_vs_missing),
+            classes(&want.efficiency_vs_missing)
+        );
+        assert_eq!(
+            (got.n_reconstructable, got.n_reconstructed),
+            (want.n_reconstructable, want.n_reconstructed)
+        );
     }
 
     #[test]
