@@ -551,7 +551,8 @@ impl PlaneSource {
             )),
             PlaneSource::LayerIdUnconfirmed { inconsistent } => Some(format!(
                 "{origin}: {inconsistent} hits do not lie at the z of the plane their layer_id \
-                 names, and their z name no plane either: layer_id kept"
+                 names, and their z place no more hits on a plane than layer_id does: \
+                 layer_id kept"
             )),
         }
     }
