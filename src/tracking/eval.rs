@@ -1338,7 +1338,7 @@ mod tests {
         stray.plane = crate::tracking::trackml::NO_PLANE;
         stray.hit_id = 1000;
         hits.push(stray);
-        truth.push(truth[t].clone());
+        truth.push(truth[t]);
         let mut ev = Evaluator::new(EvalConfig::default(), None);
         ev.add_event(0, &hits, &truth, None, &tracks).unwrap();
         let got = ev.finish();
