@@ -6,10 +6,11 @@
 // left neighbour, level >= min_level) compacted in index order, then sorted by one 64-bit
 // key (63 - level, total_key(kink chi-square), index): the CPU's order, (level desc,
 // chi2 by total_cmp, index), with no tie left to the order threads arrive in. A bitonic
-// sort of the event's keys, in shared memory up to ORDER_SHARED_KEYS, else in its slice of
-// the key arena (two keys per triplet of the event: the slice is padded to a power of two). Then each end triplet's room for its chain and its
-// fork's (a chain has min(level + 2, MAX_CHAIN) hits), scanned; ca_event_budget places
-// the events' chains in the batch's chain arena.
+// sort of the event's keys (bitonic_sort_block), in shared memory up to ORDER_SHARED_KEYS,
+// else in its slice of the key arena (two keys per triplet of the event: the slice is
+// padded to a power of two, there more than ORDER_SHARED_KEYS). Then each end triplet's
+// room for its chain and its fork's (a chain has min(level + 2, MAX_CHAIN) hits), scanned;
+// ca_event_budget places the events' chains in the batch's chain arena.
 //
 // ca_candidates_chains (a row of blocks per event, a thread per end triplet): the walk of
 // every chain and of its fork, which does not depend on the used flags, for the whole
@@ -49,8 +50,11 @@
 // Triplet indices in the order key.
 #define KEY_INDEX_BITS 26
 // Most end triplets of an event sorted in shared memory (32 KB of keys); more are sorted in
-// the key arena.
+// the key arena. (A smaller power of two, at least 32, given in TRIGD_KERNEL_OPTIONS sends
+// more events to the arena's path, to check it.)
+#ifndef ORDER_SHARED_KEYS
 #define ORDER_SHARED_KEYS 4096
+#endif
 
 typedef unsigned long long u64;
 
@@ -64,6 +68,43 @@ __device__ __forceinline__ void fail_event(u32* failed, u32* overflow, int e) {
     if (failed[e] == FAIL_NONE) {
         failed[e] = FAIL_CANDIDATES;
         atomicAdd(&overflow[FAIL_CANDIDATES], 1u);
+    }
+}
+
+// Sorts a[0..n) ascending, n a power of two and at least 32, by the block (a bitonic
+// network; `a` in shared or global memory). Each size's steps over strides of 32 and more
+// exchange through memory, waiting for the block; those below, between lanes of one warp,
+// in registers. Ends after a __syncthreads.
+__device__ __forceinline__ void bitonic_sort_block(u64* a, u32 n) {
+    for (u32 size = 2; size <= n; size <<= 1) {
+        for (u32 stride = size >> 1; stride >= 32; stride >>= 1) {
+            for (u32 i = threadIdx.x; i < n; i += CA_THREADS) {
+                u32 j = i ^ stride;
+                if (j > i) {
+                    u64 x = a[i], y = a[j];
+                    bool up = (i & size) == 0;
+                    if ((x > y) == up) {
+                        a[i] = y;
+                        a[j] = x;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+        // `n` is a multiple of 32: a warp's lanes are all inside or all outside it.
+        for (u32 i = threadIdx.x; i < n; i += CA_THREADS) {
+            u64 v = a[i];
+            const bool up = (i & size) == 0;
+            for (u32 stride = (size >> 1) < 16 ? (size >> 1) : 16; stride > 0; stride >>= 1) {
+                u64 o = __shfl_xor_sync(0xffffffffu, v, stride);
+                // The lower of the pair keeps the smaller key going up, the larger going
+                // down; the upper the other.
+                bool keep_min = ((i & stride) == 0) == up;
+                v = keep_min ? (o < v ? o : v) : (o > v ? o : v);
+            }
+            a[i] = v;
+        }
+        __syncthreads();
     }
 }
 
@@ -118,67 +159,21 @@ extern "C" __global__ void ca_candidates_order(const u32* __restrict__ trip_base
     u32 m = count ? 1u : 0u;
     while (m < count) m <<= 1;
     if (m <= ORDER_SHARED_KEYS) {
-        // Sorted in shared memory where it fits, by the same network as below (every key is
-        // distinct, the index is in it, so the order is the same). Each size's steps over
-        // strides of 32 and more exchange through shared memory; those below, between
-        // lanes of one warp, in registers without waiting for the block.
+        // Sorted in shared memory where it fits (every key is distinct, the index is in
+        // it, so the order is the same in either place).
         __shared__ u64 sk[ORDER_SHARED_KEYS];
-        // At least a warp's width, so that every lane of a warp holds a key.
+        // At least a warp's width (bitonic_sort_block).
         const u32 ms = m < 32 ? 32 : m;
         __syncthreads();
         for (u32 i = threadIdx.x; i < ms; i += CA_THREADS) sk[i] = i < count ? k[i] : ~0ull;
         __syncthreads();
-        for (u32 size = 2; size <= ms; size <<= 1) {
-            for (u32 stride = size >> 1; stride >= 32; stride >>= 1) {
-                for (u32 i = threadIdx.x; i < ms; i += CA_THREADS) {
-                    u32 j = i ^ stride;
-                    if (j > i) {
-                        u64 a = sk[i], b = sk[j];
-                        bool up = (i & size) == 0;
-                        if ((a > b) == up) {
-                            sk[i] = b;
-                            sk[j] = a;
-                        }
-                    }
-                }
-                __syncthreads();
-            }
-            // `ms` is a multiple of 32: a warp's lanes are all inside or all outside it.
-            for (u32 i = threadIdx.x; i < ms; i += CA_THREADS) {
-                u64 v = sk[i];
-                const bool up = (i & size) == 0;
-                for (u32 stride = (size >> 1) < 16 ? (size >> 1) : 16; stride > 0; stride >>= 1) {
-                    u64 o = __shfl_xor_sync(0xffffffffu, v, stride);
-                    // The lower of the pair keeps the smaller key going up, the larger
-                    // going down; the upper the other.
-                    bool keep_min = ((i & stride) == 0) == up;
-                    v = keep_min ? (o < v ? o : v) : (o > v ? o : v);
-                }
-                sk[i] = v;
-            }
-            __syncthreads();
-        }
+        bitonic_sort_block(sk, ms);
         for (u32 i = threadIdx.x; i < m; i += CA_THREADS) k[i] = sk[i];
         __syncthreads();
     } else {
         for (u32 i = count + threadIdx.x; i < m; i += CA_THREADS) k[i] = ~0ull;
         __syncthreads();
-        for (u32 size = 2; size <= m; size <<= 1) {
-            for (u32 stride = size >> 1; stride > 0; stride >>= 1) {
-                for (u32 i = threadIdx.x; i < m; i += CA_THREADS) {
-                    u32 j = i ^ stride;
-                    if (j > i) {
-                        u64 a = k[i], b = k[j];
-                        bool up = (i & size) == 0;
-                        if ((a > b) == up) {
-                            k[i] = b;
-                            k[j] = a;
-                        }
-                    }
-                }
-                __syncthreads();
-            }
-        }
+        bitonic_sort_block(k, m);
     }
     // Room for each end triplet's chain and its fork's (the chain of an end triplet of
     // level L has min(L + 2, MAX_CHAIN) hits, whichever neighbours it follows), in order.

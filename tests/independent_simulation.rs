@@ -59,6 +59,12 @@ fn simulate(dir: &Path, config: &str, seed: u64, events: u32, lo: u32, hi: u32) 
 /// `trigd eval tracking` on the simulated directory with its own detector description;
 /// the report as JSON.
 fn eval(events: &Path) -> serde_json::Value {
+    eval_with_log(events).0
+}
+
+/// `trigd eval tracking` on `events` with its own detector description: the report as
+/// JSON, and what it logged.
+fn eval_with_log(events: &Path) -> (serde_json::Value, String) {
     let json = events.join("report.json");
     let out = Command::new(env!("CARGO_BIN_EXE_trigd"))
         .args(["eval", "tracking"])
@@ -69,13 +75,11 @@ fn eval(events: &Path) -> serde_json::Value {
         .arg(&json)
         .output()
         .expect("run trigd");
-    assert!(
-        out.status.success(),
-        "trigd eval failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let log = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "trigd eval failed: {log}");
     println!("{}", String::from_utf8_lossy(&out.stdout));
-    serde_json::from_slice(&std::fs::read(&json).expect("report written")).expect("report JSON")
+    let r = serde_json::from_slice(&std::fs::read(&json).expect("report written")).expect("JSON");
+    (r, log)
 }
 
 fn num(v: &serde_json::Value, key: &str) -> f64 {
@@ -271,24 +275,6 @@ fn relabel_layers(from: &Path, to: &Path, relabel: impl Fn(u32) -> u32) {
         }
         std::fs::write(to.join(&name), out).expect("write hits");
     }
-}
-
-/// `trigd eval tracking` on `events` with its own description; (report, stderr).
-fn eval_with_log(events: &Path) -> (serde_json::Value, String) {
-    let json = events.join("report.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_trigd"))
-        .args(["eval", "tracking"])
-        .arg(events)
-        .arg("--geometry")
-        .arg(events.join("detector.toml"))
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run trigd");
-    let log = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(out.status.success(), "trigd eval failed: {log}");
-    let r = serde_json::from_slice(&std::fs::read(&json).expect("report written")).expect("JSON");
-    (r, log)
 }
 
 /// `trigd replay` of `events` on the CPU; its `--tracks-out` rows and its log.
