@@ -450,7 +450,10 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             let mut reco: Option<crate::tracking::reco::Reconstructor> = None;
             crate::tracking::cli::run_eval(&e.args, |det, hits| {
                 let r = reco.get_or_insert_with(|| {
-                    let (min_p, ov) = overrides.clone().unwrap_or((0.5, Default::default()));
+                    let (min_p, ov) = overrides.clone().unwrap_or((
+                        crate::backend::tracking::DEFAULT_MIN_P_GEV,
+                        Default::default(),
+                    ));
                     crate::tracking::reco::Reconstructor::new(
                         det,
                         crate::tracking::reco::FinderConfig::from_detector_with(det, min_p, &ov),

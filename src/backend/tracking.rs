@@ -25,7 +25,8 @@ use crate::tracking::track::Track;
 pub struct TrackingConfig {
     /// Detector geometry TOML (relative paths: to the working directory).
     pub geometry: PathBuf,
-    /// Minimum momentum the finder is built for, GeV/c (windows derive from it).
+    /// Minimum momentum the finder is built for, GeV/c (windows derive from it); default
+    /// [`DEFAULT_MIN_P_GEV`].
     #[serde(default = "default_min_p")]
     pub min_p_gev: f64,
     /// Overrides of the cuts derived from the geometry.
@@ -41,8 +42,15 @@ pub struct TrackingConfig {
     pub threads: Option<usize>,
 }
 
+/// The finder's minimum momentum where the configuration names none, GeV/c: the threshold
+/// of the particles `trigd eval` counts as reconstructable. Tracks below it are not looked
+/// for: their scattering windows are the widest, and in a busy event the combinations they
+/// admit take other particles' hits (on thick planes a search down to half this momentum
+/// lost up to 5 % of the particles above it and made up to 13 % ghosts).
+pub const DEFAULT_MIN_P_GEV: f64 = 1.0;
+
 fn default_min_p() -> f64 {
-    0.5
+    DEFAULT_MIN_P_GEV
 }
 
 impl TrackingConfig {
