@@ -38,13 +38,22 @@
 
 #define CAND_THREADS 64
 // Candidates fitted together before the choice (CHUNK in candidates.rs).
-#define CAND_CHUNK 64
+#define CAND_CHUNK 256
 // The longest chain (one hit per plane: MAX_CHAIN = MAX_PLANES in candidates.rs).
 #define MAX_CHAIN 64
 // Kink chi-squares of two left neighbours closer than this make a fork (FORK_CHI2).
 #define FORK_CHI2 2.0f
 // Most candidates of one chunk: CHUNK - 1 pending, then a chain and its fork.
 #define CHUNK_MAX (CAND_CHUNK + 1)
+// Words of the chunk's hits staged in shared memory (16 KB: 256 candidates of 16 hits); a
+// chunk with more hits is read where it lies, in the candidate-hit arena. (A smaller value
+// in TRIGD_KERNEL_OPTIONS sends more chunks that way, to check it.)
+#ifndef STAGE_HITS
+#define STAGE_HITS 4096
+#endif
+// The chunk's order keys: CHUNK_MAX padded to a power of two.
+#define RANK_KEYS 512
+static_assert(CAND_CHUNK < 512 && CHUNK_MAX <= RANK_KEYS, "a chunk's index fits the key's 9 bits");
 // Words of a fit in the fit arena (OUT_WORDS in kalman_fit.cu).
 #define FIT_WORDS 24
 // Triplet indices in the order key.
@@ -71,14 +80,15 @@ __device__ __forceinline__ void fail_event(u32* failed, u32* overflow, int e) {
     }
 }
 
-// Sorts a[0..n) ascending, n a power of two and at least 32, by the block (a bitonic
-// network; `a` in shared or global memory). Each size's steps over strides of 32 and more
+// Sorts a[0..n) ascending, n a power of two and at least 32, by the block of THREADS
+// threads (a bitonic network; `a` in shared or global memory). Each size's steps over strides of 32 and more
 // exchange through memory, waiting for the block; those below, between lanes of one warp,
 // in registers. Ends after a __syncthreads.
+template <u32 THREADS>
 __device__ __forceinline__ void bitonic_sort_block(u64* a, u32 n) {
     for (u32 size = 2; size <= n; size <<= 1) {
         for (u32 stride = size >> 1; stride >= 32; stride >>= 1) {
-            for (u32 i = threadIdx.x; i < n; i += CA_THREADS) {
+            for (u32 i = threadIdx.x; i < n; i += THREADS) {
                 u32 j = i ^ stride;
                 if (j > i) {
                     u64 x = a[i], y = a[j];
@@ -92,7 +102,7 @@ __device__ __forceinline__ void bitonic_sort_block(u64* a, u32 n) {
             __syncthreads();
         }
         // `n` is a multiple of 32: a warp's lanes are all inside or all outside it.
-        for (u32 i = threadIdx.x; i < n; i += CA_THREADS) {
+        for (u32 i = threadIdx.x; i < n; i += THREADS) {
             u64 v = a[i];
             const bool up = (i & size) == 0;
             for (u32 stride = (size >> 1) < 16 ? (size >> 1) : 16; stride > 0; stride >>= 1) {
@@ -167,13 +177,13 @@ extern "C" __global__ void ca_candidates_order(const u32* __restrict__ trip_base
         __syncthreads();
         for (u32 i = threadIdx.x; i < ms; i += CA_THREADS) sk[i] = i < count ? k[i] : ~0ull;
         __syncthreads();
-        bitonic_sort_block(sk, ms);
+        bitonic_sort_block<CA_THREADS>(sk, ms);
         for (u32 i = threadIdx.x; i < m; i += CA_THREADS) k[i] = sk[i];
         __syncthreads();
     } else {
         for (u32 i = count + threadIdx.x; i < m; i += CA_THREADS) k[i] = ~0ull;
         __syncthreads();
-        bitonic_sort_block(k, m);
+        bitonic_sort_block<CA_THREADS>(k, m);
     }
     // Room for each end triplet's chain and its fork's (the chain of an end triplet of
     // level L has min(L + 2, MAX_CHAIN) hits, whichever neighbours it follows), in order.
@@ -566,9 +576,15 @@ __device__ bool push_copy(const CandEvent& ev, const CandArenas& a, CandState& s
 // of them were free at the chunk's start, and the order of the choice.
 struct ChunkStage {
     uint4* cand;   // [CHUNK_MAX]
-    u32* hits;     // [CHUNK_MAX][MAX_CHAIN]
+    u32* shared_hits;  // [STAGE_HITS]
+    // The chunk's hits, candidate j's at hits + cand[j].x - h0: the candidates of a chunk
+    // are placed one after another, so their hits are one range of the arena, from h0;
+    // staged in shared_hits where the range fits, else read in the arena.
+    const u32* hits;
+    u32 h0;
     u32* free0;    // [CHUNK_MAX]
     u32* order;    // [CHUNK_MAX]: candidate indices, in the order of the choice
+    u64* keys;     // [RANK_KEYS]: the choice's order keys, sorted
     u32* bits;     // [CHUNK_BITS_WORDS]
     u32* twice;    // [CHUNK_BITS_WORDS]: hits (modulo 2^16) of two candidates of the chunk
     u32* fast;     // [CHUNK_MAX]: the candidate is accepted whatever the others do
@@ -580,9 +596,14 @@ __device__ __forceinline__ u32 choice_key(uint4 c) {
     return total_key(c.w > 0 ? __uint_as_float(c.z) / (float)c.w : CA_INF);
 }
 
-// Stages the chunk from..n_cand (all threads; a __syncthreads after each of its three
-// loops): records, hits, free counts, then each candidate's rank in the choice's order
-// (longest first, then chi2/ndf by total_cmp, then index), then which candidates are
+// The staged hits of chunk candidate c.
+__device__ __forceinline__ const u32* chunk_hits(const ChunkStage& st, uint4 c) {
+    return st.hits + (c.x - st.h0);
+}
+
+// Stages the chunk from..n_cand (all threads; a __syncthreads after each of its loops):
+// records, hits, free counts, then the choice's order (longest first, then chi2/ndf by
+// total_cmp, then index: one 64-bit key per candidate, sorted), then which candidates are
 // `fast`: passing the cut with every hit free at the chunk's start and none shared with
 // another candidate of the chunk. The choice would accept such a candidate whenever its
 // turn comes (no other candidate, nor any copy of one, can take its hits first), so the
@@ -592,6 +613,14 @@ __device__ __forceinline__ u32 choice_key(uint4 c) {
 // the choice's filter treats as possibly taken (it reads the used flags), as it must.
 __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, u32 m,
                             ChunkStage& st, u32 min_hits, double max_chi2_ndf) {
+    {
+        // Every thread works this out alike: the range of the chunk's hits.
+        const uint4 c0 = a.cand[from], c1 = a.cand[from + m - 1];
+        st.h0 = c0.x;
+        const bool in_shared = c1.x + c1.y - c0.x <= STAGE_HITS;
+        st.hits = in_shared ? st.shared_hits : a.chits + c0.x;
+    }
+    const bool stage = st.hits == st.shared_hits;
     for (u32 j = threadIdx.x; j < m; j += CAND_THREADS) {
         uint4 c = a.cand[from + j];
         st.cand[j] = c;
@@ -606,7 +635,7 @@ __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, 
 #pragma unroll
             for (int q = 0; q < 8; q++) {
                 if (r0 + q < c.y) {
-                    st.hits[j * MAX_CHAIN + r0 + q] = h[q];
+                    if (stage) st.shared_hits[c.x - st.h0 + r0 + q] = h[q];
                     n_free += u[q] ? 0u : 1u;
                 }
             }
@@ -614,19 +643,28 @@ __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, 
         st.free0[j] = n_free;
     }
     __syncthreads();
+    // The keys: (127 - length) above the chi2/ndf key above the index (< 512), padded to
+    // a power of two with keys above every candidate's.
+    u32 n_keys = 32;
+    while (n_keys < m) n_keys <<= 1;
+    for (u32 j = threadIdx.x; j < n_keys; j += CAND_THREADS) {
+        u64 k = ~0ull;
+        if (j < m) {
+            const uint4 cj = st.cand[j];
+            k = (u64)(127u - cj.y) << 41 | (u64)choice_key(cj) << 9 | j;
+        }
+        st.keys[j] = k;
+    }
+    __syncthreads();
+    bitonic_sort_block<CAND_THREADS>(st.keys, n_keys);
+    for (u32 r = threadIdx.x; r < m; r += CAND_THREADS) {
+        st.order[r] = from + (u32)(st.keys[r] & 0x1ffu);
+    }
     for (u32 j = threadIdx.x; j < m; j += CAND_THREADS) {
         uint4 cj = st.cand[j];
-        u32 kj = choice_key(cj);
-        u32 rank = 0;
-        for (u32 i = 0; i < m; i++) {
-            uint4 ci = st.cand[i];
-            u32 ki = choice_key(ci);
-            bool before = ci.y > cj.y || (ci.y == cj.y && (ki < kj || (ki == kj && i < j)));
-            rank += before ? 1u : 0u;
-        }
-        st.order[rank] = from + j;
+        const u32* hj = chunk_hits(st, cj);
         for (u32 r = 0; r < cj.y; r++) {
-            u32 b = st.hits[j * MAX_CHAIN + r] & 0xffffu;
+            u32 b = hj[r] & 0xffffu;
             u32 bit = 1u << (b & 31);
             if (atomicOr(&st.bits[b >> 5], bit) & bit) atomicOr(&st.twice[b >> 5], bit);
         }
@@ -635,8 +673,9 @@ __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, 
     for (u32 j = threadIdx.x; j < m; j += CAND_THREADS) {
         uint4 cj = st.cand[j];
         bool fast = st.free0[j] == cj.y && good_candidate(cj, min_hits, max_chi2_ndf);
+        const u32* hj = chunk_hits(st, cj);
         for (u32 r = 0; fast && r < cj.y; r++) {
-            u32 b = st.hits[j * MAX_CHAIN + r] & 0xffffu;
+            u32 b = hj[r] & 0xffffu;
             fast = !((st.twice[b >> 5] >> (b & 31)) & 1u);
         }
         st.fast[j] = fast ? 1u : 0u;
@@ -763,7 +802,7 @@ __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, cons
                     // hit of the chunk.
                     const u32 jl = kl - from;
                     const uint4 cl = st.cand[jl];
-                    const u32* hl = st.hits + jl * MAX_CHAIN;
+                    const u32* hl = chunk_hits(st, cl);
                     for (u32 r = 0; r < cl.y; r++) ev.used[hl[r]] = 1u;
                     a.acc[s.n_acc + lane] = kl;
                 }
@@ -776,7 +815,7 @@ __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, cons
         u32 k = st.order[i];
         u32 j = k - from;
         uint4 c = st.cand[j];
-        const u32* hits = st.hits + j * MAX_CHAIN;
+        const u32* hits = chunk_hits(st, c);
         // Free: all its hits free at the chunk's start and none taken since (the used
         // flags read only where the filter's bit is set).
         bool is_free = st.free0[j] == c.y;
@@ -871,14 +910,15 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
     // entries bring the chunk to CAND_CHUNK.
     __shared__ u32 s_scan[6];
     __shared__ u32 s_order[CHUNK_MAX];
+    __shared__ u64 s_keys[RANK_KEYS];
     __shared__ uint4 s_cand[CHUNK_MAX];
-    __shared__ u32 s_hits[CHUNK_MAX * MAX_CHAIN];
+    __shared__ u32 s_hits[STAGE_HITS];
     __shared__ u32 s_free0[CHUNK_MAX];
     __shared__ u32 s_bits[CHUNK_BITS_WORDS];
     __shared__ u32 s_twice[CHUNK_BITS_WORDS];
     __shared__ u32 s_fast[CHUNK_MAX];
     if (failed[e]) return;
-    ChunkStage st = {s_cand, s_hits, s_free0, s_order, s_bits, s_twice, s_fast};
+    ChunkStage st = {s_cand, s_hits, s_hits, 0u, s_free0, s_order, s_keys, s_bits, s_twice, s_fast};
     for (u32 i = tid; i < CHUNK_BITS_WORDS; i += CAND_THREADS) s_bits[i] = s_twice[i] = 0u;
     const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
                             slices, pf,     pd,        pi,       nodes};

