@@ -449,6 +449,26 @@ mod tests {
         TrackingSetup::new(&cfg, tracks_out).unwrap()
     }
 
+    /// The finder looks for tracks from the momentum `trigd eval` counts particles from,
+    /// unless the configuration names another.
+    #[test]
+    fn the_default_minimum_momentum_is_the_evaluations_threshold() {
+        let tracking = |extra: &str| {
+            let cfg = Config::from_str_named(
+                &format!("[daemon]\nworkload = \"tracking\"\n[tracking]\ngeometry = \"fixtures/detector.toml\"\n{extra}"),
+                "test",
+            )
+            .unwrap();
+            TrackingConfig::from_config(&cfg).unwrap()
+        };
+        assert_eq!(tracking("").min_p_gev, DEFAULT_MIN_P_GEV);
+        assert_eq!(
+            DEFAULT_MIN_P_GEV,
+            crate::tracking::eval::EvalConfig::default().min_p_gev
+        );
+        assert_eq!(tracking("min_p_gev = 2.5").min_p_gev, 2.5);
+    }
+
     /// Hit-event frames of simulated events: per `(preset, events, seed)` in turn, numbered
     /// from 0 in one source.
     fn event_frames(det: &Detector, classes: &[(Preset, u64, u64)]) -> Vec<Vec<u8>> {
