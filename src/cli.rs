@@ -439,8 +439,12 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                                 tracking: Some(t),
                                 ..Config::default()
                             };
+                            let names_min_p = cfg
+                                .tracking
+                                .as_ref()
+                                .is_some_and(|t| t.contains_key("min_p_gev"));
                             let tc = crate::backend::tracking::TrackingConfig::from_config(&cfg)?;
-                            Some((tc.min_p_gev, tc.finder))
+                            Some((names_min_p.then_some(tc.min_p_gev), tc.finder))
                         }
                         None => None,
                     }
@@ -450,10 +454,14 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             let mut reco: Option<crate::tracking::reco::Reconstructor> = None;
             crate::tracking::cli::run_eval(&e.args, |det, hits| {
                 let r = reco.get_or_insert_with(|| {
-                    let (min_p, ov) = overrides.clone().unwrap_or((
-                        crate::backend::tracking::DEFAULT_MIN_P_GEV,
-                        Default::default(),
-                    ));
+                    // The finder looks for tracks from the momentum the particles are
+                    // counted from, unless the configuration names its own.
+                    let (min_p, ov) = overrides.clone().unwrap_or((None, Default::default()));
+                    let min_p = min_p.unwrap_or(if e.args.min_p > 0.0 {
+                        e.args.min_p
+                    } else {
+                        crate::backend::tracking::DEFAULT_MIN_P_GEV
+                    });
                     crate::tracking::reco::Reconstructor::new(
                         det,
                         crate::tracking::reco::FinderConfig::from_detector_with(det, min_p, &ov),

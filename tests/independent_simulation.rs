@@ -65,6 +65,11 @@ fn eval(events: &Path) -> serde_json::Value {
 /// `trigd eval tracking` on `events` with its own detector description: the report as
 /// JSON, and what it logged.
 fn eval_with_log(events: &Path) -> (serde_json::Value, String) {
+    eval_with_args(events, &[])
+}
+
+/// [`eval_with_log`] with further arguments.
+fn eval_with_args(events: &Path, args: &[&str]) -> (serde_json::Value, String) {
     let json = events.join("report.json");
     let out = Command::new(env!("CARGO_BIN_EXE_trigd"))
         .args(["eval", "tracking"])
@@ -73,6 +78,7 @@ fn eval_with_log(events: &Path) -> (serde_json::Value, String) {
         .arg(events.join("detector.toml"))
         .arg("--json")
         .arg(&json)
+        .args(args)
         .output()
         .expect("run trigd");
     let log = String::from_utf8_lossy(&out.stderr).to_string();
@@ -390,4 +396,40 @@ fn planes_numbered_otherwise_are_taken_from_the_hits_z() {
         );
         assert_eq!(tracks, want_tracks, "{name}: replay's tracks");
     }
+}
+
+/// `trigd eval tracking --min-p P` counts the particles from P and builds the finder for
+/// P, unless `--config` names the finder's own `min_p_gev`: on the forward tracker
+/// (a spectrum from 0.6 GeV/c), the particles between 0.5 and 1 GeV/c are found when they
+/// are counted, and mostly not by a finder built for 1 GeV/c.
+#[test]
+fn the_evaluations_minimum_momentum_is_the_finders() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let events = simulate(dir.path(), "forward", 11, 6, 40, 400);
+    let low_bin = |r: &serde_json::Value| -> (f64, f64) {
+        let b = r["efficiency_vs_p"]
+            .as_array()
+            .expect("bins")
+            .iter()
+            .find(|b| num(b, "p_lo_gev") == 0.5)
+            .expect("a 0.5-1 GeV/c bin")
+            .clone();
+        (num(&b, "n_particles"), num(&b, "efficiency"))
+    };
+    let (r, _) = eval_with_args(&events, &["--min-p", "0.5"]);
+    let (n, eff) = low_bin(&r);
+    assert!(n >= 30.0, "{n} particles of 0.5-1 GeV/c");
+    assert!(eff >= 0.95, "0.5-1 GeV/c, counted: efficiency {eff:.4}");
+    check(&r, 0.97, 0.02);
+    let config = dir.path().join("finder.toml");
+    std::fs::write(&config, "[tracking]\nmin_p_gev = 1.0\n").unwrap();
+    let (r, _) = eval_with_args(
+        &events,
+        &["--min-p", "0.5", "--config", config.to_str().unwrap()],
+    );
+    let (_, eff_1) = low_bin(&r);
+    assert!(
+        eff_1 < eff - 0.1,
+        "0.5-1 GeV/c with the finder built for 1 GeV/c: {eff_1:.4} (for 0.5: {eff:.4})"
+    );
 }

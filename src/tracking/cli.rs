@@ -213,7 +213,9 @@ pub struct EvalTrackingArgs {
     /// Write the markdown summary to this file (it is printed in any case).
     #[arg(long)]
     pub markdown: Option<PathBuf>,
-    /// Momentum a particle needs to count as reconstructable, GeV/c.
+    /// Momentum a particle needs to count as reconstructable, GeV/c; also the momentum
+    /// the finder looks for tracks from, unless `--config` names `[tracking] min_p_gev`
+    /// (0: every particle counts, the finder at its default).
     #[arg(long, default_value_t = 1.0)]
     pub min_p: f64,
     /// Distinct planes with hits a particle needs to count as reconstructable.
