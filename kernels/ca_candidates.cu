@@ -683,13 +683,11 @@ __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, 
     __syncthreads();
 }
 
-// A candidate of the choice that lost a hit to a better track of the chunk (in one
-// thread): refitted without the taken hits, and accepted if it passes the cut. False
-// where the event fails.
+// A candidate of the choice that lost a hit to a better track of the chunk, `n_free` of
+// its hits left (in one thread): refitted without the taken hits, and accepted if it
+// passes the cut. False where the event fails.
 __device__ bool choose_refit(const CandEvent& ev, const CandArenas& a, const KalmanTables& T,
-                             CandState& s, uint4 c, const u32* hits, u32* bits) {
-    u32 n_free = 0;
-    for (u32 r = 0; r < c.y; r++) n_free += ev.used[hits[r]] ? 0u : 1u;
+                             CandState& s, uint4 c, u32 n_free, u32* bits) {
     if (n_free < s.min_hits || s.n_cand == s.max_cand || s.n_hits + c.y > s.hits_cap) {
         return true;
     }
@@ -856,15 +854,27 @@ __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, cons
             i++;
             continue;
         }
+        // Its hits still free, counted by the lanes together; with fewer than a track
+        // needs, it is dropped here (what choose_refit would do).
+        u32 n_free = 0;
+        for (u32 r0 = 0; r0 < c.y; r0 += 32) {
+            const u32 r = r0 + lane;
+            n_free += __popc(__ballot_sync(0xffffffffu, r < c.y && !ev.used[hits[r]]));
+        }
+        if (n_free < s.min_hits) {
+#ifdef CA_PHASE_CLOCKS
+            if (lane == 0) ca_slow_calls[0]++;
+#endif
+            i++;
+            continue;
+        }
         int ok = 1;
         if (lane == 0) {
 #ifdef CA_PHASE_CLOCKS
-            u32 n_free = 0;
-            for (u32 r = 0; r < c.y; r++) n_free += ev.used[hits[r]] ? 0u : 1u;
-            const int kind = n_free >= s.min_hits ? 1 : 0;
+            const int kind = 1;
             const long long t0 = clock64();
 #endif
-            ok = choose_refit(ev, a, T, s, c, hits, st.bits) ? 1 : 0;
+            ok = choose_refit(ev, a, T, s, c, n_free, st.bits) ? 1 : 0;
 #ifdef CA_PHASE_CLOCKS
             ca_slow_calls[kind]++;
             ca_slow_cycles[kind] += clock64() - t0;
