@@ -22,12 +22,14 @@
 // flags only change in the choice); thread 0 then places the chains in the CPU's order
 // with the CPU's limits, until the chunk holds CHUNK candidates (the rest of the window
 // is filtered again after the choice); the chunk's fits run one candidate per thread; the
-// chunk is staged in shared memory and ranked by the block, which also marks the
-// candidates the choice must accept whenever their turn comes (passing the cut, every hit
-// free and shared with no other candidate of the chunk: most of them); the greedy choice
-// runs in the block's first warp: a run of such candidates is accepted together, a lane
-// each, the others one at a time (their hits checked and taken by the lanes together),
-// their refits in lane 0, the two fits of a second chance in lanes 0 and 1 at once.
+// chunk is staged (its hits in shared memory where they fit) and ordered by the block (a
+// bitonic sort of one key per candidate), which also marks the candidates the choice must
+// accept whenever their turn comes (passing the cut, every hit free and shared with no
+// other candidate of the chunk: most of them); the greedy choice runs in the block's
+// first warp: a run of such candidates is accepted together, a lane each, the others one
+// at a time (their hits checked and taken, their free hits counted, by the lanes
+// together), their refits in lane 0, the two fits of a second chance in lanes 0 and 1 at
+// once.
 // Candidates, their hits (the event's input indices, upstream first), their fits and the
 // accepted list persist per event across passes (`append`); the used flags are per input
 // hit of the event.
