@@ -615,14 +615,11 @@ __device__ __forceinline__ const u32* chunk_hits(const ChunkStage& st, uint4 c) 
 // the choice's filter treats as possibly taken (it reads the used flags), as it must.
 __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, u32 m,
                             ChunkStage& st, u32 min_hits, double max_chi2_ndf) {
-    {
-        // Every thread works this out alike: the range of the chunk's hits.
-        const uint4 c0 = a.cand[from], c1 = a.cand[from + m - 1];
-        st.h0 = c0.x;
-        const bool in_shared = c1.x + c1.y - c0.x <= STAGE_HITS;
-        st.hits = in_shared ? st.shared_hits : a.chits + c0.x;
-    }
-    const bool stage = st.hits == st.shared_hits;
+    // Every thread works this out alike: the range of the chunk's hits, staged where it fits.
+    const uint4 c0 = a.cand[from], c1 = a.cand[from + m - 1];
+    const bool stage = c1.x + c1.y - c0.x <= STAGE_HITS;
+    st.h0 = c0.x;
+    st.hits = stage ? st.shared_hits : a.chits + c0.x;
     for (u32 j = threadIdx.x; j < m; j += CAND_THREADS) {
         uint4 c = a.cand[from + j];
         st.cand[j] = c;

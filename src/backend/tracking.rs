@@ -47,7 +47,7 @@ pub struct TrackingConfig {
 /// for: their scattering windows are the widest, and in a busy event the combinations they
 /// admit take other particles' hits (on thick planes a search down to half this momentum
 /// lost up to 5 % of the particles above it and made up to 13 % ghosts).
-pub const DEFAULT_MIN_P_GEV: f64 = 1.0;
+pub const DEFAULT_MIN_P_GEV: f64 = crate::tracking::eval::RECONSTRUCTABLE_MIN_P_GEV;
 
 fn default_min_p() -> f64 {
     DEFAULT_MIN_P_GEV

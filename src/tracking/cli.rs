@@ -216,7 +216,7 @@ pub struct EvalTrackingArgs {
     /// Momentum a particle needs to count as reconstructable, GeV/c; also the momentum
     /// the finder looks for tracks from, unless `--config` names `[tracking] min_p_gev`
     /// (0: every particle counts, the finder at its default).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = super::eval::RECONSTRUCTABLE_MIN_P_GEV)]
     pub min_p: f64,
     /// Distinct planes with hits a particle needs to count as reconstructable.
     #[arg(long, default_value_t = 4)]

@@ -52,6 +52,10 @@ use super::simulate::{self, HitTruth, Particle, StateVector};
 use super::track::Track;
 use crate::frame::HitRecord;
 
+/// Momentum a particle needs to be reconstructable unless told otherwise, GeV/c (the
+/// finder's default minimum momentum too: `backend::tracking::DEFAULT_MIN_P_GEV`).
+pub const RECONSTRUCTABLE_MIN_P_GEV: f64 = 1.0;
+
 /// Evaluation settings.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct EvalConfig {
@@ -69,7 +73,7 @@ impl Default for EvalConfig {
     fn default() -> Self {
         EvalConfig {
             min_planes: simulate::RECONSTRUCTABLE_MIN_PLANES,
-            min_p_gev: 1.0,
+            min_p_gev: RECONSTRUCTABLE_MIN_P_GEV,
             match_fraction: 0.7,
             p_bin_edges_gev: vec![
                 0.2, 0.5, 1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0,
