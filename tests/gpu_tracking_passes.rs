@@ -193,20 +193,31 @@ fn track_key(tracks: &[trigd::tracking::track::Track]) -> Vec<(Vec<u32>, u32)> {
 /// The whole finder on the GPU (`GpuTracker`: both passes, candidates, fits, clones)
 /// against `Reconstructor::reconstruct` on every event: the same tracks (hit lists) and
 /// fits (state and chi-square within float32 tolerance); a second run of the same batch
-/// gives the same tracks in the same order.
-fn end_to_end(preset: Preset, n_events: u64, launch: usize) {
+/// gives the same tracks in the same order. With `exchange`, the finder exchanges segments
+/// between crossing tracks ([`FinderConfig::exchange_segments`], on the host for the GPU),
+/// and some event's tracks must differ from the finder's without it.
+fn end_to_end(preset: Preset, n_events: u64, launch: usize, exchange: bool) {
     use trigd::gpu::tracking::{GpuTracker, TrackerLimits};
     use trigd::tracking::reco::Reconstructor;
     let dev = device();
     let s = seed();
     for (name, det, sim) in configurations(preset) {
-        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let mut cfg = FinderConfig::from_detector(&det, 1.0);
+        cfg.exchange_segments = exchange;
         let events: Vec<Vec<HitRecord>> = simulate_events(&det, &sim, s, 0, n_events)
             .map(|e| e.hits)
             .collect();
         let mut tracker = GpuTracker::new(&dev, &det, &cfg, TrackerLimits::for_batch(&cfg, launch))
             .expect("tracker");
         let mut reco = Reconstructor::new(&det, cfg.clone());
+        let mut reco_without = Reconstructor::new(
+            &det,
+            FinderConfig {
+                exchange_segments: false,
+                ..cfg.clone()
+            },
+        );
+        let (mut without, mut exchanged) = (Vec::new(), 0usize);
         let (mut out, mut back, mut again, mut back2, mut cpu) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut n_tracks, mut differ, mut handed_back, mut worst) = (0usize, 0usize, 0, 0f64);
@@ -235,6 +246,14 @@ fn end_to_end(preset: Preset, n_events: u64, launch: usize) {
                 );
                 reco.reconstruct(ev, &mut cpu);
                 n_tracks += cpu.len();
+                if exchange {
+                    reco_without.reconstruct(ev, &mut without);
+                    exchanged += cpu
+                        .iter()
+                        .zip(&without)
+                        .filter(|(a, b)| a.hits != b.hits)
+                        .count();
+                }
                 let (g, c) = (track_key(&out[k]), track_key(&cpu));
                 let gh: std::collections::HashSet<&Vec<u32>> = g.iter().map(|t| &t.0).collect();
                 differ += c.iter().filter(|t| !gh.contains(&t.0)).count();
@@ -252,10 +271,11 @@ fn end_to_end(preset: Preset, n_events: u64, launch: usize) {
             }
         }
         println!(
-            "{name} {preset:?}: {} events ({handed_back} handed back), {n_tracks} CPU tracks, {differ} without a GPU track of the same hits, worst relative difference of a fitted value {worst:.2e}",
+            "{name} {preset:?}: {} events ({handed_back} handed back), {n_tracks} CPU tracks, {differ} without a GPU track of the same hits, worst relative difference of a fitted value {worst:.2e}, {exchanged} tracks changed by the exchange",
             events.len()
         );
         assert!(n_tracks > 0, "{name}");
+        assert!(!exchange || exchanged > 0, "{name}: no track exchanged");
         assert!(
             (differ as f64) <= 1e-3 * n_tracks as f64,
             "{name}: {differ} of {n_tracks} tracks differ"
@@ -271,13 +291,19 @@ fn end_to_end(preset: Preset, n_events: u64, launch: usize) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_whole_finder_on_minimum_bias_events_gives_the_cpus_tracks() {
-    end_to_end(Preset::Minbias, 1000, 256);
+    end_to_end(Preset::Minbias, 1000, 256, false);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_whole_finder_on_central_events_gives_the_cpus_tracks() {
-    end_to_end(Preset::Central, 12, 12);
+    end_to_end(Preset::Central, 12, 12, false);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_whole_finder_with_the_exchange_of_segments_gives_the_cpus_tracks() {
+    end_to_end(Preset::Central, 12, 12, true);
 }
 
 #[test]

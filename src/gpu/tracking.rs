@@ -15,7 +15,11 @@
 //!    ([`GpuCaEngine::read_tracks`]), clone suppression ([`GpuCloneEngine`]) on them in
 //!    place, and the tracks (hits as the event's input indices, fitted state,
 //!    covariance, chi-square) and clone marks back to the host in one copy per array,
-//!    where the trigger lines run on the tracks kept.
+//!    where the trigger lines run on the tracks kept;
+//! 4. where the configuration asks for it ([`FinderConfig::exchange_segments`], off by
+//!    default), the exchange of segments between crossing tracks, on the host, with the
+//!    CPU finder's own step ([`crate::tracking::ca::exchange`]) on each event's tracks as
+//!    they come back: the CPU runs it on the same tracks, so both give the same result.
 //!
 //! A finder configured for one pass (no missing plane allowed, or a first pass that could
 //! not make a track) runs step 1 with the pass's reach and `min_hits`, as the CPU.
@@ -31,6 +35,7 @@ use crate::gpu::nvrtc::KernelCache;
 use crate::gpu::tracking_ca::{BatchTracks, CaLimits, CaTables, GpuCaEngine, PassOptions};
 use crate::gpu::tracking_clones::{CloneEngineConfig, CloneLimits, GpuCloneEngine};
 use crate::gpu::{GpuDevice, GpuError};
+use crate::tracking::ca::exchange::{Exchange, ExchangeCuts};
 use crate::tracking::ca::{FinderGeometry, MAX_REACH};
 use crate::tracking::geometry::Detector;
 use crate::tracking::kalman::KalmanFitter;
@@ -140,6 +145,17 @@ pub struct GpuTracker {
     /// The accepted tracks of the last launch and their clone marks.
     batch: BatchTracks,
     times: TrackerTimes,
+    /// The exchange of segments between crossing tracks where the configuration asks for
+    /// it ([`FinderConfig::exchange_segments`]): run on the host on the tracks that come
+    /// back, with the CPU finder's own step, cuts and fitters.
+    exchange: Option<HostExchange>,
+}
+
+/// What the host needs to run [`crate::tracking::ca::exchange`] on a launch's tracks.
+struct HostExchange {
+    cuts: ExchangeCuts,
+    fitter: KalmanFitter,
+    track_fitter: Option<KalmanFitter>,
 }
 
 impl GpuTracker {
@@ -169,8 +185,12 @@ impl GpuTracker {
         tables.push(CaTables::new(&geo, cfg, passes.reach));
         let cache = KernelCache::from_env();
         let mut ca = GpuCaEngine::with_tables(device, tables, Some(&fitter), limits.ca, &cache)?;
-        if cfg.fit.estimates_scattering() {
-            ca.set_track_fitter(&KalmanFitter::new(det, cfg.fit.clone()))?;
+        let track_fitter = cfg
+            .fit
+            .estimates_scattering()
+            .then(|| KalmanFitter::new(det, cfg.fit.clone()));
+        if let Some(f) = &track_fitter {
+            ca.set_track_fitter(f)?;
         }
         // Clone suppression compares short tracks (at most n - 3 hits) with longer ones.
         let clones = if n_planes >= 4 {
@@ -200,6 +220,11 @@ impl GpuTracker {
             limits,
             batch: BatchTracks::default(),
             times: TrackerTimes::default(),
+            exchange: cfg.exchange_segments.then(|| HostExchange {
+                cuts: ExchangeCuts::new(&geo, cfg),
+                fitter,
+                track_fitter,
+            }),
         })
     }
 
@@ -308,7 +333,9 @@ impl GpuTracker {
         // The events' tracks written from the packed arrays, on several host threads
         // when there are many (a launch of central events has some 250,000).
         let back: &[Option<&'static str>] = back;
+        let exchange = self.exchange.as_ref();
         let write = |first: usize, outs: &mut [Vec<Track>]| {
+            let mut scratch = Exchange::default();
             for (i, tracks) in outs.iter_mut().enumerate() {
                 let e = first + i;
                 if back[e].is_some() {
@@ -325,6 +352,15 @@ impl GpuTracker {
                     w += 1;
                 }
                 tracks.truncate(w);
+                if let Some(x) = exchange {
+                    scratch.run(
+                        &x.cuts,
+                        &x.fitter,
+                        x.track_fitter.as_ref(),
+                        events[e],
+                        tracks,
+                    );
+                }
             }
         };
         let threads = if b.n_tracks() >= WRITE_THREADS_FROM_TRACKS {

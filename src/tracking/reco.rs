@@ -39,6 +39,8 @@ pub struct StepTimes {
     /// Kalman fits of the candidates (inside the candidates step).
     pub fit_ns: u64,
     pub clones_ns: u64,
+    /// Exchange of segments between crossing tracks ([`ca::exchange`]).
+    pub exchange_ns: u64,
     /// Work counters (for throughput per step).
     pub hits: u64,
     pub doublets: u64,
@@ -49,7 +51,7 @@ pub struct StepTimes {
 
 impl StepTimes {
     /// `(step name, nanoseconds)` in execution order.
-    pub fn steps(&self) -> [(&'static str, u64); 8] {
+    pub fn steps(&self) -> [(&'static str, u64); 9] {
         [
             ("hit_sorting", self.hit_sorting_ns),
             ("doublets", self.doublets_ns),
@@ -59,6 +61,7 @@ impl StepTimes {
             ("candidates", self.candidates_ns),
             ("fit", self.fit_ns),
             ("clones", self.clones_ns),
+            ("exchange", self.exchange_ns),
         ]
     }
     pub fn total_ns(&self) -> u64 {
@@ -99,6 +102,8 @@ pub struct Reconstructor {
     /// The accepted tracks' fitter where it differs from the candidates'.
     track_fitter: Option<KalmanFitter>,
     buf: CaBuffers,
+    exchange_cuts: ca::exchange::ExchangeCuts,
+    exchange: ca::exchange::Exchange,
     spare: Vec<Track>,
     times: StepTimes,
     last_overflow: Overflow,
@@ -146,7 +151,10 @@ impl Reconstructor {
             })
             .collect();
         let stiff = stiff_factor.and_then(|f| rungs.iter().position(|r| r.factor == f));
+        let exchange_cuts = ca::exchange::ExchangeCuts::new(&geo, &cfg);
         Reconstructor {
+            exchange_cuts,
+            exchange: Default::default(),
             cfg,
             geo,
             rungs,
@@ -203,10 +211,42 @@ impl Reconstructor {
             ca::clones::suppress_clones(&self.geo, &self.cfg, &mut self.buf) as u64;
         self.write_tracks(out);
         let t9 = Instant::now();
+        self.exchange_segments(hits, out);
+        let t10 = Instant::now();
 
         let t = &mut self.times;
         t.clones_ns += (t9 - t6).as_nanos() as u64;
+        t.exchange_ns += (t10 - t9).as_nanos() as u64;
         t.tracks += out.len() as u64;
+    }
+
+    /// The last step of [`Self::reconstruct`] on an event's tracks after clone
+    /// suppression (as the GPU's tracks come back): [`ca::exchange`]. Returns the number
+    /// of exchanges.
+    pub fn exchange_segments(&mut self, hits: &[HitRecord], tracks: &mut [Track]) -> usize {
+        self.exchange.run(
+            &self.exchange_cuts,
+            &self.fitter,
+            self.track_fitter.as_ref(),
+            hits,
+            tracks,
+        )
+    }
+
+    /// The exchange step's cuts and the fitters it uses (candidates', accepted tracks'),
+    /// for running it elsewhere on the same tracks (the GPU path, on the host).
+    pub fn exchange_parts(
+        &self,
+    ) -> (
+        &ca::exchange::ExchangeCuts,
+        &KalmanFitter,
+        Option<&KalmanFitter>,
+    ) {
+        (
+            &self.exchange_cuts,
+            &self.fitter,
+            self.track_fitter.as_ref(),
+        )
     }
 
     /// Every step of [`Self::reconstruct`] up to clone suppression: afterwards
@@ -803,6 +843,98 @@ mod tests {
                     }
             );
         }
+    }
+
+    /// Two particles of opposite charge through one point of the middle plane: the tracks
+    /// made of one's upstream and the other's downstream hits are exchanged back, and the
+    /// particles' own tracks are left as they are.
+    #[test]
+    fn crossing_tracks_with_exchanged_segments_are_exchanged_back() {
+        let det = detector(8, [0.0, 0.8, 0.0], 0.004, 0.016);
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let mut scratch = Vec::new();
+        let (_, sa) = track(
+            &det,
+            [0.0, 0.0, 0.05, 0.02, 0.5],
+            false,
+            false,
+            &mut rng,
+            &mut scratch,
+        );
+        let (_, sb) = track(
+            &det,
+            [0.0, 0.0, 0.02, 0.02, -0.5],
+            false,
+            false,
+            &mut rng,
+            &mut scratch,
+        );
+        // The second one shifted in x to cross the first on plane 4.
+        let dx = sa[4][0] - sb[4][0];
+        let mut hits = Vec::new();
+        let (a, _) = track(
+            &det,
+            [0.0, 0.0, 0.05, 0.02, 0.5],
+            false,
+            true,
+            &mut rng,
+            &mut hits,
+        );
+        let (b, _) = track(
+            &det,
+            [dx, 0.0, 0.02, 0.02, -0.5],
+            false,
+            true,
+            &mut rng,
+            &mut hits,
+        );
+        let mut cfg = FinderConfig::from_detector(&det, 1.0);
+        cfg.exchange_segments = true;
+        let mut reco = Reconstructor::new(&det, cfg);
+        let fitted = |reco: &Reconstructor, ids: Vec<u32>| {
+            let o = reco.fitter().fit_reference(&fit_hits(&hits, &ids));
+            let mut t = Track {
+                hits: ids,
+                ..Track::default()
+            };
+            o.write_track(&mut t);
+            t
+        };
+        let mixed = |u: &[u32], d: &[u32], k: usize| -> Vec<u32> {
+            u[..k].iter().chain(&d[k..]).copied().collect()
+        };
+        for k in [4, 5] {
+            let mut tracks = vec![
+                fitted(&reco, mixed(&a, &b, k)),
+                fitted(&reco, mixed(&b, &a, k)),
+            ];
+            assert_eq!(
+                reco.exchange_segments(&hits, &mut tracks),
+                1,
+                "boundary {k}"
+            );
+            let mut got: Vec<Vec<u32>> = tracks.iter().map(|t| t.hits.clone()).collect();
+            got.sort();
+            let mut want = vec![a.clone(), b.clone()];
+            want.sort();
+            assert_eq!(got, want, "boundary {k}");
+            for t in &tracks {
+                let own = fitted(&reco, t.hits.clone());
+                assert!((t.chi2 - own.chi2).abs() <= 1e-2 * (1.0 + own.chi2));
+                assert!(t.chi2_ndf() < 3.0, "{}", t.chi2_ndf());
+            }
+        }
+        let mut tracks = vec![fitted(&reco, a.clone()), fitted(&reco, b.clone())];
+        let before = tracks.clone();
+        assert_eq!(reco.exchange_segments(&hits, &mut tracks), 0);
+        assert_eq!(tracks, before);
+        // Off (the default), nothing is exchanged.
+        let mut off = Reconstructor::new(&det, FinderConfig::from_detector(&det, 1.0));
+        let mut tracks = vec![
+            fitted(&reco, mixed(&a, &b, 4)),
+            fitted(&reco, mixed(&b, &a, 4)),
+        ];
+        assert_eq!(off.exchange_segments(&hits, &mut tracks), 0);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! [`triplets`] (two doublets sharing a hit with a multiple-scattering-compatible kink and a
 //! curvature within the momentum cut) -> [`neighbours`] (triplets sharing two hits with
 //! compatible curvature) -> [`evolution`] (CA levels) -> [`candidates`] (longest, best
-//! chains first, each hit once, Kalman fitted) -> [`clones`] (ghost and clone suppression).
+//! chains first, each hit once, Kalman fitted) -> [`clones`] (ghost and clone suppression) ->
+//! [`exchange`] (tracks that cross exchange segments where the pair fits better).
 //!
 //! The steps from the doublets on run in two passes: the first on doublets of consecutive
 //! planes only, for tracks of at least `first_pass_min_hits` hits (no gap inside); the
@@ -51,6 +52,7 @@ pub mod clones;
 pub mod cuts;
 pub mod doublets;
 pub mod evolution;
+pub mod exchange;
 pub mod hit_sorting;
 pub mod neighbours;
 pub mod triplets;

@@ -1,0 +1,553 @@
+//! Exchange of segments between tracks: the greedy choice ([`super::candidates`]) takes
+//! the best candidate first, each hit once. Where two particles come close on a plane, the
+//! best single candidate can be one particle's upstream segment joined to the other's
+//! downstream one; the two particles' own chains then lose hits, and what is left of them
+//! is that crossing's mirror image, or pieces. Both mixed tracks pass the fit (particles
+//! from one point that come close have nearly the same slope there, so the change of
+//! particle costs no more than a scatter), and each is a ghost.
+//!
+//! This step weighs the two tracks of such a crossing together, as the choice cannot: for
+//! every pair of tracks whose hits on some plane lie within the plane's window of each
+//! other ([`ExchangeCuts::window_for`]: scattering at the softer track's measured
+//! momentum, resolution), it tries exchanging their upstream segments, just before and
+//! just after that plane, and keeps an exchange where both new tracks pass the fit's cut
+//! and the pair's summed chi-square falls by more than [`MIN_GAIN`]: the pair of
+//! trajectories that explains both sets of hits best. An exchange whose straight-chord
+//! kinks around the junction grow by more than [`PRE_TEST`] squared standard deviations
+//! is not fitted (on the drawn samples that skips half the fits and none of the kept
+//! exchanges' outcomes on any sample's aims). The exchanges are made in rounds: every pair is
+//! evaluated on the tracks as they are, the exchanges are taken by decreasing gain, each
+//! track in at most one per round (ties by the pair's order), and the pairs that touch a
+//! changed track are evaluated again in the next round, so a chain of crossings (three
+//! tracks whose upstream segments are each other's) resolves one exchange at a time. The
+//! result depends on the tracks and hits only, not on an order of evaluation.
+//!
+//! It runs, where [`FinderConfig::exchange_segments`] asks for it (off by default: it
+//! costs 12-35 % of the finder's time), on the found tracks of an event after clone
+//! suppression ([`crate::tracking::reco::Reconstructor::reconstruct`]), and on the tracks
+//! the GPU returns, on the host, with the same function
+//! ([`crate::gpu::tracking::GpuTracker`]).
+
+use crate::frame::HitRecord;
+use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter, LANES};
+use crate::tracking::track::Track;
+
+use super::cuts::FinderConfig;
+use super::FinderGeometry;
+
+/// The fall of the pair's summed chi-square an exchange must bring: the exchanged pair
+/// must be e (exp of half this) times likelier than the choice's. Without it, on the 102
+/// drawn detectors and events, pairs of true tracks with a scatter in the tail were
+/// exchanged for a sum smaller by a fraction of a unit (`bench/RESULTS.md`).
+pub const MIN_GAIN: f32 = 2.0;
+
+/// Rounds of exchanges at most (a chain of crossings resolves one exchange per round).
+pub const MAX_ROUNDS: usize = 8;
+
+/// The pre-test of an exchange: the squared kinks around the junction (in units of the
+/// scattering at the minimum momentum and resolution, straight chords) may grow by at most
+/// this much.
+pub const PRE_TEST: f64 = 20.0;
+
+/// The cuts of the exchange step, derived from the geometry and the finder's cuts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExchangeCuts {
+    /// Per plane: how close (mm, in x and in y) two tracks' hits must lie on it for an
+    /// exchange there to be tried: the displacement over the longer of the plane's gaps
+    /// of a scatter of `n_sigma` standard deviations at the minimum momentum (at the
+    /// largest slope factor), plus `n_sigma` times the two hits' resolution. Two tracks
+    /// further apart cannot exchange their segments without a kink the fit refuses.
+    pub window_mm: Vec<f32>,
+    /// Per plane: the scattering part of `window_mm` (at the minimum momentum); for a
+    /// pair of tracks whose momentum is measured it shrinks with the softer one's |q/p|
+    /// ([`Self::window_for`]), as the scattering does.
+    pub scatter_mm: Vec<f32>,
+    /// The |q/p| the windows are for (1 / the minimum momentum); zero without a momentum
+    /// measurement (no scaling).
+    pub qop_ref: f32,
+    /// Fewest hits of a track (the finder's `min_hits`).
+    pub min_hits: usize,
+    /// The fit's chi-square per degree of freedom cut (the finder's `max_chi2_ndf`).
+    pub max_chi2_ndf: f64,
+    /// Whether the step runs ([`FinderConfig::exchange_segments`]).
+    pub enabled: bool,
+    /// Per plane: z (mm), the variance of a scattering angle at the minimum momentum
+    /// (largest slope factor) and of a hit's position (the larger of x and y).
+    pub z_mm: Vec<f64>,
+    pub kink_var: Vec<f64>,
+    pub res_var: Vec<f64>,
+}
+
+impl ExchangeCuts {
+    pub fn new(geo: &FinderGeometry, cfg: &FinderConfig) -> Self {
+        let planes = &geo.planes;
+        let scatter_mm: Vec<f32> = (0..planes.len())
+            .map(|p| {
+                let z = planes[p].z_mm;
+                let up = if p > 0 { z - planes[p - 1].z_mm } else { 0.0 };
+                let down = planes.get(p + 1).map_or(0.0, |n| n.z_mm - z);
+                let theta = planes[p].theta2_min_p.sqrt() * cfg.slope_factor;
+                (cfg.n_sigma * theta * up.max(down)) as f32
+            })
+            .collect();
+        let window_mm = (0..planes.len())
+            .map(|p| {
+                let z = planes[p].z_mm;
+                let up = if p > 0 { z - planes[p - 1].z_mm } else { 0.0 };
+                let down = planes.get(p + 1).map_or(0.0, |n| n.z_mm - z);
+                let gap = up.max(down);
+                let theta = planes[p].theta2_min_p.sqrt() * cfg.slope_factor;
+                let res = (2.0 * planes[p].var_x.max(planes[p].var_y)).sqrt();
+                (cfg.n_sigma * (theta * gap + res)) as f32
+            })
+            .collect();
+        ExchangeCuts {
+            scatter_mm,
+            qop_ref: if cfg.fit.fit_momentum && geo.b_max_tesla.iter().any(|&b| b != 0.0) {
+                (1.0 / cfg.min_p_gev) as f32
+            } else {
+                0.0
+            },
+            z_mm: planes.iter().map(|g| g.z_mm).collect(),
+            kink_var: planes
+                .iter()
+                .map(|g| g.theta2_min_p * cfg.slope_factor * cfg.slope_factor)
+                .collect(),
+            res_var: planes.iter().map(|g| g.var_x.max(g.var_y)).collect(),
+            window_mm,
+            min_hits: cfg.min_hits.max(3),
+            max_chi2_ndf: cfg.max_chi2_ndf,
+            enabled: cfg.exchange_segments,
+        }
+    }
+
+    /// The window on plane `p` for a pair whose softer track's |q/p| is at most `q`
+    /// (fitted plus three standard deviations).
+    pub fn window_for(&self, p: usize, q: f32) -> f32 {
+        if self.qop_ref > 0.0 && q.is_finite() {
+            let w = self.window_mm[p];
+            let s = self.scatter_mm[p];
+            w - s + s * (q / self.qop_ref).min(1.0)
+        } else {
+            self.window_mm[p]
+        }
+    }
+
+    fn good(&self, f: &FitOutput, n_hits: usize) -> bool {
+        n_hits >= self.min_hits
+            && f.ok
+            && f.ndf > 0
+            && ((f.chi2 as f32) / f.ndf as f32) as f64 <= self.max_chi2_ndf
+    }
+}
+
+/// An exchange that improves its pair: the two tracks, the boundary plane and the gain.
+#[derive(Debug, Clone, Copy)]
+struct Gain {
+    a: u32,
+    b: u32,
+    boundary: u16,
+    gain: f32,
+}
+
+/// The exchange step's working memory (reused from event to event).
+#[derive(Debug, Default)]
+pub struct Exchange {
+    points: Vec<(u16, f32, f32, u32)>,
+    close: Vec<(u32, u32, f32)>,
+    /// Per track: its largest |q/p| (fitted plus three standard deviations).
+    qop: Vec<f32>,
+    owner: Vec<u32>,
+    pairs: Vec<(u32, u32, u16)>,
+    chi2: Vec<f32>,
+    changed: Vec<bool>,
+    exchanged: Vec<bool>,
+    taken: Vec<bool>,
+    gains: Vec<Gain>,
+    trial_hits: Vec<FitHit>,
+    trials: Vec<(u32, u16, u32, u32)>,
+    fits: Vec<FitOutput>,
+    segment: Vec<u32>,
+}
+
+impl Exchange {
+    /// Exchanges segments between `tracks` (an event's, hits as indices into `hits`,
+    /// upstream first) where it lowers a pair's chi-square by more than [`MIN_GAIN`]
+    /// (`fitter`: the candidates' fit, whose chi-square the choice ranked by); the
+    /// exchanged tracks are written with `final_fitter`'s fit where given (the accepted
+    /// tracks' own), else `fitter`'s. Returns the number of exchanges.
+    pub fn run(
+        &mut self,
+        cuts: &ExchangeCuts,
+        fitter: &KalmanFitter,
+        final_fitter: Option<&KalmanFitter>,
+        hits: &[HitRecord],
+        tracks: &mut [Track],
+    ) -> usize {
+        let n = tracks.len();
+        if !cuts.enabled || n < 2 {
+            return 0;
+        }
+        self.find_close_hits(cuts, hits, tracks);
+        if self.close.is_empty() {
+            return 0;
+        }
+        self.qop.clear();
+        self.qop.extend(
+            tracks
+                .iter()
+                .map(|t| t.state.qop.abs() + 3.0 * t.var(4).max(0.0).sqrt()),
+        );
+        self.changed.clear();
+        self.changed.resize(n, true);
+        self.find_pairs(cuts, hits);
+        self.exchanged.clear();
+        self.exchanged.resize(n, false);
+        // The chi-square with the candidates' fit of every track in a pair (NaN: not
+        // fitted yet).
+        self.chi2.clear();
+        if final_fitter.is_none() {
+            // The tracks' own fits are the candidates' fits.
+            self.chi2.extend(
+                tracks
+                    .iter()
+                    .map(|t| if t.ndf > 0 { t.chi2 } else { f32::INFINITY }),
+            );
+        } else {
+            self.chi2.resize(n, f32::NAN);
+        }
+        self.fit_missing(fitter, hits, tracks, false);
+        self.taken.clear();
+        self.taken.resize(n, false);
+        self.gains.clear();
+        let mut exchanges = 0;
+        for _ in 0..MAX_ROUNDS {
+            self.evaluate(cuts, fitter, hits, tracks);
+            // Best gain first; ties by the pair, then the boundary.
+            self.gains.sort_unstable_by(|x, y| {
+                y.gain
+                    .total_cmp(&x.gain)
+                    .then((x.a, x.b, x.boundary).cmp(&(y.a, y.b, y.boundary)))
+            });
+            self.changed.fill(false);
+            self.taken.fill(false);
+            let mut made = 0;
+            for g in &self.gains {
+                let (a, b) = (g.a as usize, g.b as usize);
+                if self.taken[a] || self.taken[b] {
+                    continue;
+                }
+                self.taken[a] = true;
+                self.taken[b] = true;
+                let (ta, tb) = split_two(tracks, a, b);
+                exchange(ta, tb, hits, g.boundary, &mut self.segment);
+                for (t, track) in [(a, &*ta), (b, &*tb)] {
+                    for &h in &track.hits {
+                        self.owner[h as usize] = t as u32;
+                    }
+                }
+                for t in [a, b] {
+                    self.changed[t] = true;
+                    self.exchanged[t] = true;
+                    self.chi2[t] = f32::NAN;
+                }
+                made += 1;
+            }
+            if made == 0 {
+                break;
+            }
+            exchanges += made;
+            // The gains of pairs that touch no changed track stand; the pairs of the
+            // changed tracks are found again (their hits moved) and evaluated again.
+            let changed = &self.changed;
+            self.gains
+                .retain(|g| !changed[g.a as usize] && !changed[g.b as usize]);
+            self.pairs.clear();
+            self.fit_missing(fitter, hits, tracks, true);
+            self.find_pairs(cuts, hits);
+            self.fit_missing(fitter, hits, tracks, false);
+        }
+        if exchanges > 0 {
+            // The exchanged tracks' final fits (a track exchanged twice is fitted once).
+            std::mem::swap(&mut self.changed, &mut self.exchanged);
+            self.write_fits(fitter, final_fitter, hits, tracks);
+        }
+        exchanges
+    }
+
+    /// The pairs of hits of tracks within their plane's window of each other (`close`),
+    /// and every hit's track (`owner`).
+    fn find_close_hits(&mut self, cuts: &ExchangeCuts, hits: &[HitRecord], tracks: &[Track]) {
+        self.points.clear();
+        self.owner.clear();
+        self.owner.resize(hits.len(), u32::MAX);
+        for (j, t) in tracks.iter().enumerate() {
+            for &h in &t.hits {
+                let r = &hits[h as usize];
+                self.points.push((r.plane, r.x_mm, r.y_mm, h));
+                self.owner[h as usize] = j as u32;
+            }
+        }
+        self.points
+            .sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.3.cmp(&b.3)));
+        self.close.clear();
+        for i in 0..self.points.len() {
+            let a = self.points[i];
+            let Some(&w) = cuts.window_mm.get(a.0 as usize) else {
+                continue;
+            };
+            for b in &self.points[i + 1..] {
+                if b.0 != a.0 || b.1 - a.1 > w {
+                    break;
+                }
+                if (b.2 - a.2).abs() <= w {
+                    self.close
+                        .push((a.3, b.3, (b.1 - a.1).max((b.2 - a.2).abs())));
+                }
+            }
+        }
+    }
+
+    /// The pairs of tracks with close hits on a plane, `(a, b, plane)` with `a < b`,
+    /// sorted, of which one track is marked in `changed`.
+    fn find_pairs(&mut self, cuts: &ExchangeCuts, hits: &[HitRecord]) {
+        self.pairs.clear();
+        for &(h1, h2, d) in &self.close {
+            let (a, b) = (self.owner[h1 as usize], self.owner[h2 as usize]);
+            if a == b || !(self.changed[a as usize] || self.changed[b as usize]) {
+                continue;
+            }
+            let plane = hits[h1 as usize].plane as usize;
+            let q = self.qop[a as usize].max(self.qop[b as usize]);
+            if d > cuts.window_for(plane, q) {
+                continue;
+            }
+            self.pairs
+                .push((a.min(b), a.max(b), hits[h1 as usize].plane));
+        }
+        self.pairs.sort_unstable();
+        self.pairs.dedup();
+    }
+
+    /// The candidates' chi-square of the tracks in a pair not fitted yet, into
+    /// `self.chi2`.
+    fn fit_missing(
+        &mut self,
+        fitter: &KalmanFitter,
+        hits: &[HitRecord],
+        tracks: &[Track],
+        with_changed: bool,
+    ) {
+        self.trial_hits.clear();
+        self.trials.clear();
+        // The changed tracks (their q/p sets their pairs' windows), then those in a pair.
+        let changed =
+            (0..self.changed.len() as u32).filter(|&t| with_changed && self.changed[t as usize]);
+        let paired = self.pairs.iter().flat_map(|&(a, b, _)| [a, b]);
+        for t in changed.chain(paired) {
+            {
+                if !self.chi2[t as usize].is_nan() {
+                    continue;
+                }
+                // Marked as being fitted (a track in several pairs is fitted once).
+                self.chi2[t as usize] = f32::INFINITY;
+                let s = self.trial_hits.len() as u32;
+                self.trial_hits.extend(
+                    tracks[t as usize]
+                        .hits
+                        .iter()
+                        .map(|&h| FitHit::from(&hits[h as usize])),
+                );
+                self.trials
+                    .push((t, 0, s, self.trial_hits.len() as u32 - s));
+            }
+        }
+        self.fit_trials(fitter);
+        for (k, &(t, ..)) in self.trials.iter().enumerate() {
+            let f = &self.fits[k];
+            self.chi2[t as usize] = if f.ok { f.chi2 as f32 } else { f32::INFINITY };
+            self.qop[t as usize] = (f.state[4].abs() + 3.0 * f.cov[14].max(0.0).sqrt()) as f32;
+        }
+    }
+
+    /// Fits every trial (`trials`: id, boundary, first hit, hit count in `trial_hits`)
+    /// into `fits`, a lane group at a time.
+    fn fit_trials(&mut self, fitter: &KalmanFitter) {
+        self.fits.clear();
+        self.fits.resize(self.trials.len(), FitOutput::default());
+        for (c, out) in self.trials.chunks(LANES).zip(self.fits.chunks_mut(LANES)) {
+            let empty: &[FitHit] = &[];
+            let mut slices: [&[FitHit]; LANES] = [empty; LANES];
+            for (s, &(_, _, from, len)) in slices.iter_mut().zip(c) {
+                *s = &self.trial_hits[from as usize..(from + len) as usize];
+            }
+            fitter.fit_lanes::<f32, LANES>(&slices[..c.len()], out);
+        }
+    }
+
+    /// Evaluates the pairs that touch a changed track, at both boundaries of their plane,
+    /// adding the exchanges that gain to `gains`.
+    fn evaluate(
+        &mut self,
+        cuts: &ExchangeCuts,
+        fitter: &KalmanFitter,
+        hits: &[HitRecord],
+        tracks: &[Track],
+    ) {
+        self.trial_hits.clear();
+        self.trials.clear();
+        for (k, &(a, b, p)) in self.pairs.iter().enumerate() {
+            if !self.changed[a as usize] && !self.changed[b as usize] {
+                continue;
+            }
+            let (ta, tb) = (&tracks[a as usize], &tracks[b as usize]);
+            for boundary in [p, p + 1] {
+                let plane = |h: &u32| hits[*h as usize].plane;
+                let sa = ta
+                    .hits
+                    .iter()
+                    .position(|h| plane(h) >= boundary)
+                    .unwrap_or(ta.hits.len());
+                let sb = tb
+                    .hits
+                    .iter()
+                    .position(|h| plane(h) >= boundary)
+                    .unwrap_or(tb.hits.len());
+                if sa == 0 || sb == 0 || sa == ta.hits.len() || sb == tb.hits.len() {
+                    continue;
+                }
+                let (na, nb) = (sa + tb.hits.len() - sb, sb + ta.hits.len() - sa);
+                if na < cuts.min_hits || nb < cuts.min_hits {
+                    continue;
+                }
+                // The kinks around the junction, before and after: an exchange that makes
+                // them much worse is not fitted.
+                let sc = |u: &[u32], d: &[u32]| junction_score(cuts, hits, u, d);
+                let approx = sc(&ta.hits[..sa], &ta.hits[sa..])
+                    + sc(&tb.hits[..sb], &tb.hits[sb..])
+                    - sc(&ta.hits[..sa], &tb.hits[sb..])
+                    - sc(&tb.hits[..sb], &ta.hits[sa..]);
+                if approx < -PRE_TEST {
+                    continue;
+                }
+                for (up, from, down) in [(ta, sb, tb), (tb, sa, ta)] {
+                    let s = self.trial_hits.len() as u32;
+                    let split = if std::ptr::eq(up, ta) { sa } else { sb };
+                    let f = |h: &u32| FitHit::from(&hits[*h as usize]);
+                    self.trial_hits.extend(up.hits[..split].iter().map(f));
+                    self.trial_hits.extend(down.hits[from..].iter().map(f));
+                    self.trials
+                        .push((k as u32, boundary, s, self.trial_hits.len() as u32 - s));
+                }
+            }
+        }
+        self.fit_trials(fitter);
+        for i in (0..self.trials.len()).step_by(2) {
+            let (k, boundary, _, la) = self.trials[i];
+
+            let lb = self.trials[i + 1].3;
+            let (fa, fb) = (&self.fits[i], &self.fits[i + 1]);
+            if !cuts.good(fa, la as usize) || !cuts.good(fb, lb as usize) {
+                continue;
+            }
+            let (a, b, _) = self.pairs[k as usize];
+            let gain = self.chi2[a as usize] + self.chi2[b as usize] - (fa.chi2 + fb.chi2) as f32;
+            if gain > MIN_GAIN {
+                self.gains.push(Gain {
+                    a,
+                    b,
+                    boundary,
+                    gain,
+                });
+            }
+        }
+    }
+
+    /// Fits the tracks marked in `changed` with the final fitter and writes their states.
+    fn write_fits(
+        &mut self,
+        fitter: &KalmanFitter,
+        final_fitter: Option<&KalmanFitter>,
+        hits: &[HitRecord],
+        tracks: &mut [Track],
+    ) {
+        let f = final_fitter.unwrap_or(fitter);
+        self.trial_hits.clear();
+        self.trials.clear();
+        for (t, track) in tracks.iter().enumerate() {
+            if !self.changed[t] {
+                continue;
+            }
+            let s = self.trial_hits.len() as u32;
+            self.trial_hits
+                .extend(track.hits.iter().map(|&h| FitHit::from(&hits[h as usize])));
+            self.trials
+                .push((t as u32, 0, s, self.trial_hits.len() as u32 - s));
+        }
+        self.fit_trials(f);
+        for (k, &(t, ..)) in self.trials.iter().enumerate() {
+            self.fits[k].write_track(&mut tracks[t as usize]);
+        }
+    }
+}
+
+/// The squared kinks, in units of their scattering and resolution, at the two hits
+/// around the junction of segments `up` and `down` (each where the hit has neighbours on
+/// both sides).
+fn junction_score(cuts: &ExchangeCuts, hits: &[HitRecord], up: &[u32], down: &[u32]) -> f64 {
+    let get = |h: u32| {
+        let r = &hits[h as usize];
+        (r.plane as usize, r.x_mm as f64, r.y_mm as f64)
+    };
+    let kink = |l: u32, m: u32, r: u32| {
+        let (pl, xl, yl) = get(l);
+        let (pm, xm, ym) = get(m);
+        let (pr, xr, yr) = get(r);
+        let (g1, g2) = (cuts.z_mm[pm] - cuts.z_mm[pl], cuts.z_mm[pr] - cuts.z_mm[pm]);
+        let kx = (xr - xm) / g2 - (xm - xl) / g1;
+        let ky = (yr - ym) / g2 - (ym - yl) / g1;
+        let var = cuts.kink_var[pm]
+            + cuts.res_var[pm] * (1.0 / g1 + 1.0 / g2).powi(2)
+            + cuts.res_var[pl] / (g1 * g1)
+            + cuts.res_var[pr] / (g2 * g2);
+        (kx * kx + ky * ky) / var
+    };
+    let mut s = 0.0;
+    let (u, d) = (up.len(), down.len());
+    if u >= 2 {
+        s += kink(up[u - 2], up[u - 1], down[0]);
+    }
+    if d >= 2 {
+        s += kink(up[u - 1], down[0], down[1]);
+    }
+    s
+}
+
+/// Two distinct tracks, mutably.
+fn split_two(tracks: &mut [Track], a: usize, b: usize) -> (&mut Track, &mut Track) {
+    debug_assert!(a < b);
+    let (lo, hi) = tracks.split_at_mut(b);
+    (&mut lo[a], &mut hi[0])
+}
+
+/// Exchanges the hits of `a` and `b` upstream of plane `boundary` (`tmp`: scratch).
+fn exchange(a: &mut Track, b: &mut Track, hits: &[HitRecord], boundary: u16, tmp: &mut Vec<u32>) {
+    let plane = |h: &u32| hits[*h as usize].plane;
+    let sa = a
+        .hits
+        .iter()
+        .position(|h| plane(h) >= boundary)
+        .unwrap_or(a.hits.len());
+    let sb = b
+        .hits
+        .iter()
+        .position(|h| plane(h) >= boundary)
+        .unwrap_or(b.hits.len());
+    tmp.clear();
+    tmp.extend_from_slice(&b.hits[..sb]);
+    tmp.extend_from_slice(&a.hits[sa..]);
+    b.hits.drain(..sb);
+    b.hits.splice(0..0, a.hits[..sa].iter().copied());
+    a.hits.clear();
+    a.hits.extend_from_slice(tmp);
+}
