@@ -15,7 +15,7 @@
 //! | triplet continuation window | the change of chord slope: the pointing parabola's prediction, corrected by the q/p it allows for the difference of the pointing and triplet tents' bending (each tent's field at its own mean slope: in a strong field at large slopes the bending factor changes along the track), + origin size + `n_sigma` scattering and resolution |
 //! | `triplet_chi2_max` | the breaking angle not explained by the triplet tent's field, in units of scattering and resolution |
 //! | `neighbour_chi2_max` | the q/p difference of neighbouring triplets in units of their errors (also where the seeded step makes a triplet upstream of the seed planes in a field map: kept only as a neighbour of one downstream) |
-//! | exchange window (`exchange::ExchangeCuts`) | the displacement over a plane's longer gap of an `n_sigma` scatter at the minimum momentum, plus resolution: two tracks further apart on the plane cannot exchange segments without a kink the fit refuses |
+//! | exchange windows (`exchange::ExchangeCuts`, with `exchange_segments`) | the displacement over the gap an exchange crosses of an `n_sigma` scatter at the softer track's momentum (the minimum momentum where none is measured), plus resolution: two tracks further apart on the plane cannot exchange segments there without a kink the fit refuses |
 //! | `clone_window_mm` | the scattering displacement over the detector at the minimum momentum |
 //! | exit margins (`may_leave`) | the curvature bound, scattering and resolution over one plane gap |
 //! | `stiff_pass_p_factor` | the momentum of a first pass on consecutive planes for the stiffer tracks (every momentum-dependent window above at that momentum), whose hits the passes at the minimum momentum no longer see |

@@ -53,15 +53,19 @@ pub const PRE_TEST: f64 = 20.0;
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExchangeCuts {
     /// Per plane: how close (mm, in x and in y) two tracks' hits must lie on it for an
-    /// exchange there to be tried: the displacement over the longer of the plane's gaps
-    /// of a scatter of `n_sigma` standard deviations at the minimum momentum (at the
-    /// largest slope factor), plus `n_sigma` times the two hits' resolution. Two tracks
-    /// further apart cannot exchange their segments without a kink the fit refuses.
+    /// exchange next to it to be tried, at most: the displacement over the plane's gap on
+    /// the side of the exchange of a scatter of `n_sigma` standard deviations at the
+    /// minimum momentum (at the largest slope factor), plus `n_sigma` times the two hits'
+    /// resolution ([`Self::window_for`]); this is the larger side's. Two tracks further
+    /// apart cannot exchange their segments without a kink the fit refuses.
     pub window_mm: Vec<f32>,
-    /// Per plane: the scattering part of `window_mm` (at the minimum momentum); for a
-    /// pair of tracks whose momentum is measured it shrinks with the softer one's |q/p|
+    /// Per plane and side (the gap upstream, the gap downstream): the scattering part of
+    /// the window for an exchange across that gap (at the minimum momentum); for a pair of
+    /// tracks whose momentum is measured it shrinks with the softer one's |q/p|
     /// ([`Self::window_for`]), as the scattering does.
-    pub scatter_mm: Vec<f32>,
+    pub scatter_mm: Vec<[f32; 2]>,
+    /// Per plane: the resolution part of the windows.
+    pub res_mm: Vec<f32>,
     /// The |q/p| the windows are for (1 / the minimum momentum); zero without a momentum
     /// measurement (no scaling).
     pub qop_ref: f32,
@@ -81,28 +85,36 @@ pub struct ExchangeCuts {
 impl ExchangeCuts {
     pub fn new(geo: &FinderGeometry, cfg: &FinderConfig) -> Self {
         let planes = &geo.planes;
-        let scatter_mm: Vec<f32> = (0..planes.len())
-            .map(|p| {
-                let z = planes[p].z_mm;
-                let up = if p > 0 { z - planes[p - 1].z_mm } else { 0.0 };
-                let down = planes.get(p + 1).map_or(0.0, |n| n.z_mm - z);
-                let theta = planes[p].theta2_min_p.sqrt() * cfg.slope_factor;
-                (cfg.n_sigma * theta * up.max(down)) as f32
-            })
+        // Per plane and side (the gap upstream, the gap downstream): the displacement of
+        // an `n_sigma` scatter at the minimum momentum over that gap.
+        let scatter = |p: usize, side: usize| -> f32 {
+            let z = planes[p].z_mm;
+            let gap = if side == 0 {
+                if p > 0 {
+                    z - planes[p - 1].z_mm
+                } else {
+                    0.0
+                }
+            } else {
+                planes.get(p + 1).map_or(0.0, |n| n.z_mm - z)
+            };
+            (cfg.n_sigma * planes[p].theta2_min_p.sqrt() * cfg.slope_factor * gap) as f32
+        };
+        let scatter_mm: Vec<[f32; 2]> = (0..planes.len())
+            .map(|p| [scatter(p, 0), scatter(p, 1)])
             .collect();
-        let window_mm = (0..planes.len())
-            .map(|p| {
-                let z = planes[p].z_mm;
-                let up = if p > 0 { z - planes[p - 1].z_mm } else { 0.0 };
-                let down = planes.get(p + 1).map_or(0.0, |n| n.z_mm - z);
-                let gap = up.max(down);
-                let theta = planes[p].theta2_min_p.sqrt() * cfg.slope_factor;
-                let res = (2.0 * planes[p].var_x.max(planes[p].var_y)).sqrt();
-                (cfg.n_sigma * (theta * gap + res)) as f32
-            })
+        let res_mm: Vec<f32> = planes
+            .iter()
+            .map(|g| (cfg.n_sigma * (2.0 * g.var_x.max(g.var_y)).sqrt()) as f32)
+            .collect();
+        let window_mm = scatter_mm
+            .iter()
+            .zip(&res_mm)
+            .map(|(s, r)| r + s[0].max(s[1]))
             .collect();
         ExchangeCuts {
             scatter_mm,
+            res_mm,
             qop_ref: if cfg.fit.fit_momentum && geo.b_max_tesla.iter().any(|&b| b != 0.0) {
                 (1.0 / cfg.min_p_gev) as f32
             } else {
@@ -121,15 +133,15 @@ impl ExchangeCuts {
         }
     }
 
-    /// The window on plane `p` for a pair whose softer track's |q/p| is at most `q`
-    /// (fitted plus three standard deviations).
-    pub fn window_for(&self, p: usize, q: f32) -> f32 {
+    /// The window on plane `p` for an exchange across the gap upstream of it (`side` 0:
+    /// the boundary just before the plane) or downstream (1: just after), for a pair whose
+    /// softer track's |q/p| is at most `q` (fitted plus three standard deviations).
+    pub fn window_for(&self, p: usize, side: usize, q: f32) -> f32 {
+        let s = self.scatter_mm[p][side];
         if self.qop_ref > 0.0 && q.is_finite() {
-            let w = self.window_mm[p];
-            let s = self.scatter_mm[p];
-            w - s + s * (q / self.qop_ref).min(1.0)
+            self.res_mm[p] + s * (q / self.qop_ref).min(1.0)
         } else {
-            self.window_mm[p]
+            self.res_mm[p] + s
         }
     }
 
@@ -308,8 +320,10 @@ impl Exchange {
         }
     }
 
-    /// The pairs of tracks with close hits on a plane, `(a, b, plane)` with `a < b`,
-    /// sorted, of which one track is marked in `changed`.
+    /// The exchanges to try: pairs of tracks with close hits on a plane (within the
+    /// window of the side of the exchange), `(a, b, boundary)` with `a < b`, sorted, of
+    /// which one track is marked in `changed`; the boundary is the first plane of the
+    /// downstream segments.
     fn find_pairs(&mut self, cuts: &ExchangeCuts, hits: &[HitRecord]) {
         self.pairs.clear();
         for &(h1, h2, d) in &self.close {
@@ -317,13 +331,13 @@ impl Exchange {
             if a == b || !(self.changed[a as usize] || self.changed[b as usize]) {
                 continue;
             }
-            let plane = hits[h1 as usize].plane as usize;
+            let plane = hits[h1 as usize].plane;
             let q = self.qop[a as usize].max(self.qop[b as usize]);
-            if d > cuts.window_for(plane, q) {
-                continue;
+            for side in 0..2 {
+                if d <= cuts.window_for(plane as usize, side, q) {
+                    self.pairs.push((a.min(b), a.max(b), plane + side as u16));
+                }
             }
-            self.pairs
-                .push((a.min(b), a.max(b), hits[h1 as usize].plane));
         }
         self.pairs.sort_unstable();
         self.pairs.dedup();
@@ -396,12 +410,12 @@ impl Exchange {
     ) {
         self.trial_hits.clear();
         self.trials.clear();
-        for (k, &(a, b, p)) in self.pairs.iter().enumerate() {
+        for (k, &(a, b, boundary)) in self.pairs.iter().enumerate() {
             if !self.changed[a as usize] && !self.changed[b as usize] {
                 continue;
             }
             let (ta, tb) = (&tracks[a as usize], &tracks[b as usize]);
-            for boundary in [p, p + 1] {
+            {
                 let plane = |h: &u32| hits[*h as usize].plane;
                 let sa = ta
                     .hits
