@@ -23,7 +23,7 @@
 //! result depends on the tracks and hits only, not on an order of evaluation.
 //!
 //! It runs, where [`FinderConfig::exchange_segments`] asks for it (off by default: it
-//! adds 12-54 % to the finder's time), on the found tracks of an event after clone
+//! adds 12-39 % to the finder's time), on the found tracks of an event after clone
 //! suppression ([`crate::tracking::reco::Reconstructor::reconstruct`]), and on the tracks
 //! the GPU returns, on the host, with the same function
 //! ([`crate::gpu::tracking::GpuTracker`]).
