@@ -233,22 +233,6 @@ impl Reconstructor {
         )
     }
 
-    /// The exchange step's cuts and the fitters it uses (candidates', accepted tracks'),
-    /// for running it elsewhere on the same tracks (the GPU path, on the host).
-    pub fn exchange_parts(
-        &self,
-    ) -> (
-        &ca::exchange::ExchangeCuts,
-        &KalmanFitter,
-        Option<&KalmanFitter>,
-    ) {
-        (
-            &self.exchange_cuts,
-            &self.fitter,
-            self.track_fitter.as_ref(),
-        )
-    }
-
     /// Every step of [`Self::reconstruct`] up to clone suppression: afterwards
     /// [`Self::buffers`] holds the event's accepted tracks in acceptance order, as the
     /// clone step ([`ca::clones::mark_clones`]) and the GPU's take them.
@@ -852,42 +836,16 @@ mod tests {
     fn crossing_tracks_with_exchanged_segments_are_exchanged_back() {
         let det = detector(8, [0.0, 0.8, 0.0], 0.004, 0.016);
         let mut rng = ChaCha8Rng::seed_from_u64(11);
-        let mut scratch = Vec::new();
-        let (_, sa) = track(
-            &det,
-            [0.0, 0.0, 0.05, 0.02, 0.5],
-            false,
-            false,
-            &mut rng,
-            &mut scratch,
-        );
-        let (_, sb) = track(
-            &det,
-            [0.0, 0.0, 0.02, 0.02, -0.5],
-            false,
-            false,
-            &mut rng,
-            &mut scratch,
-        );
-        // The second one shifted in x to cross the first on plane 4.
-        let dx = sa[4][0] - sb[4][0];
         let mut hits = Vec::new();
-        let (a, _) = track(
-            &det,
-            [0.0, 0.0, 0.05, 0.02, 0.5],
-            false,
-            true,
-            &mut rng,
-            &mut hits,
-        );
-        let (b, _) = track(
-            &det,
-            [dx, 0.0, 0.02, 0.02, -0.5],
-            false,
-            true,
-            &mut rng,
-            &mut hits,
-        );
+        let mut shoot = |start: [f64; 5], smear: bool, hits: &mut Vec<HitRecord>| {
+            track(&det, start, false, smear, &mut rng, hits)
+        };
+        let (pa, pb) = ([0.0, 0.0, 0.05, 0.02, 0.5], [0.0, 0.0, 0.02, 0.02, -0.5]);
+        // The second one shifted in x to cross the first on plane 4.
+        let dx =
+            shoot(pa, false, &mut Vec::new()).1[4][0] - shoot(pb, false, &mut Vec::new()).1[4][0];
+        let (a, _) = shoot(pa, true, &mut hits);
+        let (b, _) = shoot([dx, 0.0, 0.02, 0.02, -0.5], true, &mut hits);
         let mut cfg = FinderConfig::from_detector(&det, 1.0);
         cfg.exchange_segments = true;
         let mut reco = Reconstructor::new(&det, cfg);

@@ -359,22 +359,18 @@ impl Exchange {
             (0..self.changed.len() as u32).filter(|&t| with_changed && self.changed[t as usize]);
         let paired = self.pairs.iter().flat_map(|&(a, b, _)| [a, b]);
         for t in changed.chain(paired) {
-            {
-                if !self.chi2[t as usize].is_nan() {
-                    continue;
-                }
-                // Marked as being fitted (a track in several pairs is fitted once).
-                self.chi2[t as usize] = f32::INFINITY;
-                let s = self.trial_hits.len() as u32;
-                self.trial_hits.extend(
-                    tracks[t as usize]
-                        .hits
-                        .iter()
-                        .map(|&h| FitHit::from(&hits[h as usize])),
-                );
-                self.trials
-                    .push((t, 0, s, self.trial_hits.len() as u32 - s));
+            if !self.chi2[t as usize].is_nan() {
+                continue;
             }
+            // Marked as being fitted (a track in several pairs is fitted once).
+            self.chi2[t as usize] = f32::INFINITY;
+            push_trial(
+                &mut self.trial_hits,
+                &mut self.trials,
+                (t, 0),
+                hits,
+                [&tracks[t as usize].hits[..]],
+            );
         }
         self.fit_trials(fitter);
         for (k, &(t, ..)) in self.trials.iter().enumerate() {
@@ -414,51 +410,29 @@ impl Exchange {
             if !self.changed[a as usize] && !self.changed[b as usize] {
                 continue;
             }
-            let (ta, tb) = (&tracks[a as usize], &tracks[b as usize]);
-            {
-                let plane = |h: &u32| hits[*h as usize].plane;
-                let sa = ta
-                    .hits
-                    .iter()
-                    .position(|h| plane(h) >= boundary)
-                    .unwrap_or(ta.hits.len());
-                let sb = tb
-                    .hits
-                    .iter()
-                    .position(|h| plane(h) >= boundary)
-                    .unwrap_or(tb.hits.len());
-                if sa == 0 || sb == 0 || sa == ta.hits.len() || sb == tb.hits.len() {
-                    continue;
-                }
-                let (na, nb) = (sa + tb.hits.len() - sb, sb + ta.hits.len() - sa);
-                if na < cuts.min_hits || nb < cuts.min_hits {
-                    continue;
-                }
-                // The kinks around the junction, before and after: an exchange that makes
-                // them much worse is not fitted.
-                let sc = |u: &[u32], d: &[u32]| junction_score(cuts, hits, u, d);
-                let approx = sc(&ta.hits[..sa], &ta.hits[sa..])
-                    + sc(&tb.hits[..sb], &tb.hits[sb..])
-                    - sc(&ta.hits[..sa], &tb.hits[sb..])
-                    - sc(&tb.hits[..sb], &ta.hits[sa..]);
-                if approx < -PRE_TEST {
-                    continue;
-                }
-                for (up, from, down) in [(ta, sb, tb), (tb, sa, ta)] {
-                    let s = self.trial_hits.len() as u32;
-                    let split = if std::ptr::eq(up, ta) { sa } else { sb };
-                    let f = |h: &u32| FitHit::from(&hits[*h as usize]);
-                    self.trial_hits.extend(up.hits[..split].iter().map(f));
-                    self.trial_hits.extend(down.hits[from..].iter().map(f));
-                    self.trials
-                        .push((k as u32, boundary, s, self.trial_hits.len() as u32 - s));
-                }
+            let (ta, tb) = (&tracks[a as usize].hits, &tracks[b as usize].hits);
+            let (sa, sb) = (split(ta, hits, boundary), split(tb, hits, boundary));
+            if sa == 0 || sb == 0 || sa == ta.len() || sb == tb.len() {
+                continue;
             }
+            let (na, nb) = (sa + tb.len() - sb, sb + ta.len() - sa);
+            if na < cuts.min_hits || nb < cuts.min_hits {
+                continue;
+            }
+            let (ua, da, ub, db) = (&ta[..sa], &ta[sa..], &tb[..sb], &tb[sb..]);
+            // The kinks around the junction, before and after: an exchange that makes
+            // them much worse is not fitted.
+            let sc = |u: &[u32], d: &[u32]| junction_score(cuts, hits, u, d);
+            if sc(ua, da) + sc(ub, db) - sc(ua, db) - sc(ub, da) < -PRE_TEST {
+                continue;
+            }
+            let (id, t) = ((k as u32, boundary), &mut self.trials);
+            push_trial(&mut self.trial_hits, t, id, hits, [ua, db]);
+            push_trial(&mut self.trial_hits, t, id, hits, [ub, da]);
         }
         self.fit_trials(fitter);
         for i in (0..self.trials.len()).step_by(2) {
             let (k, boundary, _, la) = self.trials[i];
-
             let lb = self.trials[i + 1].3;
             let (fa, fb) = (&self.fits[i], &self.fits[i + 1]);
             if !cuts.good(fa, la as usize) || !cuts.good(fb, lb as usize) {
@@ -489,14 +463,16 @@ impl Exchange {
         self.trial_hits.clear();
         self.trials.clear();
         for (t, track) in tracks.iter().enumerate() {
-            if !self.changed[t] {
-                continue;
+            if self.changed[t] {
+                let id = (t as u32, 0);
+                push_trial(
+                    &mut self.trial_hits,
+                    &mut self.trials,
+                    id,
+                    hits,
+                    [&track.hits[..]],
+                );
             }
-            let s = self.trial_hits.len() as u32;
-            self.trial_hits
-                .extend(track.hits.iter().map(|&h| FitHit::from(&hits[h as usize])));
-            self.trials
-                .push((t as u32, 0, s, self.trial_hits.len() as u32 - s));
         }
         self.fit_trials(f);
         for (k, &(t, ..)) in self.trials.iter().enumerate() {
@@ -546,22 +522,38 @@ fn split_two(tracks: &mut [Track], a: usize, b: usize) -> (&mut Track, &mut Trac
 
 /// Exchanges the hits of `a` and `b` upstream of plane `boundary` (`tmp`: scratch).
 fn exchange(a: &mut Track, b: &mut Track, hits: &[HitRecord], boundary: u16, tmp: &mut Vec<u32>) {
-    let plane = |h: &u32| hits[*h as usize].plane;
-    let sa = a
-        .hits
-        .iter()
-        .position(|h| plane(h) >= boundary)
-        .unwrap_or(a.hits.len());
-    let sb = b
-        .hits
-        .iter()
-        .position(|h| plane(h) >= boundary)
-        .unwrap_or(b.hits.len());
+    let (sa, sb) = (
+        split(&a.hits, hits, boundary),
+        split(&b.hits, hits, boundary),
+    );
     tmp.clear();
     tmp.extend_from_slice(&b.hits[..sb]);
     tmp.extend_from_slice(&a.hits[sa..]);
-    b.hits.drain(..sb);
-    b.hits.splice(0..0, a.hits[..sa].iter().copied());
+    b.hits.splice(..sb, a.hits[..sa].iter().copied());
     a.hits.clear();
     a.hits.extend_from_slice(tmp);
+}
+
+/// The number of a track's hits (upstream first) upstream of plane `boundary`.
+fn split(track: &[u32], hits: &[HitRecord], boundary: u16) -> usize {
+    track
+        .iter()
+        .position(|&h| hits[h as usize].plane >= boundary)
+        .unwrap_or(track.len())
+}
+
+/// Appends a trial of id `id` (`trials`: id, boundary, first hit, hit count in
+/// `trial_hits`) whose hits are the `parts` one after the other.
+fn push_trial<const N: usize>(
+    trial_hits: &mut Vec<FitHit>,
+    trials: &mut Vec<(u32, u16, u32, u32)>,
+    id: (u32, u16),
+    hits: &[HitRecord],
+    parts: [&[u32]; N],
+) {
+    let s = trial_hits.len() as u32;
+    for p in parts {
+        trial_hits.extend(p.iter().map(|&h| FitHit::from(&hits[h as usize])));
+    }
+    trials.push((id.0, id.1, s, trial_hits.len() as u32 - s));
 }
