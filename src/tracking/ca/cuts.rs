@@ -206,7 +206,7 @@ pub struct FinderConfig {
     /// the choice takes one candidate at a time and can join two particles' segments at a
     /// crossing. Worth it in dense events on thick planes (on 102 drawn detectors and
     /// events, efficiency 0.9930 -> 0.9943 and ghosts 0.79 -> 0.66 % on average, up to
-    /// +1.4 % efficiency on one sample), adding 12-39 % to the finder's time on the
+    /// +1.4 % efficiency on one sample), adding 11-21 % to the finder's time on the
     /// shipped detectors (`bench/RESULTS.md`). Default false.
     pub exchange_segments: bool,
     /// Kalman fit settings.
