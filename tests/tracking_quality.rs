@@ -116,7 +116,9 @@ fn check(report: &EvalReport, pulls: &[&str]) {
             );
         }
     }
-    for p in &report.pulls {
+    // Both sets of pulls: over all matched tracks, and over those with only their
+    // particle's hits (the fit's error model alone).
+    for p in report.pulls.iter().chain(&report.pulls_pure) {
         if !pulls.contains(&p.parameter) {
             continue;
         }
