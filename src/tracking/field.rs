@@ -141,6 +141,149 @@ impl FieldMap {
         Self::from_npy_bytes(&bytes, origin_mm, step_mm)
     }
 
+    /// How far trilinear interpolation between the nodes can miss a smooth field, from
+    /// the map itself: along each axis, at the middle of every cell with a node on either
+    /// side of it, the cubic (Catmull-Rom) value minus the linear one, `(-b0 + b1 + b2 -
+    /// b3) / 16` (about `h^2 / 8` times the field's second derivative). Returns the largest
+    /// and the root mean square of these over the three components, tesla.
+    pub fn interpolation_error(&self) -> (f64, f64) {
+        let [nx, ny, nz] = self.dims;
+        let (mut worst, mut sum, mut n) = (0.0f64, 0.0f64, 0usize);
+        let stride = [ny * nz, nz, 1];
+        for axis in 0..3 {
+            if self.dims[axis] < 4 {
+                continue;
+            }
+            for ix in 0..nx {
+                for iy in 0..ny {
+                    for iz in 0..nz {
+                        let i = [ix, iy, iz];
+                        if i[axis] + 3 >= self.dims[axis] {
+                            continue;
+                        }
+                        let base = (ix * ny + iy) * nz + iz;
+                        let at = |k: usize| self.nodes_tesla[base + k * stride[axis]];
+                        let (b0, b1, b2, b3) = (at(0), at(1), at(2), at(3));
+                        for c in 0..3 {
+                            let d = (-(b0[c] as f64) + b1[c] as f64 + b2[c] as f64 - b3[c] as f64)
+                                / 16.0;
+                            worst = worst.max(d.abs());
+                            sum += d * d;
+                            n += 1;
+                        }
+                    }
+                }
+            }
+        }
+        (worst, if n == 0 { 0.0 } else { (sum / n as f64).sqrt() })
+    }
+
+    /// The largest |component| of any node, tesla.
+    pub fn max_abs_tesla(&self) -> f64 {
+        self.nodes_tesla
+            .iter()
+            .flat_map(|b| b.iter())
+            .fold(0.0f64, |m, &v| m.max((v as f64).abs()))
+    }
+
+    /// The map on a grid `factor` times finer along each axis (steps divided by it, the
+    /// same origin and extent, every node of this map kept), the new nodes interpolated
+    /// with Catmull-Rom cubics along each axis in turn (beyond the first and last node,
+    /// the line through the last two: a linear field is kept to the map's edge). A magnetic field is smooth on the scale of a map's grid, and
+    /// the cubic follows its curvature between the nodes, where trilinear interpolation on
+    /// a coarse grid cuts the corners: a lobe of 90 mm mapped every 30 mm is missed by up
+    /// to 2 % between nodes, which shows in the fitted q/p of thin, precise detectors.
+    /// Lookups on the finer grid stay trilinear (as on the GPU), at `factor^3` times the
+    /// memory. `factor` 1 returns a copy.
+    pub fn refined(&self, factor: usize) -> Result<FieldMap, FieldMapError> {
+        let f = factor.max(1);
+        let mut dims = self.dims;
+        let mut nodes: Vec<[f64; 3]> = self
+            .nodes_tesla
+            .iter()
+            .map(|b| b.map(|v| v as f64))
+            .collect();
+        for axis in 0..3 {
+            if f == 1 {
+                break;
+            }
+            let n = dims[axis];
+            let m = (n - 1) * f + 1;
+            let mut out_dims = dims;
+            out_dims[axis] = m;
+            // Strides of the axis in the input and the output, and the count of lines.
+            let stride = |d: [usize; 3]| match axis {
+                0 => d[1] * d[2],
+                1 => d[2],
+                _ => 1,
+            };
+            let (si, so) = (stride(dims), stride(out_dims));
+            let mut out = vec![[0.0f64; 3]; out_dims[0] * out_dims[1] * out_dims[2]];
+            // Each line along the axis: its first node's index in the input and output.
+            let (outer, inner) = match axis {
+                0 => (1, dims[1] * dims[2]),
+                1 => (dims[0], dims[2]),
+                _ => (dims[0] * dims[1], 1),
+            };
+            for o in 0..outer {
+                for i in 0..inner {
+                    let (bi, bo) = match axis {
+                        0 => (i, i),
+                        1 => (o * n * dims[2] + i, o * m * dims[2] + i),
+                        _ => (o * n, o * m),
+                    };
+                    let at = |k: usize| nodes[bi + k * si];
+                    // Beyond the ends, the line through the last two nodes (a linear
+                    // field stays linear up to the map's edge).
+                    let node = |k: isize| -> [f64; 3] {
+                        let last = n as isize - 1;
+                        if k < 0 {
+                            let (a, b) = (at(0), at(1));
+                            std::array::from_fn(|c| 2.0 * a[c] - b[c])
+                        } else if k > last {
+                            let (a, b) = (at(n - 1), at(n - 2));
+                            std::array::from_fn(|c| 2.0 * a[c] - b[c])
+                        } else {
+                            at(k as usize)
+                        }
+                    };
+                    for k in 0..n - 1 {
+                        let (p0, p1, p2, p3) = (
+                            node(k as isize - 1),
+                            node(k as isize),
+                            node(k as isize + 1),
+                            node(k as isize + 2),
+                        );
+                        for j in 0..f {
+                            let t = j as f64 / f as f64;
+                            let (t2, t3) = (t * t, t * t * t);
+                            let w = [
+                                0.5 * (-t3 + 2.0 * t2 - t),
+                                0.5 * (3.0 * t3 - 5.0 * t2 + 2.0),
+                                0.5 * (-3.0 * t3 + 4.0 * t2 + t),
+                                0.5 * (t3 - t2),
+                            ];
+                            let v: [f64; 3] = std::array::from_fn(|c| {
+                                if j == 0 {
+                                    p1[c]
+                                } else {
+                                    w[0] * p0[c] + w[1] * p1[c] + w[2] * p2[c] + w[3] * p3[c]
+                                }
+                            });
+                            out[bo + (k * f + j) * so] = v;
+                        }
+                    }
+                    out[bo + (m - 1) * so] = node(n as isize - 1);
+                }
+            }
+            nodes = out;
+            dims = out_dims;
+        }
+        let step = self.step_mm.map(|s| s / f as f64);
+        let nodes32 = nodes.into_iter().map(|b| b.map(|v| v as f32)).collect();
+        FieldMap::new(dims, self.origin_mm, step, nodes32)
+    }
+
     #[inline]
     fn node(&self, ix: usize, iy: usize, iz: usize) -> [f32; 3] {
         self.nodes_tesla[(ix * self.dims[1] + iy) * self.dims[2] + iz]
@@ -458,6 +601,113 @@ impl FieldMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A map of `f` sampled at the nodes of `dims` from `origin` by `step`.
+    fn sampled(
+        dims: [usize; 3],
+        origin: [f64; 3],
+        step: [f64; 3],
+        f: impl Fn([f64; 3]) -> [f64; 3],
+    ) -> FieldMap {
+        let mut nodes = Vec::new();
+        for ix in 0..dims[0] {
+            for iy in 0..dims[1] {
+                for iz in 0..dims[2] {
+                    let p = [0, 1, 2].map(|a| origin[a] + step[a] * [ix, iy, iz][a] as f64);
+                    nodes.push(f(p).map(|v| v as f32));
+                }
+            }
+        }
+        FieldMap::new(dims, origin, step, nodes).unwrap()
+    }
+
+    /// Catmull-Rom cubics reproduce a quadratic: away from the map's ends (where the
+    /// cubic leans on a node extrapolated linearly), the refined nodes are the quadratic
+    /// field itself; every node of the coarse map is kept as it was; a linear field stays
+    /// linear up to the edges.
+    #[test]
+    fn a_refined_map_keeps_its_nodes_and_follows_a_quadratic_field() {
+        let quad = |p: [f64; 3]| {
+            let [x, y, z] = p.map(|v| v / 100.0);
+            [
+                0.1 + 0.2 * x * x - 0.1 * x * z,
+                1.0 - 0.3 * z * z + 0.05 * y * y + 0.1 * x * y,
+                -0.2 * y * z + 0.1 * z,
+            ]
+        };
+        let coarse = sampled([6, 5, 8], [-100.0, -80.0, 0.0], [40.0, 40.0, 50.0], quad);
+        let f = 3;
+        let fine = coarse.refined(f).unwrap();
+        assert_eq!(fine.dims, [16, 13, 22]);
+        assert_eq!(fine.step_mm, [40.0 / 3.0, 40.0 / 3.0, 50.0 / 3.0]);
+        assert_eq!(fine.origin_mm, coarse.origin_mm);
+        let [_, ny, nz] = fine.dims;
+        for ix in 0..fine.dims[0] {
+            for iy in 0..ny {
+                for iz in 0..nz {
+                    let i = [ix, iy, iz];
+                    let b = fine.nodes_tesla[(ix * ny + iy) * nz + iz];
+                    if i.iter().all(|&k| k % f == 0) {
+                        assert_eq!(b, coarse.node(ix / f, iy / f, iz / f));
+                    }
+                    let inner = (0..3).all(|a| i[a] >= f && i[a] + f < fine.dims[a]);
+                    if inner {
+                        let p =
+                            [0, 1, 2].map(|a| fine.origin_mm[a] + fine.step_mm[a] * i[a] as f64);
+                        let want = quad(p);
+                        for c in 0..3 {
+                            assert!(
+                                (b[c] as f64 - want[c]).abs() < 1e-5,
+                                "node {i:?} component {c}: {} against {}",
+                                b[c],
+                                want[c]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // A linear map is its own interpolation: no error, and refined it is the same
+        // field everywhere.
+        let linear = sampled([4, 4, 4], [0.0; 3], [10.0; 3], |p| {
+            [0.01 * p[0], 1.0, -0.02 * p[2]]
+        });
+        assert!(linear.interpolation_error().0 < 1e-7);
+        let twice = linear.refined(2).unwrap();
+        for p in [[3.3, 7.1, 12.5], [29.0, 0.5, 14.9]] {
+            let (a, b) = (linear.at(p), twice.at(p));
+            assert!((0..3).all(|c| (a[c] - b[c]).abs() < 1e-6), "{a:?} {b:?}");
+        }
+        assert_eq!(coarse.refined(1).unwrap(), coarse);
+    }
+
+    /// A lobe 90 mm wide mapped every 30 mm: trilinear lookups between the nodes miss it
+    /// by up to a few percent, which the map's own estimate sees; the map refined three
+    /// times misses it by several times less.
+    #[test]
+    fn a_coarse_lobe_is_followed_closer_on_the_refined_map() {
+        let lobe = |p: [f64; 3]| {
+            let g = (-(p[2] - 300.0).powi(2) / (2.0 * 90.0 * 90.0)).exp();
+            let r = (-(p[0] * p[0] + p[1] * p[1]) / (2.0 * 400.0 * 400.0)).exp();
+            [0.02 * g * p[1] / 100.0, 0.9 * g * r, 0.0]
+        };
+        let coarse = sampled([21, 21, 25], [-300.0, -300.0, 0.0], [30.0; 3], lobe);
+        let (worst, rms) = coarse.interpolation_error();
+        assert!(worst > 0.01 * 0.9 && rms > 0.0, "{worst} {rms}");
+        let fine = coarse.refined(3).unwrap();
+        let (mut e_coarse, mut e_fine, mut n) = (0.0, 0.0, 0);
+        for ix in 0..40 {
+            for iz in 0..240 {
+                let p = [-200.0 + 10.3 * ix as f64, 17.0, 60.0 + 2.01 * iz as f64];
+                let want = lobe(p)[1];
+                e_coarse += (coarse.at(p)[1] - want).powi(2);
+                e_fine += (fine.at(p)[1] - want).powi(2);
+                n += 1;
+            }
+        }
+        let (e_coarse, e_fine) = ((e_coarse / n as f64).sqrt(), (e_fine / n as f64).sqrt());
+        assert!(e_fine * 4.0 < e_coarse, "rms {e_fine} against {e_coarse}");
+    }
 
     /// A field map's header goes through the same bound as the EEG inputs' (see
     /// `crate::npy`): brackets nested dozens deep took the header parser minutes.
