@@ -148,6 +148,8 @@ pub const MAX_REFINE: usize = 4;
 pub const REFINE_TOLERANCE: f64 = 2e-3;
 /// The most nodes an automatic refinement makes (about 50 MB in single precision).
 pub const REFINE_MAX_NODES: usize = 1 << 22;
+/// The most nodes a refinement asked for may make (about 200 MB in single precision).
+pub const MAX_REFINED_NODES: usize = 1 << 24;
 /// The largest automatic refinement.
 pub const AUTO_REFINE_MAX: usize = 3;
 
@@ -371,6 +373,15 @@ impl Detector {
                     }
                     None => auto_refine(map.dims, worst, b_max),
                 };
+                let nodes: usize = map.dims.iter().map(|&n| (n - 1) * refine + 1).product();
+                if nodes > MAX_REFINED_NODES {
+                    return Err(invalid(
+                        "field refine".into(),
+                        format!(
+                            "{refine} would make a map of {nodes} nodes, more than {MAX_REFINED_NODES}"
+                        ),
+                    ));
+                }
                 if refine > 1 || worst > REFINE_TOLERANCE * b_max {
                     tracing::info!(
                         "{}: between its nodes trilinear interpolation misses a smooth field by up to {:.4} T ({:.2} % of its largest value, {:.4} T rms); interpolated {}x finer ([field] refine)",
@@ -671,6 +682,15 @@ b_tesla = [0.0, 1.0, 0.0]
             let msg = load("lobe.npy", Some(bad)).unwrap_err().to_string();
             assert!(msg.contains("refine") && msg.contains("det.toml"), "{msg}");
         }
+        // A factor that would make too large a map is refused (4 on 400 x 400 x 3 nodes:
+        // 23 M nodes).
+        let big = dir.path().join("big.npy");
+        write_npy(&big, &[400, 400, 3, 3], &vec![0.0; 400 * 400 * 3 * 3]);
+        let result = load("big.npy", Some(4));
+        assert!(result.is_err(), "a map of 23 M nodes made");
+        let msg = result.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(msg.contains("refine") && msg.contains("nodes"), "{msg}");
+        assert!(load("big.npy", Some(1)).is_ok());
         // Within the node budget only.
         assert_eq!(auto_refine([400, 400, 400], 1.0, 1.0), 1);
         assert_eq!(auto_refine([10, 10, 10], 0.0, 1.0), 1);
