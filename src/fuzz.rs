@@ -81,7 +81,19 @@ pub fn detector_toml(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
         let _ = Detector::from_toml_str(text, "fuzz.toml");
     }
-    let _ = crate::tracking::field::FieldMap::from_npy_bytes(data, [0.0; 3], [1.0; 3]);
+    if let Ok(map) = crate::tracking::field::FieldMap::from_npy_bytes(data, [0.0; 3], [1.0; 3]) {
+        // The interpolation error and a refinement of any map read (small ones, so that
+        // the target stays fast): a refined map keeps the grid's extent and its nodes, or
+        // is an error where the cubics leave single precision.
+        let (worst, rms) = map.interpolation_error();
+        assert!(worst >= rms && rms >= 0.0);
+        if map.nodes_tesla.len() <= 4096 {
+            if let Ok(fine) = map.refined(2) {
+                assert_eq!(fine.dims, map.dims.map(|n| 2 * n - 1));
+                assert_eq!(fine.nodes_tesla[0], map.nodes_tesla[0]);
+            }
+        }
+    }
 }
 
 /// The `lsl://` address parser and the LSL stream description reader with its channel
