@@ -842,27 +842,24 @@ impl EvalReport {
                 self.n_ghosts_unmeasured as f64 / self.n_tracks_unmeasured as f64
             );
         }
-        let _ = writeln!(
-            s,
-            "\n| pull | mean | width | n |\n| --- | --- | --- | --- |"
-        );
-        for p in &self.pulls {
+        for (title, pulls) in [
+            ("pull", &self.pulls),
+            (
+                "pull, tracks with only their particle's hits (the fit's error model)",
+                &self.pulls_pure,
+            ),
+        ] {
             let _ = writeln!(
                 s,
-                "| {} | {:.3} | {:.3} | {} |",
-                p.parameter, p.stat.mean, p.stat.width, p.stat.n_total
+                "\n| {title} | mean | width | n |\n| --- | --- | --- | --- |"
             );
-        }
-        let _ = writeln!(
-            s,
-            "\n| pull, tracks with only their particle's hits (the fit's error model) | mean | width | n |\n| --- | --- | --- | --- |"
-        );
-        for p in &self.pulls_pure {
-            let _ = writeln!(
-                s,
-                "| {} | {:.3} | {:.3} | {} |",
-                p.parameter, p.stat.mean, p.stat.width, p.stat.n_total
-            );
+            for p in pulls {
+                let _ = writeln!(
+                    s,
+                    "| {} | {:.3} | {:.3} | {} |",
+                    p.parameter, p.stat.mean, p.stat.width, p.stat.n_total
+                );
+            }
         }
         let c = &self.fit_chi2_ndf;
         if c.n_tracks > 0 {

@@ -572,6 +572,22 @@ b_tesla = [0.0, 1.0, 0.0]
         )
     }
 
+    /// The positions of the nodes of [`grid_toml`]'s grid of `dims` nodes, in the map's
+    /// (C) order.
+    fn grid_nodes(dims: [usize; 3]) -> impl Iterator<Item = [f64; 3]> {
+        (0..dims[0]).flat_map(move |ix| {
+            (0..dims[1]).flat_map(move |iy| {
+                (0..dims[2]).map(move |iz| {
+                    [
+                        -10.0 + 10.0 * ix as f64,
+                        -20.0 + 20.0 * iy as f64,
+                        50.0 * iz as f64,
+                    ]
+                })
+            })
+        })
+    }
+
     /// A linear field sampled at the nodes: trilinear interpolation reproduces it exactly.
     fn linear_field(p: [f64; 3]) -> [f64; 3] {
         [
@@ -585,19 +601,9 @@ b_tesla = [0.0, 1.0, 0.0]
     fn grid_field_is_trilinear_and_exact_on_a_linear_field() {
         let dir = tempfile::tempdir().unwrap();
         let dims = [3u64, 4, 5];
-        let mut values = Vec::new();
-        for ix in 0..dims[0] {
-            for iy in 0..dims[1] {
-                for iz in 0..dims[2] {
-                    let p = [
-                        -10.0 + 10.0 * ix as f64,
-                        -20.0 + 20.0 * iy as f64,
-                        50.0 * iz as f64,
-                    ];
-                    values.extend(linear_field(p).map(|v| v as f32));
-                }
-            }
-        }
+        let values: Vec<f32> = grid_nodes(dims.map(|n| n as usize))
+            .flat_map(|p| linear_field(p).map(|v| v as f32))
+            .collect();
         write_npy(
             &dir.path().join("map.npy"),
             &[dims[0], dims[1], dims[2], 3],
@@ -643,22 +649,15 @@ b_tesla = [0.0, 1.0, 0.0]
     fn grid_field_is_refined_as_asked_or_as_its_interpolation_error_asks() {
         let dir = tempfile::tempdir().unwrap();
         let dims = [3usize, 4, 9];
-        let mut lobe = Vec::new();
-        let mut linear = Vec::new();
-        for ix in 0..dims[0] {
-            for iy in 0..dims[1] {
-                for iz in 0..dims[2] {
-                    let p = [
-                        -10.0 + 10.0 * ix as f64,
-                        -20.0 + 20.0 * iy as f64,
-                        50.0 * iz as f64,
-                    ];
-                    let g = (-(p[2] - 200.0).powi(2) / (2.0 * 100.0 * 100.0)).exp();
-                    lobe.extend([0.0, g as f32, 0.0]);
-                    linear.extend(linear_field(p).map(|v| v as f32));
-                }
-            }
-        }
+        let lobe: Vec<f32> = grid_nodes(dims)
+            .flat_map(|p| {
+                let g = (-(p[2] - 200.0).powi(2) / (2.0 * 100.0 * 100.0)).exp();
+                [0.0, g as f32, 0.0]
+            })
+            .collect();
+        let linear: Vec<f32> = grid_nodes(dims)
+            .flat_map(|p| linear_field(p).map(|v| v as f32))
+            .collect();
         let shape = [dims[0] as u64, dims[1] as u64, dims[2] as u64, 3];
         write_npy(&dir.path().join("lobe.npy"), &shape, &lobe);
         write_npy(&dir.path().join("linear.npy"), &shape, &linear);

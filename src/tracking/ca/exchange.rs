@@ -162,6 +162,18 @@ struct Gain {
     gain: f32,
 }
 
+/// The end of the run of one plane and row of `p` that starts at `from` (`from` itself
+/// past the end).
+fn row_end(p: &[Point], from: usize) -> usize {
+    let Some(first) = p.get(from) else {
+        return from;
+    };
+    from + p[from..]
+        .iter()
+        .position(|o| o.plane != first.plane || o.row != first.row)
+        .unwrap_or(p.len() - from)
+}
+
 /// A track's hit on a plane, with its row ([`Exchange::find_close_hits`]).
 #[derive(Debug, Clone, Copy, Default)]
 struct Point {
@@ -361,17 +373,32 @@ impl Exchange {
         if cells > 2 * n {
             // Few hits for their rows (a small event, or hits far outside any plane's
             // area): one sort instead of the counting.
-            self.sorted.clear();
-            self.sorted.extend_from_slice(&self.points);
-            self.sorted.sort_unstable_by(|a, b| {
+            self.points.sort_unstable_by(|a, b| {
                 (a.plane, a.row)
                     .cmp(&(b.plane, b.row))
                     .then(a.x.total_cmp(&b.x))
                     .then(a.hit.cmp(&b.hit))
             });
-            self.sweep_runs(cuts);
-            return;
+            std::mem::swap(&mut self.points, &mut self.sorted);
+        } else {
+            self.count_rows(cells);
         }
+        // `sorted` is in (plane, row, x, hit) order either way: the rows are its runs of
+        // one plane and row.
+        let mut i = 0;
+        let mut end = row_end(&self.sorted, i);
+        while i < self.sorted.len() {
+            let p = &self.sorted;
+            let above = end < p.len() && p[end].plane == p[i].plane && p[end].row == p[i].row + 1;
+            let next_end = row_end(p, end);
+            self.sweep_row(cuts, i, end, if above { next_end } else { end });
+            (i, end) = (end, next_end);
+        }
+    }
+
+    /// The counting sort of `points` into `sorted` by cell (a plane's rows in order, the
+    /// planes in order: `cells` of them), then each row by x.
+    fn count_rows(&mut self, cells: usize) {
         let cell = |base: &[usize], rows: &[(i32, i32)], p: &Point| -> usize {
             base[p.plane as usize] + (p.row - rows[p.plane as usize].0) as usize
         };
@@ -386,8 +413,10 @@ impl Exchange {
         self.fill.clear();
         self.fill.extend_from_slice(&self.start[..cells]);
         self.sorted.clear();
-        self.sorted
-            .resize(n, self.points.first().copied().unwrap_or_default());
+        self.sorted.resize(
+            self.points.len(),
+            self.points.first().copied().unwrap_or_default(),
+        );
         for p in &self.points {
             let c = cell(&self.base, &self.rows, p);
             self.sorted[self.fill[c] as usize] = *p;
@@ -398,34 +427,6 @@ impl Exchange {
             if row.len() > 1 {
                 row.sort_unstable_by(|a, b| a.x.total_cmp(&b.x).then(a.hit.cmp(&b.hit)));
             }
-        }
-        for c in 0..cells {
-            let (from, end) = (self.start[c] as usize, self.start[c + 1] as usize);
-            // The row above is the next cell (empty after a plane's last row).
-            let above_end = self.start.get(c + 2).map_or(end, |&e| e as usize);
-            self.sweep_row(cuts, from, end, above_end);
-        }
-    }
-
-    /// The sweep of [`Self::find_close_hits`] over `sorted` when it is one sorted run
-    /// (rows found as runs of equal plane and row).
-    fn sweep_runs(&mut self, cuts: &ExchangeCuts) {
-        // The end of the run of equal plane and row that starts at `from`.
-        fn row_end(p: &[Point], from: usize) -> usize {
-            let (plane, row) = (p[from].plane, p[from].row);
-            from + p[from..]
-                .iter()
-                .position(|o| o.plane != plane || o.row != row)
-                .unwrap_or(p.len() - from)
-        }
-        let mut i = 0;
-        while i < self.sorted.len() {
-            let p = &self.sorted;
-            let end = row_end(p, i);
-            let above = end < p.len() && p[end].plane == p[i].plane && p[end].row == p[i].row + 1;
-            let above_end = if above { row_end(p, end) } else { end };
-            self.sweep_row(cuts, i, end, above_end);
-            i = end;
         }
     }
 
