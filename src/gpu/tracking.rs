@@ -19,7 +19,11 @@
 //! 4. where the configuration asks for it ([`FinderConfig::exchange_segments`], off by
 //!    default), the exchange of segments between crossing tracks, on the host, with the
 //!    CPU finder's own step ([`crate::tracking::ca::exchange`]) on each event's tracks as
-//!    they come back: the CPU runs it on the same tracks, so both give the same result.
+//!    they come back: the CPU runs it on the same tracks, so both give the same result;
+//! 5. where the origin is finite and the configuration asks for it
+//!    ([`FinderConfig::first_hits_to_origin`], the default), each track's first hit chosen
+//!    again against the origin, on the host, with the CPU finder's own step
+//!    ([`crate::tracking::ca::first_hits`]), as the CPU does after the exchange.
 //!
 //! A finder configured for one pass (no missing plane allowed, or a first pass that could
 //! not make a track) runs step 1 with the pass's reach and `min_hits`, as the CPU.
@@ -36,6 +40,7 @@ use crate::gpu::tracking_ca::{BatchTracks, CaLimits, CaTables, GpuCaEngine, Pass
 use crate::gpu::tracking_clones::{CloneEngineConfig, CloneLimits, GpuCloneEngine};
 use crate::gpu::{GpuDevice, GpuError};
 use crate::tracking::ca::exchange::{Exchange, ExchangeCuts};
+use crate::tracking::ca::first_hits::{FirstHitCuts, FirstHits};
 use crate::tracking::ca::{FinderGeometry, MAX_REACH};
 use crate::tracking::geometry::Detector;
 use crate::tracking::kalman::KalmanFitter;
@@ -145,15 +150,17 @@ pub struct GpuTracker {
     /// The accepted tracks of the last launch and their clone marks.
     batch: BatchTracks,
     times: TrackerTimes,
-    /// The exchange of segments between crossing tracks where the configuration asks for
-    /// it ([`FinderConfig::exchange_segments`]): run on the host on the tracks that come
-    /// back, with the CPU finder's own step, cuts and fitters.
-    exchange: Option<HostExchange>,
+    /// The steps after clone suppression where the configuration asks for them (the
+    /// exchange of segments, the first hits against the origin): run on the host on the
+    /// tracks that come back, with the CPU finder's own steps, cuts and fitters.
+    host_steps: Option<HostSteps>,
 }
 
-/// What the host needs to run [`crate::tracking::ca::exchange`] on a launch's tracks.
-struct HostExchange {
-    cuts: ExchangeCuts,
+/// What the host needs to run [`crate::tracking::ca::exchange`] and
+/// [`crate::tracking::ca::first_hits`] on a launch's tracks.
+struct HostSteps {
+    exchange: Option<ExchangeCuts>,
+    first_hits: Option<FirstHitCuts>,
     fitter: KalmanFitter,
     track_fitter: Option<KalmanFitter>,
 }
@@ -220,11 +227,16 @@ impl GpuTracker {
             limits,
             batch: BatchTracks::default(),
             times: TrackerTimes::default(),
-            exchange: cfg.exchange_segments.then(|| HostExchange {
-                cuts: ExchangeCuts::new(&geo, cfg),
-                fitter,
-                track_fitter,
-            }),
+            host_steps: {
+                let exchange = ExchangeCuts::new(&geo, cfg);
+                let first_hits = FirstHitCuts::new(&geo, cfg);
+                (exchange.enabled || first_hits.enabled).then(|| HostSteps {
+                    exchange: exchange.enabled.then_some(exchange),
+                    first_hits: first_hits.enabled.then_some(first_hits),
+                    fitter,
+                    track_fitter,
+                })
+            },
         })
     }
 
@@ -333,9 +345,10 @@ impl GpuTracker {
         // The events' tracks written from the packed arrays, on several host threads
         // when there are many (a launch of central events has some 250,000).
         let back: &[Option<&'static str>] = back;
-        let exchange = self.exchange.as_ref();
+        let host_steps = self.host_steps.as_ref();
         let write = |first: usize, outs: &mut [Vec<Track>]| {
-            let mut scratch = Exchange::default();
+            let mut exchange = Exchange::default();
+            let mut first_hits = FirstHits::default();
             for (i, tracks) in outs.iter_mut().enumerate() {
                 let e = first + i;
                 if back[e].is_some() {
@@ -352,14 +365,13 @@ impl GpuTracker {
                     w += 1;
                 }
                 tracks.truncate(w);
-                if let Some(x) = exchange {
-                    scratch.run(
-                        &x.cuts,
-                        &x.fitter,
-                        x.track_fitter.as_ref(),
-                        events[e],
-                        tracks,
-                    );
+                if let Some(x) = host_steps {
+                    if let Some(cuts) = &x.exchange {
+                        exchange.run(cuts, &x.fitter, x.track_fitter.as_ref(), events[e], tracks);
+                    }
+                    if let Some(cuts) = &x.first_hits {
+                        first_hits.run(cuts, &x.fitter, x.track_fitter.as_ref(), events[e], tracks);
+                    }
                 }
             }
         };

@@ -41,6 +41,8 @@ pub struct StepTimes {
     pub clones_ns: u64,
     /// Exchange of segments between crossing tracks ([`ca::exchange`]).
     pub exchange_ns: u64,
+    /// First hits chosen again against the origin ([`ca::first_hits`]).
+    pub first_hits_ns: u64,
     /// Work counters (for throughput per step).
     pub hits: u64,
     pub doublets: u64,
@@ -51,7 +53,7 @@ pub struct StepTimes {
 
 impl StepTimes {
     /// `(step name, nanoseconds)` in execution order.
-    pub fn steps(&self) -> [(&'static str, u64); 9] {
+    pub fn steps(&self) -> [(&'static str, u64); 10] {
         [
             ("hit_sorting", self.hit_sorting_ns),
             ("doublets", self.doublets_ns),
@@ -62,6 +64,7 @@ impl StepTimes {
             ("fit", self.fit_ns),
             ("clones", self.clones_ns),
             ("exchange", self.exchange_ns),
+            ("first_hits", self.first_hits_ns),
         ]
     }
     pub fn total_ns(&self) -> u64 {
@@ -104,6 +107,8 @@ pub struct Reconstructor {
     buf: CaBuffers,
     exchange_cuts: ca::exchange::ExchangeCuts,
     exchange: ca::exchange::Exchange,
+    first_hit_cuts: ca::first_hits::FirstHitCuts,
+    first_hits: ca::first_hits::FirstHits,
     spare: Vec<Track>,
     times: StepTimes,
     last_overflow: Overflow,
@@ -152,9 +157,12 @@ impl Reconstructor {
             .collect();
         let stiff = stiff_factor.and_then(|f| rungs.iter().position(|r| r.factor == f));
         let exchange_cuts = ca::exchange::ExchangeCuts::new(&geo, &cfg);
+        let first_hit_cuts = ca::first_hits::FirstHitCuts::new(&geo, &cfg);
         Reconstructor {
             exchange_cuts,
             exchange: Default::default(),
+            first_hit_cuts,
+            first_hits: Default::default(),
             cfg,
             geo,
             rungs,
@@ -213,10 +221,13 @@ impl Reconstructor {
         let t9 = Instant::now();
         self.exchange_segments(hits, out);
         let t10 = Instant::now();
+        self.choose_first_hits(hits, out);
+        let t11 = Instant::now();
 
         let t = &mut self.times;
         t.clones_ns += (t9 - t6).as_nanos() as u64;
         t.exchange_ns += (t10 - t9).as_nanos() as u64;
+        t.first_hits_ns += (t11 - t10).as_nanos() as u64;
         t.tracks += out.len() as u64;
     }
 
@@ -226,6 +237,18 @@ impl Reconstructor {
     pub fn exchange_segments(&mut self, hits: &[HitRecord], tracks: &mut [Track]) -> usize {
         self.exchange.run(
             &self.exchange_cuts,
+            &self.fitter,
+            self.track_fitter.as_ref(),
+            hits,
+            tracks,
+        )
+    }
+
+    /// The step of [`Self::reconstruct`] after the exchange (as the GPU's tracks come
+    /// back): [`ca::first_hits`]. Returns the number of tracks whose first hit changed.
+    pub fn choose_first_hits(&mut self, hits: &[HitRecord], tracks: &mut [Track]) -> usize {
+        self.first_hits.run(
+            &self.first_hit_cuts,
             &self.fitter,
             self.track_fitter.as_ref(),
             hits,
@@ -893,6 +916,95 @@ mod tests {
             fitted(&reco, mixed(&b, &a, 4)),
         ];
         assert_eq!(off.exchange_segments(&hits, &mut tracks), 0);
+    }
+
+    /// Thirty particles from the origin, two of them close on the first plane: tracks that
+    /// took each other's first hit get their own back, a track that took a nearby free hit
+    /// (its own left free) gets its own back, the particles' own tracks are left as they
+    /// are, and without an origin (infinite box) or switched off nothing changes.
+    #[test]
+    fn first_hits_taken_from_a_neighbour_are_given_back() {
+        use rand::Rng;
+        let det = detector(8, [0.0, 0.8, 0.0], 0.004, 0.016);
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let mut hits = Vec::new();
+        let mut starts = Vec::new();
+        for k in 0..30 {
+            let tx: f64 = rng.random_range(-0.15..0.15);
+            let ty: f64 = rng.random_range(-0.15..0.15);
+            let q = if k % 2 == 0 { 1.0 } else { -1.0 };
+            starts.push([0.0, 0.0, tx, ty, q * rng.random_range(0.2..0.6)]);
+        }
+        // Particle 1, softer than particle 0, leaves the origin in the direction that
+        // brings it 0.07 mm from particle 0 in x on the first plane (then they part).
+        let z0 = det.planes[0].z_mm;
+        let at_z0 =
+            |s: [f64; 5]| crate::tracking::propagate::propagate(&det.field, 0.0, s, z0, 20.0).0[0];
+        let s0 = starts[0];
+        let mut s1 = [0.0, 0.0, s0[2], s0[3], 0.6 * s0[4]];
+        for _ in 0..3 {
+            s1[2] += (at_z0(s0) + 0.07 - at_z0(s1)) / z0;
+        }
+        starts[1] = s1;
+        let own: Vec<Vec<u32>> = starts
+            .iter()
+            .map(|&s| track(&det, s, true, true, &mut rng, &mut hits).0)
+            .collect();
+        // A free hit 0.1 mm from particle 2's first hit.
+        let h2 = hits[own[2][0] as usize];
+        let noise = hits.len() as u32;
+        hits.push(HitRecord {
+            x_mm: h2.x_mm + 0.1,
+            hit_id: noise + 1,
+            ..h2
+        });
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let mut reco = Reconstructor::new(&det, cfg.clone());
+        let fitted = |reco: &Reconstructor, ids: &[u32]| {
+            let o = reco.fitter().fit_reference(&fit_hits(&hits, ids));
+            let mut t = Track {
+                hits: ids.to_vec(),
+                ..Track::default()
+            };
+            o.write_track(&mut t);
+            t
+        };
+        let truth: Vec<Track> = own.iter().map(|ids| fitted(&reco, ids)).collect();
+        let mut tracks = truth.clone();
+        assert_eq!(reco.choose_first_hits(&hits, &mut tracks), 0);
+        assert_eq!(tracks, truth, "the particles' own tracks stay");
+        // Swapped first hits, and a free hit taken for the own one.
+        let mut mixed = own.clone();
+        (mixed[0][0], mixed[1][0]) = (own[1][0], own[0][0]);
+        mixed[2][0] = noise;
+        let mut tracks: Vec<Track> = mixed.iter().map(|ids| fitted(&reco, ids)).collect();
+        assert_eq!(reco.choose_first_hits(&hits, &mut tracks), 3);
+        for (t, ids) in tracks.iter().zip(&own) {
+            assert_eq!(&t.hits, ids);
+        }
+        // The changed tracks carry their new fits.
+        for k in 0..3 {
+            let want = &truth[k];
+            assert!((tracks[k].chi2 - want.chi2).abs() <= 1e-2 * (1.0 + want.chi2));
+            assert!((tracks[k].state.x_mm - want.state.x_mm).abs() < 1e-3);
+        }
+        // Without an origin, or switched off: nothing changes.
+        for cfg in [
+            FinderConfig {
+                origin_half_x_mm: f64::INFINITY,
+                origin_half_y_mm: f64::INFINITY,
+                ..cfg.clone()
+            },
+            FinderConfig {
+                first_hits_to_origin: false,
+                ..cfg.clone()
+            },
+        ] {
+            let mut reco = Reconstructor::new(&det, cfg);
+            let mut tracks: Vec<Track> = mixed.iter().map(|ids| fitted(&reco, ids)).collect();
+            assert_eq!(reco.choose_first_hits(&hits, &mut tracks), 0);
+            assert_eq!(tracks[0].hits, mixed[0]);
+        }
     }
 
     #[test]

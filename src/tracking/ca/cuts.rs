@@ -209,6 +209,11 @@ pub struct FinderConfig {
     /// +1.4 % efficiency on one sample), adding 11-21 % to the finder's time on the
     /// shipped detectors (`bench/RESULTS.md`). Default false.
     pub exchange_segments: bool,
+    /// After clone suppression (and the exchange), each track's first hit is chosen again
+    /// with the origin as a measurement ([`super::first_hits`]): the plane nearest the
+    /// target is the densest, and there a chain's upstream end often takes a nearby
+    /// particle's hit. Only where the origin is finite. Default true.
+    pub first_hits_to_origin: bool,
     /// Kalman fit settings.
     pub fit: FitConfig,
     /// Buffer sizes.
@@ -261,6 +266,7 @@ impl FinderConfig {
             clone_window_mm: 0.0,
             divert_chains: true,
             exchange_segments: false,
+            first_hits_to_origin: true,
             fit,
             limits: Limits::default(),
         };
@@ -476,6 +482,7 @@ pub struct FinderOverrides {
     pub clone_window_mm: Option<f64>,
     pub divert_chains: Option<bool>,
     pub exchange_segments: Option<bool>,
+    pub first_hits_to_origin: Option<bool>,
     pub fit: FitOverrides,
     pub limits: Option<Limits>,
 }
@@ -532,7 +539,8 @@ impl FinderOverrides {
             max_chi2_ndf,
             clone_window_mm,
             divert_chains,
-            exchange_segments
+            exchange_segments,
+            first_hits_to_origin
         );
         if self.first_pass_min_hits.is_none() {
             // The derived value follows an overridden `min_hits`.

@@ -53,6 +53,7 @@ pub mod cuts;
 pub mod doublets;
 pub mod evolution;
 pub mod exchange;
+pub mod first_hits;
 pub mod hit_sorting;
 pub mod neighbours;
 pub mod triplets;

@@ -1,0 +1,688 @@
+//! First hits against the origin: each track's most upstream hit chosen again, after the
+//! event's tracks are found, with the origin as a measurement.
+//!
+//! The plane nearest the target is the densest, and there the finder's choice is the
+//! weakest: the chain's upstream end is picked by its kink at the second hit, where every
+//! hit of a nearby particle from the same point bends about as little. In dense events on
+//! thick planes a quarter of the found tracks took another particle's first hit (that
+//! particle's track then takes a third one's, or none); the fit absorbs it in its position
+//! and slope at the first plane, which are what vertexing needs.
+//!
+//! The origin knows better. A particle from the origin reaches its first plane (at
+//! `Z0` from the origin) on the trajectory through the origin and its second hit (at
+//! `Z1`): the chord between the two, plus the bending of the field over that stretch at
+//! the track's fitted q/p (the sagitta `-(Z0 (Z1 - Z0) / 2) K q/p N a`, with `a` the
+//! bending terms of the tent-weighted mean field of the pointing tent `(origin, Z0, Z1)`,
+//! [`super::bending`]). That point is off only by the origin's size scaled by
+//! `(Z1 - Z0) / Z1`, the second hit's resolution scaled by `Z0 / Z1`, and the scattering in
+//! the planes crossed before the second hit at the track's momentum (a kink at `z` moves
+//! the chord's point at `Z0` by the angle times `min(z, Z0) (Z1 - max(z, Z0)) / Z1`), the
+//! first hit's own resolution and the q/p's error in the sagitta. Where the first plane
+//! is close to the target, this is several times sharper than the extrapolation from the
+//! downstream hits, which carries the scattering at the second plane over the whole gap.
+//!
+//! Per plane, the tracks that start on it and have a hit to spare (more than the finder's
+//! `min_hits`), their first hits and the plane's hits no track uses are matched again:
+//! every track-hit pair within the chi-square of `n_sigma` standard deviations (two
+//! degrees of freedom) of the track's predicted point, the pairs taken by increasing
+//! chi-square, each track and hit once; a track's own first hit counts [`HOLD`] less, so a
+//! hit only as close does not move it. A track left without a hit keeps its own where no
+//! other took it, and else starts at its second hit. A changed track is fitted again
+//! and keeps the change only where the fit passes the finder's cut (else it goes back to
+//! its own first hit when that is still free, and else starts at its second). The result
+//! depends on the tracks and hits only (ties by the track's and the hit's order).
+//!
+//! It runs where the origin is finite ([`FinderConfig::origin_half_x_mm`]) and
+//! [`FinderConfig::first_hits_to_origin`] asks for it (the default), on the found tracks of
+//! an event after clone suppression and the exchange of segments
+//! ([`crate::tracking::reco::Reconstructor::reconstruct`]), and on the tracks the GPU
+//! returns, on the host, with the same function ([`crate::gpu::tracking::GpuTracker`]).
+
+use crate::frame::HitRecord;
+use crate::tracking::geometry::Field;
+use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter, LANES};
+use crate::tracking::propagate::{bending, K_GEV_PER_T_MM};
+use crate::tracking::track::Track;
+
+use super::bending::TentTable;
+use super::cuts::FinderConfig;
+use super::FinderGeometry;
+
+/// How much lower (chi-square units) a track's own first hit ranks than another hit at
+/// the same distance from its predicted point: a change must make the first hit at least
+/// e (exp of half this) times likelier.
+pub const HOLD: f64 = 2.0;
+
+/// Fewest tracks with a prediction for the origin's centre and size to be measured in
+/// the event ([`FirstHits::spot`]).
+pub const SPOT_TRACKS: usize = 20;
+
+/// The measured origin's size is at least this fraction of the spread of the tracks'
+/// offsets from their points.
+pub const SPOT_FLOOR: f64 = 0.25;
+
+/// The cuts of the first-hit step, derived from the geometry and the finder's cuts.
+#[derive(Debug, Clone)]
+pub struct FirstHitCuts {
+    /// Whether the step runs.
+    pub enabled: bool,
+    /// z of the origin, mm.
+    pub origin_z_mm: f64,
+    /// Variance of the origin's position in x and y, mm^2: its half size as three
+    /// standard deviations.
+    pub origin_var: [f64; 2],
+    /// Per plane: z (mm), the variances of a hit's x and y (mm^2) and of a scattering
+    /// angle per unit (q/p)^2 at normal incidence.
+    pub z_mm: Vec<f64>,
+    pub var_hit: Vec<[f64; 2]>,
+    pub theta2_per_qop2: Vec<f64>,
+    /// The mass hypothesis squared (GeV^2), for the velocity in the scattering.
+    pub mass2: f64,
+    /// The |q/p| the scattering is taken at where the fit measures none: the minimum
+    /// momentum's.
+    pub qop_cut: f64,
+    /// Largest chi-square (two degrees of freedom) of a hit against a track's predicted
+    /// point: the two-sided `n_sigma` probability.
+    pub chi2_max: f64,
+    /// Fewest hits of a track (the finder's `min_hits`): a track with no more keeps its
+    /// first hit.
+    pub min_hits: usize,
+    /// The fit's chi-square per degree of freedom cut.
+    pub max_chi2_ndf: f64,
+    /// The field where it is uniform (no tables); `None` for a map.
+    uniform: Option<[f64; 3]>,
+    /// Per plane pair `(i, j)` at `i * n + j`: the pointing tent's table in a map.
+    pointing: Vec<Option<TentTable>>,
+    n_planes: usize,
+}
+
+impl FirstHitCuts {
+    pub fn new(geo: &FinderGeometry, cfg: &FinderConfig) -> Self {
+        let finite = cfg.origin_half_x_mm.is_finite() && cfg.origin_half_y_mm.is_finite();
+        let n = geo.planes.len();
+        let uniform = match &geo.field {
+            Field::Uniform { b_tesla } => Some(*b_tesla),
+            Field::Grid(_) => None,
+        };
+        FirstHitCuts {
+            enabled: cfg.first_hits_to_origin && finite && n >= 3,
+            origin_z_mm: cfg.origin_z_mm,
+            origin_var: [cfg.origin_half_x_mm, cfg.origin_half_y_mm].map(|h| {
+                let s = h / 3.0;
+                s * s
+            }),
+            z_mm: geo.planes.iter().map(|p| p.z_mm).collect(),
+            var_hit: geo.planes.iter().map(|p| [p.var_x, p.var_y]).collect(),
+            theta2_per_qop2: geo.planes.iter().map(|p| p.theta2_per_qop2).collect(),
+            mass2: cfg.fit.mass_gev * cfg.fit.mass_gev,
+            qop_cut: 1.0 / cfg.min_p_gev.max(1e-3),
+            chi2_max: chi2_two_dof(cfg.n_sigma),
+            min_hits: cfg.min_hits,
+            max_chi2_ndf: cfg.max_chi2_ndf,
+            uniform,
+            pointing: (0..n * n)
+                .map(|k| geo.bending.pointing(k / n, k % n).cloned())
+                .collect(),
+            n_planes: n,
+        }
+    }
+
+    /// The point on its first hit's plane where `track` would cross it from the origin
+    /// through its second hit, and the variances of that point's x and y (with the first
+    /// hit's resolution): `None` for a track with no hit to spare, without a plane
+    /// downstream of the origin, or without the field's table for its first two planes.
+    fn predict(&self, track: &Track, hits: &[HitRecord]) -> Option<Prediction> {
+        if track.hits.len() <= self.min_hits.max(2) {
+            return None;
+        }
+        let (h0, h1) = (&hits[track.hits[0] as usize], &hits[track.hits[1] as usize]);
+        let (k0, k1) = (h0.plane as usize, h1.plane as usize);
+        if k0 >= k1 || k1 >= self.n_planes {
+            return None;
+        }
+        let z0 = self.z_mm[k0] - self.origin_z_mm;
+        let z1 = self.z_mm[k1] - self.origin_z_mm;
+        if z0 <= 1.0 || z1 <= z0 {
+            return None;
+        }
+        let (x1, y1) = (h1.x_mm as f64, h1.y_mm as f64);
+        let s = &track.state;
+        let (tx, ty) = (s.tx as f64, s.ty as f64);
+        let b = match self.uniform {
+            Some(b) => b,
+            None => {
+                let t = self.pointing[k0 * self.n_planes + k1].as_ref()?;
+                t.at((x1 / z1) as f32, (y1 / z1) as f32).map(f64::from)
+            }
+        };
+        let n2 = 1.0 + tx * tx + ty * ty;
+        let nn = n2.sqrt();
+        let (ax, ay) = bending(tx, ty, b);
+        // Sagitta per unit q/p at z0 against the chord from the origin to z1.
+        let lever = 0.5 * z0 * (z1 - z0) * K_GEV_PER_T_MM * nn;
+        let qop = s.qop as f64;
+        let f = z0 / z1;
+        let px = x1 * f - lever * qop * ax;
+        let py = y1 * f - lever * qop * ay;
+        // Scattering: every plane upstream of the second hit, at the fitted momentum.
+        let q = if qop.is_finite() && qop != 0.0 {
+            qop.abs()
+        } else {
+            self.qop_cut
+        };
+        let theta2 = q * q * (1.0 + self.mass2 * q * q) * n2 * nn;
+        let mut ms = 0.0;
+        for p in 0..k1 {
+            let zp = self.z_mm[p] - self.origin_z_mm;
+            if zp <= 0.0 {
+                continue;
+            }
+            let arm = zp.min(z0) * (z1 - zp.max(z0)) / z1;
+            ms += self.theta2_per_qop2[p] * arm * arm;
+        }
+        ms *= theta2;
+        let var_qop = track.var(4).max(0.0) as f64;
+        let var = |c: usize, a: f64, slope: f64| {
+            self.var_hit[k1][c] * f * f
+                + self.var_hit[k0][c]
+                + ms * (1.0 + slope * slope)
+                + lever * lever * a * a * var_qop
+        };
+        Some(Prediction {
+            plane: k0 as u16,
+            x: px,
+            y: py,
+            var_x: var(0, ax, tx),
+            var_y: var(1, ay, ty),
+            origin_arm: 1.0 - f,
+            own: track.hits[0],
+            own_x: h0.x_mm as f64,
+            own_y: h0.y_mm as f64,
+        })
+    }
+}
+
+/// The chi-square of two degrees of freedom with the probability of a Gaussian beyond
+/// `n` standard deviations on either side: `-2 ln(erfc(n / sqrt 2))`.
+fn chi2_two_dof(n: f64) -> f64 {
+    -2.0 * erfc(n / std::f64::consts::SQRT_2).max(1e-300).ln()
+}
+
+/// The complementary error function (Numerical Recipes' `erfcc`, relative error below
+/// 1.2e-7 everywhere).
+fn erfc(x: f64) -> f64 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let r = t
+        * (-z * z - 1.265_512_23
+            + t * (1.000_023_68
+                + t * (0.374_091_96
+                    + t * (0.096_784_18
+                        + t * (-0.186_288_06
+                            + t * (0.278_868_07
+                                + t * (-1.135_203_98
+                                    + t * (1.488_515_87
+                                        + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
+            .exp();
+    if x >= 0.0 {
+        r
+    } else {
+        2.0 - r
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Prediction {
+    plane: u16,
+    /// The point from the origin's centre and the second hit, mm.
+    x: f64,
+    y: f64,
+    /// Its variances without the origin's size, then with it ([`FirstHits::spot`]).
+    var_x: f64,
+    var_y: f64,
+    /// How much of an offset of the origin moves the point: `(Z1 - Z0) / Z1`.
+    origin_arm: f64,
+    /// The track's own first hit and its position.
+    own: u32,
+    own_x: f64,
+    own_y: f64,
+}
+
+/// The row of a [`pool_key`].
+#[inline]
+fn key_row(key: u64) -> i32 {
+    ((key >> 32) & 0xFF_FFFF) as i32 - (1 << 23)
+}
+
+/// The row of height `h` that `y` lies in, within 24 bits.
+#[inline]
+fn row_of(y: f64, h: f64) -> i32 {
+    (y / h)
+        .floor()
+        .clamp(-(1 << 23) as f64, ((1 << 23) - 1) as f64) as i32
+}
+
+/// A sort key in the order of (plane, row, x): the plane, the row (offset into 24 bits)
+/// and the bits of x in the order of [`f32::total_cmp`] (a window's ends rounded to `f32`
+/// as the hits are).
+#[inline]
+fn pool_key(plane: u16, row: i32, x: f32) -> u64 {
+    let b = x.to_bits();
+    let ordered = if b >> 31 == 1 { !b } else { b | 0x8000_0000 };
+    let row = (row + (1 << 23)) as u64 & 0xFF_FFFF;
+    (u64::from(plane) << 56) | (row << 32) | u64::from(ordered)
+}
+
+/// The step's scratch, reused from event to event.
+#[derive(Debug, Default)]
+pub struct FirstHits {
+    /// Per hit: whether a track uses it.
+    used: Vec<bool>,
+    /// Per hit: the track (index into `preds`) that starts on it, or `u32::MAX`.
+    starts: Vec<u32>,
+    /// Tracks that take part: (track, prediction).
+    preds: Vec<(u32, Prediction)>,
+    /// The pool's hits by (plane, x) ([`pool_key`]), and their positions.
+    pool: Vec<(u64, u32)>,
+    pool_xy: Vec<[f64; 2]>,
+    /// Per plane: whether a participating track starts on it.
+    with_tracks: Vec<bool>,
+    /// Per plane: the lowest row of its pool hits and that row's place in `row_start`
+    /// (`u32::MAX`: no hit); `row_start`: per row, where its hits start in the pool
+    /// (empty where the rows would be too many: then a search of the pool).
+    plane_rows: Vec<(i32, u32, u32)>,
+    row_start: Vec<u32>,
+    /// (rank, prediction, place in the pool), a prediction's together.
+    edges: Vec<(f64, u32, u32)>,
+    /// Per prediction, where its pairs start in `edges` (and one past the last).
+    edge_start: Vec<u32>,
+    /// Per pool hit, the predictions within whose cut it lies.
+    claims: Vec<u16>,
+    /// The pairs of the predictions that need the ordered matching.
+    contested: Vec<(f64, u32, u32)>,
+    assigned: Vec<u32>,
+    taken: Vec<bool>,
+    /// Changed tracks: (track, new first hit or `u32::MAX` for none).
+    changes: Vec<(u32, u32)>,
+    /// The changed tracks' hits before the change.
+    original: Vec<Vec<u32>>,
+    fit_hits: Vec<FitHit>,
+    fits: Vec<FitOutput>,
+    /// The spot's offsets and other errors, per axis.
+    scratch: [Vec<f64>; 4],
+}
+
+/// The median of `v` (reordered), NaN when empty.
+fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let k = v.len() / 2;
+    *v.select_nth_unstable_by(k, f64::total_cmp).1
+}
+
+impl FirstHits {
+    /// Chooses the first hits of `tracks` again (see the module); returns how many tracks
+    /// changed.
+    pub fn run(
+        &mut self,
+        cuts: &FirstHitCuts,
+        fitter: &KalmanFitter,
+        final_fitter: Option<&KalmanFitter>,
+        hits: &[HitRecord],
+        tracks: &mut [Track],
+    ) -> usize {
+        if !cuts.enabled || tracks.len() < 2 {
+            return 0;
+        }
+        self.used.clear();
+        self.used.resize(hits.len(), false);
+        self.starts.clear();
+        self.starts.resize(hits.len(), u32::MAX);
+        self.preds.clear();
+        for (t, track) in tracks.iter().enumerate() {
+            for &h in &track.hits {
+                self.used[h as usize] = true;
+            }
+            if let Some(p) = cuts.predict(track, hits) {
+                self.starts[track.hits[0] as usize] = self.preds.len() as u32;
+                self.preds.push((t as u32, p));
+            }
+        }
+        if self.preds.is_empty() {
+            return 0;
+        }
+        self.spot(cuts);
+        // The pool: per plane, the hits no track uses and the participants' first hits,
+        // by x.
+        self.with_tracks.clear();
+        self.with_tracks.resize(cuts.n_planes, false);
+        for (_, p) in &self.preds {
+            self.with_tracks[p.plane as usize] = true;
+        }
+        // Rows of the mean window's height: a window spans two rows at most.
+        let mut h_sum = 0.0;
+        for (_, p) in &self.preds {
+            h_sum += 2.0 * (cuts.chi2_max * p.var_y).sqrt();
+        }
+        let row_h = (h_sum / self.preds.len() as f64).max(1e-3);
+        self.pool.clear();
+        for (h, r) in hits.iter().enumerate() {
+            let plane = r.plane as usize;
+            if plane < cuts.n_planes
+                && self.with_tracks[plane]
+                && (!self.used[h] || self.starts[h] != u32::MAX)
+                && r.x_mm.is_finite()
+                && r.y_mm.is_finite()
+            {
+                let row = row_of(r.y_mm as f64, row_h);
+                self.pool.push((pool_key(r.plane, row, r.x_mm), h as u32));
+            }
+        }
+        self.pool.sort_unstable();
+        self.pool_xy.clear();
+        self.pool_xy.extend(self.pool.iter().map(|&(_, h)| {
+            let r = &hits[h as usize];
+            [r.x_mm as f64, r.y_mm as f64]
+        }));
+        self.index_rows(cuts.n_planes);
+        // Every pair within the cut: per row the window spans, the row's stretch of x.
+        self.edges.clear();
+        self.claims.clear();
+        self.claims.resize(self.pool.len(), 0);
+        self.edge_start.clear();
+        for (i, (_, p)) in self.preds.iter().enumerate() {
+            self.edge_start.push(self.edges.len() as u32);
+            // (Widened by a little against the rounding of its ends to `f32`.)
+            let wx = (cuts.chi2_max * p.var_x).sqrt() * (1.0 + 1e-6) + 1e-6;
+            let wy = (cuts.chi2_max * p.var_y).sqrt() * (1.0 + 1e-6) + 1e-6;
+            for row in row_of(p.y - wy, row_h)..=row_of(p.y + wy, row_h) {
+                let (lo_key, hi_key) = (
+                    pool_key(p.plane, row, (p.x - wx) as f32),
+                    pool_key(p.plane, row, (p.x + wx) as f32),
+                );
+                let (from, to) = self.row_range(p.plane, row, lo_key);
+                for q in from..to {
+                    let (key, hit) = self.pool[q];
+                    if key > hi_key {
+                        break;
+                    }
+                    let [x, y] = self.pool_xy[q];
+                    let (dx, dy) = (x - p.x, y - p.y);
+                    let chi2 = dx * dx / p.var_x + dy * dy / p.var_y;
+                    if chi2 <= cuts.chi2_max {
+                        let rank = if hit == p.own { chi2 - HOLD } else { chi2 };
+                        self.edges.push((rank, i as u32, q as u32));
+                        self.claims[q] = self.claims[q].saturating_add(1);
+                    }
+                }
+            }
+        }
+        self.edge_start.push(self.edges.len() as u32);
+        // A track with one pair whose hit no other track can take gets it whatever the
+        // order; the others are matched by increasing chi-square (ties by the track, then
+        // by the hit's place in the pool).
+        self.assigned.clear();
+        self.assigned.resize(self.preds.len(), u32::MAX);
+        self.taken.clear();
+        self.taken.resize(hits.len(), false);
+        self.contested.clear();
+        for i in 0..self.preds.len() {
+            let (a, b) = (self.edge_start[i] as usize, self.edge_start[i + 1] as usize);
+            if b == a + 1 && self.claims[self.edges[a].2 as usize] == 1 {
+                let h = self.pool[self.edges[a].2 as usize].1;
+                self.assigned[i] = h;
+                self.taken[h as usize] = true;
+            } else {
+                self.contested.extend_from_slice(&self.edges[a..b]);
+            }
+        }
+        self.contested
+            .sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        for &(_, i, q) in &self.contested {
+            let h = self.pool[q as usize].1;
+            if self.assigned[i as usize] != u32::MAX || self.taken[h as usize] {
+                continue;
+            }
+            self.assigned[i as usize] = h;
+            self.taken[h as usize] = true;
+        }
+        // The changes: a new first hit, or none where another took the own one.
+        self.changes.clear();
+        for (i, (t, p)) in self.preds.iter().enumerate() {
+            let own = p.own;
+            let mut new = self.assigned[i];
+            if new == u32::MAX && !self.taken[own as usize] {
+                new = own;
+            }
+            if new != own {
+                self.changes.push((*t, new));
+            }
+        }
+        if self.changes.is_empty() {
+            return 0;
+        }
+        // Apply, keeping the originals.
+        while self.original.len() < self.changes.len() {
+            self.original.push(Vec::new());
+        }
+        for (k, &(t, new)) in self.changes.iter().enumerate() {
+            let track = &mut tracks[t as usize];
+            self.original[k].clear();
+            self.original[k].extend_from_slice(&track.hits);
+            if new == u32::MAX {
+                track.hits.remove(0);
+            } else {
+                track.hits[0] = new;
+            }
+        }
+        // Each changed track fitted with the finder's fit; where it fails the cut, its own
+        // first hit back if still free, else its second hit first.
+        self.fit_changed(fitter, hits, tracks);
+        let mut undone = 0;
+        for (k, &(t, new)) in self.changes.iter().enumerate() {
+            let f = &self.fits[k];
+            let pass = f.ok && f.ndf > 0 && f.chi2 / f.ndf as f64 <= cuts.max_chi2_ndf;
+            if pass || new == u32::MAX {
+                continue;
+            }
+            let own = self.original[k][0];
+            let track = &mut tracks[t as usize];
+            if !self.taken[own as usize] {
+                track.hits.clear();
+                track.hits.extend_from_slice(&self.original[k]);
+            } else {
+                track.hits.remove(0);
+            }
+            if new != u32::MAX {
+                self.taken[new as usize] = false;
+            }
+            self.taken[own as usize] = true;
+            undone += 1;
+        }
+        // The final fits of the tracks that changed (the finder's where they are the
+        // final ones and no change was undone).
+        if final_fitter.is_some() || undone > 0 {
+            self.fit_changed(final_fitter.unwrap_or(fitter), hits, tracks);
+        }
+        let mut changed = 0;
+        for (k, &(t, _)) in self.changes.iter().enumerate() {
+            let track = &mut tracks[t as usize];
+            if track.hits[..] != self.original[k][..] {
+                changed += 1;
+            }
+            self.fits[k].write_track(track);
+        }
+        changed
+    }
+
+    /// `plane_rows` and `row_start` of the sorted pool, where its rows are few enough
+    /// (a hit far off a plane makes many: then `row_start` stays empty).
+    fn index_rows(&mut self, n_planes: usize) {
+        self.plane_rows.clear();
+        self.plane_rows.resize(n_planes, (0, u32::MAX, 0));
+        self.row_start.clear();
+        // The lowest and highest row of each plane (the pool is in plane and row order).
+        let mut total = 0usize;
+        let mut i = 0;
+        while i < self.pool.len() {
+            let plane = (self.pool[i].0 >> 56) as usize;
+            let mut j = i;
+            while j < self.pool.len() && (self.pool[j].0 >> 56) as usize == plane {
+                j += 1;
+            }
+            let (lo, hi) = (key_row(self.pool[i].0), key_row(self.pool[j - 1].0));
+            let rows = (hi as i64 - lo as i64 + 1) as usize;
+            if plane < n_planes {
+                self.plane_rows[plane] = (lo, total as u32, rows as u32);
+            }
+            total += rows;
+            i = j;
+        }
+        if total > 4 * self.pool.len() + 4096 {
+            for r in &mut self.plane_rows {
+                r.1 = u32::MAX;
+            }
+            return;
+        }
+        self.row_start.resize(total + 1, 0);
+        for &(key, _) in &self.pool {
+            let plane = (key >> 56) as usize;
+            let (lo, base, _) = self.plane_rows[plane];
+            self.row_start[base as usize + (key_row(key) - lo) as usize + 1] += 1;
+        }
+        for r in 1..self.row_start.len() {
+            self.row_start[r] += self.row_start[r - 1];
+        }
+    }
+
+    /// The pool's hits of `row` on `plane` from key `from_key` on: the start and the end
+    /// of the row (the end of the pool where the rows are not indexed; the caller stops at
+    /// its last key).
+    fn row_range(&self, plane: u16, row: i32, from_key: u64) -> (usize, usize) {
+        if self.row_start.is_empty() {
+            let lo = self.pool.partition_point(|q| q.0 < from_key);
+            return (lo, self.pool.len());
+        }
+        let Some(&(lo, base, rows)) = self.plane_rows.get(plane as usize) else {
+            return (0, 0);
+        };
+        if base == u32::MAX || row < lo || (row - lo) as u32 >= rows {
+            return (0, 0);
+        }
+        let r = base as usize + (row - lo) as usize;
+        let (a, b) = (self.row_start[r] as usize, self.row_start[r + 1] as usize);
+        let first = a + self.pool[a..b].partition_point(|q| q.0 < from_key);
+        (first, b)
+    }
+
+    /// The origin's centre and size as the event's tracks see them, added to their
+    /// predicted points: from [`SPOT_TRACKS`] tracks up, the median of the tracks' first
+    /// hits' offsets from their points (over the origin's arm) is the centre (within the
+    /// configured origin), and their spread about it (1.4826 times the median absolute
+    /// deviation), less the median of the other errors, the size (at most the configured
+    /// one, at least [`SPOT_FLOOR`] of the spread); with fewer tracks, the configured
+    /// origin. A beam spot of 50 um within the default box of 1.5 mm is then seen as
+    /// about that: the box alone would give every point an error of 0.5 mm over the arm.
+    /// The medians stand a quarter of the tracks with another particle's first hit.
+    fn spot(&mut self, cuts: &FirstHitCuts) {
+        let mut centre = [0.0f64; 2];
+        let mut var = cuts.origin_var;
+        if self.preds.len() >= SPOT_TRACKS {
+            // Per axis: the offsets over the arm, and the other errors over its square.
+            for v in &mut self.scratch {
+                v.clear();
+            }
+            for (_, p) in &self.preds {
+                let a = p.origin_arm;
+                self.scratch[0].push((p.own_x - p.x) / a);
+                self.scratch[1].push((p.own_y - p.y) / a);
+                self.scratch[2].push(p.var_x / (a * a));
+                self.scratch[3].push(p.var_y / (a * a));
+            }
+            for c in 0..2 {
+                let (offsets, others) = self.scratch.split_at_mut(2);
+                let (offsets, others) = (&mut offsets[c], &mut others[c]);
+                let m = median(offsets);
+                for v in offsets.iter_mut() {
+                    *v = (*v - m).abs();
+                }
+                let spread = 1.4826 * median(offsets);
+                let other = median(others);
+                let floor = SPOT_FLOOR * SPOT_FLOOR * spread * spread;
+                if m.is_finite() && spread.is_finite() {
+                    let half = 3.0 * cuts.origin_var[c].sqrt();
+                    centre[c] = m.clamp(-half, half);
+                    var[c] = (spread * spread - other).max(floor).min(cuts.origin_var[c]);
+                }
+            }
+        }
+        for (_, p) in &mut self.preds {
+            let a = p.origin_arm;
+            p.x += centre[0] * a;
+            p.y += centre[1] * a;
+            p.var_x += var[0] * a * a;
+            p.var_y += var[1] * a * a;
+        }
+    }
+
+    /// Fits the changed tracks (`changes`) into `fits`, a lane group at a time.
+    fn fit_changed(&mut self, fitter: &KalmanFitter, hits: &[HitRecord], tracks: &[Track]) {
+        self.fit_hits.clear();
+        let mut spans = Vec::with_capacity(self.changes.len());
+        for &(t, _) in &self.changes {
+            let s = self.fit_hits.len();
+            self.fit_hits.extend(
+                tracks[t as usize]
+                    .hits
+                    .iter()
+                    .map(|&h| FitHit::from(&hits[h as usize])),
+            );
+            spans.push((s, self.fit_hits.len()));
+        }
+        self.fits.clear();
+        self.fits.resize(self.changes.len(), FitOutput::default());
+        for (c, out) in spans.chunks(LANES).zip(self.fits.chunks_mut(LANES)) {
+            let empty: &[FitHit] = &[];
+            let mut slices: [&[FitHit]; LANES] = [empty; LANES];
+            for (s, &(a, b)) in slices.iter_mut().zip(c) {
+                *s = &self.fit_hits[a..b];
+            }
+            fitter.fit_lanes::<f32, LANES>(&slices[..c.len()], out);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cut_holds_the_two_sided_probability_of_n_sigma() {
+        // Two degrees of freedom: P(chi2 > c) = exp(-c / 2).
+        for n in [1.0f64, 2.0, 3.0, 4.0] {
+            let c = chi2_two_dof(n);
+            let two_sided = erfc(n / std::f64::consts::SQRT_2);
+            assert!(((-c / 2.0).exp() - two_sided).abs() <= 1e-6 * two_sided.max(1e-3));
+        }
+        assert!((chi2_two_dof(3.0) - 11.829).abs() < 1e-2);
+        assert!((erfc(0.0) - 1.0).abs() < 1e-6 && (erfc(-1.0) - 1.842_700_79).abs() < 1e-6);
+    }
+
+    #[test]
+    fn pool_keys_order_by_plane_row_then_x() {
+        let keys = [
+            pool_key(0, -3, 5.0),
+            pool_key(0, -3, 7.5),
+            pool_key(0, 2, -100.0),
+            pool_key(0, 2, -0.0),
+            pool_key(0, 2, 0.5),
+            pool_key(1, -(1 << 23), -1.0),
+            pool_key(1, (1 << 23) - 1, 1.0),
+        ];
+        assert!(keys.windows(2).all(|w| w[0] < w[1]), "{keys:x?}");
+        assert_eq!(key_row(pool_key(3, -17, 2.0)), -17);
+        assert_eq!(row_of(-0.5, 1.0), -1);
+        assert_eq!(row_of(1e300, 1.0), (1 << 23) - 1);
+    }
+}
