@@ -224,8 +224,18 @@ pub fn finder_overrides(data: &[u8]) {
     let mut reco = Reconstructor::new(&det, cfg);
     let mut tracks = Vec::new();
     reco.reconstruct(&hits, &mut tracks);
+    // Every hit in one track at most, each track's hits on planes in increasing order.
+    let mut used = vec![false; hits.len()];
     for t in &tracks {
         assert!(t.hits.iter().all(|&h| (h as usize) < hits.len()));
+        for &h in &t.hits {
+            assert!(!used[h as usize], "hit {h} in two tracks");
+            used[h as usize] = true;
+        }
+        assert!(t
+            .hits
+            .windows(2)
+            .all(|w| hits[w[0] as usize].plane < hits[w[1] as usize].plane));
     }
 }
 

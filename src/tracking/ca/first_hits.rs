@@ -53,9 +53,21 @@ use super::FinderGeometry;
 /// e (exp of half this) times likelier.
 pub const HOLD: f64 = 2.0;
 
+/// A track whose window spans more rows (of the mean window's height) keeps its first
+/// hit ([`FirstHits::run`]).
+pub const MAX_WINDOW_ROWS: i32 = 16;
+
+/// More pairs of tracks and hits than this per track leave the event's tracks as they are
+/// (hits piled up far beyond any detector's density).
+pub const MAX_PAIRS_PER_TRACK: usize = 32;
+
 /// Fewest tracks with a prediction for the origin's centre and size to be measured in
 /// the event ([`FirstHits::spot`]).
 pub const SPOT_TRACKS: usize = 20;
+
+/// The tracks the origin's centre and size are measured from ([`FirstHits::spot`]): every
+/// k-th of them, about this many at most (the medians' errors are then a few per cent).
+pub const SPOT_SAMPLE: usize = 512;
 
 /// The measured origin's size is at least this fraction of the spread of the tracks'
 /// offsets from their points.
@@ -188,12 +200,16 @@ impl FirstHitCuts {
                 + ms * (1.0 + slope * slope)
                 + lever * lever * a * a * var_qop
         };
+        let (var_x, var_y) = (var(0, ax, tx), var(1, ay, ty));
+        if !(px.is_finite() && py.is_finite() && var_x.is_finite() && var_y.is_finite()) {
+            return None;
+        }
         Some(Prediction {
             plane: k0 as u16,
             x: px,
             y: py,
-            var_x: var(0, ax, tx),
-            var_y: var(1, ay, ty),
+            var_x,
+            var_y,
             origin_arm: 1.0 - f,
             own: track.hits[0],
             own_x: h0.x_mm as f64,
@@ -391,12 +407,24 @@ impl FirstHits {
         self.claims.clear();
         self.claims.resize(self.pool.len(), 0);
         self.edge_start.clear();
+        let max_pairs = MAX_PAIRS_PER_TRACK * self.preds.len();
         for (i, (_, p)) in self.preds.iter().enumerate() {
+            if self.edges.len() > max_pairs {
+                // Hits piled up far beyond any detector's density (a broken event): the
+                // tracks stay as the finder left them.
+                return 0;
+            }
             self.edge_start.push(self.edges.len() as u32);
             // (Widened by a little against the rounding of its ends to `f32`.)
             let wx = (cuts.chi2_max * p.var_x).sqrt() * (1.0 + 1e-6) + 1e-6;
             let wy = (cuts.chi2_max * p.var_y).sqrt() * (1.0 + 1e-6) + 1e-6;
-            for row in row_of(p.y - wy, row_h)..=row_of(p.y + wy, row_h) {
+            let (r0, r1) = (row_of(p.y - wy, row_h), row_of(p.y + wy, row_h));
+            if r1 - r0 > MAX_WINDOW_ROWS {
+                // A window far taller than the others' (a track whose point is poorly
+                // known): the track keeps its first hit.
+                continue;
+            }
+            for row in r0..=r1 {
                 let (lo_key, hi_key) = (
                     pool_key(p.plane, row, (p.x - wx) as f32),
                     pool_key(p.plane, row, (p.x + wx) as f32),
@@ -577,8 +605,8 @@ impl FirstHits {
     }
 
     /// The origin's centre and size as the event's tracks see them, added to their
-    /// predicted points: from [`SPOT_TRACKS`] tracks up, the median of the tracks' first
-    /// hits' offsets from their points (over the origin's arm) is the centre (within the
+    /// predicted points: from [`SPOT_TRACKS`] tracks up (at most about [`SPOT_SAMPLE`] of
+    /// them, evenly through the event's), the median of the tracks' first hits' offsets from their points (over the origin's arm) is the centre (within the
     /// configured origin), and their spread about it (1.4826 times the median absolute
     /// deviation), less the median of the other errors, the size (at most the configured
     /// one, at least [`SPOT_FLOOR`] of the spread); with fewer tracks, the configured
@@ -593,7 +621,9 @@ impl FirstHits {
             for v in &mut self.scratch {
                 v.clear();
             }
-            for (_, p) in &self.preds {
+            // (At most about SPOT_SAMPLE of them, evenly through the tracks.)
+            let every = (self.preds.len() / SPOT_SAMPLE).max(1);
+            for (_, p) in self.preds.iter().step_by(every) {
                 let a = p.origin_arm;
                 self.scratch[0].push((p.own_x - p.x) / a);
                 self.scratch[1].push((p.own_y - p.y) / a);
