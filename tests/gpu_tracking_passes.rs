@@ -196,14 +196,23 @@ fn track_key(tracks: &[trigd::tracking::track::Track]) -> Vec<(Vec<u32>, u32)> {
 /// gives the same tracks in the same order. With `exchange`, the finder exchanges segments
 /// between crossing tracks ([`FinderConfig::exchange_segments`], on the host for the GPU),
 /// and some event's tracks must differ from the finder's without it.
-fn end_to_end(preset: Preset, n_events: u64, launch: usize, exchange: bool) {
+/// The steps after clone suppression the host runs on the GPU's tracks, off by default.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum HostStep {
+    None,
+    Exchange,
+    FirstHits,
+}
+
+fn end_to_end(preset: Preset, n_events: u64, launch: usize, step: HostStep) {
     use trigd::gpu::tracking::{GpuTracker, TrackerLimits};
     use trigd::tracking::reco::Reconstructor;
     let dev = device();
     let s = seed();
     for (name, det, sim) in configurations(preset) {
         let mut cfg = FinderConfig::from_detector(&det, 1.0);
-        cfg.exchange_segments = exchange;
+        cfg.exchange_segments = step == HostStep::Exchange;
+        cfg.first_hits_to_origin = step == HostStep::FirstHits;
         let events: Vec<Vec<HitRecord>> = simulate_events(&det, &sim, s, 0, n_events)
             .map(|e| e.hits)
             .collect();
@@ -214,10 +223,11 @@ fn end_to_end(preset: Preset, n_events: u64, launch: usize, exchange: bool) {
             &det,
             FinderConfig {
                 exchange_segments: false,
+                first_hits_to_origin: false,
                 ..cfg.clone()
             },
         );
-        let (mut without, mut exchanged) = (Vec::new(), 0usize);
+        let (mut without, mut changed) = (Vec::new(), 0usize);
         let (mut out, mut back, mut again, mut back2, mut cpu) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut n_tracks, mut differ, mut handed_back, mut worst) = (0usize, 0usize, 0, 0f64);
@@ -246,9 +256,9 @@ fn end_to_end(preset: Preset, n_events: u64, launch: usize, exchange: bool) {
                 );
                 reco.reconstruct(ev, &mut cpu);
                 n_tracks += cpu.len();
-                if exchange {
+                if step != HostStep::None {
                     reco_without.reconstruct(ev, &mut without);
-                    exchanged += cpu
+                    changed += cpu
                         .iter()
                         .zip(&without)
                         .filter(|(a, b)| a.hits != b.hits)
@@ -271,11 +281,14 @@ fn end_to_end(preset: Preset, n_events: u64, launch: usize, exchange: bool) {
             }
         }
         println!(
-            "{name} {preset:?}: {} events ({handed_back} handed back), {n_tracks} CPU tracks, {differ} without a GPU track of the same hits, worst relative difference of a fitted value {worst:.2e}, {exchanged} tracks changed by the exchange",
+            "{name} {preset:?}: {} events ({handed_back} handed back), {n_tracks} CPU tracks, {differ} without a GPU track of the same hits, worst relative difference of a fitted value {worst:.2e}, {changed} tracks changed by the host's step ({step:?})",
             events.len()
         );
         assert!(n_tracks > 0, "{name}");
-        assert!(!exchange || exchanged > 0, "{name}: no track exchanged");
+        assert!(
+            step == HostStep::None || changed > 0,
+            "{name}: no track changed by {step:?}"
+        );
         assert!(
             (differ as f64) <= 1e-3 * n_tracks as f64,
             "{name}: {differ} of {n_tracks} tracks differ"
@@ -291,19 +304,25 @@ fn end_to_end(preset: Preset, n_events: u64, launch: usize, exchange: bool) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_whole_finder_on_minimum_bias_events_gives_the_cpus_tracks() {
-    end_to_end(Preset::Minbias, 1000, 256, false);
+    end_to_end(Preset::Minbias, 1000, 256, HostStep::None);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_whole_finder_on_central_events_gives_the_cpus_tracks() {
-    end_to_end(Preset::Central, 12, 12, false);
+    end_to_end(Preset::Central, 12, 12, HostStep::None);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_whole_finder_with_the_exchange_of_segments_gives_the_cpus_tracks() {
-    end_to_end(Preset::Central, 12, 12, true);
+    end_to_end(Preset::Central, 12, 12, HostStep::Exchange);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_whole_finder_with_the_first_hits_against_the_origin_gives_the_cpus_tracks() {
+    end_to_end(Preset::Central, 12, 12, HostStep::FirstHits);
 }
 
 #[test]

@@ -958,7 +958,10 @@ mod tests {
             hit_id: noise + 1,
             ..h2
         });
-        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let cfg = FinderConfig {
+            first_hits_to_origin: true,
+            ..FinderConfig::from_detector(&det, 1.0)
+        };
         let mut reco = Reconstructor::new(&det, cfg.clone());
         let fitted = |reco: &Reconstructor, ids: &[u32]| {
             let o = reco.fitter().fit_reference(&fit_hits(&hits, ids));
