@@ -216,7 +216,7 @@ pub struct FinderConfig {
     /// particle's hit (a quarter of the tracks of the densest drawn samples). Only where
     /// the origin is finite. On the 102 drawn detectors and events it gives back about
     /// half of the foreign first hits there, mean efficiency 0.9930 -> 0.9935 and ghosts 0.79
-    /// -> 0.73 %, no sample worse; it adds 4-9 % to the finder's time on one core and,
+    /// -> 0.73 %, no sample worse; it adds 5-8 % to the finder's time on one core and,
     /// with `--backend gpu`, where it runs on the host after each launch, it took a third
     /// of a GPU's central events per second (`bench/RESULTS.md`). Default false.
     pub first_hits_to_origin: bool,

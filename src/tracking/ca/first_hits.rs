@@ -33,7 +33,7 @@
 //! depends on the tracks and hits only (ties by the track's and the hit's order).
 //!
 //! It runs where the origin is finite ([`FinderConfig::origin_half_x_mm`]) and
-//! [`FinderConfig::first_hits_to_origin`] asks for it (off by default: it adds 4-9 % to
+//! [`FinderConfig::first_hits_to_origin`] asks for it (off by default: it adds 5-8 % to
 //! the finder's time on one core, and a third less of a GPU's central events per second
 //! where the host runs it after each launch), on the found tracks of
 //! an event after clone suppression and the exchange of segments
