@@ -224,6 +224,11 @@ pub struct EvalReport {
     pub n_ghosts: usize,
     pub ghost_rate: f64,
     pub n_matched_tracks: usize,
+    /// Matched tracks whose first (most upstream) hit is their particle's: on the plane
+    /// nearest the target, the densest, a track may start on a neighbour's hit, which
+    /// moves its state there (what vertexing reads).
+    pub n_first_hit_own: usize,
+    pub first_hit_purity: f64,
     pub n_clones: usize,
     pub clone_rate: f64,
     /// Mean over events of the TrackML double-majority score.
@@ -305,6 +310,7 @@ pub struct Evaluator<'d> {
     n_reconstructed: usize,
     n_ghosts: usize,
     n_matched: usize,
+    n_first_hit_own: usize,
     n_clones: usize,
     score_sum: f64,
     bins_total: Vec<usize>,
@@ -345,6 +351,7 @@ impl<'d> Evaluator<'d> {
             n_reconstructed: 0,
             n_ghosts: 0,
             n_matched: 0,
+            n_first_hit_own: 0,
             n_clones: 0,
             score_sum: 0.0,
             bins_total: vec![0; n_bins],
@@ -471,6 +478,13 @@ impl<'d> Evaluator<'d> {
                 continue;
             };
             self.n_matched += 1;
+            if track
+                .hits
+                .first()
+                .is_some_and(|&h| truth[h as usize].particle_id == id)
+            {
+                self.n_first_hit_own += 1;
+            }
             let k = matches.entry(id).or_default();
             *k += 1;
             if *k > 1 {
@@ -617,6 +631,8 @@ impl<'d> Evaluator<'d> {
             n_ghosts: self.n_ghosts,
             ghost_rate: ratio(self.n_ghosts, self.n_tracks),
             n_matched_tracks: self.n_matched,
+            n_first_hit_own: self.n_first_hit_own,
+            first_hit_purity: ratio(self.n_first_hit_own, self.n_matched),
             n_clones: self.n_clones,
             clone_rate: ratio(self.n_clones, self.n_matched),
             trackml_score: if self.n_events == 0 {
@@ -779,6 +795,11 @@ impl EvalReport {
             s,
             "| clone rate | {:.4} ({} / {}) |",
             self.clone_rate, self.n_clones, self.n_matched_tracks
+        );
+        let _ = writeln!(
+            s,
+            "| first hit of the track's particle | {:.4} ({} / {}) |",
+            self.first_hit_purity, self.n_first_hit_own, self.n_matched_tracks
         );
         let _ = writeln!(s, "| TrackML score | {:.4} |", self.trackml_score);
         let r = &self.momentum_resolution;
@@ -1665,6 +1686,13 @@ mod tests {
         assert_eq!(r.pulls[0].stat.n_total, n);
         assert_eq!(r.pulls_pure[0].stat.n_total, n - contaminated);
         assert!(contaminated > 100, "{contaminated}");
+        // The tracks with another particle's first hit are counted as such.
+        assert_eq!(r.n_first_hit_own, n - contaminated);
+        assert_eq!(r.n_matched_tracks, n);
+        assert!((r.first_hit_purity - (n - contaminated) as f64 / n as f64).abs() < 1e-12);
+        assert!(r
+            .to_markdown()
+            .contains("| first hit of the track's particle |"));
         for k in 0..5 {
             let p = &r.pulls_pure[k];
             let tol = 5.0 / (p.stat.n_total as f64).sqrt();
