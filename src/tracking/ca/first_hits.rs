@@ -300,7 +300,7 @@ pub struct FirstHits {
     starts: Vec<u32>,
     /// Tracks that take part: (track, prediction).
     preds: Vec<(u32, Prediction)>,
-    /// The pool's hits by (plane, x) ([`pool_key`]), and their positions.
+    /// The pool's hits by (plane, row, x) ([`pool_key`]), and their positions.
     pool: Vec<(u64, u32)>,
     pool_xy: Vec<[f64; 2]>,
     /// Per plane: whether a participating track starts on it.
@@ -372,7 +372,7 @@ impl FirstHits {
         }
         self.spot(cuts);
         // The pool: per plane, the hits no track uses and the participants' first hits,
-        // by x.
+        // by row and x.
         self.with_tracks.clear();
         self.with_tracks.resize(cuts.n_planes, false);
         for (_, p) in &self.preds {
@@ -524,9 +524,7 @@ impl FirstHits {
             } else {
                 track.hits.remove(0);
             }
-            if new != u32::MAX {
-                self.taken[new as usize] = false;
-            }
+            self.taken[new as usize] = false;
             self.taken[own as usize] = true;
             undone += 1;
         }
