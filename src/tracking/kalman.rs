@@ -1357,6 +1357,24 @@ impl KalmanFitter {
         self.chunks::<f32, LANES>(tracks, out);
     }
 
+    /// The fits of [`fit_batch`](Self::fit_batch) of `items` into `out` (one each, at
+    /// least as long), each item's hits given by `hits_of`: no list of the hit slices is
+    /// built (the steps after the choice fit tracks laid out in their own buffers).
+    pub fn fit_each<'h, S>(
+        &self,
+        items: &[S],
+        hits_of: impl Fn(&S) -> &'h [FitHit],
+        out: &mut [FitOutput],
+    ) {
+        for (c, o) in items.chunks(LANES).zip(out.chunks_mut(LANES)) {
+            let mut slices: [&[FitHit]; LANES] = [&[]; LANES];
+            for (s, item) in slices.iter_mut().zip(c) {
+                *s = hits_of(item);
+            }
+            self.fit_lanes::<f32, LANES>(&slices[..c.len()], o);
+        }
+    }
+
     /// Double-precision one-track reference fit.
     pub fn fit_reference(&self, hits: &[FitHit]) -> FitOutput {
         let mut o = [FitOutput::default()];

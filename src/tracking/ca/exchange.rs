@@ -29,7 +29,7 @@
 //! ([`crate::gpu::tracking::GpuTracker`]).
 
 use crate::frame::HitRecord;
-use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter, LANES};
+use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter};
 use crate::tracking::track::Track;
 
 use super::cuts::FinderConfig;
@@ -523,14 +523,12 @@ impl Exchange {
     fn fit_trials(&mut self, fitter: &KalmanFitter) {
         self.fits.clear();
         self.fits.resize(self.trials.len(), FitOutput::default());
-        for (c, out) in self.trials.chunks(LANES).zip(self.fits.chunks_mut(LANES)) {
-            let empty: &[FitHit] = &[];
-            let mut slices: [&[FitHit]; LANES] = [empty; LANES];
-            for (s, &(_, _, from, len)) in slices.iter_mut().zip(c) {
-                *s = &self.trial_hits[from as usize..(from + len) as usize];
-            }
-            fitter.fit_lanes::<f32, LANES>(&slices[..c.len()], out);
-        }
+        let hits = &self.trial_hits;
+        fitter.fit_each(
+            &self.trials,
+            |&(_, _, from, len)| &hits[from as usize..(from + len) as usize],
+            &mut self.fits,
+        );
     }
 
     /// Evaluates the pairs that touch a changed track, at both boundaries of their plane,

@@ -42,7 +42,7 @@
 
 use crate::frame::HitRecord;
 use crate::tracking::geometry::Field;
-use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter, LANES};
+use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter};
 use crate::tracking::propagate::{bending, K_GEV_PER_T_MM};
 use crate::tracking::track::Track;
 
@@ -296,8 +296,8 @@ fn pool_key(plane: u16, row: i32, x: f32) -> u64 {
 pub struct FirstHits {
     /// Per hit: whether a track uses it.
     used: Vec<bool>,
-    /// Per hit: the track (index into `preds`) that starts on it, or `u32::MAX`.
-    starts: Vec<u32>,
+    /// Per hit: whether a track that takes part starts on it.
+    starts: Vec<bool>,
     /// Tracks that take part: (track, prediction).
     preds: Vec<(u32, Prediction)>,
     /// The pool's hits by (plane, row, x) ([`pool_key`]), and their positions.
@@ -324,7 +324,9 @@ pub struct FirstHits {
     changes: Vec<(u32, u32)>,
     /// The changed tracks' hits before the change.
     original: Vec<Vec<u32>>,
+    /// The changed tracks' hits laid out for the fit, each track's span of them.
     fit_hits: Vec<FitHit>,
+    spans: Vec<(usize, usize)>,
     fits: Vec<FitOutput>,
     /// The spot's offsets and other errors, per axis.
     scratch: [Vec<f64>; 4],
@@ -356,14 +358,14 @@ impl FirstHits {
         self.used.clear();
         self.used.resize(hits.len(), false);
         self.starts.clear();
-        self.starts.resize(hits.len(), u32::MAX);
+        self.starts.resize(hits.len(), false);
         self.preds.clear();
         for (t, track) in tracks.iter().enumerate() {
             for &h in &track.hits {
                 self.used[h as usize] = true;
             }
             if let Some(p) = cuts.predict(track, hits) {
-                self.starts[track.hits[0] as usize] = self.preds.len() as u32;
+                self.starts[track.hits[0] as usize] = true;
                 self.preds.push((t as u32, p));
             }
         }
@@ -389,7 +391,7 @@ impl FirstHits {
             let plane = r.plane as usize;
             if plane < cuts.n_planes
                 && self.with_tracks[plane]
-                && (!self.used[h] || self.starts[h] != u32::MAX)
+                && (!self.used[h] || self.starts[h])
                 && r.x_mm.is_finite()
                 && r.y_mm.is_finite()
             {
@@ -659,7 +661,7 @@ impl FirstHits {
     /// Fits the changed tracks (`changes`) into `fits`, a lane group at a time.
     fn fit_changed(&mut self, fitter: &KalmanFitter, hits: &[HitRecord], tracks: &[Track]) {
         self.fit_hits.clear();
-        let mut spans = Vec::with_capacity(self.changes.len());
+        self.spans.clear();
         for &(t, _) in &self.changes {
             let s = self.fit_hits.len();
             self.fit_hits.extend(
@@ -668,18 +670,12 @@ impl FirstHits {
                     .iter()
                     .map(|&h| FitHit::from(&hits[h as usize])),
             );
-            spans.push((s, self.fit_hits.len()));
+            self.spans.push((s, self.fit_hits.len()));
         }
         self.fits.clear();
         self.fits.resize(self.changes.len(), FitOutput::default());
-        for (c, out) in spans.chunks(LANES).zip(self.fits.chunks_mut(LANES)) {
-            let empty: &[FitHit] = &[];
-            let mut slices: [&[FitHit]; LANES] = [empty; LANES];
-            for (s, &(a, b)) in slices.iter_mut().zip(c) {
-                *s = &self.fit_hits[a..b];
-            }
-            fitter.fit_lanes::<f32, LANES>(&slices[..c.len()], out);
-        }
+        let fit_hits = &self.fit_hits;
+        fitter.fit_each(&self.spans, |&(a, b)| &fit_hits[a..b], &mut self.fits);
     }
 }
 
