@@ -80,7 +80,9 @@ typedef unsigned int u32;
 #define G_UB 15 // 3
 #define G_K 18
 #define G_MIN_EVENT_HITS 19 // events with fewer sorted hits make no doublets in the pass
-#define G_N 20
+#define G_ORIGIN_X 20 // the origin's centre in x and y, mm
+#define G_ORIGIN_Y 21
+#define G_N 22
 
 // Failure codes of an event (the step that overflowed).
 #define FAIL_NONE 0u

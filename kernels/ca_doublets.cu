@@ -22,8 +22,10 @@ __device__ __forceinline__ Box4 doublet_box(const float* __restrict__ pl, const 
                                             int k, float xa, float ya) {
     float max_tx = g[G_MAX_TX], max_ty = g[G_MAX_TY];
     float inv_lever_a = pl[PLF_INV_LEVER_A];
-    float tx = fminf(fabsf(xa) * inv_lever_a + 0.05f, max_tx);
-    float ty = fminf(fabsf(ya) * inv_lever_a + 0.05f, max_ty);
+    // The hit's offsets from the origin's centre.
+    float rx = xa - g[G_ORIGIN_X], ry = ya - g[G_ORIGIN_Y];
+    float tx = fminf(fabsf(rx) * inv_lever_a + 0.05f, max_tx);
+    float ty = fminf(fabsf(ry) * inv_lever_a + 0.05f, max_ty);
     float n2 = 1.0f + tx * tx + ty * ty;
     float nn = sqrtf(n2);
     float knn = g[G_K_QOP] * nn;
@@ -41,10 +43,10 @@ __device__ __forceinline__ Box4 doublet_box(const float* __restrict__ pl, const 
         float ms = pl[PLF_MS];
         float wx = g[G_ORIGIN_HX] + bend * kx + ms * sf + meas_x;
         float wy = g[G_ORIGIN_HY] + bend * ky + ms * sf + meas_y;
-        tx0 = fmaxf(tx0, (xa - wx) * inv_lever_a);
-        tx1 = fminf(tx1, (xa + wx) * inv_lever_a);
-        ty0 = fmaxf(ty0, (ya - wy) * inv_lever_a);
-        ty1 = fminf(ty1, (ya + wy) * inv_lever_a);
+        tx0 = fmaxf(tx0, (rx - wx) * inv_lever_a);
+        tx1 = fminf(tx1, (rx + wx) * inv_lever_a);
+        ty0 = fmaxf(ty0, (ry - wy) * inv_lever_a);
+        ty1 = fminf(ty1, (ry + wy) * inv_lever_a);
     }
     bool open = tx0 <= tx1 && ty0 <= ty1;
     Box4 bx;

@@ -104,7 +104,7 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
             }
         } else {
             float inv = plf[pb * PLF + PLF_INV_LEVER];
-            float ltx = xb * inv, lty = yb * inv;
+            float ltx = (xb - g[G_ORIGIN_X]) * inv, lty = (yb - g[G_ORIGIN_Y]) * inv;
             int ti = pri[pair * PRI];
             if (ti >= 0) tent_at(tents + (size_t)ti * TENT_FLOATS, ltx, lty, bd);
             else bd[0] = bd[1] = bd[2] = 0.0f;
@@ -121,14 +121,15 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
         float kvar_ms_per_qop2 = pr[PRF_KVAR_MS], kvar_res = pr[PRF_KVAR_RES];
         int n_triples = (int)pr[PRF_N_TRIPLES];
         int n_win = n_triples < reach ? n_triples : reach;
-        float kappa_x = pointing * (tx - xa * inv_zi) * two_inv_zj;
-        float kappa_y = pointing * (ty - ya * inv_zi) * two_inv_zj;
+        float ra = xa - g[G_ORIGIN_X], rya = ya - g[G_ORIGIN_Y];
+        float kappa_x = pointing * (tx - ra * inv_zi) * two_inv_zj;
+        float kappa_y = pointing * (ty - rya * inv_zi) * two_inv_zj;
         float sf2 = fminf(slope_factor2(tx, ty), sf2_max);
         float kvar_ms = kvar_ms_per_qop2 * sf2;
         // The pointing tent's bending at its mean slope (the mean of the chords origin-a
         // and a-b).
-        float tpx = tx + pointing * 0.5f * (xa * inv_zi - tx);
-        float tpy = ty + pointing * 0.5f * (ya * inv_zi - ty);
+        float tpx = tx + pointing * 0.5f * (ra * inv_zi - tx);
+        float tpy = ty + pointing * 0.5f * (rya * inv_zi - ty);
         float n1 = sqrtf(1.0f + tpx * tpx + tpy * tpy);
         float ax, ay;
         bending(tpx, tpy, bd, &ax, &ay);

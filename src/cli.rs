@@ -451,27 +451,44 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 }
                 None => None,
             };
+            // The finder looks for tracks from the momentum the particles are counted from,
+            // unless the configuration names its own.
+            let (min_p, mut ov) = overrides.unwrap_or((None, Default::default()));
+            let min_p = min_p.unwrap_or(if e.args.min_p > 0.0 {
+                e.args.min_p
+            } else {
+                crate::backend::tracking::DEFAULT_MIN_P_GEV
+            });
+            if ov.origin_x_mm.is_none() && ov.origin_y_mm.is_none() && e.args.tracks.is_none() {
+                origin_from_first_events(&e.args, min_p, &mut ov)?;
+            }
             let mut reco: Option<crate::tracking::reco::Reconstructor> = None;
-            crate::tracking::cli::run_eval(&e.args, |det, hits| {
+            let mut finder = None;
+            let report = crate::tracking::cli::run_eval(&e.args, |det, hits| {
                 let r = reco.get_or_insert_with(|| {
-                    // The finder looks for tracks from the momentum the particles are
-                    // counted from, unless the configuration names its own.
-                    let (min_p, ov) = overrides.clone().unwrap_or((None, Default::default()));
-                    let min_p = min_p.unwrap_or(if e.args.min_p > 0.0 {
-                        e.args.min_p
-                    } else {
-                        crate::backend::tracking::DEFAULT_MIN_P_GEV
-                    });
-                    crate::tracking::reco::Reconstructor::new(
-                        det,
-                        crate::tracking::reco::FinderConfig::from_detector_with(det, min_p, &ov),
-                    )
+                    let cfg =
+                        crate::tracking::reco::FinderConfig::from_detector_with(det, min_p, &ov);
+                    finder = Some(cfg.clone());
+                    crate::tracking::reco::Reconstructor::new(det, cfg)
                 });
                 let mut tracks = Vec::new();
                 r.reconstruct(hits, &mut tracks);
                 crate::backend::tracking::report_limits(r, None);
                 Ok(tracks)
             })?;
+            if let (Some(spot), Some(cfg)) = (&report.beam_spot, &finder) {
+                if crate::tracking::beam_spot::off_the_origin(spot, cfg) {
+                    tracing::warn!(
+                        "the tracks come from x = {:.3} mm, y = {:.3} mm on the origin plane, off the finder's origin ({} mm, {} mm, half size {} x {} mm), which loses stiff tracks: set [tracking.finder] origin_x_mm and origin_y_mm",
+                        spot.centre_mm[0],
+                        spot.centre_mm[1],
+                        cfg.origin_x_mm,
+                        cfg.origin_y_mm,
+                        cfg.origin_half_x_mm,
+                        cfg.origin_half_y_mm
+                    );
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Report(a) => cmd_report(a),
@@ -494,6 +511,46 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Where the configuration gives no origin centre: the beam spot measured from the tracks of
+/// the first events ([`crate::tracking::beam_spot::measure_origin`]); where it lies off
+/// the default origin by more than its box allows, the finder is centred on it (and says
+/// so: a daemon needs it in its configuration, `[tracking.finder] origin_x_mm` and
+/// `origin_y_mm`).
+fn origin_from_first_events(
+    args: &crate::tracking::cli::EvalTrackingArgs,
+    min_p: f64,
+    ov: &mut crate::tracking::reco::FinderOverrides,
+) -> anyhow::Result<()> {
+    use crate::tracking::beam_spot;
+    let det = crate::tracking::geometry::Detector::from_toml_file(&args.geometry)?;
+    let cfg = crate::tracking::reco::FinderConfig::from_detector_with(&det, min_p, ov);
+    if cfg.validate(&det).is_err() {
+        // The evaluation itself reports the configuration's error.
+        return Ok(());
+    }
+    let events = crate::tracking::trackml::read_trackml_dir(&args.events)?
+        .with_planes(det.planes.iter().map(|p| p.z_mm).collect())
+        .take(args.max_events.unwrap_or(usize::MAX))
+        .map_while(Result::ok)
+        .map(|ev| ev.hits);
+    let Some(spot) = beam_spot::measure_origin(&det, &cfg, events) else {
+        return Ok(());
+    };
+    if beam_spot::off_the_origin(&spot, &cfg) {
+        let round = |v: f64| (v * 1e3).round() / 1e3;
+        let (x, y) = (round(spot.centre_mm[0]), round(spot.centre_mm[1]));
+        tracing::warn!(
+            "the configuration gives no origin centre, and the first events' {} tracks come from x = {x} mm, y = {y} mm (z = {} mm), off the default (0, 0) by more than a third of the origin box: the finder is centred there; a daemon needs [tracking.finder] origin_x_mm = {x} and origin_y_mm = {y}",
+            spot.n_tracks,
+            spot.z_mm
+        );
+        eprintln!("origin centre measured from the first events' tracks: x = {x} mm, y = {y} mm");
+        ov.origin_x_mm = Some(x);
+        ov.origin_y_mm = Some(y);
+    }
+    Ok(())
 }
 
 /// Reads the configuration file (if any) and overlays the flags.

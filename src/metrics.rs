@@ -363,6 +363,7 @@ pub struct Metrics {
     tracking_overflow: IntCounterVec,
     finder_limit: IntCounterVec,
     passes_raised: IntCounter,
+    beam_spot: GaugeVec,
     stream_gaps: IntCounterVec,
     stream_gap_samples: IntCounterVec,
     lsl_marker_latency: Histogram,
@@ -595,6 +596,13 @@ impl Metrics {
             "A NATS input's durable consumer as the server reports it, over all nodes: state=pending (not yet delivered), ack_pending (delivered, not acknowledged), redelivered (delivered again, not acknowledged).",
             ["source", "state"]
         );
+        let beam_spot = family!(
+            &r,
+            GaugeVec,
+            "trigd_tracking_beam_spot_mm",
+            "Where the decided events' tracks come from on the finder's origin plane, over the last 500 tracks measured (one of every 8 events): quantity=centre (the median) or spread (1.4826 times the median absolute deviation), per axis. A centre off the finder's origin by more than a third of its box loses stiff tracks: set [tracking.finder] origin_x_mm, origin_y_mm.",
+            ["axis", "quantity"]
+        );
         let stream_gaps = family!(
             &r,
             IntCounterVec,
@@ -682,6 +690,7 @@ impl Metrics {
             tracking_overflow,
             finder_limit,
             passes_raised,
+            beam_spot,
             stream_gaps,
             stream_gap_samples,
             lsl_marker_latency,
@@ -706,6 +715,11 @@ impl Metrics {
     /// `step`'s per-event buffer.
     pub fn finder_limit(&self, step: &str) -> IntCounter {
         self.finder_limit.with_label_values(&[step])
+    }
+
+    /// `trigd_tracking_beam_spot_mm{axis, quantity}`.
+    pub fn beam_spot(&self, axis: &str, quantity: &str) -> Gauge {
+        self.beam_spot.with_label_values(&[axis, quantity])
     }
 
     /// `trigd_tracking_passes_raised_total`.

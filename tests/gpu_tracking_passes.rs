@@ -202,17 +202,28 @@ enum HostStep {
     None,
     Exchange,
     FirstHits,
+    /// No host step: the beam 3 mm off the axis in x and 2 mm in y, the finder's origin
+    /// centred on it (and the finder centred on the axis the one to differ from).
+    OffAxis,
 }
+
+/// The beam's centre of [`HostStep::OffAxis`], mm.
+const OFF_AXIS_MM: [f64; 2] = [3.0, -2.0];
 
 fn end_to_end(preset: Preset, n_events: u64, launch: usize, step: HostStep) {
     use trigd::gpu::tracking::{GpuTracker, TrackerLimits};
     use trigd::tracking::reco::Reconstructor;
     let dev = device();
     let s = seed();
-    for (name, det, sim) in configurations(preset) {
+    for (name, det, mut sim) in configurations(preset) {
         let mut cfg = FinderConfig::from_detector(&det, 1.0);
         cfg.exchange_segments = step == HostStep::Exchange;
         cfg.first_hits_to_origin = step == HostStep::FirstHits;
+        if step == HostStep::OffAxis {
+            sim.beam_centre_mm = OFF_AXIS_MM;
+            cfg.origin_x_mm = OFF_AXIS_MM[0];
+            cfg.origin_y_mm = OFF_AXIS_MM[1];
+        }
         let events: Vec<Vec<HitRecord>> = simulate_events(&det, &sim, s, 0, n_events)
             .map(|e| e.hits)
             .collect();
@@ -224,6 +235,8 @@ fn end_to_end(preset: Preset, n_events: u64, launch: usize, step: HostStep) {
             FinderConfig {
                 exchange_segments: false,
                 first_hits_to_origin: false,
+                origin_x_mm: 0.0,
+                origin_y_mm: 0.0,
                 ..cfg.clone()
             },
         );
@@ -323,6 +336,12 @@ fn the_whole_finder_with_the_exchange_of_segments_gives_the_cpus_tracks() {
 #[ignore = "needs a CUDA GPU"]
 fn the_whole_finder_with_the_first_hits_against_the_origin_gives_the_cpus_tracks() {
     end_to_end(Preset::Central, 12, 12, HostStep::FirstHits);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_whole_finder_with_the_origin_off_the_axis_gives_the_cpus_tracks() {
+    end_to_end(Preset::Minbias, 200, 100, HostStep::OffAxis);
 }
 
 #[test]

@@ -103,7 +103,7 @@ impl GpuTracking {
             max_hits: (limits.max_hits / 2).max(1),
             tracker,
             reco: Reconstructor::new(&setup.detector, setup.finder.clone()),
-            decider: Decider::new(setup),
+            decider: Decider::new(setup, metrics.clone()),
             sizer: BatchSizer::new(budget_us / 2.0, max_events.max(1)),
             metrics,
             hits: Vec::new(),

@@ -198,7 +198,7 @@ impl CpuTracking {
             finders: (0..threads)
                 .map(|_| Mutex::new(Reconstructor::new(&setup.detector, setup.finder.clone())))
                 .collect(),
-            decider: Decider::new(setup),
+            decider: Decider::new(setup, metrics.clone()),
             events: Vec::new(),
             pool: crate::eeg::workers::Workers::new(threads, "tracking")
                 .map_err(|e| anyhow::anyhow!("starting the tracking threads: {e}"))?,
@@ -274,16 +274,105 @@ pub(crate) struct Decider {
     names: Vec<String>,
     track_of_hit: Vec<u32>,
     tracks_out: Option<Arc<Mutex<TracksWriter>>>,
+    beam: BeamWatch,
+}
+
+/// Events per track measured by [`BeamWatch`] (the first of the event's tracks that can
+/// be): one propagation through the field per so many events, a fraction of a
+/// microsecond per event, whatever its size.
+const BEAM_EVERY_EVENTS: u64 = 8;
+/// Tracks per measurement of [`BeamWatch`].
+const BEAM_TRACKS: usize = 500;
+
+/// Where the decided events' tracks come from, measured over and over
+/// ([`crate::tracking::beam_spot`]) on one track of every [`BEAM_EVERY_EVENTS`] events: in
+/// `trigd_tracking_beam_spot_mm{axis, quantity}` after each [`BEAM_TRACKS`] tracks, logged
+/// the first time, and a warning each time the
+/// beam moves off the finder's origin (which loses stiff tracks), a note when it is back.
+struct BeamWatch {
+    field: crate::tracking::geometry::Field,
+    finder: FinderConfig,
+    meter: crate::tracking::beam_spot::BeamSpotMeter,
+    metrics: Option<Arc<Metrics>>,
+    events: u64,
+    measured: u64,
+    off: bool,
+}
+
+impl BeamWatch {
+    fn new(setup: &TrackingSetup, metrics: Option<Arc<Metrics>>) -> Self {
+        BeamWatch {
+            field: setup.detector.field.clone(),
+            finder: setup.finder.clone(),
+            meter: crate::tracking::beam_spot::BeamSpotMeter::new(
+                setup.finder.origin_z_mm,
+                setup.finder.max_chi2_ndf,
+            ),
+            metrics,
+            events: 0,
+            measured: 0,
+            off: false,
+        }
+    }
+
+    fn add(&mut self, tracks: &[Track]) {
+        self.events += 1;
+        if self.events % BEAM_EVERY_EVENTS != 0 {
+            return;
+        }
+        self.meter.add_at_most(&self.field, tracks, 1);
+        if self.meter.n_tracks() < BEAM_TRACKS {
+            return;
+        }
+        let spot = self.meter.finish();
+        self.meter.clear();
+        let Some(spot) = spot else { return };
+        self.measured += 1;
+        if let Some(m) = &self.metrics {
+            for (c, axis) in ["x", "y"].into_iter().enumerate() {
+                m.beam_spot(axis, "centre").set(spot.centre_mm[c]);
+                m.beam_spot(axis, "spread").set(spot.spread_mm[c]);
+            }
+        }
+        let off = crate::tracking::beam_spot::off_the_origin(&spot, &self.finder);
+        let (x, y) = (spot.centre_mm[0], spot.centre_mm[1]);
+        let f = &self.finder;
+        if off && !self.off {
+            tracing::warn!(
+                "the tracks come from x = {x:.3} mm, y = {y:.3} mm (spread {:.3} / {:.3} mm, {} tracks), off the finder's origin ({} mm, {} mm; half size {} x {} mm), which loses stiff tracks: set [tracking.finder] origin_x_mm and origin_y_mm",
+                spot.spread_mm[0],
+                spot.spread_mm[1],
+                spot.n_tracks,
+                f.origin_x_mm,
+                f.origin_y_mm,
+                f.origin_half_x_mm,
+                f.origin_half_y_mm
+            );
+        } else if !off && self.off {
+            tracing::info!(
+                "the tracks come from the finder's origin again: x = {x:.3} mm, y = {y:.3} mm"
+            );
+        } else if self.measured == 1 {
+            tracing::info!(
+                "the tracks come from x = {x:.3} mm, y = {y:.3} mm (spread {:.3} / {:.3} mm, {} tracks), within the finder's origin",
+                spot.spread_mm[0],
+                spot.spread_mm[1],
+                spot.n_tracks
+            );
+        }
+        self.off = off;
+    }
 }
 
 impl Decider {
-    pub(crate) fn new(setup: &TrackingSetup) -> Self {
+    pub(crate) fn new(setup: &TrackingSetup, metrics: Option<Arc<Metrics>>) -> Self {
         Self {
             lines: setup.config.lines.clone(),
             multiplicity: setup.multiplicity,
             names: setup.line_names(),
             track_of_hit: Vec::with_capacity(4096),
             tracks_out: setup.tracks_out.clone(),
+            beam: BeamWatch::new(setup, metrics),
         }
     }
 
@@ -307,6 +396,7 @@ impl Decider {
             shift = 1;
         }
         mask |= lines::evaluate(&self.lines, tracks) << shift;
+        self.beam.add(tracks);
         let max_p_gev = tracks
             .iter()
             .map(|t| t.state.p_gev())
@@ -523,6 +613,52 @@ mod tests {
         assert_eq!(outs[0].0, outs[1].0, "verdicts in order");
         assert!(outs[0].1.lines().count() > 10_000);
         assert_eq!(outs[0].1, outs[1].1, "--tracks-out rows in order");
+    }
+
+    /// The decided events' tracks give where the beam is, in
+    /// `trigd_tracking_beam_spot_mm`: on the axis with the default origin, and 3 mm off it
+    /// where the simulated beam is. (The finder, centred on the axis, finds the softer
+    /// tracks of such a beam, whose wider windows reach it, and of those rather the ones
+    /// that come out towards the axis: the centre is seen a little short of the beam's.)
+    #[test]
+    fn the_beam_spot_of_the_decided_events_is_measured() {
+        let det = Detector::from_toml_file(Path::new("fixtures/detector.toml")).unwrap();
+        for beam in [[0.0, 0.0], [3.0, -1.0]] {
+            let sim = SimConfig {
+                beam_centre_mm: beam,
+                beam_sigma_xy_mm: 0.05,
+                ..SimConfig::preset(Preset::Minbias)
+            };
+            let n = 4200;
+            let frames: Vec<Vec<u8>> = simulate_events(&det, &sim, 9, 0, n)
+                .map(|ev| {
+                    let stamp = Stamp {
+                        source_id: 1,
+                        sequence: ev.event_id,
+                        timestamp_ns: 0,
+                    };
+                    encode_event_frame(&ev, stamp)
+                })
+                .collect();
+            let views: Vec<FrameView<'_>> =
+                frames.iter().map(|f| frame::parse(f).unwrap()).collect();
+            let metrics = Arc::new(Metrics::new().unwrap());
+            let mut b = CpuTracking::new(&setup(None), 2, Some(metrics.clone())).unwrap();
+            let mut out = Vec::new();
+            for batch in views.chunks(100) {
+                b.process(batch, &mut out).unwrap();
+            }
+            assert_eq!(out.len(), n as usize);
+            for (c, axis) in ["x", "y"].into_iter().enumerate() {
+                let centre = metrics.beam_spot(axis, "centre").get();
+                let spread = metrics.beam_spot(axis, "spread").get();
+                assert!(
+                    (centre - beam[c]).abs() < 0.03 + 0.05 * beam[c].abs(),
+                    "beam {beam:?}: {axis} centre {centre}"
+                );
+                assert!(spread > 0.0 && spread < 1.0, "{axis} spread {spread}");
+            }
+        }
     }
 
     /// Central events whose combinations fill the finder's triplet buffer are counted in

@@ -159,7 +159,7 @@ const PLI: usize = 8;
 const PLD: usize = 4;
 const PRF: usize = 20;
 const PRI: usize = 4;
-const G_N: usize = 20;
+const G_N: usize = 22;
 const TENT_FLOATS: usize = 4 + NODES * NODES * 3;
 
 /// The step at which an event left the GPU path (FAIL_* in ca_common.cuh).
@@ -371,6 +371,8 @@ impl CaTables {
                 globals[5] = pw.origin_half[0];
                 globals[6] = pw.origin_half[1];
                 globals[7] = pw.k_qop;
+                globals[20] = pw.origin_c[0];
+                globals[21] = pw.origin_c[1];
             }
         }
         let cuts = crate::tracking::ca::triplets::cuts(geo, cfg, reach);

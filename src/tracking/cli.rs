@@ -75,6 +75,12 @@ pub struct SpectrumArgs {
     /// Beam spot, one standard deviation in x and y, mm (overrides the preset's 0.3).
     #[arg(long)]
     pub beam_sigma_mm: Option<f64>,
+    /// Beam spot's centre in x, mm (default 0: on the geometry's axis).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub beam_x_mm: f64,
+    /// Beam spot's centre in y, mm.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub beam_y_mm: f64,
 }
 
 /// See [`SpectrumArgs::spectrum`].
@@ -95,6 +101,13 @@ impl SpectrumArgs {
             );
             cfg.beam_sigma_xy_mm = s;
         }
+        for (name, v) in [
+            ("--beam-x-mm", self.beam_x_mm),
+            ("--beam-y-mm", self.beam_y_mm),
+        ] {
+            anyhow::ensure!(v.is_finite(), "{name} {v} must be finite");
+        }
+        cfg.beam_centre_mm = [self.beam_x_mm, self.beam_y_mm];
         if self.spectrum == SpectrumKind::Exponential {
             let (lo, mean, th) = (self.p_min_gev, self.p_mean_gev, self.theta_sigma_rad);
             anyhow::ensure!(

@@ -47,6 +47,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use super::beam_spot::{BeamSpot, BeamSpotMeter};
 use super::geometry::Detector;
 use super::simulate::{self, HitTruth, Particle, StateVector};
 use super::track::Track;
@@ -259,6 +260,11 @@ pub struct EvalReport {
     /// The fit's chi-square per degree of freedom over the matched fitted tracks: about 1
     /// where the fit's model of the detector (resolution, material, field) is right.
     pub fit_chi2_ndf: Chi2Summary,
+    /// Where the fitted tracks come from on the plane z = 0 (the finder's default origin),
+    /// with a detector and 20 fitted tracks or more ([`super::beam_spot`]): a centre far
+    /// from the finder's origin means the beam is off it (see
+    /// [`super::reco::FinderConfig::origin_x_mm`]).
+    pub beam_spot: Option<BeamSpot>,
 }
 
 /// Whether the track's fit measured its momentum: q/p finite and not zero, with an error
@@ -329,6 +335,8 @@ pub struct Evaluator<'d> {
     /// `(tracks, ghosts)` by fitted-momentum bin, and unmeasured.
     ghost_bins: Vec<(usize, usize)>,
     ghost_unmeasured: (usize, usize),
+    /// The tracks' points on the plane z = 0 (with a detector).
+    beam: Option<BeamSpotMeter>,
 }
 
 impl<'d> Evaluator<'d> {
@@ -365,6 +373,7 @@ impl<'d> Evaluator<'d> {
             by_missing: [(0, 0); MISSING_PLANES_MAX + 1],
             ghost_bins: vec![(0, 0); n_bins],
             ghost_unmeasured: (0, 0),
+            beam: detector.map(|_| BeamSpotMeter::new(0.0, f64::INFINITY)),
         }
     }
 
@@ -402,6 +411,9 @@ impl<'d> Evaluator<'d> {
                     n_hits: hits.len(),
                 });
             }
+        }
+        if let (Some(m), Some(d)) = (&mut self.beam, self.detector) {
+            m.add(&d.field, tracks);
         }
         // Particle summaries from the truth hits (first hit = most upstream plane).
         let mut info: HashMap<u64, ParticleInfo> = HashMap::new();
@@ -672,6 +684,7 @@ impl<'d> Evaluator<'d> {
             pulls: pulls_of(&self.pulls),
             pulls_pure: pulls_of(&self.pulls_pure),
             fit_chi2_ndf: Chi2Summary::of(&self.chi2_ndf),
+            beam_spot: self.beam.as_ref().and_then(BeamSpotMeter::finish),
         }
     }
 }
@@ -888,6 +901,22 @@ impl EvalReport {
                 s,
                 "\nfit chi-square per degree of freedom (matched tracks): mean {:.3}, median {:.3}, {} tracks",
                 c.mean, c.median, c.n_tracks
+            );
+        }
+        if let Some(b) = &self.beam_spot {
+            let _ = writeln!(
+                s,
+                "\nwhere the tracks come from (z = {} mm, {} tracks): x {:.3} ± {:.3} mm, y {:.3} ± {:.3} mm; spread {:.3} / {:.3} mm, beam size {:.3} / {:.3} mm",
+                b.z_mm,
+                b.n_tracks,
+                b.centre_mm[0],
+                b.centre_error_mm[0],
+                b.centre_mm[1],
+                b.centre_error_mm[1],
+                b.spread_mm[0],
+                b.spread_mm[1],
+                b.size_mm[0],
+                b.size_mm[1]
             );
         }
         s

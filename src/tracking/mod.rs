@@ -2,6 +2,7 @@
 //! simulation with truth, cellular-automaton track finding, Kalman fitting, evaluation and
 //! trigger lines. A library of its own: it does not depend on the runtime.
 
+pub mod beam_spot;
 pub mod ca;
 pub mod cli;
 pub mod eval;

@@ -319,6 +319,8 @@ pub struct SimConfig {
     pub target_thickness_mm: f64,
     /// Beam spot, one standard deviation in x and y.
     pub beam_sigma_xy_mm: f64,
+    /// Beam spot's centre in x and y, mm (0: on the geometry's axis).
+    pub beam_centre_mm: [f64; 2],
     /// Mean number of noise hits per plane (Poisson), uniform over the plane.
     pub noise_hits_per_plane: f64,
     /// Longest Runge-Kutta step.
@@ -341,6 +343,7 @@ impl SimConfig {
             target_z_mm: 0.0,
             target_thickness_mm: 1.0,
             beam_sigma_xy_mm: 0.3,
+            beam_centre_mm: [0.0; 2],
             noise_hits_per_plane: 2.0,
             max_step_mm: 20.0,
             multiple_scattering: true,
@@ -469,8 +472,8 @@ pub fn simulate_event(det: &Detector, cfg: &SimConfig, rng: &mut impl Rng) -> Si
             }
         };
         let vertex = [
-            beam.sample(rng),
-            beam.sample(rng),
+            cfg.beam_centre_mm[0] + beam.sample(rng),
+            cfg.beam_centre_mm[1] + beam.sample(rng),
             cfg.target_z_mm + (rng.random::<f64>() - 0.5) * cfg.target_thickness_mm,
         ];
         let mut particle = Particle {

@@ -43,8 +43,9 @@ pub struct TentTable {
 
 impl TentTable {
     /// The table of the tent `z_a < z_b < z_c` (mm) along the lines
-    /// `(x, y) = (t_x, t_y) (z - z_origin)` with `|t_x| <= t_max[0]`, `|t_y| <= t_max[1]`.
-    pub fn new(field: &Field, z_origin_mm: f64, z_mm: [f64; 3], t_max: [f64; 2]) -> Self {
+    /// `(x, y) = origin + (t_x, t_y) (z - z_origin)` with `|t_x| <= t_max[0]`,
+    /// `|t_y| <= t_max[1]`.
+    pub fn new(field: &Field, origin: [f64; 3], z_mm: [f64; 3], t_max: [f64; 2]) -> Self {
         let step = t_max.map(|t| 2.0 * t.max(1e-3) / (NODES - 3) as f64);
         let t0 = [-t_max[0] - step[0], -t_max[1] - step[1]];
         let mut b = Vec::with_capacity(NODES * NODES);
@@ -52,7 +53,7 @@ impl TentTable {
         for ix in 0..NODES {
             for iy in 0..NODES {
                 let t = [t0[0] + step[0] * ix as f64, t0[1] + step[1] * iy as f64];
-                let m = tent_mean(field, z_origin_mm, t, z_mm);
+                let m = tent_mean(field, origin, t, z_mm);
                 for c in 0..3 {
                     bound[c] = bound[c].max(m[c].abs());
                 }
@@ -105,8 +106,9 @@ impl TentTable {
 }
 
 /// The tent-weighted mean of the field over `z_mm = [z_a, z_b, z_c]` along the line of
-/// slopes `t` from `(0, 0, z_origin)` (trapezoids of at most `1 / STEPS` of a segment).
-pub fn tent_mean(field: &Field, z_origin_mm: f64, t: [f64; 2], z_mm: [f64; 3]) -> [f64; 3] {
+/// slopes `t` from `origin` (mm; trapezoids of at most `1 / STEPS` of a segment).
+pub fn tent_mean(field: &Field, origin: [f64; 3], t: [f64; 2], z_mm: [f64; 3]) -> [f64; 3] {
+    let [x0, y0, z_origin_mm] = origin;
     if let Field::Uniform { b_tesla } = field {
         return *b_tesla;
     }
@@ -125,7 +127,7 @@ pub fn tent_mean(field: &Field, z_origin_mm: f64, t: [f64; 2], z_mm: [f64; 3]) -
             let w_trap = if k == 0 || k == STEPS { 0.5 } else { 1.0 };
             let w = w_tent * w_trap * len / STEPS as f64;
             let lever = z - z_origin_mm;
-            let b = field.at([t[0] * lever, t[1] * lever, z]);
+            let b = field.at([x0 + t[0] * lever, y0 + t[1] * lever, z]);
             for c in 0..3 {
                 sum[c] += w * b[c];
             }
@@ -135,18 +137,20 @@ pub fn tent_mean(field: &Field, z_origin_mm: f64, t: [f64; 2], z_mm: [f64; 3]) -
     if weight > 0.0 {
         sum.map(|v| v / weight)
     } else {
-        field.at([t[0] * (zb - z_origin_mm), t[1] * (zb - z_origin_mm), zb])
+        let lever = zb - z_origin_mm;
+        field.at([x0 + t[0] * lever, y0 + t[1] * lever, zb])
     }
 }
 
-/// Largest |component| of the field (tesla) on the lines from `(0, 0, z_origin)` with
-/// slopes up to `t_max` (one table step beyond), from the origin to `z_last_mm`.
+/// Largest |component| of the field (tesla) on the lines from `origin` (mm) with slopes up
+/// to `t_max` (one table step beyond), from the origin to `z_last_mm`.
 pub fn max_field_tesla(
     field: &Field,
-    z_origin_mm: f64,
+    origin: [f64; 3],
     z_last_mm: f64,
     t_max: [f64; 2],
 ) -> [f64; 3] {
+    let [x0, y0, z_origin_mm] = origin;
     if let Field::Uniform { b_tesla } = field {
         return b_tesla.map(f64::abs);
     }
@@ -162,7 +166,7 @@ pub fn max_field_tesla(
             ];
             for k in 0..=n_z {
                 let lever = len * k as f64 / n_z as f64;
-                let b = field.at([t[0] * lever, t[1] * lever, z_origin_mm + lever]);
+                let b = field.at([x0 + t[0] * lever, y0 + t[1] * lever, z_origin_mm + lever]);
                 for c in 0..3 {
                     bound[c] = bound[c].max(b[c].abs());
                 }
@@ -303,9 +307,10 @@ pub struct Bending {
 }
 
 impl Bending {
-    /// Tables for the planes at `z_mm` (increasing), the origin at `z_origin_mm` and
+    /// Tables for the planes at `z_mm` (increasing), the origin at `origin` (mm) and
     /// directions up to the slope limits `t_max`.
-    pub fn new(field: &Field, z_origin_mm: f64, z_mm: &[f64], t_max: [f64; 2]) -> Self {
+    pub fn new(field: &Field, origin: [f64; 3], z_mm: &[f64], t_max: [f64; 2]) -> Self {
+        let z_origin_mm = origin[2];
         let n = z_mm.len();
         let inv_lever = z_mm
             .iter()
@@ -332,14 +337,14 @@ impl Bending {
             for j in (i + 1)..(i + 1 + MAX_REACH).min(n) {
                 if z_mm[i] - z_origin_mm > 1.0 && z_mm[j] > z_mm[i] {
                     let tent = [z_origin_mm, z_mm[i], z_mm[j]];
-                    b.pointing[i * n + j] = Some(TentTable::new(field, z_origin_mm, tent, t_max));
+                    b.pointing[i * n + j] = Some(TentTable::new(field, origin, tent, t_max));
                 }
                 for s in 0..MAX_REACH {
                     let k = j + 1 + s;
                     if k < n && z_mm[k] > z_mm[j] {
                         let tent = [z_mm[i], z_mm[j], z_mm[k]];
                         b.triple[(i * n + j) * MAX_REACH + s] =
-                            Some(TentTable::new(field, z_origin_mm, tent, t_max));
+                            Some(TentTable::new(field, origin, tent, t_max));
                     }
                 }
             }
@@ -427,7 +432,7 @@ mod tests {
                 x[k] = s.x_mm;
             }
             let ds = (x[2] - x[1]) / (z[2] - z[1]) - (x[1] - x[0]) / (z[1] - z[0]);
-            let b = tent_mean(field, 0.0, [0.01, 0.002], z);
+            let b = tent_mean(field, [0.0; 3], [0.01, 0.002], z);
             // Small slopes (the track turns by 0.03 at most): d²x/dz² = -K q/p By (1 + O(t²)).
             let predicted = -K_GEV_PER_T_MM * s.qop * b[1] * 0.5 * (z[2] - z[0]);
             assert!(
@@ -454,7 +459,7 @@ mod tests {
     fn pair_lookups_are_the_tables_lookups() {
         let field = map(|z| 0.8 * (-0.5 * ((z - 560.0) / 260.0).powi(2)).exp() - 0.1);
         let z = [250.0, 330.0, 420.0, 520.0, 630.0];
-        let b = Bending::new(&field, 0.0, &z, [0.3, 0.25]);
+        let b = Bending::new(&field, [0.0; 3], &z, [0.3, 0.25]);
         let mut pairs = 0;
         for i in 0..z.len() {
             for j in (i + 1)..(i + 1 + MAX_REACH).min(z.len()) {
@@ -504,8 +509,8 @@ mod tests {
     #[test]
     fn table_lookups_interpolate_and_bound_the_nodes() {
         let field = map(|z| 0.8 * (-0.5 * ((z - 560.0) / 260.0).powi(2)).exp());
-        let t = TentTable::new(&field, 0.0, [330.0, 420.0, 520.0], [0.3, 0.3]);
-        let direct = tent_mean(&field, 0.0, [0.1, -0.05], [330.0, 420.0, 520.0]);
+        let t = TentTable::new(&field, [0.0; 3], [330.0, 420.0, 520.0], [0.3, 0.3]);
+        let direct = tent_mean(&field, [0.0; 3], [0.1, -0.05], [330.0, 420.0, 520.0]);
         let looked_up = t.at(0.1, -0.05);
         assert!(
             (looked_up[1] as f64 - direct[1]).abs() < 1e-4,
@@ -518,11 +523,11 @@ mod tests {
             b_tesla: [0.1, -1.0, 0.0],
         };
         assert_eq!(
-            max_field_tesla(&uniform, 0.0, 1000.0, [0.3, 0.3]),
+            max_field_tesla(&uniform, [0.0; 3], 1000.0, [0.3, 0.3]),
             [0.1, 1.0, 0.0]
         );
         let sign = map(|z| if z < 500.0 { 0.6 } else { -0.7 });
-        let m = max_field_tesla(&sign, 0.0, 1000.0, [0.3, 0.3]);
+        let m = max_field_tesla(&sign, [0.0; 3], 1000.0, [0.3, 0.3]);
         assert!((m[1] - 0.7).abs() < 1e-6, "{m:?}");
     }
 }

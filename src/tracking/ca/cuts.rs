@@ -9,6 +9,7 @@
 //!
 //! | window or cut | bounds |
 //! | --- | --- |
+//! | origin (`origin_x_mm`, `origin_y_mm`, `origin_z_mm`; box `origin_half_*_mm`) | where the tracks come from: the beam on the target, a box of three standard deviations about its centre; the pointing windows, the pointing parabolas and the lines the field is read along all start there (a centre the configuration does not give is measured by `trigd eval tracking` from the first events' tracks, [`crate::tracking::beam_spot`], and watched by the daemon) |
 //! | `max_tx`, `max_ty` | the slopes of tracks from the origin inside the acceptance, plus the bending of a track at the minimum momentum over the detector |
 //! | `max_curvature_*_per_mm` | d2x/dz2 and d2y/dz2 of a track at the minimum momentum (with `momentum_slack`) in the largest field on the lines through the acceptance |
 //! | doublet pointing window | the miss at the origin: origin size + the pointing tent's bending at the minimum momentum + `n_sigma` scattering upstream + resolution |
@@ -76,6 +77,13 @@ pub struct FinderConfig {
     /// Factor on the curvature of a `min_p_gev` track allowed by the cuts (so tracks at the
     /// threshold survive their resolution). Default 1.15.
     pub momentum_slack: f64,
+    /// Centre of the region the tracks come from (the beam's position on the target) in x,
+    /// mm. Default 0: the beam on the geometry's axis. `trigd eval tracking` reports where
+    /// the found tracks point to; a beam further off than the box below loses the stiff
+    /// tracks, whose windows are narrowest.
+    pub origin_x_mm: f64,
+    /// Centre of that region in y, mm. Default 0.
+    pub origin_y_mm: f64,
     /// z of the region the tracks come from (target / interaction point), mm. Default 0, the
     /// coordinate origin of the geometry.
     pub origin_z_mm: f64,
@@ -229,23 +237,30 @@ pub struct FinderConfig {
 impl FinderConfig {
     /// Cuts derived from the detector for tracks above `min_p_gev`.
     pub fn from_detector(det: &Detector, min_p_gev: f64) -> Self {
+        Self::from_detector_at(det, min_p_gev, [0.0; 3])
+    }
+
+    /// Cuts derived from the detector for tracks above `min_p_gev` from an origin at
+    /// `origin` (x, y, z in mm): the slope limits and curvature bounds seen from there.
+    pub fn from_detector_at(det: &Detector, min_p_gev: f64, origin: [f64; 3]) -> Self {
         let min_p = if min_p_gev.is_finite() && min_p_gev > 0.0 {
             min_p_gev
         } else {
             1.0
         };
-        let origin_z_mm = 0.0;
         let momentum_slack = 1.15;
         let mut fit = FitConfig::from_detector(det);
         fit.scatter_p_min_gev = min_p / momentum_slack;
-        let b = MomentumBounds::new(det, origin_z_mm, min_p / momentum_slack);
+        let b = MomentumBounds::new(det, origin, min_p / momentum_slack);
         let (max_tx, max_ty, cx, cy) = (b.max_t[0], b.max_t[1], b.curvature[0], b.curvature[1]);
         let slope_factor = slope_factor(max_tx, max_ty);
         let n_sigma: f64 = 3.0;
         let mut cfg = FinderConfig {
             min_p_gev: min_p,
             momentum_slack,
-            origin_z_mm,
+            origin_x_mm: origin[0],
+            origin_y_mm: origin[1],
+            origin_z_mm: origin[2],
             origin_half_x_mm: 1.5,
             origin_half_y_mm: 1.5,
             max_tx,
@@ -286,7 +301,18 @@ impl FinderConfig {
     /// Derived cuts with the given overrides applied.
     pub fn from_detector_with(det: &Detector, min_p_gev: f64, ov: &FinderOverrides) -> Self {
         let min_p = ov.min_p_gev.unwrap_or(min_p_gev);
-        let mut c = FinderConfig::from_detector(det, min_p);
+        // The slope and curvature bounds are derived from the origin as configured.
+        let origin = [
+            ov.origin_x_mm.unwrap_or(0.0),
+            ov.origin_y_mm.unwrap_or(0.0),
+            ov.origin_z_mm.unwrap_or(0.0),
+        ];
+        let origin = if origin.iter().all(|v| v.is_finite()) {
+            origin
+        } else {
+            [0.0; 3]
+        };
+        let mut c = FinderConfig::from_detector_at(det, min_p, origin);
         ov.apply(&mut c);
         if ov.max_chi2_ndf.is_none() {
             // The derived cut follows the fit's overridden scattering model.
@@ -313,7 +339,7 @@ impl FinderConfig {
     /// every other cut, overrides included, kept, and no stiff-track pass of its own.
     pub fn at_momentum_factor(&self, det: &Detector, k: f64) -> FinderConfig {
         let min_p = self.min_p_gev * k;
-        let b = MomentumBounds::new(det, self.origin_z_mm, min_p / self.momentum_slack);
+        let b = MomentumBounds::new(det, self.origin_mm(), min_p / self.momentum_slack);
         let max_tx = b.max_t[0].min(self.max_tx);
         let max_ty = b.max_t[1].min(self.max_ty);
         FinderConfig {
@@ -342,6 +368,11 @@ impl FinderConfig {
         f
     }
 
+    /// The centre of the region the tracks come from, `[x, y, z]` in mm.
+    pub fn origin_mm(&self) -> [f64; 3] {
+        [self.origin_x_mm, self.origin_y_mm, self.origin_z_mm]
+    }
+
     /// Largest |q/p| the cuts accept, e/(GeV/c).
     pub fn qop_max(&self) -> f64 {
         self.momentum_slack / self.min_p_gev
@@ -366,6 +397,15 @@ impl FinderConfig {
         }
         if !(self.min_p_gev > 0.0 && self.min_p_gev.is_finite()) {
             return bad("min_p_gev", "must be positive");
+        }
+        for (name, v) in [
+            ("origin_x_mm", self.origin_x_mm),
+            ("origin_y_mm", self.origin_y_mm),
+            ("origin_z_mm", self.origin_z_mm),
+        ] {
+            if !v.is_finite() {
+                return bad(name, "must be finite");
+            }
         }
         for (name, v) in [
             ("momentum_slack", self.momentum_slack),
@@ -461,6 +501,8 @@ pub enum ConfigError {
 pub struct FinderOverrides {
     pub min_p_gev: Option<f64>,
     pub momentum_slack: Option<f64>,
+    pub origin_x_mm: Option<f64>,
+    pub origin_y_mm: Option<f64>,
     pub origin_z_mm: Option<f64>,
     pub origin_half_x_mm: Option<f64>,
     pub origin_half_y_mm: Option<f64>,
@@ -519,6 +561,8 @@ impl FinderOverrides {
         set!(
             min_p_gev,
             momentum_slack,
+            origin_x_mm,
+            origin_y_mm,
             origin_z_mm,
             origin_half_x_mm,
             origin_half_y_mm,
@@ -593,23 +637,24 @@ struct MomentumBounds {
 }
 
 impl MomentumBounds {
-    /// At momentum `p_gev` (the minimum momentum over the slack), from `origin_z_mm`.
-    fn new(det: &Detector, origin_z_mm: f64, p_gev: f64) -> Self {
+    /// At momentum `p_gev` (the minimum momentum over the slack), from `origin` (mm).
+    fn new(det: &Detector, origin: [f64; 3], p_gev: f64) -> Self {
+        let origin_z_mm = origin[2];
         // Slope limits from the acceptance seen from the origin.
         let mut tx_geo: f64 = 0.0;
         let mut ty_geo: f64 = 0.0;
         for p in &det.planes {
             let lever = p.z_mm - origin_z_mm;
             if lever > 1.0 {
-                tx_geo = tx_geo.max(p.half_x_mm / lever);
-                ty_geo = ty_geo.max(p.half_y_mm / lever);
+                tx_geo = tx_geo.max((p.half_x_mm + origin[0].abs()) / lever);
+                ty_geo = ty_geo.max((p.half_y_mm + origin[1].abs()) / lever);
             }
         }
         if tx_geo == 0.0 {
             tx_geo = 1.0;
             ty_geo = 1.0;
         }
-        let (cx0, cy0) = max_curvature_per_mm(det, origin_z_mm, p_gev, tx_geo, ty_geo);
+        let (cx0, cy0) = max_curvature_per_mm(det, origin, p_gev, tx_geo, ty_geo);
         let length = det
             .planes
             .last()
@@ -618,7 +663,7 @@ impl MomentumBounds {
             .max(0.0);
         let max_tx = (tx_geo + cx0 * length).min(3.0);
         let max_ty = (ty_geo + cy0 * length).min(3.0);
-        let (cx, cy) = max_curvature_per_mm(det, origin_z_mm, p_gev, max_tx, max_ty);
+        let (cx, cy) = max_curvature_per_mm(det, origin, p_gev, max_tx, max_ty);
         MomentumBounds {
             max_t: [max_tx, max_ty],
             curvature: [cx, cy],
@@ -627,11 +672,11 @@ impl MomentumBounds {
 }
 
 /// Largest |d2x/dz2| and |d2y/dz2| (1/mm) of tracks above `min_p_gev` with slopes up to
-/// the given limits, from the largest field on the lines from the origin at `z_origin_mm`
+/// the given limits, from the largest field on the lines from the origin at `origin` (mm)
 /// through the acceptance ([`bending::max_field_tesla`]) up to the last plane.
 pub fn max_curvature_per_mm(
     det: &Detector,
-    z_origin_mm: f64,
+    origin: [f64; 3],
     min_p_gev: f64,
     max_tx: f64,
     max_ty: f64,
@@ -639,7 +684,7 @@ pub fn max_curvature_per_mm(
     let Some(last) = det.planes.last() else {
         return (0.0, 0.0);
     };
-    let bmax = bending::max_field_tesla(&det.field, z_origin_mm, last.z_mm, [max_tx, max_ty]);
+    let bmax = bending::max_field_tesla(&det.field, origin, last.z_mm, [max_tx, max_ty]);
     let n = (1.0 + max_tx * max_tx + max_ty * max_ty).sqrt();
     let ax = max_tx * max_ty * bmax[0] + (1.0 + max_tx * max_tx) * bmax[1] + max_ty * bmax[2];
     let ay = (1.0 + max_ty * max_ty) * bmax[0] + max_tx * max_ty * bmax[1] + max_tx * bmax[2];

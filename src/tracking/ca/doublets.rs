@@ -135,6 +135,8 @@ pub(crate) struct PlaneWindows {
     pub(crate) max_c: [f32; 2],
     pub(crate) sf_max: f32,
     pub(crate) origin_half: [f32; 2],
+    /// The origin's centre in x and y, mm.
+    pub(crate) origin_c: [f32; 2],
     pub(crate) k_qop: f32,
 }
 
@@ -188,6 +190,7 @@ impl PlaneWindows {
             ],
             sf_max: cfg.slope_factor as f32,
             origin_half: [cfg.origin_half_x_mm as f32, cfg.origin_half_y_mm as f32],
+            origin_c: [cfg.origin_x_mm as f32, cfg.origin_y_mm as f32],
             k_qop: (K_GEV_PER_T_MM * cfg.qop_max()) as f32,
         }
     }
@@ -224,11 +227,15 @@ impl PlaneWindows {
         let [max_tx, max_ty] = self.max_t;
         let (mut tx, mut ty) = ([0.0f32; LANES], [0.0f32; LANES]);
         let (mut knn, mut sf) = ([0.0f32; LANES], [0.0f32; LANES]);
+        // The hits' offsets from the origin's centre.
+        let (mut rx, mut ry) = ([0.0f32; LANES], [0.0f32; LANES]);
         for l in 0..LANES {
+            rx[l] = xa[l] - self.origin_c[0];
+            ry[l] = ya[l] - self.origin_c[1];
             // The direction this hit is seen from the origin (the curvature bound at the
             // largest slopes would be wider), and the slope factor.
-            tx[l] = (xa[l].abs() * self.inv_lever_a + 0.05).min(max_tx);
-            ty[l] = (ya[l].abs() * self.inv_lever_a + 0.05).min(max_ty);
+            tx[l] = (rx[l].abs() * self.inv_lever_a + 0.05).min(max_tx);
+            ty[l] = (ry[l].abs() * self.inv_lever_a + 0.05).min(max_ty);
             let n2 = 1.0 + tx[l] * tx[l] + ty[l] * ty[l];
             let nn = n2.sqrt();
             knn[l] = self.k_qop * nn;
@@ -250,10 +257,10 @@ impl PlaneWindows {
                 if self.pointing {
                     let wx = self.origin_half[0] + tg.bend * kx + self.ms * sf[l] + tg.meas_x;
                     let wy = self.origin_half[1] + tg.bend * ky + self.ms * sf[l] + tg.meas_y;
-                    tx0 = tx0.max((xa[l] - wx) * self.inv_lever_a);
-                    tx1 = tx1.min((xa[l] + wx) * self.inv_lever_a);
-                    ty0 = ty0.max((ya[l] - wy) * self.inv_lever_a);
-                    ty1 = ty1.min((ya[l] + wy) * self.inv_lever_a);
+                    tx0 = tx0.max((rx[l] - wx) * self.inv_lever_a);
+                    tx1 = tx1.min((rx[l] + wx) * self.inv_lever_a);
+                    ty0 = ty0.max((ry[l] - wy) * self.inv_lever_a);
+                    ty1 = ty1.min((ry[l] + wy) * self.inv_lever_a);
                 }
                 let open = tx0 <= tx1 && ty0 <= ty1;
                 bx[0][l] = xa[l] + tg.dz * tx0;

@@ -80,7 +80,8 @@ pub const SPOT_FLOOR: f64 = 0.25;
 pub struct FirstHitCuts {
     /// Whether the step runs.
     pub enabled: bool,
-    /// z of the origin, mm.
+    /// The origin's centre in x and y, and its z, mm.
+    pub origin_xy_mm: [f64; 2],
     pub origin_z_mm: f64,
     /// Variance of the origin's position in x and y, mm^2: its half size as three
     /// standard deviations.
@@ -120,6 +121,7 @@ impl FirstHitCuts {
         };
         FirstHitCuts {
             enabled: cfg.first_hits_to_origin && finite && n >= 3,
+            origin_xy_mm: [cfg.origin_x_mm, cfg.origin_y_mm],
             origin_z_mm: cfg.origin_z_mm,
             origin_var: [cfg.origin_half_x_mm, cfg.origin_half_y_mm].map(|h| {
                 let s = h / 3.0;
@@ -159,7 +161,9 @@ impl FirstHitCuts {
         if z0 <= 1.0 || z1 <= z0 {
             return None;
         }
-        let (x1, y1) = (h1.x_mm as f64, h1.y_mm as f64);
+        // The second hit from the origin's centre.
+        let [cx, cy] = self.origin_xy_mm;
+        let (x1, y1) = (h1.x_mm as f64 - cx, h1.y_mm as f64 - cy);
         let s = &track.state;
         let (tx, ty) = (s.tx as f64, s.ty as f64);
         let b = match self.uniform {
@@ -176,8 +180,8 @@ impl FirstHitCuts {
         let lever = 0.5 * z0 * (z1 - z0) * K_GEV_PER_T_MM * nn;
         let qop = s.qop as f64;
         let f = z0 / z1;
-        let px = x1 * f - lever * qop * ax;
-        let py = y1 * f - lever * qop * ay;
+        let px = cx + x1 * f - lever * qop * ax;
+        let py = cy + y1 * f - lever * qop * ay;
         // Scattering: every plane upstream of the second hit, at the fitted momentum.
         let q = if qop.is_finite() && qop != 0.0 {
             qop.abs()

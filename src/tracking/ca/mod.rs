@@ -564,7 +564,7 @@ impl FinderGeometry {
     ) -> (std::sync::Arc<bending::Bending>, Vec<[f64; 3]>, [f64; 3]) {
         let zs: Vec<f64> = det.planes.iter().map(|p| p.z_mm).collect();
         let t_max = [cfg.max_tx, cfg.max_ty];
-        let bending = bending::Bending::new(&det.field, cfg.origin_z_mm, &zs, t_max);
+        let bending = bending::Bending::new(&det.field, cfg.origin_mm(), &zs, t_max);
         let n = zs.len();
         let mut pointing_b_max_tesla = vec![[0.0f64; 3]; n * n];
         for i in 0..n {
@@ -574,7 +574,7 @@ impl FinderGeometry {
                     (_, Some(t)) => t.bound,
                     // No pointing tent (the origin is not upstream): the field anywhere.
                     (_, None) => {
-                        bending::max_field_tesla(&det.field, cfg.origin_z_mm, zs[j], t_max)
+                        bending::max_field_tesla(&det.field, cfg.origin_mm(), zs[j], t_max)
                     }
                 };
             }
@@ -583,7 +583,7 @@ impl FinderGeometry {
             Field::Uniform { b_tesla } => b_tesla.map(f64::abs),
             f => bending::max_field_tesla(
                 f,
-                cfg.origin_z_mm,
+                cfg.origin_mm(),
                 zs.last().copied().unwrap_or(0.0),
                 t_max,
             ),

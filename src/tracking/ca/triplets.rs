@@ -72,6 +72,9 @@ pub(crate) struct Cuts {
     pub(crate) max_t: [f32; 2],
     /// Largest plane distance of the doublets (1 to [`MAX_REACH`]).
     pub(crate) reach: u8,
+    /// The origin's centre in x and y, mm: the pointing parabolas and the tents' slopes
+    /// are taken from it.
+    pub(crate) origin: [f32; 2],
 }
 
 /// Per doublet of a chunk: its slopes, field and windows on the continuation's slope
@@ -299,6 +302,7 @@ pub(crate) fn cuts(geo: &FinderGeometry, cfg: &FinderConfig, reach: usize) -> Cu
         },
         max_t: [cfg.max_tx as f32, cfg.max_ty as f32],
         reach: reach.clamp(1, MAX_REACH) as u8,
+        origin: [cfg.origin_x_mm as f32, cfg.origin_y_mm as f32],
     }
 }
 
@@ -321,7 +325,7 @@ fn tent_fields<const AVX2: bool>(
         return ([0.0; 3], [[0.0; 3]; MAX_REACH]);
     };
     let inv = bend.inv_lever[pb];
-    let (tx, ty) = (xb * inv, yb * inv);
+    let (tx, ty) = ((xb - cuts.origin[0]) * inv, (yb - cuts.origin[1]) * inv);
     #[cfg(target_arch = "x86_64")]
     let v = if AVX2 {
         // SAFETY: this instance only runs where the CPU has AVX2.
@@ -510,8 +514,8 @@ impl Rights {
         for r in 0..n {
             let (xb, yb) = (self.xb[r], self.yb[r]);
             let (tx, ty) = (self.lanes.tx[r], self.lanes.ty[r]);
-            let (x0, x1) = back.bounds(xb as f64, tx, back.w[0]);
-            let (y0, y1) = back.bounds(yb as f64, ty, back.w[1]);
+            let (x0, x1) = back.bounds(0, xb as f64, tx, back.w[0]);
+            let (y0, y1) = back.bounds(1, yb as f64, ty, back.w[1]);
             let [wx, wy] = if back.qkh != 0.0 {
                 // The middle hit's group (`start` is increasing).
                 while self.start[group + 1] as usize <= r {
@@ -524,8 +528,8 @@ impl Rights {
                 back.w
             };
             let ((x0, x1), (y0, y1)) = (
-                back.bounds(xb as f64, tx, wx),
-                back.bounds(yb as f64, ty, wy),
+                back.bounds(0, xb as f64, tx, wx),
+                back.bounds(1, yb as f64, ty, wy),
             );
             let [bx0, bx1, by0, by1] = &mut self.boxes;
             (bx0[r], bx1[r], by0[r], by1[r]) = (x0, x1, y0, y1);
@@ -897,10 +901,13 @@ pub fn seed_doublet_planes(n_planes: usize, seed_planes: usize) -> std::ops::Ran
 /// estimate and slope factor.
 #[derive(Clone, Copy)]
 struct BackWindow {
-    /// `pred = a t1 - c xb`: the predicted slope from the left doublet's slope `t1`, with
-    /// its first hit at `xb - dz t1` (`inv_a = 1 / a`).
+    /// `pred = a t1 - c (xb - x0)`: the predicted slope from the left doublet's slope
+    /// `t1`, with its first hit at `xb - dz t1` and the origin's centre at `x0` (`inv_a =
+    /// 1 / a`).
     inv_a: f64,
     c: f64,
+    /// The origin's centre in x and y, mm.
+    origin: [f64; 2],
     dz: f64,
     /// Largest window half widths in x and y.
     w: [f64; 2],
@@ -1051,6 +1058,7 @@ impl BackWindow {
         Some(BackWindow {
             inv_a: 1.0 / (1.0 + k * (1.0 + dz * f(p.inv_zi))),
             c: k * f(p.inv_zi),
+            origin: cuts.origin.map(f),
             dz,
             w: [w(p.hard_kx, 0), w(p.hard_ky, 1)],
             base: [f(p.hard_kx) * h + gauss, f(p.hard_ky) * h + gauss],
@@ -1114,8 +1122,8 @@ impl BackWindow {
     /// coordinate `v`, the right doublet's slope `t2` in that coordinate and the half
     /// width `w`.
     #[inline(always)]
-    fn bounds(&self, v: f64, t2: f32, w: f64) -> (f32, f32) {
-        let t = t2 as f64 + self.c * v;
+    fn bounds(&self, c: usize, v: f64, t2: f32, w: f64) -> (f32, f32) {
+        let t = t2 as f64 + self.c * (v - self.origin[c]);
         let (e0, e1) = ((t - w) * self.inv_a, (t + w) * self.inv_a);
         let (t1_lo, t1_hi) = (e0.min(e1), e0.max(e1));
         let margin = 1e-3 + 1e-5 * (v.abs() + self.dz * (t1_lo.abs() + t1_hi.abs()));
@@ -1542,15 +1550,16 @@ fn window_lanes<const R: usize>(
         let (tx, ty) = (t1x[l], t1y[l]);
         // Pointing parabola through the origin, a and b: curvature, its hard error from
         // the origin's size and its Gaussian variance (scattering per (q/p)^2, resolution).
-        let kappa_x = pointing * (tx - xa[l] * inv_zi) * two_inv_zj;
-        let kappa_y = pointing * (ty - ya[l] * inv_zi) * two_inv_zj;
+        let (ra, rya) = (xa[l] - cuts.origin[0], ya[l] - cuts.origin[1]);
+        let kappa_x = pointing * (tx - ra * inv_zi) * two_inv_zj;
+        let kappa_y = pointing * (ty - rya * inv_zi) * two_inv_zj;
         let sf2 = slope_factor2(tx, ty).min(cuts.sf2_max);
         let kvar_ms = kvar_ms_per_qop2 * sf2;
         // Curvature d2(x, y)/dz2 per unit q/p over the pointing tent, at the tent's mean
         // slope (the mean of its chords origin-a and a-b): in a strong field at large
         // slopes the bending factor changes along the track.
-        let tpx = tx + pointing * 0.5 * (xa[l] * inv_zi - tx);
-        let tpy = ty + pointing * 0.5 * (ya[l] * inv_zi - ty);
+        let tpx = tx + pointing * 0.5 * (ra * inv_zi - tx);
+        let tpy = ty + pointing * 0.5 * (rya * inv_zi - ty);
         let n1 = (1.0 + tpx * tpx + tpy * tpy).sqrt();
         let (ax, ay) = bending(tpx, tpy, [bd[0][l], bd[1][l], bd[2][l]]);
         let k = K_GEV_PER_T_MM as f32 * n1;

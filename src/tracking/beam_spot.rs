@@ -1,0 +1,325 @@
+//! Where the tracks come from: the beam's position and size on the origin plane, measured
+//! from fitted tracks.
+//!
+//! The finder's pointing windows are centred on the origin the configuration gives
+//! ([`FinderConfig::origin_x_mm`], `origin_y_mm`, 0 by default) and are as wide as its box
+//! (`origin_half_x_mm`, 1.5 mm by default). A beam further off the detector's axis than
+//! that loses the stiff tracks first: their windows are the narrowest (a beam 3 mm off
+//! loses about one in ten tracks above 7 GeV/c on a forward tracker). The beam's position
+//! is rarely known to a millimetre before a run, so it is measured here from the event's
+//! own tracks:
+//!
+//! - every track with at least [`MIN_HITS`] hits and a fit within the finder's cut, its
+//!   fitted state at its first hit carried through the field to the origin plane
+//!   ([`propagate::propagate`]) with its covariance;
+//! - per axis, the median of the points is the centre; the spread about it (1.4826 times
+//!   the median absolute deviation), less the median of the points' own errors, the
+//!   beam's size. The medians stand a large share of tracks with a wrong hit or from
+//!   elsewhere (decays, secondary interactions).
+//!
+//! [`measure_origin`] finds the tracks for this with the pointing windows open (no origin
+//! box), so that the measurement does not depend on the origin it measures.
+
+use super::geometry::Detector;
+use super::geometry::Field;
+use super::propagate;
+use super::reco::{FinderConfig, Reconstructor};
+use super::track::Track;
+use crate::frame::HitRecord;
+
+/// Fewest hits of a track the beam spot is measured with.
+pub const MIN_HITS: usize = 4;
+/// Fewest tracks for a measurement.
+pub const MIN_TRACKS: usize = 20;
+/// Most tracks kept (the first ones).
+pub const MAX_TRACKS: usize = 20_000;
+/// Longest step of the propagation to the origin plane, mm.
+const STEP_MM: f64 = 50.0;
+
+/// The beam spot as the tracks see it.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct BeamSpot {
+    /// z of the plane it is measured on, mm.
+    pub z_mm: f64,
+    /// The median of the tracks' points on it, x and y, mm.
+    pub centre_mm: [f64; 2],
+    /// The spread of the points about the centre (1.4826 times the median absolute
+    /// deviation), mm.
+    pub spread_mm: [f64; 2],
+    /// That spread less the points' own errors (the median of their standard deviations,
+    /// in quadrature; 0 where the errors are larger): the beam's size, mm.
+    pub size_mm: [f64; 2],
+    /// The statistical error of the centre (1.2533 times the spread over the square root
+    /// of the tracks), mm.
+    pub centre_error_mm: [f64; 2],
+    /// The tracks measured.
+    pub n_tracks: usize,
+}
+
+/// Collects tracks' points on the origin plane ([`BeamSpotMeter::add`]) and measures the
+/// beam spot from them ([`BeamSpotMeter::finish`]).
+#[derive(Debug, Clone)]
+pub struct BeamSpotMeter {
+    z_mm: f64,
+    max_chi2_ndf: f64,
+    /// Per track: x, y and their variances.
+    points: Vec<[f64; 4]>,
+}
+
+impl BeamSpotMeter {
+    /// Points on the plane at `z_mm` of tracks whose chi-square per degree of freedom is
+    /// at most `max_chi2_ndf`.
+    pub fn new(z_mm: f64, max_chi2_ndf: f64) -> Self {
+        BeamSpotMeter {
+            z_mm,
+            max_chi2_ndf,
+            points: Vec::new(),
+        }
+    }
+
+    /// Tracks measured so far.
+    pub fn n_tracks(&self) -> usize {
+        self.points.len()
+    }
+
+    /// Adds the tracks of one event (up to [`MAX_TRACKS`] in all).
+    pub fn add(&mut self, field: &Field, tracks: &[Track]) {
+        self.add_at_most(field, tracks, usize::MAX);
+    }
+
+    /// Adds the first `n` tracks of one event that can be measured (up to [`MAX_TRACKS`] in
+    /// all).
+    pub fn add_at_most(&mut self, field: &Field, tracks: &[Track], n: usize) {
+        let mut added = 0;
+        for t in tracks {
+            if self.points.len() >= MAX_TRACKS || added >= n {
+                return;
+            }
+            if let Some(p) = self.point(field, t) {
+                self.points.push(p);
+                added += 1;
+            }
+        }
+    }
+
+    /// Forgets the tracks measured so far.
+    pub fn clear(&mut self) {
+        self.points.clear();
+    }
+
+    /// A track's point on the plane and its variances, or `None` for a short or poorly
+    /// fitted track, or one that starts upstream of the plane.
+    fn point(&self, field: &Field, t: &Track) -> Option<[f64; 4]> {
+        let chi2 = t.chi2_ndf() as f64;
+        if t.hits.len() < MIN_HITS || chi2.is_nan() || chi2 > self.max_chi2_ndf {
+            return None;
+        }
+        let s = &t.state;
+        let z0 = s.z_mm as f64;
+        if z0 <= self.z_mm {
+            return None;
+        }
+        let qop = if s.qop.is_finite() { s.qop as f64 } else { 0.0 };
+        let state = [s.x_mm as f64, s.y_mm as f64, s.tx as f64, s.ty as f64, qop];
+        let (out, jac) = propagate::propagate(field, z0, state, self.z_mm, STEP_MM);
+        // The variances of x and y on the plane: J C J^T.
+        let cov = |i: usize, j: usize| {
+            let (a, b) = if i >= j { (i, j) } else { (j, i) };
+            t.cov[a * (a + 1) / 2 + b] as f64
+        };
+        let var = |r: usize| {
+            let mut v = 0.0;
+            for i in 0..5 {
+                for j in 0..5 {
+                    v += jac[r][i] * cov(i, j) * jac[r][j];
+                }
+            }
+            v
+        };
+        let p = [out[0], out[1], var(0), var(1)];
+        p.iter().all(|v| v.is_finite()).then_some(p)
+    }
+
+    /// The beam spot, or `None` with fewer than [`MIN_TRACKS`] tracks.
+    pub fn finish(&self) -> Option<BeamSpot> {
+        let n = self.points.len();
+        if n < MIN_TRACKS {
+            return None;
+        }
+        let mut spot = BeamSpot {
+            z_mm: self.z_mm,
+            centre_mm: [0.0; 2],
+            spread_mm: [0.0; 2],
+            size_mm: [0.0; 2],
+            centre_error_mm: [0.0; 2],
+            n_tracks: n,
+        };
+        let mut v: Vec<f64> = Vec::with_capacity(n);
+        for c in 0..2 {
+            v.clear();
+            v.extend(self.points.iter().map(|p| p[c]));
+            let m = median(&mut v);
+            for x in v.iter_mut() {
+                *x = (*x - m).abs();
+            }
+            let spread = 1.4826 * median(&mut v);
+            v.clear();
+            v.extend(self.points.iter().map(|p| p[2 + c].max(0.0)));
+            let err2 = median(&mut v);
+            spot.centre_mm[c] = m;
+            spot.spread_mm[c] = spread;
+            spot.size_mm[c] = (spread * spread - err2).max(0.0).sqrt();
+            spot.centre_error_mm[c] = 1.2533 * spread / (n as f64).sqrt();
+        }
+        Some(spot)
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let k = v.len() / 2;
+    *v.select_nth_unstable_by(k, f64::total_cmp).1
+}
+
+/// Fewest tracks [`measure_origin`] reads events for.
+pub const ORIGIN_TRACKS: usize = 400;
+/// Most events [`measure_origin`] reads.
+pub const ORIGIN_EVENTS: usize = 50;
+
+/// The beam spot of the first events of `events` (up to [`ORIGIN_EVENTS`], or fewer once
+/// [`ORIGIN_TRACKS`] tracks are measured), their tracks found with `cfg`'s cuts but the
+/// pointing windows open (no origin box, so that tracks from anywhere on the origin plane
+/// are found alike) and above three times its minimum momentum (the narrowest windows, the
+/// least scattering on the way back to the plane). `None` with fewer than
+/// [`MIN_TRACKS`] tracks.
+pub fn measure_origin<E: AsRef<[HitRecord]>>(
+    det: &Detector,
+    cfg: &FinderConfig,
+    events: impl IntoIterator<Item = E>,
+) -> Option<BeamSpot> {
+    let mut open = cfg.at_momentum_factor(det, 3.0);
+    open.origin_half_x_mm = f64::INFINITY;
+    open.origin_half_y_mm = f64::INFINITY;
+    open.exchange_segments = false;
+    open.first_hits_to_origin = false;
+    let mut reco = Reconstructor::new(det, open);
+    let mut meter = BeamSpotMeter::new(cfg.origin_z_mm, cfg.max_chi2_ndf);
+    let mut tracks = Vec::new();
+    for hits in events.into_iter().take(ORIGIN_EVENTS) {
+        reco.reconstruct(hits.as_ref(), &mut tracks);
+        meter.add(&det.field, &tracks);
+        if meter.n_tracks() >= ORIGIN_TRACKS {
+            break;
+        }
+    }
+    meter.finish()
+}
+
+/// Whether the beam spot's centre lies so far from the configured origin that the pointing
+/// windows lose tracks: beyond a third of the origin box's half size in x or y (the box is
+/// three standard deviations of a beam on its centre), by more than three times the
+/// centre's error.
+pub fn off_the_origin(spot: &BeamSpot, cfg: &FinderConfig) -> bool {
+    let centre = [cfg.origin_x_mm, cfg.origin_y_mm];
+    let half = [cfg.origin_half_x_mm, cfg.origin_half_y_mm];
+    (0..2).any(|c| {
+        let d = (spot.centre_mm[c] - centre[c]).abs();
+        half[c].is_finite() && d > half[c] / 3.0 && d > 3.0 * spot.centre_error_mm[c]
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tracking::reco::synthetic;
+    use crate::tracking::track::TrackState;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+    use rand_distr::{Distribution, Normal};
+
+    /// A straight track of 6 hits from `(x0, y0)` at z = 0 with slopes `t`, its state at
+    /// z = 200 mm with a covariance of `sigma_mm` in x and y and 1e-4 in the slopes.
+    fn track(x0: f64, y0: f64, t: [f64; 2], sigma_mm: f64, chi2_ndf: f32) -> Track {
+        let z = 200.0;
+        let mut cov = [0.0f32; 15];
+        let diag = [sigma_mm * sigma_mm, sigma_mm * sigma_mm, 1e-8, 1e-8, 1e-4];
+        for (i, v) in diag.into_iter().enumerate() {
+            cov[i * (i + 1) / 2 + i] = v as f32;
+        }
+        Track {
+            hits: (0..6).collect(),
+            state: TrackState {
+                z_mm: z as f32,
+                x_mm: (x0 + t[0] * z) as f32,
+                y_mm: (y0 + t[1] * z) as f32,
+                tx: t[0] as f32,
+                ty: t[1] as f32,
+                qop: 0.0,
+            },
+            cov,
+            chi2: chi2_ndf * 8.0,
+            ndf: 8,
+        }
+    }
+
+    #[test]
+    fn the_centre_and_size_of_a_beam_off_the_axis_stand_tracks_from_elsewhere() {
+        let field = Field::Uniform { b_tesla: [0.0; 3] };
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let beam = Normal::new(0.0, 0.1).unwrap();
+        let mut tracks = Vec::new();
+        for i in 0..2000 {
+            let t = [rng.random_range(-0.2..0.2), rng.random_range(-0.2..0.2)];
+            // One track in five from anywhere within 20 mm (decays, interactions).
+            let (x, y) = if i % 5 == 4 {
+                (rng.random_range(-20.0..20.0), rng.random_range(-20.0..20.0))
+            } else {
+                (1.0 + beam.sample(&mut rng), -0.5 + beam.sample(&mut rng))
+            };
+            tracks.push(track(x, y, t, 0.01, 1.0));
+        }
+        // Short or poorly fitted tracks are not measured.
+        let mut short = track(9.0, 9.0, [0.0; 2], 0.01, 1.0);
+        short.hits.truncate(MIN_HITS - 1);
+        tracks.push(short);
+        tracks.push(track(9.0, 9.0, [0.0; 2], 0.01, 50.0));
+        let mut meter = BeamSpotMeter::new(0.0, 5.0);
+        meter.add(&field, &tracks);
+        assert_eq!(meter.n_tracks(), 2000);
+        let spot = meter.finish().unwrap();
+        for (c, want) in [1.0, -0.5].into_iter().enumerate() {
+            assert!(
+                (spot.centre_mm[c] - want).abs() < 4.0 * spot.centre_error_mm[c],
+                "{spot:?}"
+            );
+            // The tracks from elsewhere widen the spread a little; the points' own error
+            // (0.01 mm) is taken out of the size.
+            assert!(
+                spot.spread_mm[c] > 0.1 && spot.spread_mm[c] < 0.15,
+                "{spot:?}"
+            );
+            assert!(spot.size_mm[c] < spot.spread_mm[c], "{spot:?}");
+        }
+        let on_axis = |half: f64| FinderConfig {
+            origin_half_x_mm: half,
+            origin_half_y_mm: half,
+            ..FinderConfig::from_detector(&synthetic::detector(6, [0.0; 3], 0.01, 0.01), 1.0)
+        };
+        // 1 mm off: beyond a third of a 1.5 mm box, within a third of a 4.5 mm one.
+        assert!(off_the_origin(&spot, &on_axis(1.5)));
+        assert!(!off_the_origin(&spot, &on_axis(4.5)));
+        assert!(!off_the_origin(&spot, &on_axis(f64::INFINITY)));
+        let centred = FinderConfig {
+            origin_x_mm: 1.0,
+            origin_y_mm: -0.5,
+            ..on_axis(1.5)
+        };
+        assert!(!off_the_origin(&spot, &centred));
+        // Too few tracks: no measurement.
+        let mut few = BeamSpotMeter::new(0.0, 5.0);
+        few.add(&field, &tracks[..MIN_TRACKS - 1]);
+        assert!(few.finish().is_none());
+    }
+}
