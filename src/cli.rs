@@ -459,7 +459,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             } else {
                 crate::backend::tracking::DEFAULT_MIN_P_GEV
             });
-            if ov.origin_x_mm.is_none() && ov.origin_y_mm.is_none() && e.args.tracks.is_none() {
+            if e.args.tracks.is_none() {
                 origin_from_first_events(&e.args, min_p, &mut ov)?;
             }
             let mut reco: Option<crate::tracking::reco::Reconstructor> = None;
@@ -513,17 +513,26 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Where the configuration gives no origin centre: the beam spot measured from the tracks of
-/// the first events ([`crate::tracking::beam_spot::measure_origin`]); where it lies off
-/// the default origin by more than its box allows, the finder is centred on it (and says
-/// so: a daemon needs it in its configuration, `[tracking.finder] origin_x_mm` and
-/// `origin_y_mm`).
+/// Where the configuration gives no origin (its centre, or its box): the beam spot measured
+/// from the tracks of the first events ([`crate::tracking::beam_spot::measure_origin`]);
+/// where it lies off the default centre by more than a third of the box, the finder is
+/// centred on it, and where the tracks spread wider than the box holds, the box is
+/// widened to them ([`crate::tracking::beam_spot::wider_origin`]). Each is said: a daemon
+/// needs them in its configuration, `[tracking.finder] origin_x_mm`, `origin_y_mm`,
+/// `origin_half_x_mm`, `origin_half_y_mm`.
 fn origin_from_first_events(
     args: &crate::tracking::cli::EvalTrackingArgs,
     min_p: f64,
     ov: &mut crate::tracking::reco::FinderOverrides,
 ) -> anyhow::Result<()> {
     use crate::tracking::beam_spot;
+    let (free_centre, free_box) = (
+        ov.origin_x_mm.is_none() && ov.origin_y_mm.is_none(),
+        ov.origin_half_x_mm.is_none() && ov.origin_half_y_mm.is_none(),
+    );
+    if !free_centre && !free_box {
+        return Ok(());
+    }
     let det = crate::tracking::geometry::Detector::from_toml_file(&args.geometry)?;
     let cfg = crate::tracking::reco::FinderConfig::from_detector_with(&det, min_p, ov);
     if cfg.validate(&det).is_err() {
@@ -538,7 +547,21 @@ fn origin_from_first_events(
     let Some(spot) = beam_spot::measure_origin(&det, &cfg, events) else {
         return Ok(());
     };
-    if beam_spot::off_the_origin(&spot, &cfg) {
+    if free_box {
+        if let Some([hx, hy]) = beam_spot::wider_origin(&spot, &cfg) {
+            tracing::warn!(
+                "the configuration gives no origin box, and the first events' {} tracks spread {:.3} x {:.3} mm about their centre (z = {} mm), wider than the default box holds: the finder's box is widened to {hx} x {hy} mm; a daemon needs [tracking.finder] origin_half_x_mm = {hx} and origin_half_y_mm = {hy}",
+                spot.n_tracks,
+                spot.spread_mm[0],
+                spot.spread_mm[1],
+                spot.z_mm
+            );
+            eprintln!("origin box widened to the first events' tracks: half sizes {hx} x {hy} mm");
+            ov.origin_half_x_mm = Some(hx);
+            ov.origin_half_y_mm = Some(hy);
+        }
+    }
+    if free_centre && beam_spot::off_the_origin(&spot, &cfg) {
         let round = |v: f64| (v * 1e3).round() / 1e3;
         let (x, y) = (round(spot.centre_mm[0]), round(spot.centre_mm[1]));
         tracing::warn!(

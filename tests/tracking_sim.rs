@@ -184,3 +184,60 @@ fn evaluation_with_the_cpu_reconstruction() {
     .unwrap();
     assert!(report.n_tracks > 0);
 }
+
+/// A test beam through the command line, as a telescope's user runs it: `trigd simulate
+/// tracking` of 120 GeV/c particles spread over 5 mm of the planes, nearly parallel, then
+/// `trigd eval tracking` with only the beam's momentum configured. The evaluation
+/// measures the first events' tracks, widens the origin box to them, says so, and finds
+/// the particles.
+#[test]
+fn a_wide_test_beam_is_found_with_the_origin_box_widened() {
+    use std::process::Command;
+    let dir = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events");
+    let geometry = fixture("telescope.toml");
+    let sim = Command::new(env!("CARGO_BIN_EXE_trigd"))
+        .args(["simulate", "tracking", "--geometry"])
+        .arg(&geometry)
+        .args(["--preset", "minbias", "--events", "20", "--seed", "5"])
+        .args(["--beam-sigma-mm", "5", "--spectrum", "exponential"])
+        .args([
+            "--theta-sigma-rad",
+            "0.0005",
+            "--p-min-gev",
+            "110",
+            "--p-mean-gev",
+            "120",
+        ])
+        .arg("--out")
+        .arg(&events)
+        .output()
+        .unwrap();
+    assert!(
+        sim.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sim.stderr)
+    );
+    let config = dir.path().join("beam.toml");
+    std::fs::write(&config, "[tracking.finder.fit]\np_no_field_gev = 120.0\n").unwrap();
+    let json = dir.path().join("report.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_trigd"))
+        .args(["eval", "tracking"])
+        .arg(&events)
+        .arg("--geometry")
+        .arg(&geometry)
+        .arg("--config")
+        .arg(&config)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("origin box widened"), "{log}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let eff = r["efficiency"].as_f64().unwrap();
+    assert!(eff >= 0.97, "efficiency {eff}");
+    let spread = r["beam_spot"]["spread_mm"][0].as_f64().unwrap();
+    assert!((spread - 5.0).abs() < 0.6, "spread {spread}");
+}

@@ -288,7 +288,8 @@ const BEAM_TRACKS: usize = 500;
 /// ([`crate::tracking::beam_spot`]) on one track of every [`BEAM_EVERY_EVENTS`] events: in
 /// `trigd_tracking_beam_spot_mm{axis, quantity}` after each [`BEAM_TRACKS`] tracks, logged
 /// the first time, and a warning each time the
-/// beam moves off the finder's origin (which loses stiff tracks), a note when it is back.
+/// beam moves off the finder's origin or spreads wider than its box (either loses stiff
+/// tracks), a note when it is back.
 struct BeamWatch {
     field: crate::tracking::geometry::Field,
     finder: FinderConfig,
@@ -334,12 +335,20 @@ impl BeamWatch {
                 m.beam_spot(axis, "spread").set(spot.spread_mm[c]);
             }
         }
-        let off = crate::tracking::beam_spot::off_the_origin(&spot, &self.finder);
+        let moved = crate::tracking::beam_spot::off_the_origin(&spot, &self.finder);
+        let wider = crate::tracking::beam_spot::wider_origin(&spot, &self.finder);
+        let off = moved || wider.is_some();
         let (x, y) = (spot.centre_mm[0], spot.centre_mm[1]);
         let f = &self.finder;
         if off && !self.off {
+            let what = match (moved, wider) {
+                (true, Some([hx, hy])) => format!("off the finder's origin and wider than its box: set [tracking.finder] origin_x_mm, origin_y_mm and origin_half_x_mm = {hx}, origin_half_y_mm = {hy}"),
+                (true, None) => "off the finder's origin: set [tracking.finder] origin_x_mm and origin_y_mm".into(),
+                (false, Some([hx, hy])) => format!("wider than the finder's origin box (and seen only within it): set [tracking.finder] origin_half_x_mm = {hx}, origin_half_y_mm = {hy} or more"),
+                (false, None) => unreachable!("off"),
+            };
             tracing::warn!(
-                "the tracks come from x = {x:.3} mm, y = {y:.3} mm (spread {:.3} / {:.3} mm, {} tracks), off the finder's origin ({} mm, {} mm; half size {} x {} mm), which loses stiff tracks: set [tracking.finder] origin_x_mm and origin_y_mm",
+                "the tracks come from x = {x:.3} mm, y = {y:.3} mm (spread {:.3} / {:.3} mm, {} tracks), {what}; the finder's origin is ({} mm, {} mm), half size {} x {} mm, which loses stiff tracks",
                 spot.spread_mm[0],
                 spot.spread_mm[1],
                 spot.n_tracks,

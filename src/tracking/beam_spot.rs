@@ -217,6 +217,21 @@ pub fn measure_origin<E: AsRef<[HitRecord]>>(
     meter.finish()
 }
 
+/// The origin box's half sizes the tracks of `spot` need, where the configured box is too
+/// narrow for them: three times their spread about the centre (the box is three standard
+/// deviations of the beam; the spread, errors included, never less than the beam), per
+/// axis, in hundredths of a millimetre up, never below the configured box. `None` where
+/// the configured box holds three spreads on both axes. A wide beam (a test beam spread
+/// over the planes), a long target seen from the planes, a beam that wanders: all are
+/// tracks the pointing windows would lose with the default box.
+pub fn wider_origin(spot: &BeamSpot, cfg: &FinderConfig) -> Option<[f64; 2]> {
+    let half = [cfg.origin_half_x_mm, cfg.origin_half_y_mm];
+    let need: [f64; 2] = std::array::from_fn(|c| (3.0 * spot.spread_mm[c] * 100.0).ceil() / 100.0);
+    (0..2)
+        .any(|c| half[c].is_finite() && need[c] > half[c])
+        .then(|| std::array::from_fn(|c| need[c].max(half[c])))
+}
+
 /// Whether the beam spot's centre lies so far from the configured origin that the pointing
 /// windows lose tracks: beyond a third of the origin box's half size in x or y (the box is
 /// three standard deviations of a beam on its centre), by more than three times the
@@ -317,6 +332,13 @@ mod tests {
             ..on_axis(1.5)
         };
         assert!(!off_the_origin(&spot, &centred));
+        // The box holds three spreads (0.11-0.14 mm): no wider one; a 0.3 mm box does not.
+        assert_eq!(wider_origin(&spot, &on_axis(1.5)), None);
+        let [hx, hy] = wider_origin(&spot, &on_axis(0.3)).expect("wider");
+        for (h, c) in [(hx, 0), (hy, 1)] {
+            assert!(h >= 3.0 * spot.spread_mm[c] && h < 3.0 * spot.spread_mm[c] + 0.01);
+        }
+        assert_eq!(wider_origin(&spot, &on_axis(f64::INFINITY)), None);
         // Too few tracks: no measurement.
         let mut few = BeamSpotMeter::new(0.0, 5.0);
         few.add(&field, &tracks[..MIN_TRACKS - 1]);
