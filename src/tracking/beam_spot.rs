@@ -15,10 +15,13 @@
 //! - per axis, the median of the points is the centre; the spread about it (1.4826 times
 //!   the median absolute deviation), less the median of the points' own errors, the
 //!   beam's size. The medians stand a large share of tracks with a wrong hit or from
-//!   elsewhere (decays, secondary interactions).
+//!   elsewhere (decays, secondary interactions); the spread is taken again over the
+//!   points within four spreads until they no longer change, so that such tracks spread
+//!   over the plane do not widen a narrow beam's.
 //!
-//! [`measure_origin`] finds the tracks for this with the pointing windows open (no origin
-//! box), so that the measurement does not depend on the origin it measures.
+//! [`measure_origin`] finds the tracks for this with the pointing windows open (an origin
+//! box of [`OPEN_HALF_MM`]), so that the measurement does not depend on the origin it
+//! measures.
 
 use super::geometry::Detector;
 use super::geometry::Field;
@@ -33,6 +36,11 @@ pub const MIN_HITS: usize = 4;
 pub const MIN_TRACKS: usize = 20;
 /// Most tracks kept (the first ones).
 pub const MAX_TRACKS: usize = 20_000;
+/// The points within so many spreads of the median make the next round's median and
+/// spread ([`BeamSpotMeter::finish`]).
+const TRIM: f64 = 4.0;
+/// Most rounds of that.
+const TRIM_ROUNDS: usize = 8;
 /// Longest step of the propagation to the origin plane, mm.
 const STEP_MM: f64 = 50.0;
 
@@ -156,20 +164,41 @@ impl BeamSpotMeter {
         };
         let mut v: Vec<f64> = Vec::with_capacity(n);
         for c in 0..2 {
-            v.clear();
-            v.extend(self.points.iter().map(|p| p[c]));
-            let m = median(&mut v);
-            for x in v.iter_mut() {
-                *x = (*x - m).abs();
+            // The median and the spread of all points, then again of those within
+            // TRIM spreads of the median until the set no longer changes (at most
+            // TRIM_ROUNDS times): tracks from elsewhere (ghosts, decays), spread flat over
+            // the plane, would widen the median absolute deviation of a narrow beam.
+            let (mut m, mut spread, mut n_in) = (0.0, f64::INFINITY, usize::MAX);
+            for _ in 0..TRIM_ROUNDS {
+                v.clear();
+                v.extend(
+                    self.points
+                        .iter()
+                        .map(|p| p[c])
+                        .filter(|x| (x - m).abs() <= TRIM * spread),
+                );
+                if v.len() < MIN_TRACKS || v.len() == n_in {
+                    break;
+                }
+                n_in = v.len();
+                m = median(&mut v);
+                for x in v.iter_mut() {
+                    *x = (*x - m).abs();
+                }
+                spread = 1.4826 * median(&mut v);
             }
-            let spread = 1.4826 * median(&mut v);
             v.clear();
-            v.extend(self.points.iter().map(|p| p[2 + c].max(0.0)));
+            v.extend(
+                self.points
+                    .iter()
+                    .filter(|p| (p[c] - m).abs() <= TRIM * spread)
+                    .map(|p| p[2 + c].max(0.0)),
+            );
             let err2 = median(&mut v);
             spot.centre_mm[c] = m;
             spot.spread_mm[c] = spread;
             spot.size_mm[c] = (spread * spread - err2).max(0.0).sqrt();
-            spot.centre_error_mm[c] = 1.2533 * spread / (n as f64).sqrt();
+            spot.centre_error_mm[c] = 1.2533 * spread / (n_in.min(n) as f64).sqrt();
         }
         Some(spot)
     }
@@ -183,6 +212,10 @@ fn median(v: &mut [f64]) -> f64 {
     *v.select_nth_unstable_by(k, f64::total_cmp).1
 }
 
+/// The origin box's half size [`measure_origin`] finds tracks with, mm: a beam anywhere
+/// within it, or spread over it, is measured alike (without a box at all the doublet
+/// windows open to the largest slopes, four times the cost per event).
+pub const OPEN_HALF_MM: f64 = 25.0;
 /// Fewest tracks [`measure_origin`] reads events for.
 pub const ORIGIN_TRACKS: usize = 400;
 /// Most events [`measure_origin`] reads.
@@ -190,8 +223,8 @@ pub const ORIGIN_EVENTS: usize = 50;
 
 /// The beam spot of the first events of `events` (up to [`ORIGIN_EVENTS`], or fewer once
 /// [`ORIGIN_TRACKS`] tracks are measured), their tracks found with `cfg`'s cuts but the
-/// pointing windows open (no origin box, so that tracks from anywhere on the origin plane
-/// are found alike) and above three times its minimum momentum (the narrowest windows, the
+/// pointing windows open (an origin box of [`OPEN_HALF_MM`], so that tracks from anywhere
+/// within it are found alike) and above three times its minimum momentum (the narrowest windows, the
 /// least scattering on the way back to the plane). `None` with fewer than
 /// [`MIN_TRACKS`] tracks.
 pub fn measure_origin<E: AsRef<[HitRecord]>>(
@@ -200,8 +233,8 @@ pub fn measure_origin<E: AsRef<[HitRecord]>>(
     events: impl IntoIterator<Item = E>,
 ) -> Option<BeamSpot> {
     let mut open = cfg.at_momentum_factor(det, 3.0);
-    open.origin_half_x_mm = f64::INFINITY;
-    open.origin_half_y_mm = f64::INFINITY;
+    open.origin_half_x_mm = cfg.origin_half_x_mm.max(OPEN_HALF_MM);
+    open.origin_half_y_mm = cfg.origin_half_y_mm.max(OPEN_HALF_MM);
     open.exchange_segments = false;
     open.first_hits_to_origin = false;
     let mut reco = Reconstructor::new(det, open);
