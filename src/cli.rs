@@ -488,6 +488,15 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                         cfg.origin_half_y_mm
                     );
                 }
+                if let Some([hx, hy]) = crate::tracking::beam_spot::wider_origin(spot, cfg) {
+                    tracing::warn!(
+                        "the tracks spread {:.3} x {:.3} mm on the origin plane (and are seen only within the finder's origin box, half size {} x {} mm), wider than the box holds, which loses stiff tracks: set [tracking.finder] origin_half_x_mm = {hx} and origin_half_y_mm = {hy} or more",
+                        spot.spread_mm[0],
+                        spot.spread_mm[1],
+                        cfg.origin_half_x_mm,
+                        cfg.origin_half_y_mm
+                    );
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
