@@ -460,6 +460,11 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 crate::backend::tracking::DEFAULT_MIN_P_GEV
             });
             if e.args.tracks.is_none() {
+                // The configuration's finder is refused with its reason, as the daemon's.
+                let det = crate::tracking::geometry::Detector::from_toml_file(&e.args.geometry)?;
+                crate::tracking::reco::FinderConfig::from_detector_with(&det, min_p, &ov)
+                    .validate(&det)
+                    .map_err(|err| anyhow::anyhow!("[tracking.finder]: {err}"))?;
                 origin_from_first_events(&e.args, min_p, &mut ov)?;
             }
             let mut reco: Option<crate::tracking::reco::Reconstructor> = None;

@@ -1247,6 +1247,22 @@ mod tests {
         assert!(FinderConfig::from_detector_with(&det, 1.0, &bad)
             .validate(&det)
             .is_err());
+        // The origin's centre: within the planes' extent, and the slope limits seen from it.
+        let ov =
+            FinderOverrides::from_toml_str("origin_x_mm = 20.0\norigin_y_mm = -5.0\n").unwrap();
+        let off = FinderConfig::from_detector_with(&det, 1.0, &ov);
+        assert_eq!(off.origin_mm(), [20.0, -5.0, 0.0]);
+        assert!(off.validate(&det).is_ok());
+        assert!(off.max_tx > c.max_tx && off.max_ty > c.max_ty);
+        for far in [
+            "origin_x_mm = 1e3\n",
+            "origin_y_mm = -1e300\n",
+            "origin_z_mm = inf\n",
+        ] {
+            let ov = FinderOverrides::from_toml_str(far).unwrap();
+            let e = FinderConfig::from_detector_with(&det, 1.0, &ov).validate(&det);
+            assert!(e.is_err(), "{far}");
+        }
         // The fitter takes the two paths apart: each track's own q/p against one for all.
         let fit = |cfg: &FinderConfig| {
             let f = KalmanFitter::new(&det, cfg.fit.clone());

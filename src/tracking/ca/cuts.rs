@@ -407,6 +407,20 @@ impl FinderConfig {
                 return bad(name, "must be finite");
             }
         }
+        let half = |f: fn(&crate::tracking::geometry::Plane) -> f64| {
+            det.planes.iter().map(f).fold(0.0, f64::max)
+        };
+        for (name, v, h) in [
+            ("origin_x_mm", self.origin_x_mm, half(|p| p.half_x_mm)),
+            ("origin_y_mm", self.origin_y_mm, half(|p| p.half_y_mm)),
+        ] {
+            if v.abs() > h {
+                return bad(
+                    name,
+                    "must lie within the planes' extent (the beam crosses the detector)",
+                );
+            }
+        }
         for (name, v) in [
             ("momentum_slack", self.momentum_slack),
             ("n_sigma", self.n_sigma),
