@@ -469,7 +469,11 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             }
             let mut reco: Option<crate::tracking::reco::Reconstructor> = None;
             let mut finder = None;
-            let report = crate::tracking::cli::run_eval(&e.args, |det, hits| {
+            let args = crate::tracking::cli::EvalTrackingArgs {
+                origin_z_mm: ov.origin_z_mm.unwrap_or(0.0),
+                ..e.args.clone()
+            };
+            let report = crate::tracking::cli::run_eval(&args, |det, hits| {
                 let r = reco.get_or_insert_with(|| {
                     let cfg =
                         crate::tracking::reco::FinderConfig::from_detector_with(det, min_p, &ov);
@@ -553,14 +557,48 @@ fn origin_from_first_events(
         // The evaluation itself reports the configuration's error.
         return Ok(());
     }
-    let events = crate::tracking::trackml::read_trackml_dir(&args.events)?
+    let events: Vec<_> = crate::tracking::trackml::read_trackml_dir(&args.events)?
         .with_planes(det.planes.iter().map(|p| p.z_mm).collect())
-        .take(args.max_events.unwrap_or(usize::MAX))
+        .take(
+            args.max_events
+                .unwrap_or(usize::MAX)
+                .min(beam_spot::ORIGIN_EVENTS),
+        )
         .map_while(Result::ok)
-        .map(|ev| ev.hits);
-    let Some(spot) = beam_spot::measure_origin(&det, &cfg, events) else {
+        .map(|ev| ev.hits)
+        .collect();
+    let Some(mut spot) = beam_spot::measure_origin(&det, &cfg, &events) else {
         return Ok(());
     };
+    let mut cfg = cfg;
+    if ov.origin_z_mm.is_none()
+        && free_centre
+        && free_box
+        && beam_spot::wider_origin(&spot, &cfg).is_some()
+    {
+        // Spread wider than the box: perhaps a target elsewhere in z.
+        if let Some((at_origin, at_z)) = beam_spot::measure_origin_z(&det, &cfg, &events) {
+            if beam_spot::origin_elsewhere(&at_origin, &at_z, &cfg) {
+                let z = (at_z.z_mm * 10.0).round() / 10.0;
+                tracing::warn!(
+                    "the configuration gives no origin, and the first events' {} tracks come from z = {z} mm (spread {:.3} x {:.3} mm there, {:.3} x {:.3} mm at z = {} mm): the finder's origin is moved there; a daemon needs [tracking.finder] origin_z_mm = {z}",
+                    at_z.n_tracks,
+                    at_z.spread_mm[0],
+                    at_z.spread_mm[1],
+                    at_origin.spread_mm[0],
+                    at_origin.spread_mm[1],
+                    cfg.origin_z_mm
+                );
+                eprintln!("origin measured from the first events' tracks at z = {z} mm");
+                ov.origin_z_mm = Some(z);
+                cfg = crate::tracking::reco::FinderConfig::from_detector_with(&det, min_p, ov);
+                match beam_spot::measure_origin(&det, &cfg, &events) {
+                    Some(s) => spot = s,
+                    None => return Ok(()),
+                }
+            }
+        }
+    }
     if free_box {
         if let Some([hx, hy]) = beam_spot::wider_origin(&spot, &cfg) {
             tracing::warn!(

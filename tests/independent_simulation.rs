@@ -517,3 +517,21 @@ fn the_beam_off_the_axis_is_found_from_the_first_events() {
         assert!(v.as_f64().expect("number").abs() < 0.03, "{centre:?}");
     }
 }
+
+/// The forward tracker with its target 200 mm upstream of the description's z = 0,
+/// which the description does not say: `trigd eval tracking` finds where the first events'
+/// tracks come together, moves the finder's origin there, says so, and meets every aim.
+#[test]
+fn a_target_upstream_of_the_coordinates_origin_is_found_from_the_first_events() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let target = ["--target-z-mm", "-200"];
+    let events = simulate_with(dir.path(), "forward", 15, 6, 40, 400, &target);
+    let (r, log) = eval_with_log(&events);
+    assert!(
+        log.contains("origin measured from the first events' tracks at z = -20"),
+        "{log}"
+    );
+    check(&r, 0.97, 0.02);
+    let z = num(&r["beam_spot"], "z_mm");
+    assert!((z + 200.0).abs() < 2.0, "beam spot at z = {z}");
+}

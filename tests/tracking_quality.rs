@@ -388,3 +388,47 @@ fn telescope_in_a_wide_parallel_test_beam() {
     assert!(beam_spot::wider_origin(&spot, &wide).is_none());
     check(&evaluate_cfg(&det, &sim, seed, n_events, wide), &NO_FIELD);
 }
+
+/// The forward tracker with its target 200 mm upstream of the geometry's z = 0 (a
+/// description whose coordinates start elsewhere than at the target): the default origin
+/// at z = 0 loses most tracks; the first events' tracks, found without an origin box,
+/// come together 200 mm upstream, and the finder with its origin there meets every aim.
+#[test]
+fn forward_tracker_with_the_target_upstream_of_the_coordinates_origin() {
+    use trigd::tracking::beam_spot;
+    let det = forward();
+    let sim = SimConfig {
+        target_z_mm: -200.0,
+        ..SimConfig::forward(Preset::Minbias)
+    };
+    let (seed, n_events) = (40, 10);
+    let default = FinderConfig::from_detector(&det, 1.0);
+    let wrong = evaluate_cfg(&det, &sim, seed, n_events, default.clone());
+    assert!(wrong.efficiency < 0.9, "{}", wrong.efficiency);
+    let events: Vec<_> = simulate_events(&det, &sim, seed, 0, n_events)
+        .map(|e| e.hits)
+        .collect();
+    let at_origin = beam_spot::measure_origin(&det, &default, &events).expect("tracks");
+    assert!(beam_spot::wider_origin(&at_origin, &default).is_some());
+    let (on_origin, at_z) = beam_spot::measure_origin_z(&det, &default, &events).expect("tracks");
+    println!("{on_origin:?}\n{at_z:?}");
+    assert!((at_z.z_mm + 200.0).abs() < 2.0, "{at_z:?}");
+    assert!(beam_spot::origin_elsewhere(&on_origin, &at_z, &default));
+    let moved = FinderConfig::from_detector_with(
+        &det,
+        1.0,
+        &trigd::tracking::reco::FinderOverrides {
+            origin_z_mm: Some(at_z.z_mm),
+            ..Default::default()
+        },
+    );
+    check(&evaluate_cfg(&det, &sim, seed, n_events, moved), &ALL);
+    // On the axis at z = 0 the search finds the target there.
+    let sim = SimConfig::forward(Preset::Minbias);
+    let events: Vec<_> = simulate_events(&det, &sim, seed, 0, n_events)
+        .map(|e| e.hits)
+        .collect();
+    let (on_origin, at_z) = beam_spot::measure_origin_z(&det, &default, &events).expect("tracks");
+    assert!(at_z.z_mm.abs() < 2.0, "{at_z:?}");
+    assert!(!beam_spot::origin_elsewhere(&on_origin, &at_z, &default));
+}

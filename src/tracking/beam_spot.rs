@@ -250,6 +250,73 @@ pub fn measure_origin<E: AsRef<[HitRecord]>>(
     meter.finish()
 }
 
+/// Candidate planes of [`measure_origin_z`]'s coarse scan.
+const Z_SCAN: usize = 64;
+/// Candidate planes of its fine scan about the coarse scan's best.
+const Z_FINE: usize = 32;
+
+/// Where the tracks of the first events come from in z: the plane upstream of the first
+/// detector plane where their points are the least spread (the sum of the squared spreads
+/// in x and y, [`BeamSpotMeter::finish`]), searched from the first plane back over twice
+/// the detector's length, first on [`Z_SCAN`] planes, then on [`Z_FINE`] about the best;
+/// the tracks found as by [`measure_origin`] but without any origin box (a target
+/// elsewhere than the configured origin is seen from every plane pair alike). The beam
+/// spot on the configured origin's plane and on that plane, or `None` with fewer than
+/// [`MIN_TRACKS`] tracks. For a
+/// configuration whose coordinates start elsewhere than at the target (the first plane at
+/// z = 0, or the magnet's centre), where the default origin at z = 0 is wrong.
+pub fn measure_origin_z<E: AsRef<[HitRecord]>>(
+    det: &Detector,
+    cfg: &FinderConfig,
+    events: impl IntoIterator<Item = E>,
+) -> Option<(BeamSpot, BeamSpot)> {
+    let (first, last) = (det.planes.first()?.z_mm, det.planes.last()?.z_mm);
+    let mut open = cfg.at_momentum_factor(det, 3.0);
+    open.origin_half_x_mm = f64::INFINITY;
+    open.origin_half_y_mm = f64::INFINITY;
+    open.exchange_segments = false;
+    open.first_hits_to_origin = false;
+    let mut reco = Reconstructor::new(det, open);
+    let (mut tracks, mut all) = (Vec::new(), Vec::new());
+    let mut counter = BeamSpotMeter::new(first - 1.0, cfg.max_chi2_ndf);
+    for hits in events.into_iter().take(ORIGIN_EVENTS) {
+        reco.reconstruct(hits.as_ref(), &mut tracks);
+        counter.add(&det.field, &tracks);
+        all.append(&mut tracks);
+        if counter.n_tracks() >= ORIGIN_TRACKS {
+            break;
+        }
+    }
+    let spot_at = |z: f64| {
+        let mut m = BeamSpotMeter::new(z, cfg.max_chi2_ndf);
+        m.add(&det.field, &all);
+        m.finish()
+    };
+    let score = |s: &BeamSpot| s.spread_mm[0].powi(2) + s.spread_mm[1].powi(2);
+    let best = |lo: f64, hi: f64, n: usize| {
+        (0..=n)
+            .map(|k| lo + (hi - lo) * k as f64 / n as f64)
+            .filter_map(|z| spot_at(z).map(|s| (score(&s), z)))
+            .min_by(|a, b| a.0.total_cmp(&b.0))
+    };
+    let (lo, hi) = (first - 2.0 * (last - first).max(1.0), first - 1.0);
+    let step = (hi - lo) / Z_SCAN as f64;
+    let (_, z) = best(lo, hi, Z_SCAN)?;
+    let (_, z) = best((z - step).max(lo), (z + step).min(hi), Z_FINE)?;
+    Some((spot_at(cfg.origin_z_mm)?, spot_at(z)?))
+}
+
+/// Whether the tracks of `at_z` come from a point elsewhere than the configured origin's
+/// plane, `at_origin` their spot there: on its own plane the spot is at most a third as
+/// spread as on the configured one, and the configured box would not hold it there
+/// ([`wider_origin`]) where it holds it on its own plane.
+pub fn origin_elsewhere(at_origin: &BeamSpot, at_z: &BeamSpot, cfg: &FinderConfig) -> bool {
+    let spread = |s: &BeamSpot| s.spread_mm[0].hypot(s.spread_mm[1]);
+    spread(at_z) * 3.0 <= spread(at_origin)
+        && wider_origin(at_origin, cfg).is_some()
+        && wider_origin(at_z, cfg).is_none()
+}
+
 /// The origin box's half sizes the tracks of `spot` need, where the configured box is too
 /// narrow for them: three times their spread about the centre (the box is three standard
 /// deviations of the beam; the spread, errors included, never less than the beam), per

@@ -237,6 +237,9 @@ pub struct EvalTrackingArgs {
     /// Evaluate at most this many events.
     #[arg(long)]
     pub max_events: Option<usize>,
+    /// z of the plane the report's beam spot is measured on (the finder's origin), mm.
+    #[arg(skip)]
+    pub origin_z_mm: f64,
 }
 
 /// Groups submission rows into per-event tracks (indices into the event's hits).
@@ -307,6 +310,7 @@ pub fn run_eval(
     let cfg = EvalConfig {
         min_p_gev: args.min_p,
         min_planes: args.min_planes,
+        origin_z_mm: args.origin_z_mm,
         ..EvalConfig::default()
     };
     let submission = args.tracks.as_deref().map(submission_tracks).transpose()?;
@@ -423,6 +427,7 @@ mod tests {
             min_p: 1.0,
             min_planes: 4,
             max_events: None,
+            origin_z_mm: 0.0,
         };
         let report = run_eval(&eval_args, |_, _| {
             panic!("must not reconstruct with --tracks")

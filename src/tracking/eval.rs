@@ -68,6 +68,8 @@ pub struct EvalConfig {
     pub match_fraction: f64,
     /// Edges of the momentum bins for efficiency and resolution, GeV/c, increasing.
     pub p_bin_edges_gev: Vec<f64>,
+    /// z of the plane the tracks' beam spot is measured on (the finder's origin), mm.
+    pub origin_z_mm: f64,
 }
 
 impl Default for EvalConfig {
@@ -79,6 +81,7 @@ impl Default for EvalConfig {
             p_bin_edges_gev: vec![
                 0.2, 0.5, 1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0,
             ],
+            origin_z_mm: 0.0,
         }
     }
 }
@@ -260,7 +263,7 @@ pub struct EvalReport {
     /// The fit's chi-square per degree of freedom over the matched fitted tracks: about 1
     /// where the fit's model of the detector (resolution, material, field) is right.
     pub fit_chi2_ndf: Chi2Summary,
-    /// Where the fitted tracks come from on the plane z = 0 (the finder's default origin),
+    /// Where the fitted tracks come from on the finder's origin plane (`config.origin_z_mm`),
     /// with a detector and 20 fitted tracks or more ([`super::beam_spot`]): a centre far
     /// from the finder's origin means the beam is off it (see
     /// [`super::reco::FinderConfig::origin_x_mm`]).
@@ -335,7 +338,7 @@ pub struct Evaluator<'d> {
     /// `(tracks, ghosts)` by fitted-momentum bin, and unmeasured.
     ghost_bins: Vec<(usize, usize)>,
     ghost_unmeasured: (usize, usize),
-    /// The tracks' points on the plane z = 0 (with a detector).
+    /// The tracks' points on the origin plane (with a detector).
     beam: Option<BeamSpotMeter>,
 }
 
@@ -350,6 +353,7 @@ impl<'d> Evaluator<'d> {
             Some(d) if d.planes.len() >= cfg.min_planes => vec![(0, 0); d.planes.len() + 1],
             _ => Vec::new(),
         };
+        let origin_z_mm = cfg.origin_z_mm;
         Evaluator {
             cfg,
             detector,
@@ -373,7 +377,7 @@ impl<'d> Evaluator<'d> {
             by_missing: [(0, 0); MISSING_PLANES_MAX + 1],
             ghost_bins: vec![(0, 0); n_bins],
             ghost_unmeasured: (0, 0),
-            beam: detector.map(|_| BeamSpotMeter::new(0.0, f64::INFINITY)),
+            beam: detector.map(|_| BeamSpotMeter::new(origin_z_mm, f64::INFINITY)),
         }
     }
 
