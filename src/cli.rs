@@ -465,7 +465,13 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 crate::tracking::reco::FinderConfig::from_detector_with(&det, min_p, &ov)
                     .validate(&det)
                     .map_err(|err| anyhow::anyhow!("[tracking.finder]: {err}"))?;
-                origin_from_first_events(&e.args, min_p, &mut ov)?;
+                origin_from_first_events(
+                    &e.args.geometry,
+                    &e.args.events,
+                    e.args.max_events,
+                    min_p,
+                    &mut ov,
+                )?;
             }
             let mut reco: Option<crate::tracking::reco::Reconstructor> = None;
             let mut finder = None;
@@ -539,7 +545,9 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
 /// needs them in its configuration, `[tracking.finder] origin_x_mm`, `origin_y_mm`,
 /// `origin_half_x_mm`, `origin_half_y_mm`.
 fn origin_from_first_events(
-    args: &crate::tracking::cli::EvalTrackingArgs,
+    geometry: &std::path::Path,
+    dir: &std::path::Path,
+    max_events: Option<usize>,
     min_p: f64,
     ov: &mut crate::tracking::reco::FinderOverrides,
 ) -> anyhow::Result<()> {
@@ -551,16 +559,16 @@ fn origin_from_first_events(
     if !free_centre && !free_box {
         return Ok(());
     }
-    let det = crate::tracking::geometry::Detector::from_toml_file(&args.geometry)?;
+    let det = crate::tracking::geometry::Detector::from_toml_file(geometry)?;
     let cfg = crate::tracking::reco::FinderConfig::from_detector_with(&det, min_p, ov);
     if cfg.validate(&det).is_err() {
         // The evaluation itself reports the configuration's error.
         return Ok(());
     }
-    let events: Vec<_> = crate::tracking::trackml::read_trackml_dir(&args.events)?
+    let events: Vec<_> = crate::tracking::trackml::read_trackml_dir(dir)?
         .with_planes(det.planes.iter().map(|p| p.z_mm).collect())
         .take(
-            args.max_events
+            max_events
                 .unwrap_or(usize::MAX)
                 .min(beam_spot::ORIGIN_EVENTS),
         )
@@ -624,6 +632,46 @@ fn origin_from_first_events(
         eprintln!("origin centre measured from the first events' tracks: x = {x} mm, y = {y} mm");
         ov.origin_x_mm = Some(x);
         ov.origin_y_mm = Some(y);
+    }
+    Ok(())
+}
+
+/// A replay of a TrackML-style directory with the tracking workload, where the
+/// configuration gives no origin: the origin the first events' tracks show, as `trigd eval
+/// tracking` finds it ([`origin_from_first_events`]), written into `[tracking.finder]`;
+/// the replay then decides as the evaluation reconstructs. (A live input has no first
+/// events to read ahead: the daemon measures the decided events and warns instead.)
+fn origin_for_replay(cfg: &mut Config, dir: &std::path::Path) -> anyhow::Result<()> {
+    let Ok(tc) = crate::backend::tracking::TrackingConfig::from_config(cfg) else {
+        // The daemon reports the configuration's error.
+        return Ok(());
+    };
+    let mut ov = tc.finder.clone();
+    origin_from_first_events(&tc.geometry, dir, None, tc.min_p_gev, &mut ov)?;
+    let table = cfg.tracking.get_or_insert_with(Default::default);
+    let finder = table
+        .entry("finder")
+        .or_insert_with(|| toml::Value::Table(Default::default()));
+    if let toml::Value::Table(f) = finder {
+        for (key, now, before) in [
+            ("origin_x_mm", ov.origin_x_mm, tc.finder.origin_x_mm),
+            ("origin_y_mm", ov.origin_y_mm, tc.finder.origin_y_mm),
+            ("origin_z_mm", ov.origin_z_mm, tc.finder.origin_z_mm),
+            (
+                "origin_half_x_mm",
+                ov.origin_half_x_mm,
+                tc.finder.origin_half_x_mm,
+            ),
+            (
+                "origin_half_y_mm",
+                ov.origin_half_y_mm,
+                tc.finder.origin_half_y_mm,
+            ),
+        ] {
+            if let (Some(v), None) = (now, before) {
+                f.insert(key.into(), toml::Value::Float(v));
+            }
+        }
     }
     Ok(())
 }
@@ -927,6 +975,9 @@ fn open_feed(
 
 fn cmd_replay(a: ReplayArgs) -> anyhow::Result<ExitCode> {
     let mut cfg = load_config(&a.common)?;
+    if cfg.daemon.workload == WorkloadKind::Tracking && a.input.is_dir() {
+        origin_for_replay(&mut cfg, &a.input)?;
+    }
     cfg.inputs = vec![InputConfig {
         name: Some(a.input.display().to_string()),
         listen: None,

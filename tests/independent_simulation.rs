@@ -506,6 +506,17 @@ fn the_beam_off_the_axis_is_found_from_the_first_events() {
         assert!((v - want).abs() < 0.03, "beam spot centre {centre:?}");
     }
     assert!(num(spot, "n_tracks") > 100.0);
+    // `trigd replay` of the directory finds the same origin and decides on the same
+    // tracks: its `--tracks-out`, scored, meets the same aims.
+    let (rows, log) = replay_tracks(&events, dir.path());
+    assert!(
+        log.contains("origin centre measured from the first events' tracks"),
+        "{log}"
+    );
+    let sub = dir.path().join("replayed.csv");
+    std::fs::write(&sub, rows).expect("write the tracks");
+    let (replayed, _) = eval_with_args(&events, &["--tracks", sub.to_str().expect("path")]);
+    assert_eq!(num(&replayed, "efficiency"), num(&r, "efficiency"));
     // On the axis nothing is measured off it, and the finder keeps its default origin.
     let events = simulate(dir.path(), "forward", 14, 3, 40, 400);
     let (r, log) = eval_with_log(&events);
