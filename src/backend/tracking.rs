@@ -337,7 +337,18 @@ impl BeamWatch {
         }
         let moved = crate::tracking::beam_spot::off_the_origin(&spot, &self.finder);
         let wider = crate::tracking::beam_spot::wider_origin(&spot, &self.finder);
-        let off = moved || wider.is_some();
+        let mut off = moved || wider.is_some();
+        if self.off && !off {
+            // Back only within four fifths of the box (a beam at the threshold would
+            // otherwise warn and clear at every measurement).
+            let inner = FinderConfig {
+                origin_half_x_mm: 0.8 * self.finder.origin_half_x_mm,
+                origin_half_y_mm: 0.8 * self.finder.origin_half_y_mm,
+                ..self.finder.clone()
+            };
+            off = crate::tracking::beam_spot::off_the_origin(&spot, &inner)
+                || crate::tracking::beam_spot::wider_origin(&spot, &inner).is_some();
+        }
         let (x, y) = (spot.centre_mm[0], spot.centre_mm[1]);
         let f = &self.finder;
         if off && !self.off {
@@ -668,6 +679,51 @@ mod tests {
                 assert!(spread > 0.0 && spread < 1.0, "{axis} spread {spread}");
             }
         }
+    }
+
+    /// The watch warns once when the beam moves off the finder's origin and clears only
+    /// once it is back within four fifths of the box: a beam at the threshold does not
+    /// warn at every measurement.
+    #[test]
+    fn the_beam_watch_clears_only_well_within_the_box() {
+        use crate::tracking::track::TrackState;
+        let setup = setup(None);
+        let mut watch = BeamWatch::new(&setup, None);
+        // One straight track from (x0, 0) at z = 0, its state at z = 300 mm.
+        let from = |x0: f64, k: usize| {
+            let t = 0.01 * ((k % 21) as f64 - 10.0);
+            let mut cov = [0.0f32; 15];
+            for i in 0..5 {
+                cov[i * (i + 1) / 2 + i] = 1e-6;
+            }
+            Track {
+                hits: (0..6).collect(),
+                state: TrackState {
+                    z_mm: 300.0,
+                    x_mm: (x0 + 300.0 * t) as f32,
+                    y_mm: (300.0 * t) as f32,
+                    tx: t as f32,
+                    ty: t as f32,
+                    qop: 0.0,
+                },
+                cov,
+                chi2: 1.0,
+                ndf: 8,
+            }
+        };
+        let mut run = |x0: f64| {
+            for k in 0..(BEAM_TRACKS as u64 * BEAM_EVERY_EVENTS) as usize {
+                watch.add(std::slice::from_ref(&from(x0, k)));
+            }
+            (watch.measured, watch.off)
+        };
+        assert_eq!(run(0.0), (1, false));
+        // 1 mm off a 1.5 mm box: off.
+        assert_eq!(run(1.0), (2, true));
+        // 0.45 mm: within a third of the box (0.5), not of four fifths of it (0.4).
+        assert_eq!(run(0.45), (3, true));
+        assert_eq!(run(0.1), (4, false));
+        assert_eq!(run(0.45), (5, false));
     }
 
     /// Central events whose combinations fill the finder's triplet buffer are counted in
