@@ -279,6 +279,7 @@ fn dashboard_queries_are_valid_promql_over_real_families() {
     m.input_refused("s", "not_allowed").inc();
     m.backend(BackendKind::Gpu).observe_batch(4);
     m.worker_frames(0, "gpu0").inc_by(4);
+    m.beam_spot("x", "centre").set(0.0);
     let rendered = m.render().unwrap();
     let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
     for (i, e) in exprs.iter().enumerate() {
