@@ -465,13 +465,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 crate::tracking::reco::FinderConfig::from_detector_with(&det, min_p, &ov)
                     .validate(&det)
                     .map_err(|err| anyhow::anyhow!("[tracking.finder]: {err}"))?;
-                origin_from_first_events(
-                    &e.args.geometry,
-                    &e.args.events,
-                    e.args.max_events,
-                    min_p,
-                    &mut ov,
-                )?;
+                origin_from_first_events(&det, &e.args.events, e.args.max_events, min_p, &mut ov)?;
             }
             let mut reco: Option<crate::tracking::reco::Reconstructor> = None;
             let mut finder = None;
@@ -492,25 +486,8 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 Ok(tracks)
             })?;
             if let (Some(spot), Some(cfg)) = (&report.beam_spot, &finder) {
-                if crate::tracking::beam_spot::off_the_origin(spot, cfg) {
-                    tracing::warn!(
-                        "the tracks come from x = {:.3} mm, y = {:.3} mm on the origin plane, off the finder's origin ({} mm, {} mm, half size {} x {} mm), which loses stiff tracks: set [tracking.finder] origin_x_mm and origin_y_mm",
-                        spot.centre_mm[0],
-                        spot.centre_mm[1],
-                        cfg.origin_x_mm,
-                        cfg.origin_y_mm,
-                        cfg.origin_half_x_mm,
-                        cfg.origin_half_y_mm
-                    );
-                }
-                if let Some([hx, hy]) = crate::tracking::beam_spot::wider_origin(spot, cfg) {
-                    tracing::warn!(
-                        "the tracks spread {:.3} x {:.3} mm on the origin plane (and are seen only within the finder's origin box, half size {} x {} mm), wider than the box holds, which loses stiff tracks: set [tracking.finder] origin_half_x_mm = {hx} and origin_half_y_mm = {hy} or more",
-                        spot.spread_mm[0],
-                        spot.spread_mm[1],
-                        cfg.origin_half_x_mm,
-                        cfg.origin_half_y_mm
-                    );
+                if let Some(advice) = crate::tracking::beam_spot::origin_advice(spot, cfg) {
+                    tracing::warn!("{advice}");
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -541,11 +518,14 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
 /// from the tracks of the first events ([`crate::tracking::beam_spot::measure_origin`]);
 /// where it lies off the default centre by more than a third of the box, the finder is
 /// centred on it, and where the tracks spread wider than the box holds, the box is
-/// widened to them ([`crate::tracking::beam_spot::wider_origin`]). Each is said: a daemon
-/// needs them in its configuration, `[tracking.finder] origin_x_mm`, `origin_y_mm`,
-/// `origin_half_x_mm`, `origin_half_y_mm`.
+/// widened to them ([`crate::tracking::beam_spot::wider_origin`]), or, where none of the
+/// origin is configured, the origin moved to the plane upstream where they come together
+/// ([`crate::tracking::beam_spot::measure_origin_z`]). Each is said: a daemon needs them in
+/// its configuration, `[tracking.finder] origin_x_mm`, `origin_y_mm`, `origin_z_mm`,
+/// `origin_half_x_mm`, `origin_half_y_mm`. The caller has checked `det` and the finder
+/// configuration `ov` gives.
 fn origin_from_first_events(
-    geometry: &std::path::Path,
+    det: &crate::tracking::geometry::Detector,
     dir: &std::path::Path,
     max_events: Option<usize>,
     min_p: f64,
@@ -559,12 +539,7 @@ fn origin_from_first_events(
     if !free_centre && !free_box {
         return Ok(());
     }
-    let det = crate::tracking::geometry::Detector::from_toml_file(geometry)?;
-    let cfg = crate::tracking::reco::FinderConfig::from_detector_with(&det, min_p, ov);
-    if cfg.validate(&det).is_err() {
-        // The evaluation itself reports the configuration's error.
-        return Ok(());
-    }
+    let cfg = crate::tracking::reco::FinderConfig::from_detector_with(det, min_p, ov);
     let events: Vec<_> = crate::tracking::trackml::read_trackml_dir(dir)?
         .with_planes(det.planes.iter().map(|p| p.z_mm).collect())
         .take(
@@ -575,7 +550,7 @@ fn origin_from_first_events(
         .map_while(Result::ok)
         .map(|ev| ev.hits)
         .collect();
-    let Some(mut spot) = beam_spot::measure_origin(&det, &cfg, &events) else {
+    let Some(mut spot) = beam_spot::measure_origin(det, &cfg, &events) else {
         return Ok(());
     };
     let mut cfg = cfg;
@@ -585,7 +560,7 @@ fn origin_from_first_events(
         && beam_spot::wider_origin(&spot, &cfg).is_some()
     {
         // Spread wider than the box: perhaps a target elsewhere in z.
-        if let Some((at_origin, at_z)) = beam_spot::measure_origin_z(&det, &cfg, &events) {
+        if let Some((at_origin, at_z)) = beam_spot::measure_origin_z(det, &cfg, &events) {
             if beam_spot::origin_elsewhere(&at_origin, &at_z, &cfg) {
                 let z = (at_z.z_mm * 10.0).round() / 10.0;
                 tracing::warn!(
@@ -599,8 +574,8 @@ fn origin_from_first_events(
                 );
                 eprintln!("origin measured from the first events' tracks at z = {z} mm");
                 ov.origin_z_mm = Some(z);
-                cfg = crate::tracking::reco::FinderConfig::from_detector_with(&det, min_p, ov);
-                match beam_spot::measure_origin(&det, &cfg, &events) {
+                cfg = crate::tracking::reco::FinderConfig::from_detector_with(det, min_p, ov);
+                match beam_spot::measure_origin(det, &cfg, &events) {
                     Some(s) => spot = s,
                     None => return Ok(()),
                 }
@@ -642,12 +617,19 @@ fn origin_from_first_events(
 /// the replay then decides as the evaluation reconstructs. (A live input has no first
 /// events to read ahead: the daemon measures the decided events and warns instead.)
 fn origin_for_replay(cfg: &mut Config, dir: &std::path::Path) -> anyhow::Result<()> {
+    // Errors in the configuration or the geometry are the daemon's to report.
     let Ok(tc) = crate::backend::tracking::TrackingConfig::from_config(cfg) else {
-        // The daemon reports the configuration's error.
+        return Ok(());
+    };
+    let Ok(det) = crate::tracking::geometry::Detector::from_toml_file(&tc.geometry) else {
         return Ok(());
     };
     let mut ov = tc.finder.clone();
-    origin_from_first_events(&tc.geometry, dir, None, tc.min_p_gev, &mut ov)?;
+    let finder = crate::tracking::reco::FinderConfig::from_detector_with(&det, tc.min_p_gev, &ov);
+    if finder.validate(&det).is_err() {
+        return Ok(());
+    }
+    origin_from_first_events(&det, dir, None, tc.min_p_gev, &mut ov)?;
     let table = cfg.tracking.get_or_insert_with(Default::default);
     let finder = table
         .entry("finder")

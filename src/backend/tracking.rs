@@ -335,9 +335,8 @@ impl BeamWatch {
                 m.beam_spot(axis, "spread").set(spot.spread_mm[c]);
             }
         }
-        let moved = crate::tracking::beam_spot::off_the_origin(&spot, &self.finder);
-        let wider = crate::tracking::beam_spot::wider_origin(&spot, &self.finder);
-        let mut off = moved || wider.is_some();
+        let advice = crate::tracking::beam_spot::origin_advice(&spot, &self.finder);
+        let mut off = advice.is_some();
         if self.off && !off {
             // Back only within four fifths of the box (a beam at the threshold would
             // otherwise warn and clear at every measurement).
@@ -346,28 +345,11 @@ impl BeamWatch {
                 origin_half_y_mm: 0.8 * self.finder.origin_half_y_mm,
                 ..self.finder.clone()
             };
-            off = crate::tracking::beam_spot::off_the_origin(&spot, &inner)
-                || crate::tracking::beam_spot::wider_origin(&spot, &inner).is_some();
+            off = crate::tracking::beam_spot::origin_advice(&spot, &inner).is_some();
         }
         let (x, y) = (spot.centre_mm[0], spot.centre_mm[1]);
-        let f = &self.finder;
-        if off && !self.off {
-            let what = match (moved, wider) {
-                (true, Some([hx, hy])) => format!("off the finder's origin and wider than its box: set [tracking.finder] origin_x_mm, origin_y_mm and origin_half_x_mm = {hx}, origin_half_y_mm = {hy}"),
-                (true, None) => "off the finder's origin: set [tracking.finder] origin_x_mm and origin_y_mm".into(),
-                (false, Some([hx, hy])) => format!("wider than the finder's origin box (and seen only within it): set [tracking.finder] origin_half_x_mm = {hx}, origin_half_y_mm = {hy} or more"),
-                (false, None) => unreachable!("off"),
-            };
-            tracing::warn!(
-                "the tracks come from x = {x:.3} mm, y = {y:.3} mm (spread {:.3} / {:.3} mm, {} tracks), {what}; the finder's origin is ({} mm, {} mm), half size {} x {} mm, which loses stiff tracks",
-                spot.spread_mm[0],
-                spot.spread_mm[1],
-                spot.n_tracks,
-                f.origin_x_mm,
-                f.origin_y_mm,
-                f.origin_half_x_mm,
-                f.origin_half_y_mm
-            );
+        if let (Some(advice), false) = (&advice, self.off) {
+            tracing::warn!("{advice}");
         } else if !off && self.off {
             tracing::info!(
                 "the tracks come from the finder's origin again: x = {x:.3} mm, y = {y:.3} mm"

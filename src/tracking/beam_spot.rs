@@ -232,22 +232,45 @@ pub fn measure_origin<E: AsRef<[HitRecord]>>(
     cfg: &FinderConfig,
     events: impl IntoIterator<Item = E>,
 ) -> Option<BeamSpot> {
+    let half = cfg
+        .origin_half_x_mm
+        .max(cfg.origin_half_y_mm)
+        .max(OPEN_HALF_MM);
+    let tracks = open_tracks(det, cfg, half, events)?;
+    let mut meter = BeamSpotMeter::new(cfg.origin_z_mm, cfg.max_chi2_ndf);
+    meter.add(&det.field, &tracks);
+    meter.finish()
+}
+
+/// The tracks of the first events of `events` (up to [`ORIGIN_EVENTS`], or fewer once
+/// [`ORIGIN_TRACKS`] of them can be measured), found with `cfg`'s cuts above three times
+/// its minimum momentum (the narrowest windows, the least scattering on the way back to
+/// the origin) and an origin box of half size `half_mm` (infinite: none); `None` without
+/// planes.
+fn open_tracks<E: AsRef<[HitRecord]>>(
+    det: &Detector,
+    cfg: &FinderConfig,
+    half_mm: f64,
+    events: impl IntoIterator<Item = E>,
+) -> Option<Vec<Track>> {
+    let first = det.planes.first()?.z_mm;
     let mut open = cfg.at_momentum_factor(det, 3.0);
-    open.origin_half_x_mm = cfg.origin_half_x_mm.max(OPEN_HALF_MM);
-    open.origin_half_y_mm = cfg.origin_half_y_mm.max(OPEN_HALF_MM);
+    open.origin_half_x_mm = half_mm;
+    open.origin_half_y_mm = half_mm;
     open.exchange_segments = false;
     open.first_hits_to_origin = false;
     let mut reco = Reconstructor::new(det, open);
-    let mut meter = BeamSpotMeter::new(cfg.origin_z_mm, cfg.max_chi2_ndf);
-    let mut tracks = Vec::new();
+    let (mut tracks, mut all) = (Vec::new(), Vec::new());
+    let mut counter = BeamSpotMeter::new(first - 1.0, cfg.max_chi2_ndf);
     for hits in events.into_iter().take(ORIGIN_EVENTS) {
         reco.reconstruct(hits.as_ref(), &mut tracks);
-        meter.add(&det.field, &tracks);
-        if meter.n_tracks() >= ORIGIN_TRACKS {
+        counter.add(&det.field, &tracks);
+        all.append(&mut tracks);
+        if counter.n_tracks() >= ORIGIN_TRACKS {
             break;
         }
     }
-    meter.finish()
+    Some(all)
 }
 
 /// Candidate planes of [`measure_origin_z`]'s coarse scan.
@@ -271,22 +294,7 @@ pub fn measure_origin_z<E: AsRef<[HitRecord]>>(
     events: impl IntoIterator<Item = E>,
 ) -> Option<(BeamSpot, BeamSpot)> {
     let (first, last) = (det.planes.first()?.z_mm, det.planes.last()?.z_mm);
-    let mut open = cfg.at_momentum_factor(det, 3.0);
-    open.origin_half_x_mm = f64::INFINITY;
-    open.origin_half_y_mm = f64::INFINITY;
-    open.exchange_segments = false;
-    open.first_hits_to_origin = false;
-    let mut reco = Reconstructor::new(det, open);
-    let (mut tracks, mut all) = (Vec::new(), Vec::new());
-    let mut counter = BeamSpotMeter::new(first - 1.0, cfg.max_chi2_ndf);
-    for hits in events.into_iter().take(ORIGIN_EVENTS) {
-        reco.reconstruct(hits.as_ref(), &mut tracks);
-        counter.add(&det.field, &tracks);
-        all.append(&mut tracks);
-        if counter.n_tracks() >= ORIGIN_TRACKS {
-            break;
-        }
-    }
+    let all = open_tracks(det, cfg, f64::INFINITY, events)?;
     let spot_at = |z: f64| {
         let mut m = BeamSpotMeter::new(z, cfg.max_chi2_ndf);
         m.add(&det.field, &all);
@@ -330,6 +338,37 @@ pub fn wider_origin(spot: &BeamSpot, cfg: &FinderConfig) -> Option<[f64; 2]> {
     (0..2)
         .any(|c| half[c].is_finite() && need[c] > half[c])
         .then(|| std::array::from_fn(|c| need[c].max(half[c])))
+}
+
+/// What to configure where the tracks of `spot` come from off the finder's origin
+/// ([`off_the_origin`]) or spread wider than its box ([`wider_origin`]), either of which
+/// loses stiff tracks: a sentence for the log, `None` where neither.
+pub fn origin_advice(spot: &BeamSpot, cfg: &FinderConfig) -> Option<String> {
+    let (what, set) = match (off_the_origin(spot, cfg), wider_origin(spot, cfg)) {
+        (false, None) => return None,
+        (true, None) => ("off", "origin_x_mm and origin_y_mm".to_string()),
+        (false, Some([hx, hy])) => (
+            "spread wider than the box of",
+            format!("origin_half_x_mm = {hx} and origin_half_y_mm = {hy} or more"),
+        ),
+        (true, Some([hx, hy])) => (
+            "off and spread wider than the box of",
+            format!("origin_x_mm, origin_y_mm, origin_half_x_mm = {hx} and origin_half_y_mm = {hy} or more"),
+        ),
+    };
+    Some(format!(
+        "the tracks come from x = {:.3} mm, y = {:.3} mm at z = {} mm (spread {:.3} / {:.3} mm, {} tracks), {what} the finder's origin ({} mm, {} mm; half size {} x {} mm), which loses stiff tracks: set [tracking.finder] {set}",
+        spot.centre_mm[0],
+        spot.centre_mm[1],
+        spot.z_mm,
+        spot.spread_mm[0],
+        spot.spread_mm[1],
+        spot.n_tracks,
+        cfg.origin_x_mm,
+        cfg.origin_y_mm,
+        cfg.origin_half_x_mm,
+        cfg.origin_half_y_mm
+    ))
 }
 
 /// Whether the beam spot's centre lies so far from the configured origin that the pointing
