@@ -32,7 +32,7 @@ typedef unsigned int u32;
 #define TENT_FLOATS (4 + NODES * NODES * 3)
 
 // Per plane, floats: grid, windows of the doublet step (PlaneWindows), bending lever.
-#define PLF 32
+#define PLF 34
 #define PLF_HALF_X 0
 #define PLF_HALF_Y 1
 #define PLF_SCALE_X 2
@@ -42,6 +42,8 @@ typedef unsigned int u32;
 #define PLF_MS 6
 #define PLF_INV_LEVER 7
 #define PLF_TARGET 8 // + 8 k: dz, bend, meas_x, meas_y, b[3], unused
+#define PLF_HZ_INV_A 32 // a long origin seen from the plane: hz / a, a / (a - hz)
+#define PLF_BOX_SCALE 33
 // Per plane, ints: bins_x, bins_y, bin_offset, n_target, target planes[3].
 #define PLI 8
 // Per plane, doubles: inv_dz of each target.
@@ -59,6 +61,8 @@ typedef unsigned int u32;
 #define PRF_HALF 8
 #define PRF_TH2 11
 #define PRF_VAR 14
+#define PRF_HARD_SLOPE 17 // a long origin: the hard error per chord slope, per curvature
+#define PRF_KAPPA_REL 18
 // Per plane pair, ints: pointing tent index, triple tent index per s (-1: none).
 #define PRI 4
 // Globals, floats.

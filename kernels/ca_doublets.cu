@@ -41,8 +41,11 @@ __device__ __forceinline__ Box4 doublet_box(const float* __restrict__ pl, const 
     float tx0 = -max_tx, tx1 = max_tx, ty0 = -max_ty, ty1 = max_ty;
     if (pl[PLF_POINTING] != 0.0f) {
         float ms = pl[PLF_MS];
-        float wx = g[G_ORIGIN_HX] + bend * kx + ms * sf + meas_x;
-        float wy = g[G_ORIGIN_HY] + bend * ky + ms * sf + meas_y;
+        float hz_inv_a = pl[PLF_HZ_INV_A], box_scale = pl[PLF_BOX_SCALE];
+        float hx = (g[G_ORIGIN_HX] + hz_inv_a * fabsf(rx)) * box_scale;
+        float hy = (g[G_ORIGIN_HY] + hz_inv_a * fabsf(ry)) * box_scale;
+        float wx = hx + bend * kx + ms * sf + meas_x;
+        float wy = hy + bend * ky + ms * sf + meas_y;
         tx0 = fmaxf(tx0, (rx - wx) * inv_lever_a);
         tx1 = fminf(tx1, (rx + wx) * inv_lever_a);
         ty0 = fmaxf(ty0, (ry - wy) * inv_lever_a);

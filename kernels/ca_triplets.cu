@@ -117,13 +117,15 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
         }
         // window_lanes.
         float pointing = pr[PRF_POINTING], inv_zi = pr[PRF_INV_ZI], two_inv_zj = pr[PRF_TWO_INV_ZJ];
-        float hard_kx = pr[PRF_HARD_KX], hard_ky = pr[PRF_HARD_KY];
         float kvar_ms_per_qop2 = pr[PRF_KVAR_MS], kvar_res = pr[PRF_KVAR_RES];
         int n_triples = (int)pr[PRF_N_TRIPLES];
         int n_win = n_triples < reach ? n_triples : reach;
         float ra = xa - g[G_ORIGIN_X], rya = ya - g[G_ORIGIN_Y];
         float kappa_x = pointing * (tx - ra * inv_zi) * two_inv_zj;
         float kappa_y = pointing * (ty - rya * inv_zi) * two_inv_zj;
+        float hard_slope = pr[PRF_HARD_SLOPE], kappa_rel = pr[PRF_KAPPA_REL];
+        float hard_kx = pr[PRF_HARD_KX] + hard_slope * fabsf(ra * inv_zi) + kappa_rel * fabsf(kappa_x);
+        float hard_ky = pr[PRF_HARD_KY] + hard_slope * fabsf(rya * inv_zi) + kappa_rel * fabsf(kappa_y);
         float sf2 = fminf(slope_factor2(tx, ty), sf2_max);
         float kvar_ms = kvar_ms_per_qop2 * sf2;
         // The pointing tent's bending at its mean slope (the mean of the chords origin-a

@@ -520,9 +520,12 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
 /// centred on it, and where the tracks spread wider than the box holds, the box is
 /// widened to them ([`crate::tracking::beam_spot::wider_origin`]), or, where none of the
 /// origin is configured, the origin moved to the plane upstream where they come together
-/// ([`crate::tracking::beam_spot::measure_origin_z`]). Each is said: a daemon needs them in
-/// its configuration, `[tracking.finder] origin_x_mm`, `origin_y_mm`, `origin_z_mm`,
-/// `origin_half_x_mm`, `origin_half_y_mm`. The caller has checked `det` and the finder
+/// ([`crate::tracking::beam_spot::measure_origin_z`]); where they come from a region along
+/// the beam longer than the box's share allows (a long target), the origin is made as
+/// long ([`crate::tracking::beam_spot::longer_origin`]) before the box is measured
+/// again. Each is said: a daemon needs them in its configuration, `[tracking.finder]
+/// origin_x_mm`, `origin_y_mm`, `origin_z_mm`, `origin_half_x_mm`, `origin_half_y_mm`,
+/// `origin_half_z_mm`. The caller has checked `det` and the finder
 /// configuration `ov` gives.
 fn origin_from_first_events(
     det: &crate::tracking::geometry::Detector,
@@ -579,6 +582,35 @@ fn origin_from_first_events(
                     Some(s) => spot = s,
                     None => return Ok(()),
                 }
+            }
+        }
+    }
+    if free_box && ov.origin_half_z_mm.is_none() {
+        if let (Some(hz), Some(l)) = (beam_spot::longer_origin(&spot, &cfg), spot.length) {
+            // A long target: the origin there and as long, then measured again (the box
+            // below from the spread across the tracks' direction).
+            let (z, hz) = if ov.origin_z_mm.is_none()
+                && (l.z_centre_mm - cfg.origin_z_mm).abs() > 1.0_f64.max(0.25 * l.half_length_mm)
+            {
+                let z = (l.z_centre_mm * 10.0).round() / 10.0;
+                ov.origin_z_mm = Some(z);
+                (z, (l.half_length_mm * 10.0).ceil() / 10.0)
+            } else {
+                (cfg.origin_z_mm, hz)
+            };
+            tracing::warn!(
+                "the configuration gives no origin length, and the first events' {} inclined tracks come from z = {:.1} mm, {:.1} mm either side (a track's error there {:.1} mm): the finder's origin is made as long; a daemon needs [tracking.finder] origin_z_mm = {z} and origin_half_z_mm = {hz}",
+                l.n_tracks,
+                l.z_centre_mm,
+                l.half_length_mm,
+                l.z_error_mm
+            );
+            eprintln!("origin length measured from the first events' tracks: z = {z} mm, half length {hz} mm");
+            ov.origin_half_z_mm = Some(hz);
+            cfg = crate::tracking::reco::FinderConfig::from_detector_with(det, min_p, ov);
+            match beam_spot::measure_origin(det, &cfg, &events) {
+                Some(s) => spot = s,
+                None => return Ok(()),
             }
         }
     }
@@ -648,6 +680,11 @@ fn origin_for_replay(cfg: &mut Config, dir: &std::path::Path) -> anyhow::Result<
                 "origin_half_y_mm",
                 ov.origin_half_y_mm,
                 tc.finder.origin_half_y_mm,
+            ),
+            (
+                "origin_half_z_mm",
+                ov.origin_half_z_mm,
+                tc.finder.origin_half_z_mm,
             ),
         ] {
             if let (Some(v), None) = (now, before) {

@@ -205,7 +205,13 @@ enum HostStep {
     /// No host step: the beam 3 mm off the axis in x and 2 mm in y, the finder's origin
     /// centred on it (and the finder centred on the axis the one to differ from).
     OffAxis,
+    /// No host step: a target [`LONG_HALF_MM`] either side of z = 0 and the finder's
+    /// origin as long (and the thin origin the one to differ from).
+    LongTarget,
 }
+
+/// The target's half length of [`HostStep::LongTarget`], mm.
+const LONG_HALF_MM: f64 = 40.0;
 
 /// The beam's centre of [`HostStep::OffAxis`], mm.
 const OFF_AXIS_MM: [f64; 2] = [3.0, -2.0];
@@ -216,7 +222,16 @@ fn end_to_end(preset: Preset, n_events: u64, launch: usize, step: HostStep) {
     let dev = device();
     let s = seed();
     for (name, det, mut sim) in configurations(preset) {
-        let mut cfg = FinderConfig::from_detector(&det, 1.0);
+        let mut cfg = if step == HostStep::LongTarget {
+            sim.target_thickness_mm = 2.0 * LONG_HALF_MM;
+            let ov = trigd::tracking::reco::FinderOverrides {
+                origin_half_z_mm: Some(LONG_HALF_MM),
+                ..Default::default()
+            };
+            FinderConfig::from_detector_with(&det, 1.0, &ov)
+        } else {
+            FinderConfig::from_detector(&det, 1.0)
+        };
         cfg.exchange_segments = step == HostStep::Exchange;
         cfg.first_hits_to_origin = step == HostStep::FirstHits;
         if step == HostStep::OffAxis {
@@ -237,6 +252,7 @@ fn end_to_end(preset: Preset, n_events: u64, launch: usize, step: HostStep) {
                 first_hits_to_origin: false,
                 origin_x_mm: 0.0,
                 origin_y_mm: 0.0,
+                origin_half_z_mm: 0.0,
                 ..cfg.clone()
             },
         );
@@ -342,6 +358,13 @@ fn the_whole_finder_with_the_first_hits_against_the_origin_gives_the_cpus_tracks
 #[ignore = "needs a CUDA GPU"]
 fn the_whole_finder_with_the_origin_off_the_axis_gives_the_cpus_tracks() {
     end_to_end(Preset::Minbias, 200, 100, HostStep::OffAxis);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_whole_finder_with_a_long_origin_gives_the_cpus_tracks() {
+    end_to_end(Preset::Minbias, 200, 100, HostStep::LongTarget);
+    end_to_end(Preset::Central, 12, 12, HostStep::LongTarget);
 }
 
 #[test]

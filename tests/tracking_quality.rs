@@ -380,6 +380,8 @@ fn telescope_in_a_wide_parallel_test_beam() {
     }
     let [hx, hy] = beam_spot::wider_origin(&spot, &default).expect("a wider box");
     assert!(hx > 13.0 && hy > 13.0, "{hx} x {hy}");
+    // Parallel tracks say nothing of where along the beam they start: no length asked.
+    assert_eq!(beam_spot::longer_origin(&spot, &default), None, "{spot:?}");
     let wide = FinderConfig {
         origin_half_x_mm: hx,
         origin_half_y_mm: hy,
@@ -431,4 +433,86 @@ fn forward_tracker_with_the_target_upstream_of_the_coordinates_origin() {
     let (on_origin, at_z) = beam_spot::measure_origin_z(&det, &default, &events).expect("tracks");
     assert!(at_z.z_mm.abs() < 2.0, "{at_z:?}");
     assert!(!beam_spot::origin_elsewhere(&on_origin, &at_z, &default));
+}
+
+/// The spectrometer and the forward tracker with a target 80 mm long (a liquid or
+/// segmented target): tracks of slope `t` from its ends cross the origin plane `40 t` mm
+/// off the beam, and the default origin (a thin target) loses the inclined ones. The
+/// first events' tracks say where along the beam they come from and how far either
+/// side; the finder with an origin that long meets every aim. A thin target's tracks
+/// ask for nothing.
+#[test]
+fn a_long_target_is_measured_and_its_tracks_found() {
+    use trigd::tracking::beam_spot;
+    use trigd::tracking::reco::FinderOverrides;
+    for (name, det, base) in [
+        (
+            "spectrometer",
+            fixture("detector.toml"),
+            SimConfig::preset(Preset::Minbias),
+        ),
+        ("forward", forward(), SimConfig::forward(Preset::Minbias)),
+    ] {
+        let sim = SimConfig {
+            target_thickness_mm: 80.0,
+            ..base.clone()
+        };
+        // (The spectrometer's minimum-bias events hold about 30 particles each.)
+        let (seed, n_events) = (43, if name == "forward" { 10 } else { 40 });
+        let default = FinderConfig::from_detector(&det, 1.0);
+        let thin = evaluate_cfg(&det, &sim, seed, n_events, default.clone());
+        let events: Vec<_> = simulate_events(&det, &sim, seed, 0, n_events)
+            .map(|e| e.hits)
+            .collect();
+        let spot = beam_spot::measure_origin(&det, &default, &events).expect("tracks");
+        let l = spot.length.expect("inclined tracks");
+        println!(
+            "{name}: default finder efficiency {:.4}; {l:?}",
+            thin.efficiency
+        );
+        assert!(l.resolved(), "{name}: {l:?}");
+        assert!(l.z_centre_mm.abs() < 5.0, "{name}: {l:?}");
+        assert!(
+            l.half_length_mm > 36.0 && l.half_length_mm < 56.0,
+            "{name}: {l:?}"
+        );
+        let hz = beam_spot::longer_origin(&spot, &default).expect("a longer origin");
+        let long = FinderConfig::from_detector_with(
+            &det,
+            1.0,
+            &FinderOverrides {
+                origin_half_z_mm: Some(hz),
+                ..Default::default()
+            },
+        );
+        let report = evaluate_cfg(&det, &sim, seed, n_events, long.clone());
+        println!(
+            "{name}: origin_half_z_mm = {hz}: efficiency {:.4}",
+            report.efficiency
+        );
+        assert!(
+            report.efficiency > thin.efficiency,
+            "{name}: {} <= {}",
+            report.efficiency,
+            thin.efficiency
+        );
+        check(&report, &ALL);
+        // Measured again with the long origin, nothing more is asked.
+        let again = beam_spot::measure_origin(&det, &long, &events).expect("tracks");
+        assert!(
+            beam_spot::origin_advice(&again, &long).is_none(),
+            "{name}: {:?}",
+            beam_spot::origin_advice(&again, &long)
+        );
+        // A thin target's tracks ask for no length.
+        let events: Vec<_> = simulate_events(&det, &base, seed, 0, n_events)
+            .map(|e| e.hits)
+            .collect();
+        let spot = beam_spot::measure_origin(&det, &default, &events).expect("tracks");
+        assert_eq!(
+            beam_spot::longer_origin(&spot, &default),
+            None,
+            "{name}: {spot:?}"
+        );
+    }
 }

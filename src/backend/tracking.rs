@@ -334,6 +334,10 @@ impl BeamWatch {
                 m.beam_spot(axis, "centre").set(spot.centre_mm[c]);
                 m.beam_spot(axis, "spread").set(spot.spread_mm[c]);
             }
+            if let Some(l) = &spot.length {
+                m.beam_spot("z", "centre").set(l.z_centre_mm);
+                m.beam_spot("z", "half_length").set(l.half_length_mm);
+            }
         }
         let advice = crate::tracking::beam_spot::origin_advice(&spot, &self.finder);
         let mut off = advice.is_some();
@@ -343,6 +347,7 @@ impl BeamWatch {
             let inner = FinderConfig {
                 origin_half_x_mm: 0.8 * self.finder.origin_half_x_mm,
                 origin_half_y_mm: 0.8 * self.finder.origin_half_y_mm,
+                origin_half_z_mm: 0.8 * self.finder.origin_half_z_mm,
                 ..self.finder.clone()
             };
             off = crate::tracking::beam_spot::origin_advice(&spot, &inner).is_some();

@@ -154,7 +154,7 @@ const CAND_THREADS: u32 = 64;
 const FIT_WORDS: usize = super::tracking_fit::OUT_WORDS;
 
 // Table layouts (ca_common.cuh).
-const PLF: usize = 32;
+const PLF: usize = 34;
 const PLI: usize = 8;
 const PLD: usize = 4;
 const PRF: usize = 20;
@@ -350,6 +350,8 @@ impl CaTables {
             f[5] = pw.inv_lever_a;
             f[6] = pw.ms;
             f[7] = geo.bending.inv_lever.get(i).copied().unwrap_or(0.0);
+            f[32] = pw.hz_inv_a;
+            f[33] = pw.box_scale;
             let ints = &mut plane_i32[i * PLI..(i + 1) * PLI];
             ints[0] = g.bins_x as i32;
             ints[1] = g.bins_y as i32;
@@ -417,6 +419,8 @@ impl CaTables {
                 f[8..11].copy_from_slice(&p.half);
                 f[11..14].copy_from_slice(&p.theta2_per_qop2);
                 f[14..17].copy_from_slice(&p.var_res);
+                f[17] = p.hard_slope;
+                f[18] = p.kappa_rel;
                 if map {
                     let ints = &mut pair_i32[(i * n + j) * PRI..(i * n + j + 1) * PRI];
                     if let Some(t) = geo.bending.pointing(i, j) {
@@ -2515,6 +2519,34 @@ mod tests {
             assert!(t.tents.is_empty());
             assert!(t.pair_i32.iter().all(|&k| k == -1));
             assert_eq!(t.globals[9], cfg.n_sigma as f32);
+        }
+        // A long origin: its constants per plane and per plane pair (a thin one's are 0
+        // and 1).
+        for half_z in [0.0, 40.0] {
+            let cfg = FinderConfig {
+                origin_half_z_mm: half_z,
+                ..cfg.clone()
+            };
+            let geo = FinderGeometry::new(&det, &cfg);
+            let t = CaTables::new(&geo, &cfg, 2);
+            let n = geo.planes.len();
+            for i in 0..n {
+                let pw = PlaneWindows::new(&geo, &cfg, i, 2);
+                let f = &t.plane_f32[i * PLF..(i + 1) * PLF];
+                assert_eq!((f[32], f[33]), (pw.hz_inv_a, pw.box_scale));
+                let lever = geo.planes[i].z_mm - cfg.origin_z_mm;
+                let want = (half_z / lever) as f32;
+                assert!(
+                    (f[32] - want).abs() <= 1e-6 * want.max(1.0),
+                    "{} {want}",
+                    f[32]
+                );
+                assert_eq!(f[33] == 1.0, half_z == 0.0);
+            }
+            let p = &geo.pair_lanes[n + 2];
+            assert_eq!(t.pair_f32[(n + 2) * PRF + 17], p.hard_slope);
+            assert_eq!(t.pair_f32[(n + 2) * PRF + 18], p.kappa_rel);
+            assert_eq!(p.hard_slope > 0.0 && p.kappa_rel > 0.0, half_z > 0.0);
         }
         // A field map: every tent table of the CPU's bending, once each.
         let det =

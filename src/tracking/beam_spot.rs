@@ -62,6 +62,75 @@ pub struct BeamSpot {
     pub centre_error_mm: [f64; 2],
     /// The tracks measured.
     pub n_tracks: usize,
+    /// Where along the beam they come from ([`OriginLength`]); `None` with fewer than
+    /// [`MIN_TRACKS`] tracks inclined enough to say.
+    pub length: Option<OriginLength>,
+}
+
+/// Where along the beam the tracks come from: each track's point of closest approach to
+/// the beam line (through the spot's centre, along z), in a straight line from its point
+/// on the origin plane. A long target or colliding beams' luminous region spreads it over
+/// their length; a thin target only by the tracks' errors across the beam over their
+/// slopes.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct OriginLength {
+    /// The median of the tracks' z there, mm.
+    pub z_centre_mm: f64,
+    /// The region's half length: 1.2 times the 97th percentile of the tracks' distances
+    /// from that median (the points within four spreads of it), mm. For a uniform target
+    /// about 1.16 times its half length, for a Gaussian region 2.6 standard deviations.
+    pub half_length_mm: f64,
+    /// The median error of a track's z: its offset's error across the beam, the beam's
+    /// own size included, over its slope, mm. The tracks whose error is at most the
+    /// median of all make the measurement.
+    pub z_error_mm: f64,
+    /// The median slope (`sqrt(tx^2 + ty^2)`) of the tracks measured.
+    pub median_slope: f64,
+    /// The spread (1.4826 times the median absolute deviation) of the tracks' offsets
+    /// from the beam line across their own direction, which their z does not move: the
+    /// beam's size with the points' errors, mm.
+    pub across_spread_mm: f64,
+    /// The tracks measured (slopes of at least [`LENGTH_MIN_SLOPE`], errors in z at most
+    /// the median).
+    pub n_tracks: usize,
+}
+
+/// Fewest slope of a track [`OriginLength`] is measured with.
+pub const LENGTH_MIN_SLOPE: f64 = 0.01;
+
+impl OriginLength {
+    /// Whether the length is measured, not the tracks' errors: the half length more than
+    /// five times a track's typical error in z (a thin target's tracks give about 3.5).
+    pub fn resolved(&self) -> bool {
+        self.half_length_mm > 5.0 * self.z_error_mm
+    }
+}
+
+/// The median and spread (1.4826 times the median absolute deviation) of `values`,
+/// again over those within [`TRIM`] spreads of the median until the set no longer
+/// changes (at most [`TRIM_ROUNDS`] times), and how many that is; `None` with fewer
+/// than [`MIN_TRACKS`]. `scratch` is reused.
+fn trimmed(values: &[f64], scratch: &mut Vec<f64>) -> Option<(f64, f64, usize)> {
+    let (mut m, mut spread, mut n_in) = (0.0, f64::INFINITY, usize::MAX);
+    for _ in 0..TRIM_ROUNDS {
+        scratch.clear();
+        scratch.extend(
+            values
+                .iter()
+                .copied()
+                .filter(|x| (x - m).abs() <= TRIM * spread),
+        );
+        if scratch.len() < MIN_TRACKS || scratch.len() == n_in {
+            break;
+        }
+        n_in = scratch.len();
+        m = median(scratch);
+        for x in scratch.iter_mut() {
+            *x = (*x - m).abs();
+        }
+        spread = 1.4826 * median(scratch);
+    }
+    (n_in != usize::MAX && spread.is_finite()).then_some((m, spread, n_in))
 }
 
 /// Collects tracks' points on the origin plane ([`BeamSpotMeter::add`]) and measures the
@@ -70,8 +139,8 @@ pub struct BeamSpot {
 pub struct BeamSpotMeter {
     z_mm: f64,
     max_chi2_ndf: f64,
-    /// Per track: x, y and their variances.
-    points: Vec<[f64; 4]>,
+    /// Per track: x, y, their variances, and the slopes there.
+    points: Vec<[f64; 6]>,
 }
 
 impl BeamSpotMeter {
@@ -117,7 +186,7 @@ impl BeamSpotMeter {
 
     /// A track's point on the plane and its variances, or `None` for a short or poorly
     /// fitted track, or one that starts upstream of the plane.
-    fn point(&self, field: &Field, t: &Track) -> Option<[f64; 4]> {
+    fn point(&self, field: &Field, t: &Track) -> Option<[f64; 6]> {
         let chi2 = t.chi2_ndf() as f64;
         if t.hits.len() < MIN_HITS || chi2.is_nan() || chi2 > self.max_chi2_ndf {
             return None;
@@ -144,7 +213,7 @@ impl BeamSpotMeter {
             }
             v
         };
-        let p = [out[0], out[1], var(0), var(1)];
+        let p = [out[0], out[1], var(0), var(1), out[2], out[3]];
         p.iter().all(|v| v.is_finite()).then_some(p)
     }
 
@@ -161,6 +230,7 @@ impl BeamSpotMeter {
             size_mm: [0.0; 2],
             centre_error_mm: [0.0; 2],
             n_tracks: n,
+            length: None,
         };
         let mut v: Vec<f64> = Vec::with_capacity(n);
         for c in 0..2 {
@@ -200,7 +270,60 @@ impl BeamSpotMeter {
             spot.size_mm[c] = (spread * spread - err2).max(0.0).sqrt();
             spot.centre_error_mm[c] = 1.2533 * spread / (n_in.min(n) as f64).sqrt();
         }
+        spot.length = self.length(spot.centre_mm, &mut v);
         Some(spot)
+    }
+
+    /// Where along the beam line through `centre` the tracks come from ([`OriginLength`]).
+    fn length(&self, centre: [f64; 2], v: &mut Vec<f64>) -> Option<OriginLength> {
+        // Per inclined track: the offset from the beam line along and across the slope's
+        // direction, the slope, and the offset's variance along it.
+        let mut along = Vec::new();
+        let mut across = Vec::new();
+        for p in &self.points {
+            let (tx, ty) = (p[4], p[5]);
+            let t = tx.hypot(ty);
+            if t.is_nan() || t < LENGTH_MIN_SLOPE {
+                continue;
+            }
+            let (dx, dy) = (p[0] - centre[0], p[1] - centre[1]);
+            let u = (dx * tx + dy * ty) / t;
+            let var_u = (p[2] * tx * tx + p[3] * ty * ty) / (t * t);
+            along.push([self.z_mm - u / t, t, var_u]);
+            across.push((dx * ty - dy * tx) / t);
+        }
+        let (_, across_spread, _) = trimmed(&across, v)?;
+        // Each track's error in z; the better half of the tracks measure (the flattest
+        // have errors of centimetres).
+        let err = |a: &[f64; 3]| (a[2] + across_spread * across_spread).sqrt() / a[1];
+        v.clear();
+        v.extend(along.iter().map(err));
+        let cut = median(v);
+        along.retain(|a| err(a) <= cut);
+        let z: Vec<f64> = along.iter().map(|a| a[0]).collect();
+        let (zc, spread, n_in) = trimmed(&z, v)?;
+        v.clear();
+        v.extend(
+            z.iter()
+                .map(|z| (z - zc).abs())
+                .filter(|d| *d <= TRIM * spread),
+        );
+        v.sort_by(f64::total_cmp);
+        let q97 = v[((v.len() as f64 * 0.97) as usize).min(v.len() - 1)];
+        v.clear();
+        v.extend(along.iter().map(err));
+        let z_error = median(v);
+        v.clear();
+        v.extend(along.iter().map(|a| a[1]));
+        let median_slope = median(v);
+        Some(OriginLength {
+            z_centre_mm: zc,
+            half_length_mm: 1.2 * q97,
+            z_error_mm: z_error,
+            median_slope,
+            across_spread_mm: across_spread,
+            n_tracks: n_in,
+        })
     }
 }
 
@@ -332,18 +455,58 @@ pub fn origin_elsewhere(at_origin: &BeamSpot, at_z: &BeamSpot, cfg: &FinderConfi
 /// the configured box holds three spreads on both axes. A wide beam (a test beam spread
 /// over the planes), a long target seen from the planes, a beam that wanders: all are
 /// tracks the pointing windows would lose with the default box.
+///
+/// With a long origin configured (`origin_half_z_mm`), whose box grows with the slope,
+/// the spread is the tracks' across their own direction ([`OriginLength`]), which their
+/// z does not move.
 pub fn wider_origin(spot: &BeamSpot, cfg: &FinderConfig) -> Option<[f64; 2]> {
     let half = [cfg.origin_half_x_mm, cfg.origin_half_y_mm];
-    let need: [f64; 2] = std::array::from_fn(|c| (3.0 * spot.spread_mm[c] * 100.0).ceil() / 100.0);
+    let spread = match (&spot.length, cfg.origin_half_z_mm > 0.0) {
+        (Some(l), true) => [l.across_spread_mm; 2],
+        _ => spot.spread_mm,
+    };
+    let need: [f64; 2] = std::array::from_fn(|c| (3.0 * spread[c] * 100.0).ceil() / 100.0);
     (0..2)
         .any(|c| half[c].is_finite() && need[c] > half[c])
         .then(|| std::array::from_fn(|c| need[c].max(half[c])))
 }
 
+/// The origin's half length (`origin_half_z_mm`) the tracks of `spot` need, where the
+/// configured one is too short for them and that loses tracks: their region along the
+/// beam is measured ([`OriginLength::resolved`]), reaches further from the configured
+/// origin's z than its half length, and the difference times the tracks' median slope
+/// (how far it moves a typical track's point on the origin plane) exceeds a third of the
+/// box's smaller half size. Its distance from the configured z plus its half length, in
+/// tenths of a millimetre up; `None` otherwise. Within the box's share a thin target's
+/// tracks need nothing, however their z is spread by their errors.
+pub fn longer_origin(spot: &BeamSpot, cfg: &FinderConfig) -> Option<f64> {
+    let l = spot.length.as_ref()?;
+    if !l.resolved() {
+        return None;
+    }
+    let need = l.half_length_mm + (l.z_centre_mm - cfg.origin_z_mm).abs();
+    let need = (need * 10.0).ceil() / 10.0;
+    let half = cfg.origin_half_x_mm.min(cfg.origin_half_y_mm);
+    let have = cfg.origin_half_z_mm.max(0.0);
+    (half.is_finite() && need > have && (need - have) * l.median_slope > half / 3.0).then_some(need)
+}
+
 /// What to configure where the tracks of `spot` come from off the finder's origin
-/// ([`off_the_origin`]) or spread wider than its box ([`wider_origin`]), either of which
-/// loses stiff tracks: a sentence for the log, `None` where neither.
+/// ([`off_the_origin`]), spread wider than its box ([`wider_origin`]) or along the beam
+/// further than its length ([`longer_origin`]), each of which loses tracks: a sentence
+/// for the log, `None` where none.
 pub fn origin_advice(spot: &BeamSpot, cfg: &FinderConfig) -> Option<String> {
+    if let (Some(need), Some(l)) = (longer_origin(spot, cfg), &spot.length) {
+        return Some(format!(
+            "the tracks come from z = {:.1} mm, {:.1} mm either side ({} tracks of median slope {:.3}), longer than the finder's origin (z = {} mm, half length {} mm), which loses tracks: set [tracking.finder] origin_half_z_mm = {need} or more",
+            l.z_centre_mm,
+            l.half_length_mm,
+            l.n_tracks,
+            l.median_slope,
+            cfg.origin_z_mm,
+            cfg.origin_half_z_mm
+        ));
+    }
     let (what, set) = match (off_the_origin(spot, cfg), wider_origin(spot, cfg)) {
         (false, None) => return None,
         (true, None) => ("off", "origin_x_mm and origin_y_mm".to_string()),

@@ -922,6 +922,20 @@ impl EvalReport {
                 b.size_mm[0],
                 b.size_mm[1]
             );
+            if let Some(l) = &b.length {
+                let _ = writeln!(
+                    s,
+                    "along the beam ({} tracks of slope {} or more, median {:.3}): from z = {:.1} mm, half length {:.1} mm ({}; a track's error in z {:.1} mm), spread across their direction {:.3} mm",
+                    l.n_tracks,
+                    crate::tracking::beam_spot::LENGTH_MIN_SLOPE,
+                    l.median_slope,
+                    l.z_centre_mm,
+                    l.half_length_mm,
+                    if l.resolved() { "measured" } else { "within the tracks' errors" },
+                    l.z_error_mm,
+                    l.across_spread_mm
+                );
+            }
         }
         s
     }

@@ -575,19 +575,28 @@ mod tests {
         // and the seeded pass saves less.
         let forward = "fixtures/tracking/forward/detector_forward.toml";
         let dipole = "fixtures/tracking/dipole/detector_dipole.toml";
-        for (file, n_central, to_last_plane, saving) in [
-            ("fixtures/detector.toml", 2, true, 0.75),
-            ("fixtures/detector.toml", 1, false, 0.75),
-            ("fixtures/telescope.toml", 1, true, 0.75),
-            (dipole, 1, true, 1.0),
-            (dipole, 1, false, 1.0),
-            (forward, 1, true, 0.85),
+        // Also with a target 80 mm long and the finder's origin as long (the back boxes
+        // of the seeded search bounded per middle hit).
+        for (file, n_central, to_last_plane, saving, half_z) in [
+            ("fixtures/detector.toml", 2, true, 0.75, 0.0),
+            ("fixtures/detector.toml", 1, false, 0.75, 0.0),
+            ("fixtures/telescope.toml", 1, true, 0.75, 0.0),
+            (dipole, 1, true, 1.0, 0.0),
+            (dipole, 1, false, 1.0, 0.0),
+            (forward, 1, true, 0.85, 0.0),
+            ("fixtures/detector.toml", 1, true, 1.0, 40.0),
+            (dipole, 1, true, 1.0, 40.0),
+            (forward, 1, true, 1.0, 40.0),
         ] {
             let det = Detector::from_toml_file(std::path::Path::new(file))
                 .expect("fixtures (tests run from the crate root)");
+            let ov = FinderOverrides {
+                origin_half_z_mm: Some(half_z),
+                ..Default::default()
+            };
             let derived = FinderConfig {
                 first_pass_to_last_plane: to_last_plane,
-                ..FinderConfig::from_detector(&det, 1.0)
+                ..FinderConfig::from_detector_with(&det, 1.0, &ov)
             };
             let full_cfg = FinderConfig {
                 follow_seeds: false,
@@ -611,7 +620,11 @@ mod tests {
             let (mut a, mut b) = (Vec::new(), Vec::new());
             let mut n_tracks = [0; 2];
             for (k, preset, n) in [(0, Preset::Minbias, 10), (1, Preset::Central, n_central)] {
-                for ev in simulate_events(&det, &SimConfig::preset(preset), 3, 0, n) {
+                let mut sim = SimConfig::preset(preset);
+                if half_z > 0.0 {
+                    sim.target_thickness_mm = 2.0 * half_z;
+                }
+                for ev in simulate_events(&det, &sim, 3, 0, n) {
                     seeded.reconstruct(&ev.hits, &mut a);
                     full.reconstruct(&ev.hits, &mut b);
                     n_tracks[k] += b.len();
@@ -1258,11 +1271,22 @@ mod tests {
             "origin_x_mm = 1e3\n",
             "origin_y_mm = -1e300\n",
             "origin_z_mm = inf\n",
+            "origin_half_z_mm = inf\n",
+            "origin_half_z_mm = -1.0\n",
         ] {
             let ov = FinderOverrides::from_toml_str(far).unwrap();
             let e = FinderConfig::from_detector_with(&det, 1.0, &ov).validate(&det);
             assert!(e.is_err(), "{far}");
         }
+        // A long origin: the slope limits seen from its downstream end, the stiff pass's
+        // too.
+        let ov = FinderOverrides::from_toml_str("origin_half_z_mm = 50.0\n").unwrap();
+        let long = FinderConfig::from_detector_with(&det, 1.0, &ov);
+        assert!(long.validate(&det).is_ok());
+        assert_eq!(long.slope_origin_mm(), [0.0, 0.0, 50.0]);
+        assert!(long.max_tx > c.max_tx && long.max_ty > c.max_ty);
+        let (s_long, s) = (long.stiff_pass(&det).unwrap(), c.stiff_pass(&det).unwrap());
+        assert!(s_long.max_tx > s.max_tx, "{} {}", s_long.max_tx, s.max_tx);
         // The fitter takes the two paths apart: each track's own q/p against one for all.
         let fit = |cfg: &FinderConfig| {
             let f = KalmanFitter::new(&det, cfg.fit.clone());

@@ -10,6 +10,7 @@
 //! | window or cut | bounds |
 //! | --- | --- |
 //! | origin (`origin_x_mm`, `origin_y_mm`, `origin_z_mm`; box `origin_half_*_mm`) | where the tracks come from: the beam on the target, a box of three standard deviations about its centre; the pointing windows, the pointing parabolas and the lines the field is read along all start there (a centre the configuration does not give is measured by `trigd eval tracking` from the first events' tracks, [`crate::tracking::beam_spot`], and watched by the daemon) |
+//! | origin length (`origin_half_z_mm`) | a long target or luminous region: a track of slope `t` from `dz` along the beam crosses the origin plane `t dz` off its vertex, so the box grows with the slope each window sees and the levers from the origin shorten by the half length (measured by `trigd eval tracking` from where the first events' tracks come closest to the beam) |
 //! | `max_tx`, `max_ty` | the slopes of tracks from the origin inside the acceptance, plus the bending of a track at the minimum momentum over the detector |
 //! | `max_curvature_*_per_mm` | d2x/dz2 and d2y/dz2 of a track at the minimum momentum (with `momentum_slack`) in the largest field on the lines through the acceptance |
 //! | doublet pointing window | the miss at the origin: origin size + the pointing tent's bending at the minimum momentum + `n_sigma` scattering upstream + resolution |
@@ -92,6 +93,16 @@ pub struct FinderConfig {
     pub origin_half_x_mm: f64,
     /// Half size in y of that region, mm. Default 1.5 mm.
     pub origin_half_y_mm: f64,
+    /// Half length in z of that region about `origin_z_mm`, mm: a long target, or
+    /// colliding beams' luminous region. Default 0 (a thin target). A track of slope `t`
+    /// from `dz` upstream or downstream of `origin_z_mm` crosses the origin plane `t dz`
+    /// from where it started, so every pointing window's box grows with the slope the
+    /// hit is seen at, `origin_half_x_mm + origin_half_z_mm |tx|` (and the levers from
+    /// the origin to the planes shorten by it): see [`super::doublets`] and
+    /// [`super::triplets`]. The slope limits are derived from the region's downstream
+    /// end. `trigd eval tracking` measures it from where the tracks come together along
+    /// the beam ([`crate::tracking::beam_spot`]).
+    pub origin_half_z_mm: f64,
     /// Largest |dx/dz| of a doublet. Default: the widest plane's half width over its
     /// distance from the origin, plus the bending of a `min_p_gev` track over the detector.
     pub max_tx: f64,
@@ -222,7 +233,7 @@ pub struct FinderConfig {
     /// with the origin as a measurement ([`super::first_hits`]): the plane nearest the
     /// target is the densest, and there a chain's upstream end often takes a nearby
     /// particle's hit (a quarter of the tracks of the densest drawn samples). Only where
-    /// the origin is finite. On the 102 drawn detectors and events it gives back about
+    /// the origin is finite and thin (`origin_half_z_mm` 0). On the 102 drawn detectors and events it gives back about
     /// half of the foreign first hits there, mean efficiency 0.9930 -> 0.9935 and ghosts 0.79
     /// -> 0.73 %, no sample worse; it adds 5-8 % to the finder's time on one core and,
     /// with `--backend gpu`, where it runs on the host after each launch, it took a third
@@ -263,6 +274,7 @@ impl FinderConfig {
             origin_z_mm: origin[2],
             origin_half_x_mm: 1.5,
             origin_half_y_mm: 1.5,
+            origin_half_z_mm: 0.0,
             max_tx,
             max_ty,
             max_curvature_x_per_mm: cx,
@@ -313,6 +325,21 @@ impl FinderConfig {
             [0.0; 3]
         };
         let mut c = FinderConfig::from_detector_at(det, min_p, origin);
+        let half_z = ov.origin_half_z_mm.unwrap_or(0.0);
+        if half_z > 0.0 && half_z.is_finite() {
+            // Tracks from the region's downstream end reach the planes' edges at the
+            // largest slopes.
+            let b = MomentumBounds::new(
+                det,
+                [origin[0], origin[1], origin[2] + half_z],
+                min_p / c.momentum_slack,
+            );
+            c.max_tx = b.max_t[0];
+            c.max_ty = b.max_t[1];
+            c.max_curvature_x_per_mm = b.curvature[0];
+            c.max_curvature_y_per_mm = b.curvature[1];
+            c.slope_factor = slope_factor(b.max_t[0], b.max_t[1]);
+        }
         ov.apply(&mut c);
         if ov.max_chi2_ndf.is_none() {
             // The derived cut follows the fit's overridden scattering model.
@@ -339,7 +366,7 @@ impl FinderConfig {
     /// every other cut, overrides included, kept, and no stiff-track pass of its own.
     pub fn at_momentum_factor(&self, det: &Detector, k: f64) -> FinderConfig {
         let min_p = self.min_p_gev * k;
-        let b = MomentumBounds::new(det, self.origin_mm(), min_p / self.momentum_slack);
+        let b = MomentumBounds::new(det, self.slope_origin_mm(), min_p / self.momentum_slack);
         let max_tx = b.max_t[0].min(self.max_tx);
         let max_ty = b.max_t[1].min(self.max_ty);
         FinderConfig {
@@ -371,6 +398,17 @@ impl FinderConfig {
     /// The centre of the region the tracks come from, `[x, y, z]` in mm.
     pub fn origin_mm(&self) -> [f64; 3] {
         [self.origin_x_mm, self.origin_y_mm, self.origin_z_mm]
+    }
+
+    /// Where the slope limits are seen from: the origin's centre moved downstream by its
+    /// half length (`origin_half_z_mm`, when positive), `[x, y, z]` in mm.
+    pub fn slope_origin_mm(&self) -> [f64; 3] {
+        let dz = if self.origin_half_z_mm > 0.0 && self.origin_half_z_mm.is_finite() {
+            self.origin_half_z_mm
+        } else {
+            0.0
+        };
+        [self.origin_x_mm, self.origin_y_mm, self.origin_z_mm + dz]
     }
 
     /// Largest |q/p| the cuts accept, e/(GeV/c).
@@ -421,6 +459,9 @@ impl FinderConfig {
                 );
             }
         }
+        if !self.origin_half_z_mm.is_finite() {
+            return bad("origin_half_z_mm", "must be finite");
+        }
         for (name, v) in [
             ("momentum_slack", self.momentum_slack),
             ("n_sigma", self.n_sigma),
@@ -438,6 +479,7 @@ impl FinderConfig {
         for (name, v) in [
             ("origin_half_x_mm", self.origin_half_x_mm),
             ("origin_half_y_mm", self.origin_half_y_mm),
+            ("origin_half_z_mm", self.origin_half_z_mm),
             ("max_curvature_x_per_mm", self.max_curvature_x_per_mm),
             ("max_curvature_y_per_mm", self.max_curvature_y_per_mm),
             ("clone_window_mm", self.clone_window_mm),
@@ -520,6 +562,7 @@ pub struct FinderOverrides {
     pub origin_z_mm: Option<f64>,
     pub origin_half_x_mm: Option<f64>,
     pub origin_half_y_mm: Option<f64>,
+    pub origin_half_z_mm: Option<f64>,
     pub max_tx: Option<f64>,
     pub max_ty: Option<f64>,
     pub max_curvature_x_per_mm: Option<f64>,
@@ -580,6 +623,7 @@ impl FinderOverrides {
             origin_z_mm,
             origin_half_x_mm,
             origin_half_y_mm,
+            origin_half_z_mm,
             max_tx,
             max_ty,
             max_curvature_x_per_mm,

@@ -137,6 +137,13 @@ pub(crate) struct PlaneWindows {
     pub(crate) origin_half: [f32; 2],
     /// The origin's centre in x and y, mm.
     pub(crate) origin_c: [f32; 2],
+    /// A long origin (`origin_half_z_mm`, `hz`) seen from this plane (lever `a`): the box
+    /// at a hit offset `r` from the centre is `(half + hz |r| / a) a / (a - hz)`, the
+    /// largest miss at the origin plane of a line through the hit from anywhere in the
+    /// region (its slope up to `(|r| + half) / (a - hz)`). `hz / a`, and `a / (a - hz)`;
+    /// 0 and 1 for a thin target.
+    pub(crate) hz_inv_a: f32,
+    pub(crate) box_scale: f32,
     pub(crate) k_qop: f32,
 }
 
@@ -151,6 +158,7 @@ impl PlaneWindows {
         let n_planes = geo.planes.len();
         let gi = &geo.planes[i];
         let lever_a = gi.z_mm - cfg.origin_z_mm;
+        let hz = cfg.origin_half_z_mm.max(0.0);
         let mut targets = [Target::default(); MAX_REACH];
         let mut n_target = 0;
         for j in (i + 1)..(i + 1 + reach.clamp(1, MAX_REACH)).min(n_planes) {
@@ -168,7 +176,9 @@ impl PlaneWindows {
                 plane: j,
                 dz: dz as f32,
                 inv_dz: 1.0 / dz,
-                bend: (0.5 * lever_a * lever_b) as f32,
+                // The pointing tent's sagitta at the chord, from the region's upstream
+                // end (the lever to plane j is longer by `hz`).
+                bend: (0.5 * lever_a * (lever_b + hz)) as f32,
                 meas_x: meas(gi.var_x, gj.var_x),
                 meas_y: meas(gi.var_y, gj.var_y),
                 b: geo.pointing_b_max_tesla[i * n_planes + j].map(|v| v as f32),
@@ -176,7 +186,7 @@ impl PlaneWindows {
             n_target += 1;
         }
         PlaneWindows {
-            pointing: lever_a > 1.0
+            pointing: lever_a - hz > 1.0
                 && cfg.origin_half_x_mm.is_finite()
                 && cfg.origin_half_y_mm.is_finite(),
             inv_lever_a: (1.0 / lever_a) as f32,
@@ -191,6 +201,17 @@ impl PlaneWindows {
             sf_max: cfg.slope_factor as f32,
             origin_half: [cfg.origin_half_x_mm as f32, cfg.origin_half_y_mm as f32],
             origin_c: [cfg.origin_x_mm as f32, cfg.origin_y_mm as f32],
+            // (Without pointing, unused: kept finite.)
+            hz_inv_a: if lever_a - hz > 1.0 {
+                (hz / lever_a) as f32
+            } else {
+                0.0
+            },
+            box_scale: if lever_a - hz > 1.0 {
+                (lever_a / (lever_a - hz)) as f32
+            } else {
+                1.0
+            },
             k_qop: (K_GEV_PER_T_MM * cfg.qop_max()) as f32,
         }
     }
@@ -255,8 +276,10 @@ impl PlaneWindows {
                 let ky = (knn[l] * ay).min(self.max_c[1]);
                 let (mut tx0, mut tx1, mut ty0, mut ty1) = (-max_tx, max_tx, -max_ty, max_ty);
                 if self.pointing {
-                    let wx = self.origin_half[0] + tg.bend * kx + self.ms * sf[l] + tg.meas_x;
-                    let wy = self.origin_half[1] + tg.bend * ky + self.ms * sf[l] + tg.meas_y;
+                    let hx = (self.origin_half[0] + self.hz_inv_a * rx[l].abs()) * self.box_scale;
+                    let hy = (self.origin_half[1] + self.hz_inv_a * ry[l].abs()) * self.box_scale;
+                    let wx = hx + tg.bend * kx + self.ms * sf[l] + tg.meas_x;
+                    let wy = hy + tg.bend * ky + self.ms * sf[l] + tg.meas_y;
                     tx0 = tx0.max((rx[l] - wx) * self.inv_lever_a);
                     tx1 = tx1.min((rx[l] + wx) * self.inv_lever_a);
                     ty0 = ty0.max((ry[l] - wy) * self.inv_lever_a);

@@ -120,7 +120,8 @@ impl FirstHitCuts {
             Field::Grid(_) => None,
         };
         FirstHitCuts {
-            enabled: cfg.first_hits_to_origin && finite && n >= 3,
+            // A point origin: with a long one (`origin_half_z_mm`) the step does not run.
+            enabled: cfg.first_hits_to_origin && finite && n >= 3 && cfg.origin_half_z_mm <= 0.0,
             origin_xy_mm: [cfg.origin_x_mm, cfg.origin_y_mm],
             origin_z_mm: cfg.origin_z_mm,
             origin_var: [cfg.origin_half_x_mm, cfg.origin_half_y_mm].map(|h| {

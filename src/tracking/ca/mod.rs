@@ -332,6 +332,12 @@ pub struct PairLanes {
     /// parabola, or without pointing the curvature bounds.
     pub hard_kx: f32,
     pub hard_ky: f32,
+    /// A long origin (`origin_half_z_mm`, `hz`): the hard error grows by `hard_slope`
+    /// times the chord slope from the origin's centre to the first hit and by
+    /// `kappa_rel` times the pointing curvature itself (the parabola's levers are
+    /// `hz` shorter or longer); 0 for a thin target.
+    pub hard_slope: f32,
+    pub kappa_rel: f32,
     /// Curvature variance from scattering per (q/p)^2 (without the slope factor) and from
     /// the resolution (0 without pointing).
     pub kvar_ms_per_qop2: f32,
@@ -458,6 +464,7 @@ impl FinderGeometry {
         let mut triples = vec![TripleGeometry::default(); n * n * MAX_REACH];
         let var_hit = |g: &PlaneGeometry| g.var_x.max(g.var_y);
         let origin_finite = cfg.origin_half_x_mm.is_finite() && cfg.origin_half_y_mm.is_finite();
+        let hz = cfg.origin_half_z_mm.max(0.0);
         for i in 0..n {
             for j in (i + 1)..n {
                 let (gi, gj) = (&planes[i], &planes[j]);
@@ -466,7 +473,7 @@ impl FinderGeometry {
                     continue;
                 }
                 let (zi, zj) = (gi.z_mm - cfg.origin_z_mm, gj.z_mm - cfg.origin_z_mm);
-                let pointing = origin_finite && zi > 1.0;
+                let pointing = origin_finite && zi - hz > 1.0;
                 let pg = &mut pairs[i * n + j];
                 pg.inv_dz = 1.0 / dz;
                 pg.pointing = pointing;
@@ -511,12 +518,21 @@ impl FinderGeometry {
             for j in (i + 1)..n {
                 let pg = &pairs[i * n + j];
                 let mut pl = if pg.pointing {
+                    // A parabola through (z_v, x_v) anywhere in the origin region against
+                    // the one through the centre: the curvature differs by at most
+                    // `2 (half + hz |x_a - x_c| / z_i) / ((z_i - hz) (z_j - hz))` from the
+                    // chord to the first hit, and `hz / (z_j - hz)` of itself from the
+                    // lever to the second.
+                    let (zi, zj) = (1.0 / pg.inv_zi, 2.0 / pg.two_inv_zj);
+                    let g = (zi * zj) / ((zi - hz) * (zj - hz));
                     PairLanes {
                         pointing: 1.0,
                         inv_zi: pg.inv_zi as f32,
                         two_inv_zj: pg.two_inv_zj as f32,
-                        hard_kx: (pg.kappa_per_mm * cfg.origin_half_x_mm) as f32,
-                        hard_ky: (pg.kappa_per_mm * cfg.origin_half_y_mm) as f32,
+                        hard_kx: (pg.kappa_per_mm * g * cfg.origin_half_x_mm) as f32,
+                        hard_ky: (pg.kappa_per_mm * g * cfg.origin_half_y_mm) as f32,
+                        hard_slope: (pg.kappa_per_mm * g * hz) as f32,
+                        kappa_rel: (hz / (zj - hz)) as f32,
                         kvar_ms_per_qop2: (pg.kappa_var_ms / (q_table * q_table)) as f32,
                         kvar_res: pg.kappa_var_res as f32,
                         ..Default::default()

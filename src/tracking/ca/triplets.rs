@@ -516,7 +516,9 @@ impl Rights {
             let (tx, ty) = (self.lanes.tx[r], self.lanes.ty[r]);
             let (x0, x1) = back.bounds(0, xb as f64, tx, back.w[0]);
             let (y0, y1) = back.bounds(1, yb as f64, ty, back.w[1]);
-            let [wx, wy] = if back.qkh != 0.0 {
+            let [wx, wy] = if let Some(w) = back.long_widths(xb, yb) {
+                w
+            } else if back.qkh != 0.0 {
                 // The middle hit's group (`start` is increasing).
                 while self.start[group + 1] as usize <= r {
                     group += 1;
@@ -926,6 +928,29 @@ struct BackWindow {
     /// The pointing tent's largest field components (tesla), for the slope bound where
     /// the fields at the middle hit are not looked up.
     b_pointing: [f64; 3],
+    /// With a long origin (`origin_half_z_mm`), the widths per middle hit
+    /// ([`BackWindow::long_widths`]) instead of the two above.
+    long: Option<LongBack>,
+}
+
+/// The back window's widths with a long origin: the continuation window's hard error
+/// grows with the chord slope to the first hit and with the pointing curvature
+/// ([`super::PairLanes::hard_slope`], `kappa_rel`), both bounded per middle hit over the
+/// left doublets' slopes up to the limits.
+#[derive(Clone, Copy)]
+struct LongBack {
+    hard: [f64; 2],
+    hard_slope: f64,
+    kappa_rel: f64,
+    inv_zi: f64,
+    two_inv_zj: f64,
+    /// `n_sigma` times the pointing curvature's Gaussian width, the window's Gaussian
+    /// half width, and the triplet tent's bending difference from the pointing tent's.
+    sig: f64,
+    gauss: f64,
+    db: Option<[f64; 3]>,
+    /// The triplet tent's half length.
+    h: f64,
 }
 
 /// The bending function's components ([`bending`]) bounded for slopes up to `tx`, `ty` and
@@ -1055,6 +1080,27 @@ impl BackWindow {
         };
         let has_tents =
             geo.bending.pointing(i, j).is_some() && geo.bending.triple(i, j, 0).is_some();
+        let long = (pointing > 0.0 && (p.hard_slope > 0.0 || p.kappa_rel > 0.0)).then(|| {
+            let sig = slope.map_or(0.0, |sb| sb.extra[0] - f(p.hard_kx));
+            LongBack {
+                hard: [f(p.hard_kx), f(p.hard_ky)],
+                hard_slope: f(p.hard_slope),
+                kappa_rel: f(p.kappa_rel),
+                inv_zi: f(p.inv_zi),
+                two_inv_zj: f(p.two_inv_zj),
+                sig,
+                gauss,
+                db: match (
+                    geo.bending.pointing(i, j),
+                    geo.bending.triple(i, j, 0),
+                    tents,
+                ) {
+                    (Some(d), Some(g), true) => Some(g.bound_of_difference(d)),
+                    _ => None,
+                },
+                h,
+            }
+        });
         Some(BackWindow {
             inv_a: 1.0 / (1.0 + k * (1.0 + dz * f(p.inv_zi))),
             c: k * f(p.inv_zi),
@@ -1071,7 +1117,44 @@ impl BackWindow {
             max_t: cuts.max_t.map(f),
             slope,
             b_pointing: geo.pointing_b_max_tesla[i * n + j],
+            long,
         })
+    }
+
+    /// With a long origin, the half widths for the middle hit at `(xb, yb)`: the window
+    /// of [`Self::new`] with the hard error at its largest over left doublets of slopes up
+    /// to the limits (the chord slope from the origin's centre to the first hit at most
+    /// `(|xb - x_c| + dz max_t) / z_i`, the pointing curvature at most that plus `max_t`
+    /// over half `z_j`), the slope bound's curvature and q/p widened alike.
+    fn long_widths(&self, xb: f32, yb: f32) -> Option<[f64; 2]> {
+        let lb = self.long.as_ref()?;
+        let v = [xb as f64, yb as f64];
+        let hard: [f64; 2] = std::array::from_fn(|c| {
+            let r = ((v[c] - self.origin[c]).abs() + self.dz * self.max_t[c]) * lb.inv_zi;
+            let kappa = (self.max_t[c] + r) * lb.two_inv_zj;
+            lb.hard[c] + lb.hard_slope * r + lb.kappa_rel * kappa
+        });
+        let (sw, dt) = self.slope.map_or(([0.0; 2], [0.0; 2]), |sb| {
+            let sb = SlopeBound {
+                q: sb.q * (1.0 + lb.kappa_rel),
+                extra: [hard[0] + lb.sig, hard[1] + lb.sig],
+                ..sb
+            };
+            sb.widths(self.max_t, self.b_pointing)
+        });
+        let h = lb.h;
+        let profile = match lb.db {
+            Some(db) if self.qkh != 0.0 => {
+                let (tx, ty) = (self.max_t[0] + dt[0], self.max_t[1] + dt[1]);
+                let (ax, ay) = bend_bound(tx, ty, db);
+                let kn = self.qkh * (1.0 + lb.kappa_rel) * (1.0 + tx * tx + ty * ty).sqrt();
+                [kn * ax, kn * ay]
+            }
+            _ => [0.0; 2],
+        };
+        Some(std::array::from_fn(|c| {
+            (hard[c] * h + lb.gauss + profile[c] + sw[c]) * (1.0 + 1e-4) + 1e-7
+        }))
     }
 
     /// The half widths for the middle hit at `(xb, yb)` whose box with the largest widths
@@ -1397,7 +1480,7 @@ const OUT_N: usize = OUT_LO + 3;
 /// Rows of [`pair_constants`]' table: the pair's seven scalars, then per plane triple `s`
 /// its half lever arm, scattering per (q/p)^2, resolution variance and whether its window
 /// is open.
-const PF_HALF: usize = 7;
+const PF_HALF: usize = 9;
 const PF_TH2: usize = PF_HALF + MAX_REACH;
 const PF_VAR: usize = PF_TH2 + MAX_REACH;
 const PF_OPEN: usize = PF_VAR + MAX_REACH;
@@ -1415,6 +1498,8 @@ fn pair_constants(p: &super::PairLanes, reach: u8, pf: &mut [[f32; LANES]; PF_N]
     pf[4][l] = p.hard_ky;
     pf[5][l] = p.kvar_ms_per_qop2;
     pf[6][l] = p.kvar_res;
+    pf[7][l] = p.hard_slope;
+    pf[8][l] = p.kappa_rel;
     for s in 0..MAX_REACH {
         pf[PF_HALF + s][l] = p.half[s];
         pf[PF_TH2 + s][l] = p.theta2_per_qop2[s];
@@ -1545,14 +1630,17 @@ fn window_lanes<const R: usize>(
     let mut out = [[0.0f32; LANES]; OUT_N];
     for l in 0..LANES {
         let (pointing, inv_zi, two_inv_zj) = (pf[0][l], pf[1][l], pf[2][l]);
-        let (hard_kx, hard_ky) = (pf[3][l], pf[4][l]);
         let (kvar_ms_per_qop2, kvar_res) = (pf[5][l], pf[6][l]);
         let (tx, ty) = (t1x[l], t1y[l]);
         // Pointing parabola through the origin, a and b: curvature, its hard error from
-        // the origin's size and its Gaussian variance (scattering per (q/p)^2, resolution).
+        // the origin's size (and length) and its Gaussian variance (scattering per
+        // (q/p)^2, resolution).
         let (ra, rya) = (xa[l] - cuts.origin[0], ya[l] - cuts.origin[1]);
         let kappa_x = pointing * (tx - ra * inv_zi) * two_inv_zj;
         let kappa_y = pointing * (ty - rya * inv_zi) * two_inv_zj;
+        let (hard_slope, kappa_rel) = (pf[7][l], pf[8][l]);
+        let hard_kx = pf[3][l] + hard_slope * (ra * inv_zi).abs() + kappa_rel * kappa_x.abs();
+        let hard_ky = pf[4][l] + hard_slope * (rya * inv_zi).abs() + kappa_rel * kappa_y.abs();
         let sf2 = slope_factor2(tx, ty).min(cuts.sf2_max);
         let kvar_ms = kvar_ms_per_qop2 * sf2;
         // Curvature d2(x, y)/dz2 per unit q/p over the pointing tent, at the tent's mean
