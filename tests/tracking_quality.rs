@@ -477,6 +477,8 @@ fn a_long_target_is_measured_and_its_tracks_found() {
             "{name}: {l:?}"
         );
         let hz = beam_spot::longer_origin(&spot, &default).expect("a longer origin");
+        let advice = beam_spot::origin_advice(&spot, &default).expect("advice");
+        assert!(advice.contains("origin_half_z_mm"), "{advice}");
         let long = FinderConfig::from_detector_with(
             &det,
             1.0,

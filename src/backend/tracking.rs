@@ -630,10 +630,11 @@ mod tests {
     #[test]
     fn the_beam_spot_of_the_decided_events_is_measured() {
         let det = Detector::from_toml_file(Path::new("fixtures/detector.toml")).unwrap();
-        for beam in [[0.0, 0.0], [3.0, -1.0]] {
+        for (beam, target_mm) in [([0.0, 0.0], 1.0), ([3.0, -1.0], 1.0), ([0.0, 0.0], 80.0)] {
             let sim = SimConfig {
                 beam_centre_mm: beam,
                 beam_sigma_xy_mm: 0.05,
+                target_thickness_mm: target_mm,
                 ..SimConfig::preset(Preset::Minbias)
             };
             let n = 4200;
@@ -663,7 +664,21 @@ mod tests {
                     (centre - beam[c]).abs() < 0.03 + 0.05 * beam[c].abs(),
                     "beam {beam:?}: {axis} centre {centre}"
                 );
-                assert!(spread > 0.0 && spread < 1.0, "{axis} spread {spread}");
+                if target_mm < 10.0 {
+                    assert!(spread > 0.0 && spread < 1.0, "{axis} spread {spread}");
+                }
+            }
+            // Along the beam: a thin target's tracks come from about z = 0 (their errors
+            // there are millimetres), a long one's from its length.
+            let (z, half) = (
+                metrics.beam_spot("z", "centre").get(),
+                metrics.beam_spot("z", "half_length").get(),
+            );
+            assert!(z.abs() < 3.0, "beam {beam:?}, target {target_mm} mm: z {z}");
+            if target_mm > 10.0 {
+                assert!(half > 36.0 && half < 60.0, "half length {half}");
+            } else {
+                assert!(half < 20.0, "half length {half}");
             }
         }
     }
