@@ -459,6 +459,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             } else {
                 crate::backend::tracking::DEFAULT_MIN_P_GEV
             });
+            let mut beam_min_p_gev = 0.0;
             if e.args.tracks.is_none() {
                 // The configuration's finder is refused with its reason, as the daemon's.
                 let det = crate::tracking::geometry::Detector::from_toml_file(&e.args.geometry)?;
@@ -466,11 +467,17 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     .validate(&det)
                     .map_err(|err| anyhow::anyhow!("[tracking.finder]: {err}"))?;
                 origin_from_first_events(&det, &e.args.events, e.args.max_events, min_p, &mut ov)?;
+                // The report's beam spot from the tracks the first events' measurement and
+                // the daemon's watch take.
+                beam_min_p_gev = crate::tracking::beam_spot::stiff_p_gev(
+                    &crate::tracking::reco::FinderConfig::from_detector_with(&det, min_p, &ov),
+                );
             }
             let mut reco: Option<crate::tracking::reco::Reconstructor> = None;
             let mut finder = None;
             let args = crate::tracking::cli::EvalTrackingArgs {
                 origin_z_mm: ov.origin_z_mm.unwrap_or(0.0),
+                beam_min_p_gev,
                 ..e.args.clone()
             };
             let report = crate::tracking::cli::run_eval(&args, |det, hits| {
@@ -624,6 +631,17 @@ fn origin_from_first_events(
                 spot.z_mm
             );
             eprintln!("origin box widened to the first events' tracks: half sizes {hx} x {hy} mm");
+            ov.origin_half_x_mm = Some(hx);
+            ov.origin_half_y_mm = Some(hy);
+        } else if let Some([hx, hy]) = beam_spot::narrower_origin(&spot, &cfg) {
+            tracing::warn!(
+                "the configuration gives no origin box, and the first events' {} tracks spread {:.3} x {:.3} mm about their centre (z = {} mm), four spreads well within the default box: the finder's box is narrowed to four spreads, {hx} x {hy} mm (fewer combinations in busy events); a daemon needs [tracking.finder] origin_half_x_mm = {hx} and origin_half_y_mm = {hy}",
+                spot.n_tracks,
+                spot.spread_mm[0],
+                spot.spread_mm[1],
+                spot.z_mm
+            );
+            eprintln!("origin box narrowed to the first events' tracks: half sizes {hx} x {hy} mm");
             ov.origin_half_x_mm = Some(hx);
             ov.origin_half_y_mm = Some(hy);
         }

@@ -600,7 +600,7 @@ impl Metrics {
             &r,
             GaugeVec,
             "trigd_tracking_beam_spot_mm",
-            "Where the decided events' tracks come from on the finder's origin plane, over the last 500 tracks measured (one of every 8 events): quantity=centre (the median) or spread (1.4826 times the median absolute deviation), per axis; along the beam (axis=z) quantity=centre (the median z of the tracks' closest approach to the beam line) and half_length (the region they come from, a long target's). A centre off the finder's origin by more than a third of its box loses stiff tracks: set [tracking.finder] origin_x_mm, origin_y_mm; a region longer than the finder's origin_half_z_mm loses inclined tracks.",
+            "Where the decided events' tracks come from on the finder's origin plane, over the last 500 tracks measured (one of every 8 events, above three times the finder's minimum momentum where the field measures it): quantity=centre (the median) or spread (1.4826 times the median absolute deviation), per axis; along the beam (axis=z) quantity=centre (the median z of the tracks' closest approach to the beam line) and half_length (the region they come from, a long target's). A centre off the finder's origin by more than a third of its box loses stiff tracks: set [tracking.finder] origin_x_mm, origin_y_mm; a region longer than the finder's origin_half_z_mm loses inclined tracks.",
             ["axis", "quantity"]
         );
         let stream_gaps = family!(

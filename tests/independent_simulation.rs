@@ -521,6 +521,9 @@ fn the_beam_off_the_axis_is_found_from_the_first_events() {
     let events = simulate(dir.path(), "forward", 14, 3, 40, 400);
     let (r, log) = eval_with_log(&events);
     assert!(!log.contains("origin centre measured"), "{log}");
+    // The stiff tracks spread about 0.1 mm: the box is narrowed to four spreads.
+    assert!(log.contains("origin box narrowed"), "{log}");
+    check(&r, 0.97, 0.02);
     let centre = r["beam_spot"]["centre_mm"]
         .as_array()
         .expect("beam spot centre");

@@ -173,6 +173,7 @@ fn evaluation_with_the_cpu_reconstruction() {
         min_planes: 4,
         max_events: None,
         origin_z_mm: 0.0,
+        beam_min_p_gev: 0.0,
     };
     let mut reco: Option<Reconstructor> = None;
     let report = run_eval(&args, |det, hits| {

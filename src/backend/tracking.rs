@@ -308,7 +308,8 @@ impl BeamWatch {
             meter: crate::tracking::beam_spot::BeamSpotMeter::new(
                 setup.finder.origin_z_mm,
                 setup.finder.max_chi2_ndf,
-            ),
+            )
+            .stiff(&setup.finder),
             metrics,
             events: 0,
             measured: 0,

@@ -139,6 +139,8 @@ fn trimmed(values: &[f64], scratch: &mut Vec<f64>) -> Option<(f64, f64, usize)> 
 pub struct BeamSpotMeter {
     z_mm: f64,
     max_chi2_ndf: f64,
+    /// Largest |q/p| of a track measured ([`Self::stiff`]).
+    max_qop: f64,
     /// Per track: x, y, their variances, and the slopes there.
     points: Vec<[f64; 6]>,
 }
@@ -150,8 +152,26 @@ impl BeamSpotMeter {
         BeamSpotMeter {
             z_mm,
             max_chi2_ndf,
+            max_qop: f64::INFINITY,
             points: Vec::new(),
         }
+    }
+
+    /// Only tracks above [`STIFF_FACTOR`] times `cfg`'s minimum momentum where its fit
+    /// measures the momentum (every track without a field): the least scattering on the
+    /// way back to the plane, so that the spread is the beam's, not the soft tracks'
+    /// errors, and the measurements of [`measure_origin`], of `trigd eval tracking`'s
+    /// report and of the daemon's watch see the same tracks.
+    pub fn stiff(self, cfg: &FinderConfig) -> Self {
+        self.above(stiff_p_gev(cfg))
+    }
+
+    /// Only tracks of fitted momentum `p_gev` or more (0: every track).
+    pub fn above(mut self, p_gev: f64) -> Self {
+        if p_gev > 0.0 && p_gev.is_finite() {
+            self.max_qop = 1.0 / p_gev;
+        }
+        self
     }
 
     /// Tracks measured so far.
@@ -197,6 +217,9 @@ impl BeamSpotMeter {
             return None;
         }
         let qop = if s.qop.is_finite() { s.qop as f64 } else { 0.0 };
+        if qop.abs() > self.max_qop {
+            return None;
+        }
         let state = [s.x_mm as f64, s.y_mm as f64, s.tx as f64, s.ty as f64, qop];
         let (out, jac) = propagate::propagate(field, z0, state, self.z_mm, STEP_MM);
         // The variances of x and y on the plane: J C J^T.
@@ -335,6 +358,20 @@ fn median(v: &mut [f64]) -> f64 {
     *v.select_nth_unstable_by(k, f64::total_cmp).1
 }
 
+/// The momentum, in units of the finder's minimum, above which tracks measure the beam
+/// spot ([`BeamSpotMeter::stiff`], [`measure_origin`]).
+pub const STIFF_FACTOR: f64 = 3.0;
+
+/// The fitted momentum from which tracks measure the beam spot for `cfg`: [`STIFF_FACTOR`]
+/// times its minimum where its fit measures the momentum, else 0 (every track).
+pub fn stiff_p_gev(cfg: &FinderConfig) -> f64 {
+    if cfg.fit.fit_momentum {
+        STIFF_FACTOR * cfg.min_p_gev
+    } else {
+        0.0
+    }
+}
+
 /// The origin box's half size [`measure_origin`] finds tracks with, mm: a beam anywhere
 /// within it, or spread over it, is measured alike (without a box at all the doublet
 /// windows open to the largest slopes, four times the cost per event).
@@ -360,7 +397,7 @@ pub fn measure_origin<E: AsRef<[HitRecord]>>(
         .max(cfg.origin_half_y_mm)
         .max(OPEN_HALF_MM);
     let tracks = open_tracks(det, cfg, half, events)?;
-    let mut meter = BeamSpotMeter::new(cfg.origin_z_mm, cfg.max_chi2_ndf);
+    let mut meter = BeamSpotMeter::new(cfg.origin_z_mm, cfg.max_chi2_ndf).stiff(cfg);
     meter.add(&det.field, &tracks);
     meter.finish()
 }
@@ -377,14 +414,14 @@ fn open_tracks<E: AsRef<[HitRecord]>>(
     events: impl IntoIterator<Item = E>,
 ) -> Option<Vec<Track>> {
     let first = det.planes.first()?.z_mm;
-    let mut open = cfg.at_momentum_factor(det, 3.0);
+    let mut open = cfg.at_momentum_factor(det, STIFF_FACTOR);
     open.origin_half_x_mm = half_mm;
     open.origin_half_y_mm = half_mm;
     open.exchange_segments = false;
     open.first_hits_to_origin = false;
     let mut reco = Reconstructor::new(det, open);
     let (mut tracks, mut all) = (Vec::new(), Vec::new());
-    let mut counter = BeamSpotMeter::new(first - 1.0, cfg.max_chi2_ndf);
+    let mut counter = BeamSpotMeter::new(first - 1.0, cfg.max_chi2_ndf).stiff(cfg);
     for hits in events.into_iter().take(ORIGIN_EVENTS) {
         reco.reconstruct(hits.as_ref(), &mut tracks);
         counter.add(&det.field, &tracks);
@@ -419,7 +456,7 @@ pub fn measure_origin_z<E: AsRef<[HitRecord]>>(
     let (first, last) = (det.planes.first()?.z_mm, det.planes.last()?.z_mm);
     let all = open_tracks(det, cfg, f64::INFINITY, events)?;
     let spot_at = |z: f64| {
-        let mut m = BeamSpotMeter::new(z, cfg.max_chi2_ndf);
+        let mut m = BeamSpotMeter::new(z, cfg.max_chi2_ndf).stiff(cfg);
         m.add(&det.field, &all);
         m.finish()
     };
@@ -461,10 +498,7 @@ pub fn origin_elsewhere(at_origin: &BeamSpot, at_z: &BeamSpot, cfg: &FinderConfi
 /// z does not move.
 pub fn wider_origin(spot: &BeamSpot, cfg: &FinderConfig) -> Option<[f64; 2]> {
     let half = [cfg.origin_half_x_mm, cfg.origin_half_y_mm];
-    let spread = match (&spot.length, cfg.origin_half_z_mm > 0.0) {
-        (Some(l), true) => [l.across_spread_mm; 2],
-        _ => spot.spread_mm,
-    };
+    let spread = box_spread(spot, cfg);
     let need: [f64; 2] = std::array::from_fn(|c| (3.0 * spread[c] * 100.0).ceil() / 100.0);
     (0..2)
         .any(|c| half[c].is_finite() && need[c] > half[c])
@@ -489,6 +523,35 @@ pub fn longer_origin(spot: &BeamSpot, cfg: &FinderConfig) -> Option<f64> {
     let half = cfg.origin_half_x_mm.min(cfg.origin_half_y_mm);
     let have = cfg.origin_half_z_mm.max(0.0);
     (half.is_finite() && need > have && (need - have) * l.median_slope > half / 3.0).then_some(need)
+}
+
+/// The origin box's half sizes the tracks of `spot` need where the configured box is
+/// much wider than they come from: four times their spread per axis (errors included;
+/// [`wider_origin`] asks for three, so that a later measurement a little wider does not
+/// call for a wider box), in hundredths of a millimetre up, where that is under two
+/// thirds of the configured box on both axes; `None` otherwise, and without a field,
+/// where the spread cannot be taken from the stiff tracks alone ([`stiff_p_gev`]). In
+/// dense events a narrower box holds fewer combinations of other particles' hits
+/// (ghosts, and true tracks' hits taken by them).
+pub fn narrower_origin(spot: &BeamSpot, cfg: &FinderConfig) -> Option<[f64; 2]> {
+    if stiff_p_gev(cfg) <= 0.0 {
+        return None;
+    }
+    let half = [cfg.origin_half_x_mm, cfg.origin_half_y_mm];
+    let spread = box_spread(spot, cfg);
+    let need: [f64; 2] = std::array::from_fn(|c| (4.0 * spread[c] * 100.0).ceil() / 100.0);
+    (0..2)
+        .all(|c| half[c].is_finite() && need[c] > 0.0 && need[c] < half[c] * 2.0 / 3.0)
+        .then_some(need)
+}
+
+/// The spread the origin box is measured against: the tracks' on the origin plane, or
+/// with a long origin configured their spread across their own direction.
+fn box_spread(spot: &BeamSpot, cfg: &FinderConfig) -> [f64; 2] {
+    match (&spot.length, cfg.origin_half_z_mm > 0.0) {
+        (Some(l), true) => [l.across_spread_mm; 2],
+        _ => spot.spread_mm,
+    }
 }
 
 /// What to configure where the tracks of `spot` come from off the finder's origin
@@ -641,6 +704,41 @@ mod tests {
             assert!(h >= 3.0 * spot.spread_mm[c] && h < 3.0 * spot.spread_mm[c] + 0.01);
         }
         assert_eq!(wider_origin(&spot, &on_axis(f64::INFINITY)), None);
+        // A 1.5 mm box is more than half as wide again as four spreads: narrowed to them,
+        // where the fit measures the momentum (the spread is the stiff tracks'); not
+        // without a field, nor where the box is already close.
+        let mut field_cfg = on_axis(1.5);
+        field_cfg.fit.fit_momentum = true;
+        let [hx, hy] = narrower_origin(&spot, &field_cfg).expect("narrower");
+        for (h, c) in [(hx, 0), (hy, 1)] {
+            assert!(h >= 4.0 * spot.spread_mm[c] && h < 4.0 * spot.spread_mm[c] + 0.01);
+        }
+        assert_eq!(
+            wider_origin(
+                &spot,
+                &FinderConfig {
+                    origin_half_x_mm: hx,
+                    origin_half_y_mm: hy,
+                    ..field_cfg.clone()
+                }
+            ),
+            None
+        );
+        assert_eq!(narrower_origin(&spot, &on_axis(1.5)), None);
+        field_cfg.origin_half_x_mm = 0.5;
+        assert_eq!(narrower_origin(&spot, &field_cfg), None);
+        // The stiff tracks only: q/p beyond a third of the minimum momentum's is not
+        // measured.
+        let mut soft = track(0.0, 0.0, [0.0; 2], 0.01, 1.0);
+        soft.state.qop = 1.0;
+        let mut stiff = track(0.0, 0.0, [0.0; 2], 0.01, 1.0);
+        stiff.state.qop = 0.2;
+        let mut m = BeamSpotMeter::new(0.0, 5.0).stiff(&field_cfg);
+        m.add(&field, &[soft.clone(), stiff.clone()]);
+        assert_eq!(m.n_tracks(), 1);
+        let mut m = BeamSpotMeter::new(0.0, 5.0).stiff(&on_axis(1.5));
+        m.add(&field, &[soft, stiff]);
+        assert_eq!(m.n_tracks(), 2);
         // Too few tracks: no measurement.
         let mut few = BeamSpotMeter::new(0.0, 5.0);
         few.add(&field, &tracks[..MIN_TRACKS - 1]);

@@ -240,6 +240,9 @@ pub struct EvalTrackingArgs {
     /// z of the plane the report's beam spot is measured on (the finder's origin), mm.
     #[arg(skip)]
     pub origin_z_mm: f64,
+    /// Fitted momentum from which tracks measure the report's beam spot, GeV/c (0: all).
+    #[arg(skip)]
+    pub beam_min_p_gev: f64,
 }
 
 /// Groups submission rows into per-event tracks (indices into the event's hits).
@@ -311,6 +314,7 @@ pub fn run_eval(
         min_p_gev: args.min_p,
         min_planes: args.min_planes,
         origin_z_mm: args.origin_z_mm,
+        beam_min_p_gev: args.beam_min_p_gev,
         ..EvalConfig::default()
     };
     let submission = args.tracks.as_deref().map(submission_tracks).transpose()?;
@@ -428,6 +432,7 @@ mod tests {
             min_planes: 4,
             max_events: None,
             origin_z_mm: 0.0,
+            beam_min_p_gev: 0.0,
         };
         let report = run_eval(&eval_args, |_, _| {
             panic!("must not reconstruct with --tracks")

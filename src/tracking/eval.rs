@@ -70,6 +70,9 @@ pub struct EvalConfig {
     pub p_bin_edges_gev: Vec<f64>,
     /// z of the plane the tracks' beam spot is measured on (the finder's origin), mm.
     pub origin_z_mm: f64,
+    /// Fitted momentum from which tracks measure the beam spot, GeV/c (0: every track;
+    /// [`crate::tracking::beam_spot::stiff_p_gev`] of the finder).
+    pub beam_min_p_gev: f64,
 }
 
 impl Default for EvalConfig {
@@ -82,6 +85,7 @@ impl Default for EvalConfig {
                 0.2, 0.5, 1.0, 2.0, 3.0, 5.0, 7.0, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0,
             ],
             origin_z_mm: 0.0,
+            beam_min_p_gev: 0.0,
         }
     }
 }
@@ -353,7 +357,7 @@ impl<'d> Evaluator<'d> {
             Some(d) if d.planes.len() >= cfg.min_planes => vec![(0, 0); d.planes.len() + 1],
             _ => Vec::new(),
         };
-        let origin_z_mm = cfg.origin_z_mm;
+        let (origin_z_mm, beam_min_p) = (cfg.origin_z_mm, cfg.beam_min_p_gev);
         Evaluator {
             cfg,
             detector,
@@ -377,7 +381,8 @@ impl<'d> Evaluator<'d> {
             by_missing: [(0, 0); MISSING_PLANES_MAX + 1],
             ghost_bins: vec![(0, 0); n_bins],
             ghost_unmeasured: (0, 0),
-            beam: detector.map(|_| BeamSpotMeter::new(origin_z_mm, f64::INFINITY)),
+            beam: detector
+                .map(|_| BeamSpotMeter::new(origin_z_mm, f64::INFINITY).above(beam_min_p)),
         }
     }
 
@@ -910,9 +915,14 @@ impl EvalReport {
         if let Some(b) = &self.beam_spot {
             let _ = writeln!(
                 s,
-                "\nwhere the tracks come from (z = {} mm, {} tracks): x {:.3} ± {:.3} mm, y {:.3} ± {:.3} mm; spread {:.3} / {:.3} mm, beam size {:.3} / {:.3} mm",
+                "\nwhere the tracks come from (z = {} mm, {} tracks{}): x {:.3} ± {:.3} mm, y {:.3} ± {:.3} mm; spread {:.3} / {:.3} mm, beam size {:.3} / {:.3} mm",
                 b.z_mm,
                 b.n_tracks,
+                if self.config.beam_min_p_gev > 0.0 {
+                    format!(" above {} GeV/c", self.config.beam_min_p_gev)
+                } else {
+                    String::new()
+                },
                 b.centre_mm[0],
                 b.centre_error_mm[0],
                 b.centre_mm[1],
