@@ -530,7 +530,9 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
 /// ([`crate::tracking::beam_spot::measure_origin_z`]); where they come from a region along
 /// the beam longer than the box's share allows (a long target), the origin is made as
 /// long ([`crate::tracking::beam_spot::longer_origin`]) before the box is measured
-/// again. Each is said: a daemon needs them in its configuration, `[tracking.finder]
+/// again; where a field measures their momenta and four spreads of the stiff ones are
+/// well within the box, the box is narrowed to them
+/// ([`crate::tracking::beam_spot::narrower_origin`]), and the centre judged against it. Each is said: a daemon needs them in its configuration, `[tracking.finder]
 /// origin_x_mm`, `origin_y_mm`, `origin_z_mm`, `origin_half_x_mm`, `origin_half_y_mm`,
 /// `origin_half_z_mm`. The caller has checked `det` and the finder
 /// configuration `ov` gives.
@@ -633,6 +635,7 @@ fn origin_from_first_events(
             eprintln!("origin box widened to the first events' tracks: half sizes {hx} x {hy} mm");
             ov.origin_half_x_mm = Some(hx);
             ov.origin_half_y_mm = Some(hy);
+            (cfg.origin_half_x_mm, cfg.origin_half_y_mm) = (hx, hy);
         } else if let Some([hx, hy]) = beam_spot::narrower_origin(&spot, &cfg) {
             tracing::warn!(
                 "the configuration gives no origin box, and the first events' {} tracks spread {:.3} x {:.3} mm about their centre (z = {} mm), four spreads well within the default box: the finder's box is narrowed to four spreads, {hx} x {hy} mm (fewer combinations in busy events); a daemon needs [tracking.finder] origin_half_x_mm = {hx} and origin_half_y_mm = {hy}",
@@ -644,6 +647,8 @@ fn origin_from_first_events(
             eprintln!("origin box narrowed to the first events' tracks: half sizes {hx} x {hy} mm");
             ov.origin_half_x_mm = Some(hx);
             ov.origin_half_y_mm = Some(hy);
+            // The centre is then judged against the narrowed box.
+            (cfg.origin_half_x_mm, cfg.origin_half_y_mm) = (hx, hy);
         }
     }
     if free_centre && beam_spot::off_the_origin(&spot, &cfg) {

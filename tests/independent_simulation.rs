@@ -528,6 +528,16 @@ fn the_beam_off_the_axis_is_found_from_the_first_events() {
     for v in centre {
         assert!(v.as_f64().expect("number").abs() < 0.03, "{centre:?}");
     }
+    // A beam 0.4 mm off the axis, within a third of the default box but not of the
+    // narrowed one: centred there too.
+    let beam = ["--beam-x-mm", "0.4"];
+    let events = simulate_with(dir.path(), "forward", 17, 3, 40, 400, &beam);
+    let (r, log) = eval_with_log(&events);
+    assert!(
+        log.contains("origin box narrowed") && log.contains("origin centre measured"),
+        "{log}"
+    );
+    check(&r, 0.97, 0.02);
 }
 
 /// The forward tracker with its target 200 mm upstream of the description's z = 0,
