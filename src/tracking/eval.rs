@@ -463,6 +463,15 @@ impl<'d> Evaluator<'d> {
             }
         }
 
+        // Each particle's truth entries, in order (the fit quality takes the one nearest
+        // a track's z).
+        let mut truth_of: HashMap<u64, Vec<u32>> = HashMap::new();
+        if !tracks.is_empty() {
+            for (i, t) in truth.iter().enumerate() {
+                truth_of.entry(t.particle_id).or_default().push(i as u32);
+            }
+        }
+
         // Matching.
         let mut matches: HashMap<u64, usize> = HashMap::new();
         for track in tracks {
@@ -512,7 +521,8 @@ impl<'d> Evaluator<'d> {
                 self.n_clones += 1;
             }
             let pure = best.is_some_and(|(_, n)| n == track.hits.len());
-            self.add_fit_quality(track, id, info.get(&id).map(|e| e.q), truth, pure);
+            let own = truth_of.get(&id).map_or(&[][..], Vec::as_slice);
+            self.add_fit_quality(track, info.get(&id).map(|e| e.q), truth, own, pure);
         }
 
         // Efficiency.
@@ -547,12 +557,14 @@ impl<'d> Evaluator<'d> {
         Ok(())
     }
 
+    /// The pulls and chi-square of `track`, matched to the particle whose truth entries
+    /// are `own` (indices into `truth`).
     fn add_fit_quality(
         &mut self,
         track: &Track,
-        id: u64,
         q: Option<f64>,
         truth: &[HitTruth],
+        own: &[u32],
         pure: bool,
     ) {
         let var: [f64; 5] = std::array::from_fn(|i| track.var(i) as f64);
@@ -563,19 +575,14 @@ impl<'d> Evaluator<'d> {
             self.chi2_ndf.push(track.chi2_ndf() as f64);
         }
         let z = track.state.z_mm as f64;
-        let Some((i, _)) = truth
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| t.particle_id == id)
-            .min_by(|a, b| {
-                (a.1.pos_mm[2] - z)
-                    .abs()
-                    .total_cmp(&(b.1.pos_mm[2] - z).abs())
-            })
-        else {
+        let Some(&i) = own.iter().min_by(|&&a, &&b| {
+            (truth[a as usize].pos_mm[2] - z)
+                .abs()
+                .total_cmp(&(truth[b as usize].pos_mm[2] - z).abs())
+        }) else {
             return;
         };
-        let t = &truth[i];
+        let t = &truth[i as usize];
         // Charge: from the particles file, else from the fitted sign (only the magnitude of
         // q/p is then checked).
         let q = match q {
