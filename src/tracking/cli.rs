@@ -81,6 +81,13 @@ pub struct SpectrumArgs {
     /// Beam spot's centre in y, mm.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub beam_y_mm: f64,
+    /// The target's length along z, mm: vertices uniform over it (overrides the preset's
+    /// 1 mm; a liquid or segmented target is tens of millimetres or more).
+    #[arg(long, allow_negative_numbers = true)]
+    pub target_length_mm: Option<f64>,
+    /// z of the target's centre, mm (overrides the preset's 0, the geometry's origin).
+    #[arg(long, allow_negative_numbers = true)]
+    pub target_z_mm: Option<f64>,
 }
 
 /// See [`SpectrumArgs::spectrum`].
@@ -108,6 +115,17 @@ impl SpectrumArgs {
             anyhow::ensure!(v.is_finite(), "{name} {v} must be finite");
         }
         cfg.beam_centre_mm = [self.beam_x_mm, self.beam_y_mm];
+        if let Some(l) = self.target_length_mm {
+            anyhow::ensure!(
+                l.is_finite() && l >= 0.0,
+                "--target-length-mm {l} must be >= 0"
+            );
+            cfg.target_thickness_mm = l;
+        }
+        if let Some(z) = self.target_z_mm {
+            anyhow::ensure!(z.is_finite(), "--target-z-mm {z} must be finite");
+            cfg.target_z_mm = z;
+        }
         if self.spectrum == SpectrumKind::Exponential {
             let (lo, mean, th) = (self.p_min_gev, self.p_mean_gev, self.theta_sigma_rad);
             anyhow::ensure!(
