@@ -566,6 +566,11 @@ fn origin_from_first_events(
         return Ok(());
     };
     let mut cfg = cfg;
+    // The finder as `ov` now gives it, and the first events' tracks measured with it.
+    let measure_again = |ov: &crate::tracking::reco::FinderOverrides| {
+        let cfg = crate::tracking::reco::FinderConfig::from_detector_with(det, min_p, ov);
+        beam_spot::measure_origin(det, &cfg, &events).map(|spot| (cfg, spot))
+    };
     if ov.origin_z_mm.is_none()
         && free_centre
         && free_box
@@ -586,11 +591,10 @@ fn origin_from_first_events(
                 );
                 eprintln!("origin measured from the first events' tracks at z = {z} mm");
                 ov.origin_z_mm = Some(z);
-                cfg = crate::tracking::reco::FinderConfig::from_detector_with(det, min_p, ov);
-                match beam_spot::measure_origin(det, &cfg, &events) {
-                    Some(s) => spot = s,
-                    None => return Ok(()),
-                }
+                let Some(again) = measure_again(ov) else {
+                    return Ok(());
+                };
+                (cfg, spot) = again;
             }
         }
     }
@@ -616,38 +620,43 @@ fn origin_from_first_events(
             );
             eprintln!("origin length measured from the first events' tracks: z = {z} mm, half length {hz} mm");
             ov.origin_half_z_mm = Some(hz);
-            cfg = crate::tracking::reco::FinderConfig::from_detector_with(det, min_p, ov);
-            match beam_spot::measure_origin(det, &cfg, &events) {
-                Some(s) => spot = s,
-                None => return Ok(()),
-            }
+            let Some(again) = measure_again(ov) else {
+                return Ok(());
+            };
+            (cfg, spot) = again;
         }
     }
     if free_box {
-        if let Some([hx, hy]) = beam_spot::wider_origin(&spot, &cfg) {
+        let wider = beam_spot::wider_origin(&spot, &cfg).map(|b| {
+            (
+                b,
+                "wider than the default box holds",
+                "widened to",
+                "widened",
+            )
+        });
+        let change = wider.or_else(|| {
+            beam_spot::narrower_origin(&spot, &cfg).map(|b| {
+                (
+                    b,
+                    "four spreads well within the default box (in busy events a narrower box holds fewer combinations)",
+                    "narrowed to four spreads,",
+                    "narrowed",
+                )
+            })
+        });
+        if let Some(([hx, hy], why, what, verb)) = change {
             tracing::warn!(
-                "the configuration gives no origin box, and the first events' {} tracks spread {:.3} x {:.3} mm about their centre (z = {} mm), wider than the default box holds: the finder's box is widened to {hx} x {hy} mm; a daemon needs [tracking.finder] origin_half_x_mm = {hx} and origin_half_y_mm = {hy}",
+                "the configuration gives no origin box, and the first events' {} tracks spread {:.3} x {:.3} mm about their centre (z = {} mm), {why}: the finder's box is {what} {hx} x {hy} mm; a daemon needs [tracking.finder] origin_half_x_mm = {hx} and origin_half_y_mm = {hy}",
                 spot.n_tracks,
                 spot.spread_mm[0],
                 spot.spread_mm[1],
                 spot.z_mm
             );
-            eprintln!("origin box widened to the first events' tracks: half sizes {hx} x {hy} mm");
+            eprintln!("origin box {verb} to the first events' tracks: half sizes {hx} x {hy} mm");
             ov.origin_half_x_mm = Some(hx);
             ov.origin_half_y_mm = Some(hy);
-            (cfg.origin_half_x_mm, cfg.origin_half_y_mm) = (hx, hy);
-        } else if let Some([hx, hy]) = beam_spot::narrower_origin(&spot, &cfg) {
-            tracing::warn!(
-                "the configuration gives no origin box, and the first events' {} tracks spread {:.3} x {:.3} mm about their centre (z = {} mm), four spreads well within the default box: the finder's box is narrowed to four spreads, {hx} x {hy} mm (fewer combinations in busy events); a daemon needs [tracking.finder] origin_half_x_mm = {hx} and origin_half_y_mm = {hy}",
-                spot.n_tracks,
-                spot.spread_mm[0],
-                spot.spread_mm[1],
-                spot.z_mm
-            );
-            eprintln!("origin box narrowed to the first events' tracks: half sizes {hx} x {hy} mm");
-            ov.origin_half_x_mm = Some(hx);
-            ov.origin_half_y_mm = Some(hy);
-            // The centre is then judged against the narrowed box.
+            // The centre is then judged against the new box.
             (cfg.origin_half_x_mm, cfg.origin_half_y_mm) = (hx, hy);
         }
     }

@@ -2,7 +2,7 @@
 //! `fixtures/`, simulation, CSV events on disk, reading back, evaluation of the truth
 //! itself as a reconstruction.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use trigd::tracking::eval::{EvalConfig, Evaluator};
 use trigd::tracking::geometry::Detector;
@@ -187,30 +187,14 @@ fn evaluation_with_the_cpu_reconstruction() {
     assert!(report.n_tracks > 0);
 }
 
-/// A test beam through the command line, as a telescope's user runs it: `trigd simulate
-/// tracking` of 120 GeV/c particles spread over 5 mm of the planes, nearly parallel, then
-/// `trigd eval tracking` with only the beam's momentum configured. The evaluation
-/// measures the first events' tracks, widens the origin box to them, says so, and finds
-/// the particles.
-#[test]
-fn a_wide_test_beam_is_found_with_the_origin_box_widened() {
-    use std::process::Command;
-    let dir = tempfile::tempdir().unwrap();
-    let events = dir.path().join("events");
-    let geometry = fixture("telescope.toml");
-    let sim = Command::new(env!("CARGO_BIN_EXE_trigd"))
+/// `trigd simulate tracking --geometry GEOMETRY ARGS --out DIR/events`: the events'
+/// directory.
+fn simulate_cli(dir: &Path, geometry: &Path, args: &[&str]) -> PathBuf {
+    let events = dir.join("events");
+    let sim = std::process::Command::new(env!("CARGO_BIN_EXE_trigd"))
         .args(["simulate", "tracking", "--geometry"])
-        .arg(&geometry)
-        .args(["--preset", "minbias", "--events", "20", "--seed", "5"])
-        .args(["--beam-sigma-mm", "5", "--spectrum", "exponential"])
-        .args([
-            "--theta-sigma-rad",
-            "0.0005",
-            "--p-min-gev",
-            "110",
-            "--p-mean-gev",
-            "120",
-        ])
+        .arg(geometry)
+        .args(args)
         .arg("--out")
         .arg(&events)
         .output()
@@ -220,24 +204,74 @@ fn a_wide_test_beam_is_found_with_the_origin_box_widened() {
         "{}",
         String::from_utf8_lossy(&sim.stderr)
     );
-    let config = dir.path().join("beam.toml");
-    std::fs::write(&config, "[tracking.finder.fit]\np_no_field_gev = 120.0\n").unwrap();
-    let json = dir.path().join("report.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_trigd"))
+    events
+}
+
+/// `trigd eval tracking EVENTS --geometry GEOMETRY ARGS --json DIR/report.json`: the
+/// report, and what it logged.
+fn eval_cli(
+    dir: &Path,
+    events: &Path,
+    geometry: &Path,
+    args: &[&str],
+) -> (serde_json::Value, String) {
+    let json = dir.join("report.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_trigd"))
         .args(["eval", "tracking"])
-        .arg(&events)
+        .arg(events)
         .arg("--geometry")
-        .arg(&geometry)
-        .arg("--config")
-        .arg(&config)
+        .arg(geometry)
+        .args(args)
         .arg("--json")
         .arg(&json)
         .output()
         .unwrap();
-    let log = String::from_utf8_lossy(&out.stderr);
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{log}");
+    let r = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    (r, log)
+}
+
+/// A test beam through the command line, as a telescope's user runs it: `trigd simulate
+/// tracking` of 120 GeV/c particles spread over 5 mm of the planes, nearly parallel, then
+/// `trigd eval tracking` with only the beam's momentum configured. The evaluation
+/// measures the first events' tracks, widens the origin box to them, says so, and finds
+/// the particles.
+#[test]
+fn a_wide_test_beam_is_found_with_the_origin_box_widened() {
+    let dir = tempfile::tempdir().unwrap();
+    let geometry = fixture("telescope.toml");
+    let events = simulate_cli(
+        dir.path(),
+        &geometry,
+        &[
+            "--preset",
+            "minbias",
+            "--events",
+            "20",
+            "--seed",
+            "5",
+            "--beam-sigma-mm",
+            "5",
+            "--spectrum",
+            "exponential",
+            "--theta-sigma-rad",
+            "0.0005",
+            "--p-min-gev",
+            "110",
+            "--p-mean-gev",
+            "120",
+        ],
+    );
+    let config = dir.path().join("beam.toml");
+    std::fs::write(&config, "[tracking.finder.fit]\np_no_field_gev = 120.0\n").unwrap();
+    let (r, log) = eval_cli(
+        dir.path(),
+        &events,
+        &geometry,
+        &["--config", config.to_str().unwrap()],
+    );
     assert!(log.contains("origin box widened"), "{log}");
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let eff = r["efficiency"].as_f64().unwrap();
     assert!(eff >= 0.97, "efficiency {eff}");
     let spread = r["beam_spot"]["spread_mm"][0].as_f64().unwrap();
@@ -252,21 +286,22 @@ fn a_wide_test_beam_is_found_with_the_origin_box_widened() {
 fn a_long_target_simulated_is_found_by_the_evaluation() {
     use std::process::Command;
     let dir = tempfile::tempdir().unwrap();
-    let events = dir.path().join("events");
     let geometry = fixture("tracking/forward/detector_forward.toml");
-    let sim = Command::new(env!("CARGO_BIN_EXE_trigd"))
-        .args(["simulate", "tracking", "--geometry"])
-        .arg(&geometry)
-        .args(["--preset", "minbias", "--events", "10", "--seed", "6"])
-        .args(["--spectrum", "exponential", "--target-length-mm", "80"])
-        .arg("--out")
-        .arg(&events)
-        .output()
-        .unwrap();
-    assert!(
-        sim.status.success(),
-        "{}",
-        String::from_utf8_lossy(&sim.stderr)
+    let events = simulate_cli(
+        dir.path(),
+        &geometry,
+        &[
+            "--preset",
+            "minbias",
+            "--events",
+            "10",
+            "--seed",
+            "6",
+            "--spectrum",
+            "exponential",
+            "--target-length-mm",
+            "80",
+        ],
     );
     // The vertices' z over the target.
     let particles = std::fs::read_to_string(events.join("event000000000-particles.csv")).unwrap();
@@ -282,21 +317,8 @@ fn a_long_target_simulated_is_found_by_the_evaluation() {
             (a.min(v), b.max(v))
         });
     assert!(lo >= -40.0 && hi <= 40.0 && hi - lo > 40.0, "{lo} {hi}");
-    let json = dir.path().join("report.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_trigd"))
-        .args(["eval", "tracking"])
-        .arg(&events)
-        .arg("--geometry")
-        .arg(&geometry)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{log}");
+    let (r, log) = eval_cli(dir.path(), &events, &geometry, &[]);
     assert!(log.contains("origin length measured"), "{log}");
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let eff = r["efficiency"].as_f64().unwrap();
     assert!(eff >= 0.97, "efficiency {eff}");
     let bad = Command::new(env!("CARGO_BIN_EXE_trigd"))

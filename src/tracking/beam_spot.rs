@@ -256,30 +256,13 @@ impl BeamSpotMeter {
             length: None,
         };
         let mut v: Vec<f64> = Vec::with_capacity(n);
+        let mut coords: Vec<f64> = Vec::with_capacity(n);
         for c in 0..2 {
-            // The median and the spread of all points, then again of those within
-            // TRIM spreads of the median until the set no longer changes (at most
-            // TRIM_ROUNDS times): tracks from elsewhere (ghosts, decays), spread flat over
-            // the plane, would widen the median absolute deviation of a narrow beam.
-            let (mut m, mut spread, mut n_in) = (0.0, f64::INFINITY, usize::MAX);
-            for _ in 0..TRIM_ROUNDS {
-                v.clear();
-                v.extend(
-                    self.points
-                        .iter()
-                        .map(|p| p[c])
-                        .filter(|x| (x - m).abs() <= TRIM * spread),
-                );
-                if v.len() < MIN_TRACKS || v.len() == n_in {
-                    break;
-                }
-                n_in = v.len();
-                m = median(&mut v);
-                for x in v.iter_mut() {
-                    *x = (*x - m).abs();
-                }
-                spread = 1.4826 * median(&mut v);
-            }
+            // Tracks from elsewhere (ghosts, decays), spread flat over the plane, would
+            // widen the median absolute deviation of a narrow beam: [`trimmed`].
+            coords.clear();
+            coords.extend(self.points.iter().map(|p| p[c]));
+            let (m, spread, n_in) = trimmed(&coords, &mut v)?;
             v.clear();
             v.extend(
                 self.points
@@ -498,8 +481,7 @@ pub fn origin_elsewhere(at_origin: &BeamSpot, at_z: &BeamSpot, cfg: &FinderConfi
 /// z does not move.
 pub fn wider_origin(spot: &BeamSpot, cfg: &FinderConfig) -> Option<[f64; 2]> {
     let half = [cfg.origin_half_x_mm, cfg.origin_half_y_mm];
-    let spread = box_spread(spot, cfg);
-    let need: [f64; 2] = std::array::from_fn(|c| (3.0 * spread[c] * 100.0).ceil() / 100.0);
+    let need = box_of(spot, cfg, 3.0);
     (0..2)
         .any(|c| half[c].is_finite() && need[c] > half[c])
         .then(|| std::array::from_fn(|c| need[c].max(half[c])))
@@ -538,20 +520,21 @@ pub fn narrower_origin(spot: &BeamSpot, cfg: &FinderConfig) -> Option<[f64; 2]> 
         return None;
     }
     let half = [cfg.origin_half_x_mm, cfg.origin_half_y_mm];
-    let spread = box_spread(spot, cfg);
-    let need: [f64; 2] = std::array::from_fn(|c| (4.0 * spread[c] * 100.0).ceil() / 100.0);
+    let need = box_of(spot, cfg, 4.0);
     (0..2)
         .all(|c| half[c].is_finite() && need[c] > 0.0 && need[c] < half[c] * 2.0 / 3.0)
         .then_some(need)
 }
 
-/// The spread the origin box is measured against: the tracks' on the origin plane, or
-/// with a long origin configured their spread across their own direction.
-fn box_spread(spot: &BeamSpot, cfg: &FinderConfig) -> [f64; 2] {
-    match (&spot.length, cfg.origin_half_z_mm > 0.0) {
+/// The box half sizes of `k` spreads of the tracks of `spot`, in hundredths of a
+/// millimetre up: their spread on the origin plane, or with a long origin configured
+/// their spread across their own direction (which their z does not move).
+fn box_of(spot: &BeamSpot, cfg: &FinderConfig, k: f64) -> [f64; 2] {
+    let spread = match (&spot.length, cfg.origin_half_z_mm > 0.0) {
         (Some(l), true) => [l.across_spread_mm; 2],
         _ => spot.spread_mm,
-    }
+    };
+    spread.map(|s| (k * s * 100.0).ceil() / 100.0)
 }
 
 /// What to configure where the tracks of `spot` come from off the finder's origin
