@@ -15,7 +15,9 @@
 //!    ([`GpuCaEngine::read_tracks`]), clone suppression ([`GpuCloneEngine`]) on them in
 //!    place, and the tracks (hits as the event's input indices, fitted state,
 //!    covariance, chi-square) and clone marks back to the host in one copy per array,
-//!    where the trigger lines run on the tracks kept;
+//!    where the tracks fitted below the minimum momentum are dropped as the CPU drops
+//!    them ([`FinderConfig::keep_tracks_below_min_p`]) and the trigger lines run on the
+//!    tracks kept;
 //! 4. where the configuration asks for it ([`FinderConfig::exchange_segments`], off by
 //!    default), the exchange of segments between crossing tracks, on the host, with the
 //!    CPU finder's own step ([`crate::tracking::ca::exchange`]) on each event's tracks as
@@ -39,6 +41,7 @@ use crate::gpu::nvrtc::KernelCache;
 use crate::gpu::tracking_ca::{BatchTracks, CaLimits, CaTables, GpuCaEngine, PassOptions};
 use crate::gpu::tracking_clones::{CloneEngineConfig, CloneLimits, GpuCloneEngine};
 use crate::gpu::{GpuDevice, GpuError};
+use crate::tracking::ca::cuts::MomentumCut;
 use crate::tracking::ca::exchange::{Exchange, ExchangeCuts};
 use crate::tracking::ca::first_hits::{FirstHitCuts, FirstHits};
 use crate::tracking::ca::{FinderGeometry, MAX_REACH};
@@ -150,6 +153,8 @@ pub struct GpuTracker {
     /// The accepted tracks of the last launch and their clone marks.
     batch: BatchTracks,
     times: TrackerTimes,
+    /// The tracks output: those not measured below the minimum momentum, as the CPU.
+    momentum_cut: MomentumCut,
     /// The steps after clone suppression where the configuration asks for them (the
     /// exchange of segments, the first hits against the origin): run on the host on the
     /// tracks that come back, with the CPU finder's own steps, cuts and fitters.
@@ -227,6 +232,7 @@ impl GpuTracker {
             limits,
             batch: BatchTracks::default(),
             times: TrackerTimes::default(),
+            momentum_cut: cfg.momentum_cut(),
             host_steps: {
                 let exchange = ExchangeCuts::new(&geo, cfg);
                 let first_hits = FirstHitCuts::new(&geo, cfg);
@@ -346,6 +352,7 @@ impl GpuTracker {
         // when there are many (a launch of central events has some 250,000).
         let back: &[Option<&'static str>] = back;
         let host_steps = self.host_steps.as_ref();
+        let momentum_cut = self.momentum_cut;
         let write = |first: usize, outs: &mut [Vec<Track>]| {
             let mut exchange = Exchange::default();
             let mut first_hits = FirstHits::default();
@@ -362,7 +369,7 @@ impl GpuTracker {
                         tracks.push(Track::default());
                     }
                     b.write_track(t, &mut tracks[w]);
-                    w += 1;
+                    w += momentum_cut.keeps(&tracks[w]) as usize;
                 }
                 tracks.truncate(w);
                 if let Some(x) = host_steps {

@@ -23,7 +23,7 @@ use crate::tracking::track::Track;
 use std::time::Instant;
 
 pub use crate::tracking::ca::cuts::{
-    ConfigError, FinderConfig, FinderOverrides, FitOverrides, Limits,
+    ConfigError, FinderConfig, FinderOverrides, FitOverrides, Limits, MomentumCut,
 };
 
 /// Time spent in each step, nanoseconds, accumulated over events until reset.
@@ -114,6 +114,7 @@ pub struct Reconstructor {
     last_overflow: Overflow,
     overflow_events: u64,
     clones_removed: u64,
+    below_min_p: u64,
 }
 
 impl Reconstructor {
@@ -175,6 +176,7 @@ impl Reconstructor {
             last_overflow: Overflow::default(),
             overflow_events: 0,
             clones_removed: 0,
+            below_min_p: 0,
         }
     }
 
@@ -208,6 +210,12 @@ impl Reconstructor {
     /// Clone tracks removed since construction.
     pub fn clones_removed(&self) -> u64 {
         self.clones_removed
+    }
+
+    /// Tracks not output since construction for a fitted momentum below the minimum
+    /// ([`FinderConfig::keep_tracks_below_min_p`]).
+    pub fn tracks_below_min_p(&self) -> u64 {
+        self.below_min_p
     }
 
     /// Finds and fits the tracks of one event; `out` is replaced (its `Track`s and their hit
@@ -453,14 +461,27 @@ impl Reconstructor {
         while out.len() < n {
             out.push(self.spare.pop().unwrap_or_default());
         }
-        for (t, &k) in out.iter_mut().zip(&self.buf.accepted) {
+        let cut = self.cfg.momentum_cut();
+        let mut w = 0;
+        for &k in &self.buf.accepted {
             let c = &self.buf.candidates[k as usize];
+            let t = &mut out[w];
+            self.buf.fits[c.fit as usize].write_track(t);
+            if !cut.keeps(t) {
+                continue;
+            }
             t.hits.clear();
             for &h in &self.buf.candidate_hits[c.start as usize..c.start as usize + c.len as usize]
             {
                 t.hits.push(self.buf.hits.input_index[h as usize]);
             }
-            self.buf.fits[c.fit as usize].write_track(t);
+            w += 1;
+        }
+        self.below_min_p += (n - w) as u64;
+        while out.len() > w {
+            if let Some(t) = out.pop() {
+                self.spare.push(t);
+            }
         }
     }
 }
@@ -783,6 +804,90 @@ mod tests {
         }
         let r = chi2 / ndf;
         assert!((r - 1.0).abs() < 0.1, "chi2/ndf {r}");
+    }
+
+    #[test]
+    fn tracks_fitted_below_the_minimum_momentum_are_not_output() {
+        let det = detector(8, [0.0, 0.8, 0.0], 0.004, 0.016);
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let keep = FinderConfig {
+            keep_tracks_below_min_p: true,
+            ..cfg.clone()
+        };
+        let mut reco = Reconstructor::new(&det, cfg);
+        let mut reco_keep = Reconstructor::new(&det, keep);
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let (mut tracks, mut kept) = (Vec::new(), Vec::new());
+        let (mut below, mut above) = (0, 0);
+        for i in 0..40 {
+            // Inside the windows' momentum slack (down to 1 / 1.15 GeV/c): found, and
+            // measured well enough to tell 0.9 GeV/c from the minimum.
+            let p = if i % 2 == 0 { 0.9 } else { 1.05 };
+            let q = if i % 4 < 2 { 1.0 } else { -1.0 };
+            let mut hits = Vec::new();
+            let (ids, _) = track(
+                &det,
+                [0.0, 0.0, 0.05 * q, 0.02, q / p],
+                true,
+                true,
+                &mut rng,
+                &mut hits,
+            );
+            reco.reconstruct(&hits, &mut tracks);
+            reco_keep.reconstruct(&hits, &mut kept);
+            assert_eq!(
+                kept.len(),
+                1,
+                "p {p}: the finder keeping every track finds it"
+            );
+            assert!(kept[0].hits.iter().all(|h| ids.contains(h)) && kept[0].hits.len() >= 7);
+            if p < 1.0 {
+                below += 1 - tracks.len();
+            } else {
+                assert_eq!(tracks.len(), 1, "p {p}: above the minimum, output");
+                above += 1;
+            }
+        }
+        assert_eq!(above, 20);
+        assert!(below >= 18, "{below} of 20 tracks at 0.9 GeV/c not output");
+        assert_eq!(reco.tracks_below_min_p(), below as u64);
+        assert_eq!(reco_keep.tracks_below_min_p(), 0);
+
+        // Without a field no momentum is measured, and nothing is cut.
+        let det0 = detector(8, [0.0; 3], 0.004, 0.016);
+        let cfg0 = FinderConfig::from_detector(&det0, 1.0);
+        assert_eq!(cfg0.momentum_cut().max_qop, f64::INFINITY);
+        let mut reco0 = Reconstructor::new(&det0, cfg0);
+        let mut hits = Vec::new();
+        track(
+            &det0,
+            [0.0, 0.0, 0.05, 0.02, 1.0 / 0.3],
+            true,
+            true,
+            &mut rng,
+            &mut hits,
+        );
+        reco0.reconstruct(&hits, &mut tracks);
+        assert_eq!(tracks.len(), 1);
+    }
+
+    #[test]
+    fn the_momentum_cut_counts_the_error_of_each_track() {
+        let cut = MomentumCut {
+            max_qop: 1.0,
+            n_sigma: 3.0,
+        };
+        let track = |qop: f32, sigma: f32| {
+            let mut t = Track::default();
+            t.state.qop = qop;
+            t.cov[14] = sigma * sigma;
+            t
+        };
+        assert!(cut.keeps(&track(1.05, 0.02)), "within three errors");
+        assert!(!cut.keeps(&track(-1.07, 0.02)), "beyond, either charge");
+        assert!(cut.keeps(&track(0.5, 0.01)));
+        assert!(cut.keeps(&track(3.0, 2.8)), "not measured: kept");
+        assert!(cut.keeps(&track(f32::NAN, 0.01)));
     }
 
     #[test]
