@@ -7,11 +7,17 @@
 //
 // Run twice: write = 0 counts per hit (dbl_count), write = 1 writes at the event's base in
 // the arena plus the hit's scanned offset (dbl_off): per doublet a, b, tx, ty in one
-// 16-byte record (dbl) and the gap. In a later pass (`used` not null: per input hit, the
+// 16-byte record (dbl) and the gap. The count keeps the second hits of a hit's first
+// DBL_CACHE doublets, in their order, in its slots of `dcache`; the write takes a hit
+// with at most that many from there instead of scanning its windows again (the slopes
+// and gap are computed from the two hits as the scan computes them). In a later pass (`used` not null: per input hit, the
 // hits the earlier pass's tracks took; `sinput` maps a sorted hit to its input index),
 // doublets with a used hit are not made, as the CPU skips them. A pass whose tables set
 // G_MIN_EVENT_HITS makes none in an event with fewer sorted hits (the CPU does not run it
 // there).
+
+// The host's DBL_CACHE (src/gpu/tracking_ca.rs), which sizes `dcache`.
+#define DBL_CACHE 16
 
 struct Box4 {
     float x0, x1, y0, y1;
@@ -72,7 +78,8 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
                                        const u32* __restrict__ failed, int write,
                                        u32* __restrict__ dbl_count, const u32* __restrict__ dbl_off,
                                        const u32* __restrict__ dbl_base,
-                                       uint4* __restrict__ dbl, u32* __restrict__ dgap) {
+                                       uint4* __restrict__ dbl, u32* __restrict__ dgap,
+                                       u32* __restrict__ dcache) {
     int e = blockIdx.y;
     if (failed[e]) return;
     u32 s = hit_start[e], m = n_sorted[e];
@@ -92,6 +99,24 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
         float xa = sx[s + a], ya = sy[s + a];
         double xa64 = (double)xa, ya64 = (double)ya;
         u32 out = write ? base + dbl_off[s + a] : 0;
+        u32* cache = dcache + (size_t)(s + a) * DBL_CACHE;
+        if (write) {
+            u32 n = dbl_count[s + a];
+            if (n <= DBL_CACHE) {
+                for (u32 f = 0; f < n; f++) {
+                    u32 h = cache[f];
+                    int j = (int)splane[s + h];
+                    int k = 0;
+                    while (pi[4 + k] != j) k++;
+                    double inv_dz = pld[i * PLD + k];
+                    float tx = (float)(((double)sx[s + h] - xa64) * inv_dz);
+                    float ty = (float)(((double)sy[s + h] - ya64) * inv_dz);
+                    dbl[out + f] = make_uint4(a, h, __float_as_uint(tx), __float_as_uint(ty));
+                    dgap[out + f] = (u32)(j - (int)i - 1);
+                }
+                continue;
+            }
+        }
         u32 found = 0;
         for (int k = 0; k < pi[3]; k++) {
             Box4 bx = doublet_box(pl, g, k, xa, ya);
@@ -117,6 +142,8 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
                             // One 16-byte store: hits and slopes together.
                             dbl[d] = make_uint4(a, h, __float_as_uint(tx), __float_as_uint(ty));
                             dgap[d] = gap;
+                        } else if (found < DBL_CACHE) {
+                            cache[found] = h;
                         }
                         found++;
                     }

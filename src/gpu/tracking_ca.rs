@@ -209,6 +209,10 @@ impl CaStep {
     }
 }
 
+/// Doublets per hit whose second hits the doublet count keeps for the write
+/// (`kernels/ca_doublets.cu`, `DBL_CACHE`): a hit with more is scanned again.
+pub const DBL_CACHE: usize = 16;
+
 /// The sizes of a batch's arenas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CaLimits {
@@ -230,7 +234,7 @@ pub struct CaLimits {
 impl Default for CaLimits {
     /// 512 events, 4 Mi hits (some 250 central events), 16 Mi doublets and triplets, 32
     /// Mi neighbour links, 1 Mi candidates (2,048 per event in a full batch) of 16 Mi
-    /// hits, 32 Mi hits of walked chains: about 2.4 GiB with the grid of 10 planes of 8 x
+    /// hits, 32 Mi hits of walked chains: about 3.8 GiB with the grid of 10 planes of 8 x
     /// 128 cells.
     fn default() -> Self {
         CaLimits {
@@ -253,7 +257,7 @@ impl CaLimits {
         // and fit; for the clone step, its first hit, fit in double and mark. Per
         // candidate hit: the hit, packed out, and the clone step's plane, x and y.
         let per_candidate = (4 + FIT_WORDS + 1) + (2 + FIT_WORDS) + (2 + 2 * CLONE_FIT_WORDS);
-        4 * (12 * self.max_hits
+        4 * ((12 + DBL_CACHE) * self.max_hits
             + 3 * self.max_events * (n_bins + 1)
             + 24 * self.max_events
             + 2
@@ -926,6 +930,9 @@ struct Arenas {
     nb_n: DeviceBuffer<u32>,
     dbl_count: DeviceBuffer<u32>,
     dbl_off: DeviceBuffer<u32>,
+    /// Per hit, the second hits of its first [`DBL_CACHE`] doublets, from the count for
+    /// the write.
+    dcache: DeviceBuffer<u32>,
     /// Per doublet: a, b, tx, ty (bits) in one 16-byte record.
     dbl: DeviceBuffer<[u32; 4]>,
     dgap: DeviceBuffer<u32>,
@@ -1034,6 +1041,7 @@ impl Arenas {
             nb_n: u(e)?,
             dbl_count: u(h)?,
             dbl_off: u(h)?,
+            dcache: u(h * DBL_CACHE)?,
             dbl: DeviceBuffer::new(ctx, d)?,
             dgap: u(d)?,
             trip_count: u(d)?,
@@ -1668,8 +1676,13 @@ impl GpuCaEngine {
             p(&a.nb_base),
             p(&a.nb_n),
         );
-        let (dbl_count, dbl_off, dbl, dgap) =
-            (p(&a.dbl_count), p(&a.dbl_off), Ptr(a.dbl.ptr()), p(&a.dgap));
+        let (dbl_count, dbl_off, dbl, dgap, dcache) = (
+            p(&a.dbl_count),
+            p(&a.dbl_off),
+            Ptr(a.dbl.ptr()),
+            p(&a.dgap),
+            p(&a.dcache),
+        );
         let (trip_count, trip_off, end_count, end_off, end_cursor) = (
             p(&a.trip_count),
             p(&a.trip_off),
@@ -1759,7 +1772,7 @@ impl GpuCaEngine {
         #[rustfmt::skip]
         let dargs = |write: i32| [sx, sy, splane, hit_start, n_sorted, bin_start, used, sinput, I32(n_bins),
             plf, pli, pld, g, failed, I32(write), dbl_count, dbl_off, dbl_base, dbl, dgap,
-            ];
+            dcache];
         self.launch("ca_doublets", (bpe, e), &dargs(0))?;
         mark("doublets: count", self)?;
         #[rustfmt::skip]
@@ -2593,6 +2606,22 @@ mod tests {
     }
 
     #[test]
+    fn the_doublet_kernels_cache_is_the_hosts() {
+        let src = STEPS
+            .iter()
+            .find(|s| s.contains("void ca_doublets("))
+            .expect("the doublet step's source is one of the steps");
+        let line = src
+            .lines()
+            .find(|l| l.starts_with("#define DBL_CACHE "))
+            .expect("DBL_CACHE is defined in ca_doublets.cu");
+        assert_eq!(
+            line["#define DBL_CACHE ".len()..].trim(),
+            DBL_CACHE.to_string()
+        );
+    }
+
+    #[test]
     fn arenas_are_sized_from_the_limits() {
         let l = CaLimits {
             max_events: 10,
@@ -2607,7 +2636,7 @@ mod tests {
         assert!(l.validate().is_ok());
         assert_eq!(
             l.device_bytes(99),
-            4 * (12 * 1000
+            4 * ((12 + 16) * 1000
                 + 3 * 10 * 100
                 + 24 * 10
                 + 2
