@@ -68,7 +68,7 @@ impl TrackerLimits {
     /// Arenas for launches of up to `max_events` events (at most 512): those of
     /// [`CaLimits::default`] with twice the doublets, triplets and neighbour links (the
     /// later pass over missing planes makes more doublets per event than the first: 128
-    /// central events of the dipole spectrometer need some 17 Mi), about 4 GiB whatever
+    /// central events of the dipole spectrometer need some 17 Mi), about 6.2 GiB whatever
     /// the events; an event beyond what is left is handed back.
     pub fn for_batch(_cfg: &FinderConfig, max_events: usize) -> Self {
         let d = CaLimits::default();
