@@ -8,13 +8,13 @@
 // Run twice: write = 0 counts per hit (dbl_count), write = 1 writes at the event's base in
 // the arena plus the hit's scanned offset (dbl_off): per doublet a, b, tx, ty in one
 // 16-byte record (dbl) and the gap. The count keeps the second hits of a hit's first
-// DBL_CACHE doublets, in their order, in its slots of `dcache`; the write takes a hit
-// with at most that many from there instead of scanning its windows again (the slopes
-// and gap are computed from the two hits as the scan computes them). In a later pass (`used` not null: per input hit, the
-// hits the earlier pass's tracks took; `sinput` maps a sorted hit to its input index),
-// doublets with a used hit are not made, as the CPU skips them. A pass whose tables set
-// G_MIN_EVENT_HITS makes none in an event with fewer sorted hits (the CPU does not run it
-// there).
+// DBL_CACHE doublets, in their order, in its slots of `dcache`; the write takes a hit with
+// at most that many from there instead of scanning its windows again (the slopes and gap
+// computed from the two hits as the scan computes them). In a later pass (`used` not
+// null: per input hit, the hits the earlier pass's tracks took; `sinput` maps a sorted
+// hit to its input index), doublets with a used hit are not made, as the CPU skips them.
+// A pass whose tables set G_MIN_EVENT_HITS makes none in an event with fewer sorted hits
+// (the CPU does not run it there).
 
 // The host's DBL_CACHE (src/gpu/tracking_ca.rs), which sizes `dcache`.
 #define DBL_CACHE 16

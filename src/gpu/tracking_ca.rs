@@ -2583,21 +2583,24 @@ mod tests {
         assert_eq!(t.tents[k * TENT_FLOATS + 4 + 3 * 20 + 1], b[20][1]);
     }
 
+    /// The value of `#define NAME` in the step whose source defines `kernel`.
+    fn kernel_define(kernel: &str, name: &str) -> String {
+        let src = STEPS
+            .iter()
+            .find(|s| s.contains(&format!("void {kernel}(")))
+            .unwrap_or_else(|| panic!("{kernel} is in one of the steps"));
+        let prefix = format!("#define {name} ");
+        let line = src
+            .lines()
+            .find(|l| l.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("{name} is not defined beside {kernel}"));
+        line[prefix.len()..].trim().to_string()
+    }
+
     #[test]
     fn the_candidate_kernels_constants_are_the_cpus() {
         use crate::tracking::ca::candidates::{CHUNK, FORK_CHI2, MAX_CHAIN};
-        let src = STEPS
-            .iter()
-            .find(|s| s.contains("void ca_candidates_order("))
-            .expect("the candidate step's source is one of the steps");
-        let def = |name: &str| -> String {
-            let prefix = format!("#define {name} ");
-            let line = src
-                .lines()
-                .find(|l| l.starts_with(&prefix))
-                .unwrap_or_else(|| panic!("{name} is not defined in ca_candidates.cu"));
-            line[prefix.len()..].trim().to_string()
-        };
+        let def = |name: &str| kernel_define("ca_candidates_order", name);
         assert_eq!(def("CAND_CHUNK"), CHUNK.to_string());
         assert_eq!(def("MAX_CHAIN"), MAX_CHAIN.to_string());
         assert_eq!(def("FORK_CHI2"), format!("{FORK_CHI2:.1}f"));
@@ -2607,16 +2610,8 @@ mod tests {
 
     #[test]
     fn the_doublet_kernels_cache_is_the_hosts() {
-        let src = STEPS
-            .iter()
-            .find(|s| s.contains("void ca_doublets("))
-            .expect("the doublet step's source is one of the steps");
-        let line = src
-            .lines()
-            .find(|l| l.starts_with("#define DBL_CACHE "))
-            .expect("DBL_CACHE is defined in ca_doublets.cu");
         assert_eq!(
-            line["#define DBL_CACHE ".len()..].trim(),
+            kernel_define("ca_doublets", "DBL_CACHE"),
             DBL_CACHE.to_string()
         );
     }

@@ -28,7 +28,7 @@
 //!   `1 / |q/p|` of the track's state (a ghost has no true one), with the edges of the
 //!   efficiency. Tracks whose fit did not measure the momentum (q/p of zero or not finite,
 //!   as from a submission file without a fit, or a q/p error as large as the q/p itself,
-//!   as the fit reports in a detector without field: [`momentum_measured`]) are counted
+//!   as the fit reports in a detector without field: [`Track::momentum_measured`]) are counted
 //!   apart as *unmeasured*, not in the top bin; a fitted momentum outside the edges is in
 //!   no bin.
 //! - Pulls: `(fitted - true) / sqrt(variance)` for x, y, tx, ty, q/p at the track's z, the
@@ -274,15 +274,6 @@ pub struct EvalReport {
     pub beam_spot: Option<BeamSpot>,
 }
 
-/// Whether the track's fit measured its momentum: q/p finite and not zero, with an error
-/// below nine tenths of itself (a fit in a detector without field keeps the q/p it
-/// assumes with an error as large, up to rounding: it knows nothing of the momentum).
-pub fn momentum_measured(track: &Track) -> bool {
-    let qop = track.state.qop as f64;
-    let var = track.var(4) as f64;
-    qop != 0.0 && qop.is_finite() && (var < 0.81 * qop * qop || var.is_nan())
-}
-
 /// Mean and median of the matched tracks' chi-square per degree of freedom.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Chi2Summary {
@@ -477,7 +468,7 @@ impl<'d> Evaluator<'d> {
         for track in tracks {
             self.n_tracks += 1;
             let qop = track.state.qop as f64;
-            let ghost_bin = if momentum_measured(track) {
+            let ghost_bin = if track.momentum_measured() {
                 self.bin_of(1.0 / qop.abs())
                     .map(|b| &mut self.ghost_bins[b])
             } else {
@@ -607,7 +598,7 @@ impl<'d> Evaluator<'d> {
             track.state.qop as f64,
         ];
         let truth_v = [s.x_mm, s.y_mm, s.tx, s.ty, s.qop];
-        let measured = momentum_measured(track);
+        let measured = track.momentum_measured();
         for k in 0..if measured { 5 } else { 4 } {
             let pull = (fit[k] - truth_v[k]) / var[k].sqrt();
             self.pulls[k].push(pull);
@@ -1790,7 +1781,7 @@ mod tests {
             t.state.qop = 0.2;
             t.cov[14] = 0.04;
         }
-        assert!(!momentum_measured(&tracks[0]) && momentum_measured(&tracks[1]));
+        assert!(!tracks[0].momentum_measured() && tracks[1].momentum_measured());
         let mut e = Evaluator::new(EvalConfig::default(), Some(&det));
         e.add_event(0, &ev.hits, &ev.truth, Some(&ev.particles), &tracks)
             .unwrap();

@@ -46,4 +46,12 @@ impl Track {
     pub fn var(&self, i: usize) -> f32 {
         self.cov[i * (i + 1) / 2 + i]
     }
+    /// Whether the fit measured the momentum: q/p finite and not zero, with an error
+    /// below nine tenths of itself (a fit in a detector without field keeps the q/p it
+    /// assumes with an error as large, up to rounding: it knows nothing of the momentum).
+    pub fn momentum_measured(&self) -> bool {
+        let qop = self.state.qop as f64;
+        let var = self.var(4) as f64;
+        qop != 0.0 && qop.is_finite() && (var < 0.81 * qop * qop || var.is_nan())
+    }
 }

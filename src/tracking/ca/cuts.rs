@@ -707,9 +707,9 @@ impl FinderOverrides {
 
 /// The fitted tracks the finder outputs ([`FinderConfig::keep_tracks_below_min_p`]): those
 /// whose |q/p| is within `n_sigma` of their own q/p error of `max_qop` or below it, and
-/// those whose fit does not measure the momentum (a q/p error of nine tenths of the q/p
-/// or more). Both backends apply it to the tracks after clone suppression, in f64 from the
-/// tracks' f32 values.
+/// those whose fit does not measure the momentum ([`Track::momentum_measured`]). Both
+/// backends apply it to the tracks after clone suppression, in f64 from the tracks' f32
+/// values.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MomentumCut {
     /// The largest |q/p| a track is taken to be at (1 / `min_p_gev`); infinite: no cut.
@@ -721,9 +721,9 @@ impl MomentumCut {
     /// Whether `t` is output.
     pub fn keeps(&self, t: &Track) -> bool {
         let q = (t.state.qop as f64).abs();
-        let v = t.var(4) as f64;
-        let measured = q.is_finite() && v.is_finite() && v >= 0.0 && v < 0.81 * q * q;
-        !(measured && q - self.n_sigma * v.sqrt() > self.max_qop)
+        let sigma = (t.var(4) as f64).sqrt();
+        // A NaN error compares false: kept.
+        !(t.momentum_measured() && q - self.n_sigma * sigma > self.max_qop)
     }
 }
 
