@@ -17,19 +17,20 @@
 // batch at once.
 //
 // ca_candidates (one block of CAND_THREADS per event, the block works through the ordered
-// end triplets a window at a time): every thread takes one end triplet's walked chains and
-// leaves out the hits used as of the window's start, which are what the CPU sees (the
-// flags only change in the choice); thread 0 then places the chains in the CPU's order
-// with the CPU's limits, until the chunk holds CHUNK candidates (the rest of the window
-// is filtered again after the choice); the chunk's fits run one candidate per thread; the
-// chunk is staged (its hits in shared memory where they fit) and ordered by the block (a
-// bitonic sort of one key per candidate), which also marks the candidates the choice must
-// accept whenever their turn comes (passing the cut, every hit free and shared with no
-// other candidate of the chunk: most of them); the greedy choice runs in the block's
-// first warp: a run of such candidates is accepted together, a lane each, the others one
-// at a time (their hits checked and taken, their free hits counted, by the lanes
-// together), their refits in lane 0, the two fits of a second chance in lanes 0 and 1 at
-// once.
+// end triplets a window of CAND_THREADS at a time): every thread takes one end triplet's
+// walked chains and leaves out the hits used as of the window's start, which are what the
+// CPU sees (the flags only change in the choice); the block then places the chains in the
+// CPU's order with the CPU's limits (a scan; thread 0 alone where a limit could be
+// reached), until the chunk holds CHUNK candidates (the rest of the window is filtered
+// again after the choice); the chunk's fits run one candidate per thread, in one round;
+// the chunk is staged (its hits in shared memory where they fit) and ordered by the block
+// (a bitonic sort of one key per candidate), which also marks the candidates the choice
+// must accept whenever their turn comes (passing the cut, every hit free, and no hit
+// shared with a candidate before it in the choice's order: most of them); the greedy
+// choice runs in the block's first warp: a run of such candidates is accepted together, a
+// lane each, the others one at a time (their hits checked and taken, their free hits
+// counted, by the lanes together), their refits in lane 0, the two fits of a second
+// chance in lanes 0 and 1 at once.
 // Candidates, their hits (the event's input indices, upstream first), their fits and the
 // accepted list persist per event across passes (`append`); the used flags are per input
 // hit of the event.
@@ -38,7 +39,11 @@
 // whose candidates do not fit in its share of the batch's arenas fails with
 // FAIL_CANDIDATES and goes to the CPU path; nothing is truncated silently.
 
-#define CAND_THREADS 64
+// Threads of an event's block: a chunk's fits in one round (CAND_CHUNK), its end
+// triplets' chains filtered a window of CAND_THREADS at a time.
+#define CAND_THREADS 256
+#define CAND_WARPS (CAND_THREADS / 32)
+static_assert(CAND_THREADS % 32 == 0 && CAND_THREADS <= 1024, "whole warps");
 // Candidates fitted together before the choice (CHUNK in candidates.rs).
 #define CAND_CHUNK 256
 // The longest chain (one hit per plane: MAX_CHAIN = MAX_PLANES in candidates.rs).
@@ -55,6 +60,8 @@
 #endif
 // The chunk's order keys: CHUNK_MAX padded to a power of two.
 #define RANK_KEYS 512
+// Slots of the first rank holding a shared hit (stage_chunk), in the keys' words.
+#define FIRST_SLOTS (2 * RANK_KEYS)
 static_assert(CAND_CHUNK < 512 && CHUNK_MAX <= RANK_KEYS, "a chunk's index fits the key's 9 bits");
 // Words of a fit in the fit arena (OUT_WORDS in kalman_fit.cu).
 #define FIT_WORDS 24
@@ -607,12 +614,14 @@ __device__ __forceinline__ const u32* chunk_hits(const ChunkStage& st, uint4 c) 
 // records, hits, free counts, then the choice's order (longest first, then chi2/ndf by
 // total_cmp, then index: one 64-bit key per candidate, sorted), then which candidates are
 // `fast`: passing the cut with every hit free at the chunk's start and none shared with
-// another candidate of the chunk. The choice would accept such a candidate whenever its
-// turn comes (no other candidate, nor any copy of one, can take its hits first), so the
-// choice takes a run of them together. A hit shared is found by setting each candidate's
-// hits in `bits` (by index modulo 2^16: two hits of one bit count as shared, which only
-// sends their candidates the slow way); `bits` then holds every hit of the chunk, which
-// the choice's filter treats as possibly taken (it reads the used flags), as it must.
+// a candidate of the chunk before it in the choice's order. The choice would accept such
+// a candidate whenever its turn comes (no candidate before it, nor any copy of one, which
+// holds a subset of its hits, can take its hits first), so the choice takes a run of them
+// together. A hit shared is found by setting each candidate's hits in `bits` (by index
+// modulo 2^16: two hits of one bit count as shared), then the first rank holding each
+// such hit (by slot: hits of one slot count as one); either aliasing only sends a
+// candidate the slow way. `bits` then holds every hit of the chunk, which the choice's
+// filter treats as possibly taken (it reads the used flags), as it must.
 __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, u32 m,
                             ChunkStage& st, u32 min_hits, double max_chi2_ndf) {
     // Every thread works this out alike: the range of the chunk's hits, staged where it fits.
@@ -669,13 +678,29 @@ __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, 
         }
     }
     __syncthreads();
-    for (u32 j = threadIdx.x; j < m; j += CAND_THREADS) {
+    // The first rank holding each shared hit, by slot (the hit modulo FIRST_SLOTS; hits of
+    // one slot share it, which can only make a candidate slow), in the keys' words, free
+    // now that the order is read out.
+    u32* first = (u32*)st.keys;
+    for (u32 i = threadIdx.x; i < FIRST_SLOTS; i += CAND_THREADS) first[i] = ~0u;
+    __syncthreads();
+    for (u32 r = threadIdx.x; r < m; r += CAND_THREADS) {
+        const uint4 cj = st.cand[st.order[r] - from];
+        const u32* hj = chunk_hits(st, cj);
+        for (u32 q = 0; q < cj.y; q++) {
+            const u32 b = hj[q] & 0xffffu;
+            if ((st.twice[b >> 5] >> (b & 31)) & 1u) atomicMin(&first[hj[q] % FIRST_SLOTS], r);
+        }
+    }
+    __syncthreads();
+    for (u32 r = threadIdx.x; r < m; r += CAND_THREADS) {
+        const u32 j = st.order[r] - from;
         uint4 cj = st.cand[j];
         bool fast = st.free0[j] == cj.y && good_candidate(cj, min_hits, max_chi2_ndf);
         const u32* hj = chunk_hits(st, cj);
-        for (u32 r = 0; fast && r < cj.y; r++) {
-            u32 b = hj[r] & 0xffffu;
-            fast = !((st.twice[b >> 5] >> (b & 31)) & 1u);
+        for (u32 q = 0; fast && q < cj.y; q++) {
+            const u32 b = hj[q] & 0xffffu;
+            fast = !((st.twice[b >> 5] >> (b & 31)) & 1u) || first[hj[q] % FIRST_SLOTS] == r;
         }
         st.fast[j] = fast ? 1u : 0u;
     }
@@ -917,7 +942,7 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
     __shared__ int s_close;
     // The placement's scan: per warp its candidates' and hits' sums, then which of its
     // entries bring the chunk to CAND_CHUNK.
-    __shared__ u32 s_scan[6];
+    __shared__ u32 s_scan[3 * CAND_WARPS];
     __shared__ u32 s_order[CHUNK_MAX];
     __shared__ u64 s_keys[RANK_KEYS];
     __shared__ uint4 s_cand[CHUNK_MAX];
@@ -1045,26 +1070,40 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
         }
         if ((tid & 31u) == 31u) {
             s_scan[tid >> 5] = i_c;
-            s_scan[2 + (tid >> 5)] = i_h;
+            s_scan[CAND_WARPS + (tid >> 5)] = i_h;
         }
         __syncthreads();
-        if (tid >= 32) {
-            i_c += s_scan[0];
-            i_h += s_scan[2];
+        // The warps before this one's sums, and the block's.
+        u32 tot_c = 0, tot_h = 0;
+#pragma unroll
+        for (u32 w = 0; w < CAND_WARPS; w++) {
+            const u32 wc = s_scan[w], wh = s_scan[CAND_WARPS + w];
+            if (w < (tid >> 5)) {
+                i_c += wc;
+                i_h += wh;
+            }
+            tot_c += wc;
+            tot_h += wh;
         }
         const CandState ps = s;
         const u32 pending_now = ps.n_cand - s_pending_from;
         const u32 cap_c = ps.max_cand < ps.share_cand ? ps.max_cand : ps.share_cand;
-        const u32 tot_c = s_scan[0] + s_scan[1], tot_h = s_scan[2] + s_scan[3];
         const bool scan_ok = ps.n_cand + tot_c < cap_c &&
                              ps.n_hits + tot_h + MAX_CHAIN <= hits_cap / 2 &&
                              ps.n_hits + tot_h <= ps.share_hits;
         const u32 reach = __ballot_sync(0xffffffffu, tid < n_win && pending_now + i_c >= CAND_CHUNK);
-        if ((tid & 31u) == 0u) s_scan[4 + (tid >> 5)] = reach;
+        if ((tid & 31u) == 0u) s_scan[2 * CAND_WARPS + (tid >> 5)] = reach;
         __syncthreads();
         if (scan_ok) {
-            const u32 r0 = s_scan[4], r1 = s_scan[5];
-            const u32 first = r0 ? (u32)__ffs(r0) - 1u : (r1 ? 31u + (u32)__ffs(r1) : ~0u);
+            // The first entry that reaches it: in the first warp with one.
+            u32 first = ~0u;
+            for (u32 w = 0; w < CAND_WARPS; w++) {
+                const u32 r = s_scan[2 * CAND_WARPS + w];
+                if (r) {
+                    first = 32u * w + (u32)__ffs(r) - 1u;
+                    break;
+                }
+            }
             const u32 consumed = first != ~0u ? first + 1u : n_win;
             if (tid < consumed) {
                 u32 c0 = ps.n_cand + i_c - e_c, h0 = ps.n_hits + i_h - e_h;

@@ -148,7 +148,7 @@ const KERNEL_OPTIONS: [&str; 1] = ["--fmad=false"];
 /// Threads per block (CA_THREADS in ca_common.cuh).
 const THREADS: u32 = 256;
 /// Threads per event of the candidate step (CAND_THREADS in ca_candidates.cu).
-const CAND_THREADS: u32 = 64;
+const CAND_THREADS: u32 = 256;
 /// Words per fit in the fit arena (FIT_WORDS in ca_candidates.cu, the fit kernel's
 /// output words).
 const FIT_WORDS: usize = super::tracking_fit::OUT_WORDS;
