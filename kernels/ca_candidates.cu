@@ -26,11 +26,12 @@
 // the chunk is staged (its hits in shared memory where they fit) and ordered by the block
 // (a bitonic sort of one key per candidate), which also marks the candidates the choice
 // must accept whenever their turn comes (passing the cut, every hit free, and no hit
-// shared with a candidate before it in the choice's order: most of them); the greedy
-// choice runs in the block's first warp: a run of such candidates is accepted together, a
-// lane each, the others one at a time (their hits checked and taken, their free hits
-// counted, by the lanes together), their refits in lane 0, the two fits of a second
-// chance in lanes 0 and 1 at once.
+// shared with a candidate before it in the choice's order: most of them) and those it
+// must drop (too few hits left without those); the greedy choice runs in the block's
+// first warp: a run of such candidates is decided together, a lane each, the others one
+// at a time (their hits checked and taken, their free hits counted, by the lanes
+// together), their refits in lane 0, the two fits of a second chance in lanes 0 and 1 at
+// once.
 // Candidates, their hits (the event's input indices, upstream first), their fits and the
 // accepted list persist per event across passes (`append`); the used flags are per input
 // hit of the event.
@@ -61,7 +62,11 @@ static_assert(CAND_THREADS % 32 == 0 && CAND_THREADS <= 1024, "whole warps");
 // The chunk's order keys: CHUNK_MAX padded to a power of two.
 #define RANK_KEYS 512
 // Slots of the first rank holding a shared hit (stage_chunk), in the keys' words.
-#define FIRST_SLOTS (2 * RANK_KEYS)
+#define FIRST_SLOTS RANK_KEYS
+// A chunk candidate's verdict known before the choice (ChunkStage::fast): accepted
+// whenever its turn comes, or dropped.
+#define FAST_ACCEPT 1u
+#define FAST_DROP 2u
 static_assert(CAND_CHUNK < 512 && CHUNK_MAX <= RANK_KEYS, "a chunk's index fits the key's 9 bits");
 // Words of a fit in the fit arena (OUT_WORDS in kalman_fit.cu).
 #define FIT_WORDS 24
@@ -596,7 +601,7 @@ struct ChunkStage {
     u64* keys;     // [RANK_KEYS]: the choice's order keys, sorted
     u32* bits;     // [CHUNK_BITS_WORDS]
     u32* twice;    // [CHUNK_BITS_WORDS]: hits (modulo 2^16) of two candidates of the chunk
-    u32* fast;     // [CHUNK_MAX]: the candidate is accepted whatever the others do
+    u32* fast;     // [CHUNK_MAX]: FAST_ACCEPT, FAST_DROP whatever the others do; else 0
 };
 
 // The chunk's order key of a fitted candidate: chi2/ndf (infinite without ndf) by
@@ -620,8 +625,11 @@ __device__ __forceinline__ const u32* chunk_hits(const ChunkStage& st, uint4 c) 
 // together. A hit shared is found by setting each candidate's hits in `bits` (by index
 // modulo 2^16: two hits of one bit count as shared), then the first rank holding each
 // such hit (by slot: hits of one slot count as one); either aliasing only sends a
-// candidate the slow way. `bits` then holds every hit of the chunk, which the choice's
-// filter treats as possibly taken (it reads the used flags), as it must.
+// candidate the slow way. Then which of the others are doomed: with the hits used at the
+// chunk's start and those of fast candidates before them left out, fewer than a track
+// needs (the choice would drop them: a hit lost, too few left for a refit); the choice
+// passes over them in its runs. `bits` then holds every hit of the chunk, which the
+// choice's filter treats as possibly taken (it reads the used flags), as it must.
 __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, u32 m,
                             ChunkStage& st, u32 min_hits, double max_chi2_ndf) {
     // Every thread works this out alike: the range of the chunk's hits, staged where it fits.
@@ -678,18 +686,20 @@ __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, 
         }
     }
     __syncthreads();
-    // The first rank holding each shared hit, by slot (the hit modulo FIRST_SLOTS; hits of
-    // one slot share it, which can only make a candidate slow), in the keys' words, free
-    // now that the order is read out.
-    u32* first = (u32*)st.keys;
-    for (u32 i = threadIdx.x; i < FIRST_SLOTS; i += CAND_THREADS) first[i] = ~0u;
+    // The first rank holding each shared hit, by slot (the hit modulo FIRST_SLOTS): the
+    // least (rank, hit) of the slot, in the keys' words, free now that the order is read
+    // out. A slot tells the first holder of its hit exactly; of another hit of the slot,
+    // only that no rank before the slot's holds it.
+    u64* first = st.keys;
+    for (u32 i = threadIdx.x; i < FIRST_SLOTS; i += CAND_THREADS) first[i] = ~0ull;
     __syncthreads();
     for (u32 r = threadIdx.x; r < m; r += CAND_THREADS) {
         const uint4 cj = st.cand[st.order[r] - from];
         const u32* hj = chunk_hits(st, cj);
         for (u32 q = 0; q < cj.y; q++) {
-            const u32 b = hj[q] & 0xffffu;
-            if ((st.twice[b >> 5] >> (b & 31)) & 1u) atomicMin(&first[hj[q] % FIRST_SLOTS], r);
+            const u32 h = hj[q], b = h & 0xffffu;
+            if ((st.twice[b >> 5] >> (b & 31)) & 1u)
+                atomicMin(&first[h % FIRST_SLOTS], (u64)r << 32 | h);
         }
     }
     __syncthreads();
@@ -700,9 +710,32 @@ __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, 
         const u32* hj = chunk_hits(st, cj);
         for (u32 q = 0; fast && q < cj.y; q++) {
             const u32 b = hj[q] & 0xffffu;
-            fast = !((st.twice[b >> 5] >> (b & 31)) & 1u) || first[hj[q] % FIRST_SLOTS] == r;
+            fast = !((st.twice[b >> 5] >> (b & 31)) & 1u) ||
+                   (u32)(first[hj[q] % FIRST_SLOTS] >> 32) == r;
         }
-        st.fast[j] = fast ? 1u : 0u;
+        st.fast[j] = fast ? FAST_ACCEPT : 0u;
+    }
+    __syncthreads();
+    // Doomed: fewer hits than a track needs left once the hits used at the chunk's start
+    // and those of fast candidates before it are out (all taken before its turn, whatever
+    // else happens): the choice would drop it (a lost hit, too few left to refit).
+    for (u32 r = threadIdx.x; r < m; r += CAND_THREADS) {
+        const u32 j = st.order[r] - from;
+        if (st.fast[j] == FAST_ACCEPT) continue;
+        const uint4 cj = st.cand[j];
+        const u32* hj = chunk_hits(st, cj);
+        u32 n_left = 0;
+        for (u32 q = 0; q < cj.y; q++) {
+            const u32 h = hj[q], b = h & 0xffffu;
+            bool taken = ev.used[h] != 0u;
+            if (!taken && ((st.twice[b >> 5] >> (b & 31)) & 1u)) {
+                const u64 f = first[h % FIRST_SLOTS];
+                const u32 fr = (u32)(f >> 32);
+                taken = (u32)f == h && fr < r && st.fast[st.order[fr] - from] == FAST_ACCEPT;
+            }
+            n_left += taken ? 0u : 1u;
+        }
+        if (n_left < min_hits) st.fast[j] = FAST_DROP;
     }
     __syncthreads();
 }
@@ -805,30 +838,36 @@ __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, cons
                                   CandState* shared_s) {
     const u32 lane = threadIdx.x & 31u;
     for (u32 i = 0; i < m;) {
-        // A run of fast candidates from rank i (at most 32): accepted together, each by a
-        // lane, in the order of the choice.
+        // A run of candidates from rank i (at most 32) whose verdict the stage knew:
+        // together, each by a lane, the accepted ones in the order of the choice.
         {
             const u32 rl = i + lane;
             u32 kl = 0;
-            bool fl = false;
+            u32 fl = 0u;
             if (rl < m) {
                 kl = st.order[rl];
-                fl = st.fast[kl - from] != 0u;
+                fl = st.fast[kl - from];
             }
-            const u32 not_fast = ~__ballot_sync(0xffffffffu, fl);
+            const u32 not_fast = ~__ballot_sync(0xffffffffu, fl != 0u);
             const u32 run = not_fast ? (u32)__ffs(not_fast) - 1u : 32u;
             if (run > 0) {
-                if (s.n_acc + run > s.max_tracks) return false;
-                if (lane < run) {
+                const u32 in_run = run == 32u ? ~0u : (1u << run) - 1u;
+                const u32 acc_mask = __ballot_sync(0xffffffffu, fl == FAST_ACCEPT) & in_run;
+                const u32 n_new = (u32)__popc(acc_mask);
+                if (s.n_acc + n_new > s.max_tracks) return false;
+                if ((acc_mask >> lane) & 1u) {
                     // take_hit without the filter's bits, which the stage set for every
                     // hit of the chunk.
                     const u32 jl = kl - from;
                     const uint4 cl = st.cand[jl];
                     const u32* hl = chunk_hits(st, cl);
                     for (u32 r = 0; r < cl.y; r++) ev.used[hl[r]] = 1u;
-                    a.acc[s.n_acc + lane] = kl;
+                    a.acc[s.n_acc + (u32)__popc(acc_mask & ((1u << lane) - 1u))] = kl;
                 }
-                s.n_acc += run;
+#ifdef CA_PHASE_CLOCKS
+                if (lane == 0) ca_slow_calls[0] += run - n_new;
+#endif
+                s.n_acc += n_new;
                 i += run;
                 __syncwarp();
                 continue;
