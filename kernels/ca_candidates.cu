@@ -30,8 +30,9 @@
 // must drop (too few hits left without those); the greedy choice runs in the block's
 // first warp: a run of such candidates is decided together, a lane each, the others one
 // at a time (their hits checked and taken, their free hits counted, by the lanes
-// together), their refits in lane 0, the two fits of a second chance in lanes 0 and 1 at
-// once.
+// together), their refits in lane 0; meanwhile the block's other warps fit ahead the two
+// copies of every second chance the choice may give, which lanes 0 and 1 wait for and
+// take (where the chunk leaves no room for them in the arenas, lanes 0 and 1 fit them).
 // Candidates, their hits (the event's input indices, upstream first), their fits and the
 // accepted list persist per event across passes (`append`); the used flags are per input
 // hit of the event.
@@ -44,7 +45,8 @@
 // triplets' chains filtered a window of CAND_THREADS at a time.
 #define CAND_THREADS 256
 #define CAND_WARPS (CAND_THREADS / 32)
-static_assert(CAND_THREADS % 32 == 0 && CAND_THREADS <= 1024, "whole warps");
+static_assert(CAND_THREADS % 32 == 0 && CAND_THREADS >= 64 && CAND_THREADS <= 1024,
+              "whole warps; the choice's warp and at least one for second chances ahead");
 // Candidates fitted together before the choice (CHUNK in candidates.rs).
 #define CAND_CHUNK 256
 // The longest chain (one hit per plane: MAX_CHAIN = MAX_PLANES in candidates.rs).
@@ -507,17 +509,24 @@ __device__ __forceinline__ CandHits candidate_hits(const CandEvent& ev, const Ca
     return h;
 }
 
-// fit_range for one candidate: the fit into the fit arena, its chi2 and ndf into the
-// candidate (chi2 infinite where the fit failed).
+// fit_range for the `len` candidate hits from `x`: the fit into slot `out` of the fit
+// arena, the range with its chi2 and ndf into candidate `out` (chi2 infinite where the fit
+// failed).
+__device__ void fit_hits_into(const CandEvent& ev, const CandArenas& a, const KalmanTables& T,
+                              u32 x, u32 len, u32 out) {
+    const CandHits h = candidate_hits(ev, a, make_uint4(x, len, 0u, 0u));
+    KalmanResult r;
+    kalman_fit_track(h, (int)len, MAX_CHAIN, T, r);
+    store_fit(r, a.fits + (size_t)out * FIT_WORDS);
+    float chi2 = (r.ok && r.ndf > 0) ? r.chi2 : CA_INF;
+    a.cand[out] = make_uint4(x, len, __float_as_uint(chi2), (u32)r.ndf);
+}
+
+// fit_range for one candidate, in its own slot.
 __device__ void fit_candidate(const CandEvent& ev, const CandArenas& a, const KalmanTables& T,
                               u32 c) {
-    uint4 cd = a.cand[c];
-    const CandHits h = candidate_hits(ev, a, cd);
-    KalmanResult r;
-    kalman_fit_track(h, (int)cd.y, MAX_CHAIN, T, r);
-    store_fit(r, a.fits + (size_t)c * FIT_WORDS);
-    float chi2 = (r.ok && r.ndf > 0) ? r.chi2 : CA_INF;
-    a.cand[c] = make_uint4(cd.x, cd.y, __float_as_uint(chi2), (u32)r.ndf);
+    const uint4 cd = a.cand[c];
+    fit_hits_into(ev, a, T, cd.x, cd.y, c);
 }
 
 __device__ __forceinline__ bool good_candidate(uint4 c, u32 min_hits, double max_chi2_ndf) {
@@ -770,14 +779,62 @@ __device__ __forceinline__ int from_lane0(CandState& s, int ok, const CandState*
     return ok;
 }
 
+// Second chances fitted ahead (speculate_second_chances): per chunk, two slots per chunk
+// candidate at the top of the event's share of the candidate and fit arenas, used where
+// the choice's copies cannot reach them (at most two per candidate of the chunk).
+struct SpecFits {
+    u32 base;   // the first slot; ~0u: none this chunk
+    u32* done;  // [SPEC_WORDS] shared: bit 2 j + v set once copy v of candidate j is fitted
+};
+#define SPEC_WORDS ((2 * CHUNK_MAX + 31) / 32)
+
+// The fits of the second chances the choice may give, made by the block's other warps
+// while its first warp chooses: for every candidate of the chunk that failed the cut with
+// every hit free at the chunk's start, more hits than a track needs and no verdict from
+// the stage, its two copies (without the last hit, without the first) fitted into its
+// slots in the order of the choice, a thread each. The same code on the same hits gives
+// the fit the choice would make of the copy; a copy not needed is never read.
+__device__ void speculate_second_chances(const CandEvent& ev, const CandArenas& a,
+                                         const KalmanTables& T, u32 from, u32 m,
+                                         const ChunkStage& st, SpecFits spec, u32 min_hits,
+                                         double max_chi2_ndf) {
+    const u32 t = threadIdx.x - 32u;
+    const u32 v = t & 1u;
+    for (u32 r = t >> 1; r < m; r += (CAND_THREADS - 32u) / 2u) {
+        const u32 j = st.order[r] - from;
+        const uint4 c = st.cand[j];
+        if (st.fast[j] != 0u || st.free0[j] != c.y || c.y <= min_hits ||
+            good_candidate(c, min_hits, max_chi2_ndf)) {
+            continue;
+        }
+        const u32 bit = 2u * j + v;
+        fit_hits_into(ev, a, T, c.x + v, c.y - 1u, spec.base + bit);
+        __threadfence_block();
+        atomicOr(&spec.done[bit >> 5], 1u << (bit & 31));
+    }
+}
+
+// Copy `dst` of a second chance takes the fit made ahead in slot `src` (written by another
+// warp of the block: read past L1).
+__device__ void take_spec_fit(const CandArenas& a, u32 src, u32 dst) {
+    const u32* f = a.fits + (size_t)src * FIT_WORDS;
+    u32* g = a.fits + (size_t)dst * FIT_WORDS;
+#pragma unroll
+    for (int w = 0; w < FIT_WORDS; w++) g[w] = __ldcg(f + w);
+    const uint4 cs = __ldcg(a.cand + src);
+    const uint4 cd = a.cand[dst];
+    a.cand[dst] = make_uint4(cd.x, cd.y, cs.z, cs.w);
+}
+
 // The second chance of a candidate that failed the cut with every hit free (choose in
 // candidates.rs), by the choice's warp: lane 0 places its two copies (without the last
-// hit, without the first), lanes 0 and 1 fit one each at the same time, and lane 0
-// accepts the better one that passes the cut. The counters go through `shared_s`. False
-// (in every lane) where the event fails.
+// hit, without the first), lanes 0 and 1 take their fits (made ahead where `spec` has
+// slots, waiting for them; else fitted now, one each at the same time), and lane 0
+// accepts the better one that passes the cut. `j` is the candidate's index in the chunk.
+// The counters go through `shared_s`. False (in every lane) where the event fails.
 __device__ bool choose_second_chance(const CandEvent& ev, const CandArenas& a,
-                                     const KalmanTables& T, CandState& s, uint4 c, u32* bits,
-                                     CandState* shared_s) {
+                                     const KalmanTables& T, CandState& s, uint4 c, u32 j,
+                                     SpecFits spec, u32* bits, CandState* shared_s) {
     const u32 lane = threadIdx.x & 31u;
     int ok = 1;
     if (lane == 0) {
@@ -791,7 +848,18 @@ __device__ bool choose_second_chance(const CandEvent& ev, const CandArenas& a,
     }
     if (!from_lane0(s, ok, shared_s)) return false;
     const u32 base = s.n_cand - 2;
-    if (lane < 2) fit_candidate(ev, a, T, base + lane);
+    if (lane < 2) {
+        if (spec.base != ~0u) {
+            const u32 bit = 2u * j + lane;
+            const volatile u32* dw = spec.done + (bit >> 5);
+            while (!((*dw >> (bit & 31)) & 1u)) {
+            }
+            __threadfence_block();
+            take_spec_fit(a, spec.base + bit, base + lane);
+        } else {
+            fit_candidate(ev, a, T, base + lane);
+        }
+    }
     __syncwarp();
     if (lane == 0) {
         int best = -1;
@@ -834,7 +902,7 @@ __shared__ u32 ca_retry_fits, ca_retry_chunks, ca_chunk_has_retry;
 // hit goes to lane 0 (choose_refit); both hand the counters back through `shared_s`.
 // False (in every lane) where the event fails.
 __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, const KalmanTables& T,
-                                  CandState& s, u32 from, u32 m, ChunkStage& st,
+                                  CandState& s, u32 from, u32 m, ChunkStage& st, SpecFits spec,
                                   CandState* shared_s) {
     const u32 lane = threadIdx.x & 31u;
     for (u32 i = 0; i < m;) {
@@ -905,7 +973,8 @@ __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, cons
 #ifdef CA_PHASE_CLOCKS
                 const long long t0 = clock64();
 #endif
-                const bool ok2 = choose_second_chance(ev, a, T, s, c, st.bits, shared_s);
+                const bool ok2 =
+                    choose_second_chance(ev, a, T, s, c, j, spec, st.bits, shared_s);
 #ifdef CA_PHASE_CLOCKS
                 if (lane == 0) {
                     ca_slow_calls[2]++;
@@ -990,6 +1059,7 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
     __shared__ u32 s_bits[CHUNK_BITS_WORDS];
     __shared__ u32 s_twice[CHUNK_BITS_WORDS];
     __shared__ u32 s_fast[CHUNK_MAX];
+    __shared__ u32 s_spec_done[SPEC_WORDS];
     if (failed[e]) return;
     ChunkStage st = {s_cand, s_hits, s_hits, 0u, s_free0, s_order, s_keys, s_bits, s_twice, s_fast};
     for (u32 i = tid; i < CHUNK_BITS_WORDS; i += CAND_THREADS) s_bits[i] = s_twice[i] = 0u;
@@ -1254,20 +1324,29 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
             }
 #endif
             CA_PHASE(3);
-            u32 m = s.n_cand - s_pending_from;
+            const u32 m = s.n_cand - s_pending_from, from = s_pending_from;
+            // The slots of second chances made ahead, where the choice's copies (at most
+            // two per candidate) cannot reach them.
+            const SpecFits spec = {s.n_cand + 2u * m + 2u * CHUNK_MAX <= s.share_cand
+                                       ? s.share_cand - 2u * CHUNK_MAX
+                                       : ~0u,
+                                   s_spec_done};
+            for (u32 i = tid; i < SPEC_WORDS; i += CAND_THREADS) s_spec_done[i] = 0u;
             stage_chunk(ev, a, s_pending_from, m, st, min_hits, max_chi2_ndf);
             CA_PHASE(4);
             if (tid < 32) {
                 // The counters in registers while the first warp works through the chunk.
                 CandState ls = s;
                 __syncwarp();
-                if (!choose_candidates(ev, a, T, ls, s_pending_from, m, st, &s_choose)) {
+                if (!choose_candidates(ev, a, T, ls, from, m, st, spec, &s_choose)) {
                     ls.failed = true;
                 }
                 if (tid == 0) {
                     s = ls;
                     s_pending_from = ls.n_cand;
                 }
+            } else if (spec.base != ~0u) {
+                speculate_second_chances(ev, a, T, from, m, st, spec, min_hits, max_chi2_ndf);
             }
             __syncthreads();
             CA_PHASE(5);
