@@ -31,6 +31,11 @@
 //!   as the fit reports in a detector without field: [`Track::momentum_measured`]) are counted
 //!   apart as *unmeasured*, not in the top bin; a fitted momentum outside the edges is in
 //!   no bin.
+//! - Ghosts by kind, from their hits in the order of z: *joined* (two particles' hits and
+//!   no noise, one particle's run of hits followed by the other's: a segment continued by
+//!   another particle's, where two come close), *mixed* (two particles, alternating),
+//!   *several* (three particles or more) and *with noise* (at least one hit of no
+//!   particle).
 //! - Pulls: `(fitted - true) / sqrt(variance)` for x, y, tx, ty, q/p at the track's z, the
 //!   truth state taken from the matched particle's truth hit at that z (transported with the
 //!   detector's field when the particle has no hit there and a detector is given). Only
@@ -203,6 +208,52 @@ pub struct GhostBin {
     pub ghost_rate: f64,
 }
 
+/// Ghosts by the hits they join ([`EvalReport::ghost_kinds`]); each ghost is of one kind.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct GhostKinds {
+    /// Two particles, no noise, one's hits all upstream of the other's.
+    pub joined: usize,
+    /// Two particles, no noise, their hits alternating along z.
+    pub mixed: usize,
+    /// Three particles or more, no noise.
+    pub several: usize,
+    /// At least one noise hit.
+    pub with_noise: usize,
+}
+
+impl GhostKinds {
+    /// Counts a ghost of `track`'s hits (`counts`: hits per particle id, 0 for noise).
+    fn add(
+        &mut self,
+        track: &Track,
+        hits: &[HitRecord],
+        truth: &[HitTruth],
+        counts: &HashMap<u64, usize>,
+    ) {
+        if counts.contains_key(&0) {
+            self.with_noise += 1;
+            return;
+        }
+        if counts.len() > 2 {
+            self.several += 1;
+            return;
+        }
+        // Two particles: how often the particle changes along z.
+        let mut by_z: Vec<(f32, u64)> = track
+            .hits
+            .iter()
+            .map(|&i| (hits[i as usize].z_mm, truth[i as usize].particle_id))
+            .collect();
+        by_z.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let changes = by_z.windows(2).filter(|w| w[0].1 != w[1].1).count();
+        if changes <= 1 {
+            self.joined += 1;
+        } else {
+            self.mixed += 1;
+        }
+    }
+}
+
 /// Largest class of missing planes reported on its own (the last bin holds more).
 pub const MISSING_PLANES_MAX: usize = 3;
 
@@ -254,6 +305,8 @@ pub struct EvalReport {
     /// or a submission file, which carries no fit); they are in no bin of `ghosts_vs_p`.
     pub n_tracks_unmeasured: usize,
     pub n_ghosts_unmeasured: usize,
+    /// The ghosts by the hits they join.
+    pub ghost_kinds: GhostKinds,
     /// (p_fit - p_true) / p_true over all matched fitted tracks.
     pub momentum_resolution: RobustStat,
     /// The pulls of the matched fitted tracks (the five parameters; q/p where measured).
@@ -333,6 +386,7 @@ pub struct Evaluator<'d> {
     /// `(tracks, ghosts)` by fitted-momentum bin, and unmeasured.
     ghost_bins: Vec<(usize, usize)>,
     ghost_unmeasured: (usize, usize),
+    ghost_kinds: GhostKinds,
     /// The tracks' points on the origin plane (with a detector).
     beam: Option<BeamSpotMeter>,
 }
@@ -372,6 +426,7 @@ impl<'d> Evaluator<'d> {
             by_missing: [(0, 0); MISSING_PLANES_MAX + 1],
             ghost_bins: vec![(0, 0); n_bins],
             ghost_unmeasured: (0, 0),
+            ghost_kinds: GhostKinds::default(),
             beam: detector
                 .map(|_| BeamSpotMeter::new(origin_z_mm, f64::INFINITY).above(beam_min_p)),
         }
@@ -496,6 +551,7 @@ impl<'d> Evaluator<'d> {
             }
             let Some(id) = matched else {
                 self.n_ghosts += 1;
+                self.ghost_kinds.add(track, hits, truth, &counts);
                 continue;
             };
             self.n_matched += 1;
@@ -687,6 +743,7 @@ impl<'d> Evaluator<'d> {
                 .collect(),
             n_tracks_unmeasured: self.ghost_unmeasured.0,
             n_ghosts_unmeasured: self.ghost_unmeasured.1,
+            ghost_kinds: self.ghost_kinds.clone(),
             momentum_resolution: robust_stat(&self.resolution),
             pulls: pulls_of(&self.pulls),
             pulls_pure: pulls_of(&self.pulls_pure),
@@ -810,6 +867,12 @@ impl EvalReport {
             s,
             "| ghost rate | {:.4} ({} / {}) |",
             self.ghost_rate, self.n_ghosts, self.n_tracks
+        );
+        let k = &self.ghost_kinds;
+        let _ = writeln!(
+            s,
+            "| ghosts: joined, mixed, several particles, with noise | {}, {}, {}, {} |",
+            k.joined, k.mixed, k.several, k.with_noise
         );
         let _ = writeln!(
             s,
@@ -1384,6 +1447,88 @@ mod tests {
         (hits, truth, tracks)
     }
 
+    #[test]
+    fn ghosts_are_told_apart_by_the_hits_they_join() {
+        let (mut hits, mut truth, _) = hand_made_event();
+        // A noise hit on plane 2.
+        let noise = hits.len() as u32;
+        hits.push(HitRecord {
+            x_mm: 50.0,
+            y_mm: 0.0,
+            z_mm: 300.0,
+            plane: 2,
+            hit_id: noise + 1,
+        });
+        truth.push(HitTruth {
+            particle_id: 0,
+            pos_mm: [50.0, 0.0, 300.0],
+            momentum_gev: [0.0; 3],
+            weight: 0.0,
+        });
+        let of = |id: u64, plane: u16| -> u32 {
+            (0..hits.len())
+                .find(|&i| truth[i].particle_id == id && hits[i].plane == plane)
+                .unwrap() as u32
+        };
+        let track = |hits: Vec<u32>| Track {
+            hits,
+            ..Track::default()
+        };
+        let mut tracks = vec![
+            // Particle 1's first two planes, then particle 2's next two: joined (listed
+            // downstream first, as a submission may).
+            track(vec![of(2, 4), of(2, 3), of(1, 1), of(1, 0)]),
+            // 1, 2, 1, 2 along z: mixed.
+            track(vec![of(1, 0), of(2, 1), of(1, 2), of(2, 3)]),
+            // Three particles.
+            track(vec![of(1, 0), of(2, 1), of(4, 2), of(4, 4)]),
+            // A noise hit among two particles' hits.
+            track(vec![of(1, 0), of(2, 1), noise, of(2, 3)]),
+            // Matched (six of particle 1's seven hits and one of 2's): not a ghost.
+            track(vec![
+                of(1, 0),
+                of(1, 1),
+                of(1, 2),
+                of(2, 3),
+                of(1, 4),
+                of(1, 5),
+                of(1, 6),
+            ]),
+        ];
+        let mut ev = Evaluator::new(EvalConfig::default(), None);
+        ev.add_event(0, &hits, &truth, None, &tracks).unwrap();
+        let r = ev.finish();
+        assert_eq!((r.n_tracks, r.n_ghosts), (5, 4));
+        let kinds = GhostKinds {
+            joined: 1,
+            mixed: 1,
+            several: 1,
+            with_noise: 1,
+        };
+        assert_eq!(r.ghost_kinds, kinds);
+        let md = r.to_markdown();
+        let row = "| ghosts: joined, mixed, several particles, with noise | 1, 1, 1, 1 |";
+        assert!(md.contains(row), "{row} not in\n{md}");
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["ghost_kinds"]["joined"], 1);
+        // A third hit of particle 2 after the joined track's: 1, 1, 2, 2, 2 along z, still
+        // joined; 1, 2, 1, 2, 2 is mixed.
+        tracks.truncate(1);
+        tracks[0].hits.push(of(2, 5));
+        tracks.push(track(vec![
+            of(1, 0),
+            of(2, 1),
+            of(1, 2),
+            of(2, 3),
+            of(2, 4),
+        ]));
+        let mut ev = Evaluator::new(EvalConfig::default(), None);
+        ev.add_event(0, &hits, &truth, None, &tracks).unwrap();
+        let r = ev.finish();
+        assert_eq!(r.n_ghosts, 2);
+        assert_eq!((r.ghost_kinds.joined, r.ghost_kinds.mixed), (1, 1));
+    }
+
     fn classes(bins: &[ClassBin]) -> Vec<(usize, usize, usize)> {
         bins.iter()
             .map(|b| (b.value, b.n_particles, b.n_found))
@@ -1425,6 +1570,14 @@ mod tests {
         assert_eq!(r.ghosts_vs_p[4].ghost_rate, 1.0);
         assert_eq!((r.n_tracks_unmeasured, r.n_ghosts_unmeasured), (1, 1));
         assert_eq!((r.n_tracks, r.n_ghosts), (7, 3));
+        // The three ghosts join hits of three particles.
+        assert_eq!(
+            r.ghost_kinds,
+            GhostKinds {
+                several: 3,
+                ..GhostKinds::default()
+            }
+        );
 
         let md = r.to_markdown();
         for row in [
