@@ -1495,9 +1495,12 @@ mod tests {
                 of(1, 6),
             ]),
         ];
-        let mut ev = Evaluator::new(EvalConfig::default(), None);
-        ev.add_event(0, &hits, &truth, None, &tracks).unwrap();
-        let r = ev.finish();
+        let report = |tracks: &[Track]| {
+            let mut ev = Evaluator::new(EvalConfig::default(), None);
+            ev.add_event(0, &hits, &truth, None, tracks).unwrap();
+            ev.finish()
+        };
+        let r = report(&tracks);
         assert_eq!((r.n_tracks, r.n_ghosts), (5, 4));
         let kinds = GhostKinds {
             joined: 1,
@@ -1522,9 +1525,7 @@ mod tests {
             of(2, 3),
             of(2, 4),
         ]));
-        let mut ev = Evaluator::new(EvalConfig::default(), None);
-        ev.add_event(0, &hits, &truth, None, &tracks).unwrap();
-        let r = ev.finish();
+        let r = report(&tracks);
         assert_eq!(r.n_ghosts, 2);
         assert_eq!((r.ghost_kinds.joined, r.ghost_kinds.mixed), (1, 1));
     }
