@@ -270,12 +270,31 @@ __device__ __forceinline__ float chain_qop_score(const CandEvent& ev, u32 l, flo
     return c;
 }
 
+// lookahead_score in candidates.rs: left neighbour l's score plus the best score among
+// its own left neighbours of one level lower, for the chain continued through it.
+__device__ __forceinline__ float lookahead_score(const CandEvent& ev, u32 l, float w, float wq) {
+    float c = chain_qop_score(ev, l, w, wq);
+    const u32 want = ev.level[l];
+    if (want > 1) {
+        float nw = w, nwq = wq;
+        chain_qop_add(ev, l, &nw, &nwq);
+        float best = CA_INF;
+        const u32 k0 = ev.nb_off[l], k1 = k0 + ev.nb_count[l];
+        for (u32 k = k0; k < k1; k++) {
+            const u32 m = ev.left[k];
+            if (ev.level[m] == want - 1) best = fminf(best, chain_qop_score(ev, m, nw, nwq));
+        }
+        if (isfinite(best)) c = c + best;
+    }
+    return c;
+}
+
 // A walked chain's first hit where the walk made none.
 #define NO_CHAIN 0xffffffffu
 
 // The walk of build_chain in candidates.rs: the chain ending with triplet t (sorted hits,
 // downstream first, into raw; returns its length, min(level + 2, MAX_CHAIN)), following
-// the left neighbour of one level lower with the best score (chain_qop_score), except at
+// the left neighbour of one level lower with the best score (lookahead_score), except at
 // the fork (fork_at, fork_l) when fork_at >= 0. The first round's walk does not read the
 // used flags (ev.used null); the second round's (divert_chains) reads them as they were
 // when it began: it returns 0 (no chain, no fork) where one of the end triplet's hits is
@@ -314,7 +333,7 @@ __device__ int walk_chain(const CandEvent& ev, u32 t, int fork_at, u32 fork_l, u
         for (u32 k = k0; k < k1; k++) {
             u32 l = ev.left[k];
             if (ev.level[l] != want) continue;
-            float c = chain_qop_score(ev, l, qw, qwq);
+            float c = lookahead_score(ev, l, qw, qwq);
             if (divert && hit_used(ev, ev.dbl[ev.tleft[l]].x)) {
                 if (!has_taken || c < tc) {
                     has_taken = true;
@@ -788,6 +807,18 @@ struct SpecFits {
 };
 #define SPEC_WORDS ((2 * CHUNK_MAX + 31) / 32)
 
+// Whether the second chance of chunk candidate j (record c) is fitted ahead: it failed the
+// cut with every hit free at the chunk's start, has more hits than a track needs and no
+// verdict from the stage. Every second chance the choice gives is one of these (it gives
+// one to a candidate with no verdict that failed the cut with every hit still free and
+// hits to spare); the choice waits for a fit made ahead only where this holds, and fits
+// the copies itself otherwise, so that the two can never disagree into a wait.
+__device__ __forceinline__ bool second_chance_ahead(const ChunkStage& st, u32 j, uint4 c,
+                                                    u32 min_hits, double max_chi2_ndf) {
+    return st.fast[j] == 0u && st.free0[j] == c.y && c.y > min_hits &&
+           !good_candidate(c, min_hits, max_chi2_ndf);
+}
+
 // The fits of the second chances the choice may give, made by the block's other warps
 // while its first warp chooses: for every candidate of the chunk that failed the cut with
 // every hit free at the chunk's start, more hits than a track needs and no verdict from
@@ -803,10 +834,7 @@ __device__ void speculate_second_chances(const CandEvent& ev, const CandArenas& 
     for (u32 r = t >> 1; r < m; r += (CAND_THREADS - 32u) / 2u) {
         const u32 j = st.order[r] - from;
         const uint4 c = st.cand[j];
-        if (st.fast[j] != 0u || st.free0[j] != c.y || c.y <= min_hits ||
-            good_candidate(c, min_hits, max_chi2_ndf)) {
-            continue;
-        }
+        if (!second_chance_ahead(st, j, c, min_hits, max_chi2_ndf)) continue;
         const u32 bit = 2u * j + v;
         fit_hits_into(ev, a, T, c.x + v, c.y - 1u, spec.base + bit);
         __threadfence_block();
@@ -829,12 +857,17 @@ __device__ void take_spec_fit(const CandArenas& a, u32 src, u32 dst) {
 // The second chance of a candidate that failed the cut with every hit free (choose in
 // candidates.rs), by the choice's warp: lane 0 places its two copies (without the last
 // hit, without the first), lanes 0 and 1 take their fits (made ahead where `spec` has
-// slots, waiting for them; else fitted now, one each at the same time), and lane 0
+// slots and second_chance_ahead holds, waiting for them; else fitted now, one each at the
+// same time), and lane 0
 // accepts the better one that passes the cut. `j` is the candidate's index in the chunk.
 // The counters go through `shared_s`. False (in every lane) where the event fails.
 __device__ bool choose_second_chance(const CandEvent& ev, const CandArenas& a,
                                      const KalmanTables& T, CandState& s, uint4 c, u32 j,
-                                     SpecFits spec, u32* bits, CandState* shared_s) {
+                                     SpecFits spec, const ChunkStage& st,
+                                     CandState* shared_s) {
+    u32* bits = st.bits;
+    const bool ahead =
+        spec.base != ~0u && second_chance_ahead(st, j, c, s.min_hits, s.max_chi2_ndf);
     const u32 lane = threadIdx.x & 31u;
     int ok = 1;
     if (lane == 0) {
@@ -849,7 +882,7 @@ __device__ bool choose_second_chance(const CandEvent& ev, const CandArenas& a,
     if (!from_lane0(s, ok, shared_s)) return false;
     const u32 base = s.n_cand - 2;
     if (lane < 2) {
-        if (spec.base != ~0u) {
+        if (ahead) {
             const u32 bit = 2u * j + lane;
             const volatile u32* dw = spec.done + (bit >> 5);
             while (!((*dw >> (bit & 31)) & 1u)) {
@@ -974,7 +1007,7 @@ __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, cons
                 const long long t0 = clock64();
 #endif
                 const bool ok2 =
-                    choose_second_chance(ev, a, T, s, c, j, spec, st.bits, shared_s);
+                    choose_second_chance(ev, a, T, s, c, j, spec, st, shared_s);
 #ifdef CA_PHASE_CLOCKS
                 if (lane == 0) {
                     ca_slow_calls[2]++;

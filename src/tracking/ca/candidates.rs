@@ -3,7 +3,8 @@
 //! lower to the upstream end, each time the one with the best score (its kink chi-square
 //! plus the chi-square of its q/p against the q/p the chain has measured so far,
 //! [`ChainQop`]: where two particles' segments come close, the one that continues the
-//! same momentum), and where two neighbours were
+//! same momentum; plus the best such score one step further, [`lookahead_score`]: the
+//! one whose chain goes on smoothly), and where two neighbours were
 //! as good (scores within [`FORK_CHI2`]) also the chain through the other one at
 //! the closest such step, so that the fits choose between them (close pairs of particles
 //! whose straight segments fit either continuation, as across a magnet with field-free
@@ -202,6 +203,37 @@ impl ChainQop {
     }
 }
 
+/// Left neighbour `l`'s score for a chain whose q/p so far is `link`, looking one step
+/// further: its own score ([`ChainQop::score`]) plus the best score among its own left
+/// neighbours of one level lower, for the chain continued through it. A particle's own
+/// next triplet and another particle's can score alike (their kinks are both within the
+/// scattering, and adjacent triplets' q/p estimates share a doublet, so they scatter
+/// about each other by more than either's error); the wrong one then has no good
+/// continuation, since the other particle's hits go on along another trajectory, while
+/// the particle's own chain goes on with small kinks. Judging each step with the next one
+/// keeps the walk on its particle.
+pub(crate) fn lookahead_score(buf: &CaBuffers, link: &ChainQop, l: usize) -> f32 {
+    let t = &buf.triplets[l];
+    let mut c = link.score(t);
+    let want = buf.level[l];
+    if want > 1 {
+        let mut next = *link;
+        next.add(t);
+        let (s, e) = (buf.left_start[l] as usize, buf.left_start[l + 1] as usize);
+        let mut best = f32::INFINITY;
+        for &m in &buf.left[s..e] {
+            let m = m as usize;
+            if buf.level[m] == want - 1 {
+                best = best.min(next.score(&buf.triplets[m]));
+            }
+        }
+        if best.is_finite() {
+            c += best;
+        }
+    }
+    c
+}
+
 /// Longest chain a candidate can have (one hit per plane).
 pub(crate) const MAX_CHAIN: usize = crate::tracking::kalman::MAX_PLANES;
 
@@ -267,7 +299,7 @@ fn build_chain(
             if buf.level[l] != want {
                 continue;
             }
-            let c = link.score(&buf.triplets[l]);
+            let c = lookahead_score(buf, &link, l);
             if divert && buf.used_before[buf.doublets[buf.triplets[l].left as usize].a as usize] {
                 if best_taken.is_none_or(|(_, bc)| c < bc) {
                     best_taken = Some((l, c));
@@ -592,6 +624,44 @@ mod tests {
         assert!(s_same < s_other);
         // A triplet without a measurement is scored by its kink alone.
         assert_eq!(chain.score(&triplet(0.0, 0.0, 2.5)), 2.5);
+    }
+
+    /// The walk's case: from an end triplet, the particle's own next triplet scores a
+    /// little worse than another particle's (both kinks within the scattering, the own
+    /// q/p three of its standard deviations off, as adjacent triplets' estimates can be),
+    /// but the other one's only continuation kinks hard while the own one's goes on
+    /// smoothly: looking one step further prefers the own one. A neighbour at the chain's
+    /// upstream end (level 1) has nothing further: its score alone.
+    #[test]
+    fn looking_one_step_further_keeps_the_walk_on_its_particle() {
+        let mut buf = CaBuffers::default();
+        // 0: the end triplet; 1: own next, 2: other next; 3: own after 1, 4: other after 2.
+        buf.triplets = vec![
+            triplet(0.250, 0.011, 0.2),
+            triplet(0.214, 0.017, 0.88),
+            triplet(0.284, 0.019, 0.78),
+            triplet(0.221, 0.013, 0.01),
+            triplet(0.230, 0.013, 4.88),
+        ];
+        buf.level = vec![3, 2, 2, 1, 1];
+        buf.left = vec![1, 2, 3, 4];
+        buf.left_start = vec![0, 2, 3, 4, 4, 4];
+        let mut chain = ChainQop::default();
+        chain.add(&buf.triplets[0]);
+        let (own, other) = (chain.score(&buf.triplets[1]), chain.score(&buf.triplets[2]));
+        assert!(other < own, "{other} {own}");
+        let (own_la, other_la) = (
+            lookahead_score(&buf, &chain, 1),
+            lookahead_score(&buf, &chain, 2),
+        );
+        assert!(own_la < other_la, "{own_la} {other_la}");
+        let mut through_own = chain;
+        through_own.add(&buf.triplets[1]);
+        assert_eq!(own_la, own + through_own.score(&buf.triplets[3]));
+        assert_eq!(
+            lookahead_score(&buf, &through_own, 3),
+            through_own.score(&buf.triplets[3])
+        );
     }
 
     #[test]
