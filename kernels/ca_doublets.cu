@@ -66,6 +66,82 @@ __device__ __forceinline__ Box4 doublet_box(const float* __restrict__ pl, const 
     return bx;
 }
 
+// The doublets of sorted hit a (its index in the event), with the event's arrays at their
+// bases: counted (and its first DBL_CACHE second hits kept in `dcache`), or written.
+__device__ __forceinline__ void doublets_of_hit(
+    u32 a, u32 s, const float* __restrict__ sx, const float* __restrict__ sy,
+    const u32* __restrict__ splane, const u32* __restrict__ starts,
+    const u32* __restrict__ used, const u32* __restrict__ sinput,
+    const float* __restrict__ plf, const int* __restrict__ pli, const double* __restrict__ pld,
+    const float* __restrict__ g, int write, u32* __restrict__ dbl_count,
+    const u32* __restrict__ dbl_off, u32 base, uint4* __restrict__ dbl, u32* __restrict__ dgap,
+    u32* __restrict__ dcache) {
+    u32 i = splane[s + a];
+    const float* pl = plf + i * PLF;
+    const int* pi = pli + i * PLI;
+    float xa = sx[s + a], ya = sy[s + a];
+    double xa64 = (double)xa, ya64 = (double)ya;
+    u32 out = write ? base + dbl_off[s + a] : 0;
+    u32* cache = dcache + (size_t)(s + a) * DBL_CACHE;
+    if (write) {
+        u32 n = dbl_count[s + a];
+        if (n <= DBL_CACHE) {
+            for (u32 f = 0; f < n; f++) {
+                u32 h = cache[f];
+                int j = (int)splane[s + h];
+                int k = 0;
+                while (pi[4 + k] != j) k++;
+                double inv_dz = pld[i * PLD + k];
+                float tx = (float)(((double)sx[s + h] - xa64) * inv_dz);
+                float ty = (float)(((double)sy[s + h] - ya64) * inv_dz);
+                dbl[out + f] = make_uint4(a, h, __float_as_uint(tx), __float_as_uint(ty));
+                dgap[out + f] = (u32)(j - (int)i - 1);
+            }
+            return;
+        }
+    }
+    u32 found = 0;
+    for (int k = 0; k < pi[3]; k++) {
+        Box4 bx = doublet_box(pl, g, k, xa, ya);
+        if (!(bx.x0 <= bx.x1 && bx.y0 <= bx.y1)) continue;
+        int j = pi[4 + k];
+        const float* plj = plf + j * PLF;
+        const int* pij = pli + j * PLI;
+        u32 c0 = bin_1d(plj, pij, 0, bx.x0), c1 = bin_1d(plj, pij, 0, bx.x1);
+        u32 r0 = bin_1d(plj, pij, 1, bx.y0), r1 = bin_1d(plj, pij, 1, bx.y1);
+        double inv_dz = pld[i * PLD + k];
+        u32 gap = (u32)(j - (int)i - 1);
+        for (u32 r = r0; r <= r1; r++) {
+            u32 row = (u32)pij[2] + r * (u32)pij[0];
+            u32 h0 = starts[row + c0], h1 = starts[row + c1 + 1];
+            for (u32 h = h0; h < h1; h++) {
+                float x = sx[s + h], y = sy[s + h];
+                if (x >= bx.x0 && x <= bx.x1 && y >= bx.y0 && y <= bx.y1 &&
+                    !(used && used[s + sinput[s + h]])) {
+                    if (write) {
+                        u32 d = out + found;
+                        float tx = (float)(((double)x - xa64) * inv_dz);
+                        float ty = (float)(((double)y - ya64) * inv_dz);
+                        // One 16-byte store: hits and slopes together.
+                        dbl[d] = make_uint4(a, h, __float_as_uint(tx), __float_as_uint(ty));
+                        dgap[d] = gap;
+                    } else if (found < DBL_CACHE) {
+                        cache[found] = h;
+                    }
+                    found++;
+                }
+            }
+        }
+    }
+    if (!write) dbl_count[s + a] = found;
+}
+
+// Hits taken per warp before its lanes share out the ones with doublets to make, in a
+// later pass: most hits are used there (no doublets), and a lane per hit would leave most
+// of each warp idle through the window scans of the few free ones. (On fresh hits, where
+// every hit scans, a lane per hit is faster.)
+#define DBL_GROUP 4
+
 extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float* __restrict__ sy,
                                        const u32* __restrict__ splane,
                                        const u32* __restrict__ hit_start,
@@ -80,6 +156,7 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
                                        const u32* __restrict__ dbl_base,
                                        uint4* __restrict__ dbl, u32* __restrict__ dgap,
                                        u32* __restrict__ dcache) {
+    __shared__ u32 s_queue[CA_THREADS / 32][32 * DBL_GROUP];
     int e = blockIdx.y;
     if (failed[e]) return;
     u32 s = hit_start[e], m = n_sorted[e];
@@ -87,69 +164,46 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
     u32 base = write ? dbl_base[e] : 0;
     // A pass for busy events only (the stiff-track pass): a sparse event makes nothing.
     bool sparse = (float)m < g[G_MIN_EVENT_HITS];
-    for (u32 a = CA_FIRST; a < m; a += CA_STRIDE) {
-        if (write && dbl_count[s + a] == 0) continue;
-        if (sparse || (used && used[s + sinput[s + a]])) {
-            if (!write) dbl_count[s + a] = 0;
-            continue;
-        }
-        u32 i = splane[s + a];
-        const float* pl = plf + i * PLF;
-        const int* pi = pli + i * PLI;
-        float xa = sx[s + a], ya = sy[s + a];
-        double xa64 = (double)xa, ya64 = (double)ya;
-        u32 out = write ? base + dbl_off[s + a] : 0;
-        u32* cache = dcache + (size_t)(s + a) * DBL_CACHE;
-        if (write) {
-            u32 n = dbl_count[s + a];
-            if (n <= DBL_CACHE) {
-                for (u32 f = 0; f < n; f++) {
-                    u32 h = cache[f];
-                    int j = (int)splane[s + h];
-                    int k = 0;
-                    while (pi[4 + k] != j) k++;
-                    double inv_dz = pld[i * PLD + k];
-                    float tx = (float)(((double)sx[s + h] - xa64) * inv_dz);
-                    float ty = (float)(((double)sy[s + h] - ya64) * inv_dz);
-                    dbl[out + f] = make_uint4(a, h, __float_as_uint(tx), __float_as_uint(ty));
-                    dgap[out + f] = (u32)(j - (int)i - 1);
-                }
+    if (!used) {
+        // A pass on fresh hits: every hit of a busy event has its windows to scan.
+        for (u32 a = CA_FIRST; a < m; a += CA_STRIDE) {
+            if (write ? dbl_count[s + a] == 0 : sparse) {
+                if (!write) dbl_count[s + a] = 0;
                 continue;
             }
+            doublets_of_hit(a, s, sx, sy, splane, starts, used, sinput, plf, pli, pld, g, write,
+                            dbl_count, dbl_off, base, dbl, dgap, dcache);
         }
-        u32 found = 0;
-        for (int k = 0; k < pi[3]; k++) {
-            Box4 bx = doublet_box(pl, g, k, xa, ya);
-            if (!(bx.x0 <= bx.x1 && bx.y0 <= bx.y1)) continue;
-            int j = pi[4 + k];
-            const float* plj = plf + j * PLF;
-            const int* pij = pli + j * PLI;
-            u32 c0 = bin_1d(plj, pij, 0, bx.x0), c1 = bin_1d(plj, pij, 0, bx.x1);
-            u32 r0 = bin_1d(plj, pij, 1, bx.y0), r1 = bin_1d(plj, pij, 1, bx.y1);
-            double inv_dz = pld[i * PLD + k];
-            u32 gap = (u32)(j - (int)i - 1);
-            for (u32 r = r0; r <= r1; r++) {
-                u32 row = (u32)pij[2] + r * (u32)pij[0];
-                u32 h0 = starts[row + c0], h1 = starts[row + c1 + 1];
-                for (u32 h = h0; h < h1; h++) {
-                    float x = sx[s + h], y = sy[s + h];
-                    if (x >= bx.x0 && x <= bx.x1 && y >= bx.y0 && y <= bx.y1 &&
-                        !(used && used[s + sinput[s + h]])) {
-                        if (write) {
-                            u32 d = out + found;
-                            float tx = (float)(((double)x - xa64) * inv_dz);
-                            float ty = (float)(((double)y - ya64) * inv_dz);
-                            // One 16-byte store: hits and slopes together.
-                            dbl[d] = make_uint4(a, h, __float_as_uint(tx), __float_as_uint(ty));
-                            dgap[d] = gap;
-                        } else if (found < DBL_CACHE) {
-                            cache[found] = h;
-                        }
-                        found++;
-                    }
+        return;
+    }
+    const u32 lane = threadIdx.x & 31u;
+    u32* queue = s_queue[threadIdx.x >> 5];
+    // The warp's hits are its lanes' (CA_FIRST, CA_FIRST + CA_STRIDE, ...), DBL_GROUP
+    // strides at a time: those with doublets to make go to the warp's queue (in order),
+    // which its lanes then share out.
+    for (u32 w0 = CA_FIRST - lane; w0 < m; w0 += DBL_GROUP * CA_STRIDE) {
+        u32 n_q = 0;
+        for (u32 q = 0; q < DBL_GROUP; q++) {
+            const u32 a = w0 + q * CA_STRIDE + lane;
+            bool work = false;
+            if (a < m) {
+                if (write) {
+                    work = dbl_count[s + a] != 0;
+                } else if (sparse || used[s + sinput[s + a]]) {
+                    dbl_count[s + a] = 0;
+                } else {
+                    work = true;
                 }
             }
+            const u32 mask = __ballot_sync(0xffffffffu, work);
+            if (work) queue[n_q + __popc(mask & ((1u << lane) - 1u))] = a;
+            n_q += __popc(mask);
         }
-        if (!write) dbl_count[s + a] = found;
+        __syncwarp();
+        for (u32 q = lane; q < n_q; q += 32) {
+            doublets_of_hit(queue[q], s, sx, sy, splane, starts, used, sinput, plf, pli, pld, g,
+                            write, dbl_count, dbl_off, base, dbl, dgap, dcache);
+        }
+        __syncwarp();
     }
 }
