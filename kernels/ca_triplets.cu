@@ -46,6 +46,10 @@ __device__ __forceinline__ void tent_at(const float* __restrict__ tab, float tx,
     }
 }
 
+// Doublets taken per warp in the write pass before its lanes share out those with
+// triplets to write.
+#define TRIP_GROUP 4
+
 extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float* __restrict__ sy,
                                        const u32* __restrict__ splane,
                                        const u32* __restrict__ hit_start,
@@ -71,7 +75,8 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
     const float ns = g[G_N_SIGMA], qmax = g[G_QOP_MAX], mass2 = g[G_MASS2];
     const float sf2_max = g[G_SF2_MAX], K = g[G_K];
     const float ms_qmax = qmax * qmax * (1.0f + mass2 * qmax * qmax);
-    for (u32 d = CA_FIRST; d < n_d; d += CA_STRIDE) {
+    // The triplets of left doublet d (the event's index).
+    auto triplets_of = [&](u32 d) {
         u32 D = dbase + d;
         // The neighbour step's counters of this doublet, cleared here (coalesced).
         if (!write) {
@@ -79,13 +84,13 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
             end_cursor[D] = 0;
         }
         // Most doublets make no triplet: the write pass skips them (the count is known).
-        if (write && trip_count[D] == 0) continue;
+        if (write && trip_count[D] == 0) return;
         uint4 left_dbl = dbl[D];
         u32 a = left_dbl.x, b = left_dbl.y;
         // A middle hit without outgoing doublets (on the last plane, say): no window to make.
         if (dbl_count[s + b] == 0) {
             if (!write) trip_count[D] = 0;
-            continue;
+            return;
         }
         int pa = (int)splane[s + a], pb = (int)splane[s + b];
         int pair = pa * n_planes + pb;
@@ -241,5 +246,30 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
             }
         }
         if (!write) trip_count[D] = found;
+    };
+    if (!write) {
+        for (u32 d = CA_FIRST; d < n_d; d += CA_STRIDE) triplets_of(d);
+        return;
+    }
+    // The write pass: most doublets make no triplet (their count is 0), and a lane per
+    // doublet would leave most of each warp idle while the others test their pairs. Each
+    // warp takes its lanes' doublets over TRIP_GROUP strides at a time, queues those with
+    // triplets (in order, in shared memory) and shares them out over its lanes; which lane
+    // writes a doublet's triplets does not change them or their places.
+    __shared__ u32 s_queue[CA_THREADS / 32][32 * TRIP_GROUP];
+    const u32 lane = threadIdx.x & 31u;
+    u32* queue = s_queue[threadIdx.x >> 5];
+    for (u32 w0 = CA_FIRST - lane; w0 < n_d; w0 += TRIP_GROUP * CA_STRIDE) {
+        u32 n_q = 0;
+        for (u32 q = 0; q < TRIP_GROUP; q++) {
+            const u32 d = w0 + q * CA_STRIDE + lane;
+            const bool work = d < n_d && trip_count[dbase + d] != 0;
+            const u32 mask = __ballot_sync(0xffffffffu, work);
+            if (work) queue[n_q + __popc(mask & ((1u << lane) - 1u))] = d;
+            n_q += __popc(mask);
+        }
+        __syncwarp();
+        for (u32 q = lane; q < n_q; q += 32) triplets_of(queue[q]);
+        __syncwarp();
     }
 }
