@@ -858,8 +858,8 @@ __device__ void take_spec_fit(const CandArenas& a, u32 src, u32 dst) {
 // candidates.rs), by the choice's warp: lane 0 places its two copies (without the last
 // hit, without the first), lanes 0 and 1 take their fits (made ahead where `spec` has
 // slots and second_chance_ahead holds, waiting for them; else fitted now, one each at the
-// same time), and lane 0
-// accepts the better one that passes the cut. `j` is the candidate's index in the chunk.
+// same time), and lane 0 accepts the better one that passes the cut. `j` is the
+// candidate's index in the chunk.
 // The counters go through `shared_s`. False (in every lane) where the event fails.
 __device__ bool choose_second_chance(const CandEvent& ev, const CandArenas& a,
                                      const KalmanTables& T, CandState& s, uint4 c, u32 j,

@@ -634,18 +634,20 @@ mod tests {
     /// upstream end (level 1) has nothing further: its score alone.
     #[test]
     fn looking_one_step_further_keeps_the_walk_on_its_particle() {
-        let mut buf = CaBuffers::default();
         // 0: the end triplet; 1: own next, 2: other next; 3: own after 1, 4: other after 2.
-        buf.triplets = vec![
-            triplet(0.250, 0.011, 0.2),
-            triplet(0.214, 0.017, 0.88),
-            triplet(0.284, 0.019, 0.78),
-            triplet(0.221, 0.013, 0.01),
-            triplet(0.230, 0.013, 4.88),
-        ];
-        buf.level = vec![3, 2, 2, 1, 1];
-        buf.left = vec![1, 2, 3, 4];
-        buf.left_start = vec![0, 2, 3, 4, 4, 4];
+        let buf = CaBuffers {
+            triplets: vec![
+                triplet(0.250, 0.011, 0.2),
+                triplet(0.214, 0.017, 0.88),
+                triplet(0.284, 0.019, 0.78),
+                triplet(0.221, 0.013, 0.01),
+                triplet(0.230, 0.013, 4.88),
+            ],
+            level: vec![3, 2, 2, 1, 1],
+            left: vec![1, 2, 3, 4],
+            left_start: vec![0, 2, 3, 4, 4, 4],
+            ..Default::default()
+        };
         let mut chain = ChainQop::default();
         chain.add(&buf.triplets[0]);
         let (own, other) = (chain.score(&buf.triplets[1]), chain.score(&buf.triplets[2]));
