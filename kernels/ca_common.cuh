@@ -108,6 +108,20 @@ __device__ __forceinline__ u32 bin_1d(const float* pl, const int* pi, int axis, 
     return (u32)f;
 }
 
+// A warp's work queue (the doublets of a later pass, the triplets' write pass): most items
+// of a lane-per-item loop have nothing to do, so each warp takes its lanes' items over
+// WARP_QUEUE_GROUP strides, queues those with work in order in shared memory
+// (warp_enqueue, every lane calling it together) and shares them out over its lanes.
+#define WARP_QUEUE_GROUP 4
+
+// Appends `item` where `take`, after the `n_q` queued; returns the new count (all lanes).
+__device__ __forceinline__ u32 warp_enqueue(u32* queue, u32 n_q, bool take, u32 item) {
+    const u32 lane = threadIdx.x & 31u;
+    const u32 mask = __ballot_sync(0xffffffffu, take);
+    if (take) queue[n_q + __popc(mask & ((1u << lane) - 1u))] = item;
+    return n_q + __popc(mask);
+}
+
 // Inclusive scan of v over the block (CA_THREADS threads); returns the inclusive value and
 // the block's total in *total.
 __device__ __forceinline__ u32 block_scan_inclusive(u32 v, u32* total) {

@@ -136,12 +136,6 @@ __device__ __forceinline__ void doublets_of_hit(
     if (!write) dbl_count[s + a] = found;
 }
 
-// Hits taken per warp before its lanes share out the ones with doublets to make, in a
-// later pass: most hits are used there (no doublets), and a lane per hit would leave most
-// of each warp idle through the window scans of the few free ones. (On fresh hits, where
-// every hit scans, a lane per hit is faster.)
-#define DBL_GROUP 4
-
 extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float* __restrict__ sy,
                                        const u32* __restrict__ splane,
                                        const u32* __restrict__ hit_start,
@@ -156,7 +150,7 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
                                        const u32* __restrict__ dbl_base,
                                        uint4* __restrict__ dbl, u32* __restrict__ dgap,
                                        u32* __restrict__ dcache) {
-    __shared__ u32 s_queue[CA_THREADS / 32][32 * DBL_GROUP];
+    __shared__ u32 s_queue[CA_THREADS / 32][32 * WARP_QUEUE_GROUP];
     int e = blockIdx.y;
     if (failed[e]) return;
     u32 s = hit_start[e], m = n_sorted[e];
@@ -176,14 +170,15 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
         }
         return;
     }
+    // A later pass: most hits are used (no doublets), and a lane per hit would leave most
+    // of each warp idle through the window scans of the few free ones, so the free ones go
+    // through the warp's queue (warp_enqueue). (On fresh hits, above, where every hit
+    // scans, a lane per hit is faster.)
     const u32 lane = threadIdx.x & 31u;
     u32* queue = s_queue[threadIdx.x >> 5];
-    // The warp's hits are its lanes' (CA_FIRST, CA_FIRST + CA_STRIDE, ...), DBL_GROUP
-    // strides at a time: those with doublets to make go to the warp's queue (in order),
-    // which its lanes then share out.
-    for (u32 w0 = CA_FIRST - lane; w0 < m; w0 += DBL_GROUP * CA_STRIDE) {
+    for (u32 w0 = CA_FIRST - lane; w0 < m; w0 += WARP_QUEUE_GROUP * CA_STRIDE) {
         u32 n_q = 0;
-        for (u32 q = 0; q < DBL_GROUP; q++) {
+        for (u32 q = 0; q < WARP_QUEUE_GROUP; q++) {
             const u32 a = w0 + q * CA_STRIDE + lane;
             bool work = false;
             if (a < m) {
@@ -195,9 +190,7 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
                     work = true;
                 }
             }
-            const u32 mask = __ballot_sync(0xffffffffu, work);
-            if (work) queue[n_q + __popc(mask & ((1u << lane) - 1u))] = a;
-            n_q += __popc(mask);
+            n_q = warp_enqueue(queue, n_q, work, a);
         }
         __syncwarp();
         for (u32 q = lane; q < n_q; q += 32) {

@@ -46,10 +46,6 @@ __device__ __forceinline__ void tent_at(const float* __restrict__ tab, float tx,
     }
 }
 
-// Doublets taken per warp in the write pass before its lanes share out those with
-// triplets to write.
-#define TRIP_GROUP 4
-
 extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float* __restrict__ sy,
                                        const u32* __restrict__ splane,
                                        const u32* __restrict__ hit_start,
@@ -252,21 +248,17 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
         return;
     }
     // The write pass: most doublets make no triplet (their count is 0), and a lane per
-    // doublet would leave most of each warp idle while the others test their pairs. Each
-    // warp takes its lanes' doublets over TRIP_GROUP strides at a time, queues those with
-    // triplets (in order, in shared memory) and shares them out over its lanes; which lane
-    // writes a doublet's triplets does not change them or their places.
-    __shared__ u32 s_queue[CA_THREADS / 32][32 * TRIP_GROUP];
+    // doublet would leave most of each warp idle while the others test their pairs, so
+    // those with triplets go through the warp's queue (warp_enqueue); which lane writes a
+    // doublet's triplets does not change them or their places.
+    __shared__ u32 s_queue[CA_THREADS / 32][32 * WARP_QUEUE_GROUP];
     const u32 lane = threadIdx.x & 31u;
     u32* queue = s_queue[threadIdx.x >> 5];
-    for (u32 w0 = CA_FIRST - lane; w0 < n_d; w0 += TRIP_GROUP * CA_STRIDE) {
+    for (u32 w0 = CA_FIRST - lane; w0 < n_d; w0 += WARP_QUEUE_GROUP * CA_STRIDE) {
         u32 n_q = 0;
-        for (u32 q = 0; q < TRIP_GROUP; q++) {
+        for (u32 q = 0; q < WARP_QUEUE_GROUP; q++) {
             const u32 d = w0 + q * CA_STRIDE + lane;
-            const bool work = d < n_d && trip_count[dbase + d] != 0;
-            const u32 mask = __ballot_sync(0xffffffffu, work);
-            if (work) queue[n_q + __popc(mask & ((1u << lane) - 1u))] = d;
-            n_q += __popc(mask);
+            n_q = warp_enqueue(queue, n_q, d < n_d && trip_count[dbase + d] != 0, d);
         }
         __syncwarp();
         for (u32 q = lane; q < n_q; q += 32) triplets_of(queue[q]);
