@@ -10,9 +10,11 @@
 // 16-byte record (dbl) and the gap. The count keeps the second hits of a hit's first
 // DBL_CACHE doublets, in their order, in its slots of `dcache`; the write takes a hit with
 // at most that many from there instead of scanning its windows again (the slopes and gap
-// computed from the two hits as the scan computes them). In a later pass (`used` not
-// null: per input hit, the hits the earlier pass's tracks took; `sinput` maps a sorted
-// hit to its input index), doublets with a used hit are not made, as the CPU skips them.
+// computed from the two hits as the scan computes them). In a later pass (`fmap` not
+// null), the windows scan only the hits no earlier track took: their copy in sorted order
+// (fx, fy, with each one's sorted index in fmap and the cells' starts among them in
+// free_start, from ca_free_hits), so doublets with a used hit are not made, as the CPU
+// skips them, and the used hits are not read.
 // A pass whose tables set G_MIN_EVENT_HITS makes none in an event with fewer sorted hits
 // (the CPU does not run it there).
 
@@ -67,11 +69,13 @@ __device__ __forceinline__ Box4 doublet_box(const float* __restrict__ pl, const 
 }
 
 // The doublets of sorted hit a (its index in the event), with the event's arrays at their
-// bases: counted (and its first DBL_CACHE second hits kept in `dcache`), or written.
+// bases: counted (and its first DBL_CACHE second hits kept in `dcache`), or written. The
+// windows scan the hits wx, wy with cell starts `starts` (wmap: their sorted indices;
+// null: the sorted hits themselves).
 __device__ __forceinline__ void doublets_of_hit(
     u32 a, u32 s, const float* __restrict__ sx, const float* __restrict__ sy,
     const u32* __restrict__ splane, const u32* __restrict__ starts,
-    const u32* __restrict__ used, const u32* __restrict__ sinput,
+    const float* __restrict__ wx, const float* __restrict__ wy, const u32* __restrict__ wmap,
     const float* __restrict__ plf, const int* __restrict__ pli, const double* __restrict__ pld,
     const float* __restrict__ g, int write, u32* __restrict__ dbl_count,
     const u32* __restrict__ dbl_off, u32 base, uint4* __restrict__ dbl, u32* __restrict__ dgap,
@@ -115,18 +119,18 @@ __device__ __forceinline__ void doublets_of_hit(
             u32 row = (u32)pij[2] + r * (u32)pij[0];
             u32 h0 = starts[row + c0], h1 = starts[row + c1 + 1];
             for (u32 h = h0; h < h1; h++) {
-                float x = sx[s + h], y = sy[s + h];
-                if (x >= bx.x0 && x <= bx.x1 && y >= bx.y0 && y <= bx.y1 &&
-                    !(used && used[s + sinput[s + h]])) {
+                float x = wx[s + h], y = wy[s + h];
+                if (x >= bx.x0 && x <= bx.x1 && y >= bx.y0 && y <= bx.y1) {
+                    u32 b = wmap ? wmap[s + h] : h;
                     if (write) {
                         u32 d = out + found;
                         float tx = (float)(((double)x - xa64) * inv_dz);
                         float ty = (float)(((double)y - ya64) * inv_dz);
                         // One 16-byte store: hits and slopes together.
-                        dbl[d] = make_uint4(a, h, __float_as_uint(tx), __float_as_uint(ty));
+                        dbl[d] = make_uint4(a, b, __float_as_uint(tx), __float_as_uint(ty));
                         dgap[d] = gap;
                     } else if (found < DBL_CACHE) {
-                        cache[found] = h;
+                        cache[found] = b;
                     }
                     found++;
                 }
@@ -141,8 +145,10 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
                                        const u32* __restrict__ hit_start,
                                        const u32* __restrict__ n_sorted,
                                        const u32* __restrict__ bin_start,
-                                       const u32* __restrict__ used,
-                                       const u32* __restrict__ sinput, int n_bins,
+                                       const float* __restrict__ fx, const float* __restrict__ fy,
+                                       const u32* __restrict__ fmap,
+                                       const u32* __restrict__ free_start,
+                                       const u32* __restrict__ n_free, int n_bins,
                                        const float* __restrict__ plf, const int* __restrict__ pli,
                                        const double* __restrict__ pld, const float* __restrict__ g,
                                        const u32* __restrict__ failed, int write,
@@ -154,47 +160,51 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
     int e = blockIdx.y;
     if (failed[e]) return;
     u32 s = hit_start[e], m = n_sorted[e];
-    const u32* starts = bin_start + (size_t)e * (n_bins + 1);
     u32 base = write ? dbl_base[e] : 0;
     // A pass for busy events only (the stiff-track pass): a sparse event makes nothing.
     bool sparse = (float)m < g[G_MIN_EVENT_HITS];
-    if (!used) {
-        // A pass on fresh hits: every hit of a busy event has its windows to scan.
-        for (u32 a = CA_FIRST; a < m; a += CA_STRIDE) {
+    // The hits the windows scan: the sorted ones, or in a later pass the free ones (whose
+    // count the caller zeroed for the used ones).
+    const bool later = fmap != nullptr;
+    const float* wx = later ? fx : sx;
+    const float* wy = later ? fy : sy;
+    const u32* starts = (later ? free_start : bin_start) + (size_t)e * (n_bins + 1);
+    const u32 n_items = later ? n_free[e] : m;
+    if (!write || !later) {
+        // A lane per hit: every hit to count has its windows to scan, and on fresh hits
+        // most have doublets to write.
+        for (u32 i = CA_FIRST; i < n_items; i += CA_STRIDE) {
+            u32 a = later ? fmap[s + i] : i;
             if (write ? dbl_count[s + a] == 0 : sparse) {
                 if (!write) dbl_count[s + a] = 0;
                 continue;
             }
-            doublets_of_hit(a, s, sx, sy, splane, starts, used, sinput, plf, pli, pld, g, write,
-                            dbl_count, dbl_off, base, dbl, dgap, dcache);
+            doublets_of_hit(a, s, sx, sy, splane, starts, wx, wy, later ? fmap : nullptr, plf,
+                            pli, pld, g, write, dbl_count, dbl_off, base, dbl, dgap, dcache);
         }
         return;
     }
-    // A later pass: most hits are used (no doublets), and a lane per hit would leave most
-    // of each warp idle through the window scans of the few free ones, so the free ones go
-    // through the warp's queue (warp_enqueue). (On fresh hits, above, where every hit
-    // scans, a lane per hit is faster.)
+    // A later pass's write: many free hits have no doublets, and a lane per hit would leave
+    // much of each warp idle through the window scans of the others, so the ones with
+    // doublets go through the warp's queue (warp_enqueue). (On fresh hits, above, a lane
+    // per hit is faster.)
     const u32 lane = threadIdx.x & 31u;
     u32* queue = s_queue[threadIdx.x >> 5];
-    for (u32 w0 = CA_FIRST - lane; w0 < m; w0 += WARP_QUEUE_GROUP * CA_STRIDE) {
+    for (u32 w0 = CA_FIRST - lane; w0 < n_items; w0 += WARP_QUEUE_GROUP * CA_STRIDE) {
         u32 n_q = 0;
         for (u32 q = 0; q < WARP_QUEUE_GROUP; q++) {
-            const u32 a = w0 + q * CA_STRIDE + lane;
+            const u32 i = w0 + q * CA_STRIDE + lane;
+            u32 a = 0;
             bool work = false;
-            if (a < m) {
-                if (write) {
-                    work = dbl_count[s + a] != 0;
-                } else if (sparse || used[s + sinput[s + a]]) {
-                    dbl_count[s + a] = 0;
-                } else {
-                    work = true;
-                }
+            if (i < n_items) {
+                a = fmap[s + i];
+                work = dbl_count[s + a] != 0;
             }
             n_q = warp_enqueue(queue, n_q, work, a);
         }
         __syncwarp();
         for (u32 q = lane; q < n_q; q += 32) {
-            doublets_of_hit(queue[q], s, sx, sy, splane, starts, used, sinput, plf, pli, pld, g,
+            doublets_of_hit(queue[q], s, sx, sy, splane, starts, wx, wy, fmap, plf, pli, pld, g,
                             write, dbl_count, dbl_off, base, dbl, dgap, dcache);
         }
         __syncwarp();

@@ -99,3 +99,48 @@ extern "C" __global__ void ca_rank_hits(const float* __restrict__ in_x, const fl
         sinput[dst] = li;
     }
 }
+
+// The hits a later pass searches (hit_sorting.rs, free_hits): per event the sorted hits no
+// track has taken, in sorted order, each with its sorted index (fmap), and the grid's cell
+// starts among them (free_start), so that the doublets' windows scan only those.
+// ca_free_flags marks them per sorted hit, ca_event_scan gives each its place (and the
+// event's count, n_free), ca_free_hits copies them.
+extern "C" __global__ void ca_free_flags(const u32* __restrict__ hit_start,
+                                         const u32* __restrict__ n_sorted,
+                                         const u32* __restrict__ sinput,
+                                         const u32* __restrict__ used,
+                                         const u32* __restrict__ failed, u32* __restrict__ flags) {
+    int e = blockIdx.y;
+    if (failed[e]) return;
+    u32 s = hit_start[e], m = n_sorted[e];
+    for (u32 h = CA_FIRST; h < m; h += CA_STRIDE) flags[s + h] = used[s + sinput[s + h]] ? 0u : 1u;
+}
+
+extern "C" __global__ void ca_free_hits(const u32* __restrict__ hit_start,
+                                        const u32* __restrict__ n_sorted,
+                                        const u32* __restrict__ bin_start, int n_bins,
+                                        const u32* __restrict__ failed,
+                                        const u32* __restrict__ flags,
+                                        const u32* __restrict__ prefix,
+                                        const u32* __restrict__ n_free,
+                                        const float* __restrict__ sx, const float* __restrict__ sy,
+                                        float* __restrict__ fx, float* __restrict__ fy,
+                                        u32* __restrict__ fmap, u32* __restrict__ free_start) {
+    int e = blockIdx.y;
+    if (failed[e]) return;
+    u32 s = hit_start[e], m = n_sorted[e];
+    for (u32 h = CA_FIRST; h < m; h += CA_STRIDE) {
+        if (flags[s + h]) {
+            u32 d = s + prefix[s + h];
+            fx[d] = sx[s + h];
+            fy[d] = sy[s + h];
+            fmap[d] = h;
+        }
+    }
+    const u32* starts = bin_start + (size_t)e * (n_bins + 1);
+    u32* fstarts = free_start + (size_t)e * (n_bins + 1);
+    for (u32 b = CA_FIRST; b <= (u32)n_bins; b += CA_STRIDE) {
+        u32 st = starts[b];
+        fstarts[b] = st < m ? prefix[s + st] : n_free[e];
+    }
+}

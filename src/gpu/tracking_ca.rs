@@ -790,6 +790,8 @@ struct Kernels {
     bin_hits: CudaFunction,
     place_hits: CudaFunction,
     rank_hits: CudaFunction,
+    free_flags: CudaFunction,
+    free_hits: CudaFunction,
     doublets: CudaFunction,
     triplets: CudaFunction,
     neighbours_ending: CudaFunction,
@@ -918,6 +920,15 @@ struct Arenas {
     bin_count: DeviceBuffer<u32>,
     bin_start: DeviceBuffer<u32>,
     bin_cursor: DeviceBuffer<u32>,
+    /// A later pass's search (`ca_free_hits`): per event the sorted hits no track took,
+    /// in sorted order (x, y, sorted index), their places, the cells' starts among them
+    /// and their count.
+    fx: DeviceBuffer<f32>,
+    fy: DeviceBuffer<f32>,
+    fmap: DeviceBuffer<u32>,
+    free_prefix: DeviceBuffer<u32>,
+    free_start: DeviceBuffer<u32>,
+    n_free: DeviceBuffer<u32>,
     failed: DeviceBuffer<u32>,
     overflow: DeviceBuffer<u32>,
     /// Per event: scan totals, and per step base and count.
@@ -1030,6 +1041,12 @@ impl Arenas {
             bin_count: u(bins)?,
             bin_start: u(bins)?,
             bin_cursor: u(bins)?,
+            fx: f(h)?,
+            fy: f(h)?,
+            fmap: u(h)?,
+            free_prefix: u(h)?,
+            free_start: u(bins)?,
+            n_free: u(e)?,
             failed: u(e)?,
             overflow: u(8)?,
             total: u(e)?,
@@ -1134,8 +1151,9 @@ pub struct GpuCaEngine {
     /// The packed tracks of a batch, read back ([`Self::read_tracks`]).
     tracks_host: TracksHost,
     limits: CaLimits,
-    /// Events of the batch in the device buffers.
+    /// Events and hits of the batch in the device buffers.
     n_events: usize,
+    n_hits: usize,
     /// Kernel times of the last batch run with `profile`.
     times: KernelTimes,
     /// Device events of a profiled candidate step.
@@ -1288,6 +1306,8 @@ impl GpuCaEngine {
             bin_hits: module.function("ca_bin_hits")?,
             place_hits: module.function("ca_place_hits")?,
             rank_hits: module.function("ca_rank_hits")?,
+            free_flags: module.function("ca_free_flags")?,
+            free_hits: module.function("ca_free_hits")?,
             doublets: module.function("ca_doublets")?,
             triplets: module.function("ca_triplets")?,
             neighbours_ending: module.function("ca_neighbours_ending")?,
@@ -1341,6 +1361,7 @@ impl GpuCaEngine {
             device: device.clone(),
             limits,
             n_events: 0,
+            n_hits: 0,
             times: Vec::new(),
             marks: Vec::new(),
             inject_fault: false,
@@ -1487,6 +1508,7 @@ impl GpuCaEngine {
             );
         }
         self.n_events = events.len();
+        self.n_hits = n_hits;
         let r = self
             .enqueue(n_hits, opts, profile)
             .and_then(|()| self.enqueue_summary())
@@ -1525,6 +1547,8 @@ impl GpuCaEngine {
             "ca_bin_hits" => &self.k.bin_hits,
             "ca_place_hits" => &self.k.place_hits,
             "ca_rank_hits" => &self.k.rank_hits,
+            "ca_free_flags" => &self.k.free_flags,
+            "ca_free_hits" => &self.k.free_hits,
             "ca_doublets" => &self.k.doublets,
             "ca_triplets" => &self.k.triplets,
             "ca_neighbours_ending" => &self.k.neighbours_ending,
@@ -1648,6 +1672,10 @@ impl GpuCaEngine {
             self.zero(&a.n_cand_hits, e as usize)?;
             self.zero(&a.n_accepted, e as usize)?;
         }
+        if opts.skip_used {
+            // The doublets' count skips the used hits: they make none.
+            self.zero(&a.dbl_count, self.n_hits)?;
+        }
         // Pointers (copied out so `self` can be borrowed mutably for the launches).
         let p = |b: &DeviceBuffer<u32>| Ptr(b.ptr());
         let pf = |b: &DeviceBuffer<f32>| Ptr(b.ptr());
@@ -1715,7 +1743,15 @@ impl GpuCaEngine {
             Ptr(dt.tents.ptr()),
             Ptr(dt.globals.ptr()),
         );
-        let used = if opts.skip_used { p(&a.used) } else { Ptr(0) };
+        let used = p(&a.used);
+        let (fx, fy, fmap, free_prefix, free_start, n_free) = (
+            pf(&a.fx),
+            pf(&a.fy),
+            p(&a.fmap),
+            p(&a.free_prefix),
+            p(&a.free_start),
+            p(&a.n_free),
+        );
         let (continues, keep, koff) = (p(&a.continues), p(&a.keep), p(&a.koff));
         let (k_left, k_right, k_qop, k_sigma, k_chi2, k_plane) = (
             p(&a.k_left),
@@ -1768,11 +1804,29 @@ impl GpuCaEngine {
                 bin_start, I32(n_bins), n_sorted, failed, scratch, sx, sy, splane, sinput])?;
             mark("hit_sorting: rank", self)?;
         }
+        if opts.skip_used {
+            // The hits no track took, for the doublets' windows.
+            #[rustfmt::skip]
+            self.launch("ca_free_flags", (bpe, e), &[hit_start, n_sorted, sinput, used, failed,
+                scratch])?;
+            #[rustfmt::skip]
+            self.launch("ca_event_scan", (1, e), &[scratch, free_prefix, hit_start, n_sorted, U32(0),
+                failed, n_free, I32(0)])?;
+            #[rustfmt::skip]
+            self.launch("ca_free_hits", (bpe, e), &[hit_start, n_sorted, bin_start, I32(n_bins),
+                failed, scratch, free_prefix, n_free, sx, sy, fx, fy, fmap, free_start])?;
+            mark("hit_sorting: free hits", self)?;
+        }
         // Doublets.
+        let (fx, fy, fmap, free_start) = if opts.skip_used {
+            (fx, fy, fmap, free_start)
+        } else {
+            (null, null, null, null)
+        };
         #[rustfmt::skip]
-        let dargs = |write: i32| [sx, sy, splane, hit_start, n_sorted, bin_start, used, sinput, I32(n_bins),
-            plf, pli, pld, g, failed, I32(write), dbl_count, dbl_off, dbl_base, dbl, dgap,
-            dcache];
+        let dargs = |write: i32| [sx, sy, splane, hit_start, n_sorted, bin_start, fx, fy, fmap,
+            free_start, n_free, I32(n_bins), plf, pli, pld, g, failed, I32(write), dbl_count,
+            dbl_off, dbl_base, dbl, dgap, dcache];
         self.launch("ca_doublets", (bpe, e), &dargs(0))?;
         mark("doublets: count", self)?;
         #[rustfmt::skip]
