@@ -257,9 +257,9 @@ impl CaLimits {
         // and fit; for the clone step, its first hit, fit in double and mark. Per
         // candidate hit: the hit, packed out, and the clone step's plane, x and y.
         let per_candidate = (4 + FIT_WORDS + 1) + (2 + FIT_WORDS) + (2 + 2 * CLONE_FIT_WORDS);
-        4 * ((12 + DBL_CACHE) * self.max_hits
-            + 3 * self.max_events * (n_bins + 1)
-            + 24 * self.max_events
+        4 * ((16 + DBL_CACHE) * self.max_hits
+            + 4 * self.max_events * (n_bins + 1)
+            + 25 * self.max_events
             + 2
             + 11 * self.max_doublets
             + 26 * self.max_triplets
@@ -2685,9 +2685,9 @@ mod tests {
         assert!(l.validate().is_ok());
         assert_eq!(
             l.device_bytes(99),
-            4 * ((12 + 16) * 1000
-                + 3 * 10 * 100
-                + 24 * 10
+            4 * ((16 + 16) * 1000
+                + 4 * 10 * 100
+                + 25 * 10
                 + 2
                 + 11 * 5000
                 + 26 * 6000
