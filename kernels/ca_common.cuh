@@ -20,6 +20,8 @@ typedef unsigned int u32;
 
 #define MAX_REACH 3
 #define CA_THREADS 256
+// Threads of ca_event_scan's block (one per event: the more, the fewer chunks in turn).
+#define SCAN_THREADS 1024
 // Items per thread in each chunk of the per-event scan.
 #define SCAN_ITEMS 8
 #define CA_INF __int_as_float(0x7f800000)
@@ -122,10 +124,11 @@ __device__ __forceinline__ u32 warp_enqueue(u32* queue, u32 n_q, bool take, u32 
     return n_q + __popc(mask);
 }
 
-// Inclusive scan of v over the block (CA_THREADS threads); returns the inclusive value and
-// the block's total in *total.
-__device__ __forceinline__ u32 block_scan_inclusive(u32 v, u32* total) {
-    __shared__ u32 warp_sums[CA_THREADS / 32];
+// Inclusive scan of v over the block (THREADS threads, at most 1024); returns the inclusive
+// value and the block's total in *total.
+template <u32 THREADS>
+__device__ __forceinline__ u32 block_scan_inclusive_of(u32 v, u32* total) {
+    __shared__ u32 warp_sums[THREADS / 32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int o = 1; o < 32; o <<= 1) {
         u32 n = __shfl_up_sync(0xffffffffu, v, o);
@@ -134,23 +137,29 @@ __device__ __forceinline__ u32 block_scan_inclusive(u32 v, u32* total) {
     if (lane == 31) warp_sums[warp] = v;
     __syncthreads();
     if (warp == 0) {
-        u32 w = lane < CA_THREADS / 32 ? warp_sums[lane] : 0;
+        u32 w = lane < THREADS / 32 ? warp_sums[lane] : 0;
         for (int o = 1; o < 32; o <<= 1) {
             u32 n = __shfl_up_sync(0xffffffffu, w, o);
             if (lane >= o) w += n;
         }
-        if (lane < CA_THREADS / 32) warp_sums[lane] = w;
+        if (lane < THREADS / 32) warp_sums[lane] = w;
     }
     __syncthreads();
     if (warp > 0) v += warp_sums[warp - 1];
-    *total = warp_sums[CA_THREADS / 32 - 1];
+    *total = warp_sums[THREADS / 32 - 1];
     __syncthreads();
     return v;
 }
 
+// block_scan_inclusive_of over a block of CA_THREADS.
+__device__ __forceinline__ u32 block_scan_inclusive(u32 v, u32* total) {
+    return block_scan_inclusive_of<CA_THREADS>(v, total);
+}
+
 // Per event: exclusive scan of count[base[e] .. base[e] + n[e]] into offset[...] (the same
 // positions), the event's total into total[e], and with `sentinel` the total also at
-// offset[base[e] + n[e]]. A failed event scans nothing and totals 0.
+// offset[base[e] + n[e]]. A failed event scans nothing and totals 0. One block of
+// SCAN_THREADS per event.
 extern "C" __global__ void ca_event_scan(const u32* __restrict__ count, u32* __restrict__ offset,
                                          const u32* __restrict__ base, const u32* __restrict__ n,
                                          u32 base_stride, const u32* __restrict__ failed,
@@ -162,7 +171,7 @@ extern "C" __global__ void ca_event_scan(const u32* __restrict__ count, u32* __r
     u32 carry = 0;
     // Chunks of SCAN_ITEMS consecutive items per thread: a serial scan in the thread, a
     // block scan of the threads' sums.
-    for (u32 c0 = 0; c0 < m; c0 += CA_THREADS * SCAN_ITEMS) {
+    for (u32 c0 = 0; c0 < m; c0 += SCAN_THREADS * SCAN_ITEMS) {
         u32 i0 = c0 + threadIdx.x * SCAN_ITEMS;
         u32 v[SCAN_ITEMS];
         u32 sum = 0;
@@ -172,7 +181,7 @@ extern "C" __global__ void ca_event_scan(const u32* __restrict__ count, u32* __r
             sum += v[k];
         }
         u32 chunk;
-        u32 run = carry + block_scan_inclusive(sum, &chunk) - sum;
+        u32 run = carry + block_scan_inclusive_of<SCAN_THREADS>(sum, &chunk) - sum;
 #pragma unroll
         for (int k = 0; k < SCAN_ITEMS; k++) {
             if (i0 + k < m) offset[b + i0 + k] = run;

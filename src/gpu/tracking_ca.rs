@@ -147,6 +147,8 @@ const STEPS: [&str; 9] = [
 const KERNEL_OPTIONS: [&str; 1] = ["--fmad=false"];
 /// Threads per block (CA_THREADS in ca_common.cuh).
 const THREADS: u32 = 256;
+/// Threads of the per-event scan's block (SCAN_THREADS in ca_common.cuh).
+const SCAN_THREADS: u32 = 1024;
 /// Threads per event of the candidate step (CAND_THREADS in ca_candidates.cu).
 const CAND_THREADS: u32 = 256;
 /// Words per fit in the fit arena (FIT_WORDS in ca_candidates.cu, the fit kernel's
@@ -1522,9 +1524,15 @@ impl GpuCaEngine {
         r
     }
 
-    /// Launches `f` on `grid` (blocks per event, events) of [`THREADS`] threads.
+    /// Launches `f` on `grid` (blocks per event, events) of [`THREADS`] threads
+    /// ([`SCAN_THREADS`] for the per-event scan).
     fn launch(&mut self, f: &'static str, grid: (u32, u32), args: &[Arg]) -> Result<(), GpuError> {
-        self.launch_block(f, grid, THREADS, args)
+        let threads = if f == "ca_event_scan" {
+            SCAN_THREADS
+        } else {
+            THREADS
+        };
+        self.launch_block(f, grid, threads, args)
     }
 
     /// Launches `f` on `grid` (blocks per event, events) of `threads` threads.
@@ -2639,8 +2647,8 @@ mod tests {
 
     /// The value of `#define NAME` in the step whose source defines `kernel`.
     fn kernel_define(kernel: &str, name: &str) -> String {
-        let src = STEPS
-            .iter()
+        let src = std::iter::once(&COMMON)
+            .chain(STEPS.iter())
             .find(|s| s.contains(&format!("void {kernel}(")))
             .unwrap_or_else(|| panic!("{kernel} is in one of the steps"));
         let prefix = format!("#define {name} ");
@@ -2668,6 +2676,13 @@ mod tests {
             kernel_define("ca_doublets", "DBL_CACHE"),
             DBL_CACHE.to_string()
         );
+    }
+
+    #[test]
+    fn the_block_sizes_are_the_kernels() {
+        let def = |name: &str| kernel_define("ca_event_scan", name);
+        assert_eq!(def("CA_THREADS"), THREADS.to_string());
+        assert_eq!(def("SCAN_THREADS"), SCAN_THREADS.to_string());
     }
 
     #[test]
