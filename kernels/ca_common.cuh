@@ -198,42 +198,65 @@ extern "C" __global__ void ca_event_scan(const u32* __restrict__ count, u32* __r
 // Places the events of the batch in a step's arena, in event order: an event whose total
 // exceeds `per_event_max` (the CPU finder's own limit, where it overflows too) or that
 // does not fit in what is left of `capacity` fails with `code` (counted in
-// overflow[code]); the others get base[e] and n[e]. One block; the totals are staged in
-// shared memory and placed by one thread (the placement is sequential by nature).
+// overflow[code]); the others get base[e] and n[e]. One block, over CA_THREADS events at a
+// time: where all of them fit in what is left, their bases are a scan of the block; where
+// some may not, one thread places them one after the other (the placement is sequential
+// by nature: an event that does not fit leaves room for the next).
 extern "C" __global__ void ca_event_budget(const u32* __restrict__ total, u32* __restrict__ base,
                                            u32* __restrict__ n, u32* __restrict__ failed,
                                            u32 n_events, u32 per_event_max, u32 capacity,
                                            u32 code, u32* __restrict__ overflow) {
-    __shared__ u32 t[1024];
-    __shared__ u32 f[1024];
-    __shared__ u32 nk[1024];
+    __shared__ u32 t[CA_THREADS];
+    __shared__ u32 f[CA_THREADS];
+    __shared__ u32 nk[CA_THREADS];
+    __shared__ u32 s_used;
     u32 used = 0;
-    for (u32 c0 = 0; c0 < n_events; c0 += 1024) {
-        u32 m = n_events - c0 < 1024 ? n_events - c0 : 1024;
-        for (u32 i = threadIdx.x; i < m; i += blockDim.x) {
-            t[i] = total[c0 + i];
-            f[i] = failed[c0 + i];
+    for (u32 c0 = 0; c0 < n_events; c0 += CA_THREADS) {
+        const u32 i = c0 + threadIdx.x;
+        const bool in = i < n_events;
+        const u32 k = in ? total[i] : 0;
+        const u32 fl = in ? failed[i] : FAIL_NONE;
+        const bool over = fl == FAIL_NONE && k > per_event_max;
+        const u32 kk = in && fl == FAIL_NONE && !over ? k : 0;
+        u32 chunk;
+        const u32 incl = block_scan_inclusive(kk, &chunk);
+        if ((unsigned long long)used + chunk <= capacity) {
+            if (in) {
+                if (over) {
+                    failed[i] = code;
+                    atomicAdd(&overflow[code], 1u);
+                }
+                base[i] = used + incl - kk;
+                n[i] = kk;
+            }
+            used += chunk;
+            continue;
         }
+        t[threadIdx.x] = k;
+        f[threadIdx.x] = fl;
         __syncthreads();
         if (threadIdx.x == 0) {
-            for (u32 i = 0; i < m; i++) {
-                u32 k = t[i];
-                if (f[i] == FAIL_NONE && (k > per_event_max || k > capacity - used)) {
-                    f[i] = code;
+            const u32 m = n_events - c0 < CA_THREADS ? n_events - c0 : CA_THREADS;
+            for (u32 q = 0; q < m; q++) {
+                u32 kq = t[q];
+                if (f[q] == FAIL_NONE && (kq > per_event_max || kq > capacity - used)) {
+                    f[q] = code;
                     overflow[code] += 1;
                 }
-                if (f[i] != FAIL_NONE) k = 0;
-                t[i] = used;
-                nk[i] = k;
-                used += k;
+                if (f[q] != FAIL_NONE) kq = 0;
+                t[q] = used;
+                nk[q] = kq;
+                used += kq;
             }
+            s_used = used;
         }
         __syncthreads();
-        for (u32 i = threadIdx.x; i < m; i += blockDim.x) {
-            base[c0 + i] = t[i];
-            n[c0 + i] = nk[i];
-            failed[c0 + i] = f[i];
+        if (in) {
+            base[i] = t[threadIdx.x];
+            n[i] = nk[threadIdx.x];
+            failed[i] = f[threadIdx.x];
         }
+        used = s_used;
         __syncthreads();
     }
 }
