@@ -15,9 +15,10 @@
 //! tracks, in the same order, with the same fits and used hits. The first pass's dead
 //! ends (`ca_dead_ends.cu`, as [`crate::tracking::ca::triplets::prune_dead_ends`]) and a
 //! later pass on the hits the earlier one left ([`GpuCaEngine::run_pass`] with the tables
-//! of another reach: the doublet step skips the used hits, as the CPU) complete the
-//! finder's passes; [`GpuCaEngine::read_tracks`] packs every event's accepted tracks
-//! (`ca_tracks.cu`), runs clone suppression on them in place and reads them back.
+//! of another reach: the doublet step's windows search a copy of the free hits only,
+//! `ca_free_hits`, as the CPU's `free_hits`) complete the finder's passes;
+//! [`GpuCaEngine::read_tracks`] packs every event's accepted tracks (`ca_tracks.cu`), runs
+//! clone suppression on them in place and reads them back.
 //! [`super::tracking::GpuTracker`] puts the passes together as `Reconstructor` does.
 //!
 //! # Design
