@@ -124,6 +124,29 @@ __device__ __forceinline__ u32 warp_enqueue(u32* queue, u32 n_q, bool take, u32 
     return n_q + __popc(mask);
 }
 
+// The block's strided loop over an event's items 0..n through each warp's queue:
+// `take(i, &item)` (i < n) says whether item i has work and which value to queue for it
+// (the item itself unless it sets another); `work(item)` does it. Every thread of a block
+// of CA_THREADS calls it together.
+template <typename Take, typename Work>
+__device__ __forceinline__ void warp_queue_each(u32 n, Take take, Work work) {
+    __shared__ u32 s_queue[CA_THREADS / 32][32 * WARP_QUEUE_GROUP];
+    const u32 lane = threadIdx.x & 31u;
+    u32* queue = s_queue[threadIdx.x >> 5];
+    for (u32 w0 = CA_FIRST - lane; w0 < n; w0 += WARP_QUEUE_GROUP * CA_STRIDE) {
+        u32 n_q = 0;
+        for (u32 q = 0; q < WARP_QUEUE_GROUP; q++) {
+            const u32 i = w0 + q * CA_STRIDE + lane;
+            u32 item = i;
+            const bool has = i < n && take(i, &item);
+            n_q = warp_enqueue(queue, n_q, has, item);
+        }
+        __syncwarp();
+        for (u32 q = lane; q < n_q; q += 32) work(queue[q]);
+        __syncwarp();
+    }
+}
+
 // Inclusive scan of v over the block (THREADS threads, at most 1024); returns the inclusive
 // value and the block's total in *total.
 template <u32 THREADS>

@@ -156,7 +156,6 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
                                        const u32* __restrict__ dbl_base,
                                        uint4* __restrict__ dbl, u32* __restrict__ dgap,
                                        u32* __restrict__ dcache) {
-    __shared__ u32 s_queue[CA_THREADS / 32][32 * WARP_QUEUE_GROUP];
     int e = blockIdx.y;
     if (failed[e]) return;
     u32 s = hit_start[e], m = n_sorted[e];
@@ -179,8 +178,8 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
                 if (!write) dbl_count[s + a] = 0;
                 continue;
             }
-            doublets_of_hit(a, s, sx, sy, splane, starts, wx, wy, later ? fmap : nullptr, plf,
-                            pli, pld, g, write, dbl_count, dbl_off, base, dbl, dgap, dcache);
+            doublets_of_hit(a, s, sx, sy, splane, starts, wx, wy, fmap, plf, pli, pld, g, write,
+                            dbl_count, dbl_off, base, dbl, dgap, dcache);
         }
         return;
     }
@@ -188,25 +187,14 @@ extern "C" __global__ void ca_doublets(const float* __restrict__ sx, const float
     // much of each warp idle through the window scans of the others, so the ones with
     // doublets go through the warp's queue (warp_enqueue). (On fresh hits, above, a lane
     // per hit is faster.)
-    const u32 lane = threadIdx.x & 31u;
-    u32* queue = s_queue[threadIdx.x >> 5];
-    for (u32 w0 = CA_FIRST - lane; w0 < n_items; w0 += WARP_QUEUE_GROUP * CA_STRIDE) {
-        u32 n_q = 0;
-        for (u32 q = 0; q < WARP_QUEUE_GROUP; q++) {
-            const u32 i = w0 + q * CA_STRIDE + lane;
-            u32 a = 0;
-            bool work = false;
-            if (i < n_items) {
-                a = fmap[s + i];
-                work = dbl_count[s + a] != 0;
-            }
-            n_q = warp_enqueue(queue, n_q, work, a);
-        }
-        __syncwarp();
-        for (u32 q = lane; q < n_q; q += 32) {
-            doublets_of_hit(queue[q], s, sx, sy, splane, starts, wx, wy, fmap, plf, pli, pld, g,
-                            write, dbl_count, dbl_off, base, dbl, dgap, dcache);
-        }
-        __syncwarp();
-    }
+    warp_queue_each(
+        n_items,
+        [&](u32 i, u32* a) {
+            *a = fmap[s + i];
+            return dbl_count[s + *a] != 0;
+        },
+        [&](u32 a) {
+            doublets_of_hit(a, s, sx, sy, splane, starts, wx, wy, fmap, plf, pli, pld, g, write,
+                            dbl_count, dbl_off, base, dbl, dgap, dcache);
+        });
 }

@@ -251,17 +251,6 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
     // doublet would leave most of each warp idle while the others test their pairs, so
     // those with triplets go through the warp's queue (warp_enqueue); which lane writes a
     // doublet's triplets does not change them or their places.
-    __shared__ u32 s_queue[CA_THREADS / 32][32 * WARP_QUEUE_GROUP];
-    const u32 lane = threadIdx.x & 31u;
-    u32* queue = s_queue[threadIdx.x >> 5];
-    for (u32 w0 = CA_FIRST - lane; w0 < n_d; w0 += WARP_QUEUE_GROUP * CA_STRIDE) {
-        u32 n_q = 0;
-        for (u32 q = 0; q < WARP_QUEUE_GROUP; q++) {
-            const u32 d = w0 + q * CA_STRIDE + lane;
-            n_q = warp_enqueue(queue, n_q, d < n_d && trip_count[dbase + d] != 0, d);
-        }
-        __syncwarp();
-        for (u32 q = lane; q < n_q; q += 32) triplets_of(queue[q]);
-        __syncwarp();
-    }
+    warp_queue_each(
+        n_d, [&](u32 d, u32*) { return trip_count[dbase + d] != 0; }, triplets_of);
 }
