@@ -49,6 +49,8 @@
 #define PD_INV_STEP 4
 #define PD_SCATTER_Q_MIN 7
 #define PD_SCATTER_Q_MAX 8
+// SCATTER_GRID weights of scattering_qop's prior (FitConfig::scatter_weights).
+#define PD_SCATTER_PRIOR 9
 
 // How the step over a gap reads the field (GapField in propagate.rs).
 #define GAP_BY_ONLY 0
@@ -537,14 +539,14 @@ __device__ double theta0_sq(const double* row, double mass, double qop, double t
 
 // The q/p of a track no field bends, from the scattering its hits show
 // (KalmanFitter::scattering_qop, the same sums in the same order): the kinks' likelihood
-// on a grid of q/p over (0, q_max], a prior proportional to 1 / sqrt(q), and the root of
-// the posterior mean of q^2.
+// on a grid of q/p over (0, q_max], a prior (the run's spectrum, or proportional to
+// 1 / sqrt(q): FitConfig::scatter_weights), and the root of the posterior mean of q^2.
 // Not inlined, its loops not unrolled: only fits without a field take it, and the
 // arrays stay out of the registers of the fit.
 template <class Hits>
 __device__ __noinline__ double scattering_qop(const Hits& h, int n, const double* rows64,
                                               int n_planes, double mass, double q_min,
-                                              double q_max) {
+                                              double q_max, const double* prior) {
     if (n < 3) return q_min;
 #pragma unroll 1
     for (int k = 0; k < n; ++k) {
@@ -624,7 +626,7 @@ __device__ __noinline__ double scattering_qop(const Hits& h, int n, const double
 #pragma unroll 1
     for (int g = 0; g < SCATTER_GRID; ++g) {
         if (logl[g] - top > -40.0) {
-            const double w = exp(logl[g] - top) / sqrt((double)g + 0.5);
+            const double w = exp(logl[g] - top) * prior[g];
             sw += w;
             sq += w * q2s[g];
         }
@@ -790,7 +792,8 @@ __device__ void kalman_fit_pass(const Hits& h, int n, int kmax, const KalmanTabl
     float qop, cq;
     if (pi[PI_FIT_MOMENTUM] == 0 && pi[PI_SCATTER_QOP] != 0) {
         const double q = scattering_qop(h, n, rows64, n_planes, pd[PD_MASS],
-                                        pd[PD_SCATTER_Q_MIN], pd[PD_SCATTER_Q_MAX]);
+                                        pd[PD_SCATTER_Q_MIN], pd[PD_SCATTER_Q_MAX],
+                                        pd + PD_SCATTER_PRIOR);
         qop = (float)q;
         cq = (float)(q * q);
     } else if (pi[PI_FIT_MOMENTUM] == 0) {

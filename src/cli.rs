@@ -467,6 +467,13 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     .validate(&det)
                     .map_err(|err| anyhow::anyhow!("[tracking.finder]: {err}"))?;
                 origin_from_first_events(&det, &e.args.events, e.args.max_events, min_p, &mut ov)?;
+                spectrum_from_first_events(
+                    &det,
+                    &e.args.events,
+                    e.args.max_events,
+                    min_p,
+                    &mut ov,
+                )?;
                 // The report's beam spot from the tracks the first events' measurement and
                 // the daemon's watch take.
                 beam_min_p_gev = crate::tracking::beam_spot::stiff_p_gev(
@@ -675,6 +682,54 @@ fn origin_from_first_events(
     Ok(())
 }
 
+/// Where no field measures the tracks' momenta and the configuration gives neither a
+/// momentum nor a spectrum (`[tracking.finder.fit] p_no_field_gev`, `scatter_prior`): the
+/// spectrum of the first events' tracks for the fit's scattering estimate
+/// ([`crate::tracking::spectrum::measure_scatter_prior`]), said with what a daemon needs in
+/// its configuration.
+fn spectrum_from_first_events(
+    det: &crate::tracking::geometry::Detector,
+    dir: &std::path::Path,
+    max_events: Option<usize>,
+    min_p: f64,
+    ov: &mut crate::tracking::reco::FinderOverrides,
+) -> anyhow::Result<()> {
+    use crate::tracking::spectrum;
+    let cfg = crate::tracking::reco::FinderConfig::from_detector_with(det, min_p, ov);
+    if !cfg.fit.estimates_scattering() || cfg.fit.scatter_prior.is_some() {
+        return Ok(());
+    }
+    let events: Vec<_> = crate::tracking::trackml::read_trackml_dir(dir)?
+        .with_planes(det.planes.iter().map(|p| p.z_mm).collect())
+        .take(max_events.unwrap_or(usize::MAX).min(spectrum::MAX_EVENTS))
+        .map_while(Result::ok)
+        .map(|ev| ev.hits)
+        .collect();
+    let Some((w, n)) = spectrum::measure_scatter_prior(det, &cfg, &events) else {
+        return Ok(());
+    };
+    // Four significant digits are far below what the sample tells.
+    let w: Vec<f64> = w
+        .iter()
+        .map(|&v| {
+            let scale = 10f64.powi(3 - v.log10().floor() as i32);
+            (v * scale).round() / scale
+        })
+        .collect();
+    let mean = spectrum::mean_p_gev(&std::array::from_fn(|g| w[g]), cfg.fit.scatter_p_min_gev);
+    let list = w
+        .iter()
+        .map(|v| format!("{v}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    tracing::warn!(
+        "no field measures the tracks' momenta and the configuration gives no spectrum: the fit's scattering estimate takes the spectrum of the first events' {n} tracks (mean momentum {mean:.2} GeV/c); a daemon needs [tracking.finder.fit] scatter_prior = [{list}]"
+    );
+    eprintln!("scattering spectrum measured from the first events' {n} tracks: mean momentum {mean:.2} GeV/c");
+    ov.fit.scatter_prior = Some(w);
+    Ok(())
+}
+
 /// A replay of a TrackML-style directory with the tracking workload, where the
 /// configuration gives no origin: the origin the first events' tracks show, as `trigd eval
 /// tracking` finds it ([`origin_from_first_events`]), written into `[tracking.finder]`;
@@ -721,6 +776,22 @@ fn origin_for_replay(cfg: &mut Config, dir: &std::path::Path) -> anyhow::Result<
         ] {
             if let (Some(v), None) = (now, before) {
                 f.insert(key.into(), toml::Value::Float(v));
+            }
+        }
+    }
+    // Then the spectrum, with the origin the finder now has.
+    let before = ov.fit.scatter_prior.is_some();
+    spectrum_from_first_events(&det, dir, None, tc.min_p_gev, &mut ov)?;
+    if let (Some(w), false) = (&ov.fit.scatter_prior, before) {
+        if let Some(toml::Value::Table(f)) = table.get_mut("finder") {
+            let fit = f
+                .entry("fit")
+                .or_insert_with(|| toml::Value::Table(Default::default()));
+            if let toml::Value::Table(fit) = fit {
+                fit.insert(
+                    "scatter_prior".into(),
+                    toml::Value::Array(w.iter().map(|&v| toml::Value::Float(v)).collect()),
+                );
             }
         }
     }

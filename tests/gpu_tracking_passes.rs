@@ -442,17 +442,27 @@ fn a_launch_of_busy_and_sparse_events_gives_the_cpus_tracks_in_order() {
     let dev = device();
     let s = seed();
     // And the telescope, without a field: its candidates fitted at the momentum cut's
-    // scattering, its accepted tracks again at their own (`FinderConfig::candidate_fit`).
-    let telescope = (
-        "telescope",
-        load("telescope.toml"),
-        SimConfig::preset(Preset::Central),
-    );
-    for (name, det, sim) in configurations(Preset::Central)
-        .into_iter()
-        .chain([telescope])
-    {
-        let cfg = FinderConfig::from_detector(&det, 0.5);
+    // scattering, its accepted tracks again at their own (`FinderConfig::candidate_fit`),
+    // with the default spectrum and with one learned from a hard beam
+    // (`fit.scatter_prior`).
+    let telescope = |name| {
+        (
+            name,
+            load("telescope.toml"),
+            SimConfig::preset(Preset::Central),
+        )
+    };
+    let hard: Vec<f64> = (0..trigd::tracking::kalman::SCATTER_GRID)
+        .map(|g| 0.5f64.powi(g as i32))
+        .collect();
+    for (name, det, sim) in configurations(Preset::Central).into_iter().chain([
+        telescope("telescope"),
+        telescope("telescope, hard spectrum"),
+    ]) {
+        let mut cfg = FinderConfig::from_detector(&det, 0.5);
+        if name == "telescope, hard spectrum" {
+            cfg.fit.scatter_prior = Some(hard.clone());
+        }
         assert!(cfg.stiff_pass(&det).is_some(), "{name}");
         let minbias = match name {
             "forward" => SimConfig::forward(Preset::Minbias),
@@ -489,11 +499,28 @@ fn a_launch_of_busy_and_sparse_events_gives_the_cpus_tracks_in_order() {
             .reconstruct_batch(&views, &mut out, &mut back)
             .expect("launch");
         let mut reco = Reconstructor::new(&det, cfg.clone());
-        let mut n_tracks = 0;
+        // The spectrum changes the fits' errors (the tracks compared are not the default's).
+        let mut reco_default = Reconstructor::new(
+            &det,
+            FinderConfig {
+                fit: trigd::tracking::kalman::FitConfig {
+                    scatter_prior: None,
+                    ..cfg.fit.clone()
+                },
+                ..cfg.clone()
+            },
+        );
+        let (mut n_tracks, mut other_errors, mut default) = (0, 0, Vec::new());
         for (k, ev) in events.iter().enumerate() {
             assert!(back[k].is_none(), "{name}: event {k} handed back");
             reco.reconstruct(ev, &mut cpu);
             n_tracks += cpu.len();
+            reco_default.reconstruct(ev, &mut default);
+            other_errors += cpu
+                .iter()
+                .zip(&default)
+                .filter(|(a, b)| a.cov[5].to_bits() != b.cov[5].to_bits())
+                .count();
             // The hits and the fit, to the bit.
             let hits = |t: &[trigd::tracking::track::Track]| -> Vec<(Vec<u32>, Vec<u32>)> {
                 t.iter()
@@ -520,5 +547,10 @@ fn a_launch_of_busy_and_sparse_events_gives_the_cpus_tracks_in_order() {
             events.len()
         );
         assert!(n_tracks > 1000, "{name}");
+        assert_eq!(
+            other_errors * 2 > n_tracks,
+            name == "telescope, hard spectrum",
+            "{name}: {other_errors} of {n_tracks} tracks with other errors than the default spectrum's"
+        );
     }
 }

@@ -518,3 +518,49 @@ fn a_long_target_is_measured_and_its_tracks_found() {
         );
     }
 }
+
+/// Pull widths of x, y, tx and ty (over all matched tracks).
+fn pull_widths(report: &EvalReport) -> Vec<f64> {
+    report.pulls[..4].iter().map(|p| p.stat.width).collect()
+}
+
+/// The telescope without a field and without a given momentum, in spectra far from what
+/// the scattering estimate's default prior assumes: a hard one (from 4 GeV/c, mean 16) and
+/// a soft one (from 0.6 GeV/c, mean 1.6). Five to eight kinks hardly tell one track's
+/// momentum, so with the default prior the pulls follow the spectrum; the spectrum learned
+/// from the first events' tracks (`spectrum::measure_scatter_prior`, as `trigd eval
+/// tracking` and `trigd replay` do) brings them to 1 and leaves every other aim as it was.
+#[test]
+fn telescope_pulls_with_the_spectrum_learned_from_the_tracks() {
+    use trigd::tracking::simulate::Spectrum;
+    use trigd::tracking::spectrum;
+    let det = fixture("telescope.toml");
+    for (p_min, p_mean, seed) in [(4.0, 16.0, 71), (0.6, 1.6, 72)] {
+        let sim = SimConfig {
+            spectrum: Spectrum::Exponential {
+                p_min_gev: p_min,
+                p_mean_gev: p_mean,
+                theta_sigma_rad: 0.05,
+            },
+            ..SimConfig::preset(Preset::Minbias)
+        };
+        let n_events = 40;
+        let default = FinderConfig::from_detector(&det, 1.0);
+        let before = evaluate_cfg(&det, &sim, seed, n_events, default.clone());
+        let events = simulate_events(&det, &sim, seed + 100, 0, 50);
+        let (w, n) = spectrum::measure_scatter_prior(&det, &default, events.map(|e| e.hits))
+            .expect("enough tracks to learn the spectrum");
+        let mean = spectrum::mean_p_gev(&w, default.fit.scatter_p_min_gev);
+        let mut learned = default.clone();
+        learned.fit.scatter_prior = Some(w.to_vec());
+        let after = evaluate_cfg(&det, &sim, seed, n_events, learned);
+        println!(
+            "spectrum from {p_min} GeV/c, mean {p_mean}: learned from {n} tracks, mean {mean:.2} GeV/c; pull widths {:?} -> {:?}",
+            pull_widths(&before),
+            pull_widths(&after)
+        );
+        check(&after, &NO_FIELD);
+        assert_eq!(before.n_reconstructed, after.n_reconstructed);
+        assert_eq!(before.n_ghosts, after.n_ghosts);
+    }
+}

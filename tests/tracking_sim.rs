@@ -278,6 +278,45 @@ fn a_wide_test_beam_is_found_with_the_origin_box_widened() {
     assert!((spread - 5.0).abs() < 0.6, "spread {spread}");
 }
 
+/// A telescope without a field in a hard spectrum (from 4 GeV/c, mean 16), evaluated with
+/// nothing configured: the evaluation learns the spectrum from the first events' tracks
+/// for the fit's scattering estimate, says so with the line a daemon needs, and the pulls
+/// of x, y, tx and ty meet 1.0 +- 0.1 (with the default prior ty's were 0.89).
+#[test]
+fn a_telescopes_spectrum_is_learned_by_the_evaluation() {
+    let dir = tempfile::tempdir().unwrap();
+    let geometry = fixture("telescope.toml");
+    let events = simulate_cli(
+        dir.path(),
+        &geometry,
+        &[
+            "--preset",
+            "minbias",
+            "--events",
+            "40",
+            "--seed",
+            "71",
+            "--spectrum",
+            "exponential",
+            "--theta-sigma-rad",
+            "0.05",
+            "--p-min-gev",
+            "4",
+            "--p-mean-gev",
+            "16",
+        ],
+    );
+    let (r, log) = eval_cli(dir.path(), &events, &geometry, &[]);
+    assert!(log.contains("scattering spectrum measured"), "{log}");
+    assert!(log.contains("scatter_prior = ["), "{log}");
+    for p in r["pulls"].as_array().unwrap().iter().take(4) {
+        let w = p["stat"]["width"].as_f64().unwrap();
+        assert!((w - 1.0).abs() <= 0.1, "{p}");
+    }
+    let eff = r["efficiency"].as_f64().unwrap();
+    assert!(eff >= 0.97, "efficiency {eff}");
+}
+
 /// `trigd simulate tracking --target-length-mm 80` spreads the vertices over the target's
 /// length, and `trigd eval tracking` of those events finds it from the first events'
 /// tracks, makes the finder's origin as long and meets the efficiency aim; a negative

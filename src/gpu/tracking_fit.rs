@@ -29,7 +29,7 @@ use super::nvrtc::{load_module_with_options, KernelCache, LoadedModule};
 use super::runtime::{copy_to_device, copy_to_host, DeviceBuffer, PinnedBuffer};
 use super::{driver, GpuDevice, GpuError};
 use crate::tracking::geometry::Field;
-use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter, SCATTER_P_MAX_GEV};
+use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter, SCATTER_GRID, SCATTER_P_MAX_GEV};
 
 const KERNEL_SOURCE: &str = include_str!("../../kernels/kalman_fit.cu");
 /// NVRTC options of the fit: no contraction of products and sums into fused
@@ -63,7 +63,7 @@ const GAP_PROFILE: i32 = 3;
 /// Entries of the parameter arrays (PI_*, PF_*, PD_* in kernels/kalman_fit.cu).
 const PARAM_INTS: usize = 7;
 const PARAM_FLOATS: usize = 14;
-const PARAM_DOUBLES: usize = 9;
+const PARAM_DOUBLES: usize = 9 + SCATTER_GRID;
 
 /// The result of one fit: the CPU fitter's own record, so that either backend fills the
 /// same type and a batch refused by the GPU is fitted by the CPU into the same place.
@@ -361,6 +361,8 @@ impl FitTables {
         // The bounds of `scattering_qop`.
         doubles[7] = 1.0 / SCATTER_P_MAX_GEV;
         doubles[8] = 1.0 / cfg.scatter_p_min_gev;
+        // Its prior.
+        doubles[9..].copy_from_slice(&cfg.scatter_weights());
         let mut ints = [0i32; PARAM_INTS];
         ints[0] = n as i32;
         ints[1] = i32::from(cfg.fit_momentum);

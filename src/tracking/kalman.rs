@@ -79,6 +79,12 @@ pub struct FitConfig {
     pub qop_prior_floor: f64,
     /// Mass hypothesis for the velocity in the Highland formula, GeV/c^2 (pion).
     pub mass_gev: f64,
+    /// The spectrum the scattering estimate assumes ([`KalmanFitter::scattering_qop`]):
+    /// the weights of its [`SCATTER_GRID`] points of q/p, point `g` at `(g + 0.5) /
+    /// SCATTER_GRID / scatter_p_min_gev`. Default: none, a prior proportional to
+    /// `1 / sqrt(q)` ([`default_scatter_prior`]); `trigd eval tracking` and `trigd replay`
+    /// learn it from the first events' tracks ([`learn_scatter_prior`]).
+    pub scatter_prior: Option<Vec<f64>>,
 }
 
 impl Default for FitConfig {
@@ -91,6 +97,7 @@ impl Default for FitConfig {
             qop_prior_rel: 0.5,
             qop_prior_floor: 0.05,
             mass_gev: 0.139_570_39,
+            scatter_prior: None,
         }
     }
 }
@@ -100,6 +107,20 @@ impl FitConfig {
     /// ([`KalmanFitter::scattering_qop`]): no field measures it and none is given.
     pub fn estimates_scattering(&self) -> bool {
         !self.fit_momentum && self.p_no_field_gev.is_none()
+    }
+
+    /// The weights of the scattering estimate's points of q/p: the configured spectrum
+    /// ([`Self::scatter_prior`]) scaled to sum to 1, or [`default_scatter_prior`]. A
+    /// spectrum that is not [`SCATTER_GRID`] finite non-negative weights with a positive
+    /// sum is refused by the finder's validation; here it gives the default.
+    pub fn scatter_weights(&self) -> [f64; SCATTER_GRID] {
+        match &self.scatter_prior {
+            Some(w) if valid_scatter_prior(w) => {
+                let sum: f64 = w.iter().sum();
+                std::array::from_fn(|g| w[g] / sum)
+            }
+            _ => default_scatter_prior(),
+        }
     }
 
     /// Settings derived from the detector.
@@ -445,6 +466,8 @@ pub struct KalmanFitter {
     /// `z[p + 1] + j (z[p] - z[p + 1]) / (2 steps[p])`. `None` in a uniform field.
     slices: Option<FieldSlices>,
     slice_first: Vec<usize>,
+    /// The scattering estimate's prior ([`FitConfig::scatter_weights`]).
+    scatter_prior: [f64; SCATTER_GRID],
 }
 
 /// The largest deflection an approximate field profile may add over a gap, as a fraction
@@ -461,6 +484,78 @@ pub const SCATTER_P_MAX_GEV: f64 = 1000.0;
 
 /// Points of q/p at which [`KalmanFitter::scattering_qop`] weighs the kinks.
 pub const SCATTER_GRID: usize = 16;
+
+/// The scattering estimate's prior without a measured spectrum: proportional to
+/// `1 / sqrt(q)` at its points, summing to 1 (between the two priors that know nothing of
+/// the spectrum, uniform in q and uniform in ln q; see [`KalmanFitter::scattering_qop`]).
+pub fn default_scatter_prior() -> [f64; SCATTER_GRID] {
+    let w: [f64; SCATTER_GRID] = std::array::from_fn(|g| 1.0 / (g as f64 + 0.5).sqrt());
+    let sum: f64 = w.iter().sum();
+    w.map(|v| v / sum)
+}
+
+/// Whether `w` can be the scattering estimate's spectrum: [`SCATTER_GRID`] finite,
+/// non-negative weights with a positive sum.
+pub fn valid_scatter_prior(w: &[f64]) -> bool {
+    w.len() == SCATTER_GRID
+        && w.iter().all(|v| v.is_finite() && *v >= 0.0)
+        && w.iter().sum::<f64>() > 0.0
+}
+
+/// Rounds of [`learn_scatter_prior`]'s expectation-maximisation.
+pub const SCATTER_PRIOR_ROUNDS: usize = 200;
+
+/// Fewest tracks [`learn_scatter_prior`] learns a spectrum from.
+pub const SCATTER_PRIOR_MIN_TRACKS: usize = 50;
+
+/// The least weight [`learn_scatter_prior`] leaves a point of q/p, as a fraction of an even
+/// share: no momentum the kinks could show is ruled out by the sample.
+const SCATTER_PRIOR_FLOOR: f64 = 1e-3;
+
+/// The spectrum of a sample of tracks on the scattering estimate's points of q/p, from
+/// each track's kink likelihood ([`KalmanFitter::scatter_likelihood`]): the weights that
+/// make the sample most likely (the nonparametric maximum likelihood mixing distribution,
+/// found by [`SCATTER_PRIOR_ROUNDS`] rounds of expectation-maximisation from the default
+/// prior; each round gives every point the mean over the tracks of its posterior weight).
+///
+/// One track of five or eight hits hardly tells its momentum where the resolution is as
+/// large as the scattering, so its estimate leans on the prior, and a fixed prior gives
+/// a sample's pulls the width of how far its spectrum is from the one assumed: without a
+/// field, a soft spectrum's were 1.1 wide and a hard one's 0.87. Hundreds of tracks
+/// together tell the spectrum well. Each point keeps at least [`SCATTER_PRIOR_FLOOR`] of
+/// an even share. `None` with fewer than [`SCATTER_PRIOR_MIN_TRACKS`] tracks.
+pub fn learn_scatter_prior(likelihoods: &[[f64; SCATTER_GRID]]) -> Option<[f64; SCATTER_GRID]> {
+    if likelihoods.len() < SCATTER_PRIOR_MIN_TRACKS {
+        return None;
+    }
+    let floor = SCATTER_PRIOR_FLOOR / SCATTER_GRID as f64;
+    let mut w = default_scatter_prior();
+    let mut next = [0.0f64; SCATTER_GRID];
+    for _ in 0..SCATTER_PRIOR_ROUNDS {
+        next.fill(0.0);
+        let mut n = 0usize;
+        for l in likelihoods {
+            let norm: f64 = l.iter().zip(&w).map(|(a, b)| a * b).sum();
+            if norm > 0.0 && norm.is_finite() {
+                for g in 0..SCATTER_GRID {
+                    next[g] += l[g] * w[g] / norm;
+                }
+                n += 1;
+            }
+        }
+        if n == 0 {
+            return None;
+        }
+        let sum: f64 = next.iter().map(|v| (v / n as f64).max(floor)).sum();
+        if !(sum > 0.0 && sum.is_finite()) {
+            return None;
+        }
+        for g in 0..SCATTER_GRID {
+            w[g] = (next[g] / n as f64).max(floor) / sum;
+        }
+    }
+    Some(w)
+}
 
 /// Entries of a row of plane constants of the lane kernels
 /// ([`KalmanFitter::plane_constants`]).
@@ -604,6 +699,7 @@ impl KalmanFitter {
             }
             Field::Uniform { .. } => (None, vec![0; planes.len()]),
         };
+        let cfg_prior = cfg.scatter_weights();
         KalmanFitter {
             field: det.field.clone(),
             planes,
@@ -616,6 +712,7 @@ impl KalmanFitter {
             steps,
             slices,
             slice_first,
+            scatter_prior: cfg_prior,
         }
     }
 
@@ -705,7 +802,9 @@ impl KalmanFitter {
     /// Highland variances per unit q/p (at beta = 1, at the track's chord slope,
     /// projected as the fit projects them) times the squared weights. The kinks'
     /// likelihood (taken as independent) is weighed on [`SCATTER_GRID`] points of q/p
-    /// spread evenly over `(0, 1 / scatter_p_min_gev]`, with a prior proportional to
+    /// spread evenly over `(0, 1 / scatter_p_min_gev]` ([`Self::scatter_likelihood`]),
+    /// with a prior, the spectrum of the run's tracks where it is known
+    /// ([`FitConfig::scatter_prior`], [`learn_scatter_prior`]), else proportional to
     /// `1 / sqrt(q)`, and the root of the posterior mean of `q^2` is returned: the
     /// scattering variance the kinks allow on average, which is what the fit's errors
     /// need.
@@ -726,9 +825,42 @@ impl KalmanFitter {
     pub fn scattering_qop(&self, hits: &[FitHit]) -> f64 {
         let q_max = 1.0 / self.cfg.scatter_p_min_gev;
         let q_min = 1.0 / SCATTER_P_MAX_GEV;
+        let Some(logl) = self.scatter_log_likelihood(hits) else {
+            return q_min;
+        };
+        let top = logl.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let (mut sw, mut sq) = (0.0, 0.0);
+        for (g, &l) in logl.iter().enumerate() {
+            // Points below e^-40 of the peak weigh nothing.
+            if l - top > -40.0 {
+                let q = q_max * (g as f64 + 0.5) / SCATTER_GRID as f64;
+                let w = (l - top).exp() * self.scatter_prior[g];
+                sw += w;
+                sq += w * (q * q);
+            }
+        }
+        // NaN (a kink of no resolution and no material) gives the least q/p.
+        (sq / sw).sqrt().max(q_min).min(q_max)
+    }
+
+    /// The likelihood of a track's kinks at each of [`Self::scattering_qop`]'s points of
+    /// q/p, relative to the largest (which is 1); `None` for fewer than three hits, a
+    /// plane the fitter does not know, or kinks no point explains (no resolution and no
+    /// material).
+    pub fn scatter_likelihood(&self, hits: &[FitHit]) -> Option<[f64; SCATTER_GRID]> {
+        let logl = self.scatter_log_likelihood(hits)?;
+        let top = logl.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let l = logl.map(|l| (l - top).exp());
+        l.iter().all(|v| v.is_finite()).then_some(l)
+    }
+
+    /// The log-likelihood of a track's kinks at each point of q/p, up to a constant
+    /// ([`Self::scattering_qop`]).
+    fn scatter_log_likelihood(&self, hits: &[FitHit]) -> Option<[f64; SCATTER_GRID]> {
+        let q_max = 1.0 / self.cfg.scatter_p_min_gev;
         let n = hits.len();
         if n < 3 || hits.iter().any(|h| h.plane as usize >= self.planes.len()) {
-            return q_min;
+            return None;
         }
         let pl = |k: usize| &self.planes[hits[k].plane as usize];
         let x = |k: usize| hits[k].x_mm as f64;
@@ -811,19 +943,7 @@ impl KalmanFitter {
         for (l, d) in logl.iter_mut().zip(&det) {
             *l = -0.5 * (*l + d.ln());
         }
-        let top = logl.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let (mut sw, mut sq) = (0.0, 0.0);
-        for (g, (&l, &q2)) in logl.iter().zip(&q2s).enumerate() {
-            // The prior, proportional to 1 / sqrt(q) at the points; those below e^-40
-            // of the peak weigh nothing.
-            if l - top > -40.0 {
-                let w = (l - top).exp() / (g as f64 + 0.5).sqrt();
-                sw += w;
-                sq += w * q2;
-            }
-        }
-        // NaN (a kink of no resolution and no material) gives the least q/p.
-        (sq / sw).sqrt().max(q_min).min(q_max)
+        Some(logl)
     }
 
     /// Fits up to `L` tracks at once (`tracks.len() <= L`); `out[i]` receives track `i`.
@@ -1653,6 +1773,65 @@ fn scatter<T: Real, const L: usize>(
 mod tests {
     use super::*;
     use crate::frame::HitRecord;
+
+    /// Tracks whose kinks each tell their q/p to within a point or two (a likelihood of
+    /// width 1.5 points about the true one), drawn from a spectrum unlike the default
+    /// prior: the learned weights are the spectrum's, to a few per cent.
+    #[test]
+    fn the_learned_spectrum_is_the_tracks() {
+        let truth: [f64; SCATTER_GRID] =
+            std::array::from_fn(|g| if (3..6).contains(&g) { 0.3 } else { 0.01 });
+        let sum: f64 = truth.iter().sum();
+        let truth = truth.map(|v| v / sum);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        let likelihoods: Vec<[f64; SCATTER_GRID]> = (0..4000)
+            .map(|_| {
+                let mut u: f64 = rng.random();
+                let g0 = truth
+                    .iter()
+                    .position(|&w| {
+                        u -= w;
+                        u < 0.0
+                    })
+                    .unwrap_or(SCATTER_GRID - 1);
+                std::array::from_fn(|g| {
+                    let d = (g as f64 - g0 as f64) / 1.5;
+                    (-0.5 * d * d).exp()
+                })
+            })
+            .collect();
+        let w = learn_scatter_prior(&likelihoods).expect("enough tracks");
+        assert!((w.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        // The mean q^2 (what the fit's errors take) and the share of the peak.
+        let q2 = |w: &[f64]| {
+            (0..SCATTER_GRID)
+                .map(|g| w[g] * (g as f64 + 0.5).powi(2))
+                .sum::<f64>()
+        };
+        let mass = |w: &[f64]| w[3..6].iter().sum::<f64>();
+        assert!(
+            (q2(&w) / q2(&truth) - 1.0).abs() < 0.1 && (mass(&w) - mass(&truth)).abs() < 0.1,
+            "{w:?} against {truth:?}: mean q^2 {} against {}",
+            q2(&w),
+            q2(&truth)
+        );
+        assert!((q2(&default_scatter_prior()) / q2(&truth) - 1.0).abs() > 0.5);
+        assert!(mass(&default_scatter_prior()) < 0.3);
+        assert!(learn_scatter_prior(&likelihoods[..SCATTER_PRIOR_MIN_TRACKS - 1]).is_none());
+        // The configured spectrum is used as given, scaled; one of the wrong length is
+        // not.
+        let cfg = FitConfig {
+            scatter_prior: Some(vec![2.0; SCATTER_GRID]),
+            ..FitConfig::default()
+        };
+        assert_eq!(
+            cfg.scatter_weights(),
+            [1.0 / SCATTER_GRID as f64; SCATTER_GRID]
+        );
+        assert!(!valid_scatter_prior(&[1.0; 3]));
+        assert!(!valid_scatter_prior(&[0.0; SCATTER_GRID]));
+        assert!(!valid_scatter_prior(&[f64::NAN; SCATTER_GRID]));
+    }
     use crate::tracking::geometry::FieldMap;
     use crate::tracking::reco::synthetic::{detector, track};
     use rand::{Rng, SeedableRng};

@@ -13,5 +13,6 @@ pub mod lines;
 pub mod propagate;
 pub mod reco;
 pub mod simulate;
+pub mod spectrum;
 pub mod track;
 pub mod trackml;

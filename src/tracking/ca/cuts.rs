@@ -567,6 +567,17 @@ impl FinderConfig {
                 "max_step_mm, p_no_field_gev, scatter_p_min_gev and qop_prior_floor must be positive",
             );
         }
+        if !self
+            .fit
+            .scatter_prior
+            .as_deref()
+            .is_none_or(crate::tracking::kalman::valid_scatter_prior)
+        {
+            return bad(
+                "fit",
+                "scatter_prior must be 16 finite, non-negative weights with a positive sum",
+            );
+        }
         Ok(())
     }
 }
@@ -632,6 +643,7 @@ pub struct FitOverrides {
     pub qop_prior_rel: Option<f64>,
     pub qop_prior_floor: Option<f64>,
     pub mass_gev: Option<f64>,
+    pub scatter_prior: Option<Vec<f64>>,
 }
 
 impl FinderOverrides {
@@ -698,6 +710,9 @@ impl FinderOverrides {
         );
         if let Some(p) = f.p_no_field_gev {
             c.fit.p_no_field_gev = Some(p);
+        }
+        if let Some(w) = &f.scatter_prior {
+            c.fit.scatter_prior = Some(w.clone());
         }
         if let Some(l) = &self.limits {
             c.limits = l.clone();
