@@ -23,7 +23,8 @@
 //!    CPU finder's own step ([`crate::tracking::ca::exchange`]) on each event's tracks as
 //!    they come back: the CPU runs it on the same tracks, so both give the same result;
 //! 5. where the origin is finite and the configuration asks for it
-//!    ([`FinderConfig::first_hits_to_origin`], off by default), each track's first hit chosen
+//!    ([`FinderConfig::first_hits_to_origin`], by default only where the first plane is
+//!    close to the origin), each track's first hit chosen
 //!    again against the origin, on the host, with the CPU finder's own step
 //!    ([`crate::tracking::ca::first_hits`]), as the CPU does after the exchange.
 //!

@@ -239,7 +239,9 @@ pub struct FinderConfig {
     /// half of the foreign first hits there, mean efficiency 0.9930 -> 0.9935 and ghosts 0.79
     /// -> 0.73 %, no sample worse; it adds 5-8 % to the finder's time on one core and,
     /// with `--backend gpu`, where it runs on the host after each launch, it took a third
-    /// of a GPU's central events per second (`bench/RESULTS.md`). Default false.
+    /// of a GPU's central events per second (`bench/RESULTS.md`). Default: where the
+    /// origin tells the first plane's hit much better than the track's own next hits do
+    /// ([`first_plane_near_origin`]), false elsewhere.
     pub first_hits_to_origin: bool,
     /// Output the tracks whose fit measures them below the minimum momentum. By default,
     /// where the field measures momenta (`fit.fit_momentum`), a track whose fitted q/p
@@ -314,7 +316,7 @@ impl FinderConfig {
             clone_window_mm: 0.0,
             divert_chains: true,
             exchange_segments: false,
-            first_hits_to_origin: false,
+            first_hits_to_origin: first_plane_near_origin(det, origin[2]),
             keep_tracks_below_min_p: false,
             fit,
             limits: Limits::default(),
@@ -579,6 +581,34 @@ impl FinderConfig {
             );
         }
         Ok(())
+    }
+}
+
+/// The largest ratio of the first plane's distance from the origin to the second
+/// plane's at which [`first_plane_near_origin`] holds.
+pub const NEAR_ORIGIN_RATIO: f64 = 0.45;
+
+/// Whether the first plane lies so close to the origin at `origin_z_mm`, against the
+/// second, that the origin tells where a track crosses it much better than the track's
+/// own next hits do: `(z0 - zo) / (z1 - zo)` at most [`NEAR_ORIGIN_RATIO`].
+///
+/// Carried back from its next hits, a track's point on the first plane is off by the
+/// scattering at the second plane times the gap, `theta (z1 - z0)`; on the line from the
+/// origin through its second hit, by the scattering at the first plane over what is left
+/// of that line, `theta (z1 - z0) (z0 - zo) / (z1 - zo)`: smaller by that ratio, and the
+/// area where another particle's hit can take its place by the ratio squared (at most a
+/// fifth here). There the first hits are matched again against the origin
+/// ([`FinderConfig::first_hits_to_origin`]): on the drawn detectors with their first plane
+/// that close (ratios 0.18-0.42), a fifth to a third of the tracks of central events had
+/// started on a neighbour's hit, and their pulls over all matched tracks were 1.1-1.9
+/// wide. The shipped detectors' ratios are 0.5-0.77.
+pub fn first_plane_near_origin(det: &Detector, origin_z_mm: f64) -> bool {
+    match det.planes.as_slice() {
+        [a, b, ..] => {
+            let (d0, d1) = (a.z_mm - origin_z_mm, b.z_mm - origin_z_mm);
+            d0 > 0.0 && d1 > d0 && d0 <= NEAR_ORIGIN_RATIO * d1
+        }
+        _ => false,
     }
 }
 

@@ -33,9 +33,10 @@
 //! depends on the tracks and hits only (ties by the track's and the hit's order).
 //!
 //! It runs where the origin is finite ([`FinderConfig::origin_half_x_mm`]) and
-//! [`FinderConfig::first_hits_to_origin`] asks for it (off by default: it adds 5-8 % to
-//! the finder's time on one core, and a third less of a GPU's central events per second
-//! where the host runs it after each launch), on the found tracks of
+//! [`FinderConfig::first_hits_to_origin`] asks for it (by default only where the first
+//! plane is close to the origin against the second, [`super::cuts::first_plane_near_origin`]:
+//! it adds 5-8 % to the finder's time on one core, and a third less of a GPU's central
+//! events per second where the host runs it after each launch), on the found tracks of
 //! an event after clone suppression and the exchange of segments
 //! ([`crate::tracking::reco::Reconstructor::reconstruct`]), and on the tracks the GPU
 //! returns, on the host, with the same function ([`crate::gpu::tracking::GpuTracker`]).
@@ -687,6 +688,65 @@ impl FirstHits {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The step is on by default where the first plane is close to the origin against
+    /// the second (the origin then tells its hit better than the track's next hits), off
+    /// on the shipped detectors and where the origin moves downstream or is long.
+    #[test]
+    fn the_first_hits_are_matched_by_default_where_the_first_plane_is_near_the_origin() {
+        use crate::tracking::ca::cuts::{first_plane_near_origin, FinderOverrides};
+        use crate::tracking::geometry::Detector;
+        use crate::tracking::reco::synthetic::detector;
+        // Planes at 300, 400, ...: 300 / 400 = 0.75 from z = 0.
+        let mut det = detector(6, [0.0, 0.5, 0.0], 0.01, 0.02);
+        assert!(!FinderConfig::from_detector(&det, 1.0).first_hits_to_origin);
+        // The first plane at 50 mm: 50 / 400 = 0.125.
+        det.planes[0].z_mm = 50.0;
+        assert!(first_plane_near_origin(&det, 0.0));
+        assert!(FinderConfig::from_detector(&det, 1.0).first_hits_to_origin);
+        // Seen from an origin at z = -400 mm: 450 / 800 > 0.45.
+        let ov = FinderOverrides {
+            origin_z_mm: Some(-400.0),
+            ..Default::default()
+        };
+        assert!(!FinderConfig::from_detector_with(&det, 1.0, &ov).first_hits_to_origin);
+        // Asked for, or not, the configuration decides.
+        let ov = FinderOverrides {
+            first_hits_to_origin: Some(false),
+            ..Default::default()
+        };
+        assert!(!FinderConfig::from_detector_with(&det, 1.0, &ov).first_hits_to_origin);
+        // A long origin: the step does not run (its cuts are off).
+        let ov = FinderOverrides {
+            origin_half_z_mm: Some(20.0),
+            ..Default::default()
+        };
+        let long = FinderConfig::from_detector_with(&det, 1.0, &ov);
+        let geo = crate::tracking::ca::FinderGeometry::new(&det, &long);
+        assert!(!FirstHitCuts::new(&geo, &long).enabled);
+        // A single plane, or the origin on the first plane: never.
+        assert!(!first_plane_near_origin(&det, 50.0));
+        let one = Detector {
+            planes: det.planes[..1].to_vec(),
+            field: det.field.clone(),
+        };
+        assert!(!first_plane_near_origin(&one, 0.0));
+        // The shipped detectors.
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+        for f in [
+            "detector.toml",
+            "telescope.toml",
+            "tracking/dipole/detector_dipole.toml",
+            "tracking/forward/detector_forward.toml",
+            "tracking/reversing/detector_reversing.toml",
+        ] {
+            let d = Detector::from_toml_file(root.join(f)).unwrap();
+            assert!(
+                !FinderConfig::from_detector(&d, 1.0).first_hits_to_origin,
+                "{f}"
+            );
+        }
+    }
 
     #[test]
     fn the_cut_holds_the_two_sided_probability_of_n_sigma() {
