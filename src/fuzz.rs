@@ -205,7 +205,7 @@ pub fn finder_overrides(data: &[u8]) {
         .and_then(|t| FinderOverrides::from_toml_str(t).ok())
         .unwrap_or_default();
     let mut cfg = FinderConfig::from_detector_with(&det, 1.0, &ov);
-    // The first hits against the origin (off by default) run unless the input says.
+    // The first hits against the origin (by default only near it) run unless the input says.
     cfg.first_hits_to_origin = ov.first_hits_to_origin.unwrap_or(true);
     cfg.limits.max_doublets = cfg.limits.max_doublets.min(1 << 14);
     cfg.limits.max_triplets = cfg.limits.max_triplets.min(1 << 14);

@@ -495,11 +495,13 @@ pub fn default_scatter_prior() -> [f64; SCATTER_GRID] {
 }
 
 /// Whether `w` can be the scattering estimate's spectrum: [`SCATTER_GRID`] finite,
-/// non-negative weights with a positive sum.
+/// non-negative weights with a positive, finite sum.
 pub fn valid_scatter_prior(w: &[f64]) -> bool {
+    let sum = w.iter().sum::<f64>();
     w.len() == SCATTER_GRID
         && w.iter().all(|v| v.is_finite() && *v >= 0.0)
-        && w.iter().sum::<f64>() > 0.0
+        && sum > 0.0
+        && sum.is_finite()
 }
 
 /// Rounds of [`learn_scatter_prior`]'s expectation-maximisation.
@@ -1831,6 +1833,7 @@ mod tests {
         assert!(!valid_scatter_prior(&[1.0; 3]));
         assert!(!valid_scatter_prior(&[0.0; SCATTER_GRID]));
         assert!(!valid_scatter_prior(&[f64::NAN; SCATTER_GRID]));
+        assert!(!valid_scatter_prior(&[f64::MAX; SCATTER_GRID]));
     }
     use crate::tracking::geometry::FieldMap;
     use crate::tracking::reco::synthetic::{detector, track};

@@ -577,7 +577,7 @@ impl FinderConfig {
         {
             return bad(
                 "fit",
-                "scatter_prior must be 16 finite, non-negative weights with a positive sum",
+                "scatter_prior must be 16 finite, non-negative weights with a positive, finite sum",
             );
         }
         Ok(())
