@@ -1294,6 +1294,34 @@ mod tests {
         assert!(c.stiff_pass(&det).is_none());
     }
 
+    /// The fit's spectrum without a field (`[finder.fit] scatter_prior`) is read from the
+    /// configuration, and one that is not 16 finite non-negative weights with a positive
+    /// sum is refused with its name.
+    #[test]
+    fn a_configured_spectrum_is_read_and_a_wrong_one_refused() {
+        let det = detector(6, [0.0; 3], 0.01, 0.02);
+        let w: Vec<String> = (1..=16).map(|g| format!("{g}.0")).collect();
+        let good =
+            FinderOverrides::from_toml_str(&format!("[fit]\nscatter_prior = [{}]", w.join(", ")))
+                .unwrap();
+        let c = FinderConfig::from_detector_with(&det, 1.0, &good);
+        assert!(c.validate(&det).is_ok());
+        let weights = c.fit.scatter_weights();
+        assert!((weights[15] / weights[0] - 16.0).abs() < 1e-12);
+        for bad in [
+            "[fit]\nscatter_prior = [1.0, 2.0]",
+            "[fit]\nscatter_prior = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]",
+            "[fit]\nscatter_prior = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, -1.0]",
+        ] {
+            let ov = FinderOverrides::from_toml_str(bad).unwrap();
+            let e = FinderConfig::from_detector_with(&det, 1.0, &ov).validate(&det);
+            assert!(
+                matches!(e, Err(ConfigError::Invalid { field: "fit", ref reason }) if reason.contains("scatter_prior")),
+                "{bad}: {e:?}"
+            );
+        }
+    }
+
     /// A soft track, bent beyond the stiff-track pass's windows, is found by the pass at
     /// the minimum momentum on the hits the stiff tracks left; the stiff tracks are found
     /// as without the stiff pass.
