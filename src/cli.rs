@@ -733,8 +733,11 @@ fn spectrum_from_first_events(
 /// A replay of a TrackML-style directory with the tracking workload, where the
 /// configuration gives no origin: the origin the first events' tracks show, as `trigd eval
 /// tracking` finds it ([`origin_from_first_events`]), written into `[tracking.finder]`;
-/// the replay then decides as the evaluation reconstructs. (A live input has no first
-/// events to read ahead: the daemon measures the decided events and warns instead.)
+/// and, where no field measures the momenta and none is configured, the spectrum for the
+/// fit's scattering ([`spectrum_from_first_events`]), into `[tracking.finder.fit]
+/// scatter_prior`; the replay then decides as the evaluation reconstructs. (A live input
+/// has no first events to read ahead: the daemon measures the decided events' beam spot
+/// and warns instead, and takes the spectrum its configuration gives.)
 fn origin_for_replay(cfg: &mut Config, dir: &std::path::Path) -> anyhow::Result<()> {
     // Errors in the configuration or the geometry are the daemon's to report.
     let Ok(tc) = crate::backend::tracking::TrackingConfig::from_config(cfg) else {

@@ -315,6 +315,30 @@ fn a_telescopes_spectrum_is_learned_by_the_evaluation() {
     }
     let eff = r["efficiency"].as_f64().unwrap();
     assert!(eff >= 0.97, "efficiency {eff}");
+    // `trigd replay` of the directory learns the same spectrum.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_trigd"))
+        .arg("replay")
+        .arg(&events)
+        .args([
+            "--workload",
+            "tracking",
+            "--backend",
+            "cpu",
+            "--no-progress",
+        ])
+        .arg("--geometry")
+        .arg(&geometry)
+        .output()
+        .unwrap();
+    let replay_log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{replay_log}");
+    let said = |log: &str| {
+        log.lines()
+            .find(|l| l.starts_with("scattering spectrum measured"))
+            .map(str::to_owned)
+    };
+    assert!(said(&replay_log).is_some(), "{replay_log}");
+    assert_eq!(said(&replay_log), said(&log));
 }
 
 /// `trigd simulate tracking --target-length-mm 80` spreads the vertices over the target's

@@ -1778,7 +1778,7 @@ mod tests {
 
     /// Tracks whose kinks each tell their q/p to within a point or two (a likelihood of
     /// width 1.5 points about the true one), drawn from a spectrum unlike the default
-    /// prior: the learned weights are the spectrum's, to a few per cent.
+    /// prior: the learned weights give the spectrum's mean q^2 to within a tenth.
     #[test]
     fn the_learned_spectrum_is_the_tracks() {
         let truth: [f64; SCATTER_GRID] =
