@@ -559,16 +559,7 @@ fn origin_from_first_events(
         return Ok(());
     }
     let cfg = crate::tracking::reco::FinderConfig::from_detector_with(det, min_p, ov);
-    let events: Vec<_> = crate::tracking::trackml::read_trackml_dir(dir)?
-        .with_planes(det.planes.iter().map(|p| p.z_mm).collect())
-        .take(
-            max_events
-                .unwrap_or(usize::MAX)
-                .min(beam_spot::ORIGIN_EVENTS),
-        )
-        .map_while(Result::ok)
-        .map(|ev| ev.hits)
-        .collect();
+    let events = first_events(det, dir, max_events, beam_spot::ORIGIN_EVENTS)?;
     let Some(mut spot) = beam_spot::measure_origin(det, &cfg, &events) else {
         return Ok(());
     };
@@ -682,6 +673,22 @@ fn origin_from_first_events(
     Ok(())
 }
 
+/// The hits of the first events of a TrackML-style directory (at most `max_events`, and at
+/// most `limit`), up to the first that cannot be read.
+fn first_events(
+    det: &crate::tracking::geometry::Detector,
+    dir: &std::path::Path,
+    max_events: Option<usize>,
+    limit: usize,
+) -> anyhow::Result<Vec<Vec<crate::frame::HitRecord>>> {
+    Ok(crate::tracking::trackml::read_trackml_dir(dir)?
+        .with_planes(det.planes.iter().map(|p| p.z_mm).collect())
+        .take(max_events.unwrap_or(usize::MAX).min(limit))
+        .map_while(Result::ok)
+        .map(|ev| ev.hits)
+        .collect())
+}
+
 /// Where no field measures the tracks' momenta and the configuration gives neither a
 /// momentum nor a spectrum (`[tracking.finder.fit] p_no_field_gev`, `scatter_prior`): the
 /// spectrum of the first events' tracks for the fit's scattering estimate
@@ -699,12 +706,7 @@ fn spectrum_from_first_events(
     if !cfg.fit.estimates_scattering() || cfg.fit.scatter_prior.is_some() {
         return Ok(());
     }
-    let events: Vec<_> = crate::tracking::trackml::read_trackml_dir(dir)?
-        .with_planes(det.planes.iter().map(|p| p.z_mm).collect())
-        .take(max_events.unwrap_or(usize::MAX).min(spectrum::MAX_EVENTS))
-        .map_while(Result::ok)
-        .map(|ev| ev.hits)
-        .collect();
+    let events = first_events(det, dir, max_events, spectrum::MAX_EVENTS)?;
     let Some((w, n)) = spectrum::measure_scatter_prior(det, &cfg, &events) else {
         return Ok(());
     };
@@ -716,7 +718,7 @@ fn spectrum_from_first_events(
             (v * scale).round() / scale
         })
         .collect();
-    let mean = spectrum::mean_p_gev(&std::array::from_fn(|g| w[g]), cfg.fit.scatter_p_min_gev);
+    let mean = spectrum::mean_p_gev(&w, cfg.fit.scatter_p_min_gev);
     let list = w
         .iter()
         .map(|v| format!("{v}"))

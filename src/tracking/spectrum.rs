@@ -65,7 +65,7 @@ pub fn measure_scatter_prior<E: AsRef<[HitRecord]>>(
 
 /// The mean momentum of a spectrum on the scattering estimate's points of q/p from
 /// `1 / scatter_p_min_gev` down, GeV/c (the mean of 1 / q): what a log line says of it.
-pub fn mean_p_gev(weights: &[f64; SCATTER_GRID], scatter_p_min_gev: f64) -> f64 {
+pub fn mean_p_gev(weights: &[f64], scatter_p_min_gev: f64) -> f64 {
     let q_max = 1.0 / scatter_p_min_gev;
     weights
         .iter()
