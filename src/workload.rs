@@ -45,15 +45,20 @@ pub struct Plan {
 
 /// How many tracking workers `dev` can hold, at most `wanted`, at least one: each
 /// tracker's arenas (those of launches of [`GPU_TRACKING_LAUNCH`] events, with room for a
-/// grid of 16 Ki cells) and 1 GiB for its fit and clone engines and what else the GPU
-/// holds. (One that cannot fit even one tracker fails at start, saying how much it needs.)
+/// grid of 16 Ki cells), the first-hit step's scratch where the finder runs it, and 1 GiB
+/// for its fit and clone engines and what else the GPU holds. (One that cannot fit even one tracker fails at start, saying how much it needs.)
 fn trackers_fitting(
     dev: &crate::gpu::GpuDevice,
     finder: &crate::tracking::reco::FinderConfig,
     wanted: usize,
 ) -> usize {
     let limits = crate::gpu::tracking::TrackerLimits::for_batch(finder, GPU_TRACKING_LAUNCH);
-    let per_tracker = limits.ca.device_bytes(1 << 14) + (1 << 30);
+    let first_hits = if finder.first_hits_to_origin {
+        limits.ca.first_hit_bytes()
+    } else {
+        0
+    };
+    let per_tracker = limits.ca.device_bytes(1 << 14) + first_hits + (1 << 30);
     (dev.memory_bytes / per_tracker).clamp(1, wanted.max(1))
 }
 

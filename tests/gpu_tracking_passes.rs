@@ -244,6 +244,11 @@ fn end_to_end(preset: Preset, n_events: u64, launch: usize, step: HostStep) {
             .collect();
         let mut tracker = GpuTracker::new(&dev, &det, &cfg, TrackerLimits::for_batch(&cfg, launch))
             .expect("tracker");
+        assert_eq!(
+            tracker.first_hits_on_device(),
+            step == HostStep::FirstHits,
+            "{name}: the first hits are chosen on the device where nothing precedes them on the host"
+        );
         let mut reco = Reconstructor::new(&det, cfg.clone());
         let mut reco_without = Reconstructor::new(
             &det,
@@ -327,6 +332,12 @@ fn end_to_end(preset: Preset, n_events: u64, launch: usize, step: HostStep) {
             handed_back * 10 <= events.len(),
             "{name}: {handed_back} handed back"
         );
+        if step == HostStep::FirstHits {
+            assert_eq!(
+                handed_back, 0,
+                "{name}: events within the first-hit step's limits"
+            );
+        }
     }
 }
 

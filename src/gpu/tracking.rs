@@ -24,9 +24,12 @@
 //!    they come back: the CPU runs it on the same tracks, so both give the same result;
 //! 5. where the origin is finite and the configuration asks for it
 //!    ([`FinderConfig::first_hits_to_origin`], by default only where the first plane is
-//!    close to the origin), each track's first hit chosen
-//!    again against the origin, on the host, with the CPU finder's own step
-//!    ([`crate::tracking::ca::first_hits`]), as the CPU does after the exchange.
+//!    close to the origin), each track's first hit chosen again against the origin, as
+//!    the CPU does after the exchange ([`crate::tracking::ca::first_hits`]): on the device,
+//!    on the packed tracks after the clone step, before they come back
+//!    ([`GpuCaEngine::set_first_hits`], one block per event; an event beyond its limits is
+//!    handed back as `first_hits`); where the exchange runs (on the host, so before it),
+//!    on the host with the CPU finder's own step.
 //!
 //! A finder configured for one pass (no missing plane allowed, or a first pass that could
 //! not make a track) runs step 1 with the pass's reach and `min_hits`, as the CPU.
@@ -39,7 +42,9 @@
 
 use crate::frame::HitRecord;
 use crate::gpu::nvrtc::KernelCache;
-use crate::gpu::tracking_ca::{BatchTracks, CaLimits, CaTables, GpuCaEngine, PassOptions};
+use crate::gpu::tracking_ca::{
+    BatchTracks, CaLimits, CaTables, GpuCaEngine, PassOptions, FIRST_HIT_MAX_PLANES,
+};
 use crate::gpu::tracking_clones::{CloneEngineConfig, CloneLimits, GpuCloneEngine};
 use crate::gpu::{GpuDevice, GpuError};
 use crate::tracking::ca::cuts::MomentumCut;
@@ -226,6 +231,26 @@ impl GpuTracker {
         } else {
             None
         };
+        let host_steps = {
+            let exchange = ExchangeCuts::new(&geo, cfg);
+            let mut first_hits = FirstHitCuts::new(&geo, cfg);
+            // The first hits on the device where nothing the host does comes before
+            // them (the exchange) and the clone step runs there.
+            if first_hits.enabled
+                && !exchange.enabled
+                && clones.is_some()
+                && n_planes <= FIRST_HIT_MAX_PLANES
+            {
+                ca.set_first_hits(&first_hits, cfg.momentum_cut())?;
+                first_hits.enabled = false;
+            }
+            (exchange.enabled || first_hits.enabled).then(|| HostSteps {
+                exchange: exchange.enabled.then_some(exchange),
+                first_hits: first_hits.enabled.then_some(first_hits),
+                fitter,
+                track_fitter,
+            })
+        };
         Ok(GpuTracker {
             ca,
             clones,
@@ -234,16 +259,7 @@ impl GpuTracker {
             batch: BatchTracks::default(),
             times: TrackerTimes::default(),
             momentum_cut: cfg.momentum_cut(),
-            host_steps: {
-                let exchange = ExchangeCuts::new(&geo, cfg);
-                let first_hits = FirstHitCuts::new(&geo, cfg);
-                (exchange.enabled || first_hits.enabled).then(|| HostSteps {
-                    exchange: exchange.enabled.then_some(exchange),
-                    first_hits: first_hits.enabled.then_some(first_hits),
-                    fitter,
-                    track_fitter,
-                })
-            },
+            host_steps,
         })
     }
 
@@ -261,6 +277,12 @@ impl GpuTracker {
     /// The stages' times of the last launch.
     pub fn last_times(&self) -> TrackerTimes {
         self.times
+    }
+
+    /// Whether the first hits are chosen again against the origin on the device (where
+    /// the configuration asks for the step, without the exchange of segments).
+    pub fn first_hits_on_device(&self) -> bool {
+        self.ca.first_hits_on_device()
     }
 
     /// Test hook: the next batch fails as a device error would.
@@ -347,8 +369,13 @@ impl GpuTracker {
         for e in 0..n {
             if let Some(step) = summary.failed[e] {
                 back[e] = Some(step.name());
+            } else if self.batch.first_hits_failed.get(e).is_some_and(|&f| f != 0) {
+                back[e] = Some("first_hits");
             }
         }
+        // Where the device chose the first hits, it marked the tracks below the minimum
+        // momentum (the cut comes before the step).
+        let cut_on_host = !self.batch.first_hits_done;
         // The events' tracks written from the packed arrays, on several host threads
         // when there are many (a launch of central events has some 250,000).
         let back: &[Option<&'static str>] = back;
@@ -370,7 +397,7 @@ impl GpuTracker {
                         tracks.push(Track::default());
                     }
                     b.write_track(t, &mut tracks[w]);
-                    w += momentum_cut.keeps(&tracks[w]) as usize;
+                    w += (!cut_on_host || momentum_cut.keeps(&tracks[w])) as usize;
                 }
                 tracks.truncate(w);
                 if let Some(x) = host_steps {

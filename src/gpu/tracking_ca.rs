@@ -123,8 +123,9 @@ use super::tracking_fit::FitTables;
 use super::{driver, GpuDevice, GpuError};
 use crate::frame::HitRecord;
 use crate::tracking::ca::bending::NODES;
-use crate::tracking::ca::cuts::{FinderConfig, Limits};
+use crate::tracking::ca::cuts::{FinderConfig, Limits, MomentumCut};
 use crate::tracking::ca::doublets::PlaneWindows;
+use crate::tracking::ca::first_hits::FirstHitCuts;
 use crate::tracking::ca::{Doublet, FinderGeometry, Triplet, MAX_REACH};
 use crate::tracking::geometry::Field;
 use crate::tracking::kalman::{FitOutput, KalmanFitter};
@@ -132,7 +133,7 @@ use crate::tracking::propagate::K_GEV_PER_T_MM;
 
 /// The kernels of the steps, one file each, compiled together as one module.
 const COMMON: &str = include_str!("../../kernels/ca_common.cuh");
-const STEPS: [&str; 9] = [
+const STEPS: [&str; 10] = [
     include_str!("../../kernels/ca_hit_sorting.cu"),
     include_str!("../../kernels/ca_doublets.cu"),
     include_str!("../../kernels/ca_triplets.cu"),
@@ -143,6 +144,8 @@ const STEPS: [&str; 9] = [
     include_str!("../../kernels/kalman_fit.cu"),
     include_str!("../../kernels/ca_candidates.cu"),
     include_str!("../../kernels/ca_tracks.cu"),
+    // The first hits against the origin on the packed tracks (uses the fit and tent_at).
+    include_str!("../../kernels/ca_first_hits.cu"),
 ];
 /// The windows and cuts must round as the CPU's: no fused multiply-adds.
 const KERNEL_OPTIONS: [&str; 1] = ["--fmad=false"];
@@ -270,6 +273,12 @@ impl CaLimits {
             + per_candidate * self.max_candidates
             + 5 * self.max_candidate_hits
             + self.max_chain_hits)
+    }
+
+    /// Bytes of device memory for the first-hit step's scratch, where it runs on the
+    /// device ([`GpuCaEngine::set_first_hits`]).
+    pub fn first_hit_bytes(&self) -> usize {
+        FirstHitsDevice::scratch_bytes(self)
     }
 
     /// Each event's share of the candidate arenas in a batch of `n_events`: candidates
@@ -512,6 +521,13 @@ pub struct BatchTracks {
     pub n_hits: usize,
     /// Whether the clone step marked the tracks.
     pub clones_marked: bool,
+    /// Whether the first hits were chosen again against the origin on the device
+    /// ([`GpuCaEngine::set_first_hits`]): the tracks below the minimum momentum are then
+    /// marked too (mark 2) and the tracks are as the CPU's step leaves them.
+    pub first_hits_done: bool,
+    /// Per event where `first_hits_done`: non-zero where the event was beyond the step's
+    /// limits on the device (its tracks as the finder left them: run it on the CPU).
+    pub first_hits_failed: Vec<u32>,
 }
 
 /// The accepted tracks of a batch where they were read back to ([`GpuCaEngine::tracks_view`]):
@@ -524,7 +540,8 @@ pub struct BatchView<'a> {
     pub track_hits: &'a [[u32; 2]],
     pub fits: &'a [u32],
     pub hits: &'a [u32],
-    /// Per track: non-zero where the clone step marked it (empty without one).
+    /// Per track: non-zero where the clone step marked it, or (2) where the first-hit step
+    /// on the device found it below the minimum momentum (empty without a clone step).
     pub marks: &'a [u32],
 }
 
@@ -811,6 +828,7 @@ struct Kernels {
     tracks_count: CudaFunction,
     tracks_pack: CudaFunction,
     tracks_clone_input: CudaFunction,
+    first_hits: CudaFunction,
 }
 
 /// A pass's tables on the device (reach-dependent windows and cuts; see [`CaTables`]).
@@ -862,6 +880,100 @@ pub struct PassOptions {
 }
 
 /// The fitter's tables on the device (`FitTables`, as the fit engine uploads them).
+/// Pairs of prediction and hit of an event's share in the first-hit step's arenas, per
+/// candidate slot of its share (`kernels/ca_first_hits.cu`: an event with more goes to the
+/// CPU, counted).
+pub const FIRST_HIT_PAIRS_PER_SLOT: usize = 4;
+/// Words of a pair record (`FhEdge`: the rank's order bits, prediction, pool place).
+const FIRST_HIT_PAIR_WORDS: usize = 4;
+/// Doubles of the first-hit step's parameters before the planes' (`FHD_PLANES`), and per
+/// plane.
+const FIRST_HIT_PARAMS: usize = 16;
+const FIRST_HIT_PLANE_PARAMS: usize = 4;
+/// Threads of the first-hit step's block (`FH_THREADS`).
+const FIRST_HIT_THREADS: u32 = 512;
+/// Most planes the device step takes (`FH_MAX_PLANES`).
+pub const FIRST_HIT_MAX_PLANES: usize = 64;
+
+/// The first-hit step on the device ([`GpuCaEngine::set_first_hits`]): its parameters and
+/// scratch, per candidate slot (predictions, changes' fits), per hit (the pool, claims)
+/// and per pair.
+struct FirstHitsDevice {
+    params_f64: DeviceBuffer<f64>,
+    params_i32: DeviceBuffer<i32>,
+    pred_d: DeviceBuffer<f64>,
+    pred_u: DeviceBuffer<u32>,
+    pool_h: DeviceBuffer<u32>,
+    pool_key: DeviceBuffer<u64>,
+    claims: DeviceBuffer<u32>,
+    edges: DeviceBuffer<u32>,
+    contested: DeviceBuffer<u32>,
+    chg_fit: DeviceBuffer<u32>,
+    failed: DeviceBuffer<u32>,
+}
+
+impl FirstHitsDevice {
+    /// Bytes of its scratch for `limits`.
+    fn scratch_bytes(l: &CaLimits) -> usize {
+        let per_slot =
+            8 * 8 + 8 * 4 + FIT_WORDS * 4 + 2 * FIRST_HIT_PAIRS_PER_SLOT * FIRST_HIT_PAIR_WORDS * 4;
+        per_slot * l.max_candidates + 28 * l.max_hits + 4 * l.max_events
+    }
+
+    fn new(
+        ctx: &Arc<CudaContext>,
+        cuts: &FirstHitCuts,
+        cut: MomentumCut,
+        l: &CaLimits,
+    ) -> Result<Self, GpuError> {
+        let n = cuts.n_planes();
+        let mut d = vec![0.0f64; FIRST_HIT_PARAMS + FIRST_HIT_PLANE_PARAMS * n];
+        d[0] = cuts.origin_xy_mm[0];
+        d[1] = cuts.origin_xy_mm[1];
+        d[2] = cuts.origin_z_mm;
+        d[3] = cuts.origin_var[0];
+        d[4] = cuts.origin_var[1];
+        d[5] = cuts.mass2;
+        d[6] = cuts.qop_cut;
+        d[7] = cuts.chi2_max;
+        d[8] = cuts.max_chi2_ndf;
+        d[9] = cut.max_qop;
+        d[10] = cut.n_sigma;
+        let b = cuts.uniform_field();
+        d[11..14].copy_from_slice(&b.unwrap_or([0.0; 3]));
+        d[14] = K_GEV_PER_T_MM;
+        for p in 0..n {
+            let o = FIRST_HIT_PARAMS + FIRST_HIT_PLANE_PARAMS * p;
+            d[o] = cuts.z_mm[p];
+            d[o + 1] = cuts.var_hit[p][0];
+            d[o + 2] = cuts.var_hit[p][1];
+            d[o + 3] = cuts.theta2_per_qop2[p];
+        }
+        let i = [
+            n as i32,
+            cuts.min_hits.min(i32::MAX as usize) as i32,
+            b.is_some() as i32,
+            0,
+        ];
+        let slots = l.max_candidates;
+        let pairs = FIRST_HIT_PAIRS_PER_SLOT * slots * FIRST_HIT_PAIR_WORDS;
+        Ok(FirstHitsDevice {
+            params_f64: DeviceBuffer::from_host(ctx, &d)?,
+            params_i32: DeviceBuffer::from_host(ctx, &i)?,
+            pred_d: DeviceBuffer::new(ctx, 8 * slots)?,
+            pred_u: DeviceBuffer::new(ctx, 8 * slots)?,
+            // Room for each event's pool sorted (a power of two, at most twice its hits).
+            pool_h: DeviceBuffer::new(ctx, 2 * l.max_hits)?,
+            pool_key: DeviceBuffer::new(ctx, 2 * l.max_hits)?,
+            claims: DeviceBuffer::new(ctx, l.max_hits)?,
+            edges: DeviceBuffer::new(ctx, pairs)?,
+            contested: DeviceBuffer::new(ctx, pairs)?,
+            chg_fit: DeviceBuffer::new(ctx, FIT_WORDS * slots)?,
+            failed: DeviceBuffer::new(ctx, l.max_events)?,
+        })
+    }
+}
+
 struct FitDevice {
     rows32: DeviceBuffer<f32>,
     rows64: DeviceBuffer<f64>,
@@ -1142,6 +1254,9 @@ pub struct GpuCaEngine {
     /// tracks are fitted again with where it differs from the candidates'
     /// ([`Self::set_track_fitter`]).
     track_fit: Option<(DeviceBuffer<i32>, DeviceBuffer<f32>, DeviceBuffer<f64>)>,
+    /// The first-hit step's parameters and scratch, where it runs on the device
+    /// ([`Self::set_first_hits`]).
+    first_hits: Option<FirstHitsDevice>,
     /// The cells per event, once per event (the item counts of the cells' scan).
     cells_n: DeviceBuffer<u32>,
     a: Arenas,
@@ -1180,6 +1295,59 @@ impl GpuCaEngine {
             DeviceBuffer::from_host(ctx, &t.doubles)?,
         ));
         Ok(())
+    }
+
+    /// Runs the first-hit step ([`crate::tracking::ca::first_hits`]) on the device on the
+    /// packed tracks, after the clone step and the momentum cut `cut`, as the CPU runs it
+    /// on an event's tracks; [`Self::read_tracks`] then reads back the tracks as the step
+    /// leaves them (`first_hits_done`). It needs the candidates' fitter (and the tracks'
+    /// where [`Self::set_track_fitter`] gave one: set that first), the clone step in
+    /// [`Self::read_tracks`], and the pointing tents of the last pass's tables (the
+    /// finder's configuration's).
+    pub fn set_first_hits(
+        &mut self,
+        cuts: &FirstHitCuts,
+        cut: MomentumCut,
+    ) -> Result<(), GpuError> {
+        if self.fit.is_none() {
+            return Err(GpuError::Config(
+                "the first-hit step on the device needs the candidates' fitter".into(),
+            ));
+        }
+        if cuts.n_planes() != self.tables().n_planes || cuts.n_planes() > FIRST_HIT_MAX_PLANES {
+            return Err(GpuError::Config(format!(
+                "the first-hit step on the device takes the engine's {} planes, at most {FIRST_HIT_MAX_PLANES}; it has {}",
+                self.tables().n_planes,
+                cuts.n_planes()
+            )));
+        }
+        let need = FirstHitsDevice::scratch_bytes(&self.limits);
+        let (free, _) = driver("cuMemGetInfo", self.ctx.mem_get_info())?;
+        if need > free {
+            return Err(GpuError::Config(format!(
+                "the first-hit step needs {:.2} GiB of GPU memory, {} has {:.2} GiB free",
+                need as f64 / (1u64 << 30) as f64,
+                self.device.name,
+                free as f64 / (1u64 << 30) as f64
+            )));
+        }
+        let mut fh = FirstHitsDevice::new(&self.ctx, cuts, cut, &self.limits)?;
+        if self.track_fit.is_some() {
+            let i = [
+                cuts.n_planes() as i32,
+                cuts.min_hits.min(i32::MAX as usize) as i32,
+                cuts.uniform_field().is_some() as i32,
+                1,
+            ];
+            fh.params_i32 = DeviceBuffer::from_host(&self.ctx, &i)?;
+        }
+        self.first_hits = Some(fh);
+        Ok(())
+    }
+
+    /// Whether the first-hit step runs on the device ([`Self::set_first_hits`]).
+    pub fn first_hits_on_device(&self) -> bool {
+        self.first_hits.is_some()
     }
 
     /// Uploads the finder's tables for a pass of `reach`, compiles or loads the kernels and
@@ -1327,6 +1495,7 @@ impl GpuCaEngine {
             tracks_count: module.function("ca_tracks_count")?,
             tracks_pack: module.function("ca_tracks_pack")?,
             tracks_clone_input: module.function("ca_tracks_clone_input")?,
+            first_hits: module.function("ca_first_hits")?,
         };
         let fit = fitter.map(|f| FitDevice::new(&ctx, f)).transpose()?;
         let stream = driver("cuStreamCreate", ctx.new_stream())?;
@@ -1339,6 +1508,7 @@ impl GpuCaEngine {
             passes,
             fit,
             track_fit: None,
+            first_hits: None,
             cells_n: DeviceBuffer::from_host(&ctx, &vec![n_bins as u32; limits.max_events])?,
             a: Arenas::new(&ctx, &limits, n_bins)?,
             host_x: PinnedBuffer::new(&ctx, limits.max_hits)?,
@@ -1526,12 +1696,13 @@ impl GpuCaEngine {
     }
 
     /// Launches `f` on `grid` (blocks per event, events) of [`THREADS`] threads
-    /// ([`SCAN_THREADS`] for the per-event scan).
+    /// ([`SCAN_THREADS`] for the per-event scan, [`FIRST_HIT_THREADS`] for the first-hit
+    /// step).
     fn launch(&mut self, f: &'static str, grid: (u32, u32), args: &[Arg]) -> Result<(), GpuError> {
-        let threads = if f == "ca_event_scan" {
-            SCAN_THREADS
-        } else {
-            THREADS
+        let threads = match f {
+            "ca_event_scan" => SCAN_THREADS,
+            "ca_first_hits" => FIRST_HIT_THREADS,
+            _ => THREADS,
         };
         self.launch_block(f, grid, threads, args)
     }
@@ -1551,6 +1722,7 @@ impl GpuCaEngine {
             "ca_tracks_count" => &self.k.tracks_count,
             "ca_tracks_pack" => &self.k.tracks_pack,
             "ca_tracks_clone_input" => &self.k.tracks_clone_input,
+            "ca_first_hits" => &self.k.first_hits,
             "ca_event_scan" => &self.k.event_scan,
             "ca_event_budget" => &self.k.event_budget,
             "ca_bin_hits" => &self.k.bin_hits,
@@ -2102,6 +2274,8 @@ impl GpuCaEngine {
         out.n_tracks = 0;
         out.n_hits = 0;
         out.clones_marked = false;
+        out.first_hits_done = false;
+        out.first_hits_failed.clear();
         out.first_track.push(0);
         if self.n_events == 0 {
             return Ok(());
@@ -2244,7 +2418,18 @@ impl GpuCaEngine {
                 fits: &a.cl_fits,
                 marks: &a.cl_marks,
             })?;
-            copy_to_host(&a.cl_marks, &self.tracks_host.marks, n_t, engine.stream())?;
+            if self.first_hits.is_some() {
+                // The step reads the clone marks and writes its own: after the clone
+                // step, on this stream, the marks copied after it.
+                driver("cuStreamSynchronize", engine.stream().synchronize())?;
+                self.launch_first_hits()?;
+                let a = &self.a;
+                copy_to_host(&a.cl_marks, &self.tracks_host.marks, n_t, &self.stream)?;
+                out.first_hits_done = true;
+            } else {
+                let a = &self.a;
+                copy_to_host(&a.cl_marks, &self.tracks_host.marks, n_t, engine.stream())?;
+            }
         }
         let h = &mut self.tracks_host;
         copy_to_host(&self.a.out_tracks, &h.tracks, n_t, &self.stream)?;
@@ -2258,6 +2443,13 @@ impl GpuCaEngine {
         }
         out.n_tracks = n_t;
         out.n_hits = n_h;
+        out.first_hits_failed.clear();
+        if out.first_hits_done {
+            let f = self.first_hits.as_ref().map(|f| &f.failed);
+            if let Some(f) = f {
+                out.first_hits_failed = self.read(f, 0, e)?;
+            }
+        }
         if let Some(engine) = clones {
             if n_t > 0 {
                 driver("cuStreamSynchronize", engine.stream().synchronize())?;
@@ -2265,6 +2457,35 @@ impl GpuCaEngine {
             }
         }
         Ok(())
+    }
+
+    /// Enqueues the first-hit step on the packed tracks (`kernels/ca_first_hits.cu`).
+    fn launch_first_hits(&mut self) -> Result<(), GpuError> {
+        use Arg::{Ptr, U32};
+        let e = self.n_events;
+        let (share_c, _) = self.limits.candidate_share(e);
+        let (Some(fh), Some(f)) = (&self.first_hits, &self.fit) else {
+            return Ok(());
+        };
+        let a = &self.a;
+        let dt = &self.passes[self.passes.len() - 1];
+        let (tpi, tpf, tpd) = match &self.track_fit {
+            Some((i, fl, d)) => (i.ptr(), fl.ptr(), d.ptr()),
+            None => (f.ints.ptr(), f.floats.ptr(), f.doubles.ptr()),
+        };
+        let p = |b: &DeviceBuffer<u32>| Ptr(b.ptr());
+        #[rustfmt::skip]
+        let args = [p(&a.failed), p(&a.trk_n), p(&a.trk_base), p(&a.hit_start), Ptr(a.in_x.ptr()),
+            Ptr(a.in_y.ptr()), p(&a.in_plane), Ptr(a.out_tracks.ptr()), p(&a.out_fits),
+            p(&a.out_hits), p(&a.cl_marks), Ptr(fh.params_f64.ptr()), Ptr(fh.params_i32.ptr()),
+            Ptr(dt.pair_i32.ptr()), Ptr(dt.tents.ptr()), Ptr(fh.pred_d.ptr()), p(&fh.pred_u),
+            p(&fh.pool_h), Ptr(fh.pool_key.ptr()), p(&fh.claims), p(&fh.edges), p(&fh.contested),
+            U32((FIRST_HIT_PAIRS_PER_SLOT * share_c).min(u32::MAX as usize) as u32),
+            p(&fh.chg_fit), p(&fh.failed), Ptr(f.rows32.ptr()), Ptr(f.rows64.ptr()),
+            Ptr(f.gap_steps.ptr()), Ptr(f.gap_kind.ptr()), Ptr(f.gap_slice.ptr()),
+            Ptr(f.slices.ptr()), Ptr(f.floats.ptr()), Ptr(f.doubles.ptr()), Ptr(f.ints.ptr()),
+            Ptr(f.nodes.ptr()), Ptr(tpf), Ptr(tpd), Ptr(tpi)];
+        self.launch("ca_first_hits", (1, e as u32), &args)
     }
 
     /// Host threads that lay a large batch's hits out for the copy up, and that the
@@ -2669,6 +2890,42 @@ mod tests {
         assert_eq!(def("FORK_CHI2"), format!("{FORK_CHI2:.1}f"));
         assert_eq!(def("FIT_WORDS"), FIT_WORDS.to_string());
         assert_eq!(def("CAND_THREADS"), CAND_THREADS.to_string());
+    }
+
+    /// The first-hit kernel's bounds and layout are the CPU step's and the host's.
+    #[test]
+    fn the_first_hit_kernels_constants_are_the_cpus() {
+        use crate::tracking::ca::first_hits::{
+            HOLD, MAX_PAIRS_PER_TRACK, MAX_WINDOW_ROWS, SPOT_FLOOR, SPOT_SAMPLE, SPOT_TRACKS,
+        };
+        let src = include_str!("../../kernels/ca_first_hits.cu");
+        assert!(STEPS.contains(&src));
+        let def = |name: &str| {
+            let prefix = format!("#define {name} ");
+            let line = src.lines().find(|l| l.starts_with(&prefix));
+            let line = line.unwrap_or_else(|| panic!("{name} is defined in ca_first_hits.cu"));
+            line[prefix.len()..]
+                .split("//")
+                .next()
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        assert_eq!(def("FH_HOLD").parse::<f64>().unwrap(), HOLD);
+        assert_eq!(def("FH_SPOT_FLOOR").parse::<f64>().unwrap(), SPOT_FLOOR);
+        assert_eq!(def("FH_MAX_WINDOW_ROWS"), MAX_WINDOW_ROWS.to_string());
+        assert_eq!(
+            def("FH_MAX_PAIRS_PER_TRACK"),
+            MAX_PAIRS_PER_TRACK.to_string()
+        );
+        assert_eq!(def("FH_SPOT_TRACKS"), SPOT_TRACKS.to_string());
+        assert_eq!(def("FH_SPOT_SAMPLE"), SPOT_SAMPLE.to_string());
+        assert_eq!(def("FH_MAX_PLANES"), FIRST_HIT_MAX_PLANES.to_string());
+        assert_eq!(def("FHD_PLANES"), FIRST_HIT_PARAMS.to_string());
+        assert_eq!(def("FHD_K"), "14");
+        assert_eq!(def("FH_THREADS"), FIRST_HIT_THREADS.to_string());
+        // The spot's sample (at most 2 SPOT_SAMPLE - 1) fits the shared sort of 1,024.
+        const { assert!(2 * SPOT_SAMPLE - 1 <= 1024) };
     }
 
     #[test]

@@ -35,11 +35,12 @@
 //! It runs where the origin is finite ([`FinderConfig::origin_half_x_mm`]) and
 //! [`FinderConfig::first_hits_to_origin`] asks for it (by default only where the first
 //! plane is close to the origin against the second, [`super::cuts::first_plane_near_origin`]:
-//! it adds 5-8 % to the finder's time on one core, and a third less of a GPU's central
-//! events per second where the host runs it after each launch), on the found tracks of
-//! an event after clone suppression and the exchange of segments
-//! ([`crate::tracking::reco::Reconstructor::reconstruct`]), and on the tracks the GPU
-//! returns, on the host, with the same function ([`crate::gpu::tracking::GpuTracker`]).
+//! it adds 5-8 % to the finder's time on one core), on the found tracks of an event after
+//! clone suppression and the exchange of segments
+//! ([`crate::tracking::reco::Reconstructor::reconstruct`]). On the GPU the same steps run
+//! on the device on the packed tracks (`kernels/ca_first_hits.cu`, one block per event,
+//! in the same double-precision arithmetic and order), or, where the exchange runs on the
+//! host before it, on the host with this function ([`crate::gpu::tracking::GpuTracker`]).
 
 use crate::frame::HitRecord;
 use crate::tracking::geometry::Field;
@@ -143,6 +144,17 @@ impl FirstHitCuts {
                 .collect(),
             n_planes: n,
         }
+    }
+
+    /// The field where it is uniform (`None` for a map, whose pointing tents are the
+    /// finder's tables), for a device copy of [`Self::predict`].
+    pub fn uniform_field(&self) -> Option<[f64; 3]> {
+        self.uniform
+    }
+
+    /// Planes of the detector.
+    pub fn n_planes(&self) -> usize {
+        self.n_planes
     }
 
     /// The point on its first hit's plane where `track` would cross it from the origin

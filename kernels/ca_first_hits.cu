@@ -1,0 +1,738 @@
+// First hits against the origin (src/tracking/ca/first_hits.rs) on the device: each
+// track's most upstream hit chosen again, with the origin as a measurement, on the tracks
+// ca_tracks_pack packed and the clone step marked, one block per event, before they go
+// to the host. The same steps as FirstHits::run, in the same f64 arithmetic and order:
+//
+// 1. the tracks kept: not clones and not below the minimum momentum (MomentumCut::keeps;
+//    a track below it is marked 2 in the clone marks, so the host leaves it out); their
+//    hits are the used ones;
+// 2. each kept track's predicted point on its first hit's plane (FirstHitCuts::predict),
+//    the predictions in track order;
+// 3. the origin's centre and size from the tracks (FirstHits::spot: medians of a sample
+//    of at most about SPOT_SAMPLE, sorted in shared memory);
+// 4. the pool: each plane's hits that no kept track uses and the predictions' own first
+//    hits, sorted by (plane, row of the mean window's height, x) and hit, as the CPU's;
+// 5. every pair of prediction and pool hit within the cut (each row of the window found
+//    by a binary search; counted, scanned, written in pool order per prediction);
+// 6. a prediction with one pair whose hit no other can take gets it; the other pairs
+//    sorted by (rank, prediction, place in the pool) in the event's slice of a global
+//    arena and matched in that order by one thread (the pairs staged in shared memory);
+// 7. the changes applied to the packed hits, fitted with the candidates' fit, the ones
+//    that fail the cut undone in order by one thread, and the changed tracks fitted with
+//    the tracks' fit where there is one (or where a change was undone).
+//
+// Nothing depends on the order threads arrive in: every order is a key's. An event beyond
+// the step's limits (its hits, predictions, pairs) is marked failed (1: hits or
+// predictions, 2: pairs) with its tracks untouched: the host runs it on the CPU.
+
+// Threads of the step's block (one block per event).
+#define FH_THREADS 512
+#define FH_MAX_HITS 65536
+#define FH_HIT_WORDS (FH_MAX_HITS / 32)
+#define FH_MAX_PREDS 8192
+#define FH_MAX_PLANES 64
+#define FH_SPOT_TRACKS 20
+#define FH_SPOT_SAMPLE 512
+#define FH_SPOT_FLOOR 0.25
+#define FH_HOLD 2.0
+#define FH_MAX_WINDOW_ROWS 16
+#define FH_MAX_PAIRS_PER_TRACK 32
+#define FH_NONE 0xffffffffu
+// Parameters, doubles (GpuFirstHits::new).
+#define FHD_ORIGIN_X 0
+#define FHD_ORIGIN_Y 1
+#define FHD_ORIGIN_Z 2
+#define FHD_ORIGIN_VAR_X 3
+#define FHD_ORIGIN_VAR_Y 4
+#define FHD_MASS2 5
+#define FHD_QOP_CUT 6
+#define FHD_CHI2_MAX 7
+#define FHD_MAX_CHI2_NDF 8
+#define FHD_MC_MAX_QOP 9
+#define FHD_MC_N_SIGMA 10
+#define FHD_B 11 // + 3: the uniform field
+#define FHD_K 14
+#define FHD_PLANES 16 // + 4 p: z, var x, var y, theta2 per (q/p)^2
+// Parameters, ints.
+#define FHI_N_PLANES 0
+#define FHI_MIN_HITS 1
+#define FHI_UNIFORM 2
+#define FHI_TRACK_FIT 3
+
+__device__ __forceinline__ u32 fh_scan(u32 v, u32* total) {
+    return block_scan_inclusive_of<FH_THREADS>(v, total);
+}
+
+struct FhPred {
+    double x, y, var_x, var_y, arm, own_x, own_y;
+    u32 plane, own;
+};
+
+// A pair of prediction r and pool hit q, with its rank (the chi-square, less HOLD for the
+// prediction's own hit) as the bits of f64::total_cmp's order.
+struct FhEdge {
+    unsigned long long rank;
+    u32 r, q;
+};
+
+__device__ __forceinline__ unsigned long long fh_order64(double d) {
+    unsigned long long b = (unsigned long long)__double_as_longlong(d);
+    return (b >> 63) ? ~b : (b | 0x8000000000000000ull);
+}
+
+__device__ __forceinline__ double fh_of_order64(unsigned long long k) {
+    unsigned long long b = (k >> 63) ? (k & 0x7fffffffffffffffull) : ~k;
+    return __longlong_as_double((long long)b);
+}
+
+__device__ __forceinline__ u32 fh_order32(float x) {
+    u32 b = __float_as_uint(x);
+    return (b >> 31) ? ~b : (b | 0x80000000u);
+}
+
+// row_of: the row of height h that y lies in, within 24 bits (NaN: 0, as Rust's cast).
+__device__ __forceinline__ int fh_row(double y, double h) {
+    double r = floor(y / h);
+    if (isnan(r)) return 0;
+    return (int)fmin(fmax(r, -8388608.0), 8388607.0);
+}
+
+__device__ __forceinline__ unsigned long long fh_pool_key(u32 plane, int row, float x) {
+    unsigned long long rr = (unsigned long long)(u32)(row + (1 << 23)) & 0xffffffull;
+    return ((unsigned long long)plane << 56) | (rr << 32) | (unsigned long long)fh_order32(x);
+}
+
+__device__ __forceinline__ bool fh_bit(const u32* bits, u32 i) { return (bits[i >> 5] >> (i & 31)) & 1u; }
+
+__device__ __forceinline__ void fh_set(u32* bits, u32 i) { atomicOr(&bits[i >> 5], 1u << (i & 31)); }
+
+__device__ __forceinline__ void fh_clear(u32* bits, u32 i) { atomicAnd(&bits[i >> 5], ~(1u << (i & 31))); }
+
+// MomentumCut::keeps on a fit record.
+__device__ __forceinline__ bool fh_keeps(const u32* fw, const double* fp) {
+    double qop = (double)__uint_as_float(fw[4]);
+    double var = (double)__uint_as_float(fw[5 + 14]);
+    double q = fabs(qop);
+    double sigma = sqrt(var);
+    bool measured = qop != 0.0 && isfinite(qop) && (var < 0.81 * qop * qop || isnan(var));
+    return !(measured && q - fp[FHD_MC_N_SIGMA] * sigma > fp[FHD_MC_MAX_QOP]);
+}
+
+// FirstHitCuts::predict.
+__device__ bool fh_predict(const double* __restrict__ fp, const int* __restrict__ fi,
+                           const int* __restrict__ pair_i32, const float* __restrict__ tents,
+                           uint2 tr, const u32* __restrict__ hits, const u32* __restrict__ fw,
+                           const float* __restrict__ hx, const float* __restrict__ hy,
+                           const u32* __restrict__ hp, FhPred& p) {
+    const u32 n_planes = (u32)fi[FHI_N_PLANES];
+    const u32 need = max((u32)fi[FHI_MIN_HITS], 2u);
+    if (tr.y <= need) return false;
+    const u32 i0 = hits[tr.x], i1 = hits[tr.x + 1];
+    const u32 k0 = hp[i0], k1 = hp[i1];
+    if (k0 >= k1 || k1 >= n_planes) return false;
+    const double oz = fp[FHD_ORIGIN_Z];
+    const double z0 = fp[FHD_PLANES + 4 * k0] - oz;
+    const double z1 = fp[FHD_PLANES + 4 * k1] - oz;
+    if (z0 <= 1.0 || z1 <= z0) return false;
+    const double cx = fp[FHD_ORIGIN_X], cy = fp[FHD_ORIGIN_Y];
+    const double x1 = (double)hx[i1] - cx, y1 = (double)hy[i1] - cy;
+    const double tx = (double)__uint_as_float(fw[2]), ty = (double)__uint_as_float(fw[3]);
+    double b0, b1, b2;
+    if (fi[FHI_UNIFORM]) {
+        b0 = fp[FHD_B];
+        b1 = fp[FHD_B + 1];
+        b2 = fp[FHD_B + 2];
+    } else {
+        const int ti = pair_i32[(k0 * n_planes + k1) * PRI];
+        if (ti < 0) return false;
+        float bf[3];
+        tent_at(tents + (size_t)ti * TENT_FLOATS, (float)(x1 / z1), (float)(y1 / z1), bf);
+        b0 = (double)bf[0];
+        b1 = (double)bf[1];
+        b2 = (double)bf[2];
+    }
+    const double n2 = 1.0 + tx * tx + ty * ty;
+    const double nn = sqrt(n2);
+    const double ax = tx * ty * b0 - (1.0 + tx * tx) * b1 + ty * b2;
+    const double ay = (1.0 + ty * ty) * b0 - tx * ty * b1 - tx * b2;
+    const double lever = 0.5 * z0 * (z1 - z0) * fp[FHD_K] * nn;
+    const double qop = (double)__uint_as_float(fw[4]);
+    const double f = z0 / z1;
+    const double px = cx + x1 * f - lever * qop * ax;
+    const double py = cy + y1 * f - lever * qop * ay;
+    const double q = (isfinite(qop) && qop != 0.0) ? fabs(qop) : fp[FHD_QOP_CUT];
+    const double mass2 = fp[FHD_MASS2];
+    const double theta2 = q * q * (1.0 + mass2 * q * q) * n2 * nn;
+    double ms = 0.0;
+    for (u32 k = 0; k < k1; k++) {
+        const double zp = fp[FHD_PLANES + 4 * k] - oz;
+        if (zp <= 0.0) continue;
+        const double arm = fmin(zp, z0) * (z1 - fmax(zp, z0)) / z1;
+        ms += fp[FHD_PLANES + 4 * k + 3] * arm * arm;
+    }
+    ms *= theta2;
+    const double var_qop = (double)fmaxf(__uint_as_float(fw[5 + 14]), 0.0f);
+    const double* v1 = fp + FHD_PLANES + 4 * k1;
+    const double* v0 = fp + FHD_PLANES + 4 * k0;
+    const double var_x =
+        v1[1] * f * f + v0[1] + ms * (1.0 + tx * tx) + lever * lever * ax * ax * var_qop;
+    const double var_y =
+        v1[2] * f * f + v0[2] + ms * (1.0 + ty * ty) + lever * lever * ay * ay * var_qop;
+    if (!(isfinite(px) && isfinite(py) && isfinite(var_x) && isfinite(var_y))) return false;
+    p.plane = k0;
+    p.x = px;
+    p.y = py;
+    p.var_x = var_x;
+    p.var_y = var_y;
+    p.arm = 1.0 - f;
+    p.own = i0;
+    p.own_x = (double)hx[i0];
+    p.own_y = (double)hy[i0];
+    return true;
+}
+
+// Sorts n (a power of two, at most 1024) keys of shared memory, the whole block.
+__device__ void fh_sort_shared(unsigned long long* s, u32 n) {
+    for (u32 k = 2; k <= n; k <<= 1) {
+        for (u32 j = k >> 1; j > 0; j >>= 1) {
+            for (u32 i = threadIdx.x; i < n; i += FH_THREADS) {
+                u32 ixj = i ^ j;
+                if (ixj > i) {
+                    unsigned long long a = s[i], b = s[ixj];
+                    bool up = (i & k) == 0;
+                    if ((a > b) == up) {
+                        s[i] = b;
+                        s[ixj] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// The pairs' order: rank, prediction, place in the pool (sorted by key and hit).
+__device__ __forceinline__ bool fh_edge_less(const FhEdge& a, const FhEdge& b) {
+    if (a.rank != b.rank) return a.rank < b.rank;
+    if (a.r != b.r) return a.r < b.r;
+    return a.q < b.q;
+}
+
+// Sorts the first n (a power of two) pairs of a global array, the whole block.
+__device__ void fh_sort_edges(FhEdge* v, u32 n) {
+    for (u32 k = 2; k <= n; k <<= 1) {
+        for (u32 j = k >> 1; j > 0; j >>= 1) {
+            for (u32 i = threadIdx.x; i < n; i += FH_THREADS) {
+                const u32 ixj = i ^ j;
+                if (ixj > i) {
+                    const FhEdge a = v[i], b = v[ixj];
+                    if (fh_edge_less(b, a) == ((i & k) == 0)) {
+                        v[i] = b;
+                        v[ixj] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// Sorts the first n (a power of two) pool entries (key, hit) of global arrays by key,
+// then hit, the whole block.
+__device__ void fh_sort_pool(unsigned long long* key, u32* hit, u32 n) {
+    for (u32 k = 2; k <= n; k <<= 1) {
+        for (u32 j = k >> 1; j > 0; j >>= 1) {
+            for (u32 i = threadIdx.x; i < n; i += FH_THREADS) {
+                const u32 ixj = i ^ j;
+                if (ixj > i) {
+                    const unsigned long long ka = key[i], kb = key[ixj];
+                    const u32 ha = hit[i], hb = hit[ixj];
+                    const bool b_less = kb < ka || (kb == ka && hb < ha);
+                    if (b_less == ((i & k) == 0)) {
+                        key[i] = kb;
+                        key[ixj] = ka;
+                        hit[i] = hb;
+                        hit[ixj] = ha;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// The first of the n sorted keys at or above k.
+__device__ __forceinline__ u32 fh_lower_bound(const unsigned long long* __restrict__ key, u32 n,
+                                              unsigned long long k) {
+    u32 lo = 0, hi = n;
+    while (lo < hi) {
+        const u32 mid = (lo + hi) >> 1;
+        if (key[mid] < k) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+// The median of the first m keys of s (sorted, n a power of two >= m; the rest the
+// largest key), as a double.
+__device__ double fh_median(unsigned long long* s, u32 m, u32 n) {
+    fh_sort_shared(s, n);
+    double v = fh_of_order64(s[m / 2]);
+    __syncthreads();
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(FH_THREADS)
+ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
+              const u32* __restrict__ trk_base, const u32* __restrict__ hit_start,
+              const float* __restrict__ in_x, const float* __restrict__ in_y,
+              const u32* __restrict__ in_plane, uint2* __restrict__ out_tracks,
+              u32* __restrict__ out_fits, u32* __restrict__ out_hits, u32* __restrict__ marks,
+              const double* __restrict__ fp, const int* __restrict__ fi,
+              const int* __restrict__ pair_i32, const float* __restrict__ tents,
+              double* __restrict__ pred_d, u32* __restrict__ pred_u, u32* __restrict__ pool_h,
+              unsigned long long* __restrict__ pool_key, u32* __restrict__ claims,
+              FhEdge* __restrict__ edges, FhEdge* __restrict__ contested, u32 edge_share,
+              u32* __restrict__ chg_fit, u32* __restrict__ fh_failed,
+              const float* __restrict__ rows32, const double* __restrict__ rows64,
+              const int* __restrict__ gap_steps, const int* __restrict__ gap_kind,
+              const int* __restrict__ gap_slice, const float* __restrict__ slices,
+              const float* __restrict__ pf, const double* __restrict__ pd,
+              const int* __restrict__ pi, const float* __restrict__ nodes,
+              const float* __restrict__ tpf, const double* __restrict__ tpd,
+              const int* __restrict__ tpi) {
+    __shared__ u32 s_used[FH_HIT_WORDS];
+    __shared__ u32 s_start[FH_HIT_WORDS];
+    __shared__ u32 s_taken[FH_HIT_WORDS];
+    __shared__ u32 s_asg[FH_MAX_PREDS / 32];
+    __shared__ unsigned long long s_key[1024];
+    __shared__ double s_centre[2], s_var[2], s_row_h;
+    __shared__ u32 s_flag;
+    const u32 e = blockIdx.y;
+    const u32 tid = threadIdx.x;
+    if (tid == 0) fh_failed[e] = 0;
+    if (failed[e]) return;
+    const u32 nt = trk_n[e], tb = trk_base[e];
+    const u32 hs = hit_start[e], nh = hit_start[e + 1] - hs;
+    const float* hx = in_x + hs;
+    const float* hy = in_y + hs;
+    const u32* hp = in_plane + hs;
+    const u32 n_planes = (u32)fi[FHI_N_PLANES];
+    if (nh > FH_MAX_HITS) {
+        if (tid == 0) fh_failed[e] = 1;
+        return;
+    }
+    // Per-slot scratch of the event: predictions at tb + r.
+    double* pd8 = pred_d + (size_t)tb * 8;
+    u32* pslot = pred_u + (size_t)tb * 8;
+    // pred_u per prediction: slot, own, plane, edge start, edge count, assigned, change
+    // (prediction or none), new hit.
+    for (u32 w = tid; w < FH_HIT_WORDS; w += FH_THREADS) {
+        s_used[w] = 0;
+        s_start[w] = 0;
+        s_taken[w] = 0;
+    }
+    for (u32 w = tid; w < FH_MAX_PREDS / 32; w += FH_THREADS) s_asg[w] = 0;
+    __syncthreads();
+    // 1. The tracks kept; their hits used.
+    u32 kept_local = 0;
+    for (u32 k = tid; k < nt; k += FH_THREADS) {
+        const u32 t = tb + k;
+        if (marks[t] != 0) continue;
+        if (!fh_keeps(out_fits + (size_t)t * FIT_WORDS, fp)) {
+            marks[t] = 2;
+            continue;
+        }
+        kept_local++;
+        const uint2 tr = out_tracks[t];
+        for (u32 i = 0; i < tr.y; i++) fh_set(s_used, out_hits[tr.x + i]);
+    }
+    u32 kept;
+    fh_scan(kept_local, &kept);
+    __syncthreads();
+    if (kept < 2) return;
+    // 2. The predictions, in track order.
+    u32 np = 0;
+    for (u32 c0 = 0; c0 < nt; c0 += FH_THREADS) {
+        const u32 k = c0 + tid;
+        FhPred p;
+        bool have = false;
+        if (k < nt && marks[tb + k] == 0) {
+            const u32 t = tb + k;
+            have = fh_predict(fp, fi, pair_i32, tents, out_tracks[t], out_hits,
+                              out_fits + (size_t)t * FIT_WORDS, hx, hy, hp, p);
+        }
+        u32 chunk;
+        const u32 r = np + fh_scan(have ? 1u : 0u, &chunk) - (have ? 1u : 0u);
+        if (have && r < FH_MAX_PREDS) {
+            double* d = pd8 + (size_t)r * 8;
+            d[0] = p.x;
+            d[1] = p.y;
+            d[2] = p.var_x;
+            d[3] = p.var_y;
+            d[4] = p.arm;
+            d[5] = p.own_x;
+            d[6] = p.own_y;
+            u32* u = pslot + (size_t)r * 8;
+            u[0] = k;
+            u[1] = p.own;
+            u[2] = p.plane;
+            fh_set(s_start, p.own);
+        }
+        np += chunk;
+        __syncthreads();
+    }
+    if (np == 0) return;
+    if (np > FH_MAX_PREDS || n_planes > FH_MAX_PLANES) {
+        if (tid == 0) fh_failed[e] = 1;
+        return;
+    }
+    // 3. The origin's centre and size from the tracks.
+    if (tid < 2) {
+        s_centre[tid] = 0.0;
+        s_var[tid] = fp[FHD_ORIGIN_VAR_X + tid];
+    }
+    __syncthreads();
+    if (np >= FH_SPOT_TRACKS) {
+        const u32 every = max(np / FH_SPOT_SAMPLE, 1u);
+        const u32 m = (np + every - 1) / every;
+        u32 n = 1;
+        while (n < m) n <<= 1;
+        for (int c = 0; c < 2; c++) {
+            for (u32 j = tid; j < n; j += FH_THREADS) {
+                unsigned long long key = ~0ull;
+                if (j < m) {
+                    const double* d = pd8 + (size_t)(j * every) * 8;
+                    key = fh_order64((d[5 + c] - d[c]) / d[4]);
+                }
+                s_key[j] = key;
+            }
+            __syncthreads();
+            const double med = fh_median(s_key, m, n);
+            for (u32 j = tid; j < m; j += FH_THREADS) {
+                s_key[j] = fh_order64(fabs(fh_of_order64(s_key[j]) - med));
+            }
+            __syncthreads();
+            const double spread = 1.4826 * fh_median(s_key, m, n);
+            for (u32 j = tid; j < n; j += FH_THREADS) {
+                unsigned long long key = ~0ull;
+                if (j < m) {
+                    const double* d = pd8 + (size_t)(j * every) * 8;
+                    const double a = d[4];
+                    key = fh_order64(d[2 + c] / (a * a));
+                }
+                s_key[j] = key;
+            }
+            __syncthreads();
+            const double other = fh_median(s_key, m, n);
+            if (tid == 0) {
+                const double floor_v = FH_SPOT_FLOOR * FH_SPOT_FLOOR * spread * spread;
+                if (isfinite(med) && isfinite(spread)) {
+                    const double ov = fp[FHD_ORIGIN_VAR_X + c];
+                    const double half = 3.0 * sqrt(ov);
+                    s_centre[c] = fmin(fmax(med, -half), half);
+                    s_var[c] = fmin(fmax(spread * spread - other, floor_v), ov);
+                }
+            }
+            __syncthreads();
+        }
+    }
+    const double chi2_max = fp[FHD_CHI2_MAX];
+    {
+        const double c0 = s_centre[0], c1 = s_centre[1], v0 = s_var[0], v1 = s_var[1];
+        for (u32 r = tid; r < np; r += FH_THREADS) {
+            double* d = pd8 + (size_t)r * 8;
+            const double a = d[4];
+            d[0] += c0 * a;
+            d[1] += c1 * a;
+            d[2] += v0 * a * a;
+            d[3] += v1 * a * a;
+        }
+    }
+    __syncthreads();
+    // 4. The rows of the mean window's height (the heights summed in prediction order).
+    {
+        double h_sum = 0.0;
+        for (u32 c0 = 0; c0 < np; c0 += 1024) {
+            const u32 cn = min(np - c0, 1024u);
+            for (u32 j = tid; j < cn; j += FH_THREADS) {
+                const double vy = pd8[(size_t)(c0 + j) * 8 + 3];
+                s_key[j] = (unsigned long long)__double_as_longlong(2.0 * sqrt(chi2_max * vy));
+            }
+            __syncthreads();
+            if (tid == 0) {
+                for (u32 j = 0; j < cn; j++) h_sum += __longlong_as_double((long long)s_key[j]);
+            }
+            __syncthreads();
+        }
+        if (tid == 0) s_row_h = fmax(h_sum / (double)np, 1e-3);
+        __syncthreads();
+    }
+    const double row_h = s_row_h;
+    // The planes a prediction starts on.
+    __shared__ u32 s_with[FH_MAX_PLANES / 32];
+    if (tid < FH_MAX_PLANES / 32) s_with[tid] = 0;
+    __syncthreads();
+    for (u32 r = tid; r < np; r += FH_THREADS) fh_set(s_with, pslot[(size_t)r * 8 + 2]);
+    __syncthreads();
+    // The pool, sorted by (plane, row, x) and hit as the CPU's (room for twice the
+    // event's hits: the sort's power of two).
+    u32 npool = 0;
+    u32* ph = pool_h + 2 * (size_t)hs;
+    unsigned long long* pk = pool_key + 2 * (size_t)hs;
+    u32* cl = claims + hs;
+    for (u32 c0 = 0; c0 < nh; c0 += FH_THREADS) {
+        const u32 h = c0 + tid;
+        bool in = false;
+        u32 plane = 0;
+        if (h < nh) {
+            plane = hp[h];
+            in = plane < n_planes && fh_bit(s_with, plane) &&
+                 (!fh_bit(s_used, h) || fh_bit(s_start, h)) && isfinite(hx[h]) && isfinite(hy[h]);
+        }
+        u32 chunk;
+        const u32 q = npool + fh_scan(in ? 1u : 0u, &chunk) - (in ? 1u : 0u);
+        if (in) {
+            ph[q] = h;
+            pk[q] = fh_pool_key(plane, fh_row((double)hy[h], row_h), hx[h]);
+            cl[q] = 0;
+        }
+        npool += chunk;
+        __syncthreads();
+    }
+    {
+        u32 n_ps = 1;
+        while (n_ps < npool) n_ps <<= 1;
+        for (u32 q = npool + tid; q < n_ps; q += FH_THREADS) {
+            pk[q] = ~0ull;
+            ph[q] = FH_NONE;
+        }
+        __syncthreads();
+        if (npool > 1) fh_sort_pool(pk, ph, n_ps);
+    }
+    // 5. Every pair within the cut: counted, then written.
+    const u32 max_pairs = FH_MAX_PAIRS_PER_TRACK * np;
+    u32 n_edges = 0;
+    for (int write = 0; write < 2; write++) {
+        for (u32 c0 = 0; c0 < np; c0 += FH_THREADS) {
+            const u32 r = c0 + tid;
+            u32 count = 0;
+            if (r < np) {
+                const double* d = pd8 + (size_t)r * 8;
+                u32* u = pslot + (size_t)r * 8;
+                const u32 plane = u[2], own = u[1];
+                const double px = d[0], py = d[1], vx = d[2], vy = d[3];
+                const double wx = sqrt(chi2_max * vx) * (1.0 + 1e-6) + 1e-6;
+                const double wy = sqrt(chi2_max * vy) * (1.0 + 1e-6) + 1e-6;
+                const int r0 = fh_row(py - wy, row_h), r1 = fh_row(py + wy, row_h);
+                const u32 lo = fh_order32((float)(px - wx)), hi = fh_order32((float)(px + wx));
+                const u32 at = write ? u[3] : 0;
+                for (int row = r0; r1 - r0 <= FH_MAX_WINDOW_ROWS && row <= r1; row++) {
+                    const unsigned long long base =
+                        fh_pool_key(plane, row, 0.0f) & 0xffffffff00000000ull;
+                    const unsigned long long lo_key = base | lo, hi_key = base | hi;
+                    for (u32 q = fh_lower_bound(pk, npool, lo_key); q < npool && pk[q] <= hi_key;
+                         q++) {
+                        const u32 h = ph[q];
+                        const double dx = (double)hx[h] - px, dy = (double)hy[h] - py;
+                        const double chi2 = dx * dx / vx + dy * dy / vy;
+                        if (chi2 <= chi2_max) {
+                            if (write) {
+                                FhEdge ed;
+                                ed.rank = fh_order64(h == own ? chi2 - FH_HOLD : chi2);
+                                ed.r = r;
+                                ed.q = q;
+                                edges[(size_t)at + count] = ed;
+                            } else {
+                                atomicAdd(&cl[q], 1u);
+                            }
+                            count++;
+                        }
+                    }
+                }
+                if (!write) u[4] = count;
+            }
+            if (!write) {
+                u32 chunk;
+                const u32 start = n_edges + fh_scan(count, &chunk) - count;
+                if (r < np) pslot[(size_t)r * 8 + 3] = start;
+                n_edges += chunk;
+            }
+            __syncthreads();
+        }
+        if (!write) {
+            // FirstHits::run leaves the tracks as they are where the pairs of the
+            // predictions before the last exceed the bound.
+            const u32 last = pslot[(size_t)(np - 1) * 8 + 4];
+            if (n_edges - last > max_pairs) return;
+            if (n_edges > edge_share) {
+                if (tid == 0) fh_failed[e] = 2;
+                return;
+            }
+            edges += (size_t)e * edge_share;
+            contested += (size_t)e * edge_share;
+        }
+    }
+    // 6. The uncontested pairs; the others sorted and matched in order.
+    u32 n_cont = 0;
+    for (u32 c0 = 0; c0 < np; c0 += FH_THREADS) {
+        const u32 r = c0 + tid;
+        u32 count = 0;
+        u32 a = 0;
+        if (r < np) {
+            u32* u = pslot + (size_t)r * 8;
+            a = u[3];
+            const u32 b = a + u[4];
+            u[5] = FH_NONE;
+            if (b == a + 1 && cl[edges[a].q] == 1) {
+                const u32 h = ph[edges[a].q];
+                u[5] = h;
+                fh_set(s_taken, h);
+                fh_set(s_asg, r);
+            } else {
+                count = b - a;
+            }
+        }
+        u32 chunk;
+        const u32 at = n_cont + fh_scan(count, &chunk) - count;
+        for (u32 i = 0; i < count; i++) contested[at + i] = edges[a + i];
+        n_cont += chunk;
+        __syncthreads();
+    }
+    u32 n_sort = 1;
+    while (n_sort < n_cont) n_sort <<= 1;
+    if (n_cont > 0 && n_sort > edge_share) {
+        if (tid == 0) fh_failed[e] = 2;
+        return;
+    }
+    for (u32 i = n_cont + tid; i < n_sort; i += FH_THREADS) {
+        FhEdge s;
+        s.rank = ~0ull;
+        s.r = FH_NONE;
+        s.q = FH_NONE;
+        contested[i] = s;
+    }
+    __syncthreads();
+    if (n_cont > 1) fh_sort_edges(contested, n_sort);
+    // Matched in order by one thread, from pairs (prediction, hit) staged in shared
+    // memory by the block.
+    for (u32 c0 = 0; c0 < n_cont; c0 += 1024) {
+        const u32 cn = min(n_cont - c0, 1024u);
+        for (u32 i = tid; i < cn; i += FH_THREADS) {
+            const FhEdge ed = contested[c0 + i];
+            s_key[i] = ((unsigned long long)ed.r << 32) | ph[ed.q];
+        }
+        __syncthreads();
+        if (tid == 0) {
+            for (u32 i = 0; i < cn; i++) {
+                const u32 r = (u32)(s_key[i] >> 32), h = (u32)s_key[i];
+                if (fh_bit(s_asg, r) || fh_bit(s_taken, h)) continue;
+                s_asg[r >> 5] |= 1u << (r & 31);
+                s_taken[h >> 5] |= 1u << (h & 31);
+                pslot[(size_t)r * 8 + 5] = h;
+            }
+        }
+        __syncthreads();
+    }
+    // 7. The changes, in prediction order: a new first hit, or none where another took
+    // the own one.
+    u32 n_chg = 0;
+    for (u32 c0 = 0; c0 < np; c0 += FH_THREADS) {
+        const u32 r = c0 + tid;
+        bool change = false;
+        u32 nw = FH_NONE;
+        if (r < np) {
+            const u32* u = pslot + (size_t)r * 8;
+            const u32 own = u[1];
+            nw = u[5];
+            if (nw == FH_NONE && !fh_bit(s_taken, own)) nw = own;
+            change = nw != own;
+        }
+        u32 chunk;
+        const u32 j = n_chg + fh_scan(change ? 1u : 0u, &chunk) - (change ? 1u : 0u);
+        if (change) {
+            // The change's prediction and new hit, at the change's place.
+            pslot[(size_t)j * 8 + 6] = r;
+            pslot[(size_t)j * 8 + 7] = nw;
+        }
+        n_chg += chunk;
+        __syncthreads();
+    }
+    if (n_chg == 0) return;
+    const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
+                            slices, pf,     pd,        pi,       nodes};
+    for (u32 j = tid; j < n_chg; j += FH_THREADS) {
+        const u32 r = pslot[(size_t)j * 8 + 6], nw = pslot[(size_t)j * 8 + 7];
+        const u32 t = tb + pslot[(size_t)r * 8];
+        uint2 tr = out_tracks[t];
+        if (nw == FH_NONE) {
+            tr = make_uint2(tr.x + 1, tr.y - 1);
+            out_tracks[t] = tr;
+        } else {
+            out_hits[tr.x] = nw;
+        }
+        CandHits h;
+        h.idx = out_hits + tr.x;
+        h.hx = hx;
+        h.hy = hy;
+        h.hp = hp;
+        KalmanResult res;
+        kalman_fit_track(h, (int)tr.y, MAX_CHAIN, T, res);
+        store_fit(res, chg_fit + ((size_t)tb + j) * FIT_WORDS);
+    }
+    __syncthreads();
+    // Each change that fails the fit's cut undone, in order: its own first hit back if
+    // still free, else its second hit first.
+    if (tid == 0) {
+        u32 undone = 0;
+        const double max_chi2_ndf = fp[FHD_MAX_CHI2_NDF];
+        for (u32 j = 0; j < n_chg; j++) {
+            const u32* w = chg_fit + ((size_t)tb + j) * FIT_WORDS;
+            const double chi2 = (double)__uint_as_float(w[21]);
+            const u32 ndf = min(w[22], 65535u);
+            const bool pass = w[23] != 0 && ndf > 0 && chi2 / (double)ndf <= max_chi2_ndf;
+            const u32 r = pslot[(size_t)j * 8 + 6], nw = pslot[(size_t)j * 8 + 7];
+            if (pass || nw == FH_NONE) continue;
+            const u32 own = pslot[(size_t)r * 8 + 1];
+            const u32 t = tb + pslot[(size_t)r * 8];
+            const uint2 tr = out_tracks[t];
+            if (!fh_bit(s_taken, own)) {
+                out_hits[tr.x] = own;
+            } else {
+                out_tracks[t] = make_uint2(tr.x + 1, tr.y - 1);
+            }
+            s_taken[nw >> 5] &= ~(1u << (nw & 31));
+            s_taken[own >> 5] |= 1u << (own & 31);
+            undone++;
+        }
+        s_flag = undone;
+    }
+    __syncthreads();
+    // The final fits: the tracks' fit where it differs (or where a change was undone).
+    const bool refit = fi[FHI_TRACK_FIT] != 0 || s_flag > 0;
+    const KalmanTables TT = {rows32, rows64, gap_steps, gap_kind, gap_slice, slices,
+                             fi[FHI_TRACK_FIT] ? tpf : pf, fi[FHI_TRACK_FIT] ? tpd : pd,
+                             fi[FHI_TRACK_FIT] ? tpi : pi, nodes};
+    for (u32 j = tid; j < n_chg; j += FH_THREADS) {
+        const u32 r = pslot[(size_t)j * 8 + 6];
+        const u32 t = tb + pslot[(size_t)r * 8];
+        u32* o = out_fits + (size_t)t * FIT_WORDS;
+        if (refit) {
+            const uint2 tr = out_tracks[t];
+            CandHits h;
+            h.idx = out_hits + tr.x;
+            h.hx = hx;
+            h.hy = hy;
+            h.hp = hp;
+            KalmanResult res;
+            kalman_fit_track(h, (int)tr.y, MAX_CHAIN, TT, res);
+            store_fit(res, o);
+        } else {
+            const u32* w = chg_fit + ((size_t)tb + j) * FIT_WORDS;
+            for (int i = 0; i < FIT_WORDS; i++) o[i] = w[i];
+        }
+    }
+}
