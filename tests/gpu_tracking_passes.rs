@@ -441,6 +441,59 @@ fn a_device_error_fails_the_launch_and_the_next_runs_and_overflows_are_handed_ba
     }
 }
 
+/// The first hits chosen on the device: an event beyond the step's pairs of track and hit
+/// is handed back as `first_hits` with no tracks (the caller runs it on the CPU), and the
+/// launch's other events keep the CPU's tracks.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn events_beyond_the_first_hit_steps_pairs_are_handed_back_and_the_others_kept() {
+    use trigd::gpu::tracking::{GpuTracker, TrackerLimits};
+    use trigd::tracking::reco::Reconstructor;
+    let dev = device();
+    let det = load("detector.toml");
+    let mut cfg = FinderConfig::from_detector(&det, 1.0);
+    cfg.first_hits_to_origin = true;
+    let s = seed();
+    let mut events: Vec<Vec<HitRecord>> =
+        simulate_events(&det, &SimConfig::preset(Preset::Central), s, 0, 4)
+            .map(|e| e.hits)
+            .collect();
+    events.extend(
+        simulate_events(&det, &SimConfig::preset(Preset::Minbias), s ^ 1, 0, 28).map(|e| e.hits),
+    );
+    let views: Vec<&[HitRecord]> = events.iter().map(Vec::as_slice).collect();
+    let mut tracker =
+        GpuTracker::new(&dev, &det, &cfg, TrackerLimits::for_batch(&cfg, 32)).expect("tracker");
+    assert!(tracker.first_hits_on_device());
+    // A central event has some two thousand tracks, each with a pair or more; a
+    // minimum-bias one a few tens.
+    tracker.limit_first_hit_pairs(400);
+    let (mut out, mut back) = (Vec::new(), Vec::new());
+    tracker
+        .reconstruct_batch(&views, &mut out, &mut back)
+        .expect("launch");
+    let mut reco = Reconstructor::new(&det, cfg.clone());
+    let mut cpu = Vec::new();
+    let mut kept = 0;
+    for (k, ev) in events.iter().enumerate() {
+        if k < 4 {
+            assert_eq!(back[k], Some("first_hits"), "central event {k} handed back");
+            assert!(out[k].is_empty());
+            continue;
+        }
+        assert_eq!(back[k], None, "minimum-bias event {k} kept on the device");
+        reco.reconstruct(ev, &mut cpu);
+        assert_eq!(
+            track_key(&out[k]),
+            track_key(&cpu),
+            "event {k}: the CPU's tracks"
+        );
+        kept += cpu.len();
+    }
+    println!("4 central events handed back as first_hits; 28 minimum-bias events with {kept} tracks as the CPU's");
+    assert!(kept > 0);
+}
+
 /// One launch of busy and sparse events together, at the product's default minimum
 /// momentum (0.5 GeV/c): the stiff-track pass runs in the busy events only, on the device
 /// as on the CPU (`stiff_pass_min_hits`), so every event's tracks equal the CPU's in

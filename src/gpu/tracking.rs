@@ -285,6 +285,12 @@ impl GpuTracker {
         self.ca.first_hits_on_device()
     }
 
+    /// Test hook: the first-hit step on the device takes at most `per_event` pairs of
+    /// track and hit per event (so that busy events are handed back).
+    pub fn limit_first_hit_pairs(&mut self, per_event: usize) {
+        self.ca.limit_first_hit_pairs(per_event);
+    }
+
     /// Test hook: the next batch fails as a device error would.
     pub fn inject_device_error(&mut self) {
         self.ca.inject_device_error();

@@ -910,6 +910,9 @@ struct FirstHitsDevice {
     contested: DeviceBuffer<u32>,
     chg_fit: DeviceBuffer<u32>,
     failed: DeviceBuffer<u32>,
+    /// Most pairs of an event, below its share of the arenas
+    /// ([`GpuCaEngine::limit_first_hit_pairs`]).
+    pair_limit: usize,
 }
 
 impl FirstHitsDevice {
@@ -970,6 +973,7 @@ impl FirstHitsDevice {
             contested: DeviceBuffer::new(ctx, pairs)?,
             chg_fit: DeviceBuffer::new(ctx, FIT_WORDS * slots)?,
             failed: DeviceBuffer::new(ctx, l.max_events)?,
+            pair_limit: usize::MAX,
         })
     }
 }
@@ -1343,6 +1347,14 @@ impl GpuCaEngine {
         }
         self.first_hits = Some(fh);
         Ok(())
+    }
+
+    /// Test hook: the first-hit step takes at most `per_event` pairs of track and hit
+    /// per event (below its share of the arenas), so that busy events exceed it.
+    pub fn limit_first_hit_pairs(&mut self, per_event: usize) {
+        if let Some(f) = &mut self.first_hits {
+            f.pair_limit = per_event;
+        }
     }
 
     /// Whether the first-hit step runs on the device ([`Self::set_first_hits`]).
@@ -2480,7 +2492,7 @@ impl GpuCaEngine {
             p(&a.out_hits), p(&a.cl_marks), Ptr(fh.params_f64.ptr()), Ptr(fh.params_i32.ptr()),
             Ptr(dt.pair_i32.ptr()), Ptr(dt.tents.ptr()), Ptr(fh.pred_d.ptr()), p(&fh.pred_u),
             p(&fh.pool_h), Ptr(fh.pool_key.ptr()), p(&fh.claims), p(&fh.edges), p(&fh.contested),
-            U32((FIRST_HIT_PAIRS_PER_SLOT * share_c).min(u32::MAX as usize) as u32),
+            U32((FIRST_HIT_PAIRS_PER_SLOT * share_c).min(fh.pair_limit).min(u32::MAX as usize) as u32),
             p(&fh.chg_fit), p(&fh.failed), Ptr(f.rows32.ptr()), Ptr(f.rows64.ptr()),
             Ptr(f.gap_steps.ptr()), Ptr(f.gap_kind.ptr()), Ptr(f.gap_slice.ptr()),
             Ptr(f.slices.ptr()), Ptr(f.floats.ptr()), Ptr(f.doubles.ptr()), Ptr(f.ints.ptr()),
