@@ -879,7 +879,6 @@ pub struct PassOptions {
     pub skip_used: bool,
 }
 
-/// The fitter's tables on the device (`FitTables`, as the fit engine uploads them).
 /// Pairs of prediction and hit of an event's share in the first-hit step's arenas, per
 /// candidate slot of its share (`kernels/ca_first_hits.cu`: an event with more goes to the
 /// CPU, counted).
@@ -889,6 +888,8 @@ const FIRST_HIT_PAIR_WORDS: usize = 4;
 /// Doubles of the first-hit step's parameters before the planes' (`FHD_PLANES`), and per
 /// plane.
 const FIRST_HIT_PARAMS: usize = 16;
+/// Where among them the bending constant lies (`FHD_K`).
+const FIRST_HIT_K: usize = 14;
 const FIRST_HIT_PLANE_PARAMS: usize = 4;
 /// Threads of the first-hit step's block (`FH_THREADS`).
 const FIRST_HIT_THREADS: u32 = 512;
@@ -923,10 +924,13 @@ impl FirstHitsDevice {
         per_slot * l.max_candidates + 28 * l.max_hits + 4 * l.max_events
     }
 
+    /// `track_fit`: whether the changed tracks are fitted last with the tracks' own fit
+    /// ([`GpuCaEngine::set_track_fitter`]).
     fn new(
         ctx: &Arc<CudaContext>,
         cuts: &FirstHitCuts,
         cut: MomentumCut,
+        track_fit: bool,
         l: &CaLimits,
     ) -> Result<Self, GpuError> {
         let n = cuts.n_planes();
@@ -944,7 +948,7 @@ impl FirstHitsDevice {
         d[10] = cut.n_sigma;
         let b = cuts.uniform_field();
         d[11..14].copy_from_slice(&b.unwrap_or([0.0; 3]));
-        d[14] = K_GEV_PER_T_MM;
+        d[FIRST_HIT_K] = K_GEV_PER_T_MM;
         for p in 0..n {
             let o = FIRST_HIT_PARAMS + FIRST_HIT_PLANE_PARAMS * p;
             d[o] = cuts.z_mm[p];
@@ -956,7 +960,7 @@ impl FirstHitsDevice {
             n as i32,
             cuts.min_hits.min(i32::MAX as usize) as i32,
             b.is_some() as i32,
-            0,
+            track_fit as i32,
         ];
         let slots = l.max_candidates;
         let pairs = FIRST_HIT_PAIRS_PER_SLOT * slots * FIRST_HIT_PAIR_WORDS;
@@ -978,6 +982,7 @@ impl FirstHitsDevice {
     }
 }
 
+/// The fitter's tables on the device (`FitTables`, as the fit engine uploads them).
 struct FitDevice {
     rows32: DeviceBuffer<f32>,
     rows64: DeviceBuffer<f64>,
@@ -1335,16 +1340,8 @@ impl GpuCaEngine {
                 free as f64 / (1u64 << 30) as f64
             )));
         }
-        let mut fh = FirstHitsDevice::new(&self.ctx, cuts, cut, &self.limits)?;
-        if self.track_fit.is_some() {
-            let i = [
-                cuts.n_planes() as i32,
-                cuts.min_hits.min(i32::MAX as usize) as i32,
-                cuts.uniform_field().is_some() as i32,
-                1,
-            ];
-            fh.params_i32 = DeviceBuffer::from_host(&self.ctx, &i)?;
-        }
+        let track_fit = self.track_fit.is_some();
+        let fh = FirstHitsDevice::new(&self.ctx, cuts, cut, track_fit, &self.limits)?;
         self.first_hits = Some(fh);
         Ok(())
     }
@@ -2455,7 +2452,6 @@ impl GpuCaEngine {
         }
         out.n_tracks = n_t;
         out.n_hits = n_h;
-        out.first_hits_failed.clear();
         if out.first_hits_done {
             let f = self.first_hits.as_ref().map(|f| &f.failed);
             if let Some(f) = f {
@@ -2934,7 +2930,7 @@ mod tests {
         assert_eq!(def("FH_SPOT_SAMPLE"), SPOT_SAMPLE.to_string());
         assert_eq!(def("FH_MAX_PLANES"), FIRST_HIT_MAX_PLANES.to_string());
         assert_eq!(def("FHD_PLANES"), FIRST_HIT_PARAMS.to_string());
-        assert_eq!(def("FHD_K"), "14");
+        assert_eq!(def("FHD_K"), FIRST_HIT_K.to_string());
         assert_eq!(def("FH_THREADS"), FIRST_HIT_THREADS.to_string());
         // The spot's sample (at most 2 SPOT_SAMPLE - 1) fits the shared sort of 1,024.
         const { assert!(2 * SPOT_SAMPLE - 1 <= 1024) };
