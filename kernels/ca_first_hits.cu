@@ -191,24 +191,30 @@ __device__ bool fh_predict(const double* __restrict__ fp, const int* __restrict_
     return true;
 }
 
-// Sorts n (a power of two, at most 1024) keys of shared memory, the whole block.
-__device__ void fh_sort_shared(unsigned long long* s, u32 n) {
+// A bitonic sorting network over n (a power of two) items, the whole block:
+// exchange(i, ixj, up) puts items i < ixj in ascending order where up, else descending.
+template <typename Exchange>
+__device__ void fh_bitonic(u32 n, Exchange exchange) {
     for (u32 k = 2; k <= n; k <<= 1) {
         for (u32 j = k >> 1; j > 0; j >>= 1) {
             for (u32 i = threadIdx.x; i < n; i += FH_THREADS) {
-                u32 ixj = i ^ j;
-                if (ixj > i) {
-                    unsigned long long a = s[i], b = s[ixj];
-                    bool up = (i & k) == 0;
-                    if ((a > b) == up) {
-                        s[i] = b;
-                        s[ixj] = a;
-                    }
-                }
+                const u32 ixj = i ^ j;
+                if (ixj > i) exchange(i, ixj, (i & k) == 0);
             }
             __syncthreads();
         }
     }
+}
+
+// Sorts n (a power of two, at most 1024) keys of shared memory.
+__device__ void fh_sort_shared(unsigned long long* s, u32 n) {
+    fh_bitonic(n, [&](u32 i, u32 ixj, bool up) {
+        const unsigned long long a = s[i], b = s[ixj];
+        if ((a > b) == up) {
+            s[i] = b;
+            s[ixj] = a;
+        }
+    });
 }
 
 // The pairs' order: rank, prediction, place in the pool (sorted by key and hit).
@@ -218,47 +224,44 @@ __device__ __forceinline__ bool fh_edge_less(const FhEdge& a, const FhEdge& b) {
     return a.q < b.q;
 }
 
-// Sorts the first n (a power of two) pairs of a global array, the whole block.
+// Sorts the first n (a power of two) pairs of a global array.
 __device__ void fh_sort_edges(FhEdge* v, u32 n) {
-    for (u32 k = 2; k <= n; k <<= 1) {
-        for (u32 j = k >> 1; j > 0; j >>= 1) {
-            for (u32 i = threadIdx.x; i < n; i += FH_THREADS) {
-                const u32 ixj = i ^ j;
-                if (ixj > i) {
-                    const FhEdge a = v[i], b = v[ixj];
-                    if (fh_edge_less(b, a) == ((i & k) == 0)) {
-                        v[i] = b;
-                        v[ixj] = a;
-                    }
-                }
-            }
-            __syncthreads();
+    fh_bitonic(n, [&](u32 i, u32 ixj, bool up) {
+        const FhEdge a = v[i], b = v[ixj];
+        if (fh_edge_less(b, a) == up) {
+            v[i] = b;
+            v[ixj] = a;
         }
-    }
+    });
 }
 
 // Sorts the first n (a power of two) pool entries (key, hit) of global arrays by key,
-// then hit, the whole block.
+// then hit.
 __device__ void fh_sort_pool(unsigned long long* key, u32* hit, u32 n) {
-    for (u32 k = 2; k <= n; k <<= 1) {
-        for (u32 j = k >> 1; j > 0; j >>= 1) {
-            for (u32 i = threadIdx.x; i < n; i += FH_THREADS) {
-                const u32 ixj = i ^ j;
-                if (ixj > i) {
-                    const unsigned long long ka = key[i], kb = key[ixj];
-                    const u32 ha = hit[i], hb = hit[ixj];
-                    const bool b_less = kb < ka || (kb == ka && hb < ha);
-                    if (b_less == ((i & k) == 0)) {
-                        key[i] = kb;
-                        key[ixj] = ka;
-                        hit[i] = hb;
-                        hit[ixj] = ha;
-                    }
-                }
-            }
-            __syncthreads();
+    fh_bitonic(n, [&](u32 i, u32 ixj, bool up) {
+        const unsigned long long ka = key[i], kb = key[ixj];
+        const u32 ha = hit[i], hb = hit[ixj];
+        if ((kb < ka || (kb == ka && hb < ha)) == up) {
+            key[i] = kb;
+            key[ixj] = ka;
+            hit[i] = hb;
+            hit[ixj] = ha;
         }
-    }
+    });
+}
+
+// Fits a packed track (tr: its first hit in the packed hits, its length) with tables T.
+__device__ __forceinline__ void fh_fit(const u32* hits, uint2 tr, const float* hx,
+                                       const float* hy, const u32* hp, const KalmanTables& T,
+                                       u32* out) {
+    CandHits h;
+    h.idx = hits + tr.x;
+    h.hx = hx;
+    h.hy = hy;
+    h.hp = hp;
+    KalmanResult res;
+    kalman_fit_track(h, (int)tr.y, MAX_CHAIN, T, res);
+    store_fit(res, out);
 }
 
 // The first of the n sorted keys at or above k.
@@ -674,14 +677,7 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
         } else {
             out_hits[tr.x] = nw;
         }
-        CandHits h;
-        h.idx = out_hits + tr.x;
-        h.hx = hx;
-        h.hy = hy;
-        h.hp = hp;
-        KalmanResult res;
-        kalman_fit_track(h, (int)tr.y, MAX_CHAIN, T, res);
-        store_fit(res, chg_fit + ((size_t)tb + j) * FIT_WORDS);
+        fh_fit(out_hits, tr, hx, hy, hp, T, chg_fit + ((size_t)tb + j) * FIT_WORDS);
     }
     __syncthreads();
     // Each change that fails the fit's cut undone, in order: its own first hit back if
@@ -721,15 +717,7 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
         const u32 t = tb + pslot[(size_t)r * 8];
         u32* o = out_fits + (size_t)t * FIT_WORDS;
         if (refit) {
-            const uint2 tr = out_tracks[t];
-            CandHits h;
-            h.idx = out_hits + tr.x;
-            h.hx = hx;
-            h.hy = hy;
-            h.hp = hp;
-            KalmanResult res;
-            kalman_fit_track(h, (int)tr.y, MAX_CHAIN, TT, res);
-            store_fit(res, o);
+            fh_fit(out_hits, out_tracks[t], hx, hy, hp, TT, o);
         } else {
             const u32* w = chg_fit + ((size_t)tb + j) * FIT_WORDS;
             for (int i = 0; i < FIT_WORDS; i++) o[i] = w[i];

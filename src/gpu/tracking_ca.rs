@@ -911,6 +911,8 @@ struct FirstHitsDevice {
     contested: DeviceBuffer<u32>,
     chg_fit: DeviceBuffer<u32>,
     failed: DeviceBuffer<u32>,
+    /// The per-event failures read back with the tracks.
+    failed_host: PinnedBuffer<u32>,
     /// Most pairs of an event, below its share of the arenas
     /// ([`GpuCaEngine::limit_first_hit_pairs`]).
     pair_limit: usize,
@@ -977,6 +979,7 @@ impl FirstHitsDevice {
             contested: DeviceBuffer::new(ctx, pairs)?,
             chg_fit: DeviceBuffer::new(ctx, FIT_WORDS * slots)?,
             failed: DeviceBuffer::new(ctx, l.max_events)?,
+            failed_host: PinnedBuffer::new(ctx, l.max_events)?,
             pair_limit: usize::MAX,
         })
     }
@@ -2434,6 +2437,9 @@ impl GpuCaEngine {
                 self.launch_first_hits()?;
                 let a = &self.a;
                 copy_to_host(&a.cl_marks, &self.tracks_host.marks, n_t, &self.stream)?;
+                if let Some(f) = &self.first_hits {
+                    copy_to_host(&f.failed, &f.failed_host, e, &self.stream)?;
+                }
                 out.first_hits_done = true;
             } else {
                 let a = &self.a;
@@ -2452,11 +2458,9 @@ impl GpuCaEngine {
         }
         out.n_tracks = n_t;
         out.n_hits = n_h;
-        if out.first_hits_done {
-            let f = self.first_hits.as_ref().map(|f| &f.failed);
-            if let Some(f) = f {
-                out.first_hits_failed = self.read(f, 0, e)?;
-            }
+        if let (true, Some(f)) = (out.first_hits_done, &self.first_hits) {
+            out.first_hits_failed
+                .extend_from_slice(&f.failed_host.as_slice()[..e]);
         }
         if let Some(engine) = clones {
             if n_t > 0 {
