@@ -19,9 +19,14 @@
 //!   points within four spreads until they no longer change, so that such tracks spread
 //!   over the plane do not widen a narrow beam's.
 //!
-//! [`measure_origin`] finds the tracks for this with the pointing windows open (an origin
-//! box of [`OPEN_HALF_MM`]), so that the measurement does not depend on the origin it
-//! measures.
+//! [`measure_origin`] finds the tracks for this with the pointing windows open, so that
+//! the measurement does not depend on the origin it measures: first with the configured
+//! box, then four times as wide, then with a box of [`OPEN_HALF_MM`], until the tracks
+//! found come from well inside the box they were found with ([`inside_the_box`]). A box
+//! cuts off a beam it does not hold, so tracks found with one that holds theirs are the
+//! tracks the open box finds; and a wide box costs more than it finds in busy events
+//! (a central event of 1,000 particles on thick planes: 25 ms with the default box, over
+//! a second with the open one, which fills its buffers and finds fewer tracks).
 
 use super::geometry::Detector;
 use super::geometry::Field;
@@ -366,23 +371,59 @@ pub const ORIGIN_EVENTS: usize = 50;
 
 /// The beam spot of the first events of `events` (up to [`ORIGIN_EVENTS`], or fewer once
 /// [`ORIGIN_TRACKS`] tracks are measured), their tracks found with `cfg`'s cuts but the
-/// pointing windows open (an origin box of [`OPEN_HALF_MM`], so that tracks from anywhere
-/// within it are found alike) and above three times its minimum momentum (the narrowest windows, the
-/// least scattering on the way back to the plane). `None` with fewer than
-/// [`MIN_TRACKS`] tracks.
+/// pointing windows open and above three times its minimum momentum (the narrowest
+/// windows, the least scattering on the way back to the plane). The box is `cfg`'s, where
+/// the tracks come from well inside it ([`inside_the_box`]); else [`WIDEN`] times as wide,
+/// where they come from well inside that; else [`OPEN_HALF_MM`] (so that tracks from
+/// anywhere within it are found alike). `None` with fewer than [`MIN_TRACKS`] tracks.
 pub fn measure_origin<E: AsRef<[HitRecord]>>(
     det: &Detector,
     cfg: &FinderConfig,
     events: impl IntoIterator<Item = E>,
 ) -> Option<BeamSpot> {
-    let half = cfg
-        .origin_half_x_mm
-        .max(cfg.origin_half_y_mm)
-        .max(OPEN_HALF_MM);
-    let tracks = open_tracks(det, cfg, half, events)?;
-    let mut meter = BeamSpotMeter::new(cfg.origin_z_mm, cfg.max_chi2_ndf).stiff(cfg);
-    meter.add(&det.field, &tracks);
-    meter.finish()
+    let events: Vec<E> = events.into_iter().take(ORIGIN_EVENTS).collect();
+    let views = || events.iter().map(|e| e.as_ref());
+    let measure = |half: f64| {
+        let tracks = open_tracks(det, cfg, half, views())?;
+        let mut meter = BeamSpotMeter::new(cfg.origin_z_mm, cfg.max_chi2_ndf).stiff(cfg);
+        meter.add(&det.field, &tracks);
+        meter.finish()
+    };
+    let configured = cfg.origin_half_x_mm.max(cfg.origin_half_y_mm);
+    let open = configured.max(OPEN_HALF_MM);
+    for half in [configured, WIDEN * configured] {
+        if !(half > 0.0 && half < open) {
+            break;
+        }
+        if let Some(spot) = measure(half).filter(|s| inside_the_box(s, cfg, half)) {
+            return Some(spot);
+        }
+    }
+    measure(open)
+}
+
+/// How much wider each box [`measure_origin`] tries is than the one before.
+pub const WIDEN: f64 = 4.0;
+
+/// Whether the tracks of `spot`, found with an origin box of half size `half_mm` about
+/// `cfg`'s origin, come from well inside it, so that a wider box would find them alike:
+/// on both axes their centre's distance from the origin plus four spreads (their errors
+/// included) within half the box, and along the beam, where their region is measured
+/// ([`OriginLength::resolved`]), its reach beyond the configured length times their median
+/// slope within a quarter of it. Tracks the box cuts off spread over all of it.
+pub fn inside_the_box(spot: &BeamSpot, cfg: &FinderConfig, half_mm: f64) -> bool {
+    let centre = [cfg.origin_x_mm, cfg.origin_y_mm];
+    let across = (0..2)
+        .all(|c| (spot.centre_mm[c] - centre[c]).abs() + 4.0 * spot.spread_mm[c] <= half_mm / 2.0);
+    let along = match &spot.length {
+        Some(l) if l.resolved() => {
+            let reach = l.half_length_mm + (l.z_centre_mm - cfg.origin_z_mm).abs()
+                - cfg.origin_half_z_mm.max(0.0);
+            reach.max(0.0) * l.median_slope <= half_mm / 4.0
+        }
+        _ => true,
+    };
+    across && along
 }
 
 /// The tracks of the first events of `events` (up to [`ORIGIN_EVENTS`], or fewer once
@@ -726,5 +767,63 @@ mod tests {
         let mut few = BeamSpotMeter::new(0.0, 5.0);
         few.add(&field, &tracks[..MIN_TRACKS - 1]);
         assert!(few.finish().is_none());
+    }
+
+    #[test]
+    fn a_box_holds_a_spot_only_with_room_to_spare_across_and_along_the_beam() {
+        let cfg = FinderConfig::from_detector(&synthetic::detector(6, [0.0; 3], 0.01, 0.01), 1.0);
+        let spot = |centre: [f64; 2], spread: f64, length: Option<OriginLength>| BeamSpot {
+            z_mm: 0.0,
+            centre_mm: centre,
+            spread_mm: [spread; 2],
+            size_mm: [spread; 2],
+            centre_error_mm: [0.005; 2],
+            n_tracks: 400,
+            length,
+        };
+        // A thin target's beam of 0.1 mm on the axis: four spreads and its offset within
+        // half of a 1.5 mm box, not of a 0.75 mm one.
+        let thin = spot([0.05, -0.05], 0.1, None);
+        assert!(inside_the_box(&thin, &cfg, 1.5));
+        assert!(!inside_the_box(&thin, &cfg, 0.75));
+        // Off the axis by 0.5 mm (beyond half the box with its spreads), or spread wider
+        // (a box that cuts a beam off leaves its tracks spread over all of it).
+        assert!(!inside_the_box(&spot([0.5, 0.0], 0.1, None), &cfg, 1.5));
+        assert!(inside_the_box(&spot([0.5, 0.0], 0.1, None), &cfg, 6.0));
+        assert!(!inside_the_box(&spot([0.0, 0.0], 0.3, None), &cfg, 1.5));
+        // Along the beam: a region measured 10 mm either side at a median slope of 0.05
+        // moves a track's point by 0.5 mm, more than a quarter of the 1.5 mm box; one
+        // within the tracks' errors (not resolved) says nothing.
+        let long = OriginLength {
+            z_centre_mm: 0.0,
+            half_length_mm: 10.0,
+            z_error_mm: 1.0,
+            median_slope: 0.05,
+            across_spread_mm: 0.1,
+            n_tracks: 200,
+        };
+        assert!(long.resolved());
+        assert!(!inside_the_box(&spot([0.0; 2], 0.1, Some(long)), &cfg, 1.5));
+        assert!(inside_the_box(&spot([0.0; 2], 0.1, Some(long)), &cfg, 6.0));
+        let blurred = OriginLength {
+            z_error_mm: 3.0,
+            ..long
+        };
+        assert!(!blurred.resolved());
+        assert!(inside_the_box(
+            &spot([0.0; 2], 0.1, Some(blurred)),
+            &cfg,
+            1.5
+        ));
+        // A configured length takes its share.
+        let long_cfg = FinderConfig {
+            origin_half_z_mm: 10.0,
+            ..cfg.clone()
+        };
+        assert!(inside_the_box(
+            &spot([0.0; 2], 0.1, Some(long)),
+            &long_cfg,
+            1.5
+        ));
     }
 }

@@ -290,6 +290,52 @@ impl PairTents {
     }
 }
 
+/// Most threads [`tables`] builds with.
+const TABLE_THREADS: usize = 16;
+
+/// The tables of the tents `zs` ([`TentTable::new`]), in their order, built on up to
+/// [`TABLE_THREADS`] threads (a field map's detector has about a hundred, each a few
+/// thousand field lookups per node); each table is its own computation, so the tables are
+/// the same on any number of threads.
+fn tables(field: &Field, origin: [f64; 3], zs: &[[f64; 3]], t_max: [f64; 2]) -> Vec<TentTable> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(TABLE_THREADS)
+        .min(zs.len());
+    if threads <= 1 {
+        return zs
+            .iter()
+            .map(|&z| TentTable::new(field, origin, z, t_max))
+            .collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut out: Vec<Option<TentTable>> = vec![None; zs.len()];
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut built = Vec::new();
+                    loop {
+                        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&z) = zs.get(k) else {
+                            return built;
+                        };
+                        built.push((k, TentTable::new(field, origin, z, t_max)));
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            for (k, t) in w.join().expect("a tent table's thread panicked") {
+                out[k] = Some(t);
+            }
+        }
+    });
+    out.into_iter()
+        .map(|t| t.expect("every tent's table is built"))
+        .collect()
+}
+
 /// The tent tables of a detector: per doublet planes `(i, j)` (`j <= i + MAX_REACH`) the pointing
 /// tent `(origin, i, j)`, per plane triple `(i, j, j + 1 + s)` the triplet's tent; `None`
 /// in a uniform field (the mean is the field) and where there is no such tent.
@@ -333,21 +379,30 @@ impl Bending {
         if field.is_uniform() {
             return b;
         }
+        // The tents, each with its place: (pointing, slot, planes' z).
+        let mut tents = Vec::new();
         for i in 0..n {
             for j in (i + 1)..(i + 1 + MAX_REACH).min(n) {
                 if z_mm[i] - z_origin_mm > 1.0 && z_mm[j] > z_mm[i] {
-                    let tent = [z_origin_mm, z_mm[i], z_mm[j]];
-                    b.pointing[i * n + j] = Some(TentTable::new(field, origin, tent, t_max));
+                    tents.push((true, i * n + j, [z_origin_mm, z_mm[i], z_mm[j]]));
                 }
                 for s in 0..MAX_REACH {
                     let k = j + 1 + s;
                     if k < n && z_mm[k] > z_mm[j] {
-                        let tent = [z_mm[i], z_mm[j], z_mm[k]];
-                        b.triple[(i * n + j) * MAX_REACH + s] =
-                            Some(TentTable::new(field, origin, tent, t_max));
+                        let slot = (i * n + j) * MAX_REACH + s;
+                        tents.push((false, slot, [z_mm[i], z_mm[j], z_mm[k]]));
                     }
                 }
             }
+        }
+        let zs: Vec<[f64; 3]> = tents.iter().map(|t| t.2).collect();
+        for (&(pointing, slot, _), table) in tents.iter().zip(tables(field, origin, &zs, t_max)) {
+            let to = if pointing {
+                &mut b.pointing
+            } else {
+                &mut b.triple
+            };
+            to[slot] = Some(table);
         }
         for i in 0..n {
             for j in (i + 1)..(i + 1 + MAX_REACH).min(n) {
@@ -529,5 +584,42 @@ mod tests {
         let sign = map(|z| if z < 500.0 { 0.6 } else { -0.7 });
         let m = max_field_tesla(&sign, [0.0; 3], 1000.0, [0.3, 0.3]);
         assert!((m[1] - 0.7).abs() < 1e-6, "{m:?}");
+    }
+
+    /// The tables built on several threads are those built one after the other, bit for
+    /// bit, in the tents' order.
+    #[test]
+    fn tables_built_on_threads_are_the_tables_built_in_turn() {
+        let field = map(|z| 0.8 * (-0.5 * ((z - 560.0) / 260.0).powi(2)).exp() - 0.1);
+        let origin = [0.3, -0.2, 0.0];
+        let t_max = [0.25, 0.2];
+        let zs: Vec<[f64; 3]> = (0..23)
+            .map(|k| {
+                let a = 200.0 + 13.0 * k as f64;
+                [a, a + 90.0 + k as f64, a + 250.0]
+            })
+            .collect();
+        let built = tables(&field, origin, &zs, t_max);
+        assert_eq!(built.len(), zs.len());
+        for (t, &z) in built.iter().zip(&zs) {
+            let one = TentTable::new(&field, origin, z, t_max);
+            let bits = |t: &TentTable| {
+                let (t0, inv, b) = t.nodes();
+                let mut v: Vec<u32> = t0.iter().chain(&inv).map(|x| x.to_bits()).collect();
+                v.extend(b.iter().flatten().map(|x| x.to_bits()));
+                v.extend(t.bound.iter().map(|x| x.to_bits() as u32));
+                v
+            };
+            assert_eq!(bits(t), bits(&one), "{z:?}");
+        }
+        let detector = Bending::new(&field, origin, &[250.0, 330.0, 420.0, 520.0, 630.0], t_max);
+        let again = Bending::new(&field, origin, &[250.0, 330.0, 420.0, 520.0, 630.0], t_max);
+        assert!(detector.pointing.iter().flatten().count() > 0);
+        for (a, b) in detector.triple.iter().zip(&again.triple) {
+            assert_eq!(
+                a.as_ref().map(|t| t.nodes().2.to_vec()),
+                b.as_ref().map(|t| t.nodes().2.to_vec())
+            );
+        }
     }
 }

@@ -375,6 +375,40 @@ pub struct FinderGeometry {
     pub b_max_tesla: [f64; 3],
 }
 
+/// The field's tables of a finder: the tents' mean fields, the largest field of each
+/// pointing tent, the largest on the lines through the acceptance.
+type FieldTables = (std::sync::Arc<bending::Bending>, Vec<[f64; 3]>, [f64; 3]);
+
+/// How many field tables [`FinderGeometry`] keeps for the next finder built.
+pub const FIELD_TABLES_KEPT: usize = 4;
+
+/// The field tables kept, newest last.
+static FIELD_TABLES: std::sync::Mutex<Vec<(FieldTablesKey, FieldTables)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// What a field map's tables are a function of. The key holds the map's nodes, so no
+/// other map can take their place in memory while it is kept.
+struct FieldTablesKey {
+    nodes: std::sync::Arc<[[f32; 3]]>,
+    grid: ([usize; 3], [f64; 3], [f64; 3]),
+    zs: Vec<f64>,
+    origin: [f64; 3],
+    t_max: [f64; 2],
+}
+
+impl FieldTablesKey {
+    fn same(&self, other: &Self) -> bool {
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        std::sync::Arc::ptr_eq(&self.nodes, &other.nodes)
+            && self.grid.0 == other.grid.0
+            && bits(&self.grid.1) == bits(&other.grid.1)
+            && bits(&self.grid.2) == bits(&other.grid.2)
+            && bits(&self.zs) == bits(&other.zs)
+            && bits(&self.origin) == bits(&other.origin)
+            && bits(&self.t_max) == bits(&other.t_max)
+    }
+}
+
 impl FinderGeometry {
     pub fn new(det: &Detector, cfg: &FinderConfig) -> Self {
         Self::build(det, cfg, None)
@@ -573,11 +607,38 @@ impl FinderGeometry {
     /// The tents' mean fields, the largest field of each pointing tent and the largest on
     /// the lines through the acceptance ([`Self::bending`], [`Self::pointing_b_max_tesla`],
     /// [`Self::b_max_tesla`]).
-    #[allow(clippy::type_complexity)]
-    fn field_tables(
-        det: &Detector,
-        cfg: &FinderConfig,
-    ) -> (std::sync::Arc<bending::Bending>, Vec<[f64; 3]>, [f64; 3]) {
+    ///
+    /// In a field map they take most of the time of building the finder (a tenth of a
+    /// second and more), and one process builds the finder of one detector several times
+    /// (the origin and spectrum measured from the first events, each worker's finder), so
+    /// the last [`FIELD_TABLES_KEPT`] are kept, with what they are a function of: the map
+    /// (the same nodes), the planes' z, the origin and the slope limits.
+    fn field_tables(det: &Detector, cfg: &FinderConfig) -> FieldTables {
+        let Field::Grid(map) = &det.field else {
+            return Self::field_tables_of(det, cfg);
+        };
+        let key = FieldTablesKey {
+            nodes: map.nodes_tesla.clone(),
+            grid: (map.dims, map.origin_mm, map.step_mm),
+            zs: det.planes.iter().map(|p| p.z_mm).collect(),
+            origin: cfg.origin_mm(),
+            t_max: [cfg.max_tx, cfg.max_ty],
+        };
+        // The tables are built under the lock: workers building the same finder at once
+        // wait for the first instead of each building it.
+        let mut kept = FIELD_TABLES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, t)) = kept.iter().find(|(k, _)| k.same(&key)) {
+            return t.clone();
+        }
+        let t = Self::field_tables_of(det, cfg);
+        if kept.len() >= FIELD_TABLES_KEPT {
+            kept.remove(0);
+        }
+        kept.push((key, t.clone()));
+        t
+    }
+
+    fn field_tables_of(det: &Detector, cfg: &FinderConfig) -> FieldTables {
         let zs: Vec<f64> = det.planes.iter().map(|p| p.z_mm).collect();
         let t_max = [cfg.max_tx, cfg.max_ty];
         let bending = bending::Bending::new(&det.field, cfg.origin_mm(), &zs, t_max);
@@ -763,5 +824,73 @@ impl CaBuffers {
         b.hit_bin.reserve(h);
         b.used_before.reserve(h);
         b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tracking::field::FieldMap;
+    use crate::tracking::reco::synthetic;
+
+    /// A detector of six planes in a map of `By` rising along z by `slope` tesla per metre.
+    fn in_a_map(slope: f64) -> Detector {
+        let mut det = synthetic::detector(6, [0.0; 3], 0.01, 0.01);
+        let dims = [3, 3, 41];
+        let mut nodes = Vec::new();
+        for _ in 0..dims[0] * dims[1] {
+            for iz in 0..dims[2] {
+                nodes.push([0.0, (0.2 + slope * 0.025 * iz as f64) as f32, 0.01]);
+            }
+        }
+        let map = FieldMap::new(dims, [-2000.0, -2000.0, 0.0], [2000.0, 2000.0, 25.0], nodes);
+        det.field = Field::Grid(map.expect("map"));
+        det
+    }
+
+    /// The field tables kept for a detector are handed to the next finder of the same
+    /// map, planes, origin and slope limits, and equal a finder's built afresh; another
+    /// map (even of the same values), origin or momentum gets its own.
+    #[test]
+    fn finders_of_one_map_share_its_kept_field_tables_and_no_other() {
+        let det = in_a_map(0.5);
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let a = FinderGeometry::new(&det, &cfg);
+        let b = FinderGeometry::new(&det, &cfg);
+        assert!(std::sync::Arc::ptr_eq(&a.bending, &b.bending));
+        assert_eq!(a.pointing_b_max_tesla, b.pointing_b_max_tesla);
+        assert_eq!(a.b_max_tesla, b.b_max_tesla);
+        let fresh = FinderGeometry::field_tables_of(&det, &cfg);
+        assert_eq!(fresh.1, a.pointing_b_max_tesla);
+        assert_eq!(fresh.2, a.b_max_tesla);
+        for (x, y) in fresh.0.triple.iter().zip(&a.bending.triple) {
+            assert_eq!(
+                x.as_ref().map(|t| t.nodes().2.to_vec()),
+                y.as_ref().map(|t| t.nodes().2.to_vec())
+            );
+        }
+        // A copy of the detector shares the map's nodes, and with them the tables.
+        let copy = det.clone();
+        assert!(std::sync::Arc::ptr_eq(
+            &FinderGeometry::new(&copy, &cfg).bending,
+            &a.bending
+        ));
+        let others = [
+            FinderGeometry::new(&in_a_map(0.5), &cfg),
+            FinderGeometry::new(&in_a_map(-0.5), &cfg),
+            FinderGeometry::new(
+                &det,
+                &FinderConfig {
+                    origin_x_mm: 1.0,
+                    ..cfg.clone()
+                },
+            ),
+            FinderGeometry::new(&det, &cfg.at_momentum_factor(&det, 3.0)),
+        ];
+        for g in &others {
+            assert!(!std::sync::Arc::ptr_eq(&g.bending, &a.bending));
+        }
+        // The stiffer finder's slope limits are narrower: other tables.
+        assert!(others[3].bending.pointing.iter().flatten().count() > 0);
     }
 }
