@@ -360,8 +360,8 @@ pub fn stiff_p_gev(cfg: &FinderConfig) -> f64 {
     }
 }
 
-/// The origin box's half size [`measure_origin`] finds tracks with, mm: a beam anywhere
-/// within it, or spread over it, is measured alike (without a box at all the doublet
+/// The widest origin box's half size [`measure_origin`] finds tracks with, mm: a beam
+/// anywhere within it, or spread over it, is measured alike (without a box at all the doublet
 /// windows open to the largest slopes, four times the cost per event).
 pub const OPEN_HALF_MM: f64 = 25.0;
 /// Fewest tracks [`measure_origin`] reads events for.
