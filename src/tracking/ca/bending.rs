@@ -294,8 +294,8 @@ impl PairTents {
 const TABLE_THREADS: usize = 16;
 
 /// The tables of the tents `zs` ([`TentTable::new`]), in their order, built on up to
-/// [`TABLE_THREADS`] threads (a field map's detector has about a hundred, each a few
-/// thousand field lookups per node); each table is its own computation, so the tables are
+/// [`TABLE_THREADS`] threads (a field map's detector has about a hundred, each about
+/// thirty thousand field lookups); each table is its own computation, so the tables are
 /// the same on any number of threads.
 fn tables(field: &Field, origin: [f64; 3], zs: &[[f64; 3]], t_max: [f64; 2]) -> Vec<TentTable> {
     let threads = std::thread::available_parallelism()
