@@ -300,35 +300,17 @@ const TABLE_THREADS: usize = 16;
 fn tables(field: &Field, origin: [f64; 3], zs: &[[f64; 3]], t_max: [f64; 2]) -> Vec<TentTable> {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
-        .min(TABLE_THREADS)
-        .min(zs.len());
-    if threads <= 1 {
-        return zs
-            .iter()
-            .map(|&z| TentTable::new(field, origin, z, t_max))
-            .collect();
-    }
-    let next = std::sync::atomic::AtomicUsize::new(0);
+        .clamp(1, TABLE_THREADS);
+    // Every table takes about the same work: a run of them per thread.
+    let per = zs.len().div_ceil(threads).max(1);
     let mut out: Vec<Option<TentTable>> = vec![None; zs.len()];
     std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut built = Vec::new();
-                    loop {
-                        let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(&z) = zs.get(k) else {
-                            return built;
-                        };
-                        built.push((k, TentTable::new(field, origin, z, t_max)));
-                    }
-                })
-            })
-            .collect();
-        for w in workers {
-            for (k, t) in w.join().expect("a tent table's thread panicked") {
-                out[k] = Some(t);
-            }
+        for (out, zs) in out.chunks_mut(per).zip(zs.chunks(per)) {
+            scope.spawn(move || {
+                for (o, &z) in out.iter_mut().zip(zs) {
+                    *o = Some(TentTable::new(field, origin, z, t_max));
+                }
+            });
         }
     });
     out.into_iter()

@@ -386,10 +386,17 @@ pub const FIELD_TABLES_KEPT: usize = 4;
 static FIELD_TABLES: std::sync::Mutex<Vec<(FieldTablesKey, FieldTables)>> =
     std::sync::Mutex::new(Vec::new());
 
-/// What a field map's tables are a function of. The key holds the map's nodes, so no
-/// other map can take their place in memory while it is kept.
+/// What a field map's tables are a function of: the map's nodes (held, so that no other
+/// map can take their place in memory while they are kept) and [`FieldTablesOf`].
 struct FieldTablesKey {
     nodes: std::sync::Arc<[[f32; 3]]>,
+    of: FieldTablesOf,
+}
+
+/// The rest of a [`FieldTablesKey`]: the map's grid, the planes' z, the origin and the
+/// slope limits.
+#[derive(PartialEq)]
+struct FieldTablesOf {
     grid: ([usize; 3], [f64; 3], [f64; 3]),
     zs: Vec<f64>,
     origin: [f64; 3],
@@ -398,14 +405,7 @@ struct FieldTablesKey {
 
 impl FieldTablesKey {
     fn same(&self, other: &Self) -> bool {
-        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        std::sync::Arc::ptr_eq(&self.nodes, &other.nodes)
-            && self.grid.0 == other.grid.0
-            && bits(&self.grid.1) == bits(&other.grid.1)
-            && bits(&self.grid.2) == bits(&other.grid.2)
-            && bits(&self.zs) == bits(&other.zs)
-            && bits(&self.origin) == bits(&other.origin)
-            && bits(&self.t_max) == bits(&other.t_max)
+        std::sync::Arc::ptr_eq(&self.nodes, &other.nodes) && self.of == other.of
     }
 }
 
@@ -619,10 +619,12 @@ impl FinderGeometry {
         };
         let key = FieldTablesKey {
             nodes: map.nodes_tesla.clone(),
-            grid: (map.dims, map.origin_mm, map.step_mm),
-            zs: det.planes.iter().map(|p| p.z_mm).collect(),
-            origin: cfg.origin_mm(),
-            t_max: [cfg.max_tx, cfg.max_ty],
+            of: FieldTablesOf {
+                grid: (map.dims, map.origin_mm, map.step_mm),
+                zs: det.planes.iter().map(|p| p.z_mm).collect(),
+                origin: cfg.origin_mm(),
+                t_max: [cfg.max_tx, cfg.max_ty],
+            },
         };
         // The tables are built under the lock: workers building the same finder at once
         // wait for the first instead of each building it.
