@@ -22,6 +22,10 @@ typedef unsigned int u32;
 #define CA_THREADS 256
 // Threads of ca_event_scan's block (one per event: the more, the fewer chunks in turn).
 #define SCAN_THREADS 1024
+// Blocks of CA_THREADS per multiprocessor the doublet and triplet kernels are bounded to
+// (64 registers a thread): the host sizes their grids to one wave of them
+// (ITEM_BLOCKS_PER_SM in src/gpu/tracking_ca.rs).
+#define ITEM_MIN_BLOCKS 4
 // Items per thread in each chunk of the per-event scan.
 #define SCAN_ITEMS 8
 #define CA_INF __int_as_float(0x7f800000)

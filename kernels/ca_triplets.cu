@@ -46,7 +46,7 @@ __device__ __forceinline__ void tent_at(const float* __restrict__ tab, float tx,
     }
 }
 
-extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float* __restrict__ sy,
+extern "C" __global__ void __launch_bounds__(CA_THREADS, ITEM_MIN_BLOCKS) ca_triplets(const float* __restrict__ sx, const float* __restrict__ sy,
                                        const u32* __restrict__ splane,
                                        const u32* __restrict__ hit_start,
                                        const u32* __restrict__ dbl_count, const u32* __restrict__ dbl_off,
@@ -192,11 +192,19 @@ extern "C" __global__ void ca_triplets(const float* __restrict__ sx, const float
         u32 out = write ? tbase + trip_off[D] : 0;
         if (lo <= hi) {
             u32 r0 = dbl_off[s + b], r1 = r0 + dbl_count[s + b];
+            // Each right doublet's gap and record are read together, and the next one's
+            // while this one is tested: the loop waits on one load's latency at a time
+            // at most, not two in turn per right doublet.
+            u32 next_q = dgap[dbase + r0];
+            uint4 next_dbl = dbl[dbase + r0];
             for (u32 r = r0; r < r1; r++) {
-                u32 R = dbase + r;
-                u32 q = dgap[R];
+                u32 q = next_q;
+                uint4 right_dbl = next_dbl;
+                if (r + 1 < r1) {
+                    next_q = dgap[dbase + r + 1];
+                    next_dbl = dbl[dbase + r + 1];
+                }
                 if (q >= MAX_REACH) continue;
-                uint4 right_dbl = dbl[R];
                 float t2x = __uint_as_float(right_dbl.z), t2y = __uint_as_float(right_dbl.w);
                 if (!(fabsf(t2x - PICK3(pred_x, q)) <= PICK3(wx, q) &&
                       fabsf(t2y - PICK3(pred_y, q)) <= PICK3(wy, q)))

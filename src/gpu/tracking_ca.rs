@@ -219,6 +219,11 @@ impl CaStep {
 /// (`kernels/ca_doublets.cu`, `DBL_CACHE`): a hit with more is scanned again.
 pub const DBL_CACHE: usize = 16;
 
+/// Blocks of [`THREADS`] per multiprocessor that the doublet and triplet kernels are
+/// bounded to (`ITEM_MIN_BLOCKS` in `kernels/ca_common.cuh`): their grids are one wave of
+/// them over the batch's events.
+const ITEM_BLOCKS_PER_SM: u32 = 4;
+
 /// The sizes of a batch's arenas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CaLimits {
@@ -1827,6 +1832,11 @@ impl GpuCaEngine {
         // multiprocessor over the batch (a few busy events or many small ones).
         let sms = self.device.multiprocessors.max(1) as u32;
         let bpe = (4 * sms).div_ceil(e.max(1)).clamp(1, 64);
+        // The doublet and triplet kernels, bounded to ITEM_BLOCKS_PER_SM blocks per
+        // multiprocessor, in one wave of them: a second, partial wave (five blocks per
+        // event where three or four fit) leaves most multiprocessors fewer warps to hide
+        // the loads' latency.
+        let bpe_wave = (ITEM_BLOCKS_PER_SM * sms / e.max(1)).clamp(1, 64);
         let a = &self.a;
         let dt = &self.passes[opts.pass.min(self.passes.len() - 1)];
         let tb = &dt.tables;
@@ -2020,7 +2030,7 @@ impl GpuCaEngine {
         let dargs = |write: i32| [sx, sy, splane, hit_start, n_sorted, bin_start, fx, fy, fmap,
             free_start, n_free, I32(n_bins), plf, pli, pld, g, failed, I32(write), dbl_count,
             dbl_off, dbl_base, dbl, dgap, dcache];
-        self.launch("ca_doublets", (bpe, e), &dargs(0))?;
+        self.launch("ca_doublets", (bpe_wave, e), &dargs(0))?;
         mark("doublets: count", self)?;
         #[rustfmt::skip]
         self.launch("ca_event_scan", (1, e), &[dbl_count, dbl_off, hit_start, n_sorted, U32(0), failed,
@@ -2029,7 +2039,7 @@ impl GpuCaEngine {
         self.launch("ca_event_budget", (1, 1), &[total, dbl_base, dbl_n, failed, U32(e), U32(max_d),
             U32(cap_d), U32(CaStep::Doublets.code()), overflow])?;
         mark("doublets: scan", self)?;
-        self.launch("ca_doublets", (bpe, e), &dargs(1))?;
+        self.launch("ca_doublets", (bpe_wave, e), &dargs(1))?;
         mark("doublets: write", self)?;
         // Triplets.
         #[rustfmt::skip]
@@ -2037,7 +2047,7 @@ impl GpuCaEngine {
             dbl, dgap, plf, prf, pri, tents, g, I32(n_planes), I32(reach), failed,
             I32(write), trip_count, trip_off, trip_base, tleft, tright, tqop, tsigma, tchi2,
             tplane, has_right, end_count, end_cursor];
-        self.launch("ca_triplets", (bpe, e), &targs(0))?;
+        self.launch("ca_triplets", (bpe_wave, e), &targs(0))?;
         mark("triplets: count", self)?;
         #[rustfmt::skip]
         self.launch("ca_event_scan", (1, e), &[trip_count, trip_off, dbl_base, dbl_n, U32(0), failed,
@@ -2046,7 +2056,7 @@ impl GpuCaEngine {
         self.launch("ca_event_budget", (1, 1), &[total, trip_base, trip_n, failed, U32(e), U32(max_t),
             U32(cap_t), U32(CaStep::Triplets.code()), overflow])?;
         mark("triplets: scan", self)?;
-        self.launch("ca_triplets", (bpe, e), &targs(1))?;
+        self.launch("ca_triplets", (bpe_wave, e), &targs(1))?;
         mark("triplets: write", self)?;
         if let Some(first_end) = opts.dead_ends_from_plane {
             // Dead ends: plane by plane downstream first, then the kept ones to the front.
@@ -2953,6 +2963,7 @@ mod tests {
         let def = |name: &str| kernel_define("ca_event_scan", name);
         assert_eq!(def("CA_THREADS"), THREADS.to_string());
         assert_eq!(def("SCAN_THREADS"), SCAN_THREADS.to_string());
+        assert_eq!(def("ITEM_MIN_BLOCKS"), ITEM_BLOCKS_PER_SM.to_string());
     }
 
     #[test]
