@@ -26,6 +26,11 @@ typedef unsigned int u32;
 // (64 registers a thread): the host sizes their grids to one wave of them
 // (ITEM_BLOCKS_PER_SM in src/gpu/tracking_ca.rs).
 #define ITEM_MIN_BLOCKS 4
+// A triplet's planes in one word (tplane): its first hit's in the low half (the
+// evolution's order), its last hit's in the high half (the dead ends' order).
+#define TPLANE(first, last) ((first) | ((last) << 16))
+#define TPLANE_FIRST(v) ((v) & 0xffffu)
+#define TPLANE_LAST(v) ((v) >> 16)
 // Items per thread in each chunk of the per-event scan.
 #define SCAN_ITEMS 8
 #define CA_INF __int_as_float(0x7f800000)

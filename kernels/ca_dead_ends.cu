@@ -21,7 +21,6 @@ extern "C" __global__ void ca_dead_ends_clear(const u32* __restrict__ dbl_base,
 }
 
 extern "C" __global__ void ca_dead_ends(const float* __restrict__ sx, const float* __restrict__ sy,
-                                        const u32* __restrict__ splane,
                                         const u32* __restrict__ hit_start,
                                         const u32* __restrict__ dbl_base,
                                         const uint4* __restrict__ dbl,
@@ -29,6 +28,7 @@ extern "C" __global__ void ca_dead_ends(const float* __restrict__ sx, const floa
                                         const u32* __restrict__ trip_n,
                                         const u32* __restrict__ tleft,
                                         const u32* __restrict__ tright,
+                                        const u32* __restrict__ tplane,
                                         const float* __restrict__ exits, int n_planes,
                                         u32 first_end_plane, const u32* __restrict__ failed,
                                         u32 plane, u32* __restrict__ continues,
@@ -39,10 +39,12 @@ extern "C" __global__ void ca_dead_ends(const float* __restrict__ sx, const floa
     u32 last = n_planes > 0 ? (u32)(n_planes - 1) : 0u;
     for (u32 t = CA_FIRST; t < n_t; t += CA_STRIDE) {
         u32 T = tbase + t;
+        // The plane of the right doublet's second hit, kept with the triplet: the
+        // triplets ending elsewhere read nothing more.
+        u32 p = TPLANE_LAST(tplane[T]);
+        if (p != plane) continue;
         uint4 r = dbl[dbase + tright[T]];
         u32 c = r.y;
-        u32 p = splane[s + c];
-        if (p != plane) continue;
         bool live = p == last || continues[dbase + tright[T]] != 0u;
         if (!live && p >= first_end_plane) {
             if (p + 1 >= (u32)n_planes) {

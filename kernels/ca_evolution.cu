@@ -18,7 +18,7 @@ extern "C" __global__ void ca_evolution(const u32* __restrict__ trip_base,
     u32 tbase = trip_base[e], n_t = trip_n[e], nbase = nb_base[e];
     for (u32 t = CA_FIRST; t < n_t; t += CA_STRIDE) {
         u32 T = tbase + t;
-        if (tplane[T] != plane) continue;
+        if (TPLANE_FIRST(tplane[T]) != plane) continue;
         u32 k0 = nbase + nb_off[T], k1 = k0 + nb_count[T];
         u32 best = 0;
         for (u32 k = k0; k < k1; k++) {

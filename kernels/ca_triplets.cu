@@ -7,8 +7,8 @@
 // ordered by left doublet, then right doublet, as the CPU's.
 //
 // Run twice: write = 0 counts per left doublet, write = 1 writes at the event's base plus
-// the doublet's scanned offset (and the triplet's first plane, for the evolution, and
-// clears its has_right flag). The count pass clears the neighbour step's per-doublet
+// the doublet's scanned offset (and the triplet's first and last planes, for the
+// evolution and the dead ends, and clears its has_right flag). The count pass clears the neighbour step's per-doublet
 // counters.
 
 // a[q] for a run-time q of a small array kept in registers (indexing it directly would
@@ -243,7 +243,8 @@ extern "C" __global__ void __launch_bounds__(CA_THREADS, ITEM_MIN_BLOCKS) ca_tri
                     tqop[t] = qop;
                     tsigma[t] = measure ? sqrtf(v * inv_g2) : 0.0f;
                     tchi2[t] = r2 / v;
-                    tplane[t] = (u32)pa;
+                    // The right doublet's second hit is q planes beyond the one after b.
+                    tplane[t] = TPLANE((u32)pa, (u32)pb + 1u + q);
                     has_right[t] = 0;
                 }
                 found++;

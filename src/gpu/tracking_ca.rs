@@ -2064,8 +2064,8 @@ impl GpuCaEngine {
             self.launch("ca_dead_ends_clear", (bpe, e), &[dbl_base, dbl_n, failed, continues])?;
             for plane in (0..n_planes as u32).rev() {
                 #[rustfmt::skip]
-                self.launch("ca_dead_ends", (bpe, e), &[sx, sy, splane, hit_start, dbl_base, dbl,
-                    trip_base, trip_n, tleft, tright, exits, I32(n_planes),
+                self.launch("ca_dead_ends", (bpe, e), &[sx, sy, hit_start, dbl_base, dbl,
+                    trip_base, trip_n, tleft, tright, tplane, exits, I32(n_planes),
                     U32(first_end.min(u32::MAX as usize) as u32), failed, U32(plane), continues,
                     keep])?;
             }
