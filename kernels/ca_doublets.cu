@@ -140,7 +140,8 @@ __device__ __forceinline__ void doublets_of_hit(
     if (!write) dbl_count[s + a] = found;
 }
 
-extern "C" __global__ void __launch_bounds__(CA_THREADS, ITEM_MIN_BLOCKS) ca_doublets(const float* __restrict__ sx, const float* __restrict__ sy,
+extern "C" __global__ void __launch_bounds__(CA_THREADS, ITEM_MIN_BLOCKS)
+    ca_doublets(const float* __restrict__ sx, const float* __restrict__ sy,
                                        const u32* __restrict__ splane,
                                        const u32* __restrict__ hit_start,
                                        const u32* __restrict__ n_sorted,

@@ -8,8 +8,9 @@
 //
 // Run twice: write = 0 counts per left doublet, write = 1 writes at the event's base plus
 // the doublet's scanned offset (and the triplet's first and last planes, for the
-// evolution and the dead ends, and clears its has_right flag). The count pass clears the neighbour step's per-doublet
-// counters.
+// evolution and the dead ends, and clears its has_right flag). The count pass clears the
+// neighbour step's per-doublet counters. Both are bounded to ITEM_MIN_BLOCKS blocks per
+// multiprocessor, and the host launches one wave of them.
 
 // a[q] for a run-time q of a small array kept in registers (indexing it directly would
 // move it to local memory).
@@ -46,7 +47,8 @@ __device__ __forceinline__ void tent_at(const float* __restrict__ tab, float tx,
     }
 }
 
-extern "C" __global__ void __launch_bounds__(CA_THREADS, ITEM_MIN_BLOCKS) ca_triplets(const float* __restrict__ sx, const float* __restrict__ sy,
+extern "C" __global__ void __launch_bounds__(CA_THREADS, ITEM_MIN_BLOCKS)
+    ca_triplets(const float* __restrict__ sx, const float* __restrict__ sy,
                                        const u32* __restrict__ splane,
                                        const u32* __restrict__ hit_start,
                                        const u32* __restrict__ dbl_count, const u32* __restrict__ dbl_off,
@@ -194,7 +196,8 @@ extern "C" __global__ void __launch_bounds__(CA_THREADS, ITEM_MIN_BLOCKS) ca_tri
             u32 r0 = dbl_off[s + b], r1 = r0 + dbl_count[s + b];
             // Each right doublet's gap and record are read together, and the next one's
             // while this one is tested: the loop waits on one load's latency at a time
-            // at most, not two in turn per right doublet.
+            // at most, not two in turn per right doublet. (The middle hit has at least one:
+            // its count was tested above.)
             u32 next_q = dgap[dbase + r0];
             uint4 next_dbl = dbl[dbase + r0];
             for (u32 r = r0; r < r1; r++) {
