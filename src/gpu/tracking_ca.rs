@@ -2893,7 +2893,16 @@ mod tests {
     fn kernel_define(kernel: &str, name: &str) -> String {
         let src = std::iter::once(&COMMON)
             .chain(STEPS.iter())
-            .find(|s| s.contains(&format!("void {kernel}(")))
+            .find(|s| {
+                // `void NAME(`, or `void __launch_bounds__(...) NAME(`, perhaps with the
+                // name on a line of its own.
+                let call = format!("{kernel}(");
+                s.lines().any(|l| {
+                    l.trim_start().starts_with(&call)
+                        || l.contains(&format!("void {call}"))
+                        || l.contains(&format!(") {call}"))
+                })
+            })
             .unwrap_or_else(|| panic!("{kernel} is in one of the steps"));
         let prefix = format!("#define {name} ");
         let line = src
