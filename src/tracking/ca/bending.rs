@@ -587,9 +587,9 @@ mod tests {
             let one = TentTable::new(&field, origin, z, t_max);
             let bits = |t: &TentTable| {
                 let (t0, inv, b) = t.nodes();
-                let mut v: Vec<u32> = t0.iter().chain(&inv).map(|x| x.to_bits()).collect();
-                v.extend(b.iter().flatten().map(|x| x.to_bits()));
-                v.extend(t.bound.iter().map(|x| x.to_bits() as u32));
+                let mut v: Vec<u64> = t0.iter().chain(&inv).map(|x| x.to_bits() as u64).collect();
+                v.extend(b.iter().flatten().map(|x| x.to_bits() as u64));
+                v.extend(t.bound.iter().map(|x| x.to_bits()));
                 v
             };
             assert_eq!(bits(t), bits(&one), "{z:?}");
