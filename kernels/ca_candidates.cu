@@ -22,8 +22,9 @@
 // CPU sees (the flags only change in the choice); the block then places the chains in the
 // CPU's order with the CPU's limits (a scan; thread 0 alone where a limit could be
 // reached), until the chunk holds CHUNK candidates (the rest of the window is filtered
-// again after the choice); the chunk's fits run one candidate per thread, in one round;
-// the chunk is staged (its hits in shared memory where they fit) and ordered by the block
+// again after the choice); the chunk's fits run one candidate per thread, in one round
+// (where the chunk has fewer candidates than threads, the others fit ahead, in the same
+// round, the copies that second chances would fit); the chunk is staged (its hits in shared memory where they fit) and ordered by the block
 // (a bitonic sort of one key per candidate), which also marks the candidates the choice
 // must accept whenever their turn comes (passing the cut, every hit free, and no hit
 // shared with a candidate before it in the choice's order: most of them) and those it
@@ -31,7 +32,8 @@
 // first warp: a run of such candidates is decided together, a lane each, the others one
 // at a time (their hits checked and taken, their free hits counted, by the lanes
 // together), their refits in lane 0; meanwhile the block's other warps fit ahead the two
-// copies of every second chance the choice may give, which lanes 0 and 1 wait for and
+// copies of every second chance the choice may give (those the fit round did not), which
+// lanes 0 and 1 wait for and
 // take (where the chunk leaves no room for them in the arenas, lanes 0 and 1 fit them).
 // Candidates, their hits (the event's input indices, upstream first), their fits and the
 // accepted list persist per event across passes (`append`); the used flags are per input
@@ -836,6 +838,8 @@ __device__ void speculate_second_chances(const CandEvent& ev, const CandArenas& 
         const uint4 c = st.cand[j];
         if (!second_chance_ahead(st, j, c, min_hits, max_chi2_ndf)) continue;
         const u32 bit = 2u * j + v;
+        // Fitted ahead already, in the chunk's fit round.
+        if ((spec.done[bit >> 5] >> (bit & 31)) & 1u) continue;
         fit_hits_into(ev, a, T, c.x + v, c.y - 1u, spec.base + bit);
         __threadfence_block();
         atomicOr(&spec.done[bit >> 5], 1u << (bit & 31));
@@ -1334,11 +1338,39 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
         __syncthreads();
         CA_PHASE(2);
         if (s_close) {
-            for (u32 c = s_pending_from + tid; c < s.n_cand; c += CAND_THREADS) {
-                fit_candidate(ev, a, T, c);
+            const u32 m = s.n_cand - s_pending_from, from = s_pending_from;
+            // The slots of second chances made ahead, where the choice's copies (at most
+            // two per candidate) cannot reach them.
+            const SpecFits spec = {s.n_cand + 2u * m + 2u * CHUNK_MAX <= s.share_cand
+                                       ? s.share_cand - 2u * CHUNK_MAX
+                                       : ~0u,
+                                   s_spec_done};
+            for (u32 i = tid; i < SPEC_WORDS; i += CAND_THREADS) s_spec_done[i] = 0u;
+            __syncthreads();
+            // The round's fits: the chunk's candidates, then, where the chunk leaves threads
+            // without one, the copies a second chance would fit (copy k & 1 of candidate
+            // k >> 1: without its last hit, without its first), as many as those threads,
+            // into their slots (speculate_second_chances fits the rest in the choice). The
+            // same code on the same hits gives the fit the choice would make of a copy; a
+            // copy not needed is never read. (One call of the fit for both: a second one
+            // would not fit the block's registers.)
+            const u32 n_jobs =
+                spec.base != ~0u && m < CAND_THREADS ? min(3u * m, (u32)CAND_THREADS) : m;
+            for (u32 job = tid; job < n_jobs; job += CAND_THREADS) {
+                const bool copy = job >= m;
+                const u32 k = job - m;
+                const uint4 cd = a.cand[from + (copy ? k >> 1 : job)];
+                // (A copy reads the placed start and length, which the candidate's own
+                // fit, beside, rewrites alike.)
+                if (copy && cd.y <= min_hits) continue;
+                fit_hits_into(ev, a, T, cd.x + (copy ? (k & 1u) : 0u), copy ? cd.y - 1u : cd.y,
+                              copy ? spec.base + k : from + job);
+                if (copy) {
+                    __threadfence_block();
+                    atomicOr(&s_spec_done[k >> 5], 1u << (k & 31));
+                }
 #if defined(CA_PHASE_CLOCKS) && defined(CA_COUNT_RETRIES)
-                {
-                    const uint4 cd = a.cand[c];
+                if (!copy) {
                     KalmanResult r1;
                     kalman_fit_pass(candidate_hits(ev, a, cd), (int)cd.y, MAX_CHAIN, T, r1,
                                     (int)cd.y / 2);
@@ -1357,14 +1389,6 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
             }
 #endif
             CA_PHASE(3);
-            const u32 m = s.n_cand - s_pending_from, from = s_pending_from;
-            // The slots of second chances made ahead, where the choice's copies (at most
-            // two per candidate) cannot reach them.
-            const SpecFits spec = {s.n_cand + 2u * m + 2u * CHUNK_MAX <= s.share_cand
-                                       ? s.share_cand - 2u * CHUNK_MAX
-                                       : ~0u,
-                                   s_spec_done};
-            for (u32 i = tid; i < SPEC_WORDS; i += CAND_THREADS) s_spec_done[i] = 0u;
             stage_chunk(ev, a, s_pending_from, m, st, min_hits, max_chi2_ndf);
             CA_PHASE(4);
             if (tid < 32) {

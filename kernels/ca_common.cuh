@@ -5,9 +5,10 @@
 //
 // Every step runs a row of blocks per event (blockIdx.y = event; gridDim.x blocks, sized
 // so that a batch fills the GPU whether it holds a few busy events or many small ones),
-// their threads striding over the event's items; the per-event scan and ca_bin_hits run
-// one block per event. Items of an event are indexed locally as the CPU indexes them (sorted
-// hit, doublet, triplet), so a step's output for an event is the CPU's arrays for it.
+// their threads striding over the event's items; ca_bin_hits runs one block per event, the
+// per-event scan a few blocks per event that take its tiles in turn. Items of an event are
+// indexed locally as the CPU indexes them (sorted hit, doublet, triplet), so a step's
+// output for an event is the CPU's arrays for it.
 // Steps that make a variable number of outputs run twice: count per item, scan per event
 // (ca_event_scan), place events in the batch arena (ca_event_budget: an event beyond its
 // limit or beyond the arena fails, with the step's code, and goes to the CPU), then write
@@ -20,8 +21,9 @@ typedef unsigned int u32;
 
 #define MAX_REACH 3
 #define CA_THREADS 256
-// Threads of ca_event_scan's block (one per event: the more, the fewer chunks in turn).
-#define SCAN_THREADS 1024
+// Threads of ca_event_scan's blocks (several per event, a tile of SCAN_THREADS *
+// SCAN_ITEMS items each).
+#define SCAN_THREADS 256
 // Blocks of CA_THREADS per multiprocessor the doublet and triplet kernels are bounded to
 // (64 registers a thread): the host sizes their grids to one wave of them
 // (ITEM_BLOCKS_PER_SM in src/gpu/tracking_ca.rs).
@@ -188,23 +190,76 @@ __device__ __forceinline__ u32 block_scan_inclusive(u32 v, u32* total) {
     return block_scan_inclusive_of<CA_THREADS>(v, total);
 }
 
+// Items of one tile of the per-event scan.
+#define SCAN_TILE (SCAN_THREADS * SCAN_ITEMS)
+// A tile's status word in the per-event scan: the scan's epoch (30 bits), the flag, the
+// value. A word of another epoch reads as not yet published.
+#define SCAN_AGGREGATE 1ull
+#define SCAN_PREFIX 2ull
+#define SCAN_EPOCH_BITS 30
+__device__ __forceinline__ unsigned long long scan_word(u32 epoch, unsigned long long flag,
+                                                        u32 value) {
+    return (unsigned long long)epoch << 34 | flag << 32 | value;
+}
+
+// The next tile of event e's scan for this block, in the order blocks ask: a tile's
+// predecessors are then all held by blocks that run (or ran), so waiting for them always
+// ends. The ticket word holds the epoch above the count: the event's first block (which
+// starts before the others) sets it to this epoch's count of 0, the others wait for that
+// once (`started`), then each ticket is one atomic add.
+__device__ __forceinline__ u32 scan_ticket(unsigned long long* ticket, u32 epoch, bool* started) {
+    if (!*started) {
+        if (blockIdx.x == 0) {
+            atomicExch(ticket, (unsigned long long)epoch << 32);
+        } else {
+            while ((u32)(__ldcg(ticket) >> 32) != epoch) {
+            }
+        }
+        *started = true;
+    }
+    return (u32)atomicAdd(ticket, 1ull);
+}
+
 // Per event: exclusive scan of count[base[e] .. base[e] + n[e]] into offset[...] (the same
 // positions), the event's total into total[e], and with `sentinel` the total also at
-// offset[base[e] + n[e]]. A failed event scans nothing and totals 0. One block of
-// SCAN_THREADS per event.
-extern "C" __global__ void ca_event_scan(const u32* __restrict__ count, u32* __restrict__ offset,
-                                         const u32* __restrict__ base, const u32* __restrict__ n,
-                                         u32 base_stride, const u32* __restrict__ failed,
-                                         u32* __restrict__ total, int sentinel) {
-    int e = blockIdx.y;
+// offset[base[e] + n[e]]. A failed event scans nothing and totals 0.
+//
+// Several blocks per event (gridDim.x), each taking the event's tiles of SCAN_TILE items
+// in turn (scan_ticket): a tile's sum over the block, published at once with its status
+// word; its first warp then adds the published sums of the tiles before it, 32 at a time,
+// back to the nearest one that published its prefix (a decoupled look-back), and
+// publishes its own. The events' status words start at base / SCAN_TILE + e (ranges that
+// do not overlap: the bases grow by at least the items); the host gives each launch a new
+// epoch and clears the words when the epochs wrap.
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
+ca_event_scan(const u32* __restrict__ count, u32* __restrict__ offset,
+              const u32* __restrict__ base, const u32* __restrict__ n, u32 base_stride,
+              const u32* __restrict__ failed, u32* __restrict__ total, int sentinel,
+              unsigned long long* __restrict__ status, unsigned long long* __restrict__ tickets,
+              u32 epoch) {
+    __shared__ u32 s_tile, s_prefix;
+    const int e = blockIdx.y;
+    const u32 lane = threadIdx.x & 31u;
     // `base` null: event e's items start at e * base_stride.
-    u32 b = base ? base[e] : (u32)e * base_stride;
-    u32 m = failed[e] ? 0 : n[e];
-    u32 carry = 0;
-    // Chunks of SCAN_ITEMS consecutive items per thread: a serial scan in the thread, a
-    // block scan of the threads' sums.
-    for (u32 c0 = 0; c0 < m; c0 += SCAN_THREADS * SCAN_ITEMS) {
-        u32 i0 = c0 + threadIdx.x * SCAN_ITEMS;
+    const u32 b = base ? base[e] : (u32)e * base_stride;
+    const bool fail = failed[e] != 0u;
+    const u32 m = fail ? 0u : n[e];
+    const u32 n_tiles = (m + SCAN_TILE - 1) / SCAN_TILE;
+    unsigned long long* st = status + b / SCAN_TILE + (u32)e;
+    bool started = false;
+    for (;;) {
+        if (threadIdx.x == 0) s_tile = scan_ticket(tickets + e, epoch, &started);
+        __syncthreads();
+        const u32 t = s_tile;
+        if (t >= n_tiles) {
+            // An event without items: its total by the block with the first ticket.
+            if (n_tiles == 0 && t == 0 && threadIdx.x == 0) {
+                total[e] = 0;
+                if (sentinel && !fail) offset[b] = 0;
+            }
+            return;
+        }
+        const u32 i0 = t * SCAN_TILE + threadIdx.x * SCAN_ITEMS;
         u32 v[SCAN_ITEMS];
         u32 sum = 0;
 #pragma unroll
@@ -212,18 +267,52 @@ extern "C" __global__ void ca_event_scan(const u32* __restrict__ count, u32* __r
             v[k] = i0 + k < m ? count[b + i0 + k] : 0;
             sum += v[k];
         }
-        u32 chunk;
-        u32 run = carry + block_scan_inclusive_of<SCAN_THREADS>(sum, &chunk) - sum;
+        u32 tile_sum;
+        const u32 incl = block_scan_inclusive_of<SCAN_THREADS>(sum, &tile_sum);
+        if (threadIdx.x < 32) {
+            u32 before = 0;
+            if (t == 0) {
+                if (lane == 0) __stcg(st, scan_word(epoch, SCAN_PREFIX, tile_sum));
+            } else {
+                if (lane == 0) __stcg(st + t, scan_word(epoch, SCAN_AGGREGATE, tile_sum));
+                // The look-back: lane l reads tile j - l.
+                int j = (int)t - 1;
+                for (;;) {
+                    const int idx = j - (int)lane;
+                    unsigned long long w = idx >= 0 ? __ldcg(st + idx)
+                                                    : scan_word(epoch, SCAN_PREFIX, 0u);
+                    const u32 flag = (u32)(w >> 34) == epoch ? (u32)(w >> 32) & 3u : 0u;
+                    const u32 not_ready = __ballot_sync(0xffffffffu, flag == 0u);
+                    const u32 prefix = __ballot_sync(0xffffffffu, flag == (u32)SCAN_PREFIX);
+                    // Lanes up to the nearest prefix count (all 32 without one).
+                    const u32 stop = prefix ? (u32)__ffs(prefix) - 1u : 31u;
+                    const u32 need = stop == 31u ? 0xffffffffu : (2u << stop) - 1u;
+                    if (not_ready & need) continue;
+                    u32 val = lane <= stop ? (u32)w : 0u;
+#pragma unroll
+                    for (int o = 16; o > 0; o >>= 1) val += __shfl_xor_sync(0xffffffffu, val, o);
+                    before += val;
+                    if (prefix) break;
+                    j -= 32;
+                }
+                if (lane == 0) __stcg(st + t, scan_word(epoch, SCAN_PREFIX, before + tile_sum));
+            }
+            if (lane == 0) s_prefix = before;
+        }
+        __syncthreads();
+        const u32 before = s_prefix;
+        u32 run = before + incl - sum;
 #pragma unroll
         for (int k = 0; k < SCAN_ITEMS; k++) {
             if (i0 + k < m) offset[b + i0 + k] = run;
             run += v[k];
         }
-        carry += chunk;
-    }
-    if (threadIdx.x == 0) {
-        total[e] = carry;
-        if (sentinel && !failed[e]) offset[b + m] = carry;
+        if (t == n_tiles - 1 && threadIdx.x == 0) {
+            total[e] = before + tile_sum;
+            if (sentinel) offset[b + m] = before + tile_sum;
+        }
+        // s_tile and s_prefix are read before the next tile writes them.
+        __syncthreads();
     }
 }
 

@@ -49,10 +49,11 @@
 //! make no triplet).
 //!
 //! **Deterministic by construction.** A step that makes a variable number of outputs per
-//! item runs twice: it counts per item, a per-event exclusive scan (`ca_event_scan`)
-//! gives each item its offset, a budget pass (`ca_event_budget`) places the events in the
-//! arena, and the same kernel then writes each item's outputs at its offset, in the
-//! CPU's order. Where atomics place things (hits into grid cells, triplets into their
+//! item runs twice: it counts per item, a per-event exclusive scan (`ca_event_scan`: a
+//! few blocks per event take its tiles in turn, each adding the sums its predecessors
+//! published) gives each item its offset, a budget pass (`ca_event_budget`) places the
+//! events in the arena, and the same kernel then writes each item's outputs at its
+//! offset, in the CPU's order. Where atomics place things (hits into grid cells, triplets into their
 //! right doublet's list), a following pass orders them by key (a hit's rank by x and
 //! input index; a list sorted by triplet index). No output depends on the order threads
 //! arrive in: repeated runs give the same bytes.
@@ -151,8 +152,16 @@ const STEPS: [&str; 10] = [
 const KERNEL_OPTIONS: [&str; 1] = ["--fmad=false"];
 /// Threads per block (CA_THREADS in ca_common.cuh).
 const THREADS: u32 = 256;
-/// Threads of the per-event scan's block (SCAN_THREADS in ca_common.cuh).
-const SCAN_THREADS: u32 = 1024;
+/// Threads of the per-event scan's blocks (SCAN_THREADS in ca_common.cuh).
+const SCAN_THREADS: u32 = 256;
+/// Items of one tile of the per-event scan (SCAN_TILE in ca_common.cuh).
+const SCAN_TILE: usize = SCAN_THREADS as usize * 8;
+/// Blocks of the per-event scan per multiprocessor, over the batch, and at most per event
+/// (more only wait on each other's tickets and sums: `bench/RESULTS.md`).
+const SCAN_BLOCKS_PER_SM: u32 = 4;
+const SCAN_MAX_BLOCKS: u32 = 32;
+/// Epochs of the per-event scan's status words (SCAN_EPOCH_BITS in ca_common.cuh).
+const SCAN_EPOCHS: u32 = 1 << 30;
 /// Threads per event of the candidate step (CAND_THREADS in ca_candidates.cu).
 const CAND_THREADS: u32 = 256;
 /// Words per fit in the fit arena (FIT_WORDS in ca_candidates.cu, the fit kernel's
@@ -273,11 +282,23 @@ impl CaLimits {
             + 25 * self.max_events
             + 2
             + 11 * self.max_doublets
+            // The per-event scan's status words and tickets (64 bits each).
+            + 2 * (self.scan_tiles(n_bins) + self.max_events)
             + 26 * self.max_triplets
             + self.max_neighbours
             + per_candidate * self.max_candidates
             + 5 * self.max_candidate_hits
             + self.max_chain_hits)
+    }
+
+    /// Status words of the per-event scan: one per tile of the largest array it scans
+    /// (cells, sorted hits, doublets or triplets of the batch), and one more per event.
+    fn scan_tiles(&self, n_bins: usize) -> usize {
+        let items = (self.max_events * (n_bins + 1))
+            .max(self.max_hits)
+            .max(self.max_doublets)
+            .max(self.max_triplets);
+        items / SCAN_TILE + self.max_events + 1
     }
 
     /// Bytes of device memory for the first-hit step's scratch, where it runs on the
@@ -1150,6 +1171,10 @@ struct Arenas {
     k_sigma: DeviceBuffer<f32>,
     k_chi2: DeviceBuffer<f32>,
     k_plane: DeviceBuffer<u32>,
+    /// The per-event scan's status word per tile of SCAN_TILE items (for the largest
+    /// array it scans, and one more per event) and its ticket per event.
+    scan_status: DeviceBuffer<u64>,
+    scan_tickets: DeviceBuffer<u64>,
 }
 
 impl Arenas {
@@ -1249,6 +1274,8 @@ impl Arenas {
             k_sigma: f(t)?,
             k_chi2: f(t)?,
             k_plane: u(t)?,
+            scan_status: DeviceBuffer::new(ctx, l.scan_tiles(n_bins))?,
+            scan_tickets: DeviceBuffer::new(ctx, e)?,
         })
     }
 }
@@ -1294,6 +1321,9 @@ pub struct GpuCaEngine {
     /// Device events of a profiled candidate step.
     marks: Vec<(&'static str, cudarc::driver::CudaEvent)>,
     inject_fault: bool,
+    /// The per-event scan's epoch of the last launch (0: its status words not yet
+    /// cleared).
+    scan_epoch: u32,
     pub kernels_from_cache: bool,
     pub kernel_load_ms: f64,
 }
@@ -1555,6 +1585,7 @@ impl GpuCaEngine {
             times: Vec::new(),
             marks: Vec::new(),
             inject_fault: false,
+            scan_epoch: 0,
             ctx,
         };
         tracing::info!(
@@ -1791,6 +1822,37 @@ impl GpuCaEngine {
         })
     }
 
+    /// Launches the per-event scan over `e` events (its arguments `args` as
+    /// `ca_event_scan` takes them before the status words), with a new epoch, on
+    /// [`SCAN_BLOCKS_PER_SM`] blocks per multiprocessor over the batch (at most
+    /// [`SCAN_MAX_BLOCKS`] per event).
+    fn launch_scan(&mut self, e: u32, args: [Arg; 8]) -> Result<(), GpuError> {
+        if self.scan_epoch == 0 || self.scan_epoch + 1 >= SCAN_EPOCHS {
+            // The first launch, or the epochs wrap: no word of an earlier epoch may read
+            // as this one's.
+            for (ptr, n) in [
+                (self.a.scan_status.ptr(), self.a.scan_status.len()),
+                (self.a.scan_tickets.ptr(), self.a.scan_tickets.len()),
+            ] {
+                // SAFETY: `n` 64-bit words of this allocation.
+                driver("cuMemsetD32Async", unsafe {
+                    drv_sys::cuMemsetD32Async(ptr, 0, 2 * n, self.stream.cu_stream()).result()
+                })?;
+            }
+            self.scan_epoch = 0;
+        }
+        self.scan_epoch += 1;
+        let sms = self.device.multiprocessors.max(1) as u32;
+        let blocks = (SCAN_BLOCKS_PER_SM * sms)
+            .div_ceil(e.max(1))
+            .clamp(1, SCAN_MAX_BLOCKS);
+        let [a0, a1, a2, a3, a4, a5, a6, a7] = args;
+        #[rustfmt::skip]
+        let all = [a0, a1, a2, a3, a4, a5, a6, a7, Arg::Ptr(self.a.scan_status.ptr()),
+            Arg::Ptr(self.a.scan_tickets.ptr()), Arg::U32(self.scan_epoch)];
+        self.launch("ca_event_scan", (blocks, e), &all)
+    }
+
     fn zero(&self, buf: &DeviceBuffer<u32>, n: usize) -> Result<(), GpuError> {
         if n == 0 {
             return Ok(());
@@ -1995,7 +2057,7 @@ impl GpuCaEngine {
                 overflow])?;
             mark("hit_sorting: bin", self)?;
             #[rustfmt::skip]
-            self.launch("ca_event_scan", (1, e), &[bin_count, bin_start, null, cells_n,
+            self.launch_scan(e, [bin_count, bin_start, null, cells_n,
                 U32(n_bins as u32 + 1), failed, total, I32(1)])?;
             mark("hit_sorting: scan", self)?;
             #[rustfmt::skip]
@@ -2013,7 +2075,7 @@ impl GpuCaEngine {
             self.launch("ca_free_flags", (bpe, e), &[hit_start, n_sorted, sinput, used, failed,
                 scratch])?;
             #[rustfmt::skip]
-            self.launch("ca_event_scan", (1, e), &[scratch, free_prefix, hit_start, n_sorted, U32(0),
+            self.launch_scan(e, [scratch, free_prefix, hit_start, n_sorted, U32(0),
                 failed, n_free, I32(0)])?;
             #[rustfmt::skip]
             self.launch("ca_free_hits", (bpe, e), &[hit_start, n_sorted, bin_start, I32(n_bins),
@@ -2033,7 +2095,7 @@ impl GpuCaEngine {
         self.launch("ca_doublets", (bpe_wave, e), &dargs(0))?;
         mark("doublets: count", self)?;
         #[rustfmt::skip]
-        self.launch("ca_event_scan", (1, e), &[dbl_count, dbl_off, hit_start, n_sorted, U32(0), failed,
+        self.launch_scan(e, [dbl_count, dbl_off, hit_start, n_sorted, U32(0), failed,
             total, I32(0)])?;
         #[rustfmt::skip]
         self.launch("ca_event_budget", (1, 1), &[total, dbl_base, dbl_n, failed, U32(e), U32(max_d),
@@ -2050,7 +2112,7 @@ impl GpuCaEngine {
         self.launch("ca_triplets", (bpe_wave, e), &targs(0))?;
         mark("triplets: count", self)?;
         #[rustfmt::skip]
-        self.launch("ca_event_scan", (1, e), &[trip_count, trip_off, dbl_base, dbl_n, U32(0), failed,
+        self.launch_scan(e, [trip_count, trip_off, dbl_base, dbl_n, U32(0), failed,
             total, I32(0)])?;
         #[rustfmt::skip]
         self.launch("ca_event_budget", (1, 1), &[total, trip_base, trip_n, failed, U32(e), U32(max_t),
@@ -2070,7 +2132,7 @@ impl GpuCaEngine {
                     keep])?;
             }
             #[rustfmt::skip]
-            self.launch("ca_event_scan", (1, e), &[keep, koff, trip_base, trip_n, U32(0), failed,
+            self.launch_scan(e, [keep, koff, trip_base, trip_n, U32(0), failed,
                 total, I32(0)])?;
             #[rustfmt::skip]
             self.launch("ca_dead_ends_gather", (bpe, e), &[trip_base, trip_n, failed, keep, koff,
@@ -2088,7 +2150,7 @@ impl GpuCaEngine {
             end_count, end_off, end_cursor, ending];
         self.launch("ca_neighbours_ending", (bpe, e), &eargs(0))?;
         #[rustfmt::skip]
-        self.launch("ca_event_scan", (1, e), &[end_count, end_off, dbl_base, dbl_n, U32(0), failed,
+        self.launch_scan(e, [end_count, end_off, dbl_base, dbl_n, U32(0), failed,
             total, I32(0)])?;
         self.launch("ca_neighbours_ending", (bpe, e), &eargs(1))?;
         #[rustfmt::skip]
@@ -2101,7 +2163,7 @@ impl GpuCaEngine {
         self.launch("ca_neighbours", (bpe, e), &nargs(0))?;
         mark("neighbours: count", self)?;
         #[rustfmt::skip]
-        self.launch("ca_event_scan", (1, e), &[nb_count, nb_off, trip_base, trip_n, U32(0), failed,
+        self.launch_scan(e, [nb_count, nb_off, trip_base, trip_n, U32(0), failed,
             total, I32(0)])?;
         #[rustfmt::skip]
         self.launch("ca_event_budget", (1, 1), &[total, nb_base, nb_n, failed, U32(e), U32(max_n),
@@ -2972,6 +3034,14 @@ mod tests {
         let def = |name: &str| kernel_define("ca_event_scan", name);
         assert_eq!(def("CA_THREADS"), THREADS.to_string());
         assert_eq!(def("SCAN_THREADS"), SCAN_THREADS.to_string());
+        assert_eq!(
+            def("SCAN_ITEMS").parse::<usize>().unwrap() * SCAN_THREADS as usize,
+            SCAN_TILE
+        );
+        assert_eq!(
+            1u32 << def("SCAN_EPOCH_BITS").parse::<u32>().unwrap(),
+            SCAN_EPOCHS
+        );
         assert_eq!(def("ITEM_MIN_BLOCKS"), ITEM_BLOCKS_PER_SM.to_string());
     }
 
@@ -2995,6 +3065,7 @@ mod tests {
                 + 25 * 10
                 + 2
                 + 11 * 5000
+                + 2 * ((6000 / 2048 + 10 + 1) + 10)
                 + 26 * 6000
                 + 7000
                 + (29 + 26 + 44) * 100
