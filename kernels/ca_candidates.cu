@@ -24,17 +24,17 @@
 // reached), until the chunk holds CHUNK candidates (the rest of the window is filtered
 // again after the choice); the chunk's fits run one candidate per thread, in one round
 // (where the chunk has fewer candidates than threads, the others fit ahead, in the same
-// round, the copies that second chances would fit); the chunk is staged (its hits in shared memory where they fit) and ordered by the block
-// (a bitonic sort of one key per candidate), which also marks the candidates the choice
-// must accept whenever their turn comes (passing the cut, every hit free, and no hit
-// shared with a candidate before it in the choice's order: most of them) and those it
-// must drop (too few hits left without those); the greedy choice runs in the block's
-// first warp: a run of such candidates is decided together, a lane each, the others one
-// at a time (their hits checked and taken, their free hits counted, by the lanes
-// together), their refits in lane 0; meanwhile the block's other warps fit ahead the two
-// copies of every second chance the choice may give (those the fit round did not), which
-// lanes 0 and 1 wait for and
-// take (where the chunk leaves no room for them in the arenas, lanes 0 and 1 fit them).
+// round, the copies that second chances would fit); the chunk is staged (its hits in shared
+// memory where they fit) and ordered by the block (a bitonic sort of one key per
+// candidate), which also marks the candidates the choice must accept whenever their turn
+// comes (passing the cut, every hit free, and no hit shared with a candidate before it in
+// the choice's order: most of them) and those it must drop (too few hits left without
+// those); the greedy choice runs in the block's first warp: a run of such candidates is
+// decided together, a lane each, the others one at a time (their hits checked and taken,
+// their free hits counted, by the lanes together), their refits in lane 0; meanwhile the
+// block's other warps fit ahead the two copies of every second chance the choice may give
+// (those the fit round did not), which lanes 0 and 1 wait for and take (where the chunk
+// leaves no room for them in the arenas, lanes 0 and 1 fit them).
 // Candidates, their hits (the event's input indices, upstream first), their fits and the
 // accepted list persist per event across passes (`append`); the used flags are per input
 // hit of the event.

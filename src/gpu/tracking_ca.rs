@@ -53,10 +53,10 @@
 //! few blocks per event take its tiles in turn, each adding the sums its predecessors
 //! published) gives each item its offset, a budget pass (`ca_event_budget`) places the
 //! events in the arena, and the same kernel then writes each item's outputs at its
-//! offset, in the CPU's order. Where atomics place things (hits into grid cells, triplets into their
-//! right doublet's list), a following pass orders them by key (a hit's rank by x and
-//! input index; a list sorted by triplet index). No output depends on the order threads
-//! arrive in: repeated runs give the same bytes.
+//! offset, in the CPU's order. Where atomics place things (hits into grid cells,
+//! triplets into their right doublet's list), a following pass orders them by key (a
+//! hit's rank by x and input index; a list sorted by triplet index). No output depends
+//! on the order threads arrive in: repeated runs give the same bytes.
 //!
 //! **Bounded, with overflow handed back.** An event whose hits, doublets, triplets or
 //! neighbour links exceed the CPU finder's own per-event limit ([`Limits`], where the CPU
@@ -156,9 +156,10 @@ const THREADS: u32 = 256;
 const SCAN_THREADS: u32 = 256;
 /// Items of one tile of the per-event scan (SCAN_TILE in ca_common.cuh).
 const SCAN_TILE: usize = SCAN_THREADS as usize * 8;
-/// Blocks of the per-event scan per multiprocessor, over the batch, and at most per event
-/// (more only wait on each other's tickets and sums: `bench/RESULTS.md`).
+/// Blocks of the per-event scan per multiprocessor, over the batch.
 const SCAN_BLOCKS_PER_SM: u32 = 4;
+/// Most blocks of the per-event scan per event: more only wait on each other's tickets
+/// and sums (`bench/RESULTS.md`).
 const SCAN_MAX_BLOCKS: u32 = 32;
 /// Epochs of the per-event scan's status words (SCAN_EPOCH_BITS in ca_common.cuh).
 const SCAN_EPOCHS: u32 = 1 << 30;
