@@ -43,13 +43,15 @@ extern "C" __global__ void ca_dead_ends(const float* __restrict__ sx, const floa
         // triplets ending elsewhere read nothing more.
         u32 p = TPLANE_LAST(tplane[T]);
         if (p != plane) continue;
-        uint4 r = dbl[dbase + tright[T]];
-        u32 c = r.y;
-        bool live = p == last || continues[dbase + tright[T]] != 0u;
+        const u32 R = dbase + tright[T];
+        bool live = p == last || continues[R] != 0u;
         if (!live && p >= first_end_plane) {
             if (p + 1 >= (u32)n_planes) {
                 live = true;
             } else {
+                // The right doublet's record only where its exit is tested.
+                const uint4 r = dbl[R];
+                const u32 c = r.y;
                 const float* ex = exits + 3 * p;
                 float tx = __uint_as_float(r.z), ty = __uint_as_float(r.w);
                 float x = sx[s + c], y = sy[s + c];

@@ -1831,15 +1831,8 @@ impl GpuCaEngine {
         if self.scan_epoch == 0 || self.scan_epoch + 1 >= SCAN_EPOCHS {
             // The first launch, or the epochs wrap: no word of an earlier epoch may read
             // as this one's.
-            for (ptr, n) in [
-                (self.a.scan_status.ptr(), self.a.scan_status.len()),
-                (self.a.scan_tickets.ptr(), self.a.scan_tickets.len()),
-            ] {
-                // SAFETY: `n` 64-bit words of this allocation.
-                driver("cuMemsetD32Async", unsafe {
-                    drv_sys::cuMemsetD32Async(ptr, 0, 2 * n, self.stream.cu_stream()).result()
-                })?;
-            }
+            self.zero(&self.a.scan_status, self.a.scan_status.len())?;
+            self.zero(&self.a.scan_tickets, self.a.scan_tickets.len())?;
             self.scan_epoch = 0;
         }
         self.scan_epoch += 1;
@@ -1854,13 +1847,16 @@ impl GpuCaEngine {
         self.launch("ca_event_scan", (blocks, e), &all)
     }
 
-    fn zero(&self, buf: &DeviceBuffer<u32>, n: usize) -> Result<(), GpuError> {
-        if n == 0 {
+    /// Clears the first `n` elements of `buf` (of 32 or 64 bits) on the stream.
+    fn zero<T: Copy>(&self, buf: &DeviceBuffer<T>, n: usize) -> Result<(), GpuError> {
+        const { assert!(std::mem::size_of::<T>() % 4 == 0) };
+        let words = n * (std::mem::size_of::<T>() / 4);
+        if words == 0 {
             return Ok(());
         }
-        // SAFETY: `n` elements of this allocation.
+        // SAFETY: `n` elements of this allocation, in 32-bit words.
         driver("cuMemsetD32Async", unsafe {
-            drv_sys::cuMemsetD32Async(buf.ptr(), 0, n, self.stream.cu_stream()).result()
+            drv_sys::cuMemsetD32Async(buf.ptr(), 0, words, self.stream.cu_stream()).result()
         })
     }
 
