@@ -410,13 +410,7 @@ fn a_device_error_fails_the_launch_and_the_next_runs_and_overflows_are_handed_ba
         "the launch after a device error decides as before"
     );
     // An event beyond the finder's own candidate limit is handed back, the others not.
-    let small = FinderConfig {
-        limits: trigd::tracking::reco::Limits {
-            max_candidates: 40,
-            ..cfg.limits.clone()
-        },
-        ..cfg.clone()
-    };
+    let small = at_median_candidates(&det, &cfg, &events);
     let mut tracker =
         GpuTracker::new(&dev, &det, &small, TrackerLimits::for_batch(&small, 64)).expect("tracker");
     tracker
@@ -424,7 +418,8 @@ fn a_device_error_fails_the_launch_and_the_next_runs_and_overflows_are_handed_ba
         .expect("launch");
     let n_back = back.iter().filter(|b| b.is_some()).count();
     println!(
-        "candidate limit 40: {n_back} of 64 events handed back ({:?})",
+        "candidate limit {}: {n_back} of 64 events handed back ({:?})",
+        small.limits.max_candidates,
         back.iter().flatten().next()
     );
     assert!(n_back > 0 && n_back < 64, "{n_back}");
@@ -615,6 +610,103 @@ fn a_launch_of_busy_and_sparse_events_gives_the_cpus_tracks_in_order() {
             other_errors * 2 > n_tracks,
             name == "telescope, hard spectrum",
             "{name}: {other_errors} of {n_tracks} tracks with other errors than the default spectrum's"
+        );
+    }
+}
+
+/// `cfg` with its candidate limit at the median of the events' candidates (the CPU
+/// finder's without the limit): the events with more reach it and overflow, those with
+/// fewer do not, whatever the seed.
+fn at_median_candidates(
+    det: &Detector,
+    cfg: &FinderConfig,
+    events: &[Vec<HitRecord>],
+) -> FinderConfig {
+    let mut reco = trigd::tracking::reco::Reconstructor::new(det, cfg.clone());
+    let mut n: Vec<usize> = events
+        .iter()
+        .map(|e| {
+            reco.find_tracks(e);
+            reco.buffers().candidates.len()
+        })
+        .collect();
+    n.sort_unstable();
+    let (least, most) = (n[0], n[n.len() - 1]);
+    assert!(
+        least + 1 < most,
+        "events with different numbers of candidates: {n:?}"
+    );
+    // Above the least and below the most, so that some event stays below it and some
+    // goes beyond.
+    let limit = n[n.len() / 2].clamp(least + 1, most - 1);
+    FinderConfig {
+        limits: trigd::tracking::reco::Limits {
+            max_candidates: limit,
+            ..cfg.limits.clone()
+        },
+        ..cfg.clone()
+    }
+}
+
+/// At a candidate limit the finder reaches in some events: the events handed back are
+/// the same on every launch (of one tracker and of a fresh one), and they are exactly
+/// those where the CPU finder with the same limits counts an overflow.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn events_handed_back_at_a_candidate_limit_are_the_same_every_launch_and_the_cpus() {
+    use trigd::gpu::tracking::{GpuTracker, TrackerLimits};
+    use trigd::tracking::reco::Reconstructor;
+    let dev = device();
+    let det = load("detector.toml");
+    let cfg = FinderConfig::from_detector(&det, 1.0);
+    let events: Vec<Vec<HitRecord>> =
+        simulate_events(&det, &SimConfig::preset(Preset::Minbias), seed(), 0, 64)
+            .map(|e| e.hits)
+            .collect();
+    let small = at_median_candidates(&det, &cfg, &events);
+    let views: Vec<&[HitRecord]> = events.iter().map(Vec::as_slice).collect();
+    let mut reco = Reconstructor::new(&det, small.clone());
+    let cpu: Vec<bool> = events
+        .iter()
+        .map(|e| {
+            reco.find_tracks(e);
+            reco.last_overflow().any()
+        })
+        .collect();
+    let mut runs = Vec::new();
+    for fresh in 0..3 {
+        let mut tracker = GpuTracker::new(&dev, &det, &small, TrackerLimits::for_batch(&small, 64))
+            .expect("tracker");
+        for _ in 0..4 {
+            let (mut out, mut back) = (Vec::new(), Vec::new());
+            tracker
+                .reconstruct_batch(&views, &mut out, &mut back)
+                .expect("launch");
+            let keys: Vec<_> = out.iter().map(|t| track_key(t)).collect();
+            println!(
+                "candidate limit {}, tracker {fresh}: {} of 64 handed back ({:?}); the CPU overflows in {}",
+                small.limits.max_candidates,
+                back.iter().flatten().count(),
+                back.iter()
+                    .enumerate()
+                    .filter_map(|(k, b)| b.map(|b| (k, b)))
+                    .filter(|(k, _)| !cpu[*k])
+                    .collect::<Vec<_>>(),
+                cpu.iter().filter(|&&c| c).count()
+            );
+            runs.push((back, keys));
+        }
+    }
+    let n_back = runs[0].0.iter().flatten().count();
+    assert!(n_back > 0 && n_back < 64, "{n_back}");
+    for (i, r) in runs.iter().enumerate() {
+        assert_eq!(r, &runs[0], "launch {i} as the first");
+    }
+    for (k, b) in runs[0].0.iter().enumerate() {
+        assert_eq!(
+            b.is_some(),
+            cpu[k],
+            "event {k}: handed back where the CPU overflows"
         );
     }
 }
