@@ -11,6 +11,8 @@
 //!              --per-gpu K (K trackers per GPU, each on its own stream and host
 //!              thread, so one's host work overlaps another's kernels; default as
 //!              the daemon's `gpu_workers`, 4)
+//!              --gpu-wait auto|spin|yield|block (how the host threads wait for the
+//!              GPU, as the daemon's `gpu_wait`; default auto, the driver's choice)
 //!
 //! For central and minimum-bias events of each detector: the CPU finder
 //! (`Reconstructor::reconstruct`, the daemon's CPU path) on one core and on every core of
@@ -87,6 +89,15 @@ fn cpu_rate(det: &Detector, cfg: &FinderConfig, events: &[Vec<HitRecord>], threa
 }
 
 fn main() {
+    use trigd::config::GpuWait;
+    let wait = match str_arg("--gpu-wait", "auto").as_str() {
+        "auto" => GpuWait::Auto,
+        "spin" => GpuWait::Spin,
+        "yield" => GpuWait::Yield,
+        "block" => GpuWait::Block,
+        other => panic!("--gpu-wait {other}: one of auto, spin, yield, block"),
+    };
+    trigd::gpu::set_wait(wait);
     let devices = match detect(BackendChoice::Gpu) {
         Ok(d) if !d.is_empty() => d,
         Ok(_) | Err(_) => {
@@ -98,6 +109,7 @@ fn main() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!("device {dev}");
     println!("host_cores {cores}");
+    println!("gpu_wait {:?}", trigd::gpu::wait());
     let rounds = arg("--rounds", 5).max(1);
     let configs = str_arg("--configs", "spectrometer,dipole,forward");
     let n_gpus = arg("--gpus", devices.len()).clamp(1, devices.len());

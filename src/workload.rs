@@ -94,6 +94,7 @@ fn plan_workload(cfg: &Arc<Config>, outputs: &Outputs) -> anyhow::Result<Plan> {
                 anyhow::bail!("--sources-out needs --workload eeg");
             }
             let setup = TrackingSetup::new(cfg, outputs.tracks_out.as_deref())?;
+            crate::gpu::set_wait(cfg.daemon.gpu_wait);
             let gpus = crate::backend::detect_gpus(&cfg.daemon.backend)?;
             let kind = if gpus.is_empty() {
                 BackendKind::Cpu
@@ -107,6 +108,7 @@ fn plan_workload(cfg: &Arc<Config>, outputs: &Outputs) -> anyhow::Result<Plan> {
                 anyhow::bail!("--tracks-out needs --workload tracking");
             }
             let setup = Arc::new(EegSetup::new(cfg, outputs.sources_out.as_deref())?);
+            crate::gpu::set_wait(cfg.daemon.gpu_wait);
             let gpus = crate::backend::detect_gpus(&cfg.daemon.backend)?;
             let kind = if gpus.is_empty() {
                 BackendKind::Cpu

@@ -679,3 +679,65 @@ fn an_event_beyond_the_candidate_limit_is_counted_and_handed_back_to_the_cpu() {
         cfg.limits.max_candidates, summary.failed[3], summary.overflow, t.tracks
     );
 }
+
+/// `daemon.gpu_wait`: each way of waiting is set on the device's primary context when a
+/// tracker opens it (also while the context is active, from an earlier open), and a
+/// tracker's launches under each give the same tracks.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn each_gpu_wait_is_set_on_the_device_and_gives_the_same_tracks() {
+    use cudarc::driver::sys::CUctx_flags as F;
+    use trigd::config::GpuWait;
+    use trigd::gpu::tracking::{GpuTracker, TrackerLimits};
+    let dev = device();
+    let det = load("detector.toml");
+    let cfg = FinderConfig::from_detector(&det, 1.0);
+    let events: Vec<Vec<HitRecord>> =
+        simulate_events(&det, &SimConfig::preset(Preset::Minbias), seed(), 0, 16)
+            .map(|e| e.hits)
+            .collect();
+    let views: Vec<&[HitRecord]> = events.iter().map(Vec::as_slice).collect();
+    type Keys = Vec<Vec<(Vec<u32>, u32)>>;
+    let mut first: Option<Keys> = None;
+    for (wait, flag) in [
+        (GpuWait::Spin, F::CU_CTX_SCHED_SPIN),
+        (GpuWait::Block, F::CU_CTX_SCHED_BLOCKING_SYNC),
+        (GpuWait::Yield, F::CU_CTX_SCHED_YIELD),
+    ] {
+        trigd::gpu::set_wait(wait);
+        let mut tracker =
+            GpuTracker::new(&dev, &det, &cfg, TrackerLimits::for_batch(&cfg, 16)).expect("tracker");
+        assert_eq!(
+            trigd::gpu::primary_wait_flag(dev.ordinal),
+            Some(flag as u32),
+            "{wait:?} on the device"
+        );
+        let (mut out, mut back) = (Vec::new(), Vec::new());
+        tracker
+            .reconstruct_batch(&views, &mut out, &mut back)
+            .expect("launch");
+        assert!(back.iter().all(Option::is_none));
+        let keys: Keys = out
+            .iter()
+            .map(|ts| {
+                ts.iter()
+                    .map(|t| (t.hits.clone(), t.chi2.to_bits()))
+                    .collect()
+            })
+            .collect();
+        assert!(keys.iter().any(|k| !k.is_empty()));
+        match &first {
+            None => first = Some(keys),
+            Some(f) => assert_eq!(&keys, f, "{wait:?}: the same tracks"),
+        }
+    }
+    // The default again, for the tests after this one in the same process.
+    trigd::gpu::set_wait(GpuWait::Auto);
+    let _tracker =
+        GpuTracker::new(&dev, &det, &cfg, TrackerLimits::for_batch(&cfg, 16)).expect("tracker");
+    assert_eq!(
+        trigd::gpu::primary_wait_flag(dev.ordinal),
+        Some(F::CU_CTX_SCHED_AUTO as u32),
+        "the driver's choice again"
+    );
+}

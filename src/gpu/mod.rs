@@ -16,6 +16,7 @@ pub mod tracking_fit;
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::{result as drv, sys as drv_sys, CudaContext};
@@ -98,6 +99,70 @@ fn driver_error_text(e: &drv::DriverError) -> String {
     }
 }
 
+/// How this process's host threads wait for their GPU work, from the next
+/// [`GpuDevice::open`] on (the daemon sets `daemon.gpu_wait` before it opens a device).
+pub fn set_wait(wait: crate::config::GpuWait) {
+    WAIT.store(wait as u8, Ordering::Relaxed);
+}
+
+/// The wait [`set_wait`] chose (`auto` unless set).
+pub fn wait() -> crate::config::GpuWait {
+    use crate::config::GpuWait;
+    [GpuWait::Auto, GpuWait::Spin, GpuWait::Yield, GpuWait::Block]
+        .into_iter()
+        .find(|&w| w as u8 == WAIT.load(Ordering::Relaxed))
+        .unwrap_or(GpuWait::Auto)
+}
+
+static WAIT: AtomicU8 = AtomicU8::new(crate::config::GpuWait::Auto as u8);
+
+/// The scheduling flag of a wait.
+pub fn wait_flag(wait: crate::config::GpuWait) -> u32 {
+    use crate::config::GpuWait;
+    use cudarc::driver::sys::CUctx_flags as F;
+    (match wait {
+        GpuWait::Auto => F::CU_CTX_SCHED_AUTO,
+        GpuWait::Spin => F::CU_CTX_SCHED_SPIN,
+        GpuWait::Yield => F::CU_CTX_SCHED_YIELD,
+        GpuWait::Block => F::CU_CTX_SCHED_BLOCKING_SYNC,
+    }) as u32
+}
+
+/// The device's primary context's scheduling flag set to [`wait`]'s where it differs,
+/// before the context is retained. A driver that refuses leaves its own choice, with a
+/// warning: the wait is a matter of speed, not of results.
+fn apply_wait(ordinal: usize) {
+    let want = wait_flag(wait());
+    if primary_wait_flag(ordinal).is_none_or(|f| f == want) {
+        return;
+    }
+    let r = cudarc::driver::result::device::get(ordinal as i32).and_then(|dev| {
+        // SAFETY: a device handle from the driver; the flag is one of the scheduling
+        // flags.
+        unsafe { cudarc::driver::sys::cuDevicePrimaryCtxSetFlags_v2(dev, want).result() }
+    });
+    if let Err(e) = r {
+        tracing::warn!(
+            "GPU {ordinal}: the host's wait ({:?}) not set: {}",
+            wait(),
+            driver_error_text(&e)
+        );
+    }
+}
+
+/// The device's primary context's scheduling flag now, or `None` where the driver does
+/// not say.
+pub fn primary_wait_flag(ordinal: usize) -> Option<u32> {
+    cudarc::driver::result::init().ok()?;
+    let dev = cudarc::driver::result::device::get(ordinal as i32).ok()?;
+    let (mut flags, mut active) = (0u32, 0i32);
+    // SAFETY: a device handle from the driver and two out-pointers to locals.
+    unsafe { cudarc::driver::sys::cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active) }
+        .result()
+        .ok()?;
+    Some(flags & cudarc::driver::sys::CUctx_flags::CU_CTX_SCHED_MASK as u32)
+}
+
 /// One visible GPU, as found by [`detect`].
 #[derive(Debug, Clone)]
 pub struct GpuDevice {
@@ -112,6 +177,7 @@ pub struct GpuDevice {
 impl GpuDevice {
     /// Retains the device's primary context and makes it current on this thread.
     pub fn open(&self) -> Result<Arc<CudaContext>, GpuError> {
+        apply_wait(self.ordinal);
         driver("cuDevicePrimaryCtxRetain", CudaContext::new(self.ordinal))
     }
 
