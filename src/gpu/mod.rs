@@ -150,8 +150,8 @@ fn apply_wait(ordinal: usize) {
     }
 }
 
-/// The device's primary context's scheduling flag now, or `None` where the driver does
-/// not say.
+/// The primary context's scheduling flag now of a device [`detect`] found (so the
+/// driver's library is loaded), or `None` where the driver does not say.
 pub fn primary_wait_flag(ordinal: usize) -> Option<u32> {
     cudarc::driver::result::init().ok()?;
     let dev = cudarc::driver::result::device::get(ordinal as i32).ok()?;
