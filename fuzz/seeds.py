@@ -130,6 +130,27 @@ def main() -> None:
     write(out, "binlog", "header_only", data[:header_len])
     write(out, "binlog", "one_record", data[header_len:header_len + 112])
 
+    # daemon_config: the annotated example, and configurations of each kind of input and
+    # workload (and one refused value).
+    with open(os.path.join(ROOT, "deploy", "trigd.toml"), "rb") as f:
+        write(out, "daemon_config", "deploy_trigd.toml", f.read())
+    for name, text in [
+        ("empty.toml", ""),
+        ("nats_farm.toml", '[daemon]\nring_slots = 64\n[[input]]\n'
+         'listen = "nats://127.0.0.1:4222/FRAMES"\nsubject = "FRAMES.>"\ndurable = "node"\n'
+         'ack_wait_s = 2\nconnect_retry_s = 10\n[output]\n'
+         'decisions_nats = "nats://127.0.0.1:4222/DECISIONS"\n'),
+        ("lsl_eeg.toml", '[daemon]\nworkload = "eeg"\n[[input]]\n'
+         'listen = "lsl://type=EEG&unit=uV"\ndrop_channels = ["Status"]\n'
+         'extra_channels = "drop"\n[output]\nlsl_markers = "m"\nlsl_markers_format = "code"\n'),
+        ("tracking_gpu.toml", '[daemon]\nworkload = "tracking"\nbackend = "auto"\n'
+         'budget_ms = 5.0\ngpu_workers = 8\ngpu_wait = "yield"\nbatch_max = 32\n'
+         'admission = "deadline"\n[[input]]\nlisten = "udp://127.0.0.1:7000"\n'
+         '[tracking]\ngeometry = "fixtures/detector.toml"\n'),
+        ("bad_wait.toml", '[daemon]\ngpu_wait = "sleep"\n'),
+    ]:
+        write(out, "daemon_config", name, text.encode())
+
     # detector_toml: the shipped geometries, and a small field map.
     for name in ["detector.toml", "telescope.toml", "tracking/forward/detector_forward.toml",
                  "tracking/dipole/detector_dipole.toml"]:

@@ -23,6 +23,7 @@ pub type Target = (&'static str, fn(&[u8]));
 /// Every fuzz target, by name.
 pub const TARGETS: &[Target] = &[
     ("binlog", binlog),
+    ("daemon_config", daemon_config),
     ("detector_toml", detector_toml),
     ("edf", edf),
     ("finder_overrides", finder_overrides),
@@ -73,6 +74,26 @@ pub fn nats_url(data: &[u8]) {
             assert!(crate::farm::valid_name(s));
         }
         assert!(u.port > 0);
+    }
+}
+
+/// The daemon's configuration file (`trigd.toml`: every section, its checks, and the
+/// inputs' address parsers): any text gives a configuration or an error naming the file;
+/// what parses parses again to the same configuration, and every input's address reads.
+pub fn daemon_config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    match crate::config::Config::from_str_named(text, "fuzz.toml") {
+        Ok(cfg) => {
+            let again = crate::config::Config::from_str_named(text, "fuzz.toml")
+                .expect("a configuration that parsed once parses again");
+            assert_eq!(format!("{cfg:?}"), format!("{again:?}"));
+            for input in &cfg.inputs {
+                let _ = input.nats_spec(cfg.daemon.ring_slots);
+            }
+        }
+        Err(e) => assert!(e.to_string().contains("fuzz.toml"), "{e}"),
     }
 }
 
