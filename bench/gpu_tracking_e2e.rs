@@ -89,14 +89,9 @@ fn cpu_rate(det: &Detector, cfg: &FinderConfig, events: &[Vec<HitRecord>], threa
 }
 
 fn main() {
-    use trigd::config::GpuWait;
-    let wait = match str_arg("--gpu-wait", "auto").as_str() {
-        "auto" => GpuWait::Auto,
-        "spin" => GpuWait::Spin,
-        "yield" => GpuWait::Yield,
-        "block" => GpuWait::Block,
-        other => panic!("--gpu-wait {other}: one of auto, spin, yield, block"),
-    };
+    use clap::ValueEnum;
+    let wait = trigd::config::GpuWait::from_str(&str_arg("--gpu-wait", "auto"), false)
+        .unwrap_or_else(|e| panic!("--gpu-wait: {e}"));
     trigd::gpu::set_wait(wait);
     let devices = match detect(BackendChoice::Gpu) {
         Ok(d) if !d.is_empty() => d,

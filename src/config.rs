@@ -63,7 +63,7 @@ impl WorkloadKind {
 
 /// How a host thread waits for the work it queued on a GPU (the device's scheduling flag,
 /// one for the whole process).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum GpuWait {
     /// The driver's choice: it spins while the process has no more CUDA contexts than the

@@ -75,6 +75,8 @@ pub fn plan(
 }
 
 fn plan_workload(cfg: &Arc<Config>, outputs: &Outputs) -> anyhow::Result<Plan> {
+    // Before any GPU is opened.
+    crate::gpu::set_wait(cfg.daemon.gpu_wait);
     match cfg.daemon.workload {
         WorkloadKind::Multiplicity => {
             if outputs.tracks_out.is_some() || outputs.sources_out.is_some() {
@@ -94,7 +96,6 @@ fn plan_workload(cfg: &Arc<Config>, outputs: &Outputs) -> anyhow::Result<Plan> {
                 anyhow::bail!("--sources-out needs --workload eeg");
             }
             let setup = TrackingSetup::new(cfg, outputs.tracks_out.as_deref())?;
-            crate::gpu::set_wait(cfg.daemon.gpu_wait);
             let gpus = crate::backend::detect_gpus(&cfg.daemon.backend)?;
             let kind = if gpus.is_empty() {
                 BackendKind::Cpu
@@ -108,7 +109,6 @@ fn plan_workload(cfg: &Arc<Config>, outputs: &Outputs) -> anyhow::Result<Plan> {
                 anyhow::bail!("--tracks-out needs --workload tracking");
             }
             let setup = Arc::new(EegSetup::new(cfg, outputs.sources_out.as_deref())?);
-            crate::gpu::set_wait(cfg.daemon.gpu_wait);
             let gpus = crate::backend::detect_gpus(&cfg.daemon.backend)?;
             let kind = if gpus.is_empty() {
                 BackendKind::Cpu

@@ -14,7 +14,7 @@
 
 mod gpu_common;
 
-use gpu_common::{device, load, seed};
+use gpu_common::{device, load, minbias_spectrometer, seed};
 use trigd::frame::HitRecord;
 use trigd::gpu::nvrtc::KernelCache;
 use trigd::gpu::tracking_ca::{CaEventTracks, CaLimits, CaStep, GpuCaEngine};
@@ -690,12 +690,7 @@ fn each_gpu_wait_is_set_on_the_device_and_gives_the_same_tracks() {
     use trigd::config::GpuWait;
     use trigd::gpu::tracking::{GpuTracker, TrackerLimits};
     let dev = device();
-    let det = load("detector.toml");
-    let cfg = FinderConfig::from_detector(&det, 1.0);
-    let events: Vec<Vec<HitRecord>> =
-        simulate_events(&det, &SimConfig::preset(Preset::Minbias), seed(), 0, 16)
-            .map(|e| e.hits)
-            .collect();
+    let (det, cfg, events) = minbias_spectrometer(16);
     let views: Vec<&[HitRecord]> = events.iter().map(Vec::as_slice).collect();
     type Keys = Vec<Vec<(Vec<u32>, u32)>>;
     let mut first: Option<Keys> = None;

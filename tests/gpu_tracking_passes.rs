@@ -11,7 +11,7 @@
 
 mod gpu_common;
 
-use gpu_common::{device, load, seed};
+use gpu_common::{device, load, minbias_spectrometer, seed};
 use trigd::frame::HitRecord;
 use trigd::gpu::nvrtc::KernelCache;
 use trigd::gpu::tracking_ca::{CaLimits, GpuCaEngine, PassOptions};
@@ -383,12 +383,7 @@ fn the_whole_finder_with_a_long_origin_gives_the_cpus_tracks() {
 fn a_device_error_fails_the_launch_and_the_next_runs_and_overflows_are_handed_back() {
     use trigd::gpu::tracking::{GpuTracker, TrackerLimits};
     let dev = device();
-    let det = load("detector.toml");
-    let cfg = FinderConfig::from_detector(&det, 1.0);
-    let events: Vec<Vec<HitRecord>> =
-        simulate_events(&det, &SimConfig::preset(Preset::Minbias), seed(), 0, 64)
-            .map(|e| e.hits)
-            .collect();
+    let (det, cfg, events) = minbias_spectrometer(64);
     let views: Vec<&[HitRecord]> = events.iter().map(Vec::as_slice).collect();
     let mut tracker =
         GpuTracker::new(&dev, &det, &cfg, TrackerLimits::for_batch(&cfg, 64)).expect("tracker");
@@ -657,12 +652,7 @@ fn events_handed_back_at_a_candidate_limit_are_the_same_every_launch_and_the_cpu
     use trigd::gpu::tracking::{GpuTracker, TrackerLimits};
     use trigd::tracking::reco::Reconstructor;
     let dev = device();
-    let det = load("detector.toml");
-    let cfg = FinderConfig::from_detector(&det, 1.0);
-    let events: Vec<Vec<HitRecord>> =
-        simulate_events(&det, &SimConfig::preset(Preset::Minbias), seed(), 0, 64)
-            .map(|e| e.hits)
-            .collect();
+    let (det, cfg, events) = minbias_spectrometer(64);
     let small = at_median_candidates(&det, &cfg, &events);
     let views: Vec<&[HitRecord]> = events.iter().map(Vec::as_slice).collect();
     let mut reco = Reconstructor::new(&det, small.clone());

@@ -108,9 +108,12 @@ pub fn set_wait(wait: crate::config::GpuWait) {
 /// The wait [`set_wait`] chose (`auto` unless set).
 pub fn wait() -> crate::config::GpuWait {
     use crate::config::GpuWait;
-    [GpuWait::Auto, GpuWait::Spin, GpuWait::Yield, GpuWait::Block]
-        .into_iter()
-        .find(|&w| w as u8 == WAIT.load(Ordering::Relaxed))
+    use clap::ValueEnum;
+    let w = WAIT.load(Ordering::Relaxed);
+    GpuWait::value_variants()
+        .iter()
+        .copied()
+        .find(|&v| v as u8 == w)
         .unwrap_or(GpuWait::Auto)
 }
 
@@ -308,6 +311,17 @@ pub fn detect(choice: BackendChoice) -> Result<Vec<GpuDevice>, GpuError> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_wait_set_is_the_wait_read() {
+        use crate::config::GpuWait;
+        use clap::ValueEnum;
+        for &w in GpuWait::value_variants() {
+            set_wait(w);
+            assert_eq!(wait(), w);
+        }
+        set_wait(GpuWait::Auto);
+    }
 
     #[test]
     fn backend_choice_parses_the_three_names() {

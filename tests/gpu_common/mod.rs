@@ -45,3 +45,21 @@ pub fn load(rel: &str) -> Detector {
     Detector::from_toml_file(fixture(rel))
         .unwrap_or_else(|e| panic!("{rel}: {e} (run from the repository root)"))
 }
+
+/// The shipped spectrometer, its derived finder configuration at 1 GeV/c, and `n` fresh
+/// minimum-bias events' hits.
+pub fn minbias_spectrometer(
+    n: u64,
+) -> (
+    Detector,
+    trigd::tracking::reco::FinderConfig,
+    Vec<Vec<trigd::frame::HitRecord>>,
+) {
+    use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
+    let det = load("detector.toml");
+    let cfg = trigd::tracking::reco::FinderConfig::from_detector(&det, 1.0);
+    let events = simulate_events(&det, &SimConfig::preset(Preset::Minbias), seed(), 0, n)
+        .map(|e| e.hits)
+        .collect();
+    (det, cfg, events)
+}
