@@ -10,7 +10,9 @@
 //!    stiff-track cuts first ([`FinderConfig::stiff_pass`], their own tables), then again
 //!    with the configuration's on the hits left ([`GpuCaEngine::run_pass`]), as the CPU;
 //! 2. the later pass over missing planes on the hits the first left
-//!    ([`GpuCaEngine::run_pass`]), its candidates appended;
+//!    ([`GpuCaEngine::run_pass`]), its candidates appended; where the first pass ran
+//!    with the stiff-track cuts, this one does too, first, for the stiff tracks with a
+//!    gap ([`FinderConfig::stiff_gap_pass_min_hits`]);
 //! 3. the accepted tracks packed on the device, one event after the other
 //!    ([`GpuCaEngine::read_tracks`]), clone suppression ([`GpuCloneEngine`]) on them in
 //!    place, and the tracks (hits as the event's input indices, fitted state,
@@ -119,6 +121,9 @@ struct Passes {
     /// pass 0, in events of at least `stiff_min_hits` sorted hits.
     stiff: bool,
     stiff_min_hits: usize,
+    /// Fewest hits of the stiff tracks of the later pass (its stiff-track run, the
+    /// engine's pass 2, where `stiff`).
+    stiff_gap_min_hits: usize,
     first_min_hits: usize,
     min_hits: usize,
     /// The first pass keeps only chains that can end (dead ends dropped from this plane).
@@ -142,6 +147,7 @@ impl Passes {
             two_pass,
             stiff: false,
             stiff_min_hits: cfg.stiff_pass_min_hits,
+            stiff_gap_min_hits: cfg.stiff_gap_pass_min_hits(),
             first_min_hits: cfg.first_pass_min_hits,
             min_hits: cfg.min_hits,
             dead_ends_from,
@@ -190,15 +196,21 @@ impl GpuTracker {
         let mut passes = Passes::new(cfg, n_planes);
         let stiff = cfg.stiff_pass(det).filter(|_| passes.two_pass);
         passes.stiff = stiff.is_some();
-        // The engine's passes: the stiff-track pass (its own cuts and tables), then the
-        // configuration's first pass and the later one, as the CPU runs them.
+        // The engine's passes, as the CPU runs them: the stiff-track pass (its own cuts
+        // and tables), the configuration's first pass, the stiff-track run of the later
+        // pass, and the later pass.
         let mut tables = Vec::new();
-        if let Some(s) = &stiff {
-            let t = CaTables::new(&FinderGeometry::new(det, s), s, 1);
+        let stiff_geo = stiff.as_ref().map(|s| FinderGeometry::new(det, s));
+        if let (Some(s), Some(g)) = (&stiff, &stiff_geo) {
+            let t = CaTables::new(g, s, 1);
             tables.push(t.for_events_of(cfg.stiff_pass_min_hits));
         }
         if passes.two_pass {
             tables.push(CaTables::new(&geo, cfg, 1));
+        }
+        if let (Some(s), Some(g)) = (&stiff, &stiff_geo) {
+            let t = CaTables::new(g, s, passes.reach);
+            tables.push(t.for_events_of(cfg.stiff_pass_min_hits));
         }
         tables.push(CaTables::new(&geo, cfg, passes.reach));
         let cache = KernelCache::from_env();
@@ -359,14 +371,26 @@ impl GpuTracker {
             times.first_candidates_ms += lap();
         }
         if p.two_pass {
+            if stiff {
+                // The stiff tracks with a gap first.
+                self.ca.run_pass(PassOptions {
+                    pass: 2,
+                    dead_ends_from_plane: None,
+                    skip_used: true,
+                })?;
+                times.later_pass_ms = lap();
+                // Its summary is the next selection's: failures stay, counts add up.
+                self.ca.select_candidates(p.stiff_gap_min_hits, true)?;
+                times.later_candidates_ms = lap();
+            }
             self.ca.run_pass(PassOptions {
-                pass: 1 + p.stiff as usize,
+                pass: 1 + 2 * p.stiff as usize,
                 dead_ends_from_plane: None,
                 skip_used: true,
             })?;
-            times.later_pass_ms = lap();
+            times.later_pass_ms += lap();
             summary = self.ca.select_candidates(p.min_hits, true)?;
-            times.later_candidates_ms = lap();
+            times.later_candidates_ms += lap();
         }
         // The accepted tracks packed, their clones marked, both read back.
         self.ca.read_tracks(self.clones.as_ref(), &mut self.batch)?;

@@ -282,9 +282,9 @@ impl Reconstructor {
             1
         };
         if two_pass {
-            // Tracks without a gap first, on consecutive-plane doublets (in a busy event
-            // the stiff ones first, then the others on the hits left); then the hits
-            // left, with doublets skipping planes.
+            // Tracks without a gap first, on consecutive-plane doublets; then the hits
+            // left, with doublets skipping planes. In a busy event each pass runs first
+            // with the stiff-track cuts, then with the configuration's on the hits left.
             let to_last_plane = self.cfg.first_pass_to_last_plane;
             let first_min_hits = self.cfg.first_pass_min_hits;
             let stiff = self
@@ -300,6 +300,10 @@ impl Reconstructor {
                 to_last_plane,
                 stiff.is_some(),
             );
+            if let Some(r) = stiff {
+                let min_hits = self.cfg.stiff_gap_pass_min_hits();
+                self.run_pass(Pass::Rung(r), reach, min_hits, false, true);
+            }
             self.run_pass(Pass::Main, reach, self.cfg.min_hits, false, true);
         } else {
             self.run_pass(Pass::Main, reach, self.cfg.min_hits, false, false);
@@ -1360,6 +1364,52 @@ mod tests {
         let alone = find(stiff);
         assert!(!alone.contains(&soft), "{alone:?}");
         assert_eq!(alone.len(), 2);
+    }
+
+    /// In a busy event the later pass over missing planes also takes the stiff tracks
+    /// first: a stiff track with a gap that leaves before the last plane (7 of 9 hits) is
+    /// accepted before a longer soft one with a gap (8 hits; longest first would take the
+    /// soft one first), and both are found whole, as without the stiff-track cuts.
+    #[test]
+    fn the_later_pass_takes_the_stiff_tracks_with_a_gap_first() {
+        let det = detector(9, [0.0, 0.8, 0.0], 0.004, 0.016);
+        let mut rng = ChaCha8Rng::seed_from_u64(29);
+        let mut hits: Vec<HitRecord> = Vec::new();
+        let mut want = Vec::new();
+        for (start, gaps) in [
+            ([0.0, 0.0, 0.06, 0.03, 1.0 / 6.0], &[2u16, 8][..]),
+            ([0.1, 0.0, -0.05, -0.04, -1.0 / 0.8], &[4u16][..]),
+        ] {
+            let mut own = Vec::new();
+            track(&det, start, true, true, &mut rng, &mut own);
+            let mut ids = Vec::new();
+            for h in own.into_iter().filter(|h| !gaps.contains(&h.plane)) {
+                ids.push(hits.len() as u32);
+                hits.push(h);
+            }
+            want.push(ids);
+        }
+        let cfg = FinderConfig {
+            stiff_pass_min_hits: 0,
+            ..FinderConfig::from_detector(&det, 0.5)
+        };
+        assert_eq!(cfg.first_pass_min_hits, 8);
+        assert_eq!(cfg.stiff_gap_pass_min_hits(), 7);
+        let find = |cfg: FinderConfig| {
+            let mut reco = Reconstructor::new(&det, cfg);
+            let mut tracks = Vec::new();
+            reco.reconstruct(&hits, &mut tracks);
+            tracks.iter().map(|t| t.hits.clone()).collect::<Vec<_>>()
+        };
+        // Acceptance order: the stiff track first.
+        assert_eq!(find(cfg.clone()), want);
+        // At the minimum momentum alone, the longer track first.
+        let one = FinderConfig {
+            stiff_pass_p_factor: 0.0,
+            ..cfg
+        };
+        let (stiff, soft) = (want[0].clone(), want[1].clone());
+        assert_eq!(find(one), vec![soft, stiff]);
     }
 
     #[test]

@@ -146,8 +146,14 @@ pub struct FinderConfig {
     /// windows are this factor narrower in the bending and the scattering, and the wide
     /// windows of the soft tracks then search a fraction of the hits, with fewer wrong
     /// combinations to choose from. The stiff tracks' candidates are chosen before the
-    /// soft ones' (hits used once, as between the passes). At most 1 (or 0): one pass.
-    /// Default 3 (the windows a third as wide; the finder's cost is flat from 2 to 4).
+    /// soft ones' (hits used once, as between the passes). The later pass over missing
+    /// planes runs the same way in a busy event: first with the stiff cuts for the tracks
+    /// that cross the detector with one plane more missing than the first pass allows
+    /// ([`FinderConfig::stiff_gap_pass_min_hits`]), then at `min_p_gev` on the hits they
+    /// left. Its doublets skip planes, so its combinations grow fastest with the windows:
+    /// on thick planes in a strong field the stiff pass keeps them to a tenth. At most 1
+    /// (or 0): one pass each. Default 3 (the windows a third as wide; the finder's cost is
+    /// flat from 2 to 4).
     pub stiff_pass_p_factor: f64,
     /// When a pass fills a per-event buffer (doublets, triplets, neighbours: `limits`), its
     /// search is incomplete and what it would choose from truncated lists is arbitrary. It
@@ -375,6 +381,18 @@ impl FinderConfig {
             return None;
         }
         Some(self.at_momentum_factor(det, k))
+    }
+
+    /// Fewest hits of a track found by the stiff-track cuts in the later pass over missing
+    /// planes ([`Self::stiff_pass_p_factor`]): one fewer than the first pass's, so that it
+    /// takes the stiff tracks crossing the detector with a gap, and leaves the shorter
+    /// ones (tracks that leave the detector early, or a stiff track's piece its narrow
+    /// windows could not follow past a large scatter) to the pass at the minimum momentum,
+    /// which finds them whole rather than in two pieces.
+    pub fn stiff_gap_pass_min_hits(&self) -> usize {
+        self.first_pass_min_hits
+            .saturating_sub(1)
+            .max(self.min_hits)
     }
 
     /// This configuration for tracks above `k` (> 1) times its minimum momentum: the slope

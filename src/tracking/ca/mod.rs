@@ -21,6 +21,8 @@
 //! narrower), then with the configuration's on the hits the stiff tracks left, as the
 //! iterations of CBM's cellular automaton search fast tracks before slow ones: most tracks
 //! are stiff, and the wide windows of the soft ones then search a fraction of the hits.
+//! The second pass does the same in a busy event: the stiff tracks with a gap first (those
+//! of at least [`cuts::FinderConfig::stiff_gap_pass_min_hits`] hits), then the others.
 //!
 //! The first pass follows its tracks upstream from the planes they can end on, where the
 //! hits are least dense (`follow_seeds`): doublets are searched in the wide pointing
