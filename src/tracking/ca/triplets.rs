@@ -29,7 +29,7 @@
 #![allow(clippy::neg_cmp_op_on_partial_ord, clippy::needless_range_loop)]
 
 use super::cuts::FinderConfig;
-use super::doublets::{scan_cells, slopes, PlaneWindows};
+use super::doublets::{box_cells, scan_cells, slopes, PlaneWindows};
 use super::neighbours::compatible;
 use super::{
     push_doublet, CaBuffers, Doublet, DoubletLanes, FinderGeometry, Kernel, SortedHits, Triplet,
@@ -897,6 +897,102 @@ pub fn seed_doublet_planes(n_planes: usize, seed_planes: usize) -> std::ops::Ran
     end.saturating_sub(seed_planes.max(1))..end
 }
 
+/// Where on plane `i` the hits `a` lie whose doublet window on plane `j = i + 1` (the
+/// doublet step's box, [`PlaneWindows`]) can hold a middle hit `b`: a box around `b`
+/// seen back from the origin. The seeded step cuts its back boxes to it, which in a
+/// strong non-uniform field (where the back box bounds the bending of every slope the
+/// doublets may have) can be most of the plane while the doublet windows stay narrow.
+///
+/// Each window is centred near the line from the origin's centre through `a`, at
+/// `g xa + (1 - g) o` with `g = (z_j - z_o) / (z_i - z_o)` (without pointing, `g = 1`),
+/// and reaches at most `H` from it, the largest reach over the plane's hits, measured on
+/// their boxes: a window holds `xb` only where `|xb - g xa - (1 - g) o| <= H`. The bounds
+/// are computed in `f64` and rounded outwards to `f32`, so the box holds every such hit.
+struct InverseWindow {
+    g: f64,
+    origin: [f64; 2],
+    /// The largest reach in x and y; `None` where no hit of the plane has a window.
+    reach: Option<[f64; 2]>,
+}
+
+impl InverseWindow {
+    /// From the doublet windows `boxes` (`[x0, x1, y0, y1]` by quantity) of the hits of
+    /// plane `pw`, the first of which is sorted hit `first`.
+    fn new(pw: &PlaneWindows, boxes: &[Vec<f32>; 4], sh: &SortedHits, first: usize) -> Self {
+        let g = if pw.pointing {
+            1.0 + pw.targets[0].dz as f64 * pw.inv_lever_a as f64
+        } else {
+            1.0
+        };
+        let origin = pw.origin_c.map(|v| v as f64);
+        let mut reach: Option<[f64; 2]> = None;
+        for k in 0..boxes[0].len() {
+            let b = [boxes[0][k], boxes[1][k], boxes[2][k], boxes[3][k]].map(|v| v as f64);
+            if !(b[0] <= b[1] && b[2] <= b[3]) {
+                continue;
+            }
+            let c = [
+                g * sh.x_mm[first + k] as f64 + (1.0 - g) * origin[0],
+                g * sh.y_mm[first + k] as f64 + (1.0 - g) * origin[1],
+            ];
+            let r = [
+                (b[1] - c[0]).max(c[0] - b[0]),
+                (b[3] - c[1]).max(c[1] - b[2]),
+            ];
+            let m = reach.get_or_insert([0.0; 2]);
+            m[0] = m[0].max(r[0]);
+            m[1] = m[1].max(r[1]);
+        }
+        InverseWindow { g, origin, reach }
+    }
+
+    /// The box `[x0, x1, y0, y1]` on plane `i` of the hits whose window can hold `(xb,
+    /// yb)`, or `None` where there is none.
+    #[inline(always)]
+    fn of(&self, xb: f32, yb: f32) -> Option<[f32; 4]> {
+        let [hx, hy] = self.reach?;
+        if !(hx.is_finite() && hy.is_finite()) {
+            // Unbounded windows: every hit.
+            return Some([
+                f32::NEG_INFINITY,
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                f32::INFINITY,
+            ]);
+        }
+        let back = |v: f32, h: f64, o: f64| {
+            let lo = (v as f64 - h - (1.0 - self.g) * o) / self.g;
+            let hi = (v as f64 + h - (1.0 - self.g) * o) / self.g;
+            // A relative margin for the rounding of the f32 inputs' products.
+            let m = 1e-6 * (lo.abs().max(hi.abs()) + h + 1.0);
+            (down(lo - m), up(hi + m))
+        };
+        let (x0, x1) = back(xb, hx, self.origin[0]);
+        let (y0, y1) = back(yb, hy, self.origin[1]);
+        Some([x0, x1, y0, y1])
+    }
+}
+
+/// The largest `f32` at most `v`.
+fn down(v: f64) -> f32 {
+    let f = v as f32;
+    if f as f64 > v {
+        f.next_down()
+    } else {
+        f
+    }
+}
+
+/// The smallest `f32` at least `v`.
+fn up(v: f64) -> f32 {
+    let f = v as f32;
+    if (f as f64) < v {
+        f.next_up()
+    } else {
+        f
+    }
+}
+
 /// The box on plane `i` holding every hit `a` whose doublet `(a, b)` with the middle hit
 /// `b` on plane `j = i + 1` could have a right doublet of slopes `t2` inside its
 /// continuation window (plane triple `(i, j, j + 1)`), whatever the doublet's momentum
@@ -1361,6 +1457,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                 }
             }
             rights.back_boxes::<AVX2>(geo, &cuts, &back, i, &buf.hits);
+            let inverse = InverseWindow::new(&pw, &hit_boxes, &buf.hits, fi);
             let CaBuffers {
                 hits: sh,
                 doublets,
@@ -1415,13 +1512,29 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                         }
                     }
                 };
+                // Only the hits whose doublet window can hold `b`: the back boxes cut to
+                // them hold the same hits `emit` takes, in the same order.
+                let Some(inv) = inverse.of(xb, yb) else {
+                    continue;
+                };
                 for r in s..e {
                     let b = &rights.boxes;
                     let bx = [b[0][r], b[1][r], b[2][r], b[3][r]];
                     if bx[0] <= bx[1] && bx[2] <= bx[3] {
-                        let c = &rights.cells;
-                        let cells = [c[0][r], c[1][r], c[2][r], c[3][r]];
-                        scan_cells::<AVX2>(geo, sh, i, bx, cells, &mut emit);
+                        let cut = [
+                            bx[0].max(inv[0]),
+                            bx[1].min(inv[1]),
+                            bx[2].max(inv[2]),
+                            bx[3].min(inv[3]),
+                        ];
+                        if cut == bx {
+                            let c = &rights.cells;
+                            let cells = [c[0][r], c[1][r], c[2][r], c[3][r]];
+                            scan_cells::<AVX2>(geo, sh, i, bx, cells, &mut emit);
+                        } else if cut[0] <= cut[1] && cut[2] <= cut[3] {
+                            let cells = box_cells(geo, i, cut);
+                            scan_cells::<AVX2>(geo, sh, i, cut, cells, &mut emit);
+                        }
                     }
                 }
             }
@@ -1839,6 +1952,76 @@ mod tests {
     use crate::tracking::reco::synthetic::{detector, track};
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
+
+    /// The inverse window of the seeded step holds every hit of the plane whose doublet
+    /// window holds the middle hit, on the forward tracker's planes (its field, and an
+    /// origin off the axis), for middle hits inside the windows and on their corners.
+    #[test]
+    fn the_inverse_window_holds_every_hit_whose_window_holds_the_middle_hit() {
+        use rand::Rng;
+        let det = Detector::from_toml_file(std::path::Path::new(
+            "fixtures/tracking/forward/detector_forward.toml",
+        ))
+        .expect("fixture");
+        let mut rng = ChaCha8Rng::seed_from_u64(31);
+        for (origin, pointing) in [(0.0, true), (1.5, true), (0.0, false)] {
+            let mut cfg = FinderConfig::from_detector(&det, 1.0);
+            cfg.origin_x_mm = origin;
+            cfg.origin_y_mm = -origin;
+            if !pointing {
+                cfg.origin_half_x_mm = f64::INFINITY;
+                cfg.origin_half_y_mm = f64::INFINITY;
+            }
+            let geo = FinderGeometry::new(&det, &cfg);
+            for i in 0..det.planes.len() - 1 {
+                let pw = PlaneWindows::new(&geo, &cfg, i, 1);
+                assert_eq!(pw.pointing, pointing);
+                let pl = &det.planes[i];
+                let mut sh = SortedHits::default();
+                for _ in 0..500 {
+                    sh.x_mm
+                        .push(rng.gen_range(-pl.half_x_mm..pl.half_x_mm) as f32);
+                    sh.y_mm
+                        .push(rng.gen_range(-pl.half_y_mm..pl.half_y_mm) as f32);
+                }
+                let mut boxes: [Vec<f32>; 4] = Default::default();
+                for c0 in (0..500).step_by(LANES) {
+                    let (_, _, b) = pw.boxes_of(&sh, c0, 500);
+                    for (v, q) in boxes.iter_mut().zip(&b[0]) {
+                        v.extend_from_slice(&q[..LANES.min(500 - c0)]);
+                    }
+                }
+                let inverse = InverseWindow::new(&pw, &boxes, &sh, 0);
+                let inside =
+                    |b: [f32; 4], x: f32, y: f32| x >= b[0] && x <= b[1] && y >= b[2] && y <= b[3];
+                let window = |k: usize| [0, 1, 2, 3].map(|q| boxes[q][k]);
+                // Middle hits at random inside some window, and on windows' corners.
+                let mut middles = Vec::new();
+                for k in 0..100 {
+                    let w = window(k);
+                    if w[0] <= w[1] && w[2] <= w[3] {
+                        middles.push((rng.gen_range(w[0]..=w[1]), rng.gen_range(w[2]..=w[3])));
+                        middles.extend([(w[0], w[2]), (w[1], w[3]), (w[0], w[3]), (w[1], w[2])]);
+                    }
+                }
+                assert!(middles.len() > 100, "plane {i}");
+                let mut held = 0;
+                for (xb, yb) in middles {
+                    let inv = inverse.of(xb, yb).expect("windows");
+                    for k in 0..500 {
+                        if inside(window(k), xb, yb) {
+                            held += 1;
+                            assert!(
+                                inside(inv, sh.x_mm[k], sh.y_mm[k]),
+                                "plane {i}, origin {origin}: hit {k} outside {inv:?}"
+                            );
+                        }
+                    }
+                }
+                assert!(held > 0);
+            }
+        }
+    }
 
     /// The input hit indices of triplet `t`'s three hits.
     fn input_hits(buf: &CaBuffers, t: &Triplet) -> [u32; 3] {
