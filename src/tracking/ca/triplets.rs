@@ -1980,9 +1980,9 @@ mod tests {
                 let mut sh = SortedHits::default();
                 for _ in 0..500 {
                     sh.x_mm
-                        .push(rng.gen_range(-pl.half_x_mm..pl.half_x_mm) as f32);
+                        .push(rng.random_range(-pl.half_x_mm..pl.half_x_mm) as f32);
                     sh.y_mm
-                        .push(rng.gen_range(-pl.half_y_mm..pl.half_y_mm) as f32);
+                        .push(rng.random_range(-pl.half_y_mm..pl.half_y_mm) as f32);
                 }
                 let mut boxes: [Vec<f32>; 4] = Default::default();
                 for c0 in (0..500).step_by(LANES) {
@@ -2000,7 +2000,8 @@ mod tests {
                 for k in 0..100 {
                     let w = window(k);
                     if w[0] <= w[1] && w[2] <= w[3] {
-                        middles.push((rng.gen_range(w[0]..=w[1]), rng.gen_range(w[2]..=w[3])));
+                        middles
+                            .push((rng.random_range(w[0]..=w[1]), rng.random_range(w[2]..=w[3])));
                         middles.extend([(w[0], w[2]), (w[1], w[3]), (w[0], w[3]), (w[1], w[2])]);
                     }
                 }
