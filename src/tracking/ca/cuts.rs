@@ -22,7 +22,7 @@
 //! | tracks kept (`MomentumCut`, unless `keep_tracks_below_min_p`) | the fitted momentum, where a field measures it: a track measured below the minimum momentum by more than `n_sigma` of its own q/p error lies outside what every window above was derived for, and is not output |
 //! | `clone_window_mm` | the scattering displacement over the detector at the minimum momentum |
 //! | exit margins (`may_leave`) | the curvature bound, scattering and resolution over one plane gap |
-//! | `stiff_pass_p_factor` | the momentum of a first pass on consecutive planes for the stiffer tracks (every momentum-dependent window above at that momentum), whose hits the passes at the minimum momentum no longer see |
+//! | `stiff_pass_p_factor` | the momentum of a first run of each pass (on consecutive planes, then over missing planes) for the stiffer tracks (every momentum-dependent window above at that momentum), whose hits the runs at the minimum momentum no longer see |
 //! | `overflow_p_steps` | the momentum a pass is run again at when its combinations fill a per-event buffer: doubled each time, the windows narrowing with it |
 //! | `max_gap_planes` | the planes in a row a track may cross without a hit (plane inefficiency: two in a row miss at `(1 - eff)^2`), bridged by doublets in the second pass |
 //! | `max_chi2_ndf` | the fit's chi-square per degree of freedom, its scattering at the track's momentum: measured in a field; without one estimated from the track's kinks from the minimum momentum up (`fit.scatter_p_min_gev`), or the one a user gives (`fit.p_no_field_gev`, then widened for the tracks at the minimum momentum) |
@@ -151,7 +151,8 @@ pub struct FinderConfig {
     /// that cross the detector with one plane more missing than the first pass allows
     /// ([`FinderConfig::stiff_gap_pass_min_hits`]), then at `min_p_gev` on the hits they
     /// left. Its doublets skip planes, so its combinations grow fastest with the windows:
-    /// on thick planes in a strong field the stiff pass keeps them to a tenth. At most 1
+    /// on thick planes in a strong field the two runs together make about a fifth of the
+    /// combinations of one run at `min_p_gev`. At most 1
     /// (or 0): one pass each. Default 3 (the windows a third as wide; the finder's cost is
     /// flat from 2 to 4).
     pub stiff_pass_p_factor: f64,
