@@ -20,7 +20,7 @@
 //!    where the tracks fitted below the minimum momentum are dropped as the CPU drops
 //!    them ([`FinderConfig::keep_tracks_below_min_p`]) and the trigger lines run on the
 //!    tracks kept;
-//! 4. where the configuration asks for it ([`FinderConfig::exchange_segments`], the
+//! 4. where the configuration asks for it ([`FinderConfig::exchange_segments`], off by
 //!    default), the exchange of segments between crossing tracks, on the host, with the
 //!    CPU finder's own step ([`crate::tracking::ca::exchange`]) on each event's tracks as
 //!    they come back: the CPU runs it on the same tracks, so both give the same result;

@@ -1031,11 +1031,8 @@ mod tests {
         let before = tracks.clone();
         assert_eq!(reco.exchange_segments(&hits, &mut tracks), 0);
         assert_eq!(tracks, before);
-        // Switched off, nothing is exchanged; on is the default.
-        let mut off_cfg = FinderConfig::from_detector(&det, 1.0);
-        assert!(off_cfg.exchange_segments);
-        off_cfg.exchange_segments = false;
-        let mut off = Reconstructor::new(&det, off_cfg);
+        // Off (the default), nothing is exchanged.
+        let mut off = Reconstructor::new(&det, FinderConfig::from_detector(&det, 1.0));
         let mut tracks = vec![
             fitted(&reco, mixed(&a, &b, 4)),
             fitted(&reco, mixed(&b, &a, 4)),

@@ -233,9 +233,10 @@ pub struct FinderConfig {
     /// After clone suppression, two tracks that come close on a plane exchange their
     /// upstream segments where that lowers their summed chi-square ([`super::exchange`]):
     /// the choice takes one candidate at a time and can join two particles' segments at a
-    /// crossing. On the 132 drawn detectors and events, 120 -> 125 meet every aim, mean
-    /// efficiency 0.9947 -> 0.9957, ghosts 0.52 -> 0.43 %, for 10-16 % of the finder's time
-    /// on the shipped detectors (`bench/RESULTS.md`). Default true.
+    /// crossing. Worth it in dense events on thick planes (on 102 drawn detectors and
+    /// events, efficiency 0.9930 -> 0.9943 and ghosts 0.79 -> 0.66 % on average, up to
+    /// +1.4 % efficiency on one sample), adding 11-21 % to the finder's time on the
+    /// shipped detectors (`bench/RESULTS.md`). Default false.
     pub exchange_segments: bool,
     /// After clone suppression (and the exchange), each track's first hit is chosen again
     /// with the origin as a measurement ([`super::first_hits`]): the plane nearest the
@@ -321,7 +322,7 @@ impl FinderConfig {
             max_chi2_ndf: max_chi2_ndf(det, min_p, &fit),
             clone_window_mm: 0.0,
             divert_chains: true,
-            exchange_segments: true,
+            exchange_segments: false,
             first_hits_to_origin: first_plane_near_origin(det, origin[2]),
             keep_tracks_below_min_p: false,
             fit,

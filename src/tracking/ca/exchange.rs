@@ -22,8 +22,8 @@
 //! tracks whose upstream segments are each other's) resolves one exchange at a time. The
 //! result depends on the tracks and hits only, not on an order of evaluation.
 //!
-//! It runs, where [`FinderConfig::exchange_segments`] asks for it (the default; it takes
-//! 10-16 % of the finder's time), on the found tracks of an event after clone
+//! It runs, where [`FinderConfig::exchange_segments`] asks for it (off by default: it
+//! adds 11-21 % to the finder's time), on the found tracks of an event after clone
 //! suppression ([`crate::tracking::reco::Reconstructor::reconstruct`]), and on the tracks
 //! the GPU returns, on the host, with the same function
 //! ([`crate::gpu::tracking::GpuTracker`]).
