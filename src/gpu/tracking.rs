@@ -171,17 +171,6 @@ pub struct GpuTracker {
     /// exchange of segments, the first hits against the origin): run on the host on the
     /// tracks that come back, with the CPU finder's own steps, cuts and fitters.
     host_steps: Option<HostSteps>,
-    /// The host steps' working memory, one per thread that writes a launch's tracks, kept
-    /// from launch to launch: fresh buffers each launch cost every thread its page
-    /// faults again, on the address space all threads share.
-    host_scratch: Vec<HostScratch>,
-}
-
-/// One writing thread's working memory for the host steps.
-#[derive(Debug, Default)]
-struct HostScratch {
-    exchange: Exchange,
-    first_hits: FirstHits,
 }
 
 /// What the host needs to run [`crate::tracking::ca::exchange`] and
@@ -283,7 +272,6 @@ impl GpuTracker {
             times: TrackerTimes::default(),
             momentum_cut: cfg.momentum_cut(),
             host_steps,
-            host_scratch: Vec::new(),
         })
     }
 
@@ -423,11 +411,9 @@ impl GpuTracker {
         let back: &[Option<&'static str>] = back;
         let host_steps = self.host_steps.as_ref();
         let momentum_cut = self.momentum_cut;
-        let write = |first: usize, outs: &mut [Vec<Track>], scratch: &mut HostScratch| {
-            let HostScratch {
-                exchange,
-                first_hits,
-            } = scratch;
+        let write = |first: usize, outs: &mut [Vec<Track>]| {
+            let mut exchange = Exchange::default();
+            let mut first_hits = FirstHits::default();
             for (i, tracks) in outs.iter_mut().enumerate() {
                 let e = first + i;
                 if back[e].is_some() {
@@ -459,22 +445,14 @@ impl GpuTracker {
         } else {
             1
         };
-        let scratch = &mut self.host_scratch;
-        if scratch.len() < threads {
-            scratch.resize_with(threads, HostScratch::default);
-        }
         if threads <= 1 {
-            write(0, &mut out[..n], &mut scratch[0]);
+            write(0, &mut out[..n]);
         } else {
             let chunk = n.div_ceil(threads);
             std::thread::scope(|s| {
-                for ((k, part), x) in out[..n]
-                    .chunks_mut(chunk)
-                    .enumerate()
-                    .zip(scratch.iter_mut())
-                {
+                for (k, part) in out[..n].chunks_mut(chunk).enumerate() {
                     let write = &write;
-                    s.spawn(move || write(k * chunk, part, x));
+                    s.spawn(move || write(k * chunk, part));
                 }
             });
         }
