@@ -202,6 +202,9 @@ enum HostStep {
     None,
     Exchange,
     FirstHits,
+    /// The exchange of segments, then the first hits against the origin, both on the
+    /// device one after the other.
+    ExchangeFirstHits,
     /// No host step: the beam 3 mm off the axis in x and 2 mm in y, the finder's origin
     /// centred on it (and the finder centred on the axis the one to differ from).
     OffAxis,
@@ -232,8 +235,9 @@ fn end_to_end(preset: Preset, n_events: u64, launch: usize, step: HostStep) {
         } else {
             FinderConfig::from_detector(&det, 1.0)
         };
-        cfg.exchange_segments = step == HostStep::Exchange;
-        cfg.first_hits_to_origin = step == HostStep::FirstHits;
+        cfg.exchange_segments = matches!(step, HostStep::Exchange | HostStep::ExchangeFirstHits);
+        cfg.first_hits_to_origin =
+            matches!(step, HostStep::FirstHits | HostStep::ExchangeFirstHits);
         if step == HostStep::OffAxis {
             sim.beam_centre_mm = OFF_AXIS_MM;
             cfg.origin_x_mm = OFF_AXIS_MM[0];
@@ -246,8 +250,13 @@ fn end_to_end(preset: Preset, n_events: u64, launch: usize, step: HostStep) {
             .expect("tracker");
         assert_eq!(
             tracker.first_hits_on_device(),
-            step == HostStep::FirstHits,
-            "{name}: the first hits are chosen on the device where nothing precedes them on the host"
+            cfg.first_hits_to_origin,
+            "{name}: the first hits are chosen on the device"
+        );
+        assert_eq!(
+            tracker.exchange_on_device(),
+            cfg.exchange_segments,
+            "{name}: the segments are exchanged on the device"
         );
         let mut reco = Reconstructor::new(&det, cfg.clone());
         let mut reco_without = Reconstructor::new(
@@ -332,10 +341,10 @@ fn end_to_end(preset: Preset, n_events: u64, launch: usize, step: HostStep) {
             handed_back * 10 <= events.len(),
             "{name}: {handed_back} handed back"
         );
-        if step == HostStep::FirstHits {
+        if step != HostStep::None {
             assert_eq!(
                 handed_back, 0,
-                "{name}: events within the first-hit step's limits"
+                "{name}: events within the steps' limits ({step:?})"
             );
         }
     }
@@ -357,6 +366,12 @@ fn the_whole_finder_on_central_events_gives_the_cpus_tracks() {
 #[ignore = "needs a CUDA GPU"]
 fn the_whole_finder_with_the_exchange_of_segments_gives_the_cpus_tracks() {
     end_to_end(Preset::Central, 12, 12, HostStep::Exchange);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_whole_finder_with_the_exchange_then_the_first_hits_gives_the_cpus_tracks() {
+    end_to_end(Preset::Central, 12, 12, HostStep::ExchangeFirstHits);
 }
 
 #[test]
@@ -481,6 +496,60 @@ fn events_beyond_the_first_hit_steps_pairs_are_handed_back_and_the_others_kept()
         kept += cpu.len();
     }
     println!("4 central events handed back as first_hits; 28 minimum-bias events with {kept} tracks as the CPU's");
+    assert!(kept > 0);
+}
+
+/// An event whose pairs of crossing tracks exceed the exchange step's share on the device
+/// is handed back (`exchange`) with none of its tracks, the others keep the CPU's tracks.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn events_beyond_the_exchange_steps_pairs_are_handed_back_and_the_others_kept() {
+    use trigd::gpu::tracking::{GpuTracker, TrackerLimits};
+    use trigd::tracking::reco::Reconstructor;
+    let dev = device();
+    let det = load("detector.toml");
+    let mut cfg = FinderConfig::from_detector(&det, 1.0);
+    cfg.exchange_segments = true;
+    let s = seed();
+    let mut events: Vec<Vec<HitRecord>> =
+        simulate_events(&det, &SimConfig::preset(Preset::Central), s, 0, 4)
+            .map(|e| e.hits)
+            .collect();
+    events.extend(
+        simulate_events(&det, &SimConfig::preset(Preset::Minbias), s ^ 1, 0, 28).map(|e| e.hits),
+    );
+    let views: Vec<&[HitRecord]> = events.iter().map(Vec::as_slice).collect();
+    let mut tracker =
+        GpuTracker::new(&dev, &det, &cfg, TrackerLimits::for_batch(&cfg, 32)).expect("tracker");
+    assert!(tracker.exchange_on_device());
+    // A central event has some two thousand tracks and hundreds of pairs of them to try;
+    // a minimum-bias one a few tens of tracks and a few pairs.
+    tracker.limit_exchange_pairs(40);
+    let (mut out, mut back) = (Vec::new(), Vec::new());
+    tracker
+        .reconstruct_batch(&views, &mut out, &mut back)
+        .expect("launch");
+    let mut reco = Reconstructor::new(&det, cfg.clone());
+    let mut cpu = Vec::new();
+    let (mut kept, mut handed) = (0, 0);
+    for (k, ev) in events.iter().enumerate() {
+        if back[k] == Some("exchange") {
+            assert!(out[k].is_empty());
+            handed += 1;
+            continue;
+        }
+        assert_eq!(back[k], None, "event {k}");
+        assert!(k >= 4, "central event {k} handed back");
+        reco.reconstruct(ev, &mut cpu);
+        assert_eq!(
+            track_key(&out[k]),
+            track_key(&cpu),
+            "event {k}: the CPU's tracks"
+        );
+        kept += cpu.len();
+    }
+    println!("{handed} events handed back as exchange; the others with {kept} tracks as the CPU's");
+    assert!(handed >= 4 && handed < events.len());
     assert!(kept > 0);
 }
 

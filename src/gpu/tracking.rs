@@ -20,18 +20,21 @@
 //!    where the tracks fitted below the minimum momentum are dropped as the CPU drops
 //!    them ([`FinderConfig::keep_tracks_below_min_p`]) and the trigger lines run on the
 //!    tracks kept;
-//! 4. where the configuration asks for it ([`FinderConfig::exchange_segments`], off by
-//!    default), the exchange of segments between crossing tracks, on the host, with the
-//!    CPU finder's own step ([`crate::tracking::ca::exchange`]) on each event's tracks as
-//!    they come back: the CPU runs it on the same tracks, so both give the same result;
+//! 4. where the configuration asks for it ([`FinderConfig::exchange_segments`]), the
+//!    exchange of segments between crossing tracks, on the device on the packed tracks
+//!    after the clone step and the momentum cut, one block per event
+//!    ([`GpuCaEngine::set_exchange`], `kernels/ca_exchange.cu`: the CPU finder's step,
+//!    [`crate::tracking::ca::exchange`], in the same arithmetic; an event beyond its
+//!    limits is handed back as `exchange`); on the host with the CPU's own step where
+//!    there is no clone step on the device;
 //! 5. where the origin is finite and the configuration asks for it
 //!    ([`FinderConfig::first_hits_to_origin`], by default only where the first plane is
 //!    close to the origin), each track's first hit chosen again against the origin, as
 //!    the CPU does after the exchange ([`crate::tracking::ca::first_hits`]): on the device,
-//!    on the packed tracks after the clone step, before they come back
+//!    on the packed tracks after the exchange, before they come back
 //!    ([`GpuCaEngine::set_first_hits`], one block per event; an event beyond its limits is
-//!    handed back as `first_hits`); where the exchange runs (on the host, so before it),
-//!    on the host with the CPU finder's own step.
+//!    handed back as `first_hits`); where the exchange runs on the host, on the host
+//!    after it with the CPU finder's own step.
 //!
 //! A finder configured for one pass (no missing plane allowed, or a first pass that could
 //! not make a track) runs step 1 with the pass's reach and `min_hits`, as the CPU.
@@ -45,7 +48,8 @@
 use crate::frame::HitRecord;
 use crate::gpu::nvrtc::KernelCache;
 use crate::gpu::tracking_ca::{
-    BatchTracks, CaLimits, CaTables, GpuCaEngine, PassOptions, FIRST_HIT_MAX_PLANES,
+    BatchTracks, CaLimits, CaTables, GpuCaEngine, PassOptions, EXCHANGE_MAX_PLANES,
+    FIRST_HIT_MAX_PLANES,
 };
 use crate::gpu::tracking_clones::{CloneEngineConfig, CloneLimits, GpuCloneEngine};
 use crate::gpu::{GpuDevice, GpuError};
@@ -244,16 +248,33 @@ impl GpuTracker {
             None
         };
         let host_steps = {
-            let exchange = ExchangeCuts::new(&geo, cfg);
+            let mut exchange = ExchangeCuts::new(&geo, cfg);
             let mut first_hits = FirstHitCuts::new(&geo, cfg);
-            // The first hits on the device where nothing the host does comes before
-            // them (the exchange) and the clone step runs there.
+            // The steps after the clone step on the device where it runs there: the
+            // exchange of segments first (it applies the momentum cut), then the first
+            // hits, each where nothing the host does comes before it.
+            let on_device = clones.is_some();
+            if exchange.enabled && on_device && n_planes <= EXCHANGE_MAX_PLANES {
+                ca.set_exchange(&exchange, cfg.momentum_cut())?;
+                exchange.enabled = false;
+            }
             if first_hits.enabled
                 && !exchange.enabled
-                && clones.is_some()
+                && on_device
                 && n_planes <= FIRST_HIT_MAX_PLANES
             {
-                ca.set_first_hits(&first_hits, cfg.momentum_cut())?;
+                // After the exchange on the device the tracks below the minimum momentum
+                // are marked already: the first-hit step must not cut the exchanged
+                // tracks again (the CPU cuts before the exchange).
+                let cut = if ca.exchange_on_device() {
+                    MomentumCut {
+                        max_qop: f64::INFINITY,
+                        ..cfg.momentum_cut()
+                    }
+                } else {
+                    cfg.momentum_cut()
+                };
+                ca.set_first_hits(&first_hits, cut)?;
                 first_hits.enabled = false;
             }
             (exchange.enabled || first_hits.enabled).then(|| HostSteps {
@@ -295,6 +316,18 @@ impl GpuTracker {
     /// the configuration asks for the step, without the exchange of segments).
     pub fn first_hits_on_device(&self) -> bool {
         self.ca.first_hits_on_device()
+    }
+
+    /// Whether the segments of crossing tracks are exchanged on the device (where the
+    /// configuration asks for the step and the clone step runs there).
+    pub fn exchange_on_device(&self) -> bool {
+        self.ca.exchange_on_device()
+    }
+
+    /// Test hook: the exchange step on the device takes at most `per_event` pairs of
+    /// tracks per event (so that busy events are handed back).
+    pub fn limit_exchange_pairs(&mut self, per_event: usize) {
+        self.ca.limit_exchange_pairs(per_event);
     }
 
     /// Test hook: the first-hit step on the device takes at most `per_event` pairs of
@@ -399,13 +432,15 @@ impl GpuTracker {
         for e in 0..n {
             if let Some(step) = summary.failed[e] {
                 back[e] = Some(step.name());
+            } else if self.batch.exchange_failed.get(e).is_some_and(|&f| f != 0) {
+                back[e] = Some("exchange");
             } else if self.batch.first_hits_failed.get(e).is_some_and(|&f| f != 0) {
                 back[e] = Some("first_hits");
             }
         }
-        // Where the device chose the first hits, it marked the tracks below the minimum
-        // momentum (the cut comes before the step).
-        let cut_on_host = !self.batch.first_hits_done;
+        // Where the device exchanged segments or chose the first hits, it marked the
+        // tracks below the minimum momentum (the cut comes before the steps).
+        let cut_on_host = !(self.batch.first_hits_done || self.batch.exchange_done);
         // The events' tracks written from the packed arrays, on several host threads
         // when there are many (a launch of central events has some 250,000).
         let back: &[Option<&'static str>] = back;

@@ -126,6 +126,7 @@ use crate::frame::HitRecord;
 use crate::tracking::ca::bending::NODES;
 use crate::tracking::ca::cuts::{FinderConfig, Limits, MomentumCut};
 use crate::tracking::ca::doublets::PlaneWindows;
+use crate::tracking::ca::exchange::ExchangeCuts;
 use crate::tracking::ca::first_hits::FirstHitCuts;
 use crate::tracking::ca::{Doublet, FinderGeometry, Triplet, MAX_REACH};
 use crate::tracking::geometry::Field;
@@ -134,7 +135,7 @@ use crate::tracking::propagate::K_GEV_PER_T_MM;
 
 /// The kernels of the steps, one file each, compiled together as one module.
 const COMMON: &str = include_str!("../../kernels/ca_common.cuh");
-const STEPS: [&str; 10] = [
+const STEPS: [&str; 11] = [
     include_str!("../../kernels/ca_hit_sorting.cu"),
     include_str!("../../kernels/ca_doublets.cu"),
     include_str!("../../kernels/ca_triplets.cu"),
@@ -147,6 +148,9 @@ const STEPS: [&str; 10] = [
     include_str!("../../kernels/ca_tracks.cu"),
     // The first hits against the origin on the packed tracks (uses the fit and tent_at).
     include_str!("../../kernels/ca_first_hits.cu"),
+    // The exchange of segments on the packed tracks (uses the fit and the first-hit
+    // step's sorts).
+    include_str!("../../kernels/ca_exchange.cu"),
 ];
 /// The windows and cuts must round as the CPU's: no fused multiply-adds.
 const KERNEL_OPTIONS: [&str; 1] = ["--fmad=false"];
@@ -555,6 +559,13 @@ pub struct BatchTracks {
     /// Per event where `first_hits_done`: non-zero where the event was beyond the step's
     /// limits on the device (its tracks as the finder left them: run it on the CPU).
     pub first_hits_failed: Vec<u32>,
+    /// Whether the segments of crossing tracks were exchanged on the device
+    /// ([`GpuCaEngine::set_exchange`]): the tracks below the minimum momentum are then
+    /// marked (mark 2) before it, and the tracks are as the CPU's step leaves them.
+    pub exchange_done: bool,
+    /// Per event where `exchange_done`: non-zero where the event was beyond the step's
+    /// limits on the device (its tracks as the finder left them: run it on the CPU).
+    pub exchange_failed: Vec<u32>,
 }
 
 /// The accepted tracks of a batch where they were read back to ([`GpuCaEngine::tracks_view`]):
@@ -856,6 +867,7 @@ struct Kernels {
     tracks_pack: CudaFunction,
     tracks_clone_input: CudaFunction,
     first_hits: CudaFunction,
+    exchange: CudaFunction,
 }
 
 /// A pass's tables on the device (reach-dependent windows and cuts; see [`CaTables`]).
@@ -1005,6 +1017,105 @@ impl FirstHitsDevice {
             edges: DeviceBuffer::new(ctx, pairs)?,
             contested: DeviceBuffer::new(ctx, pairs)?,
             chg_fit: DeviceBuffer::new(ctx, FIT_WORDS * slots)?,
+            failed: DeviceBuffer::new(ctx, l.max_events)?,
+            failed_host: PinnedBuffer::new(ctx, l.max_events)?,
+            pair_limit: usize::MAX,
+        })
+    }
+}
+
+/// Threads of the exchange step's block (`EX_THREADS` in `kernels/ca_exchange.cu`).
+const EXCHANGE_THREADS: u32 = 512;
+/// Most planes the device's exchange step takes (`EX_MAX_PLANES`).
+pub const EXCHANGE_MAX_PLANES: usize = 63;
+/// Pairs of tracks to try an exchange of, per track of an event (the event's share of the
+/// step's arenas; an event with more goes to the CPU, counted). A central event of the
+/// shipped detectors has fewer than ten close pairs of hits per track.
+pub const EXCHANGE_PAIRS_PER_TRACK: usize = 32;
+/// Floats and doubles of the exchange step's parameters before the planes'
+/// (`EXF_PLANES`, `EXD_PLANES`), and per plane.
+const EXCHANGE_F32: usize = 1;
+const EXCHANGE_F32_PER_PLANE: usize = 4;
+const EXCHANGE_F64: usize = 3;
+const EXCHANGE_F64_PER_PLANE: usize = 3;
+
+/// The exchange of segments on the device ([`GpuCaEngine::set_exchange`]): its parameters
+/// and scratch, per packed track (its working hit list, chi-square, |q/p|, its share of
+/// pairs and gains) and per hit (owner, the index by plane, row and x).
+struct ExchangeDevice {
+    params_f32: DeviceBuffer<f32>,
+    params_f64: DeviceBuffer<f64>,
+    params_i32: DeviceBuffer<i32>,
+    lists: DeviceBuffer<u32>,
+    lens: DeviceBuffer<u32>,
+    chi2: DeviceBuffer<f32>,
+    qop: DeviceBuffer<f32>,
+    owner: DeviceBuffer<u32>,
+    index_key: DeviceBuffer<u64>,
+    index_hit: DeviceBuffer<u32>,
+    pairs: DeviceBuffer<u32>,
+    gains: DeviceBuffer<u64>,
+    failed: DeviceBuffer<u32>,
+    failed_host: PinnedBuffer<u32>,
+    /// Most pairs of an event, below its share of the arenas
+    /// ([`GpuCaEngine::limit_exchange_pairs`]).
+    pair_limit: usize,
+}
+
+impl ExchangeDevice {
+    /// Bytes of its scratch for `limits` and `n_planes`.
+    fn scratch_bytes(l: &CaLimits, n_planes: usize) -> usize {
+        let per_track = 4 * (n_planes + 3) + EXCHANGE_PAIRS_PER_TRACK * (4 + 2 * 8);
+        per_track * l.max_candidates + (4 + 2 * 12) * l.max_hits + 4 * l.max_events
+    }
+
+    fn new(
+        ctx: &Arc<CudaContext>,
+        cuts: &ExchangeCuts,
+        cut: MomentumCut,
+        track_fit: bool,
+        l: &CaLimits,
+    ) -> Result<Self, GpuError> {
+        let n = cuts.window_mm.len();
+        let mut f = vec![0.0f32; EXCHANGE_F32 + EXCHANGE_F32_PER_PLANE * n];
+        f[0] = cuts.qop_ref;
+        let mut d = vec![0.0f64; EXCHANGE_F64 + EXCHANGE_F64_PER_PLANE * n];
+        d[0] = cuts.max_chi2_ndf;
+        d[1] = cut.max_qop;
+        d[2] = cut.n_sigma;
+        for p in 0..n {
+            let o = EXCHANGE_F32 + EXCHANGE_F32_PER_PLANE * p;
+            f[o] = cuts.res_mm[p];
+            f[o + 1] = cuts.scatter_mm[p][0];
+            f[o + 2] = cuts.scatter_mm[p][1];
+            f[o + 3] = cuts.window_mm[p];
+            let o = EXCHANGE_F64 + EXCHANGE_F64_PER_PLANE * p;
+            d[o] = cuts.z_mm[p];
+            d[o + 1] = cuts.kink_var[p];
+            d[o + 2] = cuts.res_var[p];
+        }
+        let i = [
+            n as i32,
+            cuts.min_hits.min(i32::MAX as usize) as i32,
+            track_fit as i32,
+        ];
+        let slots = l.max_candidates;
+        let pairs = EXCHANGE_PAIRS_PER_TRACK * slots;
+        Ok(ExchangeDevice {
+            params_f32: DeviceBuffer::from_host(ctx, &f)?,
+            params_f64: DeviceBuffer::from_host(ctx, &d)?,
+            params_i32: DeviceBuffer::from_host(ctx, &i)?,
+            lists: DeviceBuffer::new(ctx, n.max(1) * slots)?,
+            lens: DeviceBuffer::new(ctx, slots)?,
+            chi2: DeviceBuffer::new(ctx, slots)?,
+            qop: DeviceBuffer::new(ctx, slots)?,
+            owner: DeviceBuffer::new(ctx, l.max_hits)?,
+            // Room for each event's index sorted (a power of two, at most twice its hits),
+            // and for its gains sorted (at most twice its share of pairs).
+            index_key: DeviceBuffer::new(ctx, 2 * l.max_hits)?,
+            index_hit: DeviceBuffer::new(ctx, 2 * l.max_hits)?,
+            pairs: DeviceBuffer::new(ctx, pairs)?,
+            gains: DeviceBuffer::new(ctx, 2 * pairs)?,
             failed: DeviceBuffer::new(ctx, l.max_events)?,
             failed_host: PinnedBuffer::new(ctx, l.max_events)?,
             pair_limit: usize::MAX,
@@ -1302,6 +1413,9 @@ pub struct GpuCaEngine {
     /// The first-hit step's parameters and scratch, where it runs on the device
     /// ([`Self::set_first_hits`]).
     first_hits: Option<FirstHitsDevice>,
+    /// The exchange of segments' parameters and scratch, where it runs on the device
+    /// ([`Self::set_exchange`]).
+    exchange: Option<ExchangeDevice>,
     /// The cells per event, once per event (the item counts of the cells' scan).
     cells_n: DeviceBuffer<u32>,
     a: Arenas,
@@ -1390,6 +1504,60 @@ impl GpuCaEngine {
     pub fn limit_first_hit_pairs(&mut self, per_event: usize) {
         if let Some(f) = &mut self.first_hits {
             f.pair_limit = per_event;
+        }
+    }
+
+    /// Runs the exchange of segments ([`crate::tracking::ca::exchange`]) on the device on
+    /// the packed tracks, after the clone step and the momentum cut `cut` (which it then
+    /// applies, marking the tracks below it), before the first-hit step where that runs on
+    /// the device too, as the CPU runs them on an event's tracks; [`Self::read_tracks`]
+    /// then reads back the tracks as the step leaves them (`exchange_done`). It needs the
+    /// candidates' fitter (and the tracks' where [`Self::set_track_fitter`] gave one: set
+    /// that first) and the clone step in [`Self::read_tracks`].
+    pub fn set_exchange(&mut self, cuts: &ExchangeCuts, cut: MomentumCut) -> Result<(), GpuError> {
+        if self.fit.is_none() {
+            return Err(GpuError::Config(
+                "the exchange of segments on the device needs the candidates' fitter".into(),
+            ));
+        }
+        let n = cuts.window_mm.len();
+        if n != self.tables().n_planes || n > EXCHANGE_MAX_PLANES {
+            return Err(GpuError::Config(format!(
+                "the exchange of segments on the device takes the engine's {} planes, at most {EXCHANGE_MAX_PLANES}; it has {n}",
+                self.tables().n_planes,
+            )));
+        }
+        let need = ExchangeDevice::scratch_bytes(&self.limits, n);
+        let (free, _) = driver("cuMemGetInfo", self.ctx.mem_get_info())?;
+        if need > free {
+            return Err(GpuError::Config(format!(
+                "the exchange of segments needs {:.2} GiB of GPU memory, {} has {:.2} GiB free",
+                need as f64 / (1u64 << 30) as f64,
+                self.device.name,
+                free as f64 / (1u64 << 30) as f64
+            )));
+        }
+        let track_fit = self.track_fit.is_some();
+        self.exchange = Some(ExchangeDevice::new(
+            &self.ctx,
+            cuts,
+            cut,
+            track_fit,
+            &self.limits,
+        )?);
+        Ok(())
+    }
+
+    /// Whether the exchange of segments runs on the device ([`Self::set_exchange`]).
+    pub fn exchange_on_device(&self) -> bool {
+        self.exchange.is_some()
+    }
+
+    /// Test hook: the exchange step takes at most `per_event` pairs of tracks per event
+    /// (below its share of the arenas), so that busy events exceed it.
+    pub fn limit_exchange_pairs(&mut self, per_event: usize) {
+        if let Some(x) = &mut self.exchange {
+            x.pair_limit = per_event;
         }
     }
 
@@ -1544,6 +1712,7 @@ impl GpuCaEngine {
             tracks_pack: module.function("ca_tracks_pack")?,
             tracks_clone_input: module.function("ca_tracks_clone_input")?,
             first_hits: module.function("ca_first_hits")?,
+            exchange: module.function("ca_exchange")?,
         };
         let fit = fitter.map(|f| FitDevice::new(&ctx, f)).transpose()?;
         let stream = driver("cuStreamCreate", ctx.new_stream())?;
@@ -1557,6 +1726,7 @@ impl GpuCaEngine {
             fit,
             track_fit: None,
             first_hits: None,
+            exchange: None,
             cells_n: DeviceBuffer::from_host(&ctx, &vec![n_bins as u32; limits.max_events])?,
             a: Arenas::new(&ctx, &limits, n_bins)?,
             host_x: PinnedBuffer::new(&ctx, limits.max_hits)?,
@@ -1751,6 +1921,7 @@ impl GpuCaEngine {
         let threads = match f {
             "ca_event_scan" => SCAN_THREADS,
             "ca_first_hits" => FIRST_HIT_THREADS,
+            "ca_exchange" => EXCHANGE_THREADS,
             _ => THREADS,
         };
         self.launch_block(f, grid, threads, args)
@@ -1772,6 +1943,7 @@ impl GpuCaEngine {
             "ca_tracks_pack" => &self.k.tracks_pack,
             "ca_tracks_clone_input" => &self.k.tracks_clone_input,
             "ca_first_hits" => &self.k.first_hits,
+            "ca_exchange" => &self.k.exchange,
             "ca_event_scan" => &self.k.event_scan,
             "ca_event_budget" => &self.k.event_budget,
             "ca_bin_hits" => &self.k.bin_hits,
@@ -2357,6 +2529,8 @@ impl GpuCaEngine {
         out.clones_marked = false;
         out.first_hits_done = false;
         out.first_hits_failed.clear();
+        out.exchange_done = false;
+        out.exchange_failed.clear();
         out.first_track.push(0);
         if self.n_events == 0 {
             return Ok(());
@@ -2499,17 +2673,27 @@ impl GpuCaEngine {
                 fits: &a.cl_fits,
                 marks: &a.cl_marks,
             })?;
-            if self.first_hits.is_some() {
-                // The step reads the clone marks and writes its own: after the clone
-                // step, on this stream, the marks copied after it.
+            if self.first_hits.is_some() || self.exchange.is_some() {
+                // The steps read the clone marks and write their own: after the clone
+                // step, on this stream (the exchange first, as the CPU), the marks copied
+                // after them.
                 driver("cuStreamSynchronize", engine.stream().synchronize())?;
-                self.launch_first_hits()?;
+                if self.exchange.is_some() {
+                    self.launch_exchange()?;
+                }
+                if self.first_hits.is_some() {
+                    self.launch_first_hits()?;
+                }
                 let a = &self.a;
                 copy_to_host(&a.cl_marks, &self.tracks_host.marks, n_t, &self.stream)?;
                 if let Some(f) = &self.first_hits {
                     copy_to_host(&f.failed, &f.failed_host, e, &self.stream)?;
+                    out.first_hits_done = true;
                 }
-                out.first_hits_done = true;
+                if let Some(x) = &self.exchange {
+                    copy_to_host(&x.failed, &x.failed_host, e, &self.stream)?;
+                    out.exchange_done = true;
+                }
             } else {
                 let a = &self.a;
                 copy_to_host(&a.cl_marks, &self.tracks_host.marks, n_t, engine.stream())?;
@@ -2530,6 +2714,10 @@ impl GpuCaEngine {
         if let (true, Some(f)) = (out.first_hits_done, &self.first_hits) {
             out.first_hits_failed
                 .extend_from_slice(&f.failed_host.as_slice()[..e]);
+        }
+        if let (true, Some(x)) = (out.exchange_done, &self.exchange) {
+            out.exchange_failed
+                .extend_from_slice(&x.failed_host.as_slice()[..e]);
         }
         if let Some(engine) = clones {
             if n_t > 0 {
@@ -2567,6 +2755,35 @@ impl GpuCaEngine {
             Ptr(f.slices.ptr()), Ptr(f.floats.ptr()), Ptr(f.doubles.ptr()), Ptr(f.ints.ptr()),
             Ptr(f.nodes.ptr()), Ptr(tpf), Ptr(tpd), Ptr(tpi)];
         self.launch("ca_first_hits", (1, e as u32), &args)
+    }
+
+    /// Enqueues the exchange of segments on the packed tracks (`kernels/ca_exchange.cu`).
+    fn launch_exchange(&mut self) -> Result<(), GpuError> {
+        use Arg::{Ptr, U32};
+        let e = self.n_events;
+        let (Some(x), Some(f)) = (&self.exchange, &self.fit) else {
+            return Ok(());
+        };
+        let a = &self.a;
+        let (tpi, tpf, tpd) = match &self.track_fit {
+            Some((i, fl, d)) => (i.ptr(), fl.ptr(), d.ptr()),
+            None => (f.ints.ptr(), f.floats.ptr(), f.doubles.ptr()),
+        };
+        let p = |b: &DeviceBuffer<u32>| Ptr(b.ptr());
+        #[rustfmt::skip]
+        let args = [p(&a.failed), p(&a.trk_n), p(&a.trk_base), p(&a.trk_hit_base),
+            p(&a.hit_start), Ptr(a.in_x.ptr()), Ptr(a.in_y.ptr()), p(&a.in_plane),
+            Ptr(a.out_tracks.ptr()), p(&a.out_fits), p(&a.out_hits), p(&a.cl_marks),
+            Ptr(x.params_f32.ptr()), Ptr(x.params_f64.ptr()), Ptr(x.params_i32.ptr()),
+            p(&x.lists), p(&x.lens), Ptr(x.chi2.ptr()), Ptr(x.qop.ptr()), p(&x.owner),
+            Ptr(x.index_key.ptr()), p(&x.index_hit), p(&x.pairs), Ptr(x.gains.ptr()),
+            U32(EXCHANGE_PAIRS_PER_TRACK as u32), U32(x.pair_limit.min(u32::MAX as usize) as u32),
+            p(&x.failed), Ptr(f.rows32.ptr()),
+            Ptr(f.rows64.ptr()), Ptr(f.gap_steps.ptr()), Ptr(f.gap_kind.ptr()),
+            Ptr(f.gap_slice.ptr()), Ptr(f.slices.ptr()), Ptr(f.floats.ptr()),
+            Ptr(f.doubles.ptr()), Ptr(f.ints.ptr()), Ptr(f.nodes.ptr()), Ptr(tpf), Ptr(tpd),
+            Ptr(tpi)];
+        self.launch("ca_exchange", (1, e as u32), &args)
     }
 
     /// Host threads that lay a large batch's hits out for the copy up, and that the
@@ -3016,6 +3233,35 @@ mod tests {
         assert_eq!(def("FH_THREADS"), FIRST_HIT_THREADS.to_string());
         // The spot's sample (at most 2 SPOT_SAMPLE - 1) fits the shared sort of 1,024.
         const { assert!(2 * SPOT_SAMPLE - 1 <= 1024) };
+    }
+
+    #[test]
+    fn the_exchange_kernels_constants_are_the_cpus() {
+        use crate::tracking::ca::exchange::{MAX_ROUNDS, MIN_GAIN, PRE_TEST};
+        let src = include_str!("../../kernels/ca_exchange.cu");
+        assert!(STEPS.contains(&src));
+        let def = |name: &str| {
+            let prefix = format!("#define {name} ");
+            let line = src.lines().find(|l| l.starts_with(&prefix));
+            let line = line.unwrap_or_else(|| panic!("{name} is defined in ca_exchange.cu"));
+            line[prefix.len()..]
+                .split("//")
+                .next()
+                .unwrap()
+                .trim()
+                .trim_end_matches('f')
+                .to_string()
+        };
+        assert_eq!(def("EX_MIN_GAIN").parse::<f32>().unwrap(), MIN_GAIN);
+        assert_eq!(def("EX_PRE_TEST").parse::<f64>().unwrap(), PRE_TEST);
+        assert_eq!(def("EX_MAX_ROUNDS"), MAX_ROUNDS.to_string());
+        assert_eq!(def("EX_MAX_PLANES"), EXCHANGE_MAX_PLANES.to_string());
+        assert_eq!(def("EX_THREADS"), EXCHANGE_THREADS.to_string());
+        assert_eq!(def("EXF_PLANES"), EXCHANGE_F32.to_string());
+        assert_eq!(def("EXD_PLANES"), EXCHANGE_F64.to_string());
+        // The pair's word: tracks in 13 bits, the boundary (at most the planes) in 6.
+        assert_eq!(def("EX_MAX_TRACKS"), (1 << 13).to_string());
+        const { assert!(EXCHANGE_MAX_PLANES < 64) };
     }
 
     #[test]

@@ -24,9 +24,9 @@
 //!
 //! It runs, where [`FinderConfig::exchange_segments`] asks for it (off by default: it
 //! adds 11-21 % to the finder's time), on the found tracks of an event after clone
-//! suppression ([`crate::tracking::reco::Reconstructor::reconstruct`]), and on the tracks
-//! the GPU returns, on the host, with the same function
-//! ([`crate::gpu::tracking::GpuTracker`]).
+//! suppression ([`crate::tracking::reco::Reconstructor::reconstruct`]); the GPU tracker
+//! runs the same step on the device (`kernels/ca_exchange.cu`, the same arithmetic in the
+//! same order: [`crate::gpu::tracking::GpuTracker`]).
 
 use crate::frame::HitRecord;
 use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter};

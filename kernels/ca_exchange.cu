@@ -1,0 +1,499 @@
+// Exchange of segments between crossing tracks (src/tracking/ca/exchange.rs) on the
+// device: on the tracks ca_tracks_pack packed and the clone step marked, one block per
+// event, before the first hits are chosen again (ca_first_hits.cu) and before the tracks
+// go to the host. The same steps as Exchange::run, in the same arithmetic:
+//
+// 1. the tracks kept: not clones and not below the minimum momentum (MomentumCut::keeps;
+//    a track below it is marked 2 in the clone marks, as ca_first_hits marks it); each
+//    track's hits copied to a working list of the event's slot (stride: the planes);
+//    every kept track's hits owned by it, and indexed by (plane, row of the plane's
+//    window, x), sorted;
+// 2. per round: the pairs of tracks whose hits on a plane lie within the window of the
+//    side of the exchange (ExchangeCuts::window_for at the softer track's |q/p|), of
+//    which one track changed in the round before (all in the first), each pair once
+//    (from the changed track of lower index; the boundary shared by two planes from the
+//    plane downstream of it); the tracks in a pair whose candidates' chi-square is not
+//    known fitted (after the tracks changed in the round before, whose |q/p| set the
+//    pairs' windows);
+// 3. every pair's exchange tested by the kinks around its junction and fitted, the
+//    second new track only where the first passes and leaves room for the gain; the
+//    gains sorted by (gain descending, pair, boundary) and taken in that order by one
+//    thread, each track once per round; the exchanges applied to the working lists;
+// 4. after the last round, the exchanged tracks fitted with the tracks' fit (the
+//    candidates' where there is no other) and the event's tracks packed again in place,
+//    in their order, from the working lists (an exchange keeps the pair's hits).
+//
+// Nothing depends on the order threads arrive in: pairs and gains are sets whose order is
+// a key's. An event beyond the step's limits (its tracks, hits, a track's hits, its pairs)
+// is marked failed with its tracks untouched: the host runs it on the CPU.
+
+#define EX_THREADS 512
+#define EX_MAX_TRACKS 8192
+#define EX_TRACK_WORDS (EX_MAX_TRACKS / 32)
+#define EX_MAX_PLANES 63
+#define EX_NAN __int_as_float(0x7fc00000)
+#define EX_NONE 0xffffffffu
+// exchange.rs: MIN_GAIN, MAX_ROUNDS, PRE_TEST.
+#define EX_MIN_GAIN 2.0f
+#define EX_MAX_ROUNDS 8
+#define EX_PRE_TEST 20.0
+// Parameters, floats (GpuExchange::new): the |q/p| the windows are for, then per plane
+// the resolution part of the windows, the scattering parts upstream and downstream, and
+// the window (the larger side's).
+#define EXF_QOP_REF 0
+#define EXF_PLANES 1
+// Parameters, doubles: the fit's cut, the momentum cut, then per plane z, the kink's
+// scattering variance and the hit's.
+#define EXD_MAX_CHI2_NDF 0
+#define EXD_MC_MAX_QOP 1
+#define EXD_MC_N_SIGMA 2
+#define EXD_PLANES 3
+// Parameters, ints.
+#define EXI_N_PLANES 0
+#define EXI_MIN_HITS 1
+#define EXI_TRACK_FIT 2
+// Failures (ex_failed): tracks or hits beyond the block's, pairs beyond the event's share.
+#define EX_FAIL_SIZE 1
+#define EX_FAIL_PAIRS 2
+
+__device__ __forceinline__ u32 ex_scan(u32 v, u32* total) {
+    return block_scan_inclusive_of<EX_THREADS>(v, total);
+}
+
+__device__ __forceinline__ bool ex_bit(const u32* bits, u32 i) { return (bits[i >> 5] >> (i & 31)) & 1u; }
+
+// A pair (a < b, boundary) in one word: a and b below EX_MAX_TRACKS (13 bits), the
+// boundary at most EX_MAX_PLANES (6 bits).
+__device__ __forceinline__ u32 ex_pair(u32 a, u32 b, u32 boundary) { return (a << 19) | (b << 6) | boundary; }
+
+// ExchangeCuts::window_for.
+__device__ __forceinline__ float ex_window(const float* __restrict__ xf, u32 p, u32 side, float q) {
+    const float* w = xf + EXF_PLANES + 4 * p;
+    const float s = w[1 + side];
+    const float qref = xf[EXF_QOP_REF];
+    if (qref > 0.0f && isfinite(q)) return w[0] + s * fminf(q / qref, 1.0f);
+    return w[0] + s;
+}
+
+// The position of track k's first hit at or downstream of plane `boundary` (split).
+__device__ __forceinline__ u32 ex_split(const u32* list, u32 len, const u32* hp, u32 boundary) {
+    for (u32 i = 0; i < len; i++) {
+        if (hp[list[i]] >= boundary) return i;
+    }
+    return len;
+}
+
+// The track's hit on plane p, or EX_NONE.
+__device__ __forceinline__ u32 ex_on_plane(const u32* list, u32 len, const u32* hp, u32 p) {
+    for (u32 i = 0; i < len; i++) {
+        const u32 q = hp[list[i]];
+        if (q == p) return list[i];
+        if (q > p) break;
+    }
+    return EX_NONE;
+}
+
+// The squared kink at m between l and r, in units of its scattering and resolution
+// (junction_score's kink).
+__device__ __forceinline__ double ex_kink(const double* __restrict__ xd, const float* hx,
+                                          const float* hy, const u32* hp, u32 l, u32 m, u32 r) {
+    const u32 pl = hp[l], pm = hp[m], pr = hp[r];
+    const double xl = (double)hx[l], yl = (double)hy[l];
+    const double xm = (double)hx[m], ym = (double)hy[m];
+    const double xr = (double)hx[r], yr = (double)hy[r];
+    const double* P = xd + EXD_PLANES;
+    const double g1 = P[3 * pm] - P[3 * pl], g2 = P[3 * pr] - P[3 * pm];
+    const double kx = (xr - xm) / g2 - (xm - xl) / g1;
+    const double ky = (yr - ym) / g2 - (ym - yl) / g1;
+    const double s = 1.0 / g1 + 1.0 / g2;
+    const double var = P[3 * pm + 1] + P[3 * pm + 2] * (s * s) + P[3 * pl + 2] / (g1 * g1) +
+                       P[3 * pr + 2] / (g2 * g2);
+    return (kx * kx + ky * ky) / var;
+}
+
+// junction_score of segments up (nu hits) and down (nd hits).
+__device__ double ex_junction(const double* __restrict__ xd, const float* hx, const float* hy,
+                              const u32* hp, const u32* up, u32 nu, const u32* down, u32 nd) {
+    double s = 0.0;
+    if (nu >= 2) s += ex_kink(xd, hx, hy, hp, up[nu - 2], up[nu - 1], down[0]);
+    if (nd >= 2) s += ex_kink(xd, hx, hy, hp, up[nu - 1], down[0], down[1]);
+    return s;
+}
+
+// ExchangeCuts::good on a fit of n hits.
+__device__ __forceinline__ bool ex_good(const KalmanResult& r, u32 n, u32 min_hits, double max_chi2_ndf) {
+    const u32 ndf = min((u32)r.ndf, 65535u);
+    return n >= min_hits && r.ok != 0 && ndf > 0 && (double)(r.chi2 / (float)ndf) <= max_chi2_ndf;
+}
+
+// A fit of the n hits of `list` (event indices) with tables T.
+__device__ __forceinline__ void ex_fit(const u32* list, u32 n, const float* hx, const float* hy,
+                                       const u32* hp, const KalmanTables& T, KalmanResult& r) {
+    CandHits h;
+    h.idx = list;
+    h.hx = hx;
+    h.hy = hy;
+    h.hp = hp;
+    kalman_fit_track(h, (int)n, MAX_CHAIN, T, r);
+}
+
+// Fit_missing's record of a candidates' fit: chi-square (infinite where the fit failed)
+// and the largest |q/p| (fitted plus three standard deviations).
+__device__ __forceinline__ void ex_note_fit(const KalmanResult& r, float* chi2, float* qop) {
+    *chi2 = r.ok ? r.chi2 : CA_INF;
+    *qop = (float)(fabs((double)r.st[4]) + 3.0 * sqrt(fmax((double)r.c[14], 0.0)));
+}
+
+extern "C" __global__ void __launch_bounds__(EX_THREADS)
+ca_exchange(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
+            const u32* __restrict__ trk_base, const u32* __restrict__ trk_hit_base,
+            const u32* __restrict__ hit_start, const float* __restrict__ in_x,
+            const float* __restrict__ in_y, const u32* __restrict__ in_plane,
+            uint2* __restrict__ out_tracks, u32* __restrict__ out_fits, u32* __restrict__ out_hits,
+            u32* __restrict__ marks, const float* __restrict__ xf, const double* __restrict__ xd,
+            const int* __restrict__ xi, u32* __restrict__ lists, u32* __restrict__ lens,
+            float* __restrict__ chi2s, float* __restrict__ qops, u32* __restrict__ owner,
+            unsigned long long* __restrict__ index_key, u32* __restrict__ index_hit,
+            u32* __restrict__ pairs, unsigned long long* __restrict__ gains, u32 pairs_per_track,
+            u32 pair_limit,
+            u32* __restrict__ ex_failed,
+            const float* __restrict__ rows32, const double* __restrict__ rows64,
+            const int* __restrict__ gap_steps, const int* __restrict__ gap_kind,
+            const int* __restrict__ gap_slice, const float* __restrict__ slices,
+            const float* __restrict__ pf, const double* __restrict__ pd,
+            const int* __restrict__ pi, const float* __restrict__ nodes,
+            const float* __restrict__ tpf, const double* __restrict__ tpd,
+            const int* __restrict__ tpi) {
+    __shared__ u32 s_changed[EX_TRACK_WORDS];
+    __shared__ u32 s_exchanged[EX_TRACK_WORDS];
+    __shared__ u32 s_need[EX_TRACK_WORDS];
+    __shared__ u32 s_taken[EX_TRACK_WORDS];
+    __shared__ u32 s_n_pairs, s_n_gains, s_n_made, s_overflow;
+    const u32 e = blockIdx.y;
+    const u32 tid = threadIdx.x;
+    if (tid == 0) ex_failed[e] = 0;
+    if (failed[e]) return;
+    const u32 nt = trk_n[e], tb = trk_base[e];
+    const u32 hs = hit_start[e], nh = hit_start[e + 1] - hs;
+    const float* hx = in_x + hs;
+    const float* hy = in_y + hs;
+    const u32* hp = in_plane + hs;
+    const u32 n_planes = (u32)xi[EXI_N_PLANES];
+    const u32 min_hits = (u32)xi[EXI_MIN_HITS];
+    const double max_chi2_ndf = xd[EXD_MAX_CHI2_NDF];
+    const u32 S = n_planes;
+    if (nt < 2) return;
+    if (nt > EX_MAX_TRACKS || n_planes > EX_MAX_PLANES) {
+        if (tid == 0) ex_failed[e] = EX_FAIL_SIZE;
+        return;
+    }
+    u32* L = lists + (size_t)tb * S;
+    u32* len = lens + tb;
+    float* chi2 = chi2s + tb;
+    float* qop = qops + tb;
+    u32* own = owner + hs;
+    unsigned long long* ik = index_key + 2 * (size_t)hs;
+    u32* ih = index_hit + 2 * (size_t)hs;
+    const u32 pair_cap = min(pairs_per_track * nt, pair_limit);
+    u32* P = pairs + (size_t)tb * pairs_per_track;
+    unsigned long long* G = gains + 2 * (size_t)tb * pairs_per_track;
+    const int track_fit = xi[EXI_TRACK_FIT];
+    const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
+                            slices, pf,     pd,        pi,       nodes};
+    for (u32 w = tid; w < EX_TRACK_WORDS; w += EX_THREADS) {
+        s_changed[w] = 0;
+        s_exchanged[w] = 0;
+        s_need[w] = 0;
+    }
+    for (u32 h = tid; h < nh; h += EX_THREADS) own[h] = EX_NONE;
+    if (tid == 0) s_overflow = 0;
+    __syncthreads();
+    // 1. The tracks kept, their working lists, their hits' owners.
+    u32 live_local = 0;
+    for (u32 k = tid; k < nt; k += EX_THREADS) {
+        const u32 t = tb + k;
+        const uint2 tr = out_tracks[t];
+        if (tr.y > S) {
+            atomicOr(&s_overflow, 1u);
+            continue;
+        }
+        len[k] = tr.y;
+        for (u32 i = 0; i < tr.y; i++) L[(size_t)k * S + i] = out_hits[tr.x + i];
+        if (marks[t] != 0) continue;
+        const u32* fw = out_fits + (size_t)t * FIT_WORDS;
+        {
+            // MomentumCut::keeps.
+            const double q0 = (double)__uint_as_float(fw[4]);
+            const double var = (double)__uint_as_float(fw[5 + 14]);
+            const double sigma = sqrt(var);
+            const bool measured = q0 != 0.0 && isfinite(q0) && (var < 0.81 * q0 * q0 || isnan(var));
+            if (measured && fabs(q0) - xd[EXD_MC_N_SIGMA] * sigma > xd[EXD_MC_MAX_QOP]) {
+                marks[t] = 2;
+                continue;
+            }
+        }
+        live_local++;
+        atomicOr(&s_changed[k >> 5], 1u << (k & 31));
+        for (u32 i = 0; i < tr.y; i++) own[out_hits[tr.x + i]] = k;
+        // The tracks' own fits are the candidates' where there is no track fit.
+        const u32 ndf = min(fw[22], 65535u);
+        chi2[k] = track_fit ? EX_NAN : (ndf > 0 ? __uint_as_float(fw[21]) : CA_INF);
+        const float q = __uint_as_float(fw[4]), v = __uint_as_float(fw[5 + 14]);
+        qop[k] = fabsf(q) + 3.0f * sqrtf(fmaxf(v, 0.0f));
+    }
+    u32 n_live;
+    ex_scan(live_local, &n_live);
+    __syncthreads();
+    if (s_overflow) {
+        if (tid == 0) ex_failed[e] = EX_FAIL_SIZE;
+        return;
+    }
+    if (n_live < 2) return;
+    // The kept tracks' hits by (plane, row of the plane's window, x) (room for twice the
+    // event's hits: the sort's power of two; the kept tracks' hits are distinct).
+    const float* xfp = xf + EXF_PLANES;
+    u32 n_index = 0;
+    for (u32 c0 = 0; c0 < nh; c0 += EX_THREADS) {
+        const u32 h = c0 + tid;
+        const bool in = h < nh && own[h] != EX_NONE;
+        u32 chunk;
+        const u32 q = n_index + ex_scan(in ? 1u : 0u, &chunk) - (in ? 1u : 0u);
+        if (in) {
+            const u32 p = hp[h];
+            const float w = fmaxf(xfp[4 * p + 3], 1e-3f);
+            ik[q] = fh_pool_key(p, fh_row((double)hy[h], (double)w), hx[h]);
+            ih[q] = h;
+        }
+        n_index += chunk;
+        __syncthreads();
+    }
+    {
+        u32 n_ps = 1;
+        while (n_ps < n_index) n_ps <<= 1;
+        for (u32 q = n_index + tid; q < n_ps; q += EX_THREADS) {
+            ik[q] = ~0ull;
+            ih[q] = EX_NONE;
+        }
+        __syncthreads();
+        if (n_index > 1) fh_sort_pool(ik, ih, n_ps);
+    }
+    u32 made_total = 0;
+    for (int round = 0; round < EX_MAX_ROUNDS; round++) {
+        // 2. The tracks changed in the round before fitted (their |q/p| sets the
+        // windows of their pairs).
+        if (round > 0) {
+            for (u32 k = tid; k < nt; k += EX_THREADS) {
+                if (!ex_bit(s_changed, k)) continue;
+                KalmanResult r;
+                ex_fit(L + (size_t)k * S, len[k], hx, hy, hp, T, r);
+                ex_note_fit(r, &chi2[k], &qop[k]);
+            }
+        }
+        for (u32 w = tid; w < EX_TRACK_WORDS; w += EX_THREADS) s_need[w] = 0;
+        if (tid == 0) {
+            s_n_pairs = 0;
+            s_n_gains = 0;
+            s_n_made = 0;
+        }
+        __syncthreads();
+        // The pairs: from each changed track's hits, the other kept tracks' hits within
+        // the plane's window (its rows and x about the hit, then the window itself).
+        for (u32 k = tid; k < nt; k += EX_THREADS) {
+            if (!ex_bit(s_changed, k)) continue;
+            const u32* la = L + (size_t)k * S;
+            const u32 na = len[k];
+            for (u32 i = 0; i < na; i++) {
+                const u32 h = la[i];
+                const u32 p = hp[h];
+                const float wp = xfp[4 * p + 3];
+                const float w = fmaxf(wp, 1e-3f);
+                const float x = hx[h], y = hy[h];
+                const int row = fh_row((double)y, (double)w);
+                const u32 lo = fh_order32(x - 2.0f * w), hi = fh_order32(x + 2.0f * w);
+                for (int rr = row - 2; rr <= row + 2; rr++) {
+                    const unsigned long long base = fh_pool_key(p, rr, 0.0f) & 0xffffffff00000000ull;
+                    for (u32 q = fh_lower_bound(ik, n_index, base | lo); q < n_index && ik[q] <= (base | hi);
+                         q++) {
+                        const u32 h2 = ih[q];
+                        const u32 b = own[h2];
+                        if (b == EX_NONE || b == k) continue;
+                        if (ex_bit(s_changed, b) && b < k) continue;
+                        const float dx = fabsf(hx[h2] - x), dy = fabsf(hy[h2] - y);
+                        if (!(dx <= wp && dy <= wp)) continue;
+                        const float d = fmaxf(dx, dy);
+                        const float qq = fmaxf(qop[k], qop[b]);
+                        const u32 lo_t = min(k, b), hi_t = max(k, b);
+                        for (u32 side = 0; side < 2; side++) {
+                            // At the detector's ends (boundary 0 or n_planes) an exchange
+                            // changes nothing, but the pair's tracks are fitted as the CPU's.
+                            const u32 boundary = p + side;
+                            if (!(d <= ex_window(xf, p, side, qq))) continue;
+                            if (side == 1) {
+                                // The same boundary from the plane downstream, where the
+                                // two tracks are close there too.
+                                const u32 ha = ex_on_plane(la, na, hp, p + 1);
+                                const u32 hb = ex_on_plane(L + (size_t)b * S, len[b], hp, p + 1);
+                                if (ha != EX_NONE && hb != EX_NONE) {
+                                    const float dx1 = fabsf(hx[hb] - hx[ha]);
+                                    const float dy1 = fabsf(hy[hb] - hy[ha]);
+                                    const float w1 = xfp[4 * (p + 1) + 3];
+                                    if (dx1 <= w1 && dy1 <= w1 &&
+                                        fmaxf(dx1, dy1) <= ex_window(xf, p + 1, 0, qq))
+                                        continue;
+                                }
+                            }
+                            const u32 at = atomicAdd(&s_n_pairs, 1u);
+                            if (at < pair_cap) {
+                                P[at] = ex_pair(lo_t, hi_t, boundary);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        const u32 n_pairs = s_n_pairs;
+        if (n_pairs > pair_cap) {
+            if (tid == 0) ex_failed[e] = EX_FAIL_PAIRS;
+            return;
+        }
+        // The tracks in a pair whose candidates' chi-square is not known, fitted.
+        for (u32 j = tid; j < n_pairs; j += EX_THREADS) {
+            const u32 a = P[j] >> 19, b = (P[j] >> 6) & 0x1fffu;
+            if (isnan(chi2[a])) atomicOr(&s_need[a >> 5], 1u << (a & 31));
+            if (isnan(chi2[b])) atomicOr(&s_need[b >> 5], 1u << (b & 31));
+        }
+        __syncthreads();
+        for (u32 k = tid; k < nt; k += EX_THREADS) {
+            if (!ex_bit(s_need, k)) continue;
+            KalmanResult r;
+            ex_fit(L + (size_t)k * S, len[k], hx, hy, hp, T, r);
+            ex_note_fit(r, &chi2[k], &qop[k]);
+        }
+        __syncthreads();
+        // 3. Every pair's exchange: the pre-test, the first new track (a's upstream, b's
+        // downstream), then the second (b's upstream, a's downstream).
+        for (u32 j = tid; j < n_pairs; j += EX_THREADS) {
+            const u32 a = P[j] >> 19, b = (P[j] >> 6) & 0x1fffu, boundary = P[j] & 63u;
+            const u32* ta = L + (size_t)a * S;
+            const u32* tbl = L + (size_t)b * S;
+            const u32 la = len[a], lb = len[b];
+            const u32 sa = ex_split(ta, la, hp, boundary), sb = ex_split(tbl, lb, hp, boundary);
+            if (sa == 0 || sb == 0 || sa == la || sb == lb) continue;
+            const u32 n1 = sa + lb - sb, n2 = sb + la - sa;
+            if (n1 < min_hits || n2 < min_hits) continue;
+            const double s_now = ex_junction(xd, hx, hy, hp, ta, sa, ta + sa, la - sa) +
+                                 ex_junction(xd, hx, hy, hp, tbl, sb, tbl + sb, lb - sb);
+            const double s_new = s_now - ex_junction(xd, hx, hy, hp, ta, sa, tbl + sb, lb - sb) -
+                                 ex_junction(xd, hx, hy, hp, tbl, sb, ta + sa, la - sa);
+            if (s_new < -EX_PRE_TEST) continue;
+            u32 trial[MAX_CHAIN];
+            for (u32 i = 0; i < sa; i++) trial[i] = ta[i];
+            for (u32 i = sb; i < lb; i++) trial[sa + i - sb] = tbl[i];
+            KalmanResult r1;
+            ex_fit(trial, n1, hx, hy, hp, T, r1);
+            const float before = chi2[a] + chi2[b];
+            if (!(ex_good(r1, n1, min_hits, max_chi2_ndf) && before - r1.chi2 > EX_MIN_GAIN)) continue;
+            for (u32 i = 0; i < sb; i++) trial[i] = tbl[i];
+            for (u32 i = sa; i < la; i++) trial[sb + i - sa] = ta[i];
+            KalmanResult r2;
+            ex_fit(trial, n2, hx, hy, hp, T, r2);
+            if (!ex_good(r2, n2, min_hits, max_chi2_ndf)) continue;
+            const float gain = before - (float)((double)r1.chi2 + (double)r2.chi2);
+            if (!(gain > EX_MIN_GAIN)) continue;
+            const u32 at = atomicAdd(&s_n_gains, 1u);
+            // Best gain first (f32::total_cmp's order, reversed), then the pair.
+            G[at] = ((unsigned long long)~fh_order32(gain) << 32) | (unsigned long long)P[j];
+        }
+        __syncthreads();
+        const u32 n_gains = s_n_gains;
+        if (n_gains == 0) break;
+        {
+            u32 n_ps = 1;
+            while (n_ps < n_gains) n_ps <<= 1;
+            for (u32 q = n_gains + tid; q < n_ps; q += EX_THREADS) G[q] = ~0ull;
+            __syncthreads();
+            if (n_gains > 1) {
+                fh_bitonic(n_ps, [&](u32 i, u32 ixj, bool up) {
+                    const unsigned long long x = G[i], y = G[ixj];
+                    if ((x > y) == up) {
+                        G[i] = y;
+                        G[ixj] = x;
+                    }
+                });
+            }
+        }
+        // Taken in order, each track once; the exchanges made listed where the pairs were.
+        if (tid == 0) {
+            for (u32 w = 0; w < EX_TRACK_WORDS; w++) s_taken[w] = 0;
+            u32 made = 0;
+            for (u32 i = 0; i < n_gains; i++) {
+                const u32 pr = (u32)G[i];
+                const u32 a = pr >> 19, b = (pr >> 6) & 0x1fffu;
+                if (ex_bit(s_taken, a) || ex_bit(s_taken, b)) continue;
+                s_taken[a >> 5] |= 1u << (a & 31);
+                s_taken[b >> 5] |= 1u << (b & 31);
+                P[made++] = pr;
+            }
+            s_n_made = made;
+        }
+        __syncthreads();
+        const u32 made = s_n_made;
+        for (u32 w = tid; w < EX_TRACK_WORDS; w += EX_THREADS) {
+            s_changed[w] = s_taken[w];
+            s_exchanged[w] |= s_taken[w];
+        }
+        // The exchanges (on distinct tracks): a gets b's upstream segment, b a's.
+        for (u32 j = tid; j < made; j += EX_THREADS) {
+            const u32 a = P[j] >> 19, b = (P[j] >> 6) & 0x1fffu, boundary = P[j] & 63u;
+            u32* ta = L + (size_t)a * S;
+            u32* tbl = L + (size_t)b * S;
+            const u32 la = len[a], lb = len[b];
+            const u32 sa = ex_split(ta, la, hp, boundary), sb = ex_split(tbl, lb, hp, boundary);
+            u32 na[MAX_CHAIN], nb[MAX_CHAIN];
+            u32 ka = 0, kb = 0;
+            for (u32 i = 0; i < sb; i++) na[ka++] = tbl[i];
+            for (u32 i = sa; i < la; i++) na[ka++] = ta[i];
+            for (u32 i = 0; i < sa; i++) nb[kb++] = ta[i];
+            for (u32 i = sb; i < lb; i++) nb[kb++] = tbl[i];
+            for (u32 i = 0; i < ka; i++) {
+                ta[i] = na[i];
+                own[na[i]] = a;
+            }
+            for (u32 i = 0; i < kb; i++) {
+                tbl[i] = nb[i];
+                own[nb[i]] = b;
+            }
+            len[a] = ka;
+            len[b] = kb;
+            chi2[a] = EX_NAN;
+            chi2[b] = EX_NAN;
+        }
+        made_total += made;
+        __syncthreads();
+    }
+    if (made_total == 0) return;
+    // 4. The exchanged tracks' final fits, then the event's tracks packed again in order.
+    const KalmanTables TT = {rows32, rows64, gap_steps, gap_kind, gap_slice, slices,
+                             track_fit ? tpf : pf, track_fit ? tpd : pd,
+                             track_fit ? tpi : pi, nodes};
+    for (u32 k = tid; k < nt; k += EX_THREADS) {
+        if (!ex_bit(s_exchanged, k)) continue;
+        KalmanResult r;
+        ex_fit(L + (size_t)k * S, len[k], hx, hy, hp, TT, r);
+        store_fit(r, out_fits + (size_t)(tb + k) * FIT_WORDS);
+    }
+    u32 carry = trk_hit_base[e];
+    for (u32 c0 = 0; c0 < nt; c0 += EX_THREADS) {
+        const u32 k = c0 + tid;
+        const u32 n = k < nt ? len[k] : 0u;
+        u32 chunk;
+        const u32 at = carry + ex_scan(n, &chunk) - n;
+        if (k < nt) {
+            out_tracks[tb + k] = make_uint2(at, n);
+            for (u32 i = 0; i < n; i++) out_hits[at + i] = L[(size_t)k * S + i];
+        }
+        carry += chunk;
+        __syncthreads();
+    }
+}
