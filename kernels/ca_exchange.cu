@@ -1,7 +1,13 @@
 // Exchange of segments between crossing tracks (src/tracking/ca/exchange.rs) on the
-// device: on the tracks ca_tracks_pack packed and the clone step marked, one block per
-// event, before the first hits are chosen again (ca_first_hits.cu) and before the tracks
-// go to the host. The same steps as Exchange::run, in the same arithmetic:
+// device: on the tracks ca_tracks_pack packed and the clone step marked, before the first
+// hits are chosen again (ca_first_hits.cu) and before the tracks go to the host. The same
+// steps as Exchange::run, in the same arithmetic, as a sequence of kernels over the
+// batch's events (the host launches every round's; an event whose exchanges are done
+// leaves each at once): ca_exchange_begin (one block per event), then per round
+// ca_exchange_fit_changed (from the second), ca_exchange_pairs, ca_exchange_fit_needed
+// and ca_exchange_evaluate (several blocks per event: the searches and the fits of all the
+// events' tracks and pairs at once), ca_exchange_choose (one block per event), and
+// ca_exchange_end (one block per event):
 //
 // 1. the tracks kept: not clones and not below the minimum momentum (MomentumCut::keeps;
 //    a track below it is marked 2 in the clone marks, as ca_first_hits marks it); each
@@ -28,6 +34,8 @@
 // is marked failed with its tracks untouched: the host runs it on the CPU.
 
 #define EX_THREADS 512
+// Threads of the kernels with several blocks per event.
+#define EX_WIDE_THREADS 256
 #define EX_MAX_TRACKS 8192
 #define EX_TRACK_WORDS (EX_MAX_TRACKS / 32)
 #define EX_MAX_PLANES 63
@@ -55,6 +63,19 @@
 // Failures (ex_failed): tracks or hits beyond the block's, pairs beyond the event's share.
 #define EX_FAIL_SIZE 1
 #define EX_FAIL_PAIRS 2
+// Per track slot (ex_flags): changed in the round before, exchanged, its candidates' fit
+// needed.
+#define EX_CHANGED 1u
+#define EX_EXCHANGED 2u
+#define EX_NEED 4u
+// Per event (ex_state, EX_STATE words): rounds go on, pairs, gains, exchanges made, hits
+// in the index.
+#define EX_STATE 8
+#define EX_ACTIVE 0
+#define EX_N_PAIRS 1
+#define EX_N_GAINS 2
+#define EX_N_MADE 3
+#define EX_N_INDEX 4
 
 __device__ __forceinline__ u32 ex_scan(u32 v, u32* total) {
     return block_scan_inclusive_of<EX_THREADS>(v, total);
@@ -144,75 +165,80 @@ __device__ __forceinline__ void ex_note_fit(const KalmanResult& r, float* chi2, 
     *qop = (float)(fabs((double)r.st[4]) + 3.0 * sqrt(fmax((double)r.c[14], 0.0)));
 }
 
-extern "C" __global__ void __launch_bounds__(EX_THREADS)
-ca_exchange(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
-            const u32* __restrict__ trk_base, const u32* __restrict__ trk_hit_base,
-            const u32* __restrict__ hit_start, const float* __restrict__ in_x,
-            const float* __restrict__ in_y, const u32* __restrict__ in_plane,
-            uint2* __restrict__ out_tracks, u32* __restrict__ out_fits, u32* __restrict__ out_hits,
-            u32* __restrict__ marks, const float* __restrict__ xf, const double* __restrict__ xd,
-            const int* __restrict__ xi, u32* __restrict__ lists, u32* __restrict__ lens,
-            float* __restrict__ chi2s, float* __restrict__ qops, u32* __restrict__ owner,
-            unsigned long long* __restrict__ index_key, u32* __restrict__ index_hit,
-            u32* __restrict__ pairs, unsigned long long* __restrict__ gains, u32 pairs_per_track,
-            u32 pair_limit,
-            u32* __restrict__ ex_failed,
-            const float* __restrict__ rows32, const double* __restrict__ rows64,
-            const int* __restrict__ gap_steps, const int* __restrict__ gap_kind,
-            const int* __restrict__ gap_slice, const float* __restrict__ slices,
-            const float* __restrict__ pf, const double* __restrict__ pd,
-            const int* __restrict__ pi, const float* __restrict__ nodes,
-            const float* __restrict__ tpf, const double* __restrict__ tpd,
-            const int* __restrict__ tpi) {
-    __shared__ u32 s_changed[EX_TRACK_WORDS];
-    __shared__ u32 s_exchanged[EX_TRACK_WORDS];
-    __shared__ u32 s_need[EX_TRACK_WORDS];
-    __shared__ u32 s_taken[EX_TRACK_WORDS];
-    __shared__ u32 s_n_pairs, s_n_gains, s_n_made, s_overflow;
+
+// The arguments every kernel of the step takes.
+#define EX_PARAMS                                                                              \
+    const u32 *__restrict__ failed, const u32 *__restrict__ trk_n,                            \
+        const u32 *__restrict__ trk_base, const u32 *__restrict__ trk_hit_base,               \
+        const u32 *__restrict__ hit_start, const float *__restrict__ in_x,                    \
+        const float *__restrict__ in_y, const u32 *__restrict__ in_plane,                     \
+        uint2 *__restrict__ out_tracks, u32 *__restrict__ out_fits, u32 *__restrict__ out_hits, \
+        u32 *__restrict__ marks, const float *__restrict__ xf, const double *__restrict__ xd,  \
+        const int *__restrict__ xi, u32 *__restrict__ lists, u32 *__restrict__ lens,          \
+        float *__restrict__ chi2s, float *__restrict__ qops, u32 *__restrict__ flags,         \
+        u32 *__restrict__ owner, unsigned long long *__restrict__ index_key,                  \
+        u32 *__restrict__ index_hit, u32 *__restrict__ pairs,                                 \
+        unsigned long long *__restrict__ gains, u32 pairs_per_track, u32 pair_limit,          \
+        u32 *__restrict__ state, u32 *__restrict__ ex_failed,                                 \
+        const float *__restrict__ rows32, const double *__restrict__ rows64,                  \
+        const int *__restrict__ gap_steps, const int *__restrict__ gap_kind,                  \
+        const int *__restrict__ gap_slice, const float *__restrict__ slices,                  \
+        const float *__restrict__ pf, const double *__restrict__ pd,                          \
+        const int *__restrict__ pi, const float *__restrict__ nodes,                          \
+        const float *__restrict__ tpf, const double *__restrict__ tpd,                        \
+        const int *__restrict__ tpi
+
+// The event's views of the arguments (`e` the event).
+#define EX_EVENT                                                                              \
+    const u32 nt = trk_n[e], tb = trk_base[e];                                                \
+    const u32 hs = hit_start[e], nh = hit_start[e + 1] - hs;                                  \
+    const float* hx = in_x + hs;                                                              \
+    const float* hy = in_y + hs;                                                              \
+    const u32* hp = in_plane + hs;                                                            \
+    const u32 n_planes = (u32)xi[EXI_N_PLANES];                                               \
+    const u32 min_hits = (u32)xi[EXI_MIN_HITS];                                               \
+    const double max_chi2_ndf = xd[EXD_MAX_CHI2_NDF];                                         \
+    const u32 S = n_planes;                                                                   \
+    u32* L = lists + (size_t)tb * S;                                                          \
+    u32* len = lens + tb;                                                                     \
+    float* chi2 = chi2s + tb;                                                                 \
+    float* qop = qops + tb;                                                                   \
+    u32* fl = flags + tb;                                                                     \
+    u32* own = owner + hs;                                                                    \
+    unsigned long long* ik = index_key + 2 * (size_t)hs;                                      \
+    u32* ih = index_hit + 2 * (size_t)hs;                                                     \
+    const u32 pair_cap = min(pairs_per_track * nt, pair_limit);                               \
+    u32* P = pairs + (size_t)tb * pairs_per_track;                                            \
+    unsigned long long* G = gains + 2 * (size_t)tb * pairs_per_track;                         \
+    u32* st = state + (size_t)e * EX_STATE;                                                   \
+    const int track_fit = xi[EXI_TRACK_FIT];                                                  \
+    const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,                   \
+                            slices, pf,     pd,        pi,       nodes};                      \
+    (void)nh; (void)min_hits; (void)max_chi2_ndf; (void)pair_cap; (void)track_fit; (void)T;
+
+// 1. The tracks kept, their working lists, their hits' owners and index.
+extern "C" __global__ void __launch_bounds__(EX_THREADS) ca_exchange_begin(EX_PARAMS) {
+    __shared__ u32 s_overflow;
     const u32 e = blockIdx.y;
     const u32 tid = threadIdx.x;
-    if (tid == 0) ex_failed[e] = 0;
-    if (failed[e]) return;
-    const u32 nt = trk_n[e], tb = trk_base[e];
-    const u32 hs = hit_start[e], nh = hit_start[e + 1] - hs;
-    const float* hx = in_x + hs;
-    const float* hy = in_y + hs;
-    const u32* hp = in_plane + hs;
-    const u32 n_planes = (u32)xi[EXI_N_PLANES];
-    const u32 min_hits = (u32)xi[EXI_MIN_HITS];
-    const double max_chi2_ndf = xd[EXD_MAX_CHI2_NDF];
-    const u32 S = n_planes;
-    if (nt < 2) return;
+    EX_EVENT
+    if (tid == 0) {
+        ex_failed[e] = 0;
+        for (int i = 0; i < EX_STATE; i++) st[i] = 0;
+        s_overflow = 0;
+    }
+    if (failed[e] || nt < 2) return;
     if (nt > EX_MAX_TRACKS || n_planes > EX_MAX_PLANES) {
         if (tid == 0) ex_failed[e] = EX_FAIL_SIZE;
         return;
     }
-    u32* L = lists + (size_t)tb * S;
-    u32* len = lens + tb;
-    float* chi2 = chi2s + tb;
-    float* qop = qops + tb;
-    u32* own = owner + hs;
-    unsigned long long* ik = index_key + 2 * (size_t)hs;
-    u32* ih = index_hit + 2 * (size_t)hs;
-    const u32 pair_cap = min(pairs_per_track * nt, pair_limit);
-    u32* P = pairs + (size_t)tb * pairs_per_track;
-    unsigned long long* G = gains + 2 * (size_t)tb * pairs_per_track;
-    const int track_fit = xi[EXI_TRACK_FIT];
-    const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
-                            slices, pf,     pd,        pi,       nodes};
-    for (u32 w = tid; w < EX_TRACK_WORDS; w += EX_THREADS) {
-        s_changed[w] = 0;
-        s_exchanged[w] = 0;
-        s_need[w] = 0;
-    }
     for (u32 h = tid; h < nh; h += EX_THREADS) own[h] = EX_NONE;
-    if (tid == 0) s_overflow = 0;
     __syncthreads();
-    // 1. The tracks kept, their working lists, their hits' owners.
     u32 live_local = 0;
     for (u32 k = tid; k < nt; k += EX_THREADS) {
         const u32 t = tb + k;
         const uint2 tr = out_tracks[t];
+        fl[k] = 0;
         if (tr.y > S) {
             atomicOr(&s_overflow, 1u);
             continue;
@@ -233,7 +259,7 @@ ca_exchange(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
             }
         }
         live_local++;
-        atomicOr(&s_changed[k >> 5], 1u << (k & 31));
+        fl[k] = EX_CHANGED;
         for (u32 i = 0; i < tr.y; i++) own[out_hits[tr.x + i]] = k;
         // The tracks' own fits are the candidates' where there is no track fit.
         const u32 ndf = min(fw[22], 65535u);
@@ -267,218 +293,255 @@ ca_exchange(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
         n_index += chunk;
         __syncthreads();
     }
-    {
-        u32 n_ps = 1;
-        while (n_ps < n_index) n_ps <<= 1;
-        for (u32 q = n_index + tid; q < n_ps; q += EX_THREADS) {
-            ik[q] = ~0ull;
-            ih[q] = EX_NONE;
-        }
-        __syncthreads();
-        if (n_index > 1) fh_sort_pool(ik, ih, n_ps);
+    u32 n_ps = 1;
+    while (n_ps < n_index) n_ps <<= 1;
+    for (u32 q = n_index + tid; q < n_ps; q += EX_THREADS) {
+        ik[q] = ~0ull;
+        ih[q] = EX_NONE;
     }
-    u32 made_total = 0;
-    for (int round = 0; round < EX_MAX_ROUNDS; round++) {
-        // 2. The tracks changed in the round before fitted (their |q/p| sets the
-        // windows of their pairs).
-        if (round > 0) {
-            for (u32 k = tid; k < nt; k += EX_THREADS) {
-                if (!ex_bit(s_changed, k)) continue;
-                KalmanResult r;
-                ex_fit(L + (size_t)k * S, len[k], hx, hy, hp, T, r);
-                ex_note_fit(r, &chi2[k], &qop[k]);
-            }
-        }
-        for (u32 w = tid; w < EX_TRACK_WORDS; w += EX_THREADS) s_need[w] = 0;
-        if (tid == 0) {
-            s_n_pairs = 0;
-            s_n_gains = 0;
-            s_n_made = 0;
-        }
-        __syncthreads();
-        // The pairs: from each changed track's hits, the other kept tracks' hits within
-        // the plane's window (its rows and x about the hit, then the window itself).
-        for (u32 k = tid; k < nt; k += EX_THREADS) {
-            if (!ex_bit(s_changed, k)) continue;
-            const u32* la = L + (size_t)k * S;
-            const u32 na = len[k];
-            for (u32 i = 0; i < na; i++) {
-                const u32 h = la[i];
-                const u32 p = hp[h];
-                const float wp = xfp[4 * p + 3];
-                const float w = fmaxf(wp, 1e-3f);
-                const float x = hx[h], y = hy[h];
-                const int row = fh_row((double)y, (double)w);
-                const u32 lo = fh_order32(x - 2.0f * w), hi = fh_order32(x + 2.0f * w);
-                for (int rr = row - 2; rr <= row + 2; rr++) {
-                    const unsigned long long base = fh_pool_key(p, rr, 0.0f) & 0xffffffff00000000ull;
-                    for (u32 q = fh_lower_bound(ik, n_index, base | lo); q < n_index && ik[q] <= (base | hi);
-                         q++) {
-                        const u32 h2 = ih[q];
-                        const u32 b = own[h2];
-                        if (b == EX_NONE || b == k) continue;
-                        if (ex_bit(s_changed, b) && b < k) continue;
-                        const float dx = fabsf(hx[h2] - x), dy = fabsf(hy[h2] - y);
-                        if (!(dx <= wp && dy <= wp)) continue;
-                        const float d = fmaxf(dx, dy);
-                        const float qq = fmaxf(qop[k], qop[b]);
-                        const u32 lo_t = min(k, b), hi_t = max(k, b);
-                        for (u32 side = 0; side < 2; side++) {
-                            // At the detector's ends (boundary 0 or n_planes) an exchange
-                            // changes nothing, but the pair's tracks are fitted as the CPU's.
-                            const u32 boundary = p + side;
-                            if (!(d <= ex_window(xf, p, side, qq))) continue;
-                            if (side == 1) {
-                                // The same boundary from the plane downstream, where the
-                                // two tracks are close there too.
-                                const u32 ha = ex_on_plane(la, na, hp, p + 1);
-                                const u32 hb = ex_on_plane(L + (size_t)b * S, len[b], hp, p + 1);
-                                if (ha != EX_NONE && hb != EX_NONE) {
-                                    const float dx1 = fabsf(hx[hb] - hx[ha]);
-                                    const float dy1 = fabsf(hy[hb] - hy[ha]);
-                                    const float w1 = xfp[4 * (p + 1) + 3];
-                                    if (dx1 <= w1 && dy1 <= w1 &&
-                                        fmaxf(dx1, dy1) <= ex_window(xf, p + 1, 0, qq))
-                                        continue;
-                                }
-                            }
-                            const u32 at = atomicAdd(&s_n_pairs, 1u);
-                            if (at < pair_cap) {
-                                P[at] = ex_pair(lo_t, hi_t, boundary);
+    __syncthreads();
+    if (n_index > 1) fh_sort_pool(ik, ih, n_ps);
+    if (tid == 0) {
+        st[EX_N_INDEX] = n_index;
+        st[EX_ACTIVE] = 1;
+    }
+}
+
+// Fits the candidates' fit of the event's tracks flagged `mask` (clearing EX_NEED), over
+// the blocks of the event.
+__device__ __forceinline__ void ex_fit_flagged(EX_PARAMS, u32 mask) {
+    const u32 e = blockIdx.y;
+    EX_EVENT
+    if (!st[EX_ACTIVE] || st[EX_N_PAIRS] > pair_cap) return;
+    for (u32 k = blockIdx.x * EX_WIDE_THREADS + threadIdx.x; k < nt; k += gridDim.x * EX_WIDE_THREADS) {
+        const u32 f = fl[k];
+        if (!(f & mask)) continue;
+        if (mask == EX_NEED) fl[k] = f & ~EX_NEED;
+        KalmanResult r;
+        ex_fit(L + (size_t)k * S, len[k], hx, hy, hp, T, r);
+        ex_note_fit(r, &chi2[k], &qop[k]);
+    }
+}
+
+// 2. The tracks changed in the round before fitted (their |q/p| sets the windows of
+// their pairs).
+extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_fit_changed(EX_PARAMS) {
+    ex_fit_flagged(failed, trk_n, trk_base, trk_hit_base, hit_start, in_x, in_y, in_plane,
+                   out_tracks, out_fits, out_hits, marks, xf, xd, xi, lists, lens, chi2s, qops,
+                   flags, owner, index_key, index_hit, pairs, gains, pairs_per_track, pair_limit,
+                   state, ex_failed, rows32, rows64, gap_steps, gap_kind, gap_slice, slices, pf,
+                   pd, pi, nodes, tpf, tpd, tpi, EX_CHANGED);
+}
+
+// The pairs: from each changed track's hits, the other kept tracks' hits within the
+// plane's window (its rows and x about the hit, then the window itself); the tracks of a
+// pair whose candidates' chi-square is not known flagged for their fit.
+extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_pairs(EX_PARAMS) {
+    const u32 e = blockIdx.y;
+    EX_EVENT
+    if (!st[EX_ACTIVE]) return;
+    const float* xfp = xf + EXF_PLANES;
+    const u32 n_index = st[EX_N_INDEX];
+    for (u32 k = blockIdx.x * EX_WIDE_THREADS + threadIdx.x; k < nt; k += gridDim.x * EX_WIDE_THREADS) {
+        if (!(fl[k] & EX_CHANGED)) continue;
+        const u32* la = L + (size_t)k * S;
+        const u32 na = len[k];
+        for (u32 i = 0; i < na; i++) {
+            const u32 h = la[i];
+            const u32 p = hp[h];
+            const float wp = xfp[4 * p + 3];
+            const float w = fmaxf(wp, 1e-3f);
+            const float x = hx[h], y = hy[h];
+            const int row = fh_row((double)y, (double)w);
+            const u32 lo = fh_order32(x - 2.0f * w), hi = fh_order32(x + 2.0f * w);
+            for (int rr = row - 2; rr <= row + 2; rr++) {
+                const unsigned long long base = fh_pool_key(p, rr, 0.0f) & 0xffffffff00000000ull;
+                for (u32 q = fh_lower_bound(ik, n_index, base | lo); q < n_index && ik[q] <= (base | hi);
+                     q++) {
+                    const u32 h2 = ih[q];
+                    const u32 b = own[h2];
+                    if (b == EX_NONE || b == k) continue;
+                    if ((fl[b] & EX_CHANGED) && b < k) continue;
+                    const float dx = fabsf(hx[h2] - x), dy = fabsf(hy[h2] - y);
+                    if (!(dx <= wp && dy <= wp)) continue;
+                    const float d = fmaxf(dx, dy);
+                    const float qq = fmaxf(qop[k], qop[b]);
+                    const u32 lo_t = min(k, b), hi_t = max(k, b);
+                    for (u32 side = 0; side < 2; side++) {
+                        // At the detector's ends (boundary 0 or n_planes) an exchange
+                        // changes nothing, but the pair's tracks are fitted as the CPU's.
+                        const u32 boundary = p + side;
+                        if (!(d <= ex_window(xf, p, side, qq))) continue;
+                        if (side == 1) {
+                            // The same boundary from the plane downstream, where the two
+                            // tracks are close there too.
+                            const u32 ha = ex_on_plane(la, na, hp, p + 1);
+                            const u32 hb = ex_on_plane(L + (size_t)b * S, len[b], hp, p + 1);
+                            if (ha != EX_NONE && hb != EX_NONE) {
+                                const float dx1 = fabsf(hx[hb] - hx[ha]);
+                                const float dy1 = fabsf(hy[hb] - hy[ha]);
+                                const float w1 = xfp[4 * (p + 1) + 3];
+                                if (dx1 <= w1 && dy1 <= w1 && fmaxf(dx1, dy1) <= ex_window(xf, p + 1, 0, qq))
+                                    continue;
                             }
                         }
+                        const u32 at = atomicAdd(&st[EX_N_PAIRS], 1u);
+                        if (at < pair_cap) P[at] = ex_pair(lo_t, hi_t, boundary);
+                        if (isnan(chi2[k])) atomicOr(&fl[k], EX_NEED);
+                        if (isnan(chi2[b])) atomicOr(&fl[b], EX_NEED);
                     }
                 }
             }
         }
-        __syncthreads();
-        const u32 n_pairs = s_n_pairs;
-        if (n_pairs > pair_cap) {
-            if (tid == 0) ex_failed[e] = EX_FAIL_PAIRS;
-            return;
-        }
-        // The tracks in a pair whose candidates' chi-square is not known, fitted.
-        for (u32 j = tid; j < n_pairs; j += EX_THREADS) {
-            const u32 a = P[j] >> 19, b = (P[j] >> 6) & 0x1fffu;
-            if (isnan(chi2[a])) atomicOr(&s_need[a >> 5], 1u << (a & 31));
-            if (isnan(chi2[b])) atomicOr(&s_need[b >> 5], 1u << (b & 31));
-        }
-        __syncthreads();
-        for (u32 k = tid; k < nt; k += EX_THREADS) {
-            if (!ex_bit(s_need, k)) continue;
-            KalmanResult r;
-            ex_fit(L + (size_t)k * S, len[k], hx, hy, hp, T, r);
-            ex_note_fit(r, &chi2[k], &qop[k]);
-        }
-        __syncthreads();
-        // 3. Every pair's exchange: the pre-test, the first new track (a's upstream, b's
-        // downstream), then the second (b's upstream, a's downstream).
-        for (u32 j = tid; j < n_pairs; j += EX_THREADS) {
-            const u32 a = P[j] >> 19, b = (P[j] >> 6) & 0x1fffu, boundary = P[j] & 63u;
-            const u32* ta = L + (size_t)a * S;
-            const u32* tbl = L + (size_t)b * S;
-            const u32 la = len[a], lb = len[b];
-            const u32 sa = ex_split(ta, la, hp, boundary), sb = ex_split(tbl, lb, hp, boundary);
-            if (sa == 0 || sb == 0 || sa == la || sb == lb) continue;
-            const u32 n1 = sa + lb - sb, n2 = sb + la - sa;
-            if (n1 < min_hits || n2 < min_hits) continue;
-            const double s_now = ex_junction(xd, hx, hy, hp, ta, sa, ta + sa, la - sa) +
-                                 ex_junction(xd, hx, hy, hp, tbl, sb, tbl + sb, lb - sb);
-            const double s_new = s_now - ex_junction(xd, hx, hy, hp, ta, sa, tbl + sb, lb - sb) -
-                                 ex_junction(xd, hx, hy, hp, tbl, sb, ta + sa, la - sa);
-            if (s_new < -EX_PRE_TEST) continue;
-            u32 trial[MAX_CHAIN];
-            for (u32 i = 0; i < sa; i++) trial[i] = ta[i];
-            for (u32 i = sb; i < lb; i++) trial[sa + i - sb] = tbl[i];
-            KalmanResult r1;
-            ex_fit(trial, n1, hx, hy, hp, T, r1);
-            const float before = chi2[a] + chi2[b];
-            if (!(ex_good(r1, n1, min_hits, max_chi2_ndf) && before - r1.chi2 > EX_MIN_GAIN)) continue;
-            for (u32 i = 0; i < sb; i++) trial[i] = tbl[i];
-            for (u32 i = sa; i < la; i++) trial[sb + i - sa] = ta[i];
-            KalmanResult r2;
-            ex_fit(trial, n2, hx, hy, hp, T, r2);
-            if (!ex_good(r2, n2, min_hits, max_chi2_ndf)) continue;
-            const float gain = before - (float)((double)r1.chi2 + (double)r2.chi2);
-            if (!(gain > EX_MIN_GAIN)) continue;
-            const u32 at = atomicAdd(&s_n_gains, 1u);
-            // Best gain first (f32::total_cmp's order, reversed), then the pair.
-            G[at] = ((unsigned long long)~fh_order32(gain) << 32) | (unsigned long long)P[j];
-        }
-        __syncthreads();
-        const u32 n_gains = s_n_gains;
-        if (n_gains == 0) break;
-        {
-            u32 n_ps = 1;
-            while (n_ps < n_gains) n_ps <<= 1;
-            for (u32 q = n_gains + tid; q < n_ps; q += EX_THREADS) G[q] = ~0ull;
-            __syncthreads();
-            if (n_gains > 1) {
-                fh_bitonic(n_ps, [&](u32 i, u32 ixj, bool up) {
-                    const unsigned long long x = G[i], y = G[ixj];
-                    if ((x > y) == up) {
-                        G[i] = y;
-                        G[ixj] = x;
-                    }
-                });
-            }
-        }
-        // Taken in order, each track once; the exchanges made listed where the pairs were.
-        if (tid == 0) {
-            for (u32 w = 0; w < EX_TRACK_WORDS; w++) s_taken[w] = 0;
-            u32 made = 0;
-            for (u32 i = 0; i < n_gains; i++) {
-                const u32 pr = (u32)G[i];
-                const u32 a = pr >> 19, b = (pr >> 6) & 0x1fffu;
-                if (ex_bit(s_taken, a) || ex_bit(s_taken, b)) continue;
-                s_taken[a >> 5] |= 1u << (a & 31);
-                s_taken[b >> 5] |= 1u << (b & 31);
-                P[made++] = pr;
-            }
-            s_n_made = made;
-        }
-        __syncthreads();
-        const u32 made = s_n_made;
-        for (u32 w = tid; w < EX_TRACK_WORDS; w += EX_THREADS) {
-            s_changed[w] = s_taken[w];
-            s_exchanged[w] |= s_taken[w];
-        }
-        // The exchanges (on distinct tracks): a gets b's upstream segment, b a's.
-        for (u32 j = tid; j < made; j += EX_THREADS) {
-            const u32 a = P[j] >> 19, b = (P[j] >> 6) & 0x1fffu, boundary = P[j] & 63u;
-            u32* ta = L + (size_t)a * S;
-            u32* tbl = L + (size_t)b * S;
-            const u32 la = len[a], lb = len[b];
-            const u32 sa = ex_split(ta, la, hp, boundary), sb = ex_split(tbl, lb, hp, boundary);
-            u32 na[MAX_CHAIN], nb[MAX_CHAIN];
-            u32 ka = 0, kb = 0;
-            for (u32 i = 0; i < sb; i++) na[ka++] = tbl[i];
-            for (u32 i = sa; i < la; i++) na[ka++] = ta[i];
-            for (u32 i = 0; i < sa; i++) nb[kb++] = ta[i];
-            for (u32 i = sb; i < lb; i++) nb[kb++] = tbl[i];
-            for (u32 i = 0; i < ka; i++) {
-                ta[i] = na[i];
-                own[na[i]] = a;
-            }
-            for (u32 i = 0; i < kb; i++) {
-                tbl[i] = nb[i];
-                own[nb[i]] = b;
-            }
-            len[a] = ka;
-            len[b] = kb;
-            chi2[a] = EX_NAN;
-            chi2[b] = EX_NAN;
-        }
-        made_total += made;
-        __syncthreads();
     }
-    if (made_total == 0) return;
-    // 4. The exchanged tracks' final fits, then the event's tracks packed again in order.
+}
+
+// The tracks of the round's pairs whose candidates' chi-square is not known, fitted.
+extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_fit_needed(EX_PARAMS) {
+    ex_fit_flagged(failed, trk_n, trk_base, trk_hit_base, hit_start, in_x, in_y, in_plane,
+                   out_tracks, out_fits, out_hits, marks, xf, xd, xi, lists, lens, chi2s, qops,
+                   flags, owner, index_key, index_hit, pairs, gains, pairs_per_track, pair_limit,
+                   state, ex_failed, rows32, rows64, gap_steps, gap_kind, gap_slice, slices, pf,
+                   pd, pi, nodes, tpf, tpd, tpi, EX_NEED);
+}
+
+// 3. Every pair's exchange: the pre-test, the first new track (a's upstream, b's
+// downstream), then the second (b's upstream, a's downstream); the gains kept.
+extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_evaluate(EX_PARAMS) {
+    const u32 e = blockIdx.y;
+    EX_EVENT
+    const u32 n_pairs = st[EX_N_PAIRS];
+    if (!st[EX_ACTIVE] || n_pairs > pair_cap) return;
+    for (u32 j = blockIdx.x * EX_WIDE_THREADS + threadIdx.x; j < n_pairs; j += gridDim.x * EX_WIDE_THREADS) {
+        const u32 a = P[j] >> 19, b = (P[j] >> 6) & 0x1fffu, boundary = P[j] & 63u;
+        const u32* ta = L + (size_t)a * S;
+        const u32* tbl = L + (size_t)b * S;
+        const u32 la = len[a], lb = len[b];
+        const u32 sa = ex_split(ta, la, hp, boundary), sb = ex_split(tbl, lb, hp, boundary);
+        if (sa == 0 || sb == 0 || sa == la || sb == lb) continue;
+        const u32 n1 = sa + lb - sb, n2 = sb + la - sa;
+        if (n1 < min_hits || n2 < min_hits) continue;
+        const double s_now = ex_junction(xd, hx, hy, hp, ta, sa, ta + sa, la - sa) +
+                             ex_junction(xd, hx, hy, hp, tbl, sb, tbl + sb, lb - sb);
+        const double s_new = s_now - ex_junction(xd, hx, hy, hp, ta, sa, tbl + sb, lb - sb) -
+                             ex_junction(xd, hx, hy, hp, tbl, sb, ta + sa, la - sa);
+        if (s_new < -EX_PRE_TEST) continue;
+        u32 trial[MAX_CHAIN];
+        for (u32 i = 0; i < sa; i++) trial[i] = ta[i];
+        for (u32 i = sb; i < lb; i++) trial[sa + i - sb] = tbl[i];
+        KalmanResult r1;
+        ex_fit(trial, n1, hx, hy, hp, T, r1);
+        const float before = chi2[a] + chi2[b];
+        if (!(ex_good(r1, n1, min_hits, max_chi2_ndf) && before - r1.chi2 > EX_MIN_GAIN)) continue;
+        for (u32 i = 0; i < sb; i++) trial[i] = tbl[i];
+        for (u32 i = sa; i < la; i++) trial[sb + i - sa] = ta[i];
+        KalmanResult r2;
+        ex_fit(trial, n2, hx, hy, hp, T, r2);
+        if (!ex_good(r2, n2, min_hits, max_chi2_ndf)) continue;
+        const float gain = before - (float)((double)r1.chi2 + (double)r2.chi2);
+        if (!(gain > EX_MIN_GAIN)) continue;
+        const u32 at = atomicAdd(&st[EX_N_GAINS], 1u);
+        // Best gain first (f32::total_cmp's order, reversed), then the pair.
+        G[at] = ((unsigned long long)~fh_order32(gain) << 32) | (unsigned long long)P[j];
+    }
+}
+
+// The gains sorted and taken in order, each track once; the exchanges applied to the
+// working lists (a gets b's upstream segment, b a's); the round's flags and counts.
+extern "C" __global__ void __launch_bounds__(EX_THREADS) ca_exchange_choose(EX_PARAMS) {
+    __shared__ u32 s_taken[EX_TRACK_WORDS];
+    __shared__ u32 s_n_made;
+    const u32 e = blockIdx.y;
+    const u32 tid = threadIdx.x;
+    EX_EVENT
+    if (!st[EX_ACTIVE]) return;
+    const u32 n_pairs = st[EX_N_PAIRS], n_gains = st[EX_N_GAINS];
+    __syncthreads();
+    if (n_pairs > pair_cap || n_gains == 0) {
+        if (tid == 0) {
+            if (n_pairs > pair_cap) ex_failed[e] = EX_FAIL_PAIRS;
+            st[EX_ACTIVE] = 0;
+        }
+        return;
+    }
+    {
+        u32 n_ps = 1;
+        while (n_ps < n_gains) n_ps <<= 1;
+        for (u32 q = n_gains + tid; q < n_ps; q += EX_THREADS) G[q] = ~0ull;
+        __syncthreads();
+        if (n_gains > 1) {
+            fh_bitonic(n_ps, [&](u32 i, u32 ixj, bool up) {
+                const unsigned long long x = G[i], y = G[ixj];
+                if ((x > y) == up) {
+                    G[i] = y;
+                    G[ixj] = x;
+                }
+            });
+        }
+    }
+    if (tid == 0) {
+        for (u32 w = 0; w < EX_TRACK_WORDS; w++) s_taken[w] = 0;
+        u32 made = 0;
+        for (u32 i = 0; i < n_gains; i++) {
+            const u32 pr = (u32)G[i];
+            const u32 a = pr >> 19, b = (pr >> 6) & 0x1fffu;
+            if (ex_bit(s_taken, a) || ex_bit(s_taken, b)) continue;
+            s_taken[a >> 5] |= 1u << (a & 31);
+            s_taken[b >> 5] |= 1u << (b & 31);
+            P[made++] = pr;
+        }
+        s_n_made = made;
+    }
+    __syncthreads();
+    const u32 made = s_n_made;
+    for (u32 k = tid; k < nt; k += EX_THREADS) {
+        const u32 f = fl[k] & ~(EX_CHANGED | EX_NEED);
+        fl[k] = ex_bit(s_taken, k) ? (f | EX_CHANGED | EX_EXCHANGED) : f;
+    }
+    for (u32 j = tid; j < made; j += EX_THREADS) {
+        const u32 a = P[j] >> 19, b = (P[j] >> 6) & 0x1fffu, boundary = P[j] & 63u;
+        u32* ta = L + (size_t)a * S;
+        u32* tbl = L + (size_t)b * S;
+        const u32 la = len[a], lb = len[b];
+        const u32 sa = ex_split(ta, la, hp, boundary), sb = ex_split(tbl, lb, hp, boundary);
+        u32 na[MAX_CHAIN], nb[MAX_CHAIN];
+        u32 ka = 0, kb = 0;
+        for (u32 i = 0; i < sb; i++) na[ka++] = tbl[i];
+        for (u32 i = sa; i < la; i++) na[ka++] = ta[i];
+        for (u32 i = 0; i < sa; i++) nb[kb++] = ta[i];
+        for (u32 i = sb; i < lb; i++) nb[kb++] = tbl[i];
+        for (u32 i = 0; i < ka; i++) {
+            ta[i] = na[i];
+            own[na[i]] = a;
+        }
+        for (u32 i = 0; i < kb; i++) {
+            tbl[i] = nb[i];
+            own[nb[i]] = b;
+        }
+        len[a] = ka;
+        len[b] = kb;
+        chi2[a] = EX_NAN;
+        chi2[b] = EX_NAN;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        st[EX_N_PAIRS] = 0;
+        st[EX_N_GAINS] = 0;
+        st[EX_N_MADE] += made;
+    }
+}
+
+// 4. The exchanged tracks' final fits, then the event's tracks packed again in order.
+extern "C" __global__ void __launch_bounds__(EX_THREADS) ca_exchange_end(EX_PARAMS) {
+    const u32 e = blockIdx.y;
+    const u32 tid = threadIdx.x;
+    EX_EVENT
+    if (failed[e] || ex_failed[e] || nt < 2 || st[EX_N_MADE] == 0) return;
     const KalmanTables TT = {rows32, rows64, gap_steps, gap_kind, gap_slice, slices,
                              track_fit ? tpf : pf, track_fit ? tpd : pd,
                              track_fit ? tpi : pi, nodes};
     for (u32 k = tid; k < nt; k += EX_THREADS) {
-        if (!ex_bit(s_exchanged, k)) continue;
+        if (!(fl[k] & EX_EXCHANGED)) continue;
         KalmanResult r;
         ex_fit(L + (size_t)k * S, len[k], hx, hy, hp, TT, r);
         store_fit(r, out_fits + (size_t)(tb + k) * FIT_WORDS);

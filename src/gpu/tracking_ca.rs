@@ -867,7 +867,13 @@ struct Kernels {
     tracks_pack: CudaFunction,
     tracks_clone_input: CudaFunction,
     first_hits: CudaFunction,
-    exchange: CudaFunction,
+    exchange_begin: CudaFunction,
+    exchange_fit_changed: CudaFunction,
+    exchange_pairs: CudaFunction,
+    exchange_fit_needed: CudaFunction,
+    exchange_evaluate: CudaFunction,
+    exchange_choose: CudaFunction,
+    exchange_end: CudaFunction,
 }
 
 /// A pass's tables on the device (reach-dependent windows and cuts; see [`CaTables`]).
@@ -1024,8 +1030,15 @@ impl FirstHitsDevice {
     }
 }
 
-/// Threads of the exchange step's block (`EX_THREADS` in `kernels/ca_exchange.cu`).
+/// Threads of the exchange step's kernels with one block per event (`EX_THREADS` in
+/// `kernels/ca_exchange.cu`; the others have [`THREADS`], `EX_WIDE_THREADS`).
 const EXCHANGE_THREADS: u32 = 512;
+/// Blocks per multiprocessor over the batch of the exchange step's kernels with several
+/// blocks per event (searches and fits), at most [`EXCHANGE_MAX_BLOCKS`] per event.
+const EXCHANGE_BLOCKS_PER_SM: u32 = 4;
+const EXCHANGE_MAX_BLOCKS: u32 = 32;
+/// Words of the exchange step's state per event (`EX_STATE`).
+const EXCHANGE_STATE_WORDS: usize = 8;
 /// Most planes the device's exchange step takes (`EX_MAX_PLANES`).
 pub const EXCHANGE_MAX_PLANES: usize = 63;
 /// Pairs of tracks to try an exchange of, per track of an event (the event's share of the
@@ -1055,6 +1068,8 @@ struct ExchangeDevice {
     index_hit: DeviceBuffer<u32>,
     pairs: DeviceBuffer<u32>,
     gains: DeviceBuffer<u64>,
+    flags: DeviceBuffer<u32>,
+    state: DeviceBuffer<u32>,
     failed: DeviceBuffer<u32>,
     failed_host: PinnedBuffer<u32>,
     /// Most pairs of an event, below its share of the arenas
@@ -1065,8 +1080,10 @@ struct ExchangeDevice {
 impl ExchangeDevice {
     /// Bytes of its scratch for `limits` and `n_planes`.
     fn scratch_bytes(l: &CaLimits, n_planes: usize) -> usize {
-        let per_track = 4 * (n_planes + 3) + EXCHANGE_PAIRS_PER_TRACK * (4 + 2 * 8);
-        per_track * l.max_candidates + (4 + 2 * 12) * l.max_hits + 4 * l.max_events
+        let per_track = 4 * (n_planes + 4) + EXCHANGE_PAIRS_PER_TRACK * (4 + 2 * 8);
+        per_track * l.max_candidates
+            + (4 + 2 * 12) * l.max_hits
+            + 4 * (1 + EXCHANGE_STATE_WORDS) * l.max_events
     }
 
     fn new(
@@ -1116,6 +1133,8 @@ impl ExchangeDevice {
             index_hit: DeviceBuffer::new(ctx, 2 * l.max_hits)?,
             pairs: DeviceBuffer::new(ctx, pairs)?,
             gains: DeviceBuffer::new(ctx, 2 * pairs)?,
+            flags: DeviceBuffer::new(ctx, slots)?,
+            state: DeviceBuffer::new(ctx, EXCHANGE_STATE_WORDS * l.max_events)?,
             failed: DeviceBuffer::new(ctx, l.max_events)?,
             failed_host: PinnedBuffer::new(ctx, l.max_events)?,
             pair_limit: usize::MAX,
@@ -1712,7 +1731,13 @@ impl GpuCaEngine {
             tracks_pack: module.function("ca_tracks_pack")?,
             tracks_clone_input: module.function("ca_tracks_clone_input")?,
             first_hits: module.function("ca_first_hits")?,
-            exchange: module.function("ca_exchange")?,
+            exchange_begin: module.function("ca_exchange_begin")?,
+            exchange_fit_changed: module.function("ca_exchange_fit_changed")?,
+            exchange_pairs: module.function("ca_exchange_pairs")?,
+            exchange_fit_needed: module.function("ca_exchange_fit_needed")?,
+            exchange_evaluate: module.function("ca_exchange_evaluate")?,
+            exchange_choose: module.function("ca_exchange_choose")?,
+            exchange_end: module.function("ca_exchange_end")?,
         };
         let fit = fitter.map(|f| FitDevice::new(&ctx, f)).transpose()?;
         let stream = driver("cuStreamCreate", ctx.new_stream())?;
@@ -1921,7 +1946,7 @@ impl GpuCaEngine {
         let threads = match f {
             "ca_event_scan" => SCAN_THREADS,
             "ca_first_hits" => FIRST_HIT_THREADS,
-            "ca_exchange" => EXCHANGE_THREADS,
+            "ca_exchange_begin" | "ca_exchange_choose" | "ca_exchange_end" => EXCHANGE_THREADS,
             _ => THREADS,
         };
         self.launch_block(f, grid, threads, args)
@@ -1943,7 +1968,13 @@ impl GpuCaEngine {
             "ca_tracks_pack" => &self.k.tracks_pack,
             "ca_tracks_clone_input" => &self.k.tracks_clone_input,
             "ca_first_hits" => &self.k.first_hits,
-            "ca_exchange" => &self.k.exchange,
+            "ca_exchange_begin" => &self.k.exchange_begin,
+            "ca_exchange_fit_changed" => &self.k.exchange_fit_changed,
+            "ca_exchange_pairs" => &self.k.exchange_pairs,
+            "ca_exchange_fit_needed" => &self.k.exchange_fit_needed,
+            "ca_exchange_evaluate" => &self.k.exchange_evaluate,
+            "ca_exchange_choose" => &self.k.exchange_choose,
+            "ca_exchange_end" => &self.k.exchange_end,
             "ca_event_scan" => &self.k.event_scan,
             "ca_event_budget" => &self.k.event_budget,
             "ca_bin_hits" => &self.k.bin_hits,
@@ -2757,8 +2788,11 @@ impl GpuCaEngine {
         self.launch("ca_first_hits", (1, e as u32), &args)
     }
 
-    /// Enqueues the exchange of segments on the packed tracks (`kernels/ca_exchange.cu`).
+    /// Enqueues the exchange of segments on the packed tracks (`kernels/ca_exchange.cu`):
+    /// its first kernel, every round's ([`crate::tracking::ca::exchange::MAX_ROUNDS`]; an
+    /// event whose exchanges are done leaves each at once), its last.
     fn launch_exchange(&mut self) -> Result<(), GpuError> {
+        use crate::tracking::ca::exchange::MAX_ROUNDS;
         use Arg::{Ptr, U32};
         let e = self.n_events;
         let (Some(x), Some(f)) = (&self.exchange, &self.fit) else {
@@ -2775,15 +2809,30 @@ impl GpuCaEngine {
             p(&a.hit_start), Ptr(a.in_x.ptr()), Ptr(a.in_y.ptr()), p(&a.in_plane),
             Ptr(a.out_tracks.ptr()), p(&a.out_fits), p(&a.out_hits), p(&a.cl_marks),
             Ptr(x.params_f32.ptr()), Ptr(x.params_f64.ptr()), Ptr(x.params_i32.ptr()),
-            p(&x.lists), p(&x.lens), Ptr(x.chi2.ptr()), Ptr(x.qop.ptr()), p(&x.owner),
-            Ptr(x.index_key.ptr()), p(&x.index_hit), p(&x.pairs), Ptr(x.gains.ptr()),
-            U32(EXCHANGE_PAIRS_PER_TRACK as u32), U32(x.pair_limit.min(u32::MAX as usize) as u32),
-            p(&x.failed), Ptr(f.rows32.ptr()),
-            Ptr(f.rows64.ptr()), Ptr(f.gap_steps.ptr()), Ptr(f.gap_kind.ptr()),
-            Ptr(f.gap_slice.ptr()), Ptr(f.slices.ptr()), Ptr(f.floats.ptr()),
-            Ptr(f.doubles.ptr()), Ptr(f.ints.ptr()), Ptr(f.nodes.ptr()), Ptr(tpf), Ptr(tpd),
-            Ptr(tpi)];
-        self.launch("ca_exchange", (1, e as u32), &args)
+            p(&x.lists), p(&x.lens), Ptr(x.chi2.ptr()), Ptr(x.qop.ptr()), p(&x.flags),
+            p(&x.owner), Ptr(x.index_key.ptr()), p(&x.index_hit), p(&x.pairs),
+            Ptr(x.gains.ptr()), U32(EXCHANGE_PAIRS_PER_TRACK as u32),
+            U32(x.pair_limit.min(u32::MAX as usize) as u32), p(&x.state), p(&x.failed),
+            Ptr(f.rows32.ptr()), Ptr(f.rows64.ptr()), Ptr(f.gap_steps.ptr()),
+            Ptr(f.gap_kind.ptr()), Ptr(f.gap_slice.ptr()), Ptr(f.slices.ptr()),
+            Ptr(f.floats.ptr()), Ptr(f.doubles.ptr()), Ptr(f.ints.ptr()), Ptr(f.nodes.ptr()),
+            Ptr(tpf), Ptr(tpd), Ptr(tpi)];
+        let sms = self.device.multiprocessors.max(1) as u32;
+        let wide = (EXCHANGE_BLOCKS_PER_SM * sms)
+            .div_ceil(e.max(1) as u32)
+            .clamp(1, EXCHANGE_MAX_BLOCKS);
+        let ev = e as u32;
+        self.launch("ca_exchange_begin", (1, ev), &args)?;
+        for round in 0..MAX_ROUNDS {
+            if round > 0 {
+                self.launch("ca_exchange_fit_changed", (wide, ev), &args)?;
+            }
+            self.launch("ca_exchange_pairs", (wide, ev), &args)?;
+            self.launch("ca_exchange_fit_needed", (wide, ev), &args)?;
+            self.launch("ca_exchange_evaluate", (wide, ev), &args)?;
+            self.launch("ca_exchange_choose", (1, ev), &args)?;
+        }
+        self.launch("ca_exchange_end", (1, ev), &args)
     }
 
     /// Host threads that lay a large batch's hits out for the copy up, and that the
@@ -3257,6 +3306,8 @@ mod tests {
         assert_eq!(def("EX_MAX_ROUNDS"), MAX_ROUNDS.to_string());
         assert_eq!(def("EX_MAX_PLANES"), EXCHANGE_MAX_PLANES.to_string());
         assert_eq!(def("EX_THREADS"), EXCHANGE_THREADS.to_string());
+        assert_eq!(def("EX_WIDE_THREADS"), THREADS.to_string());
+        assert_eq!(def("EX_STATE"), EXCHANGE_STATE_WORDS.to_string());
         assert_eq!(def("EXF_PLANES"), EXCHANGE_F32.to_string());
         assert_eq!(def("EXD_PLANES"), EXCHANGE_F64.to_string());
         // The pair's word: tracks in 13 bits, the boundary (at most the planes) in 6.
