@@ -68,14 +68,12 @@
 #define EX_CHANGED 1u
 #define EX_EXCHANGED 2u
 #define EX_NEED 4u
-// Per event (ex_state, EX_STATE words): rounds go on, pairs, gains, exchanges made, hits
-// in the index.
+// Per event (ex_state, EX_STATE words): rounds go on, pairs, gains, exchanges made.
 #define EX_STATE 8
 #define EX_ACTIVE 0
 #define EX_N_PAIRS 1
 #define EX_N_GAINS 2
 #define EX_N_MADE 3
-#define EX_N_INDEX 4
 
 __device__ __forceinline__ u32 ex_scan(u32 v, u32* total) {
     return block_scan_inclusive_of<EX_THREADS>(v, total);
@@ -176,8 +174,9 @@ __device__ __forceinline__ void ex_note_fit(const KalmanResult& r, float* chi2, 
         u32 *__restrict__ marks, const float *__restrict__ xf, const double *__restrict__ xd,  \
         const int *__restrict__ xi, u32 *__restrict__ lists, u32 *__restrict__ lens,          \
         float *__restrict__ chi2s, float *__restrict__ qops, u32 *__restrict__ flags,         \
-        u32 *__restrict__ owner, unsigned long long *__restrict__ index_key,                  \
-        u32 *__restrict__ index_hit, u32 *__restrict__ pairs,                                 \
+        u32 *__restrict__ owner, const float *__restrict__ sx,                                \
+        const u32 *__restrict__ sinput, const u32 *__restrict__ bin_start, int n_bins,        \
+        const float *__restrict__ plf, const int *__restrict__ pli, u32 *__restrict__ pairs,  \
         unsigned long long *__restrict__ gains, u32 pairs_per_track, u32 pair_limit,          \
         u32 *__restrict__ state, u32 *__restrict__ ex_failed,                                 \
         const float *__restrict__ rows32, const double *__restrict__ rows64,                  \
@@ -205,8 +204,6 @@ __device__ __forceinline__ void ex_note_fit(const KalmanResult& r, float* chi2, 
     float* qop = qops + tb;                                                                   \
     u32* fl = flags + tb;                                                                     \
     u32* own = owner + hs;                                                                    \
-    unsigned long long* ik = index_key + 2 * (size_t)hs;                                      \
-    u32* ih = index_hit + 2 * (size_t)hs;                                                     \
     const u32 pair_cap = min(pairs_per_track * nt, pair_limit);                               \
     u32* P = pairs + (size_t)tb * pairs_per_track;                                            \
     unsigned long long* G = gains + 2 * (size_t)tb * pairs_per_track;                         \
@@ -275,36 +272,7 @@ extern "C" __global__ void __launch_bounds__(EX_THREADS) ca_exchange_begin(EX_PA
         return;
     }
     if (n_live < 2) return;
-    // The kept tracks' hits by (plane, row of the plane's window, x) (room for twice the
-    // event's hits: the sort's power of two; the kept tracks' hits are distinct).
-    const float* xfp = xf + EXF_PLANES;
-    u32 n_index = 0;
-    for (u32 c0 = 0; c0 < nh; c0 += EX_THREADS) {
-        const u32 h = c0 + tid;
-        const bool in = h < nh && own[h] != EX_NONE;
-        u32 chunk;
-        const u32 q = n_index + ex_scan(in ? 1u : 0u, &chunk) - (in ? 1u : 0u);
-        if (in) {
-            const u32 p = hp[h];
-            const float w = fmaxf(xfp[4 * p + 3], 1e-3f);
-            ik[q] = fh_pool_key(p, fh_row((double)hy[h], (double)w), hx[h]);
-            ih[q] = h;
-        }
-        n_index += chunk;
-        __syncthreads();
-    }
-    u32 n_ps = 1;
-    while (n_ps < n_index) n_ps <<= 1;
-    for (u32 q = n_index + tid; q < n_ps; q += EX_THREADS) {
-        ik[q] = ~0ull;
-        ih[q] = EX_NONE;
-    }
-    __syncthreads();
-    if (n_index > 1) fh_sort_pool(ik, ih, n_ps);
-    if (tid == 0) {
-        st[EX_N_INDEX] = n_index;
-        st[EX_ACTIVE] = 1;
-    }
+    if (tid == 0) st[EX_ACTIVE] = 1;
 }
 
 // Fits the candidates' fit of the event's tracks flagged `mask` (clearing EX_NEED), over
@@ -328,7 +296,7 @@ __device__ __forceinline__ void ex_fit_flagged(EX_PARAMS, u32 mask) {
 extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_fit_changed(EX_PARAMS) {
     ex_fit_flagged(failed, trk_n, trk_base, trk_hit_base, hit_start, in_x, in_y, in_plane,
                    out_tracks, out_fits, out_hits, marks, xf, xd, xi, lists, lens, chi2s, qops,
-                   flags, owner, index_key, index_hit, pairs, gains, pairs_per_track, pair_limit,
+                   flags, owner, sx, sinput, bin_start, n_bins, plf, pli, pairs, gains, pairs_per_track, pair_limit,
                    state, ex_failed, rows32, rows64, gap_steps, gap_kind, gap_slice, slices, pf,
                    pd, pi, nodes, tpf, tpd, tpi, EX_CHANGED);
 }
@@ -341,7 +309,9 @@ extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_pairs(
     EX_EVENT
     if (!st[EX_ACTIVE]) return;
     const float* xfp = xf + EXF_PLANES;
-    const u32 n_index = st[EX_N_INDEX];
+    const u32* starts = bin_start + (size_t)e * (n_bins + 1);
+    const float* gx = sx + hs;
+    const u32* gin = sinput + hs;
     for (u32 k = blockIdx.x * EX_WIDE_THREADS + threadIdx.x; k < nt; k += gridDim.x * EX_WIDE_THREADS) {
         if (!(fl[k] & EX_CHANGED)) continue;
         const u32* la = L + (size_t)k * S;
@@ -352,13 +322,27 @@ extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_pairs(
             const float wp = xfp[4 * p + 3];
             const float w = fmaxf(wp, 1e-3f);
             const float x = hx[h], y = hy[h];
-            const int row = fh_row((double)y, (double)w);
-            const u32 lo = fh_order32(x - 2.0f * w), hi = fh_order32(x + 2.0f * w);
-            for (int rr = row - 2; rr <= row + 2; rr++) {
-                const unsigned long long base = fh_pool_key(p, rr, 0.0f) & 0xffffffff00000000ull;
-                for (u32 q = fh_lower_bound(ik, n_index, base | lo); q < n_index && ik[q] <= (base | hi);
-                     q++) {
-                    const u32 h2 = ih[q];
+            // The cells of the hit grid (ca_hit_sorting.cu: by plane, cell, then x) about
+            // the hit, and in each the hits about its x.
+            const float* gpl = plf + p * PLF;
+            const int* gpi = pli + p * PLI;
+            const u32 bx0 = bin_1d(gpl, gpi, 0, x - 2.0f * w), bx1 = bin_1d(gpl, gpi, 0, x + 2.0f * w);
+            const u32 by0 = bin_1d(gpl, gpi, 1, y - 2.0f * w), by1 = bin_1d(gpl, gpi, 1, y + 2.0f * w);
+            const float x_lo = x - 2.0f * w, x_hi = x + 2.0f * w;
+            for (u32 by = by0; by <= by1; by++) {
+                for (u32 bx = bx0; bx <= bx1; bx++) {
+                    const u32 cell = (u32)gpi[2] + by * (u32)gpi[0] + bx;
+                    u32 lo = starts[cell], hi = starts[cell + 1];
+                    while (lo < hi) {
+                        const u32 mid = (lo + hi) >> 1;
+                        if (gx[mid] < x_lo) {
+                            lo = mid + 1;
+                        } else {
+                            hi = mid;
+                        }
+                    }
+                    for (u32 q = lo; q < starts[cell + 1] && gx[q] <= x_hi; q++) {
+                    const u32 h2 = gin[q];
                     const u32 b = own[h2];
                     if (b == EX_NONE || b == k) continue;
                     if ((fl[b] & EX_CHANGED) && b < k) continue;
@@ -394,13 +378,14 @@ extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_pairs(
             }
         }
     }
+    }
 }
 
 // The tracks of the round's pairs whose candidates' chi-square is not known, fitted.
 extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_fit_needed(EX_PARAMS) {
     ex_fit_flagged(failed, trk_n, trk_base, trk_hit_base, hit_start, in_x, in_y, in_plane,
                    out_tracks, out_fits, out_hits, marks, xf, xd, xi, lists, lens, chi2s, qops,
-                   flags, owner, index_key, index_hit, pairs, gains, pairs_per_track, pair_limit,
+                   flags, owner, sx, sinput, bin_start, n_bins, plf, pli, pairs, gains, pairs_per_track, pair_limit,
                    state, ex_failed, rows32, rows64, gap_steps, gap_kind, gap_slice, slices, pf,
                    pd, pi, nodes, tpf, tpd, tpi, EX_NEED);
 }

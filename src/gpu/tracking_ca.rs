@@ -1053,8 +1053,9 @@ const EXCHANGE_F64: usize = 3;
 const EXCHANGE_F64_PER_PLANE: usize = 3;
 
 /// The exchange of segments on the device ([`GpuCaEngine::set_exchange`]): its parameters
-/// and scratch, per packed track (its working hit list, chi-square, |q/p|, its share of
-/// pairs and gains) and per hit (owner, the index by plane, row and x).
+/// and scratch, per packed track (its working hit list, chi-square, |q/p|, flags, its share
+/// of pairs and gains) and per hit (its track); the pairs are found through the grid the
+/// hits were sorted into at the launch's start.
 struct ExchangeDevice {
     params_f32: DeviceBuffer<f32>,
     params_f64: DeviceBuffer<f64>,
@@ -1064,8 +1065,6 @@ struct ExchangeDevice {
     chi2: DeviceBuffer<f32>,
     qop: DeviceBuffer<f32>,
     owner: DeviceBuffer<u32>,
-    index_key: DeviceBuffer<u64>,
-    index_hit: DeviceBuffer<u32>,
     pairs: DeviceBuffer<u32>,
     gains: DeviceBuffer<u64>,
     flags: DeviceBuffer<u32>,
@@ -1082,7 +1081,7 @@ impl ExchangeDevice {
     fn scratch_bytes(l: &CaLimits, n_planes: usize) -> usize {
         let per_track = 4 * (n_planes + 4) + EXCHANGE_PAIRS_PER_TRACK * (4 + 2 * 8);
         per_track * l.max_candidates
-            + (4 + 2 * 12) * l.max_hits
+            + 4 * l.max_hits
             + 4 * (1 + EXCHANGE_STATE_WORDS) * l.max_events
     }
 
@@ -1127,11 +1126,8 @@ impl ExchangeDevice {
             chi2: DeviceBuffer::new(ctx, slots)?,
             qop: DeviceBuffer::new(ctx, slots)?,
             owner: DeviceBuffer::new(ctx, l.max_hits)?,
-            // Room for each event's index sorted (a power of two, at most twice its hits),
-            // and for its gains sorted (at most twice its share of pairs).
-            index_key: DeviceBuffer::new(ctx, 2 * l.max_hits)?,
-            index_hit: DeviceBuffer::new(ctx, 2 * l.max_hits)?,
             pairs: DeviceBuffer::new(ctx, pairs)?,
+            // Room for each event's gains sorted (at most twice its share of pairs).
             gains: DeviceBuffer::new(ctx, 2 * pairs)?,
             flags: DeviceBuffer::new(ctx, slots)?,
             state: DeviceBuffer::new(ctx, EXCHANGE_STATE_WORDS * l.max_events)?,
@@ -2793,12 +2789,15 @@ impl GpuCaEngine {
     /// event whose exchanges are done leaves each at once), its last.
     fn launch_exchange(&mut self) -> Result<(), GpuError> {
         use crate::tracking::ca::exchange::MAX_ROUNDS;
-        use Arg::{Ptr, U32};
+        use Arg::{Ptr, I32, U32};
         let e = self.n_events;
         let (Some(x), Some(f)) = (&self.exchange, &self.fit) else {
             return Ok(());
         };
         let a = &self.a;
+        // The hits sorted into the grid at the launch's start (every pass has the same
+        // grid: the first's tables).
+        let grid = &self.passes[0];
         let (tpi, tpf, tpd) = match &self.track_fit {
             Some((i, fl, d)) => (i.ptr(), fl.ptr(), d.ptr()),
             None => (f.ints.ptr(), f.floats.ptr(), f.doubles.ptr()),
@@ -2810,7 +2809,9 @@ impl GpuCaEngine {
             Ptr(a.out_tracks.ptr()), p(&a.out_fits), p(&a.out_hits), p(&a.cl_marks),
             Ptr(x.params_f32.ptr()), Ptr(x.params_f64.ptr()), Ptr(x.params_i32.ptr()),
             p(&x.lists), p(&x.lens), Ptr(x.chi2.ptr()), Ptr(x.qop.ptr()), p(&x.flags),
-            p(&x.owner), Ptr(x.index_key.ptr()), p(&x.index_hit), p(&x.pairs),
+            p(&x.owner), Ptr(a.sx.ptr()), p(&a.sinput), p(&a.bin_start),
+            I32(grid.tables.n_bins as i32), Ptr(grid.plane_f32.ptr()), Ptr(grid.plane_i32.ptr()),
+            p(&x.pairs),
             Ptr(x.gains.ptr()), U32(EXCHANGE_PAIRS_PER_TRACK as u32),
             U32(x.pair_limit.min(u32::MAX as usize) as u32), p(&x.state), p(&x.failed),
             Ptr(f.rows32.ptr()), Ptr(f.rows64.ptr()), Ptr(f.gap_steps.ptr()),
