@@ -178,7 +178,7 @@ __device__ __forceinline__ void ex_note_fit(const KalmanResult& r, float* chi2, 
         const u32 *__restrict__ sinput, const u32 *__restrict__ bin_start, int n_bins,        \
         const float *__restrict__ plf, const int *__restrict__ pli, u32 *__restrict__ pairs,  \
         unsigned long long *__restrict__ gains, u32 pairs_per_track, u32 pair_limit,          \
-        u32 *__restrict__ state, u32 *__restrict__ ex_failed,                                 \
+        u32 *__restrict__ state, u32 *__restrict__ ex_failed, u32 *__restrict__ n_active,     \
         const float *__restrict__ rows32, const double *__restrict__ rows64,                  \
         const int *__restrict__ gap_steps, const int *__restrict__ gap_kind,                  \
         const int *__restrict__ gap_slice, const float *__restrict__ slices,                  \
@@ -297,7 +297,7 @@ extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_fit_ch
     ex_fit_flagged(failed, trk_n, trk_base, trk_hit_base, hit_start, in_x, in_y, in_plane,
                    out_tracks, out_fits, out_hits, marks, xf, xd, xi, lists, lens, chi2s, qops,
                    flags, owner, sx, sinput, bin_start, n_bins, plf, pli, pairs, gains, pairs_per_track, pair_limit,
-                   state, ex_failed, rows32, rows64, gap_steps, gap_kind, gap_slice, slices, pf,
+                   state, ex_failed, n_active, rows32, rows64, gap_steps, gap_kind, gap_slice, slices, pf,
                    pd, pi, nodes, tpf, tpd, tpi, EX_CHANGED);
 }
 
@@ -312,11 +312,15 @@ extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_pairs(
     const u32* starts = bin_start + (size_t)e * (n_bins + 1);
     const float* gx = sx + hs;
     const u32* gin = sinput + hs;
-    for (u32 k = blockIdx.x * EX_WIDE_THREADS + threadIdx.x; k < nt; k += gridDim.x * EX_WIDE_THREADS) {
+    // One thread per hit of a changed track.
+    for (u32 item = blockIdx.x * EX_WIDE_THREADS + threadIdx.x; item < nt * S;
+         item += gridDim.x * EX_WIDE_THREADS) {
+        const u32 k = item / S, i = item - k * S;
         if (!(fl[k] & EX_CHANGED)) continue;
         const u32* la = L + (size_t)k * S;
         const u32 na = len[k];
-        for (u32 i = 0; i < na; i++) {
+        if (i >= na) continue;
+        {
             const u32 h = la[i];
             const u32 p = hp[h];
             const float wp = xfp[4 * p + 3];
@@ -326,9 +330,12 @@ extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_pairs(
             // the hit, and in each the hits about its x.
             const float* gpl = plf + p * PLF;
             const int* gpi = pli + p * PLI;
-            const u32 bx0 = bin_1d(gpl, gpi, 0, x - 2.0f * w), bx1 = bin_1d(gpl, gpi, 0, x + 2.0f * w);
-            const u32 by0 = bin_1d(gpl, gpi, 1, y - 2.0f * w), by1 = bin_1d(gpl, gpi, 1, y + 2.0f * w);
-            const float x_lo = x - 2.0f * w, x_hi = x + 2.0f * w;
+            // (The window widened by more than the coordinates' rounding: the window's test
+            // itself follows.)
+            const float reach = w + 1e-3f;
+            const float x_lo = x - reach, x_hi = x + reach;
+            const u32 bx0 = bin_1d(gpl, gpi, 0, x_lo), bx1 = bin_1d(gpl, gpi, 0, x_hi);
+            const u32 by0 = bin_1d(gpl, gpi, 1, y - reach), by1 = bin_1d(gpl, gpi, 1, y + reach);
             for (u32 by = by0; by <= by1; by++) {
                 for (u32 bx = bx0; bx <= bx1; bx++) {
                     const u32 cell = (u32)gpi[2] + by * (u32)gpi[0] + bx;
@@ -386,7 +393,7 @@ extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_fit_ne
     ex_fit_flagged(failed, trk_n, trk_base, trk_hit_base, hit_start, in_x, in_y, in_plane,
                    out_tracks, out_fits, out_hits, marks, xf, xd, xi, lists, lens, chi2s, qops,
                    flags, owner, sx, sinput, bin_start, n_bins, plf, pli, pairs, gains, pairs_per_track, pair_limit,
-                   state, ex_failed, rows32, rows64, gap_steps, gap_kind, gap_slice, slices, pf,
+                   state, ex_failed, n_active, rows32, rows64, gap_steps, gap_kind, gap_slice, slices, pf,
                    pd, pi, nodes, tpf, tpd, tpi, EX_NEED);
 }
 
@@ -513,6 +520,8 @@ extern "C" __global__ void __launch_bounds__(EX_THREADS) ca_exchange_choose(EX_P
         st[EX_N_PAIRS] = 0;
         st[EX_N_GAINS] = 0;
         st[EX_N_MADE] += made;
+        // The events that go on to the next round, for the host.
+        atomicAdd(n_active, 1u);
     }
 }
 

@@ -1069,6 +1069,9 @@ struct ExchangeDevice {
     gains: DeviceBuffer<u64>,
     flags: DeviceBuffer<u32>,
     state: DeviceBuffer<u32>,
+    /// The events that go on after a round, and its copy on the host.
+    active: DeviceBuffer<u32>,
+    active_host: PinnedBuffer<u32>,
     failed: DeviceBuffer<u32>,
     failed_host: PinnedBuffer<u32>,
     /// Most pairs of an event, below its share of the arenas
@@ -1131,6 +1134,8 @@ impl ExchangeDevice {
             gains: DeviceBuffer::new(ctx, 2 * pairs)?,
             flags: DeviceBuffer::new(ctx, slots)?,
             state: DeviceBuffer::new(ctx, EXCHANGE_STATE_WORDS * l.max_events)?,
+            active: DeviceBuffer::new(ctx, 1)?,
+            active_host: PinnedBuffer::new(ctx, 1)?,
             failed: DeviceBuffer::new(ctx, l.max_events)?,
             failed_host: PinnedBuffer::new(ctx, l.max_events)?,
             pair_limit: usize::MAX,
@@ -2814,6 +2819,7 @@ impl GpuCaEngine {
             p(&x.pairs),
             Ptr(x.gains.ptr()), U32(EXCHANGE_PAIRS_PER_TRACK as u32),
             U32(x.pair_limit.min(u32::MAX as usize) as u32), p(&x.state), p(&x.failed),
+            p(&x.active),
             Ptr(f.rows32.ptr()), Ptr(f.rows64.ptr()), Ptr(f.gap_steps.ptr()),
             Ptr(f.gap_kind.ptr()), Ptr(f.gap_slice.ptr()), Ptr(f.slices.ptr()),
             Ptr(f.floats.ptr()), Ptr(f.doubles.ptr()), Ptr(f.ints.ptr()), Ptr(f.nodes.ptr()),
@@ -2822,16 +2828,29 @@ impl GpuCaEngine {
         let wide = (EXCHANGE_BLOCKS_PER_SM * sms)
             .div_ceil(e.max(1) as u32)
             .clamp(1, EXCHANGE_MAX_BLOCKS);
+        // The pairs' search takes a thread per hit of a changed track: more blocks.
+        let search = (4 * wide).min(4 * EXCHANGE_MAX_BLOCKS);
         let ev = e as u32;
         self.launch("ca_exchange_begin", (1, ev), &args)?;
         for round in 0..MAX_ROUNDS {
             if round > 0 {
                 self.launch("ca_exchange_fit_changed", (wide, ev), &args)?;
             }
-            self.launch("ca_exchange_pairs", (wide, ev), &args)?;
+            self.launch("ca_exchange_pairs", (search, ev), &args)?;
             self.launch("ca_exchange_fit_needed", (wide, ev), &args)?;
             self.launch("ca_exchange_evaluate", (wide, ev), &args)?;
+            if let Some(x) = &self.exchange {
+                self.zero(&x.active, 1)?;
+            }
             self.launch("ca_exchange_choose", (1, ev), &args)?;
+            // The rounds end where no event made an exchange in this one.
+            if let Some(x) = &self.exchange {
+                copy_to_host(&x.active, &x.active_host, 1, &self.stream)?;
+                driver("cuStreamSynchronize", self.stream.synchronize())?;
+                if x.active_host.as_slice()[0] == 0 {
+                    break;
+                }
+            }
         }
         self.launch("ca_exchange_end", (1, ev), &args)
     }

@@ -1031,8 +1031,14 @@ mod tests {
         let before = tracks.clone();
         assert_eq!(reco.exchange_segments(&hits, &mut tracks), 0);
         assert_eq!(tracks, before);
-        // Off (the default), nothing is exchanged.
-        let mut off = Reconstructor::new(&det, FinderConfig::from_detector(&det, 1.0));
+        // Off, nothing is exchanged.
+        let mut off = Reconstructor::new(
+            &det,
+            FinderConfig {
+                exchange_segments: false,
+                ..FinderConfig::from_detector(&det, 1.0)
+            },
+        );
         let mut tracks = vec![
             fitted(&reco, mixed(&a, &b, 4)),
             fitted(&reco, mixed(&b, &a, 4)),

@@ -233,10 +233,11 @@ pub struct FinderConfig {
     /// After clone suppression, two tracks that come close on a plane exchange their
     /// upstream segments where that lowers their summed chi-square ([`super::exchange`]):
     /// the choice takes one candidate at a time and can join two particles' segments at a
-    /// crossing. Worth it in dense events on thick planes (on 102 drawn detectors and
-    /// events, efficiency 0.9930 -> 0.9943 and ghosts 0.79 -> 0.66 % on average, up to
-    /// +1.4 % efficiency on one sample), adding 11-21 % to the finder's time on the
-    /// shipped detectors (`bench/RESULTS.md`). Default false.
+    /// crossing. Worth it in dense events on thick planes (on the 132 drawn samples, 120 ->
+    /// 125 meet every aim, efficiency 0.9947 -> 0.9957 and ghosts 0.52 -> 0.43 % on
+    /// average), for 10-16 % of the finder's time on one core on the shipped detectors'
+    /// central events; on the GPU it runs on the device (`kernels/ca_exchange.cu`)
+    /// (`bench/RESULTS.md`). Default true.
     pub exchange_segments: bool,
     /// After clone suppression (and the exchange), each track's first hit is chosen again
     /// with the origin as a measurement ([`super::first_hits`]): the plane nearest the
@@ -322,7 +323,7 @@ impl FinderConfig {
             max_chi2_ndf: max_chi2_ndf(det, min_p, &fit),
             clone_window_mm: 0.0,
             divert_chains: true,
-            exchange_segments: false,
+            exchange_segments: true,
             first_hits_to_origin: first_plane_near_origin(det, origin[2]),
             keep_tracks_below_min_p: false,
             fit,

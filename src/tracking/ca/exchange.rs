@@ -22,8 +22,8 @@
 //! tracks whose upstream segments are each other's) resolves one exchange at a time. The
 //! result depends on the tracks and hits only, not on an order of evaluation.
 //!
-//! It runs, where [`FinderConfig::exchange_segments`] asks for it (off by default: it
-//! adds 11-21 % to the finder's time), on the found tracks of an event after clone
+//! It runs, where [`FinderConfig::exchange_segments`] asks for it (the default: it adds
+//! 10-16 % to the finder's time on central events), on the found tracks of an event after clone
 //! suppression ([`crate::tracking::reco::Reconstructor::reconstruct`]); the GPU tracker
 //! runs the same step on the device (`kernels/ca_exchange.cu`, the same arithmetic in the
 //! same order: [`crate::gpu::tracking::GpuTracker`]).
