@@ -45,7 +45,8 @@ pub struct Plan {
 
 /// How many tracking workers `dev` can hold, at most `wanted`, at least one: each
 /// tracker's arenas (those of launches of [`GPU_TRACKING_LAUNCH`] events, with room for a
-/// grid of 16 Ki cells), the first-hit step's scratch where the finder runs it, and 1 GiB
+/// grid of 16 Ki cells), the first-hit step's and the exchange step's scratch where the
+/// finder runs them (the exchange's for the most planes it takes), and 1 GiB
 /// for its fit and clone engines and what else the GPU holds. (One that cannot fit even one tracker fails at start, saying how much it needs.)
 fn trackers_fitting(
     dev: &crate::gpu::GpuDevice,
@@ -58,7 +59,14 @@ fn trackers_fitting(
     } else {
         0
     };
-    let per_tracker = limits.ca.device_bytes(1 << 14) + first_hits + (1 << 30);
+    let exchange = if finder.exchange_segments {
+        limits
+            .ca
+            .exchange_bytes(crate::gpu::tracking_ca::EXCHANGE_MAX_PLANES)
+    } else {
+        0
+    };
+    let per_tracker = limits.ca.device_bytes(1 << 14) + first_hits + exchange + (1 << 30);
     (dev.memory_bytes / per_tracker).clamp(1, wanted.max(1))
 }
 

@@ -312,6 +312,12 @@ impl CaLimits {
         FirstHitsDevice::scratch_bytes(self)
     }
 
+    /// Bytes of device memory for the exchange step's scratch with `n_planes` planes, where
+    /// it runs on the device ([`GpuCaEngine::set_exchange`]).
+    pub fn exchange_bytes(&self, n_planes: usize) -> usize {
+        ExchangeDevice::scratch_bytes(self, n_planes)
+    }
+
     /// Each event's share of the candidate arenas in a batch of `n_events`: candidates
     /// (also fits and accepted tracks) and candidate hits.
     pub fn candidate_share(&self, n_events: usize) -> (usize, usize) {
