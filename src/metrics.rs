@@ -567,7 +567,7 @@ impl Metrics {
             &r,
             IntCounterVec,
             "trigd_tracking_overflow_total",
-            "Events the GPU tracking handed back to the CPU finder, by the step whose per-event limit or batch arena they exceeded (hits, doublets, triplets, neighbours, candidates, tracks, first_hits).",
+            "Events the GPU tracking handed back to the CPU finder, by the step whose per-event limit or batch arena they exceeded (hits, doublets, triplets, neighbours, candidates, tracks, exchange, first_hits).",
             ["step"]
         );
         let finder_limit = family!(

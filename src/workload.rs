@@ -46,11 +46,12 @@ pub struct Plan {
 /// How many tracking workers `dev` can hold, at most `wanted`, at least one: each
 /// tracker's arenas (those of launches of [`GPU_TRACKING_LAUNCH`] events, with room for a
 /// grid of 16 Ki cells), the first-hit step's and the exchange step's scratch where the
-/// finder runs them (the exchange's for the most planes it takes), and 1 GiB
+/// finder runs them (the exchange's for the detector's `n_planes`), and 1 GiB
 /// for its fit and clone engines and what else the GPU holds. (One that cannot fit even one tracker fails at start, saying how much it needs.)
 fn trackers_fitting(
     dev: &crate::gpu::GpuDevice,
     finder: &crate::tracking::reco::FinderConfig,
+    n_planes: usize,
     wanted: usize,
 ) -> usize {
     let limits = crate::gpu::tracking::TrackerLimits::for_batch(finder, GPU_TRACKING_LAUNCH);
@@ -60,9 +61,7 @@ fn trackers_fitting(
         0
     };
     let exchange = if finder.exchange_segments {
-        limits
-            .ca
-            .exchange_bytes(crate::gpu::tracking_ca::EXCHANGE_MAX_PLANES)
+        limits.ca.exchange_bytes(n_planes)
     } else {
         0
     };
@@ -155,7 +154,10 @@ impl Plan {
             let per_gpu: Vec<usize> = plan
                 .gpus
                 .iter()
-                .map(|d| trackers_fitting(d, &t.finder, cfg.daemon.gpu_workers))
+                .map(|d| {
+                    let n_planes = t.detector.planes.len();
+                    trackers_fitting(d, &t.finder, n_planes, cfg.daemon.gpu_workers)
+                })
                 .collect();
             for (&n, d) in per_gpu.iter().zip(&plan.gpus) {
                 if n < cfg.daemon.gpu_workers {
@@ -396,15 +398,24 @@ mod tests {
         let det = Detector::from_toml_file(std::path::Path::new("fixtures/detector.toml")).unwrap();
         let finder = FinderConfig::from_detector(&det, 1.0);
         let limits = crate::gpu::tracking::TrackerLimits::for_batch(&finder, GPU_TRACKING_LAUNCH);
-        let one = limits.ca.device_bytes(1 << 14) + (1 << 30);
-        println!("one tracker: {:.2} GiB", one as f64 / (1u64 << 30) as f64);
+        // With the exchange of segments' scratch (on by default).
+        let n = det.planes.len();
+        assert!(finder.exchange_segments);
+        let exchange = limits.ca.exchange_bytes(n);
+        let one = limits.ca.device_bytes(1 << 14) + exchange + (1 << 30);
+        println!(
+            "one tracker: {:.2} GiB, {:.2} GiB of it the exchange's",
+            one as f64 / (1u64 << 30) as f64,
+            exchange as f64 / (1u64 << 30) as f64
+        );
+        assert!(exchange > 1 << 28, "the exchange's scratch: {exchange}");
         assert!(one > 2 << 30, "a tracker takes GiBs: {one}");
-        assert_eq!(trackers_fitting(&gpu(80), &finder, 2), 2, "an H100");
-        assert_eq!(trackers_fitting(&gpu(80), &finder, 1), 1);
-        assert_eq!(trackers_fitting(&gpu(8), &finder, 2), 1, "an 8 GB card");
-        assert_eq!(trackers_fitting(&gpu(2), &finder, 2), 1, "at least one");
+        assert_eq!(trackers_fitting(&gpu(80), &finder, n, 2), 2, "an H100");
+        assert_eq!(trackers_fitting(&gpu(80), &finder, n, 1), 1);
+        assert_eq!(trackers_fitting(&gpu(8), &finder, n, 2), 1, "an 8 GB card");
+        assert_eq!(trackers_fitting(&gpu(2), &finder, n, 2), 1, "at least one");
         let fits = one.div_ceil(1 << 30);
-        assert_eq!(trackers_fitting(&gpu(2 * fits), &finder, 4), 2);
+        assert_eq!(trackers_fitting(&gpu(2 * fits), &finder, n, 4), 2);
     }
 
     /// The tracking plan on faked GPUs: `gpu_workers` per GPU where memory allows, the
