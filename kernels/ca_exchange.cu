@@ -187,6 +187,14 @@ __device__ __forceinline__ void ex_note_fit(const KalmanResult& r, float* chi2, 
         const float *__restrict__ tpf, const double *__restrict__ tpd,                        \
         const int *__restrict__ tpi
 
+// The same arguments passed on.
+#define EX_ARGS                                                                                \
+    failed, trk_n, trk_base, trk_hit_base, hit_start, in_x, in_y, in_plane, out_tracks,        \
+        out_fits, out_hits, marks, xf, xd, xi, lists, lens, chi2s, qops, flags, owner, sx,     \
+        sinput, bin_start, n_bins, plf, pli, pairs, gains, pairs_per_track, pair_limit, state, \
+        ex_failed, n_active, rows32, rows64, gap_steps, gap_kind, gap_slice, slices, pf, pd,   \
+        pi, nodes, tpf, tpd, tpi
+
 // The event's views of the arguments (`e` the event).
 #define EX_EVENT                                                                              \
     const u32 nt = trk_n[e], tb = trk_base[e];                                                \
@@ -294,11 +302,7 @@ __device__ __forceinline__ void ex_fit_flagged(EX_PARAMS, u32 mask) {
 // 2. The tracks changed in the round before fitted (their |q/p| sets the windows of
 // their pairs).
 extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_fit_changed(EX_PARAMS) {
-    ex_fit_flagged(failed, trk_n, trk_base, trk_hit_base, hit_start, in_x, in_y, in_plane,
-                   out_tracks, out_fits, out_hits, marks, xf, xd, xi, lists, lens, chi2s, qops,
-                   flags, owner, sx, sinput, bin_start, n_bins, plf, pli, pairs, gains, pairs_per_track, pair_limit,
-                   state, ex_failed, n_active, rows32, rows64, gap_steps, gap_kind, gap_slice, slices, pf,
-                   pd, pi, nodes, tpf, tpd, tpi, EX_CHANGED);
+    ex_fit_flagged(EX_ARGS, EX_CHANGED);
 }
 
 // The pairs: from each changed track's hits, the other kept tracks' hits within the
@@ -390,11 +394,7 @@ extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_pairs(
 
 // The tracks of the round's pairs whose candidates' chi-square is not known, fitted.
 extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_fit_needed(EX_PARAMS) {
-    ex_fit_flagged(failed, trk_n, trk_base, trk_hit_base, hit_start, in_x, in_y, in_plane,
-                   out_tracks, out_fits, out_hits, marks, xf, xd, xi, lists, lens, chi2s, qops,
-                   flags, owner, sx, sinput, bin_start, n_bins, plf, pli, pairs, gains, pairs_per_track, pair_limit,
-                   state, ex_failed, n_active, rows32, rows64, gap_steps, gap_kind, gap_slice, slices, pf,
-                   pd, pi, nodes, tpf, tpd, tpi, EX_NEED);
+    ex_fit_flagged(EX_ARGS, EX_NEED);
 }
 
 // 3. Every pair's exchange: the pre-test, the first new track (a's upstream, b's

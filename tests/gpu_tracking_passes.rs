@@ -446,6 +446,19 @@ fn a_device_error_fails_the_launch_and_the_next_runs_and_overflows_are_handed_ba
     }
 }
 
+/// A launch's events for the hand-back tests: 4 central events, then 28 minimum-bias ones.
+fn central_then_minimum_bias(det: &Detector) -> Vec<Vec<HitRecord>> {
+    let s = seed();
+    let mut events: Vec<Vec<HitRecord>> =
+        simulate_events(det, &SimConfig::preset(Preset::Central), s, 0, 4)
+            .map(|e| e.hits)
+            .collect();
+    events.extend(
+        simulate_events(det, &SimConfig::preset(Preset::Minbias), s ^ 1, 0, 28).map(|e| e.hits),
+    );
+    events
+}
+
 /// The first hits chosen on the device: an event beyond the step's pairs of track and hit
 /// is handed back as `first_hits` with no tracks (the caller runs it on the CPU), and the
 /// launch's other events keep the CPU's tracks.
@@ -458,14 +471,7 @@ fn events_beyond_the_first_hit_steps_pairs_are_handed_back_and_the_others_kept()
     let det = load("detector.toml");
     let mut cfg = FinderConfig::from_detector(&det, 1.0);
     cfg.first_hits_to_origin = true;
-    let s = seed();
-    let mut events: Vec<Vec<HitRecord>> =
-        simulate_events(&det, &SimConfig::preset(Preset::Central), s, 0, 4)
-            .map(|e| e.hits)
-            .collect();
-    events.extend(
-        simulate_events(&det, &SimConfig::preset(Preset::Minbias), s ^ 1, 0, 28).map(|e| e.hits),
-    );
+    let events = central_then_minimum_bias(&det);
     let views: Vec<&[HitRecord]> = events.iter().map(Vec::as_slice).collect();
     let mut tracker =
         GpuTracker::new(&dev, &det, &cfg, TrackerLimits::for_batch(&cfg, 32)).expect("tracker");
@@ -510,14 +516,7 @@ fn events_beyond_the_exchange_steps_pairs_are_handed_back_and_the_others_kept() 
     let det = load("detector.toml");
     let mut cfg = FinderConfig::from_detector(&det, 1.0);
     cfg.exchange_segments = true;
-    let s = seed();
-    let mut events: Vec<Vec<HitRecord>> =
-        simulate_events(&det, &SimConfig::preset(Preset::Central), s, 0, 4)
-            .map(|e| e.hits)
-            .collect();
-    events.extend(
-        simulate_events(&det, &SimConfig::preset(Preset::Minbias), s ^ 1, 0, 28).map(|e| e.hits),
-    );
+    let events = central_then_minimum_bias(&det);
     let views: Vec<&[HitRecord]> = events.iter().map(Vec::as_slice).collect();
     let mut tracker =
         GpuTracker::new(&dev, &det, &cfg, TrackerLimits::for_batch(&cfg, 32)).expect("tracker");

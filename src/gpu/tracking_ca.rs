@@ -3241,6 +3241,19 @@ mod tests {
     }
 
     /// The value of `#define NAME` in the step whose source defines `kernel`.
+    /// The value of `#define NAME` in `src`, without a trailing comment.
+    fn source_define(src: &str, name: &str) -> String {
+        let prefix = format!("#define {name} ");
+        let line = src.lines().find(|l| l.starts_with(&prefix));
+        let line = line.unwrap_or_else(|| panic!("{name} is defined in the kernel's source"));
+        line[prefix.len()..]
+            .split("//")
+            .next()
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
     fn kernel_define(kernel: &str, name: &str) -> String {
         let src = std::iter::once(&COMMON)
             .chain(STEPS.iter())
@@ -3282,17 +3295,7 @@ mod tests {
         };
         let src = include_str!("../../kernels/ca_first_hits.cu");
         assert!(STEPS.contains(&src));
-        let def = |name: &str| {
-            let prefix = format!("#define {name} ");
-            let line = src.lines().find(|l| l.starts_with(&prefix));
-            let line = line.unwrap_or_else(|| panic!("{name} is defined in ca_first_hits.cu"));
-            line[prefix.len()..]
-                .split("//")
-                .next()
-                .unwrap()
-                .trim()
-                .to_string()
-        };
+        let def = |name: &str| source_define(src, name);
         assert_eq!(def("FH_HOLD").parse::<f64>().unwrap(), HOLD);
         assert_eq!(def("FH_SPOT_FLOOR").parse::<f64>().unwrap(), SPOT_FLOOR);
         assert_eq!(def("FH_MAX_WINDOW_ROWS"), MAX_WINDOW_ROWS.to_string());
@@ -3315,18 +3318,8 @@ mod tests {
         use crate::tracking::ca::exchange::{MAX_ROUNDS, MIN_GAIN, PRE_TEST};
         let src = include_str!("../../kernels/ca_exchange.cu");
         assert!(STEPS.contains(&src));
-        let def = |name: &str| {
-            let prefix = format!("#define {name} ");
-            let line = src.lines().find(|l| l.starts_with(&prefix));
-            let line = line.unwrap_or_else(|| panic!("{name} is defined in ca_exchange.cu"));
-            line[prefix.len()..]
-                .split("//")
-                .next()
-                .unwrap()
-                .trim()
-                .trim_end_matches('f')
-                .to_string()
-        };
+        // Float literals without their suffix.
+        let def = |name: &str| source_define(src, name).trim_end_matches('f').to_string();
         assert_eq!(def("EX_MIN_GAIN").parse::<f32>().unwrap(), MIN_GAIN);
         assert_eq!(def("EX_PRE_TEST").parse::<f64>().unwrap(), PRE_TEST);
         assert_eq!(def("EX_MAX_ROUNDS"), MAX_ROUNDS.to_string());
