@@ -1,7 +1,8 @@
 // First hits against the origin (src/tracking/ca/first_hits.rs) on the device: each
 // track's most upstream hit chosen again, with the origin as a measurement, on the tracks
-// ca_tracks_pack packed and the clone step marked, one block per event, before they go
-// to the host. The same steps as FirstHits::run, in the same f64 arithmetic and order:
+// ca_tracks_pack packed and the clone step marked (and the exchange of segments changed,
+// ca_exchange.cu, which then applied the momentum cut: this step's is then off), one
+// block per event, before they go to the host. The same steps as FirstHits::run, in the same f64 arithmetic and order:
 //
 // 1. the tracks kept: not clones and not below the minimum momentum (MomentumCut::keeps;
 //    a track below it is marked 2 in the clone marks, so the host leaves it out); their

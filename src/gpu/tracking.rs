@@ -22,8 +22,8 @@
 //!    tracks kept;
 //! 4. where the configuration asks for it ([`FinderConfig::exchange_segments`]), the
 //!    exchange of segments between crossing tracks, on the device on the packed tracks
-//!    after the clone step and the momentum cut, one block per event
-//!    ([`GpuCaEngine::set_exchange`], `kernels/ca_exchange.cu`: the CPU finder's step,
+//!    after the clone step and the momentum cut, a sequence of kernels over the launch's
+//!    events ([`GpuCaEngine::set_exchange`], `kernels/ca_exchange.cu`: the CPU finder's step,
 //!    [`crate::tracking::ca::exchange`], in the same arithmetic; an event beyond its
 //!    limits is handed back as `exchange`); on the host with the CPU's own step where
 //!    there is no clone step on the device;
