@@ -1509,19 +1509,27 @@ impl GpuCaEngine {
                 cuts.n_planes()
             )));
         }
-        let need = FirstHitsDevice::scratch_bytes(&self.limits);
+        self.check_free(
+            "the first-hit step",
+            FirstHitsDevice::scratch_bytes(&self.limits),
+        )?;
+        let track_fit = self.track_fit.is_some();
+        let fh = FirstHitsDevice::new(&self.ctx, cuts, cut, track_fit, &self.limits)?;
+        self.first_hits = Some(fh);
+        Ok(())
+    }
+
+    /// An error naming `step` where the GPU has less than `need` bytes free for its scratch.
+    fn check_free(&self, step: &str, need: usize) -> Result<(), GpuError> {
         let (free, _) = driver("cuMemGetInfo", self.ctx.mem_get_info())?;
         if need > free {
             return Err(GpuError::Config(format!(
-                "the first-hit step needs {:.2} GiB of GPU memory, {} has {:.2} GiB free",
+                "{step} needs {:.2} GiB of GPU memory, {} has {:.2} GiB free",
                 need as f64 / (1u64 << 30) as f64,
                 self.device.name,
                 free as f64 / (1u64 << 30) as f64
             )));
         }
-        let track_fit = self.track_fit.is_some();
-        let fh = FirstHitsDevice::new(&self.ctx, cuts, cut, track_fit, &self.limits)?;
-        self.first_hits = Some(fh);
         Ok(())
     }
 
@@ -1553,16 +1561,10 @@ impl GpuCaEngine {
                 self.tables().n_planes,
             )));
         }
-        let need = ExchangeDevice::scratch_bytes(&self.limits, n);
-        let (free, _) = driver("cuMemGetInfo", self.ctx.mem_get_info())?;
-        if need > free {
-            return Err(GpuError::Config(format!(
-                "the exchange of segments needs {:.2} GiB of GPU memory, {} has {:.2} GiB free",
-                need as f64 / (1u64 << 30) as f64,
-                self.device.name,
-                free as f64 / (1u64 << 30) as f64
-            )));
-        }
+        self.check_free(
+            "the exchange of segments",
+            ExchangeDevice::scratch_bytes(&self.limits, n),
+        )?;
         let track_fit = self.track_fit.is_some();
         self.exchange = Some(ExchangeDevice::new(
             &self.ctx,
