@@ -2,8 +2,8 @@
 // device: on the tracks ca_tracks_pack packed and the clone step marked, before the first
 // hits are chosen again (ca_first_hits.cu) and before the tracks go to the host. The same
 // steps as Exchange::run, in the same arithmetic, as a sequence of kernels over the
-// batch's events (the host launches every round's; an event whose exchanges are done
-// leaves each at once): ca_exchange_begin (one block per event), then per round
+// batch's events (the host launches each round's until no event made an exchange in the
+// round before; an event whose exchanges are done leaves each at once): ca_exchange_begin (one block per event), then per round
 // ca_exchange_fit_changed (from the second), ca_exchange_pairs, ca_exchange_fit_needed
 // and ca_exchange_evaluate (several blocks per event: the searches and the fits of all the
 // events' tracks and pairs at once), ca_exchange_choose (one block per event), and
@@ -12,11 +12,11 @@
 // 1. the tracks kept: not clones and not below the minimum momentum (MomentumCut::keeps;
 //    a track below it is marked 2 in the clone marks, as ca_first_hits marks it); each
 //    track's hits copied to a working list of the event's slot (stride: the planes);
-//    every kept track's hits owned by it, and indexed by (plane, row of the plane's
-//    window, x), sorted;
+//    every kept track's hits owned by it;
 // 2. per round: the pairs of tracks whose hits on a plane lie within the window of the
 //    side of the exchange (ExchangeCuts::window_for at the softer track's |q/p|), of
-//    which one track changed in the round before (all in the first), each pair once
+//    which one track changed in the round before (all in the first), found through the
+//    grid the hits were sorted into at the launch's start (ca_hit_sorting.cu), each pair once
 //    (from the changed track of lower index; the boundary shared by two planes from the
 //    plane downstream of it); the tracks in a pair whose candidates' chi-square is not
 //    known fitted (after the tracks changed in the round before, whose |q/p| set the
@@ -30,7 +30,7 @@
 //    in their order, from the working lists (an exchange keeps the pair's hits).
 //
 // Nothing depends on the order threads arrive in: pairs and gains are sets whose order is
-// a key's. An event beyond the step's limits (its tracks, hits, a track's hits, its pairs)
+// a key's. An event beyond the step's limits (its tracks, planes, a track's hits, its pairs)
 // is marked failed with its tracks untouched: the host runs it on the CPU.
 
 #define EX_THREADS 512
@@ -60,7 +60,8 @@
 #define EXI_N_PLANES 0
 #define EXI_MIN_HITS 1
 #define EXI_TRACK_FIT 2
-// Failures (ex_failed): tracks or hits beyond the block's, pairs beyond the event's share.
+// Failures (ex_failed): tracks, planes or a track's hits beyond the step's, pairs beyond
+// the event's share.
 #define EX_FAIL_SIZE 1
 #define EX_FAIL_PAIRS 2
 // Per track slot (ex_flags): changed in the round before, exchanged, its candidates' fit

@@ -1048,8 +1048,8 @@ const EXCHANGE_STATE_WORDS: usize = 8;
 /// Most planes the device's exchange step takes (`EX_MAX_PLANES`).
 pub const EXCHANGE_MAX_PLANES: usize = 63;
 /// Pairs of tracks to try an exchange of, per track of an event (the event's share of the
-/// step's arenas; an event with more goes to the CPU, counted). A central event of the
-/// shipped detectors has fewer than ten close pairs of hits per track.
+/// step's arenas; an event with more goes to the CPU, counted). The spectrometer's
+/// central events make fewer pairs than tracks in every round.
 pub const EXCHANGE_PAIRS_PER_TRACK: usize = 32;
 /// Floats and doubles of the exchange step's parameters before the planes'
 /// (`EXF_PLANES`, `EXD_PLANES`), and per plane.
