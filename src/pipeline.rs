@@ -1262,6 +1262,34 @@ fn run_worker(mut ctx: WorkerCtx) {
     }
 }
 
+/// [`Backend::process`], with a panic inside it (a bug in a reconstruction step on an
+/// input nobody foresaw) turned into a failed batch: the batch then fails over, or its
+/// frames are decided `dropped` as `backend_error`, counted and logged (the panic's
+/// message on stderr by the panic hook, the failure by the worker), and the worker goes
+/// on with the next batch. Without it the worker's thread would end with its slots, and
+/// the daemon would wait for their decisions for ever.
+fn process_guarded(
+    backend: &mut dyn Backend,
+    views: &[FrameView<'_>],
+    verdicts: &mut Vec<Verdict>,
+) -> Result<(), crate::backend::BackendError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        backend.process(views, verdicts)
+    }))
+    .unwrap_or_else(|p| {
+        let what = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".into());
+        verdicts.clear();
+        Err(crate::backend::BackendError::Failed(format!(
+            "the {} backend panicked: {what}",
+            backend.kind().as_str()
+        )))
+    })
+}
+
 // Slots are boxed on purpose: a slot moves through every ring as one pointer.
 #[allow(clippy::vec_box)]
 fn process_batch(
@@ -1316,7 +1344,7 @@ fn process_batch(
                 .map(|&i| frame::parse_validated(&batch[i].bytes).expect("validated")),
         );
         let t0 = Instant::now();
-        let r = ctx.backend.process(&views, verdicts);
+        let r = process_guarded(&mut *ctx.backend, &views, verdicts);
         match r {
             Ok(()) if verdicts.len() == views.len() => {}
             other => {
@@ -1339,7 +1367,7 @@ fn process_batch(
                     ctx.observer.failover();
                     backend_kind = fb.kind();
                     on_fallback = true;
-                    if let Err(e) = fb.process(&views, verdicts) {
+                    if let Err(e) = process_guarded(&mut **fb, &views, verdicts) {
                         tracing::error!("fallback backend failed too: {e}");
                         verdicts.clear();
                         failed_reason = Some("backend_error");
@@ -2163,6 +2191,104 @@ mod tests {
             .iter()
             .filter(|d| d.outcome != Outcome::Malformed)
             .all(|d| d.backend == Some(BackendKind::Cpu)));
+    }
+
+    /// A backend whose odd-numbered batches panic inside `process` (a reconstruction
+    /// step's bug on an input nobody foresaw); the others it decides as the multiplicity
+    /// backend does.
+    struct Panicking {
+        batches: usize,
+        inner: CpuMultiplicity,
+    }
+    impl Backend for Panicking {
+        fn kind(&self) -> BackendKind {
+            BackendKind::Cpu
+        }
+        fn line_names(&self) -> &[String] {
+            self.inner.line_names()
+        }
+        fn process(
+            &mut self,
+            batch: &[FrameView<'_>],
+            out: &mut Vec<Verdict>,
+        ) -> Result<(), crate::backend::BackendError> {
+            self.batches += 1;
+            if self.batches % 2 == 1 {
+                // Half a batch's verdicts written, then the panic.
+                self.inner.process(&batch[..batch.len() / 2], out)?;
+                panic!("injected panic in batch {}", self.batches);
+            }
+            self.inner.process(batch, out)
+        }
+        fn reload(&mut self, cfg: &Config) -> Result<(), String> {
+            self.inner.reload(cfg)
+        }
+    }
+
+    /// Runs 300 frames through a [`Panicking`] backend (with the multiplicity backend as
+    /// the fallback or none) on another thread; `None` if the run has not ended after a
+    /// minute.
+    fn run_panicking(with_fallback: bool) -> Option<(Summary, Vec<Decision>)> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let out = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let rt = runtime(Collect(out.clone()), 1);
+            let input = Input {
+                name: "f".into(),
+                kind: InputKind::File(
+                    Box::new(VecFeed {
+                        frames: frames(300),
+                        next: 0,
+                    }),
+                    Speed::Max,
+                ),
+            };
+            let fb = |_| Ok(Box::new(CpuMultiplicity::new(Default::default())) as Box<dyn Backend>);
+            let s = run(
+                rt,
+                vec![input],
+                &|_| {
+                    Ok(Box::new(Panicking {
+                        batches: 0,
+                        inner: CpuMultiplicity::new(Default::default()),
+                    }) as Box<dyn Backend>)
+                },
+                if with_fallback { Some(&fb) } else { None },
+            )
+            .unwrap();
+            let ds = out.lock().unwrap().clone();
+            let _ = tx.send((s, ds));
+        });
+        rx.recv_timeout(Duration::from_secs(60)).ok()
+    }
+
+    #[test]
+    fn a_backend_that_panics_drops_its_batch_and_the_run_goes_on() {
+        let (s, ds) = run_panicking(false).expect("the run ended");
+        assert!(s.balanced());
+        assert_eq!(ds.len(), 300, "every frame has a decision");
+        let dropped: Vec<_> = ds
+            .iter()
+            .filter(|d| d.outcome == Outcome::Dropped)
+            .collect();
+        // The first batch panicked: its frames are dropped, none with a stale verdict.
+        assert!(!dropped.is_empty());
+        assert!(dropped
+            .iter()
+            .all(|d| d.reason == "backend_error" && d.backend.is_none()));
+        // Every frame is either dropped or decided by the backend.
+        assert!(ds.iter().all(|d| d.outcome == Outcome::Dropped
+            || d.outcome == Outcome::Malformed
+            || d.backend == Some(BackendKind::Cpu)));
+    }
+
+    #[test]
+    fn a_backend_that_panics_fails_over_and_loses_nothing() {
+        let (s, ds) = run_panicking(true).expect("the run ended");
+        assert!(s.balanced());
+        assert!(s.failovers > 0);
+        assert_eq!(ds.len(), 300);
+        assert!(ds.iter().all(|d| d.outcome != Outcome::Dropped));
     }
 
     #[test]

@@ -204,7 +204,9 @@ impl GpuTracker {
         // and tables), the configuration's first pass, the stiff-track run of the later
         // pass, and the later pass.
         let mut tables = Vec::new();
-        let stiff_geo = stiff.as_ref().map(|s| FinderGeometry::new(det, s));
+        let stiff_geo = stiff
+            .as_ref()
+            .map(|s| FinderGeometry::new(det, s).with_grid_of(&geo));
         if let (Some(s), Some(g)) = (&stiff, &stiff_geo) {
             let t = CaTables::new(g, s, 1);
             tables.push(t.for_events_of(cfg.stiff_pass_min_hits));

@@ -145,7 +145,7 @@ impl Reconstructor {
             .map(|factor| {
                 let c = cfg.at_momentum_factor(det, factor);
                 let g = if Some(factor) == stiff_factor {
-                    FinderGeometry::new(det, &c)
+                    FinderGeometry::new(det, &c).with_grid_of(&geo)
                 } else {
                     FinderGeometry::sharing_field_tables(det, &c, &geo)
                 };
@@ -587,6 +587,79 @@ mod tests {
         ids.iter()
             .map(|&i| FitHit::from(&hits[i as usize]))
             .collect()
+    }
+
+    /// The grid's rows follow the windows: the telescope's wide pointing windows get
+    /// rows several times coarser than the default on every plane searched, the
+    /// spectrometer's narrow ones keep the default, and a pass at another momentum keeps
+    /// the configuration's grid (its hits are sorted once). The tracks are those of a
+    /// grid of the default rows on every plane, on central events of both (the stiff
+    /// pass and the later passes included).
+    #[test]
+    fn the_grid_rows_follow_the_windows_and_change_no_track() {
+        use crate::tracking::simulate::{simulate_events, Preset, SimConfig};
+        for (file, coarser) in [
+            ("fixtures/telescope.toml", true),
+            ("fixtures/detector.toml", false),
+        ] {
+            let det = Detector::from_toml_file(std::path::Path::new(file))
+                .expect("fixtures (tests run from the crate root)");
+            let cfg = FinderConfig::from_detector(&det, 1.0);
+            let geo = FinderGeometry::new(&det, &cfg);
+            assert_eq!(geo.planes[0].bins_y, cfg.bins_y);
+            for g in &geo.planes[1..] {
+                if coarser {
+                    assert!(2 * g.bins_y < cfg.bins_y, "{file}: {} rows", g.bins_y);
+                } else {
+                    assert_eq!(g.bins_y, cfg.bins_y, "{file}");
+                }
+            }
+            let stiff = cfg.at_momentum_factor(&det, 3.0);
+            let own = FinderGeometry::new(&det, &stiff);
+            let shared = FinderGeometry::new(&det, &stiff).with_grid_of(&geo);
+            assert_eq!(shared.n_bins, geo.n_bins);
+            if coarser {
+                assert_ne!(
+                    own.n_bins, geo.n_bins,
+                    "{file}: the stiff pass's own rows differ"
+                );
+            }
+            let mut derived = Reconstructor::new(&det, cfg.clone());
+            let mut fixed = Reconstructor::new(&det, cfg.clone());
+            // The grid of the default rows on every plane.
+            let mut uniform = FinderGeometry::new(&det, &cfg);
+            for g in uniform.planes.iter_mut() {
+                g.bins_y = cfg.bins_y;
+                g.bin_scale_y = cfg.bins_y as f64 / (2.0 * g.half_y_mm);
+                g.bin_scale_f32[1] = g.bin_scale_y as f32;
+            }
+            let mut offset = 0;
+            for g in uniform.planes.iter_mut() {
+                g.bin_offset = offset;
+                offset += g.bins_x * g.bins_y;
+            }
+            uniform.n_bins = offset;
+            fixed.geo = fixed.geo.with_grid_of(&uniform);
+            for r in fixed.rungs.iter_mut() {
+                r.geo = std::mem::replace(&mut r.geo, FinderGeometry::new(&det, &cfg))
+                    .with_grid_of(&uniform);
+            }
+            fixed.buf = ca::CaBuffers::with_limits(&cfg.limits, uniform.n_bins);
+            let sim = SimConfig::preset(Preset::Central);
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            let mut n = 0;
+            for ev in simulate_events(&det, &sim, 11, 0, 2) {
+                derived.reconstruct(&ev.hits, &mut a);
+                fixed.reconstruct(&ev.hits, &mut b);
+                assert_eq!(a.len(), b.len(), "{file}");
+                for (x, y) in a.iter().zip(&b) {
+                    assert_eq!(x.hits, y.hits, "{file}");
+                    assert_eq!(x.chi2.to_bits(), y.chi2.to_bits(), "{file}");
+                }
+                n += a.len();
+            }
+            assert!(n > 1000, "{file}: {n} tracks");
+        }
     }
 
     #[test]

@@ -241,6 +241,11 @@ impl PlaneWindows {
         (xa, ya, boxes)
     }
 
+    /// [`Self::boxes`], for the grid's derivation ([`super::FinderGeometry`]).
+    pub(crate) fn boxes_at(&self, xa: &[f32; LANES], ya: &[f32; LANES]) -> Boxes {
+        self.boxes(xa, ya)
+    }
+
     /// The boxes of hits at `(xa, ya)` on this plane: first the per-hit quantities, then
     /// the boxes target by target, each a loop over whole lanes (vector instructions).
     #[inline(always)]

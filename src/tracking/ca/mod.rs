@@ -425,6 +425,27 @@ impl FinderGeometry {
         Self::build(det, cfg, Some(of))
     }
 
+    /// This geometry with the grid of `of` (a geometry of the same planes): the passes of
+    /// one event search hits sorted once, into the configuration's grid, so a pass's
+    /// geometry for another momentum (narrower windows) must keep that grid.
+    pub fn with_grid_of(mut self, of: &FinderGeometry) -> Self {
+        assert_eq!(
+            self.planes.len(),
+            of.planes.len(),
+            "a geometry of other planes"
+        );
+        for (g, o) in self.planes.iter_mut().zip(&of.planes) {
+            g.bins_x = o.bins_x;
+            g.bins_y = o.bins_y;
+            g.bin_scale_x = o.bin_scale_x;
+            g.bin_scale_y = o.bin_scale_y;
+            g.bin_scale_f32 = o.bin_scale_f32;
+            g.bin_offset = o.bin_offset;
+        }
+        self.n_bins = of.n_bins;
+        self
+    }
+
     fn build(det: &Detector, cfg: &FinderConfig, field_tables: Option<&FinderGeometry>) -> Self {
         let mut planes = Vec::with_capacity(det.planes.len());
         let mut offset = 0;
@@ -593,7 +614,7 @@ impl FinderGeometry {
                 pair_lanes[i * n + j] = pl;
             }
         }
-        FinderGeometry {
+        let mut geo = FinderGeometry {
             planes,
             pairs,
             triples,
@@ -603,7 +624,58 @@ impl FinderGeometry {
             bending,
             pointing_b_max_tesla,
             b_max_tesla,
+        };
+        match field_tables {
+            // A pass's geometry sharing the configuration's tables searches its grid.
+            Some(of) => geo.with_grid_of(of),
+            None => {
+                geo.fit_rows_to_windows(cfg);
+                geo
+            }
         }
+    }
+
+    /// Grid rows no finer than the windows that search them: a window scans every row it
+    /// overlaps, so rows much lower than the narrowest window into a plane cost a row's
+    /// overhead each for the same hits (a test-beam telescope's pointing windows, its
+    /// origin box seen over a lever as long as the gap, are ten of the default rows
+    /// high). Plane `j` gets rows about as high as the narrowest doublet window into it
+    /// (from a hit on the axis of any plane upstream within [`MAX_REACH`], at the centre
+    /// of the origin), at most `cfg.bins_y` of them; plane 0 keeps `cfg.bins_y`. The
+    /// grid decides only which hits a window compares, never which it keeps: doublets,
+    /// and so tracks, are the same on any grid.
+    fn fit_rows_to_windows(&mut self, cfg: &FinderConfig) {
+        let n = self.planes.len();
+        let mut lowest = vec![f64::INFINITY; n];
+        for i in 0..n {
+            let pw = doublets::PlaneWindows::new(self, cfg, i, MAX_REACH);
+            let centre = [cfg.origin_x_mm as f32; doublets::LANES];
+            let centre_y = [cfg.origin_y_mm as f32; doublets::LANES];
+            let boxes = pw.boxes_at(&centre, &centre_y);
+            let mut k = 0;
+            while let Some((j, _)) = pw.target(k) {
+                let h = f64::from(boxes[k][3][0] - boxes[k][2][0]);
+                if h.is_finite() && h > 0.0 && boxes[k][0][0] <= boxes[k][1][0] {
+                    lowest[j] = lowest[j].min(h);
+                }
+                k += 1;
+            }
+        }
+        let mut offset = 0;
+        for (g, &h) in self.planes.iter_mut().zip(&lowest) {
+            let max_rows = cfg.bins_y.clamp(1, 1024);
+            let rows = if h.is_finite() {
+                ((2.0 * g.half_y_mm / h).ceil() as usize).clamp(1, max_rows)
+            } else {
+                max_rows
+            };
+            g.bins_y = rows;
+            g.bin_scale_y = rows as f64 / (2.0 * g.half_y_mm);
+            g.bin_scale_f32[1] = (rows as f64 / (2.0 * g.half_y_mm)) as f32;
+            g.bin_offset = offset;
+            offset += g.bins_x * g.bins_y;
+        }
+        self.n_bins = offset;
     }
 
     /// The tents' mean fields, the largest field of each pointing tent and the largest on
