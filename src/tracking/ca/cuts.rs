@@ -198,8 +198,11 @@ pub struct FinderConfig {
     /// Grid bins per plane in x for the window search (a window scans, per grid row it
     /// overlaps, the cells between its columns). Default 8.
     pub bins_x: usize,
-    /// Grid rows per plane in y: a window scans the hits of the rows it overlaps, so rows
-    /// about as high as the narrowest windows are best. Default 128.
+    /// Grid rows per plane in y, at most: a window scans the hits of the rows it overlaps,
+    /// so each plane gets rows about as high as the narrowest doublet window into it, up
+    /// to this many (`FinderGeometry`; a telescope's wide pointing windows get a tenth to
+    /// a half of them). The grid changes which hits a window compares, never the tracks.
+    /// Default 128.
     pub bins_y: usize,
     /// Cut on the breaking-angle chi-square of a triplet at the minimum momentum. Default
     /// `n_sigma^2` (plus one degree of freedom without field).
