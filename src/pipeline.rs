@@ -1282,7 +1282,7 @@ fn process_guarded(
             .map(|s| s.to_string())
             .or_else(|| p.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "a panic".into());
-        verdicts.clear();
+        // What verdicts it pushed before are cleared by the batch's failure.
         Err(crate::backend::BackendError::Failed(format!(
             "the {} backend panicked: {what}",
             backend.kind().as_str()
@@ -2141,6 +2141,20 @@ mod tests {
             .all(|d| d.outcome == Outcome::Timeout && d.accepted));
     }
 
+    /// An input of `n` frames from a file, read as fast as it goes.
+    fn file_input(n: usize) -> Input {
+        Input {
+            name: "f".into(),
+            kind: InputKind::File(
+                Box::new(VecFeed {
+                    frames: frames(n),
+                    next: 0,
+                }),
+                Speed::Max,
+            ),
+        }
+    }
+
     struct Failing;
     impl Backend for Failing {
         fn kind(&self) -> BackendKind {
@@ -2165,16 +2179,7 @@ mod tests {
     fn failed_batches_fail_over_and_lose_nothing() {
         let out = Arc::new(std::sync::Mutex::new(Vec::new()));
         let rt = runtime(Collect(out.clone()), 1);
-        let input = Input {
-            name: "f".into(),
-            kind: InputKind::File(
-                Box::new(VecFeed {
-                    frames: frames(300),
-                    next: 0,
-                }),
-                Speed::Max,
-            ),
-        };
+        let input = file_input(300);
         let fb = |_| Ok(Box::new(CpuMultiplicity::new(Default::default())) as Box<dyn Backend>);
         let s = run(
             rt,
@@ -2233,16 +2238,7 @@ mod tests {
         std::thread::spawn(move || {
             let out = Arc::new(std::sync::Mutex::new(Vec::new()));
             let rt = runtime(Collect(out.clone()), 1);
-            let input = Input {
-                name: "f".into(),
-                kind: InputKind::File(
-                    Box::new(VecFeed {
-                        frames: frames(300),
-                        next: 0,
-                    }),
-                    Speed::Max,
-                ),
-            };
+            let input = file_input(300);
             let fb = |_| Ok(Box::new(CpuMultiplicity::new(Default::default())) as Box<dyn Backend>);
             let s = run(
                 rt,

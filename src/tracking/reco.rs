@@ -628,21 +628,10 @@ mod tests {
             let mut fixed = Reconstructor::new(&det, cfg.clone());
             // The grid of the default rows on every plane.
             let mut uniform = FinderGeometry::new(&det, &cfg);
-            for g in uniform.planes.iter_mut() {
-                g.bins_y = cfg.bins_y;
-                g.bin_scale_y = cfg.bins_y as f64 / (2.0 * g.half_y_mm);
-                g.bin_scale_f32[1] = g.bin_scale_y as f32;
-            }
-            let mut offset = 0;
-            for g in uniform.planes.iter_mut() {
-                g.bin_offset = offset;
-                offset += g.bins_x * g.bins_y;
-            }
-            uniform.n_bins = offset;
+            uniform.set_rows(&vec![cfg.bins_y; det.planes.len()]);
             fixed.geo = fixed.geo.with_grid_of(&uniform);
             for r in fixed.rungs.iter_mut() {
-                r.geo = std::mem::replace(&mut r.geo, FinderGeometry::new(&det, &cfg))
-                    .with_grid_of(&uniform);
+                r.geo = r.geo.clone().with_grid_of(&uniform);
             }
             fixed.buf = ca::CaBuffers::with_limits(&cfg.limits, uniform.n_bins);
             let sim = SimConfig::preset(Preset::Central);

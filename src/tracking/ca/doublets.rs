@@ -241,15 +241,10 @@ impl PlaneWindows {
         (xa, ya, boxes)
     }
 
-    /// [`Self::boxes`], for the grid's derivation ([`super::FinderGeometry`]).
-    pub(crate) fn boxes_at(&self, xa: &[f32; LANES], ya: &[f32; LANES]) -> Boxes {
-        self.boxes(xa, ya)
-    }
-
     /// The boxes of hits at `(xa, ya)` on this plane: first the per-hit quantities, then
     /// the boxes target by target, each a loop over whole lanes (vector instructions).
     #[inline(always)]
-    fn boxes(&self, xa: &[f32; LANES], ya: &[f32; LANES]) -> Boxes {
+    pub(crate) fn boxes(&self, xa: &[f32; LANES], ya: &[f32; LANES]) -> Boxes {
         let [max_tx, max_ty] = self.max_t;
         let (mut tx, mut ty) = ([0.0f32; LANES], [0.0f32; LANES]);
         let (mut knn, mut sf) = ([0.0f32; LANES], [0.0f32; LANES]);

@@ -651,7 +651,7 @@ impl FinderGeometry {
             let pw = doublets::PlaneWindows::new(self, cfg, i, MAX_REACH);
             let centre = [cfg.origin_x_mm as f32; doublets::LANES];
             let centre_y = [cfg.origin_y_mm as f32; doublets::LANES];
-            let boxes = pw.boxes_at(&centre, &centre_y);
+            let boxes = pw.boxes(&centre, &centre_y);
             let mut k = 0;
             while let Some((j, _)) = pw.target(k) {
                 let h = f64::from(boxes[k][3][0] - boxes[k][2][0]);
@@ -661,17 +661,29 @@ impl FinderGeometry {
                 k += 1;
             }
         }
+        let max_rows = cfg.bins_y.clamp(1, 1024);
+        let rows: Vec<usize> = self
+            .planes
+            .iter()
+            .zip(&lowest)
+            .map(|(g, &h)| {
+                if h.is_finite() {
+                    ((2.0 * g.half_y_mm / h).ceil() as usize).clamp(1, max_rows)
+                } else {
+                    max_rows
+                }
+            })
+            .collect();
+        self.set_rows(&rows);
+    }
+
+    /// Gives plane `j` `rows[j]` grid rows, the cells laid out again plane after plane.
+    pub(crate) fn set_rows(&mut self, rows: &[usize]) {
         let mut offset = 0;
-        for (g, &h) in self.planes.iter_mut().zip(&lowest) {
-            let max_rows = cfg.bins_y.clamp(1, 1024);
-            let rows = if h.is_finite() {
-                ((2.0 * g.half_y_mm / h).ceil() as usize).clamp(1, max_rows)
-            } else {
-                max_rows
-            };
-            g.bins_y = rows;
-            g.bin_scale_y = rows as f64 / (2.0 * g.half_y_mm);
-            g.bin_scale_f32[1] = (rows as f64 / (2.0 * g.half_y_mm)) as f32;
+        for (g, &r) in self.planes.iter_mut().zip(rows) {
+            g.bins_y = r;
+            g.bin_scale_y = r as f64 / (2.0 * g.half_y_mm);
+            g.bin_scale_f32[1] = g.bin_scale_y as f32;
             g.bin_offset = offset;
             offset += g.bins_x * g.bins_y;
         }
