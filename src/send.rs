@@ -364,16 +364,38 @@ mod tests {
     #[test]
     fn pacing_follows_an_absolute_schedule() {
         let rec = recording(101, 1);
+        let started = Instant::now();
         let (s, arrivals) = send_and_receive(&rec, "udp", Some(1_000.0));
-        // 100 periods of 1 ms: no drift, whatever the per-send overhead.
-        let span = *arrivals.last().unwrap() - arrivals[0];
-        // Receiver-side span: loose bounds, the receiving thread shares a loaded machine
-        // (the drift check is the sender's rate below).
-        assert!(span >= Duration::from_millis(90), "{span:?}");
-        assert!(span < Duration::from_millis(400), "{span:?}");
-        assert!(s.elapsed >= Duration::from_millis(100));
-        let r = s.rate_hz();
-        assert!((900.0..1_010.0).contains(&r), "{r}");
+        // Frame 100's slot is 100 ms after the first: it cannot arrive earlier, however the
+        // receiving thread is scheduled (its arrival times alone bound nothing: a late
+        // receiver reads a burst).
+        let last = *arrivals.last().unwrap();
+        assert!(
+            last - started >= Duration::from_millis(100),
+            "{:?}",
+            last - started
+        );
+        assert!(s.elapsed >= Duration::from_millis(100), "{:?}", s.elapsed);
+        // No drift: the last send left at its slot plus at most the latest wake-up, so the
+        // per-send overheads did not add up. The slack covers one send and the summary,
+        // not 100 frames' overheads.
+        let bound = Duration::from_millis(100) + Duration::from_nanos(s.late_max_ns);
+        assert!(
+            s.elapsed < bound + Duration::from_millis(100),
+            "{:?} against {bound:?}",
+            s.elapsed
+        );
+    }
+
+    #[test]
+    fn the_schedule_does_not_accumulate_rounding() {
+        // 3 kHz: a period of 333,333.33 ns. Slot i is rounded from i * period, never the
+        // sum of i rounded periods.
+        let p = Pacer::new(3_000.0);
+        let t0 = Instant::now();
+        assert_eq!(p.slot(t0, 3_000) - t0, Duration::from_secs(1));
+        assert_eq!(p.slot(t0, 1) - t0, Duration::from_nanos(333_333));
+        assert_eq!(p.slot(t0, 2) - t0, Duration::from_nanos(666_667));
     }
 
     #[test]
