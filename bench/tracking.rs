@@ -13,7 +13,10 @@
 //! TrackML-style CSV directories, each with its own `detector.toml` beside the events, as
 //! `fixtures/tracking/independent/simulate.py` writes them: their events are timed as they
 //! are, after the configurations of `--configs`, which `--configs none` leaves out),
-//! `--repeat N` (the events reconstructed N times over, for profilers)).
+//! `--repeat N` (the events reconstructed N times over, for profilers), `--per-hit-rounds N`
+//! (aim 3's measure: the central events of every configuration reconstructed in turn, N
+//! rounds, each round's thread CPU time per hit and its ratio to the spectrometer's in the
+//! same round)).
 
 use std::time::Instant;
 use trigd::frame::HitRecord;
@@ -103,7 +106,10 @@ fn main() {
         std::process::exit(1);
     }
     let mut fit_dets = Vec::new();
+    let per_hit_rounds = arg("--per-hit-rounds", 0);
+    let mut per_hit = Vec::new();
     for (config, path, minbias, central) in configs {
+        let central_sim = central.clone();
         let det = match Detector::from_toml_file(root.join(path)) {
             Ok(d) => d,
             Err(e) => {
@@ -127,7 +133,21 @@ fn main() {
                 bench_events(&det, &overrides, min_p, name, &events);
             }
         }
+        if per_hit_rounds > 0 {
+            let events: Vec<Vec<HitRecord>> = simulate_events(&det, &central_sim, 7, 0, n_events)
+                .map(|ev| ev.hits)
+                .collect();
+            per_hit.push(events);
+        }
         fit_dets.push((config, det));
+    }
+    if per_hit_rounds > 0 {
+        let runs: Vec<_> = fit_dets
+            .iter()
+            .zip(per_hit)
+            .map(|((config, det), events)| (*config, det, events))
+            .collect();
+        bench_per_hit(&runs, &overrides, min_p, per_hit_rounds);
     }
     for dir in str_arg("--events-dir")
         .unwrap_or_default()
@@ -224,6 +244,92 @@ fn bench_events(
             "  | {step} | {:.1} | {:.1} % |",
             ns as f64 / 1e3 / n as f64,
             100.0 * ns as f64 / total
+        );
+    }
+}
+
+/// Aim 3's measure: the central events of every configuration reconstructed in turn,
+/// round after round, each round's thread CPU time per input hit; the ratio of each
+/// configuration to the spectrometer (or to the first configuration) is taken within a
+/// round, so that what the machine does meanwhile weighs on both alike.
+fn bench_per_hit(
+    configs: &[(&str, &Detector, Vec<Vec<HitRecord>>)],
+    overrides: &FinderOverrides,
+    min_p: f64,
+    rounds: usize,
+) {
+    if configs.is_empty() || configs.iter().any(|c| c.2.is_empty()) {
+        eprintln!("--per-hit-rounds needs central events (--events) of at least one configuration");
+        std::process::exit(1);
+    }
+    let mut recos: Vec<Reconstructor> = configs
+        .iter()
+        .map(|(_, det, _)| {
+            Reconstructor::new(det, FinderConfig::from_detector_with(det, min_p, overrides))
+        })
+        .collect();
+    let mut tracks = Vec::new();
+    for (reco, (_, _, events)) in recos.iter_mut().zip(configs) {
+        for hits in events.iter().take(2) {
+            reco.reconstruct(hits, &mut tracks);
+        }
+    }
+    let reference = configs
+        .iter()
+        .position(|c| c.0 == "spectrometer")
+        .unwrap_or(0);
+    // Per configuration, per round: CPU ns per hit and wall ns per hit.
+    let mut cpu = vec![Vec::new(); configs.len()];
+    let mut wall = vec![Vec::new(); configs.len()];
+    for _ in 0..rounds {
+        for (k, (reco, (_, _, events))) in recos.iter_mut().zip(configs).enumerate() {
+            let hits: usize = events.iter().map(|e| e.len()).sum();
+            let (c0, w0) = (thread_cpu_s(), Instant::now());
+            for ev in events {
+                reco.reconstruct(ev, &mut tracks);
+            }
+            cpu[k].push((thread_cpu_s() - c0) * 1e9 / hits as f64);
+            wall[k].push(w0.elapsed().as_secs_f64() * 1e9 / hits as f64);
+        }
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            0.5 * (v[n / 2 - 1] + v[n / 2])
+        }
+    };
+    let range = |v: &[f64]| {
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        (lo, hi)
+    };
+    println!(
+        "\n# Central events per hit, {rounds} rounds of {} events per configuration, in turn: thread CPU time, and wall time",
+        configs[0].2.len()
+    );
+    println!(
+        "| configuration | hits/event | CPU ns/hit, median (min-max) | wall ns/hit, median | ratio to {}, median (min-max) |",
+        configs[reference].0
+    );
+    println!("| --- | --- | --- | --- | --- |");
+    for (k, (name, _, events)) in configs.iter().enumerate() {
+        let hits = events.iter().map(|e| e.len()).sum::<usize>() as f64 / events.len() as f64;
+        let ratios: Vec<f64> = cpu[k]
+            .iter()
+            .zip(&cpu[reference])
+            .map(|(a, b)| a / b)
+            .collect();
+        let (lo, hi) = range(&cpu[k]);
+        let (rlo, rhi) = range(&ratios);
+        println!(
+            "| {name} | {hits:.0} | {:.0} ({lo:.0}-{hi:.0}) | {:.0} | {:.2} ({rlo:.2}-{rhi:.2}) |",
+            median(&cpu[k]),
+            median(&wall[k]),
+            median(&ratios)
         );
     }
 }
