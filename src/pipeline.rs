@@ -2177,20 +2177,9 @@ mod tests {
 
     #[test]
     fn failed_batches_fail_over_and_lose_nothing() {
-        let out = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let rt = runtime(Collect(out.clone()), 1);
-        let input = file_input(300);
-        let fb = |_| Ok(Box::new(CpuMultiplicity::new(Default::default())) as Box<dyn Backend>);
-        let s = run(
-            rt,
-            vec![input],
-            &|_| Ok(Box::new(Failing) as Box<dyn Backend>),
-            Some(&fb),
-        )
-        .unwrap();
+        let (s, ds) = run_backend(|| Box::new(Failing), true).expect("the run ended");
         assert!(s.balanced());
         assert!(s.failovers > 0);
-        let ds = out.lock().unwrap();
         assert_eq!(ds.len(), 300);
         assert!(ds
             .iter()
@@ -2230,25 +2219,22 @@ mod tests {
         }
     }
 
-    /// Runs 300 frames through a [`Panicking`] backend (with the multiplicity backend as
-    /// the fallback or none) on another thread; `None` if the run has not ended after a
+    /// Runs 300 frames through the backend `make` gives (with the multiplicity backend as
+    /// the fallback, or none) on another thread; `None` if the run has not ended after a
     /// minute.
-    fn run_panicking(with_fallback: bool) -> Option<(Summary, Vec<Decision>)> {
+    fn run_backend(
+        make: fn() -> Box<dyn Backend>,
+        with_fallback: bool,
+    ) -> Option<(Summary, Vec<Decision>)> {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let out = Arc::new(std::sync::Mutex::new(Vec::new()));
             let rt = runtime(Collect(out.clone()), 1);
-            let input = file_input(300);
             let fb = |_| Ok(Box::new(CpuMultiplicity::new(Default::default())) as Box<dyn Backend>);
             let s = run(
                 rt,
-                vec![input],
-                &|_| {
-                    Ok(Box::new(Panicking {
-                        batches: 0,
-                        inner: CpuMultiplicity::new(Default::default()),
-                    }) as Box<dyn Backend>)
-                },
+                vec![file_input(300)],
+                &|_| Ok(make()),
                 if with_fallback { Some(&fb) } else { None },
             )
             .unwrap();
@@ -2256,6 +2242,19 @@ mod tests {
             let _ = tx.send((s, ds));
         });
         rx.recv_timeout(Duration::from_secs(60)).ok()
+    }
+
+    /// [`run_backend`] with a [`Panicking`] backend.
+    fn run_panicking(with_fallback: bool) -> Option<(Summary, Vec<Decision>)> {
+        run_backend(
+            || {
+                Box::new(Panicking {
+                    batches: 0,
+                    inner: CpuMultiplicity::new(Default::default()),
+                })
+            },
+            with_fallback,
+        )
     }
 
     #[test]
