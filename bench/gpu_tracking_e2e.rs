@@ -13,6 +13,8 @@
 //!              the daemon's `gpu_workers`, 4)
 //!              --gpu-wait auto|spin|yield|block (how the host threads wait for the
 //!              GPU, as the daemon's `gpu_wait`; default auto, the driver's choice)
+//!              --candidate-blocks auto|large|small (the candidate step's blocks,
+//!              `CandidateBlocks`; default auto, chosen per launch)
 //!
 //! For central and minimum-bias events of each detector: the CPU finder
 //! (`Reconstructor::reconstruct`, the daemon's CPU path) on one core and on every core of
@@ -25,7 +27,7 @@
 use std::time::Instant;
 
 use trigd::frame::HitRecord;
-use trigd::gpu::tracking::{GpuTracker, TrackerLimits};
+use trigd::gpu::tracking::{CandidateBlocks, GpuTracker, TrackerLimits};
 use trigd::gpu::{detect, BackendChoice};
 use trigd::tracking::ca::cuts::FinderOverrides;
 use trigd::tracking::geometry::Detector;
@@ -48,6 +50,16 @@ fn str_arg(name: &str, default: &str) -> String {
         .position(|a| a == name)
         .and_then(|i| args.get(i + 1).cloned())
         .unwrap_or_else(|| default.to_string())
+}
+
+/// `--candidate-blocks`.
+fn candidate_blocks() -> CandidateBlocks {
+    match str_arg("--candidate-blocks", "auto").as_str() {
+        "auto" => CandidateBlocks::Auto,
+        "large" => CandidateBlocks::Large,
+        "small" => CandidateBlocks::Small,
+        other => panic!("--candidate-blocks: auto, large or small, not {other}"),
+    }
 }
 
 fn quantile(v: &[f64], q: f64) -> f64 {
@@ -161,6 +173,7 @@ fn main() {
             let all = cpu_rate(&det, &cfg, &events, cores);
             let limits = TrackerLimits::for_batch(&cfg, launch);
             let mut tracker = GpuTracker::new(dev, &det, &cfg, limits).expect("tracker");
+            tracker.set_candidate_blocks(candidate_blocks());
             let (mut out, mut back) = (Vec::new(), Vec::new());
             // Warm-up, and agreement with the CPU on every event.
             let mut reco = Reconstructor::new(&det, cfg.clone());
@@ -290,6 +303,7 @@ fn several_gpus(
         .map(|d| {
             let mut t = GpuTracker::new(d, det, cfg, TrackerLimits::for_batch(cfg, launch))
                 .expect("tracker");
+            t.set_candidate_blocks(candidate_blocks());
             // Compiled and warm before the clock starts.
             let views: Vec<&[HitRecord]> = chunks[0].iter().map(Vec::as_slice).collect();
             t.reconstruct_batch(&views, &mut Vec::new(), &mut Vec::new())

@@ -16,9 +16,10 @@
 // every chain and of its fork, which does not depend on the used flags, for the whole
 // batch at once.
 //
-// ca_candidates (one block of CAND_THREADS per event, the block works through the ordered
-// end triplets a window of CAND_THREADS at a time): every thread takes one end triplet's
-// walked chains and leaves out the hits used as of the window's start, which are what the
+// ca_candidates (one block of CAND_THREADS per event; ca_candidates_small, the same step in
+// blocks of CAND_THREADS_SMALL, for launches of more events than multiprocessors; the
+// block works through the ordered end triplets a window of its threads at a time): every
+// thread takes one end triplet's walked chains and leaves out the hits used as of the window's start, which are what the
 // CPU sees (the flags only change in the choice); the block then places the chains in the
 // CPU's order with the CPU's limits (a scan; thread 0 alone where a limit could be
 // reached), until the chunk holds CHUNK candidates (the rest of the window is filtered
@@ -46,8 +47,10 @@
 // Threads of an event's block: a chunk's fits in one round (CAND_CHUNK), its end
 // triplets' chains filtered a window of CAND_THREADS at a time.
 #define CAND_THREADS 256
-#define CAND_WARPS (CAND_THREADS / 32)
-static_assert(CAND_THREADS % 32 == 0 && CAND_THREADS >= 64 && CAND_THREADS <= 1024,
+// Threads of the smaller blocks (ca_candidates_small).
+#define CAND_THREADS_SMALL 128
+static_assert(CAND_THREADS_SMALL % 32 == 0 && CAND_THREADS_SMALL >= 64 &&
+                  CAND_THREADS % 32 == 0 && CAND_THREADS <= 1024,
               "whole warps; the choice's warp and at least one for second chances ahead");
 // Candidates fitted together before the choice (CHUNK in candidates.rs).
 #define CAND_CHUNK 256
@@ -660,6 +663,7 @@ __device__ __forceinline__ const u32* chunk_hits(const ChunkStage& st, uint4 c) 
 // needs (the choice would drop them: a hit lost, too few left for a refit); the choice
 // passes over them in its runs. `bits` then holds every hit of the chunk, which the
 // choice's filter treats as possibly taken (it reads the used flags), as it must.
+template <u32 CT>
 __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, u32 m,
                             ChunkStage& st, u32 min_hits, double max_chi2_ndf) {
     // Every thread works this out alike: the range of the chunk's hits, staged where it fits.
@@ -667,7 +671,7 @@ __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, 
     const bool stage = c1.x + c1.y - c0.x <= STAGE_HITS;
     st.h0 = c0.x;
     st.hits = stage ? st.shared_hits : a.chits + c0.x;
-    for (u32 j = threadIdx.x; j < m; j += CAND_THREADS) {
+    for (u32 j = threadIdx.x; j < m; j += CT) {
         uint4 c = a.cand[from + j];
         st.cand[j] = c;
         // Eight hits at a time (their loads, then their flags' loads, independent).
@@ -693,7 +697,7 @@ __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, 
     // a power of two with keys above every candidate's.
     u32 n_keys = 32;
     while (n_keys < m) n_keys <<= 1;
-    for (u32 j = threadIdx.x; j < n_keys; j += CAND_THREADS) {
+    for (u32 j = threadIdx.x; j < n_keys; j += CT) {
         u64 k = ~0ull;
         if (j < m) {
             const uint4 cj = st.cand[j];
@@ -702,11 +706,11 @@ __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, 
         st.keys[j] = k;
     }
     __syncthreads();
-    bitonic_sort_block<CAND_THREADS>(st.keys, n_keys);
-    for (u32 r = threadIdx.x; r < m; r += CAND_THREADS) {
+    bitonic_sort_block<CT>(st.keys, n_keys);
+    for (u32 r = threadIdx.x; r < m; r += CT) {
         st.order[r] = from + (u32)(st.keys[r] & 0x1ffu);
     }
-    for (u32 j = threadIdx.x; j < m; j += CAND_THREADS) {
+    for (u32 j = threadIdx.x; j < m; j += CT) {
         uint4 cj = st.cand[j];
         const u32* hj = chunk_hits(st, cj);
         for (u32 r = 0; r < cj.y; r++) {
@@ -721,9 +725,9 @@ __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, 
     // out. A slot tells the first holder of its hit exactly; of another hit of the slot,
     // only that no rank before the slot's holds it.
     u64* first = st.keys;
-    for (u32 i = threadIdx.x; i < FIRST_SLOTS; i += CAND_THREADS) first[i] = ~0ull;
+    for (u32 i = threadIdx.x; i < FIRST_SLOTS; i += CT) first[i] = ~0ull;
     __syncthreads();
-    for (u32 r = threadIdx.x; r < m; r += CAND_THREADS) {
+    for (u32 r = threadIdx.x; r < m; r += CT) {
         const uint4 cj = st.cand[st.order[r] - from];
         const u32* hj = chunk_hits(st, cj);
         for (u32 q = 0; q < cj.y; q++) {
@@ -733,7 +737,7 @@ __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, 
         }
     }
     __syncthreads();
-    for (u32 r = threadIdx.x; r < m; r += CAND_THREADS) {
+    for (u32 r = threadIdx.x; r < m; r += CT) {
         const u32 j = st.order[r] - from;
         uint4 cj = st.cand[j];
         bool fast = st.free0[j] == cj.y && good_candidate(cj, min_hits, max_chi2_ndf);
@@ -749,7 +753,7 @@ __device__ void stage_chunk(const CandEvent& ev, const CandArenas& a, u32 from, 
     // Doomed: fewer hits than a track needs left once the hits used at the chunk's start
     // and those of fast candidates before it are out (all taken before its turn, whatever
     // else happens): the choice would drop it (a lost hit, too few left to refit).
-    for (u32 r = threadIdx.x; r < m; r += CAND_THREADS) {
+    for (u32 r = threadIdx.x; r < m; r += CT) {
         const u32 j = st.order[r] - from;
         if (st.fast[j] == FAST_ACCEPT) continue;
         const uint4 cj = st.cand[j];
@@ -827,13 +831,14 @@ __device__ __forceinline__ bool second_chance_ahead(const ChunkStage& st, u32 j,
 // the stage, its two copies (without the last hit, without the first) fitted into its
 // slots in the order of the choice, a thread each. The same code on the same hits gives
 // the fit the choice would make of the copy; a copy not needed is never read.
+template <u32 CT>
 __device__ void speculate_second_chances(const CandEvent& ev, const CandArenas& a,
                                          const KalmanTables& T, u32 from, u32 m,
                                          const ChunkStage& st, SpecFits spec, u32 min_hits,
                                          double max_chi2_ndf) {
     const u32 t = threadIdx.x - 32u;
     const u32 v = t & 1u;
-    for (u32 r = t >> 1; r < m; r += (CAND_THREADS - 32u) / 2u) {
+    for (u32 r = t >> 1; r < m; r += (CT - 32u) / 2u) {
         const u32 j = st.order[r] - from;
         const uint4 c = st.cand[j];
         if (!second_chance_ahead(st, j, c, min_hits, max_chi2_ndf)) continue;
@@ -1056,38 +1061,50 @@ __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, cons
     return true;
 }
 
-extern "C" __global__ void __launch_bounds__(CAND_THREADS)
-ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
-              const u32* __restrict__ in_plane, const u32* __restrict__ hit_start,
-              const u32* __restrict__ sinput, const uint4* __restrict__ dbl,
-              const u32* __restrict__ dbl_base, const u32* __restrict__ trip_base,
-              const u32* __restrict__ tleft, const u32* __restrict__ tright,
-              const float* __restrict__ tchi2, const u32* __restrict__ level,
-              const u32* __restrict__ nb_off, const u32* __restrict__ nb_count,
-              const u32* __restrict__ nb_base, const u32* __restrict__ left,
-              const u64* __restrict__ keys, const u32* __restrict__ n_end,
-              const u32* __restrict__ chain_off, const u32* __restrict__ chain_base,
-              const u32* __restrict__ chain_fork, const u32* __restrict__ chain_hits,
-              u32* __restrict__ failed, u32* __restrict__ overflow, u32* __restrict__ used,
-              uint4* __restrict__ cand, u32* __restrict__ chits, u32* __restrict__ fits,
-              u32* __restrict__ acc, u32* __restrict__ n_cand, u32* __restrict__ n_chits,
-              u32* __restrict__ n_acc, u32 share_cand, u32 share_hits, u32 max_cand,
-              u32 hits_cap, u32 max_tracks, u32 min_hits, double max_chi2_ndf, int append,
-              const float* __restrict__ rows32, const double* __restrict__ rows64,
-              const int* __restrict__ gap_steps, const int* __restrict__ gap_kind,
-              const int* __restrict__ gap_slice, const float* __restrict__ slices,
-              const float* __restrict__ pf, const double* __restrict__ pd,
-              const int* __restrict__ pi, const float* __restrict__ nodes) {
+// The arguments of the candidate kernels, and the same arguments passed on.
+#define CAND_PARAMS \
+    const float* __restrict__ in_x, const float* __restrict__ in_y, \
+    const u32* __restrict__ in_plane, const u32* __restrict__ hit_start, \
+    const u32* __restrict__ sinput, const uint4* __restrict__ dbl, \
+    const u32* __restrict__ dbl_base, const u32* __restrict__ trip_base, \
+    const u32* __restrict__ tleft, const u32* __restrict__ tright, \
+    const float* __restrict__ tchi2, const u32* __restrict__ level, \
+    const u32* __restrict__ nb_off, const u32* __restrict__ nb_count, \
+    const u32* __restrict__ nb_base, const u32* __restrict__ left, \
+    const u64* __restrict__ keys, const u32* __restrict__ n_end, \
+    const u32* __restrict__ chain_off, const u32* __restrict__ chain_base, \
+    const u32* __restrict__ chain_fork, const u32* __restrict__ chain_hits, \
+    u32* __restrict__ failed, u32* __restrict__ overflow, u32* __restrict__ used, \
+    uint4* __restrict__ cand, u32* __restrict__ chits, u32* __restrict__ fits, \
+    u32* __restrict__ acc, u32* __restrict__ n_cand, u32* __restrict__ n_chits, \
+    u32* __restrict__ n_acc, u32 share_cand, u32 share_hits, u32 max_cand, u32 hits_cap, \
+    u32 max_tracks, u32 min_hits, double max_chi2_ndf, int append, \
+    const float* __restrict__ rows32, const double* __restrict__ rows64, \
+    const int* __restrict__ gap_steps, const int* __restrict__ gap_kind, \
+    const int* __restrict__ gap_slice, const float* __restrict__ slices, \
+    const float* __restrict__ pf, const double* __restrict__ pd, \
+    const int* __restrict__ pi, const float* __restrict__ nodes
+#define CAND_ARGS \
+    in_x, in_y, in_plane, hit_start, sinput, dbl, dbl_base, trip_base, tleft, tright, \
+    tchi2, level, nb_off, nb_count, nb_base, left, keys, n_end, chain_off, chain_base, \
+    chain_fork, chain_hits, failed, overflow, used, cand, chits, fits, acc, n_cand, \
+    n_chits, n_acc, share_cand, share_hits, max_cand, hits_cap, max_tracks, min_hits, \
+    max_chi2_ndf, append, rows32, rows64, gap_steps, gap_kind, gap_slice, slices, pf, pd, \
+    pi, nodes
+
+// The step for one event in a block of CT threads (both kernels below).
+template <u32 CT>
+__device__ __forceinline__ void candidates_block(CAND_PARAMS) {
     const int e = blockIdx.y;
     const u32 tid = threadIdx.x;
     __shared__ CandState s, s_choose;
-    __shared__ u32 s_len[CAND_THREADS], s_flen[CAND_THREADS];
-    __shared__ u32 s_off[CAND_THREADS], s_foff[CAND_THREADS];
+    __shared__ u32 s_len[CT], s_flen[CT];
+    __shared__ u32 s_off[CT], s_foff[CT];
     __shared__ u32 s_consumed, s_pending_from;
     __shared__ int s_close;
     // The placement's scan: per warp its candidates' and hits' sums, then which of its
     // entries bring the chunk to CAND_CHUNK.
-    __shared__ u32 s_scan[3 * CAND_WARPS];
+    __shared__ u32 s_scan[3 * (CT / 32)];
     __shared__ u32 s_order[CHUNK_MAX];
     __shared__ u64 s_keys[RANK_KEYS];
     __shared__ uint4 s_cand[CHUNK_MAX];
@@ -1099,7 +1116,7 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
     __shared__ u32 s_spec_done[SPEC_WORDS];
     if (failed[e]) return;
     ChunkStage st = {s_cand, s_hits, s_hits, 0u, s_free0, s_order, s_keys, s_bits, s_twice, s_fast};
-    for (u32 i = tid; i < CHUNK_BITS_WORDS; i += CAND_THREADS) s_bits[i] = s_twice[i] = 0u;
+    for (u32 i = tid; i < CHUNK_BITS_WORDS; i += CT) s_bits[i] = s_twice[i] = 0u;
     const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
                             slices, pf,     pd,        pi,       nodes};
     const u32 hs = hit_start[e];
@@ -1199,7 +1216,7 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
         // that brings it to CAND_CHUNK pending candidates. Where no limit can be reached
         // in the whole window (nearly every window) this places exactly what the CPU's loop below
         // places; otherwise thread 0 runs that loop.
-        const u32 n_win = n_order - oi < CAND_THREADS ? n_order - oi : CAND_THREADS;
+        const u32 n_win = n_order - oi < CT ? n_order - oi : CT;
         const bool has_main = tid < n_win && len > 0;
         const bool has_fork = tid < n_win && f_at >= 0 && flen > 0;
         const u32 e_c = (has_main ? 1u : 0u) + (has_fork ? 1u : 0u);
@@ -1216,14 +1233,14 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
         }
         if ((tid & 31u) == 31u) {
             s_scan[tid >> 5] = i_c;
-            s_scan[CAND_WARPS + (tid >> 5)] = i_h;
+            s_scan[(CT / 32) + (tid >> 5)] = i_h;
         }
         __syncthreads();
         // The warps before this one's sums, and the block's.
         u32 tot_c = 0, tot_h = 0;
 #pragma unroll
-        for (u32 w = 0; w < CAND_WARPS; w++) {
-            const u32 wc = s_scan[w], wh = s_scan[CAND_WARPS + w];
+        for (u32 w = 0; w < (CT / 32); w++) {
+            const u32 wc = s_scan[w], wh = s_scan[(CT / 32) + w];
             if (w < (tid >> 5)) {
                 i_c += wc;
                 i_h += wh;
@@ -1238,13 +1255,13 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
                              ps.n_hits + tot_h + MAX_CHAIN <= hits_cap / 2 &&
                              ps.n_hits + tot_h <= ps.share_hits;
         const u32 reach = __ballot_sync(0xffffffffu, tid < n_win && pending_now + i_c >= CAND_CHUNK);
-        if ((tid & 31u) == 0u) s_scan[2 * CAND_WARPS + (tid >> 5)] = reach;
+        if ((tid & 31u) == 0u) s_scan[2 * (CT / 32) + (tid >> 5)] = reach;
         __syncthreads();
         if (scan_ok) {
             // The first entry that reaches it: in the first warp with one.
             u32 first = ~0u;
-            for (u32 w = 0; w < CAND_WARPS; w++) {
-                const u32 r = s_scan[2 * CAND_WARPS + w];
+            for (u32 w = 0; w < (CT / 32); w++) {
+                const u32 r = s_scan[2 * (CT / 32) + w];
                 if (r) {
                     first = 32u * w + (u32)__ffs(r) - 1u;
                     break;
@@ -1283,7 +1300,7 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
             u32 j = 0;
             int close = 0;
             u32 lim_chits = hits_cap / 2;
-            for (; j < CAND_THREADS && oi + j < n_order; j++) {
+            for (; j < CT && oi + j < n_order; j++) {
                 s_off[j] = ~0u;
                 s_foff[j] = ~0u;
                 if (ls.n_cand == ls.max_cand || ls.n_hits + MAX_CHAIN > lim_chits) {
@@ -1345,7 +1362,7 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
                                        ? s.share_cand - 2u * CHUNK_MAX
                                        : ~0u,
                                    s_spec_done};
-            for (u32 i = tid; i < SPEC_WORDS; i += CAND_THREADS) s_spec_done[i] = 0u;
+            for (u32 i = tid; i < SPEC_WORDS; i += CT) s_spec_done[i] = 0u;
             __syncthreads();
             // The round's fits: the chunk's candidates, then, where the chunk leaves threads
             // without one, the copies a second chance would fit (copy k & 1 of candidate
@@ -1355,8 +1372,8 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
             // copy not needed is never read. (One call of the fit for both: a second one
             // would not fit the block's registers.)
             const u32 n_jobs =
-                spec.base != ~0u && m < CAND_THREADS ? min(3u * m, (u32)CAND_THREADS) : m;
-            for (u32 job = tid; job < n_jobs; job += CAND_THREADS) {
+                spec.base != ~0u && m < CT ? min(3u * m, (u32)CT) : m;
+            for (u32 job = tid; job < n_jobs; job += CT) {
                 const bool copy = job >= m;
                 const u32 k = job - m;
                 const uint4 cd = a.cand[from + (copy ? k >> 1 : job)];
@@ -1389,7 +1406,7 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
             }
 #endif
             CA_PHASE(3);
-            stage_chunk(ev, a, s_pending_from, m, st, min_hits, max_chi2_ndf);
+            stage_chunk<CT>(ev, a, s_pending_from, m, st, min_hits, max_chi2_ndf);
             CA_PHASE(4);
             if (tid < 32) {
                 // The counters in registers while the first warp works through the chunk.
@@ -1403,7 +1420,7 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
                     s_pending_from = ls.n_cand;
                 }
             } else if (spec.base != ~0u) {
-                speculate_second_chances(ev, a, T, from, m, st, spec, min_hits, max_chi2_ndf);
+                speculate_second_chances<CT>(ev, a, T, from, m, st, spec, min_hits, max_chi2_ndf);
             }
             __syncthreads();
             CA_PHASE(5);
@@ -1412,7 +1429,7 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
 #endif
             if (s.failed) break;
             // The next chunk's filter and shared hits start empty.
-            for (u32 i = tid; i < CHUNK_BITS_WORDS; i += CAND_THREADS) s_bits[i] = s_twice[i] = 0u;
+            for (u32 i = tid; i < CHUNK_BITS_WORDS; i += CT) s_bits[i] = s_twice[i] = 0u;
         }
         oi += s_consumed;
         __syncthreads();
@@ -1447,4 +1464,21 @@ ca_candidates(const float* __restrict__ in_x, const float* __restrict__ in_y,
             n_acc[e] = s.n_acc;
         }
     }
+}
+
+// Blocks of CAND_THREADS: a chunk's fits in one round. The host launches these where the
+// launch has no more events than the device has multiprocessors: each event's block has
+// a multiprocessor to itself.
+extern "C" __global__ void __launch_bounds__(CAND_THREADS) ca_candidates(CAND_PARAMS) {
+    candidates_block<CAND_THREADS>(CAND_ARGS);
+}
+
+// Blocks of CAND_THREADS_SMALL: the same step, the same results (a window's chains are
+// filtered against the used flags of the window's start, so the window's size does not
+// change what a chunk holds), with two events' blocks in the registers of one
+// multiprocessor. Where a launch has more events than multiprocessors, one event's serial
+// choice then overlaps another's fits.
+extern "C" __global__ void __launch_bounds__(CAND_THREADS_SMALL)
+    ca_candidates_small(CAND_PARAMS) {
+    candidates_block<CAND_THREADS_SMALL>(CAND_ARGS);
 }

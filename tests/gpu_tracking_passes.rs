@@ -768,3 +768,91 @@ fn events_handed_back_at_a_candidate_limit_are_the_same_every_launch_and_the_cpu
         );
     }
 }
+
+/// A track's hits, chi-square and fitted state, as bits.
+type TrackBits = (Vec<u32>, u32, [u32; 5]);
+
+/// The candidate step in either of its blocks (`CandidateBlocks`: 256 threads, or 128 with
+/// two events to a multiprocessor) gives the same tracks, bit for bit and in the same
+/// order, and they are the CPU's: central and minimum-bias events of the three shipped
+/// detectors in one launch.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_candidate_steps_two_block_sizes_give_the_same_tracks() {
+    use trigd::gpu::tracking::{CandidateBlocks, GpuTracker, TrackerLimits};
+    use trigd::tracking::reco::Reconstructor;
+    let dev = device();
+    let s = seed();
+    for (name, det, central) in configurations(Preset::Central) {
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let minbias = match name {
+            "forward" => SimConfig::forward(Preset::Minbias),
+            _ => SimConfig::preset(Preset::Minbias),
+        };
+        let mut events: Vec<Vec<HitRecord>> = simulate_events(&det, &central, s, 0, 4)
+            .map(|e| e.hits)
+            .collect();
+        events.extend(simulate_events(&det, &minbias, s, 100, 60).map(|e| e.hits));
+        let views: Vec<&[HitRecord]> = events.iter().map(Vec::as_slice).collect();
+        let mut tracker = GpuTracker::new(
+            &dev,
+            &det,
+            &cfg,
+            TrackerLimits::for_batch(&cfg, views.len()),
+        )
+        .expect("tracker");
+        let mut runs = Vec::new();
+        for blocks in [
+            CandidateBlocks::Large,
+            CandidateBlocks::Small,
+            CandidateBlocks::Auto,
+        ] {
+            tracker.set_candidate_blocks(blocks);
+            let (mut out, mut back) = (Vec::new(), Vec::new());
+            tracker
+                .reconstruct_batch(&views, &mut out, &mut back)
+                .expect("launch");
+            assert!(
+                back.iter().all(Option::is_none),
+                "{name} {blocks:?}: {back:?}"
+            );
+            let bits: Vec<Vec<TrackBits>> = out
+                .iter()
+                .map(|ts| {
+                    ts.iter()
+                        .map(|t| {
+                            let st = &t.state;
+                            let p = [st.x_mm, st.y_mm, st.tx, st.ty, st.qop].map(f32::to_bits);
+                            (t.hits.clone(), t.chi2.to_bits(), p)
+                        })
+                        .collect()
+                })
+                .collect();
+            runs.push((blocks, bits));
+        }
+        for (blocks, bits) in &runs[1..] {
+            assert!(
+                *bits == runs[0].1,
+                "{name}: the tracks of {blocks:?} blocks differ from the large blocks'"
+            );
+        }
+        let mut reco = Reconstructor::new(&det, cfg.clone());
+        let (mut cpu, mut n_tracks, mut differ) = (Vec::new(), 0, 0);
+        for (k, ev) in events.iter().enumerate() {
+            reco.reconstruct(ev, &mut cpu);
+            n_tracks += cpu.len();
+            let g: std::collections::HashSet<&Vec<u32>> =
+                runs[0].1[k].iter().map(|t| &t.0).collect();
+            differ += cpu.iter().filter(|t| !g.contains(&t.hits)).count();
+        }
+        println!(
+            "{name}: {} events, {n_tracks} CPU tracks, the same in large, small and automatic blocks; {differ} without a GPU track of the same hits",
+            events.len()
+        );
+        assert!(n_tracks > 0, "{name}");
+        assert!(
+            (differ as f64) <= 1e-3 * n_tracks as f64,
+            "{name}: {differ} of {n_tracks} tracks differ"
+        );
+    }
+}

@@ -47,6 +47,7 @@
 
 use crate::frame::HitRecord;
 use crate::gpu::nvrtc::KernelCache;
+pub use crate::gpu::tracking_ca::CandidateBlocks;
 use crate::gpu::tracking_ca::{
     BatchTracks, CaLimits, CaTables, GpuCaEngine, PassOptions, EXCHANGE_MAX_PLANES,
     FIRST_HIT_MAX_PLANES,
@@ -303,6 +304,12 @@ impl GpuTracker {
     /// cores: give each its share.
     pub fn set_write_threads(&mut self, threads: usize) {
         self.ca.set_host_threads(threads);
+    }
+
+    /// The blocks the candidate step runs in (default: chosen per launch,
+    /// [`CandidateBlocks::Auto`]; the tracks are the same in any).
+    pub fn set_candidate_blocks(&mut self, blocks: CandidateBlocks) {
+        self.ca.set_candidate_blocks(blocks);
     }
 
     pub fn limits(&self) -> TrackerLimits {

@@ -169,6 +169,25 @@ const SCAN_MAX_BLOCKS: u32 = 32;
 const SCAN_EPOCHS: u32 = 1 << 30;
 /// Threads per event of the candidate step (CAND_THREADS in ca_candidates.cu).
 const CAND_THREADS: u32 = 256;
+/// Threads per event of the candidate step in its smaller blocks, two to a
+/// multiprocessor (CAND_THREADS_SMALL, `ca_candidates_small`).
+const CAND_THREADS_SMALL: u32 = 128;
+
+/// The blocks the candidate step runs in (the same results in either).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CandidateBlocks {
+    /// Blocks of `CAND_THREADS` (256) where the launch has no more events than the device
+    /// has multiprocessors (each event's block has one to itself: a chunk's fits in one
+    /// round), else of `CAND_THREADS_SMALL` (128: two events to a multiprocessor, one's
+    /// serial choice beside the other's fits; 16-37 % more minimum-bias events/s,
+    /// `bench/RESULTS.md`).
+    #[default]
+    Auto,
+    /// Blocks of 256 threads.
+    Large,
+    /// Blocks of 128 threads.
+    Small,
+}
 /// Words per fit in the fit arena (FIT_WORDS in ca_candidates.cu, the fit kernel's
 /// output words).
 const FIT_WORDS: usize = super::tracking_fit::OUT_WORDS;
@@ -869,6 +888,7 @@ struct Kernels {
     candidates_order: CudaFunction,
     candidates_chains: CudaFunction,
     candidates: CudaFunction,
+    candidates_small: CudaFunction,
     tracks_count: CudaFunction,
     tracks_pack: CudaFunction,
     tracks_clone_input: CudaFunction,
@@ -1442,6 +1462,8 @@ pub struct GpuCaEngine {
     /// The exchange of segments' parameters and scratch, where it runs on the device
     /// ([`Self::set_exchange`]).
     exchange: Option<ExchangeDevice>,
+    /// The candidate step's blocks ([`Self::set_candidate_blocks`]).
+    candidate_blocks: CandidateBlocks,
     /// The cells per event, once per event (the item counts of the cells' scan).
     cells_n: DeviceBuffer<u32>,
     a: Arenas,
@@ -1736,6 +1758,7 @@ impl GpuCaEngine {
             candidates_order: module.function("ca_candidates_order")?,
             candidates_chains: module.function("ca_candidates_chains")?,
             candidates: module.function("ca_candidates")?,
+            candidates_small: module.function("ca_candidates_small")?,
             tracks_count: module.function("ca_tracks_count")?,
             tracks_pack: module.function("ca_tracks_pack")?,
             tracks_clone_input: module.function("ca_tracks_clone_input")?,
@@ -1761,6 +1784,7 @@ impl GpuCaEngine {
             track_fit: None,
             first_hits: None,
             exchange: None,
+            candidate_blocks: CandidateBlocks::Auto,
             cells_n: DeviceBuffer::from_host(&ctx, &vec![n_bins as u32; limits.max_events])?,
             a: Arenas::new(&ctx, &limits, n_bins)?,
             host_x: PinnedBuffer::new(&ctx, limits.max_hits)?,
@@ -1973,6 +1997,7 @@ impl GpuCaEngine {
             "ca_candidates_order" => &self.k.candidates_order,
             "ca_candidates_chains" => &self.k.candidates_chains,
             "ca_candidates" => &self.k.candidates,
+            "ca_candidates_small" => &self.k.candidates_small,
             "ca_tracks_count" => &self.k.tracks_count,
             "ca_tracks_pack" => &self.k.tracks_pack,
             "ca_tracks_clone_input" => &self.k.tracks_clone_input,
@@ -2524,13 +2549,23 @@ impl GpuCaEngine {
         self.mark_if(profile, "candidates: order")?;
         self.launch("ca_candidates_chains", (bpe, e as u32), &chains1)?;
         self.mark_if(profile, "candidates: chains")?;
-        self.launch_block("ca_candidates", (1, e as u32), CAND_THREADS, &cand1)?;
+        let small = match self.candidate_blocks {
+            CandidateBlocks::Auto => e > sms as usize,
+            CandidateBlocks::Large => false,
+            CandidateBlocks::Small => true,
+        };
+        let (cand, threads) = if small {
+            ("ca_candidates_small", CAND_THREADS_SMALL)
+        } else {
+            ("ca_candidates", CAND_THREADS)
+        };
+        self.launch_block(cand, (1, e as u32), threads, &cand1)?;
         self.mark_if(profile, "candidates: fits, choice")?;
         if divert {
             // The second round (FinderConfig::divert_chains): the chains walked again
             // around the hits the first round's tracks took, then chosen as before.
             self.launch("ca_candidates_chains", (bpe, e as u32), &chains2)?;
-            self.launch_block("ca_candidates", (1, e as u32), CAND_THREADS, &cand2)?;
+            self.launch_block(cand, (1, e as u32), threads, &cand2)?;
             self.mark_if(profile, "candidates: second round")?;
         }
         if profile {
@@ -2861,6 +2896,11 @@ impl GpuCaEngine {
             }
         }
         self.launch("ca_exchange_end", (1, ev), &args)
+    }
+
+    /// The blocks the candidate step runs in (default [`CandidateBlocks::Auto`]).
+    pub fn set_candidate_blocks(&mut self, blocks: CandidateBlocks) {
+        self.candidate_blocks = blocks;
     }
 
     /// Host threads that lay a large batch's hits out for the copy up, and that the
@@ -3287,6 +3327,7 @@ mod tests {
         assert_eq!(def("FORK_CHI2"), format!("{FORK_CHI2:.1}f"));
         assert_eq!(def("FIT_WORDS"), FIT_WORDS.to_string());
         assert_eq!(def("CAND_THREADS"), CAND_THREADS.to_string());
+        assert_eq!(def("CAND_THREADS_SMALL"), CAND_THREADS_SMALL.to_string());
     }
 
     /// The first-hit kernel's bounds and layout are the CPU step's and the host's.
