@@ -19,14 +19,15 @@
 // ca_candidates (one block of CAND_THREADS per event; ca_candidates_small, the same step in
 // blocks of CAND_THREADS_SMALL, for launches of more events than multiprocessors; the
 // block works through the ordered end triplets a window of its threads at a time): every
-// thread takes one end triplet's walked chains and leaves out the hits used as of the window's start, which are what the
-// CPU sees (the flags only change in the choice); the block then places the chains in the
-// CPU's order with the CPU's limits (a scan; thread 0 alone where a limit could be
-// reached), until the chunk holds CHUNK candidates (the rest of the window is filtered
-// again after the choice); the chunk's fits run one candidate per thread, in one round
-// (where the chunk has fewer candidates than threads, the others fit ahead, in the same
-// round, the copies that second chances would fit); the chunk is staged (its hits in shared
-// memory where they fit) and ordered by the block (a bitonic sort of one key per
+// thread takes one end triplet's walked chains and leaves out the hits used as of the
+// window's start, which are what the CPU sees (the flags only change in the choice); the
+// block then places the chains in the CPU's order with the CPU's limits (a scan; thread 0
+// alone where a limit could be reached), until the chunk holds CHUNK candidates (the rest
+// of the window is filtered again after the choice); the chunk's fits run one candidate
+// per thread, in one round in blocks of CAND_THREADS, two in the small blocks (where the
+// chunk has fewer candidates than threads, the others fit ahead, in the same round, the
+// copies that second chances would fit); the chunk is staged (its hits in shared memory
+// where they fit) and ordered by the block (a bitonic sort of one key per
 // candidate), which also marks the candidates the choice must accept whenever their turn
 // comes (passing the cut, every hit free, and no hit shared with a candidate before it in
 // the choice's order: most of them) and those it must drop (too few hits left without
@@ -1095,6 +1096,7 @@ __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, cons
 // The step for one event in a block of CT threads (both kernels below).
 template <u32 CT>
 __device__ __forceinline__ void candidates_block(CAND_PARAMS) {
+    constexpr u32 WARPS = CT / 32;
     const int e = blockIdx.y;
     const u32 tid = threadIdx.x;
     __shared__ CandState s, s_choose;
@@ -1104,7 +1106,7 @@ __device__ __forceinline__ void candidates_block(CAND_PARAMS) {
     __shared__ int s_close;
     // The placement's scan: per warp its candidates' and hits' sums, then which of its
     // entries bring the chunk to CAND_CHUNK.
-    __shared__ u32 s_scan[3 * (CT / 32)];
+    __shared__ u32 s_scan[3 * WARPS];
     __shared__ u32 s_order[CHUNK_MAX];
     __shared__ u64 s_keys[RANK_KEYS];
     __shared__ uint4 s_cand[CHUNK_MAX];
@@ -1233,14 +1235,14 @@ __device__ __forceinline__ void candidates_block(CAND_PARAMS) {
         }
         if ((tid & 31u) == 31u) {
             s_scan[tid >> 5] = i_c;
-            s_scan[(CT / 32) + (tid >> 5)] = i_h;
+            s_scan[WARPS + (tid >> 5)] = i_h;
         }
         __syncthreads();
         // The warps before this one's sums, and the block's.
         u32 tot_c = 0, tot_h = 0;
 #pragma unroll
-        for (u32 w = 0; w < (CT / 32); w++) {
-            const u32 wc = s_scan[w], wh = s_scan[(CT / 32) + w];
+        for (u32 w = 0; w < WARPS; w++) {
+            const u32 wc = s_scan[w], wh = s_scan[WARPS + w];
             if (w < (tid >> 5)) {
                 i_c += wc;
                 i_h += wh;
@@ -1255,13 +1257,13 @@ __device__ __forceinline__ void candidates_block(CAND_PARAMS) {
                              ps.n_hits + tot_h + MAX_CHAIN <= hits_cap / 2 &&
                              ps.n_hits + tot_h <= ps.share_hits;
         const u32 reach = __ballot_sync(0xffffffffu, tid < n_win && pending_now + i_c >= CAND_CHUNK);
-        if ((tid & 31u) == 0u) s_scan[2 * (CT / 32) + (tid >> 5)] = reach;
+        if ((tid & 31u) == 0u) s_scan[2 * WARPS + (tid >> 5)] = reach;
         __syncthreads();
         if (scan_ok) {
             // The first entry that reaches it: in the first warp with one.
             u32 first = ~0u;
-            for (u32 w = 0; w < (CT / 32); w++) {
-                const u32 r = s_scan[2 * (CT / 32) + w];
+            for (u32 w = 0; w < WARPS; w++) {
+                const u32 r = s_scan[2 * WARPS + w];
                 if (r) {
                     first = 32u * w + (u32)__ffs(r) - 1u;
                     break;
