@@ -1096,7 +1096,6 @@ __device__ bool choose_candidates(const CandEvent& ev, const CandArenas& a, cons
 // The step for one event in a block of CT threads (both kernels below).
 template <u32 CT>
 __device__ __forceinline__ void candidates_block(CAND_PARAMS) {
-    constexpr u32 WARPS = CT / 32;
     const int e = blockIdx.y;
     const u32 tid = threadIdx.x;
     __shared__ CandState s, s_choose;
@@ -1106,7 +1105,7 @@ __device__ __forceinline__ void candidates_block(CAND_PARAMS) {
     __shared__ int s_close;
     // The placement's scan: per warp its candidates' and hits' sums, then which of its
     // entries bring the chunk to CAND_CHUNK.
-    __shared__ u32 s_scan[3 * WARPS];
+    __shared__ u32 s_scan[3 * (CT / 32)];
     __shared__ u32 s_order[CHUNK_MAX];
     __shared__ u64 s_keys[RANK_KEYS];
     __shared__ uint4 s_cand[CHUNK_MAX];
@@ -1235,14 +1234,14 @@ __device__ __forceinline__ void candidates_block(CAND_PARAMS) {
         }
         if ((tid & 31u) == 31u) {
             s_scan[tid >> 5] = i_c;
-            s_scan[WARPS + (tid >> 5)] = i_h;
+            s_scan[(CT / 32) + (tid >> 5)] = i_h;
         }
         __syncthreads();
         // The warps before this one's sums, and the block's.
         u32 tot_c = 0, tot_h = 0;
 #pragma unroll
-        for (u32 w = 0; w < WARPS; w++) {
-            const u32 wc = s_scan[w], wh = s_scan[WARPS + w];
+        for (u32 w = 0; w < (CT / 32); w++) {
+            const u32 wc = s_scan[w], wh = s_scan[(CT / 32) + w];
             if (w < (tid >> 5)) {
                 i_c += wc;
                 i_h += wh;
@@ -1257,13 +1256,13 @@ __device__ __forceinline__ void candidates_block(CAND_PARAMS) {
                              ps.n_hits + tot_h + MAX_CHAIN <= hits_cap / 2 &&
                              ps.n_hits + tot_h <= ps.share_hits;
         const u32 reach = __ballot_sync(0xffffffffu, tid < n_win && pending_now + i_c >= CAND_CHUNK);
-        if ((tid & 31u) == 0u) s_scan[2 * WARPS + (tid >> 5)] = reach;
+        if ((tid & 31u) == 0u) s_scan[2 * (CT / 32) + (tid >> 5)] = reach;
         __syncthreads();
         if (scan_ok) {
             // The first entry that reaches it: in the first warp with one.
             u32 first = ~0u;
-            for (u32 w = 0; w < WARPS; w++) {
-                const u32 r = s_scan[2 * WARPS + w];
+            for (u32 w = 0; w < (CT / 32); w++) {
+                const u32 r = s_scan[2 * (CT / 32) + w];
                 if (r) {
                     first = 32u * w + (u32)__ffs(r) - 1u;
                     break;
