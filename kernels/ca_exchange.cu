@@ -399,13 +399,25 @@ extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_fit_ne
 }
 
 // 3. Every pair's exchange: the pre-test, the first new track (a's upstream, b's
-// downstream), then the second (b's upstream, a's downstream); the gains kept.
+// downstream) and the second (b's upstream, a's downstream), each fitted by one of two
+// neighbouring lanes at once (the second is made whether the first passes or not: the
+// round's later pairs are few, and their fits one after the other were the round's time);
+// the gains kept where the first passes and leaves room for the gain and the second passes,
+// as in Exchange::run.
 extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_evaluate(EX_PARAMS) {
     const u32 e = blockIdx.y;
     EX_EVENT
     const u32 n_pairs = st[EX_N_PAIRS];
     if (!st[EX_ACTIVE] || n_pairs > pair_cap) return;
-    for (u32 j = blockIdx.x * EX_WIDE_THREADS + threadIdx.x; j < n_pairs; j += gridDim.x * EX_WIDE_THREADS) {
+    // The two lanes of a pair: `half` 0 fits the first new track, 1 the second.
+    const u32 half = threadIdx.x & 1u;
+    const u32 lane = threadIdx.x & 31u;
+    const unsigned two = 3u << (lane & ~1u);
+    const u32 stride = gridDim.x * (EX_WIDE_THREADS / 2);
+    // Both lanes of a pair take the same pairs, so they meet at each exchange of results.
+    const u32 first = (blockIdx.x * EX_WIDE_THREADS + threadIdx.x) >> 1;
+    const u32 n_iter = first < n_pairs ? (n_pairs - first + stride - 1) / stride : 0u;
+    for (u32 it = 0, j = first; it < n_iter; it++, j += stride) {
         const u32 a = P[j] >> 19, b = (P[j] >> 6) & 0x1fffu, boundary = P[j] & 63u;
         const u32* ta = L + (size_t)a * S;
         const u32* tbl = L + (size_t)b * S;
@@ -419,19 +431,25 @@ extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_evalua
         const double s_new = s_now - ex_junction(xd, hx, hy, hp, ta, sa, tbl + sb, lb - sb) -
                              ex_junction(xd, hx, hy, hp, tbl, sb, ta + sa, la - sa);
         if (s_new < -EX_PRE_TEST) continue;
+        // (Every test above is the same in both lanes: both reach the exchange below.)
+        const u32* up = half ? tbl : ta;
+        const u32* down = half ? ta : tbl;
+        const u32 s_up = half ? sb : sa, s_down = half ? sa : sb;
+        const u32 l_down = half ? la : lb;
+        const u32 n = half ? n2 : n1;
         u32 trial[MAX_CHAIN];
-        for (u32 i = 0; i < sa; i++) trial[i] = ta[i];
-        for (u32 i = sb; i < lb; i++) trial[sa + i - sb] = tbl[i];
-        KalmanResult r1;
-        ex_fit(trial, n1, hx, hy, hp, T, r1);
+        for (u32 i = 0; i < s_up; i++) trial[i] = up[i];
+        for (u32 i = s_down; i < l_down; i++) trial[s_up + i - s_down] = down[i];
+        KalmanResult r;
+        ex_fit(trial, n, hx, hy, hp, T, r);
+        const u32 good = ex_good(r, n, min_hits, max_chi2_ndf) ? 1u : 0u;
+        const float c_other = __shfl_xor_sync(two, r.chi2, 1);
+        const u32 good_other = __shfl_xor_sync(two, good, 1);
+        if (half) continue;
         const float before = chi2[a] + chi2[b];
-        if (!(ex_good(r1, n1, min_hits, max_chi2_ndf) && before - r1.chi2 > EX_MIN_GAIN)) continue;
-        for (u32 i = 0; i < sb; i++) trial[i] = tbl[i];
-        for (u32 i = sa; i < la; i++) trial[sb + i - sa] = ta[i];
-        KalmanResult r2;
-        ex_fit(trial, n2, hx, hy, hp, T, r2);
-        if (!ex_good(r2, n2, min_hits, max_chi2_ndf)) continue;
-        const float gain = before - (float)((double)r1.chi2 + (double)r2.chi2);
+        if (!(good && before - r.chi2 > EX_MIN_GAIN)) continue;
+        if (!good_other) continue;
+        const float gain = before - (float)((double)r.chi2 + (double)c_other);
         if (!(gain > EX_MIN_GAIN)) continue;
         const u32 at = atomicAdd(&st[EX_N_GAINS], 1u);
         // Best gain first (f32::total_cmp's order, reversed), then the pair.
