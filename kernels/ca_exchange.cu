@@ -21,8 +21,8 @@
 //    plane downstream of it); the tracks in a pair whose candidates' chi-square is not
 //    known fitted (after the tracks changed in the round before, whose |q/p| set the
 //    pairs' windows);
-// 3. every pair's exchange tested by the kinks around its junction and fitted, the
-//    second new track only where the first passes and leaves room for the gain; the
+// 3. every pair's exchange tested by the kinks around its junction and its two new
+//    tracks fitted at once by two lanes, the gain kept under Exchange::run's tests; the
 //    gains sorted by (gain descending, pair, boundary) and taken in that order by one
 //    thread, each track once per round; the exchanges applied to the working lists;
 // 4. after the last round, the exchanged tracks fitted with the tracks' fit (the
