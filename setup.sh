@@ -2,7 +2,8 @@
 # One-command set-up for trigd on a Debian/Ubuntu machine with a Rust toolchain:
 #   ./setup.sh            build trigd and install what the tests need (Prometheus, NATS;
 #                         pylsl, whose wheel bundles liblsl, for EEG over Lab Streaming Layer;
-#                         NumPy for the independent tracking simulation)
+#                         NumPy for the independent tracking simulation; NVRTC, where
+#                         there is no CUDA toolkit, to compile the GPU kernels in the tests)
 #   ./setup.sh --python   also the Python packages that regenerate fixtures and run the
 #                         MNE-Python / SciPy comparisons (fixtures/requirements.txt)
 # It is idempotent: run it again after pulling.
@@ -80,6 +81,34 @@ if ! "$PYTHON" -c 'import numpy' >/dev/null 2>&1; then
   echo "setup: installing NumPy $NUMPY_VERSION for the independent tracking simulation"
   "$PYTHON" -m pip install -q "numpy==$NUMPY_VERSION" 2>/dev/null \
     || "$PYTHON" -m pip install -q --break-system-packages "numpy==$NUMPY_VERSION"
+fi
+
+# tests/kernels_compile.rs compiles every GPU kernel with NVRTC, which needs no GPU. Where
+# the dynamic linker knows no libnvrtc (a machine without the CUDA toolkit), the NVRTC
+# wheel of the CUDA release trigd is built against is installed and its directory given
+# to the linker. A machine with a toolkit keeps its own.
+NVRTC_VERSION="13.0.88"
+if ! /sbin/ldconfig -p | grep -q 'libnvrtc\.so'; then
+  echo "setup: installing NVRTC $NVRTC_VERSION (Python wheel nvidia-cuda-nvrtc) for the kernels' compile test"
+  "$PYTHON" -m pip install -q "nvidia-cuda-nvrtc==$NVRTC_VERSION" 2>/dev/null \
+    || "$PYTHON" -m pip install -q --break-system-packages "nvidia-cuda-nvrtc==$NVRTC_VERSION"
+  NVRTC_LIB="$("$PYTHON" - <<'PY'
+import glob, os, sys
+roots = [p for p in sys.path if os.path.isdir(os.path.join(p, "nvidia"))]
+libs = [l for r in roots for l in glob.glob(os.path.join(r, "nvidia", "*", "lib", "libnvrtc.so.13"))]
+print(os.path.dirname(sorted(libs)[-1]) if libs else "")
+PY
+)"
+  if [ -z "$NVRTC_LIB" ]; then
+    echo "setup: the NVRTC wheel installed no libnvrtc.so" >&2
+    exit 1
+  fi
+  echo "$NVRTC_LIB" | need_root tee /etc/ld.so.conf.d/trigd-nvrtc.conf >/dev/null
+  need_root /sbin/ldconfig
+  /sbin/ldconfig -p | grep -q 'libnvrtc\.so' || {
+    echo "setup: libnvrtc in $NVRTC_LIB is not known to the dynamic linker after ldconfig" >&2
+    exit 1
+  }
 fi
 
 if [ "${1:-}" = "--python" ]; then

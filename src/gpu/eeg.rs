@@ -42,6 +42,12 @@ use super::{driver, GpuDevice, GpuError};
 use crate::eeg::kernel::InverseKernel;
 
 const KERNEL_SOURCE: &str = include_str!("../../kernels/eeg.cu");
+
+/// The module the engine compiles: its name, source and NVRTC options (none beyond the
+/// architecture's).
+pub fn module_source() -> (&'static str, String, &'static [&'static str]) {
+    ("eeg.cu", KERNEL_SOURCE.to_string(), &[])
+}
 /// Sources per block of `eeg_source_power` (SOURCE_TILE in kernels/eeg.cu).
 const SOURCE_TILE: usize = 256;
 /// Threads per block of `eeg_frame_stats` (STATS_THREADS in kernels/eeg.cu).
@@ -405,7 +411,8 @@ impl GpuEegEngine {
             )));
         }
 
-        let module = load_module(&ctx, "eeg.cu", KERNEL_SOURCE, &device.arch(), &config.cache)?;
+        let (name, source, _) = module_source();
+        let module = load_module(&ctx, name, &source, &device.arch(), &config.cache)?;
         let source_power_fn = module.function("eeg_source_power")?;
         let frame_stats_fn = module.function("eeg_frame_stats")?;
         let fused_fn = module.function("eeg_fused_tf32x3")?;

@@ -223,6 +223,40 @@ const LIBRARIES: [(&str, &str); 3] = [
     ),
 ];
 
+/// A module of kernels as an engine compiles it ([`nvrtc::compile_for_arch`] checks it
+/// without a GPU).
+pub struct KernelModule {
+    /// The name NVRTC gives the source (its errors' file name).
+    pub name: &'static str,
+    pub source: String,
+    /// NVRTC options beyond the architecture and the language standard.
+    pub options: &'static [&'static str],
+    /// The engine's file, whose `function("...")` calls name the kernels it looks up.
+    pub engine: &'static str,
+}
+
+/// Every module the engines compile: EEG, the track finder, the Kalman fit alone and the
+/// clone step.
+pub fn kernel_modules() -> Vec<KernelModule> {
+    let of = |(name, source, options): (&'static str, String, &'static [&'static str]), engine| {
+        KernelModule {
+            name,
+            source,
+            options,
+            engine,
+        }
+    };
+    vec![
+        of(eeg::module_source(), "src/gpu/eeg.rs"),
+        of(tracking_ca::module_source(), "src/gpu/tracking_ca.rs"),
+        of(tracking_fit::module_source(), "src/gpu/tracking_fit.rs"),
+        of(
+            tracking_clones::module_source(),
+            "src/gpu/tracking_clones.rs",
+        ),
+    ]
+}
+
 /// Checks that the driver, NVRTC and cuBLAS libraries load; the first missing one is the error.
 pub fn check_libraries() -> Result<(), GpuError> {
     // SAFETY: these only try to dlopen the libraries; no CUDA call is made.

@@ -302,6 +302,46 @@ fn profiling_options() -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The NVRTC options of a module for `arch`: the architecture and the language standard,
+/// the module's own (`extra_options`), then any from `TRIGD_KERNEL_OPTIONS`.
+fn options_for(arch: &str, extra_options: &[&str]) -> Vec<String> {
+    let mut options = vec![
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_string(),
+    ];
+    options.extend(extra_options.iter().map(|o| o.to_string()));
+    // Further options for profiling builds, such as `--generate-line-info` (source lines
+    // for a profiler's per-line counters) or `-DCA_PHASE_CLOCKS` (the candidate step's
+    // time per phase, printed by the kernel); part of the cache key as the others.
+    options.extend(profiling_options());
+    options
+}
+
+/// Compiles a module to device code for `arch` (`sm_XX`) with the options the engines load
+/// it with ([`load_module_with_options`]), without a GPU or its driver: only NVRTC is
+/// needed. Returns the cubin (an ELF image whose symbols name the module's kernels).
+pub fn compile_for_arch(
+    name: &str,
+    source: &str,
+    arch: &str,
+    extra_options: &[&str],
+) -> Result<Vec<u8>, GpuError> {
+    // SAFETY: this only tries to dlopen the library; no NVRTC call is made.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(GpuError::MissingLibrary {
+            library: "the NVRTC library libnvrtc.so",
+            hint: "install the CUDA toolkit or add its lib64 to LD_LIBRARY_PATH",
+        });
+    }
+    match compile(name, source, &options_for(arch, extra_options), true)? {
+        KernelImage::Cubin(bytes) => Ok(bytes),
+        KernelImage::Ptx(_) => Err(GpuError::Compile {
+            kernel: name.to_string(),
+            log: "NVRTC gave PTX where device code was asked for".into(),
+        }),
+    }
+}
+
 /// [`load_module`] with further NVRTC options after the architecture and language
 /// standard (such as `--fmad=false` for kernels that must round as the CPU does); they
 /// are part of the cache key.
@@ -315,15 +355,7 @@ pub fn load_module_with_options(
 ) -> Result<LoadedModule, GpuError> {
     let start = Instant::now();
     let version = nvrtc_version()?;
-    let mut options = vec![
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".to_string(),
-    ];
-    options.extend(extra_options.iter().map(|o| o.to_string()));
-    // Further options for profiling builds, such as `--generate-line-info` (source lines
-    // for a profiler's per-line counters) or `-DCA_PHASE_CLOCKS` (the candidate step's
-    // time per phase, printed by the kernel); part of the cache key as the others.
-    options.extend(profiling_options());
+    let options = options_for(arch, extra_options);
     let key = cache_key(source, &options, arch, version);
     if let Some(image) = cache.read(&key) {
         match load_image(ctx, &image) {

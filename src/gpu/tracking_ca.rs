@@ -154,6 +154,17 @@ const STEPS: [&str; 11] = [
 ];
 /// The windows and cuts must round as the CPU's: no fused multiply-adds.
 const KERNEL_OPTIONS: [&str; 1] = ["--fmad=false"];
+
+/// The module the engine compiles: its name, its source (the common header, then the
+/// steps) and its NVRTC options.
+pub fn module_source() -> (&'static str, String, &'static [&'static str]) {
+    let mut source = String::from(COMMON);
+    for s in STEPS {
+        source.push('\n');
+        source.push_str(s);
+    }
+    ("tracking_ca.cu", source, &KERNEL_OPTIONS)
+}
 /// Threads per block (CA_THREADS in ca_common.cuh).
 const THREADS: u32 = 256;
 /// Threads of the per-event scan's blocks (SCAN_THREADS in ca_common.cuh).
@@ -1724,19 +1735,8 @@ impl GpuCaEngine {
                 free as f64 / (1u64 << 30) as f64
             )));
         }
-        let mut source = String::from(COMMON);
-        for s in STEPS {
-            source.push('\n');
-            source.push_str(s);
-        }
-        let module = load_module_with_options(
-            &ctx,
-            "tracking_ca.cu",
-            &source,
-            &device.arch(),
-            &KERNEL_OPTIONS,
-            cache,
-        )?;
+        let (name, source, options) = module_source();
+        let module = load_module_with_options(&ctx, name, &source, &device.arch(), options, cache)?;
         let k = Kernels {
             event_scan: module.function("ca_event_scan")?,
             event_budget: module.function("ca_event_budget")?,

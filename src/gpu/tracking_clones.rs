@@ -55,6 +55,13 @@ const KERNEL_SOURCE: &str = include_str!("../../kernels/ca_clones.cu");
 /// No contraction of products and sums into fused multiply-adds, which the CPU does not
 /// make either: the comparisons decide on the same numbers.
 const KERNEL_OPTIONS: [&str; 1] = ["--fmad=false"];
+
+/// The module the engine compiles: its name, source (the field map's header, then the
+/// step) and NVRTC options.
+pub fn module_source() -> (&'static str, String, &'static [&'static str]) {
+    let source = format!("{FIELD_MAP_HEADER}\n{KERNEL_SOURCE}");
+    ("ca_clones.cu", source, &KERNEL_OPTIONS)
+}
 /// Threads per block of the kernels (four warps).
 const BLOCK_THREADS: u32 = 128;
 const WARP: usize = 32;
@@ -515,15 +522,9 @@ impl GpuCloneEngine {
                 free as f64 / (1u64 << 30) as f64
             )));
         }
-        let source = format!("{FIELD_MAP_HEADER}\n{KERNEL_SOURCE}");
-        let module = load_module_with_options(
-            &ctx,
-            "ca_clones.cu",
-            &source,
-            &device.arch(),
-            &KERNEL_OPTIONS,
-            &config.cache,
-        )?;
+        let (name, source, options) = module_source();
+        let module =
+            load_module_with_options(&ctx, name, &source, &device.arch(), options, &config.cache)?;
         let masks_fn = module.function("ca_clone_masks")?;
         let refs_fn = module.function("ca_clone_refs")?;
         let clones_fn = module.function("ca_clones")?;

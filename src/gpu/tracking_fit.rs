@@ -35,6 +35,11 @@ const KERNEL_SOURCE: &str = include_str!("../../kernels/kalman_fit.cu");
 /// NVRTC options of the fit: no contraction of products and sums into fused
 /// multiply-adds, which the CPU fitter does not make either.
 const KERNEL_OPTIONS: [&str; 1] = ["--fmad=false"];
+
+/// The module the engine compiles: its name, source and NVRTC options.
+pub fn module_source() -> (&'static str, String, &'static [&'static str]) {
+    ("kalman_fit.cu", KERNEL_SOURCE.to_string(), &KERNEL_OPTIONS)
+}
 /// Threads per block of `kalman_fit`.
 const BLOCK_THREADS: u32 = 128;
 /// Candidates are laid out in rows of a multiple of this (a warp's coalesced line).
@@ -503,14 +508,9 @@ impl GpuFitEngine {
                 free as f64 / (1u64 << 30) as f64
             )));
         }
-        let module = load_module_with_options(
-            &ctx,
-            "kalman_fit.cu",
-            KERNEL_SOURCE,
-            &device.arch(),
-            &KERNEL_OPTIONS,
-            &config.cache,
-        )?;
+        let (name, source, options) = module_source();
+        let module =
+            load_module_with_options(&ctx, name, &source, &device.arch(), options, &config.cache)?;
         let fit_fn = module.function("kalman_fit")?;
         let stream = driver("cuStreamCreate", ctx.new_stream())?;
         let engine = Self {
