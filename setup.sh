@@ -86,9 +86,10 @@ fi
 # tests/kernels_compile.rs compiles every GPU kernel with NVRTC, which needs no GPU. Where
 # the dynamic linker knows no libnvrtc (a machine without the CUDA toolkit), the NVRTC
 # wheel of the CUDA release trigd is built against is installed and its directory given
-# to the linker. A machine with a toolkit keeps its own.
+# to the linker. A machine with a toolkit keeps its own. (grep reads ldconfig's whole list:
+# under pipefail, grep -q leaving early could fail the pipe.)
 NVRTC_VERSION="13.0.88"
-if ! /sbin/ldconfig -p | grep -q 'libnvrtc\.so'; then
+if ! /sbin/ldconfig -p | grep 'libnvrtc\.so' >/dev/null; then
   echo "setup: installing NVRTC $NVRTC_VERSION (Python wheel nvidia-cuda-nvrtc) for the kernels' compile test"
   "$PYTHON" -m pip install -q "nvidia-cuda-nvrtc==$NVRTC_VERSION" 2>/dev/null \
     || "$PYTHON" -m pip install -q --break-system-packages "nvidia-cuda-nvrtc==$NVRTC_VERSION"
@@ -105,7 +106,7 @@ PY
   fi
   echo "$NVRTC_LIB" | need_root tee /etc/ld.so.conf.d/trigd-nvrtc.conf >/dev/null
   need_root /sbin/ldconfig
-  /sbin/ldconfig -p | grep -q 'libnvrtc\.so' || {
+  /sbin/ldconfig -p | grep 'libnvrtc\.so' >/dev/null || {
     echo "setup: libnvrtc in $NVRTC_LIB is not known to the dynamic linker after ldconfig" >&2
     exit 1
   }
