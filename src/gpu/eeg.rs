@@ -48,6 +48,7 @@ const KERNEL_SOURCE: &str = include_str!("../../kernels/eeg.cu");
 pub fn module_source() -> (&'static str, String, &'static [&'static str]) {
     ("eeg.cu", KERNEL_SOURCE.to_string(), &[])
 }
+
 /// Sources per block of `eeg_source_power` (SOURCE_TILE in kernels/eeg.cu).
 const SOURCE_TILE: usize = 256;
 /// Threads per block of `eeg_frame_stats` (STATS_THREADS in kernels/eeg.cu).

@@ -165,6 +165,7 @@ pub fn module_source() -> (&'static str, String, &'static [&'static str]) {
     }
     ("tracking_ca.cu", source, &KERNEL_OPTIONS)
 }
+
 /// Threads per block (CA_THREADS in ca_common.cuh).
 const THREADS: u32 = 256;
 /// Threads of the per-event scan's blocks (SCAN_THREADS in ca_common.cuh).

@@ -62,6 +62,7 @@ pub fn module_source() -> (&'static str, String, &'static [&'static str]) {
     let source = format!("{FIELD_MAP_HEADER}\n{KERNEL_SOURCE}");
     ("ca_clones.cu", source, &KERNEL_OPTIONS)
 }
+
 /// Threads per block of the kernels (four warps).
 const BLOCK_THREADS: u32 = 128;
 const WARP: usize = 32;

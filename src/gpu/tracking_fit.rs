@@ -40,6 +40,7 @@ const KERNEL_OPTIONS: [&str; 1] = ["--fmad=false"];
 pub fn module_source() -> (&'static str, String, &'static [&'static str]) {
     ("kalman_fit.cu", KERNEL_SOURCE.to_string(), &KERNEL_OPTIONS)
 }
+
 /// Threads per block of `kalman_fit`.
 const BLOCK_THREADS: u32 = 128;
 /// Candidates are laid out in rows of a multiple of this (a warp's coalesced line).
