@@ -36,17 +36,21 @@ use cudarc::driver::{
     result as drv, sys as drv_sys, CudaContext, CudaEvent, CudaFunction, CudaStream,
 };
 
-use super::nvrtc::{load_module, KernelCache, LoadedModule};
+use super::nvrtc::{load_module_with_options, KernelCache, LoadedModule};
 use super::runtime::{copy_to_device, copy_to_host, Blas, DeviceBuffer, Graph, PinnedBuffer};
-use super::{driver, GpuDevice, GpuError};
+use super::{driver, GpuDevice, GpuError, KernelModule};
 use crate::eeg::kernel::InverseKernel;
 
 const KERNEL_SOURCE: &str = include_str!("../../kernels/eeg.cu");
 
-/// The module the engine compiles: its name, source and NVRTC options (none beyond the
-/// architecture's).
-pub fn module_source() -> (&'static str, String, &'static [&'static str]) {
-    ("eeg.cu", KERNEL_SOURCE.to_string(), &[])
+/// The module the engine compiles (no NVRTC options beyond the architecture's).
+pub fn kernel_module() -> KernelModule {
+    KernelModule {
+        name: "eeg.cu",
+        source: KERNEL_SOURCE.to_string(),
+        options: &[],
+        engine: file!(),
+    }
 }
 
 /// Sources per block of `eeg_source_power` (SOURCE_TILE in kernels/eeg.cu).
@@ -412,8 +416,15 @@ impl GpuEegEngine {
             )));
         }
 
-        let (name, source, _) = module_source();
-        let module = load_module(&ctx, name, &source, &device.arch(), &config.cache)?;
+        let m = kernel_module();
+        let module = load_module_with_options(
+            &ctx,
+            m.name,
+            &m.source,
+            &device.arch(),
+            m.options,
+            &config.cache,
+        )?;
         let source_power_fn = module.function("eeg_source_power")?;
         let frame_stats_fn = module.function("eeg_frame_stats")?;
         let fused_fn = module.function("eeg_fused_tf32x3")?;

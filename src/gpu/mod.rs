@@ -231,29 +231,19 @@ pub struct KernelModule {
     pub source: String,
     /// NVRTC options beyond the architecture and the language standard.
     pub options: &'static [&'static str],
-    /// The engine's file, whose `function("...")` calls name the kernels it looks up.
+    /// The engine's file (`file!()`), whose `function("...")` calls name the kernels it
+    /// looks up.
     pub engine: &'static str,
 }
 
 /// Every module the engines compile: EEG, the track finder, the Kalman fit alone and the
 /// clone step.
 pub fn kernel_modules() -> Vec<KernelModule> {
-    let of = |(name, source, options): (&'static str, String, &'static [&'static str]), engine| {
-        KernelModule {
-            name,
-            source,
-            options,
-            engine,
-        }
-    };
     vec![
-        of(eeg::module_source(), "src/gpu/eeg.rs"),
-        of(tracking_ca::module_source(), "src/gpu/tracking_ca.rs"),
-        of(tracking_fit::module_source(), "src/gpu/tracking_fit.rs"),
-        of(
-            tracking_clones::module_source(),
-            "src/gpu/tracking_clones.rs",
-        ),
+        eeg::kernel_module(),
+        tracking_ca::kernel_module(),
+        tracking_fit::kernel_module(),
+        tracking_clones::kernel_module(),
     ]
 }
 

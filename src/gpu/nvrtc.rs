@@ -282,19 +282,6 @@ fn load_image(ctx: &Arc<CudaContext>, image: &KernelImage) -> Result<Arc<CudaMod
     driver("cuModuleLoadData", ctx.load_module(ptx))
 }
 
-/// Loads `source` for the device of `ctx` (`arch` such as `sm_90`): from the cache if a
-/// sound entry exists and loads, otherwise compiled (CUBIN for `arch`, or PTX for the
-/// matching `compute_XX` if NVRTC rejects the architecture) and written to the cache.
-pub fn load_module(
-    ctx: &Arc<CudaContext>,
-    name: &str,
-    source: &str,
-    arch: &str,
-    cache: &KernelCache,
-) -> Result<LoadedModule, GpuError> {
-    load_module_with_options(ctx, name, source, arch, &[], cache)
-}
-
 /// NVRTC options from `TRIGD_KERNEL_OPTIONS` (separated by white space), for profiling.
 fn profiling_options() -> Vec<String> {
     std::env::var("TRIGD_KERNEL_OPTIONS")
@@ -328,10 +315,8 @@ pub fn compile_for_arch(
 ) -> Result<Vec<u8>, GpuError> {
     // SAFETY: this only tries to dlopen the library; no NVRTC call is made.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(GpuError::MissingLibrary {
-            library: "the NVRTC library libnvrtc.so",
-            hint: "install the CUDA toolkit or add its lib64 to LD_LIBRARY_PATH",
-        });
+        let (library, hint) = super::LIBRARIES[1];
+        return Err(GpuError::MissingLibrary { library, hint });
     }
     match compile(name, source, &options_for(arch, extra_options), true)? {
         KernelImage::Cubin(bytes) => Ok(bytes),
@@ -342,9 +327,11 @@ pub fn compile_for_arch(
     }
 }
 
-/// [`load_module`] with further NVRTC options after the architecture and language
-/// standard (such as `--fmad=false` for kernels that must round as the CPU does); they
-/// are part of the cache key.
+/// Loads `source` for the device of `ctx` (`arch` such as `sm_90`): from the cache if a
+/// sound entry exists and loads, otherwise compiled (CUBIN for `arch`, or PTX for the
+/// matching `compute_XX` if NVRTC rejects the architecture) and written to the cache.
+/// `extra_options` follow the architecture and language standard (such as `--fmad=false`
+/// for kernels that must round as the CPU does); they are part of the cache key.
 pub fn load_module_with_options(
     ctx: &Arc<CudaContext>,
     name: &str,

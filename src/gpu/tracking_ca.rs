@@ -121,7 +121,7 @@ use super::nvrtc::{load_module_with_options, KernelCache, LoadedModule};
 use super::runtime::{copy_to_device, copy_to_host, DeviceBuffer, PinnedBuffer};
 use super::tracking_clones::{BatchShape as CloneShape, DeviceCloneBatch, GpuCloneEngine};
 use super::tracking_fit::FitTables;
-use super::{driver, GpuDevice, GpuError};
+use super::{driver, GpuDevice, GpuError, KernelModule};
 use crate::frame::HitRecord;
 use crate::tracking::ca::bending::NODES;
 use crate::tracking::ca::cuts::{FinderConfig, Limits, MomentumCut};
@@ -155,15 +155,19 @@ const STEPS: [&str; 11] = [
 /// The windows and cuts must round as the CPU's: no fused multiply-adds.
 const KERNEL_OPTIONS: [&str; 1] = ["--fmad=false"];
 
-/// The module the engine compiles: its name, its source (the common header, then the
-/// steps) and its NVRTC options.
-pub fn module_source() -> (&'static str, String, &'static [&'static str]) {
+/// The module the engine compiles: the common header, then the steps.
+pub fn kernel_module() -> KernelModule {
     let mut source = String::from(COMMON);
     for s in STEPS {
         source.push('\n');
         source.push_str(s);
     }
-    ("tracking_ca.cu", source, &KERNEL_OPTIONS)
+    KernelModule {
+        name: "tracking_ca.cu",
+        source,
+        options: &KERNEL_OPTIONS,
+        engine: file!(),
+    }
 }
 
 /// Threads per block (CA_THREADS in ca_common.cuh).
@@ -1736,8 +1740,9 @@ impl GpuCaEngine {
                 free as f64 / (1u64 << 30) as f64
             )));
         }
-        let (name, source, options) = module_source();
-        let module = load_module_with_options(&ctx, name, &source, &device.arch(), options, cache)?;
+        let m = kernel_module();
+        let module =
+            load_module_with_options(&ctx, m.name, &m.source, &device.arch(), m.options, cache)?;
         let k = Kernels {
             event_scan: module.function("ca_event_scan")?,
             event_budget: module.function("ca_event_budget")?,

@@ -42,7 +42,7 @@ use cudarc::driver::{result as drv, CudaContext, CudaFunction, CudaStream};
 
 use super::nvrtc::{load_module_with_options, KernelCache, LoadedModule};
 use super::runtime::{copy_to_device, copy_to_host, DeviceBuffer, PinnedBuffer};
-use super::{driver, GpuDevice, GpuError};
+use super::{driver, GpuDevice, GpuError, KernelModule};
 use crate::tracking::ca::clones::CloneCuts;
 use crate::tracking::ca::cuts::FinderConfig;
 use crate::tracking::ca::FinderGeometry;
@@ -56,11 +56,14 @@ const KERNEL_SOURCE: &str = include_str!("../../kernels/ca_clones.cu");
 /// make either: the comparisons decide on the same numbers.
 const KERNEL_OPTIONS: [&str; 1] = ["--fmad=false"];
 
-/// The module the engine compiles: its name, source (the field map's header, then the
-/// step) and NVRTC options.
-pub fn module_source() -> (&'static str, String, &'static [&'static str]) {
-    let source = format!("{FIELD_MAP_HEADER}\n{KERNEL_SOURCE}");
-    ("ca_clones.cu", source, &KERNEL_OPTIONS)
+/// The module the engine compiles: the field map's header, then the step.
+pub fn kernel_module() -> KernelModule {
+    KernelModule {
+        name: "ca_clones.cu",
+        source: format!("{FIELD_MAP_HEADER}\n{KERNEL_SOURCE}"),
+        options: &KERNEL_OPTIONS,
+        engine: file!(),
+    }
 }
 
 /// Threads per block of the kernels (four warps).
@@ -523,9 +526,15 @@ impl GpuCloneEngine {
                 free as f64 / (1u64 << 30) as f64
             )));
         }
-        let (name, source, options) = module_source();
-        let module =
-            load_module_with_options(&ctx, name, &source, &device.arch(), options, &config.cache)?;
+        let m = kernel_module();
+        let module = load_module_with_options(
+            &ctx,
+            m.name,
+            &m.source,
+            &device.arch(),
+            m.options,
+            &config.cache,
+        )?;
         let masks_fn = module.function("ca_clone_masks")?;
         let refs_fn = module.function("ca_clone_refs")?;
         let clones_fn = module.function("ca_clones")?;

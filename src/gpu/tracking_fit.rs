@@ -27,7 +27,7 @@ use cudarc::driver::{result as drv, CudaContext, CudaFunction, CudaStream};
 
 use super::nvrtc::{load_module_with_options, KernelCache, LoadedModule};
 use super::runtime::{copy_to_device, copy_to_host, DeviceBuffer, PinnedBuffer};
-use super::{driver, GpuDevice, GpuError};
+use super::{driver, GpuDevice, GpuError, KernelModule};
 use crate::tracking::geometry::Field;
 use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter, SCATTER_GRID, SCATTER_P_MAX_GEV};
 
@@ -36,9 +36,14 @@ const KERNEL_SOURCE: &str = include_str!("../../kernels/kalman_fit.cu");
 /// multiply-adds, which the CPU fitter does not make either.
 const KERNEL_OPTIONS: [&str; 1] = ["--fmad=false"];
 
-/// The module the engine compiles: its name, source and NVRTC options.
-pub fn module_source() -> (&'static str, String, &'static [&'static str]) {
-    ("kalman_fit.cu", KERNEL_SOURCE.to_string(), &KERNEL_OPTIONS)
+/// The module the engine compiles.
+pub fn kernel_module() -> KernelModule {
+    KernelModule {
+        name: "kalman_fit.cu",
+        source: KERNEL_SOURCE.to_string(),
+        options: &KERNEL_OPTIONS,
+        engine: file!(),
+    }
 }
 
 /// Threads per block of `kalman_fit`.
@@ -509,9 +514,15 @@ impl GpuFitEngine {
                 free as f64 / (1u64 << 30) as f64
             )));
         }
-        let (name, source, options) = module_source();
-        let module =
-            load_module_with_options(&ctx, name, &source, &device.arch(), options, &config.cache)?;
+        let m = kernel_module();
+        let module = load_module_with_options(
+            &ctx,
+            m.name,
+            &m.source,
+            &device.arch(),
+            m.options,
+            &config.cache,
+        )?;
         let fit_fn = module.function("kalman_fit")?;
         let stream = driver("cuStreamCreate", ctx.new_stream())?;
         let engine = Self {
