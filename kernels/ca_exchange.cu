@@ -3,11 +3,12 @@
 // hits are chosen again (ca_first_hits.cu) and before the tracks go to the host. The same
 // steps as Exchange::run, in the same arithmetic, as a sequence of kernels over the
 // batch's events (the host launches each round's until no event made an exchange in the
-// round before; an event whose exchanges are done leaves each at once): ca_exchange_begin (one block per event), then per round
-// ca_exchange_fit_changed (from the second), ca_exchange_pairs, ca_exchange_fit_needed
-// and ca_exchange_evaluate (several blocks per event: the searches and the fits of all the
-// events' tracks and pairs at once), ca_exchange_choose (one block per event), and
-// ca_exchange_end (one block per event):
+// round before; an event whose exchanges are done leaves each at once): ca_exchange_begin
+// (one block per event), then per round ca_exchange_fit_changed (from the second),
+// ca_exchange_pairs (the first; ca_exchange_pairs_changed in the later ones),
+// ca_exchange_fit_needed and ca_exchange_evaluate (several blocks per event: the searches
+// and the fits of all the events' tracks and pairs at once), ca_exchange_choose (one block
+// per event), and ca_exchange_end (one block per event):
 //
 // 1. the tracks kept: not clones and not below the minimum momentum (MomentumCut::keeps;
 //    a track below it is marked 2 in the clone marks, as ca_first_hits marks it); each
@@ -306,10 +307,65 @@ extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_fit_ch
     ex_fit_flagged(EX_ARGS, EX_CHANGED);
 }
 
+// Lanes that search one hit's window together in the rounds after the first (a power of
+// two, at most a warp). There few tracks changed, and the round waited on the longest
+// searches: in a dense core a cell's stretch of the window's width in x holds tens of
+// hits, which one thread read one after another. In the first round every track
+// changed and the device is full: one thread per hit, where the searches' repeated
+// steps in every lane cost more than they save.
+#ifndef EX_SEARCH_LANES
+#define EX_SEARCH_LANES 16
+#endif
+static_assert(EX_SEARCH_LANES >= 1 && EX_SEARCH_LANES <= 32 &&
+                  (EX_SEARCH_LANES & (EX_SEARCH_LANES - 1)) == 0 &&
+                  EX_WIDE_THREADS % EX_SEARCH_LANES == 0,
+              "a search's lanes are a power of two within one warp");
+
+// Probe `j` of a search of LANES lanes over [lo, lo + n): the range cut in LANES + 1 parts.
+template <u32 LANES>
+__device__ __forceinline__ u32 ex_probe(u32 lo, u32 n, u32 j) {
+    return lo + (u32)(((unsigned long long)(j + 1) * n) / (LANES + 1));
+}
+
+// The first of gx[lo..hi) (ascending) at or above x, found by the search's LANES lanes
+// together (`group` their lanes' mask, `sub` the lane's place in it): each step every
+// lane tests one probe, and the range shrinks to the part between the last probe below x
+// and the first one not. Every lane of the group gets the same answer. (One lane: a
+// binary search.)
+template <u32 LANES>
+__device__ __forceinline__ u32 ex_lower_bound(const float* gx, u32 lo, u32 hi, float x,
+                                              unsigned group, u32 sub) {
+    if constexpr (LANES == 1) {
+        (void)group;
+        (void)sub;
+        while (lo < hi) {
+            const u32 mid = (lo + hi) >> 1;
+            if (gx[mid] < x) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+    } else {
+        while (lo < hi) {
+            const u32 n = hi - lo;
+            const bool below = gx[ex_probe<LANES>(lo, n, sub)] < x;
+            // The probes below x are the group's first `c` (gx is sorted).
+            const u32 c = (u32)__popc(__ballot_sync(group, below) & group);
+            const u32 lo2 = c == 0 ? lo : ex_probe<LANES>(lo, n, c - 1) + 1;
+            hi = c == LANES ? hi : ex_probe<LANES>(lo, n, c);
+            lo = lo2;
+        }
+    }
+    return lo;
+}
+
 // The pairs: from each changed track's hits, the other kept tracks' hits within the
-// plane's window (its rows and x about the hit, then the window itself); the tracks of a
-// pair whose candidates' chi-square is not known flagged for their fit.
-extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_pairs(EX_PARAMS) {
+// plane's window (its rows and x about the hit, then the window itself), each hit's
+// search by LANES lanes together; the tracks of a pair whose candidates' chi-square is not
+// known flagged for their fit.
+template <u32 LANES>
+__device__ __forceinline__ void ex_pairs(EX_PARAMS) {
     const u32 e = blockIdx.y;
     EX_EVENT
     if (!st[EX_ACTIVE]) return;
@@ -317,43 +373,40 @@ extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_pairs(
     const u32* starts = bin_start + (size_t)e * (n_bins + 1);
     const float* gx = sx + hs;
     const u32* gin = sinput + hs;
-    // One thread per hit of a changed track.
-    for (u32 item = blockIdx.x * EX_WIDE_THREADS + threadIdx.x; item < nt * S;
-         item += gridDim.x * EX_WIDE_THREADS) {
+    const u32 lane = threadIdx.x & 31u, sub = lane & (LANES - 1u);
+    const unsigned group = LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1u) << (lane & ~(LANES - 1u));
+    // One group of lanes per hit of a changed track (every test before the scan of a
+    // cell is the same in the group's lanes).
+    const u32 searches = gridDim.x * (EX_WIDE_THREADS / LANES);
+    for (u32 item = (blockIdx.x * EX_WIDE_THREADS + threadIdx.x) / LANES; item < nt * S;
+         item += searches) {
         const u32 k = item / S, i = item - k * S;
         if (!(fl[k] & EX_CHANGED)) continue;
         const u32* la = L + (size_t)k * S;
         const u32 na = len[k];
         if (i >= na) continue;
-        {
-            const u32 h = la[i];
-            const u32 p = hp[h];
-            const float wp = xfp[4 * p + 3];
-            const float w = fmaxf(wp, 1e-3f);
-            const float x = hx[h], y = hy[h];
-            // The cells of the hit grid (ca_hit_sorting.cu: by plane, cell, then x) about
-            // the hit, and in each the hits about its x.
-            const float* gpl = plf + p * PLF;
-            const int* gpi = pli + p * PLI;
-            // (The window widened by more than the coordinates' rounding: the window's test
-            // itself follows.)
-            const float reach = w + 1e-3f;
-            const float x_lo = x - reach, x_hi = x + reach;
-            const u32 bx0 = bin_1d(gpl, gpi, 0, x_lo), bx1 = bin_1d(gpl, gpi, 0, x_hi);
-            const u32 by0 = bin_1d(gpl, gpi, 1, y - reach), by1 = bin_1d(gpl, gpi, 1, y + reach);
-            for (u32 by = by0; by <= by1; by++) {
-                for (u32 bx = bx0; bx <= bx1; bx++) {
-                    const u32 cell = (u32)gpi[2] + by * (u32)gpi[0] + bx;
-                    u32 lo = starts[cell], hi = starts[cell + 1];
-                    while (lo < hi) {
-                        const u32 mid = (lo + hi) >> 1;
-                        if (gx[mid] < x_lo) {
-                            lo = mid + 1;
-                        } else {
-                            hi = mid;
-                        }
-                    }
-                    for (u32 q = lo; q < starts[cell + 1] && gx[q] <= x_hi; q++) {
+        const u32 h = la[i];
+        const u32 p = hp[h];
+        const float wp = xfp[4 * p + 3];
+        const float w = fmaxf(wp, 1e-3f);
+        const float x = hx[h], y = hy[h];
+        // The cells of the hit grid (ca_hit_sorting.cu: by plane, cell, then x) about the
+        // hit, and in each the hits about its x.
+        const float* gpl = plf + p * PLF;
+        const int* gpi = pli + p * PLI;
+        // (The window widened by more than the coordinates' rounding: the window's test
+        // itself follows.)
+        const float reach = w + 1e-3f;
+        const float x_lo = x - reach, x_hi = x + reach;
+        const u32 bx0 = bin_1d(gpl, gpi, 0, x_lo), bx1 = bin_1d(gpl, gpi, 0, x_hi);
+        const u32 by0 = bin_1d(gpl, gpi, 1, y - reach), by1 = bin_1d(gpl, gpi, 1, y + reach);
+        for (u32 by = by0; by <= by1; by++) {
+            for (u32 bx = bx0; bx <= bx1; bx++) {
+                const u32 cell = (u32)gpi[2] + by * (u32)gpi[0] + bx;
+                const u32 end = starts[cell + 1];
+                const u32 from = ex_lower_bound<LANES>(gx, starts[cell], end, x_lo, group, sub);
+                // The cell's hits from x_lo to x_hi, a lane each in turn.
+                for (u32 q = from + sub; q < end && gx[q] <= x_hi; q += LANES) {
                     const u32 h2 = gin[q];
                     const u32 b = own[h2];
                     if (b == EX_NONE || b == k) continue;
@@ -390,7 +443,17 @@ extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_pairs(
             }
         }
     }
-    }
+}
+
+// The first round's pairs (every kept track changed): a thread per hit.
+extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_pairs(EX_PARAMS) {
+    ex_pairs<1>(EX_ARGS);
+}
+
+// A later round's pairs (the tracks changed in the round before): EX_SEARCH_LANES lanes
+// per hit.
+extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_pairs_changed(EX_PARAMS) {
+    ex_pairs<EX_SEARCH_LANES>(EX_ARGS);
 }
 
 // The tracks of the round's pairs whose candidates' chi-square is not known, fitted.
@@ -416,8 +479,7 @@ extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_evalua
     const u32 stride = gridDim.x * (EX_WIDE_THREADS / 2);
     // Both lanes of a pair take the same pairs, so they meet at each exchange of results.
     const u32 first = (blockIdx.x * EX_WIDE_THREADS + threadIdx.x) >> 1;
-    const u32 n_iter = first < n_pairs ? (n_pairs - first + stride - 1) / stride : 0u;
-    for (u32 it = 0, j = first; it < n_iter; it++, j += stride) {
+    for (u32 j = first; j < n_pairs; j += stride) {
         const u32 a = P[j] >> 19, b = (P[j] >> 6) & 0x1fffu, boundary = P[j] & 63u;
         const u32* ta = L + (size_t)a * S;
         const u32* tbl = L + (size_t)b * S;

@@ -912,6 +912,7 @@ struct Kernels {
     exchange_begin: CudaFunction,
     exchange_fit_changed: CudaFunction,
     exchange_pairs: CudaFunction,
+    exchange_pairs_changed: CudaFunction,
     exchange_fit_needed: CudaFunction,
     exchange_evaluate: CudaFunction,
     exchange_choose: CudaFunction,
@@ -1772,6 +1773,7 @@ impl GpuCaEngine {
             exchange_begin: module.function("ca_exchange_begin")?,
             exchange_fit_changed: module.function("ca_exchange_fit_changed")?,
             exchange_pairs: module.function("ca_exchange_pairs")?,
+            exchange_pairs_changed: module.function("ca_exchange_pairs_changed")?,
             exchange_fit_needed: module.function("ca_exchange_fit_needed")?,
             exchange_evaluate: module.function("ca_exchange_evaluate")?,
             exchange_choose: module.function("ca_exchange_choose")?,
@@ -2011,6 +2013,7 @@ impl GpuCaEngine {
             "ca_exchange_begin" => &self.k.exchange_begin,
             "ca_exchange_fit_changed" => &self.k.exchange_fit_changed,
             "ca_exchange_pairs" => &self.k.exchange_pairs,
+            "ca_exchange_pairs_changed" => &self.k.exchange_pairs_changed,
             "ca_exchange_fit_needed" => &self.k.exchange_fit_needed,
             "ca_exchange_evaluate" => &self.k.exchange_evaluate,
             "ca_exchange_choose" => &self.k.exchange_choose,
@@ -2877,7 +2880,8 @@ impl GpuCaEngine {
         let wide = (EXCHANGE_BLOCKS_PER_SM * sms)
             .div_ceil(e.max(1) as u32)
             .clamp(1, EXCHANGE_MAX_BLOCKS);
-        // The pairs' search takes a thread per hit of a changed track: more blocks.
+        // The pairs' search takes a thread per hit of a changed track in the first round,
+        // a group of lanes per hit in the later ones (`EX_SEARCH_LANES`): more blocks.
         let search = (4 * wide).min(4 * EXCHANGE_MAX_BLOCKS);
         let ev = e as u32;
         self.launch("ca_exchange_begin", (1, ev), &args)?;
@@ -2885,7 +2889,12 @@ impl GpuCaEngine {
             if round > 0 {
                 self.launch("ca_exchange_fit_changed", (wide, ev), &args)?;
             }
-            self.launch("ca_exchange_pairs", (search, ev), &args)?;
+            let pairs = if round == 0 {
+                "ca_exchange_pairs"
+            } else {
+                "ca_exchange_pairs_changed"
+            };
+            self.launch(pairs, (search, ev), &args)?;
             self.launch("ca_exchange_fit_needed", (wide, ev), &args)?;
             self.launch("ca_exchange_evaluate", (wide, ev), &args)?;
             if let Some(x) = &self.exchange {
