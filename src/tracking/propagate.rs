@@ -478,15 +478,16 @@ mod avx {
             _mm256_storeu_si256(at.as_mut_ptr().cast(), idx);
             _mm256_storeu_ps(fxs.as_mut_ptr(), fx);
             _mm256_storeu_ps(fys.as_mut_ptr(), fy);
-            // Each lane's four nodes as two rows of the cell (along y: `iy`, `iy + 1`), a
-            // row at `ix` in the low half of a vector and the one at `ix + 1` in the high
-            // half: `lo` holds the nodes at `iy` (x, y, z, then one more), `hi` those at
-            // `iy + 1` (read from two floats on, so that no read passes the row's last
-            // node, and moved down by one). Along y, then along x, as the gathers of
-            // four nodes and the lane-by-lane form do: the same operations, the same values.
+            // Each lane's four nodes: the low half of `lo` holds node `(ix, iy)` (x, y, z
+            // and one float more), its high half node `(ix + 1, iy)`; `hi` likewise nodes
+            // `(ix, iy + 1)` and `(ix + 1, iy + 1)`, read from two floats on (so that no
+            // read passes the last node's z) and moved down by one. Both halves are
+            // interpolated along y at once, then the two results along x: the operations
+            // of the lane-by-lane form, in its order, so the same values.
             // SAFETY: `ix <= nx - 2`, `iy <= ny - 2` and `k < len`: every read, from node
             // `(ix, iy)` to the z component of node `(ix + 1, iy + 1)` of slice `k`, is
-            // inside `nodes32`.
+            // inside `nodes32` (whose length the indices, small tables, keep far below
+            // `i32::MAX`, so that they are not negative).
             let p00 = s.nodes32.as_ptr().cast::<f32>();
             let row = 3 * ny as usize;
             let mut r = [_mm_setzero_ps(); 8];
