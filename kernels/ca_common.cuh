@@ -109,6 +109,20 @@ typedef unsigned int u32;
 #define FAIL_NEIGHBOURS 4u
 #define FAIL_CANDIDATES 5u
 
+// The first of v[lo..hi) (ascending) at or above x: a binary search.
+template <typename T>
+__device__ __forceinline__ u32 lower_bound_of(const T* __restrict__ v, u32 lo, u32 hi, T x) {
+    while (lo < hi) {
+        const u32 mid = (lo + hi) >> 1;
+        if (v[mid] < x) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
 // Bin column or row of v (PlaneGeometry::bin_1d): clamped, then truncated.
 __device__ __forceinline__ u32 bin_1d(const float* pl, const int* pi, int axis, float v) {
     int n = axis == 0 ? pi[0] : pi[1];

@@ -330,22 +330,15 @@ __device__ __forceinline__ u32 ex_probe(u32 lo, u32 n, u32 j) {
 // The first of gx[lo..hi) (ascending) at or above x, found by the search's LANES lanes
 // together (`group` their lanes' mask, `sub` the lane's place in it): each step every
 // lane tests one probe, and the range shrinks to the part between the last probe below x
-// and the first one not. Every lane of the group gets the same answer. (One lane: a
-// binary search.)
+// and the first one not. Every lane of the group gets the same answer. (One lane:
+// `lower_bound_of`.)
 template <u32 LANES>
 __device__ __forceinline__ u32 ex_lower_bound(const float* gx, u32 lo, u32 hi, float x,
                                               unsigned group, u32 sub) {
     if constexpr (LANES == 1) {
         (void)group;
         (void)sub;
-        while (lo < hi) {
-            const u32 mid = (lo + hi) >> 1;
-            if (gx[mid] < x) {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
+        return lower_bound_of(gx, lo, hi, x);
     } else {
         while (lo < hi) {
             const u32 n = hi - lo;

@@ -265,21 +265,6 @@ __device__ __forceinline__ void fh_fit(const u32* hits, uint2 tr, const float* h
     store_fit(res, out);
 }
 
-// The first of the n sorted keys at or above k.
-__device__ __forceinline__ u32 fh_lower_bound(const unsigned long long* __restrict__ key, u32 n,
-                                              unsigned long long k) {
-    u32 lo = 0, hi = n;
-    while (lo < hi) {
-        const u32 mid = (lo + hi) >> 1;
-        if (key[mid] < k) {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    return lo;
-}
-
 // The median of the first m keys of s (sorted, n a power of two >= m; the rest the
 // largest key), as a double.
 __device__ double fh_median(unsigned long long* s, u32 m, u32 n) {
@@ -538,8 +523,8 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
                     const unsigned long long base =
                         fh_pool_key(plane, row, 0.0f) & 0xffffffff00000000ull;
                     const unsigned long long lo_key = base | lo, hi_key = base | hi;
-                    for (u32 q = fh_lower_bound(pk, npool, lo_key); q < npool && pk[q] <= hi_key;
-                         q++) {
+                    for (u32 q = lower_bound_of(pk, 0u, npool, lo_key);
+                         q < npool && pk[q] <= hi_key; q++) {
                         const u32 h = ph[q];
                         const double dx = (double)hx[h] - px, dy = (double)hy[h] - py;
                         const double chi2 = dx * dx / vx + dy * dy / vy;

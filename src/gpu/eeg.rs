@@ -36,7 +36,7 @@ use cudarc::driver::{
     result as drv, sys as drv_sys, CudaContext, CudaEvent, CudaFunction, CudaStream,
 };
 
-use super::nvrtc::{load_module_with_options, KernelCache, LoadedModule};
+use super::nvrtc::{KernelCache, LoadedModule};
 use super::runtime::{copy_to_device, copy_to_host, Blas, DeviceBuffer, Graph, PinnedBuffer};
 use super::{driver, GpuDevice, GpuError, KernelModule};
 use crate::eeg::kernel::InverseKernel;
@@ -416,15 +416,7 @@ impl GpuEegEngine {
             )));
         }
 
-        let m = kernel_module();
-        let module = load_module_with_options(
-            &ctx,
-            m.name,
-            &m.source,
-            &device.arch(),
-            m.options,
-            &config.cache,
-        )?;
+        let module = kernel_module().load(&ctx, &device.arch(), &config.cache)?;
         let source_power_fn = module.function("eeg_source_power")?;
         let frame_stats_fn = module.function("eeg_frame_stats")?;
         let fused_fn = module.function("eeg_fused_tf32x3")?;

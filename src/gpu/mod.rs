@@ -236,6 +236,18 @@ pub struct KernelModule {
     pub engine: &'static str,
 }
 
+impl KernelModule {
+    /// Compiles the module for `arch` (or takes it from `cache`) and loads it into `ctx`.
+    pub fn load(
+        &self,
+        ctx: &Arc<CudaContext>,
+        arch: &str,
+        cache: &nvrtc::KernelCache,
+    ) -> Result<nvrtc::LoadedModule, GpuError> {
+        nvrtc::load_module_with_options(ctx, self.name, &self.source, arch, self.options, cache)
+    }
+}
+
 /// Every module the engines compile: EEG, the track finder, the Kalman fit alone and the
 /// clone step.
 pub fn kernel_modules() -> Vec<KernelModule> {

@@ -117,7 +117,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaStream};
 
-use super::nvrtc::{load_module_with_options, KernelCache, LoadedModule};
+use super::nvrtc::{KernelCache, LoadedModule};
 use super::runtime::{copy_to_device, copy_to_host, DeviceBuffer, PinnedBuffer};
 use super::tracking_clones::{BatchShape as CloneShape, DeviceCloneBatch, GpuCloneEngine};
 use super::tracking_fit::FitTables;
@@ -1741,9 +1741,7 @@ impl GpuCaEngine {
                 free as f64 / (1u64 << 30) as f64
             )));
         }
-        let m = kernel_module();
-        let module =
-            load_module_with_options(&ctx, m.name, &m.source, &device.arch(), m.options, cache)?;
+        let module = kernel_module().load(&ctx, &device.arch(), cache)?;
         let k = Kernels {
             event_scan: module.function("ca_event_scan")?,
             event_budget: module.function("ca_event_budget")?,

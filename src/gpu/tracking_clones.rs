@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{result as drv, CudaContext, CudaFunction, CudaStream};
 
-use super::nvrtc::{load_module_with_options, KernelCache, LoadedModule};
+use super::nvrtc::{KernelCache, LoadedModule};
 use super::runtime::{copy_to_device, copy_to_host, DeviceBuffer, PinnedBuffer};
 use super::{driver, GpuDevice, GpuError, KernelModule};
 use crate::tracking::ca::clones::CloneCuts;
@@ -526,15 +526,7 @@ impl GpuCloneEngine {
                 free as f64 / (1u64 << 30) as f64
             )));
         }
-        let m = kernel_module();
-        let module = load_module_with_options(
-            &ctx,
-            m.name,
-            &m.source,
-            &device.arch(),
-            m.options,
-            &config.cache,
-        )?;
+        let module = kernel_module().load(&ctx, &device.arch(), &config.cache)?;
         let masks_fn = module.function("ca_clone_masks")?;
         let refs_fn = module.function("ca_clone_refs")?;
         let clones_fn = module.function("ca_clones")?;

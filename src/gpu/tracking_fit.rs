@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::{result as drv, CudaContext, CudaFunction, CudaStream};
 
-use super::nvrtc::{load_module_with_options, KernelCache, LoadedModule};
+use super::nvrtc::{KernelCache, LoadedModule};
 use super::runtime::{copy_to_device, copy_to_host, DeviceBuffer, PinnedBuffer};
 use super::{driver, GpuDevice, GpuError, KernelModule};
 use crate::tracking::geometry::Field;
@@ -514,15 +514,7 @@ impl GpuFitEngine {
                 free as f64 / (1u64 << 30) as f64
             )));
         }
-        let m = kernel_module();
-        let module = load_module_with_options(
-            &ctx,
-            m.name,
-            &m.source,
-            &device.arch(),
-            m.options,
-            &config.cache,
-        )?;
+        let module = kernel_module().load(&ctx, &device.arch(), &config.cache)?;
         let fit_fn = module.function("kalman_fit")?;
         let stream = driver("cuStreamCreate", ctx.new_stream())?;
         let engine = Self {
