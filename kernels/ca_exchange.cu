@@ -46,17 +46,20 @@
 #define EX_MIN_GAIN 2.0f
 #define EX_MAX_ROUNDS 8
 #define EX_PRE_TEST 20.0
+// MIN_GAIN - FIRST_HIT_SLACK: the least predicted gain of a swap of first hits fitted.
+#define EX_FIRST_HIT_MIN (-5.0)
 // Parameters, floats (GpuExchange::new): the |q/p| the windows are for, then per plane
 // the resolution part of the windows, the scattering parts upstream and downstream, and
 // the window (the larger side's).
 #define EXF_QOP_REF 0
 #define EXF_PLANES 1
-// Parameters, doubles: the fit's cut, the momentum cut, then per plane z, the kink's
-// scattering variance and the hit's.
+// Parameters, doubles: the fit's cut, the momentum cut, then per plane (EXD_PER_PLANE)
+// z, the kink's scattering variance and the hit's, and the hit's variances in x and y.
 #define EXD_MAX_CHI2_NDF 0
 #define EXD_MC_MAX_QOP 1
 #define EXD_MC_N_SIGMA 2
 #define EXD_PLANES 3
+#define EXD_PER_PLANE 5
 // Parameters, ints.
 #define EXI_N_PLANES 0
 #define EXI_MIN_HITS 1
@@ -123,12 +126,13 @@ __device__ __forceinline__ double ex_kink(const double* __restrict__ xd, const f
     const double xm = (double)hx[m], ym = (double)hy[m];
     const double xr = (double)hx[r], yr = (double)hy[r];
     const double* P = xd + EXD_PLANES;
-    const double g1 = P[3 * pm] - P[3 * pl], g2 = P[3 * pr] - P[3 * pm];
+    const double g1 = P[EXD_PER_PLANE * pm] - P[EXD_PER_PLANE * pl];
+    const double g2 = P[EXD_PER_PLANE * pr] - P[EXD_PER_PLANE * pm];
     const double kx = (xr - xm) / g2 - (xm - xl) / g1;
     const double ky = (yr - ym) / g2 - (ym - yl) / g1;
     const double s = 1.0 / g1 + 1.0 / g2;
-    const double var = P[3 * pm + 1] + P[3 * pm + 2] * (s * s) + P[3 * pl + 2] / (g1 * g1) +
-                       P[3 * pr + 2] / (g2 * g2);
+    const double var = P[EXD_PER_PLANE * pm + 1] + P[EXD_PER_PLANE * pm + 2] * (s * s) +
+                       P[EXD_PER_PLANE * pl + 2] / (g1 * g1) + P[EXD_PER_PLANE * pr + 2] / (g2 * g2);
     return (kx * kx + ky * ky) / var;
 }
 
@@ -139,6 +143,31 @@ __device__ double ex_junction(const double* __restrict__ xd, const float* hx, co
     if (nu >= 2) s += ex_kink(xd, hx, hy, hp, up[nu - 2], up[nu - 1], down[0]);
     if (nd >= 2) s += ex_kink(xd, hx, hy, hp, up[nu - 1], down[0], down[1]);
     return s;
+}
+
+// The rise of a track's last update's chi-square with the hit at (hx, hy) instead of its
+// own (mx, my); f: the fit's x, y and their covariance (xx, yx, yy) at the first hit
+// (first_hit_gain's `rise`).
+__device__ __forceinline__ double ex_rise(const float* f, double vx, double vy, double mx, double my,
+                                          double hx, double hy) {
+    const double dx = hx - mx, dy = hy - my;
+    const double rx = mx - (double)f[0], ry = my - (double)f[1];
+    const double sxx = (1.0 - (double)f[2] / vx) / vx;
+    const double syy = (1.0 - (double)f[4] / vy) / vy;
+    const double sxy = -(double)f[3] / (vx * vy);
+    return (((dx * dx) * sxx + ((2.0 * dx) * dy) * sxy) + (dy * dy) * syy) +
+           2.0 * ((dx * rx) / vx + (dy * ry) / vy);
+}
+
+// first_hit_gain: the gain of swapping the first hits ha and hb (one plane) of two tracks
+// whose fits at their first hit are fa and fb.
+__device__ __forceinline__ double ex_first_hit_gain(const double* __restrict__ xd, const float* hx,
+                                                    const float* hy, const u32* hp, const float* fa,
+                                                    const float* fb, u32 ha, u32 hb) {
+    const double* P = xd + EXD_PLANES + EXD_PER_PLANE * hp[ha];
+    const double vx = P[3], vy = P[4];
+    const double ax = (double)hx[ha], ay = (double)hy[ha], bx = (double)hx[hb], by = (double)hy[hb];
+    return -(ex_rise(fa, vx, vy, ax, ay, bx, by) + ex_rise(fb, vx, vy, bx, by, ax, ay));
 }
 
 // ExchangeCuts::good on a fit of n hits.
@@ -158,11 +187,17 @@ __device__ __forceinline__ void ex_fit(const u32* list, u32 n, const float* hx, 
     kalman_fit_track(h, (int)n, MAX_CHAIN, T, r);
 }
 
-// Fit_missing's record of a candidates' fit: chi-square (infinite where the fit failed)
-// and the largest |q/p| (fitted plus three standard deviations).
-__device__ __forceinline__ void ex_note_fit(const KalmanResult& r, float* chi2, float* qop) {
+// Fit_missing's record of a candidates' fit: chi-square (infinite where the fit failed),
+// the largest |q/p| (fitted plus three standard deviations) and x, y and their covariance
+// at the first hit (Exchange::first).
+__device__ __forceinline__ void ex_note_fit(const KalmanResult& r, float* chi2, float* qop, float* first) {
     *chi2 = r.ok ? r.chi2 : CA_INF;
     *qop = (float)(fabs((double)r.st[4]) + 3.0 * sqrt(fmax((double)r.c[14], 0.0)));
+    first[0] = r.st[0];
+    first[1] = r.st[1];
+    first[2] = r.c[0];
+    first[3] = r.c[1];
+    first[4] = r.c[2];
 }
 
 
@@ -175,7 +210,8 @@ __device__ __forceinline__ void ex_note_fit(const KalmanResult& r, float* chi2, 
         uint2 *__restrict__ out_tracks, u32 *__restrict__ out_fits, u32 *__restrict__ out_hits, \
         u32 *__restrict__ marks, const float *__restrict__ xf, const double *__restrict__ xd,  \
         const int *__restrict__ xi, u32 *__restrict__ lists, u32 *__restrict__ lens,          \
-        float *__restrict__ chi2s, float *__restrict__ qops, u32 *__restrict__ flags,         \
+        float *__restrict__ chi2s, float *__restrict__ qops, float *__restrict__ firsts,      \
+        u32 *__restrict__ flags,                                                              \
         u32 *__restrict__ owner, const float *__restrict__ sx,                                \
         const u32 *__restrict__ sinput, const u32 *__restrict__ bin_start, int n_bins,        \
         const float *__restrict__ plf, const int *__restrict__ pli, u32 *__restrict__ pairs,  \
@@ -192,7 +228,8 @@ __device__ __forceinline__ void ex_note_fit(const KalmanResult& r, float* chi2, 
 // The same arguments passed on.
 #define EX_ARGS                                                                                \
     failed, trk_n, trk_base, trk_hit_base, hit_start, in_x, in_y, in_plane, out_tracks,        \
-        out_fits, out_hits, marks, xf, xd, xi, lists, lens, chi2s, qops, flags, owner, sx,     \
+        out_fits, out_hits, marks, xf, xd, xi, lists, lens, chi2s, qops, firsts, flags, owner, \
+        sx,                                                                                    \
         sinput, bin_start, n_bins, plf, pli, pairs, gains, pairs_per_track, pair_limit, state, \
         ex_failed, n_active, rows32, rows64, gap_steps, gap_kind, gap_slice, slices, pf, pd,   \
         pi, nodes, tpf, tpd, tpi
@@ -212,6 +249,7 @@ __device__ __forceinline__ void ex_note_fit(const KalmanResult& r, float* chi2, 
     u32* len = lens + tb;                                                                     \
     float* chi2 = chi2s + tb;                                                                 \
     float* qop = qops + tb;                                                                   \
+    float* fst = firsts + (size_t)tb * 5;                                                     \
     u32* fl = flags + tb;                                                                     \
     u32* own = owner + hs;                                                                    \
     const u32 pair_cap = min(pairs_per_track * nt, pair_limit);                               \
@@ -221,7 +259,7 @@ __device__ __forceinline__ void ex_note_fit(const KalmanResult& r, float* chi2, 
     const int track_fit = xi[EXI_TRACK_FIT];                                                  \
     const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,                   \
                             slices, pf,     pd,        pi,       nodes};                      \
-    (void)nh; (void)min_hits; (void)max_chi2_ndf; (void)pair_cap; (void)track_fit; (void)T;
+    (void)nh; (void)min_hits; (void)max_chi2_ndf; (void)pair_cap; (void)track_fit; (void)T; (void)fst;
 
 // 1. The tracks kept, their working lists, their hits' owners and index.
 extern "C" __global__ void __launch_bounds__(EX_THREADS) ca_exchange_begin(EX_PARAMS) {
@@ -273,6 +311,9 @@ extern "C" __global__ void __launch_bounds__(EX_THREADS) ca_exchange_begin(EX_PA
         chi2[k] = track_fit ? EX_NAN : (ndf > 0 ? __uint_as_float(fw[21]) : CA_INF);
         const float q = __uint_as_float(fw[4]), v = __uint_as_float(fw[5 + 14]);
         qop[k] = fabsf(q) + 3.0f * sqrtf(fmaxf(v, 0.0f));
+        // The first hit's x, y and covariance (Exchange::first).
+        const u32 from[5] = {0, 1, 5, 6, 7};
+        for (int i = 0; i < 5; i++) fst[(size_t)5 * k + i] = track_fit ? EX_NAN : __uint_as_float(fw[from[i]]);
     }
     u32 n_live;
     ex_scan(live_local, &n_live);
@@ -297,7 +338,7 @@ __device__ __forceinline__ void ex_fit_flagged(EX_PARAMS, u32 mask) {
         if (mask == EX_NEED) fl[k] = f & ~EX_NEED;
         KalmanResult r;
         ex_fit(L + (size_t)k * S, len[k], hx, hy, hp, T, r);
-        ex_note_fit(r, &chi2[k], &qop[k]);
+        ex_note_fit(r, &chi2[k], &qop[k], fst + (size_t)5 * k);
     }
 }
 
@@ -481,11 +522,18 @@ extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_evalua
         if (sa == 0 || sb == 0 || sa == la || sb == lb) continue;
         const u32 n1 = sa + lb - sb, n2 = sb + la - sa;
         if (n1 < min_hits || n2 < min_hits) continue;
-        const double s_now = ex_junction(xd, hx, hy, hp, ta, sa, ta + sa, la - sa) +
-                             ex_junction(xd, hx, hy, hp, tbl, sb, tbl + sb, lb - sb);
-        const double s_new = s_now - ex_junction(xd, hx, hy, hp, ta, sa, tbl + sb, lb - sb) -
-                             ex_junction(xd, hx, hy, hp, tbl, sb, ta + sa, la - sa);
-        if (s_new < -EX_PRE_TEST) continue;
+        if (sa == 1 && sb == 1 && hp[ta[0]] == hp[tbl[0]] && isfinite(chi2[a]) && isfinite(chi2[b])) {
+            // The first hits swapped: the gain the fits' last updates predict.
+            const double g = ex_first_hit_gain(xd, hx, hy, hp, fst + (size_t)5 * a, fst + (size_t)5 * b,
+                                               ta[0], tbl[0]);
+            if (!(g >= EX_FIRST_HIT_MIN)) continue;
+        } else {
+            const double s_now = ex_junction(xd, hx, hy, hp, ta, sa, ta + sa, la - sa) +
+                                 ex_junction(xd, hx, hy, hp, tbl, sb, tbl + sb, lb - sb);
+            const double s_new = s_now - ex_junction(xd, hx, hy, hp, ta, sa, tbl + sb, lb - sb) -
+                                 ex_junction(xd, hx, hy, hp, tbl, sb, ta + sa, la - sa);
+            if (s_new < -EX_PRE_TEST) continue;
+        }
         // (Every test above is the same in both lanes: both reach the exchange below.)
         const u32* up = half ? tbl : ta;
         const u32* down = half ? ta : tbl;

@@ -1093,11 +1093,11 @@ pub const EXCHANGE_PAIRS_PER_TRACK: usize = 32;
 const EXCHANGE_F32: usize = 1;
 const EXCHANGE_F32_PER_PLANE: usize = 4;
 const EXCHANGE_F64: usize = 3;
-const EXCHANGE_F64_PER_PLANE: usize = 3;
+const EXCHANGE_F64_PER_PLANE: usize = 5;
 
 /// The exchange of segments on the device ([`GpuCaEngine::set_exchange`]): its parameters
-/// and scratch, per packed track (its working hit list, chi-square, |q/p|, flags, its share
-/// of pairs and gains) and per hit (its track); the pairs are found through the grid the
+/// and scratch, per packed track (its working hit list, chi-square, |q/p|, its fit's x, y
+/// and their covariance at the first hit, flags, its share of pairs and gains) and per hit (its track); the pairs are found through the grid the
 /// hits were sorted into at the launch's start.
 struct ExchangeDevice {
     params_f32: DeviceBuffer<f32>,
@@ -1107,6 +1107,7 @@ struct ExchangeDevice {
     lens: DeviceBuffer<u32>,
     chi2: DeviceBuffer<f32>,
     qop: DeviceBuffer<f32>,
+    first: DeviceBuffer<f32>,
     owner: DeviceBuffer<u32>,
     pairs: DeviceBuffer<u32>,
     gains: DeviceBuffer<u64>,
@@ -1125,7 +1126,7 @@ struct ExchangeDevice {
 impl ExchangeDevice {
     /// Bytes of its scratch for `limits` and `n_planes`.
     fn scratch_bytes(l: &CaLimits, n_planes: usize) -> usize {
-        let per_track = 4 * (n_planes + 4) + EXCHANGE_PAIRS_PER_TRACK * (4 + 2 * 8);
+        let per_track = 4 * (n_planes + 9) + EXCHANGE_PAIRS_PER_TRACK * (4 + 2 * 8);
         per_track * l.max_candidates
             + 4 * l.max_hits
             + 4 * (1 + EXCHANGE_STATE_WORDS) * l.max_events
@@ -1155,6 +1156,8 @@ impl ExchangeDevice {
             d[o] = cuts.z_mm[p];
             d[o + 1] = cuts.kink_var[p];
             d[o + 2] = cuts.res_var[p];
+            d[o + 3] = cuts.hit_var[p][0];
+            d[o + 4] = cuts.hit_var[p][1];
         }
         let i = [
             n as i32,
@@ -1171,6 +1174,7 @@ impl ExchangeDevice {
             lens: DeviceBuffer::new(ctx, slots)?,
             chi2: DeviceBuffer::new(ctx, slots)?,
             qop: DeviceBuffer::new(ctx, slots)?,
+            first: DeviceBuffer::new(ctx, 5 * slots)?,
             owner: DeviceBuffer::new(ctx, l.max_hits)?,
             pairs: DeviceBuffer::new(ctx, pairs)?,
             // Room for each event's gains sorted (at most twice its share of pairs).
@@ -2863,7 +2867,8 @@ impl GpuCaEngine {
             p(&a.hit_start), Ptr(a.in_x.ptr()), Ptr(a.in_y.ptr()), p(&a.in_plane),
             Ptr(a.out_tracks.ptr()), p(&a.out_fits), p(&a.out_hits), p(&a.cl_marks),
             Ptr(x.params_f32.ptr()), Ptr(x.params_f64.ptr()), Ptr(x.params_i32.ptr()),
-            p(&x.lists), p(&x.lens), Ptr(x.chi2.ptr()), Ptr(x.qop.ptr()), p(&x.flags),
+            p(&x.lists), p(&x.lens), Ptr(x.chi2.ptr()), Ptr(x.qop.ptr()), Ptr(x.first.ptr()),
+            p(&x.flags),
             p(&x.owner), Ptr(a.sx.ptr()), p(&a.sinput), p(&a.bin_start),
             I32(grid.tables.n_bins as i32), Ptr(grid.plane_f32.ptr()), Ptr(grid.plane_i32.ptr()),
             p(&x.pairs),
@@ -3371,7 +3376,7 @@ mod tests {
 
     #[test]
     fn the_exchange_kernels_constants_are_the_cpus() {
-        use crate::tracking::ca::exchange::{MAX_ROUNDS, MIN_GAIN, PRE_TEST};
+        use crate::tracking::ca::exchange::{FIRST_HIT_SLACK, MAX_ROUNDS, MIN_GAIN, PRE_TEST};
         let src = include_str!("../../kernels/ca_exchange.cu");
         assert!(STEPS.contains(&src));
         // Float literals without their suffix.
@@ -3385,6 +3390,13 @@ mod tests {
         assert_eq!(def("EX_STATE"), EXCHANGE_STATE_WORDS.to_string());
         assert_eq!(def("EXF_PLANES"), EXCHANGE_F32.to_string());
         assert_eq!(def("EXD_PLANES"), EXCHANGE_F64.to_string());
+        assert_eq!(def("EXD_PER_PLANE"), EXCHANGE_F64_PER_PLANE.to_string());
+        let first_hit_min = def("EX_FIRST_HIT_MIN");
+        let first_hit_min = first_hit_min.trim_matches(|c| c == '(' || c == ')');
+        assert_eq!(
+            first_hit_min.parse::<f64>().unwrap(),
+            (MIN_GAIN - FIRST_HIT_SLACK) as f64
+        );
         // The pair's word: tracks in 13 bits, the boundary (at most the planes) in 6.
         assert_eq!(def("EX_MAX_TRACKS"), (1 << 13).to_string());
         const { assert!(EXCHANGE_MAX_PLANES < 64) };
