@@ -1097,8 +1097,9 @@ const EXCHANGE_F64_PER_PLANE: usize = 5;
 
 /// The exchange of segments on the device ([`GpuCaEngine::set_exchange`]): its parameters
 /// and scratch, per packed track (its working hit list, chi-square, |q/p|, its fit's x, y
-/// and their covariance at the first hit, flags, its share of pairs and gains) and per hit (its track); the pairs are found through the grid the
-/// hits were sorted into at the launch's start.
+/// and their covariance at the first hit, flags, its share of pairs and gains) and per hit
+/// (its track); the pairs are found through the grid the hits were sorted into at the
+/// launch's start.
 struct ExchangeDevice {
     params_f32: DeviceBuffer<f32>,
     params_f64: DeviceBuffer<f64>,

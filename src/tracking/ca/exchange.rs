@@ -19,12 +19,12 @@
 //! alone, which that test hardly ever refuses, is fitted only where the gain its fits'
 //! last updates predict ([`first_hit_gain`]) comes within [`FIRST_HIT_SLACK`] of
 //! [`MIN_GAIN`] (on the drawn central samples, one in eight of those exchanges). The
-//! exchanges are made in rounds: every pair is
-//! evaluated on the tracks as they are, the exchanges are taken by decreasing gain, each
-//! track in at most one per round (ties by the pair's order), and the pairs that touch a
-//! changed track are evaluated again in the next round, so a chain of crossings (three
-//! tracks whose upstream segments are each other's) resolves one exchange at a time. The
-//! result depends on the tracks and hits only, not on an order of evaluation.
+//! exchanges are made in rounds: every pair is evaluated on the tracks as they are, the
+//! exchanges are taken by decreasing gain, each track in at most one per round (ties by
+//! the pair's order), and the pairs that touch a changed track are evaluated again in the
+//! next round, so a chain of crossings (three tracks whose upstream segments are each
+//! other's) resolves one exchange at a time. The result depends on the tracks and hits
+//! only, not on an order of evaluation.
 //!
 //! It runs, where [`FinderConfig::exchange_segments`] asks for it (the default: it adds
 //! 10-16 % to the finder's time on central events), on the found tracks of an event after clone
