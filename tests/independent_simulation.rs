@@ -214,6 +214,22 @@ fn compact_spectrometer_in_a_strong_field_simulated_independently() {
     run("compact", 6, 1);
 }
 
+/// Forward disks in a collider's solenoid (`simulate.py solenoid`): 2 T along the beam, no
+/// transverse field on the axis, so the field bends each track by its slope alone. Judged
+/// by the field on the axis, the fit took the tracks as unbent and the finder found 78-81 %
+/// of them (half of those of 1-2 GeV/c); the field along the lines through the acceptance
+/// measures their momenta.
+#[test]
+fn forward_disks_in_a_solenoid_simulated_independently() {
+    run("solenoid", 6, 1);
+}
+
+#[test]
+#[ignore = "larger sample; run with --release -- --ignored"]
+fn forward_disks_in_a_solenoid_simulated_independently_large_sample() {
+    run("solenoid", 20, 4);
+}
+
 #[test]
 #[ignore = "larger sample; run with --release -- --ignored"]
 fn forward_tracker_of_the_issue_simulated_independently_large_sample() {
