@@ -1,0 +1,139 @@
+//! The GPU fit's kernel source (`kernels/kalman_fit.cu`) compiled for the CPU and run with
+//! one thread per candidate as the engine launches it (`tests/kernels_on_cpu/kalman_fit.cpp`),
+//! on batches packed as the engine packs them ([`pack_hits`], [`FitTables`]): its fits must
+//! be the CPU fitter's, to the tolerance `tests/gpu_tracking_fit.rs` holds the GPU to
+//! (`tests/fit_common`), on the CPU finder's tracks of fresh central events of every
+//! shipped detector, of the reversing field and of forward disks in a solenoid (a field
+//! along the beam, a uniform field's general path), with the variants that reach the
+//! fit's other paths; compiled for the CPU, the kernel's mathematical functions are the
+//! CPU fitter's, so every fit must be the same to the bit. This checks the kernel's logic and its order of operations (compiled
+//! without contraction, as NVRTC's `--fmad=false`) on every CI run, without a GPU; what
+//! only a GPU shows (NVRTC compiling it, the device's own mathematical functions, memory
+//! faults) is left to `tests/gpu_tracking_fit.rs` and `tests/kernels_compile.rs`.
+//!
+//! Needs a C++20 compiler (`g++`, installed by `./setup.sh`; `CXX` overrides).
+
+mod fit_common;
+mod gpu_common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use fit_common::{compare, detectors, found_tracks, with_variants};
+use gpu_common::{load, seed};
+use trigd::gpu::tracking_fit::{
+    check_batch, pack_hits, unpack_outputs, FitLimits, FitTables, FittedTrack,
+};
+use trigd::tracking::geometry::{Detector, Field};
+use trigd::tracking::kalman::{FitHit, KalmanFitter};
+use trigd::tracking::simulate::{Preset, SimConfig};
+
+/// The kernel on the CPU, compiled once per test run.
+fn kernel_binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kalman_fit_on_cpu");
+        let status = Command::new(&cxx)
+            .args(["-O2", "-std=c++20", "-ffp-contract=off", "-pthread", "-o"])
+            .arg(&out)
+            .arg(root.join("tests/kernels_on_cpu/kalman_fit.cpp"))
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run {cxx} ({e}): run ./setup.sh"));
+        assert!(status.success(), "{cxx} failed to compile the fit kernel");
+        out
+    })
+}
+
+fn write<T: Copy>(dir: &Path, name: &str, v: &[T]) {
+    // Plain numbers, written as their little-endian bytes.
+    let bytes =
+        unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) };
+    std::fs::write(dir.join(name), bytes).expect("write an argument");
+}
+
+/// The kernel's fits of `tracks` with `fitter`'s tables, as the engine would return them.
+fn kernel_fits(fitter: &KalmanFitter, tracks: &[&[FitHit]]) -> Vec<FittedTrack> {
+    let shape = check_batch(&FitLimits::default(), tracks).expect("within the limits");
+    let mut words = vec![0u32; shape.input_words()];
+    pack_hits(tracks, &shape, &mut words);
+    let t = FitTables::new(fitter);
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let d = dir.path();
+    write(
+        d,
+        "shape",
+        &[shape.n as i32, shape.stride as i32, shape.kmax as i32],
+    );
+    write(d, "hits", &words);
+    write(d, "rows32", &t.rows32);
+    write(d, "rows64", &t.rows64);
+    write(d, "gap_steps", &t.gap_steps);
+    write(d, "gap_kind", &t.gap_kind);
+    write(d, "gap_slice", &t.gap_slice);
+    write(d, "slices", &t.slices);
+    write(d, "floats", &t.floats);
+    write(d, "doubles", &t.doubles);
+    write(d, "ints", &t.ints);
+    write(d, "nodes", &t.nodes);
+    let status = Command::new(kernel_binary())
+        .arg(d)
+        .status()
+        .expect("run the kernel on the CPU");
+    assert!(status.success(), "the fit kernel on the CPU failed");
+    let bytes = std::fs::read(d.join("out")).expect("the kernel's output");
+    let out_words: Vec<u32> = bytes
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    assert_eq!(out_words.len(), shape.output_words());
+    let mut out = Vec::new();
+    unpack_outputs(&out_words, &shape, &mut out);
+    out
+}
+
+/// The shipped detectors of the GPU test, the reversing field, and eight planes in a
+/// 2 T solenoid (a uniform field with a component along the beam).
+fn all_detectors() -> Vec<(&'static str, Detector, SimConfig)> {
+    let mut all = detectors();
+    all.push((
+        "reversing map",
+        load("tracking/reversing/detector_reversing.toml"),
+        SimConfig::preset(Preset::Central),
+    ));
+    let mut solenoid = load("detector.toml");
+    solenoid.field = Field::Uniform {
+        b_tesla: [0.0, 0.0, 2.0],
+    };
+    all.push((
+        "solenoid (the uniform detector's planes)",
+        solenoid,
+        SimConfig::preset(Preset::Central),
+    ));
+    all
+}
+
+#[test]
+fn the_fit_kernel_on_the_cpu_gives_the_cpu_fitters_fits() {
+    let s = seed();
+    for (name, det, sim) in all_detectors() {
+        let (fitter, found) = found_tracks(&det, &sim, s, 1);
+        let all = with_variants(&found, det.planes.len());
+        let refs: Vec<&[FitHit]> = all.iter().map(|v| &v[..]).collect();
+        let mut cpu = Vec::new();
+        fitter.fit_batch(&refs, &mut cpu);
+        let kernel = kernel_fits(&fitter, &refs);
+        let a = compare(name, &cpu, &kernel);
+        // Compiled for the CPU, the kernel's mathematical functions are the CPU fitter's:
+        // every fit is the same to the bit.
+        assert_eq!(a.bit_identical, a.ok, "{name}: {a:?}");
+        assert!(found.len() > 300, "{name}: {} tracks found", found.len());
+        assert!(a.ok * 10 > all.len() * 9, "{name}: {a:?}");
+        assert!(
+            a.ok < all.len(),
+            "{name}: the unfittable variants were fitted"
+        );
+    }
+}

@@ -1,0 +1,83 @@
+// kernels/kalman_fit.cu on the CPU (see warp.h): reads a batch packed as
+// src/gpu/tracking_fit.rs packs it and the fit's tables as raw little-endian arrays from
+// the directory given, one file per kernel argument, runs the kernel with one thread per
+// candidate as the engine launches it (blocks of 128 threads, run one thread after the
+// other: the kernel's threads share nothing), and writes the output words to DIR/out.
+#include <bit>
+#include <math.h>
+#include <cstdio>
+#include <string>
+
+#include "warp.h"
+
+#define __noinline__ __attribute__((noinline))
+inline float __uint_as_float(unsigned v) { return std::bit_cast<float>(v); }
+inline float __int_as_float(int v) { return std::bit_cast<float>(v); }
+inline unsigned __float_as_uint(float v) { return std::bit_cast<unsigned>(v); }
+inline double __longlong_as_double(long long v) { return std::bit_cast<double>(v); }
+using std::exp;
+using std::fmin;
+using std::log;
+
+#include "../../kernels/kalman_fit.cu"
+
+template <class T>
+static std::vector<T> read(const std::string& dir, const char* name) {
+    const std::string path = dir + "/" + name;
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) {
+        std::fprintf(stderr, "cannot open %s\n", path.c_str());
+        std::exit(2);
+    }
+    std::fseek(f, 0, SEEK_END);
+    const long bytes = std::ftell(f);
+    std::fseek(f, 0, SEEK_SET);
+    std::vector<T> v(bytes / sizeof(T));
+    if (std::fread(v.data(), 1, bytes, f) != (size_t)bytes) {
+        std::fprintf(stderr, "short read of %s\n", path.c_str());
+        std::exit(2);
+    }
+    std::fclose(f);
+    return v;
+}
+
+int main(int argc, char** argv) {
+    if (argc != 2) {
+        std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
+        return 2;
+    }
+    const std::string dir = argv[1];
+    const auto shape = read<int>(dir, "shape");  // n_tracks, stride, kmax
+    const int n_tracks = shape.at(0), stride = shape.at(1), kmax = shape.at(2);
+    const auto hits = read<unsigned>(dir, "hits");
+    const auto rows32 = read<float>(dir, "rows32");
+    const auto rows64 = read<double>(dir, "rows64");
+    const auto gap_steps = read<int>(dir, "gap_steps");
+    const auto gap_kind = read<int>(dir, "gap_kind");
+    const auto gap_slice = read<int>(dir, "gap_slice");
+    const auto slices = read<float>(dir, "slices");
+    const auto pf = read<float>(dir, "floats");
+    const auto pd = read<double>(dir, "doubles");
+    const auto pi = read<int>(dir, "ints");
+    const auto nodes = read<float>(dir, "nodes");
+    // Poisoned: every word of a candidate must be written.
+    std::vector<unsigned> out((size_t)OUT_WORDS * stride, 0xdeadbeefu);
+    blockDim.x = 128;
+    gridDim.x = (n_tracks + 127) / 128;
+    for (unsigned b = 0; b < gridDim.x; ++b) {
+        for (unsigned l = 0; l < blockDim.x; ++l) {
+            blockIdx.x = b;
+            threadIdx.x = l;
+            kalman_fit(hits.data(), n_tracks, stride, kmax, rows32.data(), rows64.data(),
+                       gap_steps.data(), gap_kind.data(), gap_slice.data(), slices.data(),
+                       pf.data(), pd.data(), pi.data(), nodes.data(), out.data());
+        }
+    }
+    FILE* f = std::fopen((dir + "/out").c_str(), "wb");
+    if (!f || std::fwrite(out.data(), sizeof(unsigned), out.size(), f) != out.size()) {
+        std::fprintf(stderr, "cannot write %s/out\n", dir.c_str());
+        return 2;
+    }
+    std::fclose(f);
+    return 0;
+}
