@@ -486,11 +486,18 @@ __device__ void seed_lerp(const double* p0, const double* p1, double f, double* 
     out[1] = p0[1] + f * (p1[1] - p0[1]);
     out[2] = p0[2] + f * (p1[2] - p0[2]);
 }
+// Also the spread of the tent's bending (kalman.rs: seed_bending_spread): the tent-weighted
+// mean of the bending terms' magnitude at the chord slopes from a to n over the magnitude
+// of their mean, at least 1, by which the seed's q/p prior widens.
 __device__ void seed_fields(const Grid& g, const double* a, const double* b, const double* n,
-                            const double* m, double* tent, double* ramp) {
+                            const double* m, double* tent, double* ramp, double* spread) {
     const double ns = (double)SEED_FIELD_SAMPLES;
     double acc[3] = {0.0, 0.0, 0.0};
     double acc_w = 0.0;
+    const double dz = n[2] - a[2];
+    const double tx = (n[0] - a[0]) / dz;
+    const double ty = (n[1] - a[1]) / dz;
+    double net_x = 0.0, net_y = 0.0, gross = 0.0;
     for (int seg = 0; seg < 2; ++seg) {
         const double* p0 = seg == 0 ? a : b;
         const double* p1 = seg == 0 ? b : n;
@@ -503,8 +510,17 @@ __device__ void seed_fields(const Grid& g, const double* a, const double* b, con
             at_f64(g, pt[0], pt[1], pt[2], bf);
             for (int k = 0; k < 3; ++k) acc[k] += w * bf[k];
             acc_w += w;
+            const double ax = tx * ty * bf[0] - (1.0 + tx * tx) * bf[1] + ty * bf[2];
+            const double ay = (1.0 + ty * ty) * bf[0] - tx * ty * bf[1] - tx * bf[2];
+            net_x += w * ax;
+            net_y += w * ay;
+            gross += w * sqrt(ax * ax + ay * ay);
         }
     }
+    const double net = sqrt(net_x * net_x + net_y * net_y);
+    const double r = gross / net;
+    // No net bending (no field, hits on one z) or a ratio that is not a number: none.
+    *spread = dz > 0.0 && net > 0.0 && isfinite(r) && r > 1.0 ? r : 1.0;
     double racc[3] = {0.0, 0.0, 0.0};
     double racc_w = 0.0;
     for (int i = 0; i < SEED_FIELD_SAMPLES; ++i) {
@@ -770,17 +786,19 @@ __device__ void kalman_fit_pass(const Hits& h, int n, int kmax, const KalmanTabl
     // The fields the seed's two estimates measure (seed_fields): the three-hit
     // curvature's and the last two hits' bending.
     float b_mid[3], b_last[3];
+    float spread = 1.0f;
     if (field_map) {
-        double m[3], l[3];
+        double m[3], l[3], sp;
         const double sa[3] = {(double)xa, (double)ya, (double)za};
         const double sb[3] = {(double)xb, (double)yb, (double)zb};
         const double sm[3] = {(double)xm, (double)ym, (double)zm};
         const double sn[3] = {(double)xn, (double)yn, (double)zn};
-        seed_fields(g, sa, sb, sn, sm, m, l);
+        seed_fields(g, sa, sb, sn, sm, m, l, &sp);
         for (int k = 0; k < 3; ++k) {
             b_mid[k] = (float)m[k];
             b_last[k] = (float)l[k];
         }
+        spread = (float)sp;
     } else {
         for (int k = 0; k < 3; ++k) {
             b_mid[k] = bu[k];
@@ -823,7 +841,7 @@ __device__ void kalman_fit_pass(const Hits& h, int n, int kmax, const KalmanTabl
         // No bending (g2 = 0) or a degenerate geometry: no curvature estimate.
         q = 0.0f < g2 ? q : 0.0f;
         q = fabsf(q) < __int_as_float(0x7f800000) ? q : 0.0f;
-        const float s = pf[PF_PRIOR_REL] * fabsf(q) + pf[PF_PRIOR_FLOOR];
+        const float s = pf[PF_PRIOR_REL] * spread * fabsf(q) + pf[PF_PRIOR_FLOOR];
         qop = q;
         cq = s * s;
     }

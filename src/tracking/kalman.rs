@@ -1143,11 +1143,12 @@ impl KalmanFitter {
         let half = P::of(0.5);
         // The fields the seed's two estimates measure (see `seed_fields`): the three-hit
         // curvature's and the last two hits' bending.
-        let (b_mid, b_last) = match &self.field {
-            Field::Uniform { b_tesla } => (b_tesla.map(P::of), b_tesla.map(P::of)),
+        let (b_mid, b_last, spread) = match &self.field {
+            Field::Uniform { b_tesla } => (b_tesla.map(P::of), b_tesla.map(P::of), P::of(1.0)),
             field => {
                 let mut bm = [P::of(0.0); 3];
                 let mut bl = bm;
+                let mut sp = P::of(1.0);
                 // Every lane's points first, so that the map is read four points at a time.
                 let mut abn = [[[0.0f64; 3]; 3]; L];
                 let mut points = [[[0.0f64; 3]; SEED_FIELD_POINTS]; L];
@@ -1166,14 +1167,16 @@ impl KalmanFitter {
                         bm[k].0[l] = T::of(m[k]);
                         bl[k].0[l] = T::of(t[k]);
                     }
+                    sp.0[l] = T::of(seed_bending_spread(abn[l], &fields[l]));
                 }
-                (bm, bl)
+                (bm, bl, sp)
             }
         };
 
         // Seed: position of the last hit, chord slopes of the last two corrected by the
         // bending between them, three-hit q/p; their exact covariance.
-        let (mut qop, mut cq) = self.seed_qop([za, zb, zn], [xa, xb, xn], [ya, yb, yn], b_mid);
+        let (mut qop, mut cq) =
+            self.seed_qop([za, zb, zn], [xa, xb, xn], [ya, yb, yn], b_mid, spread);
         if self.cfg.estimates_scattering() {
             for l in 0..L {
                 let q = self.scattering_qop(lane_hits[l]);
@@ -1420,8 +1423,10 @@ impl KalmanFitter {
         }
     }
 
-    /// Three-hit seed of q/p (general field direction, field `b` at the middle hit) and its
-    /// prior variance, per lane; hits at `z`, `x`, `y` from upstream.
+    /// Three-hit seed of q/p (general field direction, `b` the field its tent measures) and
+    /// its prior variance, per lane; hits at `z`, `x`, `y` from upstream. The prior's width
+    /// is `qop_prior_rel` of the estimate times `spread`, how far the bending cancels along
+    /// the tent ([`seed_bending_spread`]; 1 in a uniform field), plus `qop_prior_floor`.
     #[inline(always)]
     fn seed_qop<T: Real, const L: usize>(
         &self,
@@ -1429,6 +1434,7 @@ impl KalmanFitter {
         x: [Pack<T, L>; 3],
         y: [Pack<T, L>; 3],
         b: [Pack<T, L>; 3],
+        spread: Pack<T, L>,
     ) -> (Pack<T, L>, Pack<T, L>) {
         type P<T, const L: usize> = Pack<T, L>;
         if !self.cfg.fit_momentum {
@@ -1468,7 +1474,7 @@ impl KalmanFitter {
         let zero = P::of(0.0);
         let q = zero.lt_select(g2, q, zero);
         let q = q.abs().lt_select(P::of(f64::INFINITY), q, zero);
-        let s = P::of(self.cfg.qop_prior_rel) * q.abs() + P::of(self.cfg.qop_prior_floor);
+        let s = P::of(self.cfg.qop_prior_rel) * spread * q.abs() + P::of(self.cfg.qop_prior_floor);
         (q, s * s)
     }
 
@@ -1614,6 +1620,55 @@ pub fn seed_fields_of(
         field.at(b)
     };
     (tent, ramp.map(|v| v / ramp_w))
+}
+
+/// How far the bending that the three-hit seed measures cancels along its tent: the
+/// tent-weighted mean of the bending terms' magnitude at the seed's field points
+/// ([`seed_field_points`]) over the magnitude of their mean, all at the chord slopes from
+/// the first hit to the last; at least 1.
+///
+/// It is 1 where the field bends one way all along the tent (a uniform field, a dipole)
+/// and large where the bending changes sign between the hits: a field that reverses, or a
+/// solenoid's end, whose radial fringe undoes in a few centimetres the rotation its axial
+/// field gave a track from the axis (Busch's theorem). The seed's q/p is the net bending
+/// of the hits over the net bending of its field model, and the model (the chord's slopes
+/// and positions, the field at a few points) misses a fraction of the bending at each
+/// point, not of the net: relative to the q/p, that error grows by this ratio, and so does
+/// the prior's width ([`KalmanFitter`]'s `seed_qop`). Without it, a solenoid ending
+/// inside the detector left 40 % of the seeds more than half their q/p off and the q/p
+/// pulls 1.13-1.21 wide. `kernels/kalman_fit.cu` (`seed_bending_spread`) computes the same,
+/// in the same order.
+pub fn seed_bending_spread(abn: [[f64; 3]; 3], fields: &[[f64; 3]; SEED_FIELD_POINTS]) -> f64 {
+    let [a, b, n] = abn;
+    let dz = n[2] - a[2];
+    if dz <= 0.0 {
+        return 1.0;
+    }
+    let tx = (n[0] - a[0]) / dz;
+    let ty = (n[1] - a[1]) / dz;
+    let ns = SEED_FIELD_SAMPLES as f64;
+    let (mut net_x, mut net_y, mut gross) = (0.0f64, 0.0f64, 0.0f64);
+    for (seg, (p0, p1, rising)) in [(a, b, true), (b, n, false)].into_iter().enumerate() {
+        let len = p1[2] - p0[2];
+        for i in 0..SEED_FIELD_SAMPLES {
+            let f = (i as f64 + 0.5) / ns;
+            let w = (if rising { f } else { 1.0 - f }) * len;
+            let bf = fields[seg * SEED_FIELD_SAMPLES + i];
+            let ax = tx * ty * bf[0] - (1.0 + tx * tx) * bf[1] + ty * bf[2];
+            let ay = (1.0 + ty * ty) * bf[0] - tx * ty * bf[1] - tx * bf[2];
+            net_x += w * ax;
+            net_y += w * ay;
+            gross += w * (ax * ax + ay * ay).sqrt();
+        }
+    }
+    let net = (net_x * net_x + net_y * net_y).sqrt();
+    let r = gross / net;
+    // No net bending (no field, hits on one z) or a ratio that is not a number: none.
+    if net > 0.0 && r.is_finite() && r > 1.0 {
+        r
+    } else {
+        1.0
+    }
 }
 
 /// Curvature terms `(Ax, Ay)` of the equations of motion per lane (see [`bending`]).
@@ -2119,6 +2174,44 @@ mod tests {
         );
         assert_eq!(failed, 0);
         assert!((0.85..1.2).contains(&(sum / n)), "chi2/ndf {}", sum / n);
+    }
+
+    /// The seed's bending spread is 1 where the field bends one way along the tent, and
+    /// grows as the bending cancels: a field that reverses between the hits, a solenoid's
+    /// radial fringe against its axial field.
+    #[test]
+    fn the_seed_prior_widens_where_the_bending_cancels() {
+        let abn = [[1.0, 2.0, 300.0], [3.0, 5.0, 600.0], [6.0, 9.0, 1000.0]];
+        let k = SEED_FIELD_SAMPLES;
+        let with = |f: &dyn Fn(usize) -> [f64; 3]| -> f64 {
+            let fields: [[f64; 3]; SEED_FIELD_POINTS] = std::array::from_fn(f);
+            seed_bending_spread(abn, &fields)
+        };
+        // Uniform, and a dipole whose strength changes along the tent: one direction.
+        assert!((with(&|_| [0.0, 0.9, 0.0]) - 1.0).abs() < 1e-12);
+        assert!((with(&|i| [0.0, 0.2 + 0.1 * i as f64, 0.0]) - 1.0).abs() < 1e-12);
+        // No field: nothing to widen by.
+        assert_eq!(with(&|_| [0.0; 3]), 1.0);
+        // By reversing halfway: the tent's halves nearly cancel.
+        let reversing = with(&|i| [0.0, if i < k { 1.0 } else { -1.0 }, 0.0]);
+        assert!(reversing > 5.0, "reversing field: {reversing}");
+        // A field along the beam upstream (bending by Bz times the slope), and downstream
+        // a radial one that bends the other way twice as hard, as a solenoid's end does.
+        let (tx, ty) = (5.0 / 700.0, 7.0 / 700.0);
+        let fringe = with(&|i| {
+            if i < k {
+                [0.0, 0.0, 2.0]
+            } else {
+                [4.0 * tx, 4.0 * ty, 0.0]
+            }
+        });
+        assert!(fringe > 2.0, "solenoid's end: {fringe}");
+        // Hits on one z: no seed, no spread.
+        let flat = [[0.0, 0.0, 300.0], [1.0, 1.0, 300.0], [2.0, 2.0, 300.0]];
+        assert_eq!(
+            seed_bending_spread(flat, &[[0.0, 1.0, 0.0]; SEED_FIELD_POINTS]),
+            1.0
+        );
     }
 
     /// A field along the beam (a solenoid) has no transverse component on the axis, yet
