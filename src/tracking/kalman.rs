@@ -1587,21 +1587,16 @@ pub fn seed_fields_of(
     abn: [[f64; 3]; 3],
     fields: &[[f64; 3]; SEED_FIELD_POINTS],
 ) -> ([f64; 3], [f64; 3]) {
-    let [a, b, n] = abn;
+    let [_, b, _] = abn;
     let ns = SEED_FIELD_SAMPLES as f64;
     let mut tent = [0.0f64; 3];
     let mut tent_w = 0.0f64;
-    for (seg, (p0, p1, rising)) in [(a, b, true), (b, n, false)].into_iter().enumerate() {
-        let len = p1[2] - p0[2];
-        for i in 0..SEED_FIELD_SAMPLES {
-            let f = (i as f64 + 0.5) / ns;
-            let w = (if rising { f } else { 1.0 - f }) * len;
-            let bf = fields[seg * SEED_FIELD_SAMPLES + i];
-            for k in 0..3 {
-                tent[k] += w * bf[k];
-            }
-            tent_w += w;
+    for (p, w) in tent_weights(abn) {
+        let bf = fields[p];
+        for k in 0..3 {
+            tent[k] += w * bf[k];
         }
+        tent_w += w;
     }
     let mut ramp = [0.0f64; 3];
     let mut ramp_w = 0.0f64;
@@ -1622,6 +1617,28 @@ pub fn seed_fields_of(
     (tent, ramp.map(|v| v / ramp_w))
 }
 
+/// The tent's points among [`seed_field_points`] (a -> b, then b -> n) with their weights
+/// by the midpoint rule, rising from `a` to `b` and falling to `n`, in the order
+/// [`seed_fields_of`] and [`seed_bending_spread`] sum them.
+#[inline]
+fn tent_weights(abn: [[f64; 3]; 3]) -> impl Iterator<Item = (usize, f64)> {
+    let [a, b, n] = abn;
+    let ns = SEED_FIELD_SAMPLES as f64;
+    [(a, b, true), (b, n, false)]
+        .into_iter()
+        .enumerate()
+        .flat_map(move |(seg, (p0, p1, rising))| {
+            let len = p1[2] - p0[2];
+            (0..SEED_FIELD_SAMPLES).map(move |i| {
+                let f = (i as f64 + 0.5) / ns;
+                (
+                    seg * SEED_FIELD_SAMPLES + i,
+                    (if rising { f } else { 1.0 - f }) * len,
+                )
+            })
+        })
+}
+
 /// How far the bending that the three-hit seed measures cancels along its tent: the
 /// tent-weighted mean of the bending terms' magnitude at the seed's field points
 /// ([`seed_field_points`]) over the magnitude of their mean, all at the chord slopes from
@@ -1639,27 +1656,21 @@ pub fn seed_fields_of(
 /// pulls 1.13-1.21 wide. `kernels/kalman_fit.cu` (`seed_bending_spread`) computes the same,
 /// in the same order.
 pub fn seed_bending_spread(abn: [[f64; 3]; 3], fields: &[[f64; 3]; SEED_FIELD_POINTS]) -> f64 {
-    let [a, b, n] = abn;
+    let [a, _, n] = abn;
     let dz = n[2] - a[2];
     if dz <= 0.0 {
         return 1.0;
     }
     let tx = (n[0] - a[0]) / dz;
     let ty = (n[1] - a[1]) / dz;
-    let ns = SEED_FIELD_SAMPLES as f64;
     let (mut net_x, mut net_y, mut gross) = (0.0f64, 0.0f64, 0.0f64);
-    for (seg, (p0, p1, rising)) in [(a, b, true), (b, n, false)].into_iter().enumerate() {
-        let len = p1[2] - p0[2];
-        for i in 0..SEED_FIELD_SAMPLES {
-            let f = (i as f64 + 0.5) / ns;
-            let w = (if rising { f } else { 1.0 - f }) * len;
-            let bf = fields[seg * SEED_FIELD_SAMPLES + i];
-            let ax = tx * ty * bf[0] - (1.0 + tx * tx) * bf[1] + ty * bf[2];
-            let ay = (1.0 + ty * ty) * bf[0] - tx * ty * bf[1] - tx * bf[2];
-            net_x += w * ax;
-            net_y += w * ay;
-            gross += w * (ax * ax + ay * ay).sqrt();
-        }
+    for (p, w) in tent_weights(abn) {
+        let bf = fields[p];
+        let ax = tx * ty * bf[0] - (1.0 + tx * tx) * bf[1] + ty * bf[2];
+        let ay = (1.0 + ty * ty) * bf[0] - tx * ty * bf[1] - tx * bf[2];
+        net_x += w * ax;
+        net_y += w * ay;
+        gross += w * (ax * ax + ay * ay).sqrt();
     }
     let net = (net_x * net_x + net_y * net_y).sqrt();
     let r = gross / net;

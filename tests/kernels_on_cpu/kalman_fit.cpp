@@ -9,6 +9,7 @@
 #include <string>
 
 #include "warp.h"
+#include "args.h"
 
 #define __noinline__ __attribute__((noinline))
 inline float __uint_as_float(unsigned v) { return std::bit_cast<float>(v); }
@@ -20,26 +21,6 @@ using std::fmin;
 using std::log;
 
 #include "../../kernels/kalman_fit.cu"
-
-template <class T>
-static std::vector<T> read(const std::string& dir, const char* name) {
-    const std::string path = dir + "/" + name;
-    FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) {
-        std::fprintf(stderr, "cannot open %s\n", path.c_str());
-        std::exit(2);
-    }
-    std::fseek(f, 0, SEEK_END);
-    const long bytes = std::ftell(f);
-    std::fseek(f, 0, SEEK_SET);
-    std::vector<T> v(bytes / sizeof(T));
-    if (std::fread(v.data(), 1, bytes, f) != (size_t)bytes) {
-        std::fprintf(stderr, "short read of %s\n", path.c_str());
-        std::exit(2);
-    }
-    std::fclose(f);
-    return v;
-}
 
 int main(int argc, char** argv) {
     if (argc != 2) {
