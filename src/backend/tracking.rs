@@ -71,6 +71,7 @@ impl TrackingConfig {
                 max_p_gev: f64::INFINITY,
                 max_chi2_ndf: f64::INFINITY,
                 min_hits: 0,
+                max_dp_over_p: f64::INFINITY,
                 max_slope: f64::INFINITY,
                 charge: None,
             });

@@ -9,7 +9,19 @@
 //! min_p_gev = 2.0
 //! max_chi2_ndf = 3.0
 //! min_hits = 5
+//!
+//! [[line]]
+//! name = "single_20gev"
+//! min_tracks = 1
+//! min_p_gev = 20.0
+//! max_dp_over_p = 0.2   # only momenta the field measured to 20 %
 //! ```
+//!
+//! A momentum cut reads the fitted momentum, measured or not: a track the field hardly
+//! bends (near the axis of a solenoid, whose field bends a track by its slope; a weak
+//! field; no field at all, where the fit takes its momentum from the scattering) has a
+//! momentum with an error as large as itself, up to any value. `max_dp_over_p` keeps such
+//! tracks out of a line: its cut is on the fit's relative error of q/p.
 
 use crate::tracking::track::Track;
 use serde::Deserialize;
@@ -37,6 +49,11 @@ pub struct LineConfig {
     /// Minimum number of hits.
     #[serde(default)]
     pub min_hits: u32,
+    /// Maximum relative error of the fitted momentum, `sigma(q/p) / |q/p|` (the fit's
+    /// covariance); absent: any. A track whose q/p is zero or not finite passes only
+    /// without this cut.
+    #[serde(default = "infinite")]
+    pub max_dp_over_p: f64,
     /// Maximum slope `sqrt(tx^2 + ty^2)` (angle to the beam axis).
     #[serde(default = "infinite")]
     pub max_slope: f64,
@@ -114,6 +131,9 @@ pub fn validate(lines: &[LineConfig]) -> Result<(), LineError> {
         if l.max_chi2_ndf.is_nan() || l.max_chi2_ndf <= 0.0 {
             return inv("max_chi2_ndf", "must be positive");
         }
+        if l.max_dp_over_p.is_nan() || l.max_dp_over_p <= 0.0 {
+            return inv("max_dp_over_p", "must be positive");
+        }
         if l.max_slope.is_nan() || l.max_slope <= 0.0 {
             return inv("max_slope", "must be positive");
         }
@@ -137,9 +157,20 @@ impl LineConfig {
             && (t.chi2_ndf() as f64) <= self.max_chi2_ndf
             && t.hits.len() as u64 >= self.min_hits as u64
             && slope2 <= self.max_slope * self.max_slope
+            && (self.max_dp_over_p == f64::INFINITY || self.measured_to(t))
             && self
                 .charge
                 .is_none_or(|c| (t.state.qop > 0.0) == (c > 0) && t.state.qop != 0.0)
+    }
+}
+
+impl LineConfig {
+    /// Whether the fit measured the track's momentum to `max_dp_over_p`: the q/p's error
+    /// at most that fraction of it (a q/p of zero, a NaN or infinite one is not measured).
+    fn measured_to(&self, t: &Track) -> bool {
+        let qop = t.state.qop as f64;
+        let sigma = (t.var(4) as f64).sqrt();
+        qop != 0.0 && qop.is_finite() && sigma <= self.max_dp_over_p * qop.abs()
     }
 }
 
@@ -251,6 +282,42 @@ charge = -1
             .collect();
         let lines = parse_lines(&ok64).unwrap();
         assert_eq!(evaluate(&lines, &[track(1.0, 1.0, 1.0, 5)]), u64::MAX);
+    }
+
+    /// A momentum line with `max_dp_over_p` fires on a measured momentum only: in a
+    /// solenoid a track near the axis is fitted at any momentum with an error as large.
+    #[test]
+    fn a_momentum_line_can_require_the_momentum_measured() {
+        let lines = parse_lines(
+            "[[line]]\nname = \"high_p\"\nmin_tracks = 1\nmin_p_gev = 20.0\n\
+             [[line]]\nname = \"high_p_measured\"\nmin_tracks = 1\nmin_p_gev = 20.0\n\
+             max_dp_over_p = 0.2\n",
+        )
+        .unwrap();
+        let with_error = |rel: f32| {
+            let mut t = track(50.0, 1.0, 1.0, 8);
+            t.cov[14] = (rel * t.state.qop).powi(2);
+            t
+        };
+        assert_eq!(evaluate(&lines, &[with_error(0.1)]), 0b11);
+        assert_eq!(evaluate(&lines, &[with_error(0.19)]), 0b11);
+        assert_eq!(evaluate(&lines, &[with_error(0.21)]), 0b01);
+        assert_eq!(evaluate(&lines, &[with_error(0.3)]), 0b01);
+        assert_eq!(evaluate(&lines, &[with_error(1.0)]), 0b01);
+        let mut nan = with_error(0.1);
+        nan.cov[14] = f32::NAN;
+        assert_eq!(evaluate(&lines, &[nan]), 0b01);
+        let mut zero = with_error(0.1);
+        zero.state.qop = 0.0;
+        assert_eq!(evaluate(&lines[1..], &[zero]), 0);
+        let bad = "[[line]]\nname = \"b\"\nmin_tracks = 1\nmax_dp_over_p = 0.0\n";
+        assert!(matches!(
+            parse_lines(bad),
+            Err(LineError::Invalid {
+                field: "max_dp_over_p",
+                ..
+            })
+        ));
     }
 
     proptest! {
