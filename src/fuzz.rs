@@ -343,10 +343,45 @@ pub fn trackml_csv(data: &[u8]) {
 /// The trigger-line configuration parser: any text gives lines or an error; accepted lines
 /// are within the limit and evaluate on an empty event.
 pub fn trigger_lines(data: &[u8]) {
+    use crate::tracking::lines::{evaluate, parse_lines, MAX_LINES};
+    use crate::tracking::track::{Track, TrackState};
     if let Ok(text) = std::str::from_utf8(data) {
-        if let Ok(lines) = crate::tracking::lines::parse_lines(text) {
-            assert!(lines.len() <= crate::tracking::lines::MAX_LINES);
-            let _ = crate::tracking::lines::evaluate(&lines, &[]);
+        if let Ok(lines) = parse_lines(text) {
+            assert!(lines.len() <= MAX_LINES);
+            assert_eq!(evaluate(&lines, &[]), 0, "a line fired without tracks");
+            // Tracks at the edges of every cut: a measured momentum, one with an error as
+            // large as itself, q/p zero, NaN and infinite, a NaN covariance, no hits.
+            let track = |qop: f32, var_qop: f32, n_hits: u32| {
+                let mut cov = [0.0f32; 15];
+                cov[14] = var_qop;
+                Track {
+                    hits: (0..n_hits).collect(),
+                    state: TrackState {
+                        z_mm: 100.0,
+                        x_mm: 0.0,
+                        y_mm: 0.0,
+                        tx: 0.05,
+                        ty: -0.02,
+                        qop,
+                    },
+                    cov,
+                    chi2: 4.0,
+                    ndf: 5,
+                }
+            };
+            let tracks = [
+                track(0.1, 1e-6, 8),
+                track(-0.05, 0.01, 6),
+                track(0.0, 0.0, 4),
+                track(f32::NAN, 1.0, 4),
+                track(f32::INFINITY, 0.0, 3),
+                track(0.5, f32::NAN, 0),
+            ];
+            let all = evaluate(&lines, &tracks);
+            // A line that fires on a part of the tracks fires on all of them.
+            for k in 0..tracks.len() {
+                assert_eq!(evaluate(&lines, &tracks[k..=k]) & !all, 0);
+            }
         }
     }
 }
