@@ -532,7 +532,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
 /// from the tracks of the first events ([`crate::tracking::beam_spot::measure_origin`]);
 /// where it lies off the default centre by more than a third of the box, the finder is
 /// centred on it, and where the tracks spread wider than the box holds, the box is
-/// widened to them ([`crate::tracking::beam_spot::wider_origin`]), or, where none of the
+/// widened to four spreads ([`crate::tracking::beam_spot::widened_origin`]), or, where none of the
 /// origin is configured, the origin moved to the plane upstream where they come together
 /// ([`crate::tracking::beam_spot::measure_origin_z`]); where they come from a region along
 /// the beam longer than the box's share allows (a long target), the origin is made as
@@ -625,11 +625,11 @@ fn origin_from_first_events(
         }
     }
     if free_box {
-        let wider = beam_spot::wider_origin(&spot, &cfg).map(|b| {
+        let wider = beam_spot::widened_origin(&spot, &cfg).map(|b| {
             (
                 b,
                 "wider than the default box holds",
-                "widened to",
+                "widened to four spreads,",
                 "widened",
             )
         });

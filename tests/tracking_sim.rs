@@ -235,8 +235,8 @@ fn eval_cli(
 /// A test beam through the command line, as a telescope's user runs it: `trigd simulate
 /// tracking` of 120 GeV/c particles spread over 5 mm of the planes, nearly parallel, then
 /// `trigd eval tracking` with only the beam's momentum configured. The evaluation
-/// measures the first events' tracks, widens the origin box to them, says so, and finds
-/// the particles.
+/// measures the first events' tracks, widens the origin box to four of their spreads,
+/// says so, and finds the particles.
 #[test]
 fn a_wide_test_beam_is_found_with_the_origin_box_widened() {
     let dir = tempfile::tempdir().unwrap();
@@ -272,8 +272,12 @@ fn a_wide_test_beam_is_found_with_the_origin_box_widened() {
         &["--config", config.to_str().unwrap()],
     );
     assert!(log.contains("origin box widened"), "{log}");
+    // Four spreads of the first events: the whole run's tracks, measured again, do not
+    // find the box too narrow (with three, the measurement's own scatter did, and the
+    // beam's tails were lost).
+    assert!(!log.contains("spread wider than the box"), "{log}");
     let eff = r["efficiency"].as_f64().unwrap();
-    assert!(eff >= 0.97, "efficiency {eff}");
+    assert!(eff >= 0.99, "efficiency {eff}");
     let spread = r["beam_spot"]["spread_mm"][0].as_f64().unwrap();
     assert!((spread - 5.0).abs() < 0.6, "spread {spread}");
 }

@@ -528,6 +528,20 @@ pub fn wider_origin(spot: &BeamSpot, cfg: &FinderConfig) -> Option<[f64; 2]> {
         .then(|| std::array::from_fn(|c| need[c].max(half[c])))
 }
 
+/// The box to set where [`wider_origin`] finds the configured one too narrow: four
+/// spreads per axis, never below the configured box (`None` where it is wide enough). A
+/// box set from a measurement holds four spreads, as [`narrower_origin`]'s does, while
+/// the check asks for three: the first events' spread is itself measured, a few per cent
+/// off with a hundred tracks, and a box of three measured spreads would be found too
+/// narrow again by the next measurement as often as not (and lose the beam's tails,
+/// 0.3 % of a Gaussian beam per axis beyond three standard deviations).
+pub fn widened_origin(spot: &BeamSpot, cfg: &FinderConfig) -> Option<[f64; 2]> {
+    wider_origin(spot, cfg)?;
+    let half = [cfg.origin_half_x_mm, cfg.origin_half_y_mm];
+    let need = box_of(spot, cfg, 4.0);
+    Some(std::array::from_fn(|c| need[c].max(half[c])))
+}
+
 /// The origin's half length (`origin_half_z_mm`) the tracks of `spot` need, where the
 /// configured one is too short for them and that loses tracks: their region along the
 /// beam is measured ([`OriginLength::resolved`]), reaches further from the configured
