@@ -486,7 +486,7 @@ __device__ void seed_lerp(const double* p0, const double* p1, double f, double* 
     out[1] = p0[1] + f * (p1[1] - p0[1]);
     out[2] = p0[2] + f * (p1[2] - p0[2]);
 }
-// Also the spread of the tent's bending (kalman.rs: seed_bending_spread): the tent-weighted
+// Also the spread of the tent's bending (kalman.rs: seed_fields' third value): the tent-weighted
 // mean of the bending terms' magnitude at the chord slopes from a to n over the magnitude
 // of their mean, at least 1, by which the seed's q/p prior widens.
 __device__ void seed_fields(const Grid& g, const double* a, const double* b, const double* n,

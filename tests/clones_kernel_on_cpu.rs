@@ -14,9 +14,9 @@
 
 mod clones_common;
 mod gpu_common;
+mod kernels_on_cpu;
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
@@ -24,6 +24,7 @@ use clones_common::{
     constructed_cases, constructed_events, count, found_events, seed, shipped_detectors,
     EventTracks,
 };
+use kernels_on_cpu::write_arg;
 use trigd::gpu::tracking_clones::{
     check_batch, pack_batch, BatchArrays, CloneLimits, CloneTables, CloneTrack, FIT_WORDS,
 };
@@ -37,47 +38,20 @@ use trigd::tracking::simulate::Preset;
 fn kernel_binaries() -> &'static [PathBuf] {
     static BINARIES: OnceLock<Vec<PathBuf>> = OnceLock::new();
     BINARIES.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
         let variants = [("", None), ("_ref0", Some("0u")), ("_ref1", Some("1u"))];
-        let builds: Vec<(PathBuf, std::process::Child)> = variants
+        let builds: Vec<_> = variants
             .iter()
             .map(|(suffix, ref_max)| {
-                let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
-                    .join(format!("ca_clones_on_cpu{suffix}"));
-                let mut cmd = Command::new(&cxx);
-                cmd.args(["-O2", "-std=c++20", "-ffp-contract=off", "-pthread"]);
-                if let Some(r) = ref_max {
-                    cmd.arg(format!("-DREF_MAX={r}"));
-                }
-                let child = cmd
-                    .arg("-o")
-                    .arg(&out)
-                    .arg(root.join("tests/kernels_on_cpu/ca_clones.cpp"))
-                    .spawn()
-                    .unwrap_or_else(|e| panic!("cannot run {cxx} ({e}): run ./setup.sh"));
-                (out, child)
+                let defines: Vec<String> = ref_max.iter().map(|r| format!("REF_MAX={r}")).collect();
+                kernels_on_cpu::start(
+                    "ca_clones.cpp",
+                    &format!("ca_clones_on_cpu{suffix}"),
+                    &defines,
+                )
             })
             .collect();
-        builds
-            .into_iter()
-            .map(|(out, mut child)| {
-                let status = child.wait().expect("the compiler");
-                assert!(status.success(), "{cxx} could not compile the kernel");
-                out
-            })
-            .collect()
+        builds.into_iter().map(kernels_on_cpu::finish).collect()
     })
-}
-
-fn write<T: Copy>(dir: &Path, name: &str, values: &[T]) {
-    // SAFETY: plain numbers (u32, i32, f32, f64) viewed as their bytes.
-    let bytes = unsafe {
-        std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
-    };
-    std::fs::File::create(dir.join(name))
-        .and_then(|mut f| f.write_all(bytes))
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
 }
 
 /// The kernel's marks of `events` on the CPU.
@@ -110,16 +84,16 @@ fn kernel_marks(geo: &FinderGeometry, cfg: &FinderConfig, events: &[EventTracks]
     let tables = CloneTables::new(geo, cfg);
     let dir = tempfile::tempdir().expect("temporary directory");
     let d = dir.path();
-    write(d, "ints", &tables.ints);
-    write(d, "doubles", &tables.doubles);
-    write(d, "plane_z", &tables.plane_z);
-    write(d, "nodes", &tables.nodes);
-    write(d, "event_start", &event_start);
-    write(d, "track_hit_start", &track_hit_start);
-    write(d, "hit_plane", &hit_plane);
-    write(d, "hit_x", &hit_x);
-    write(d, "hit_y", &hit_y);
-    write(d, "fits", &fits);
+    write_arg(d, "ints", &tables.ints);
+    write_arg(d, "doubles", &tables.doubles);
+    write_arg(d, "plane_z", &tables.plane_z);
+    write_arg(d, "nodes", &tables.nodes);
+    write_arg(d, "event_start", &event_start);
+    write_arg(d, "track_hit_start", &track_hit_start);
+    write_arg(d, "hit_plane", &hit_plane);
+    write_arg(d, "hit_x", &hit_x);
+    write_arg(d, "hit_y", &hit_y);
+    write_arg(d, "fits", &fits);
     let mut variants = kernel_binaries().iter().map(|binary| {
         let out = Command::new(binary)
             .arg(d)

@@ -15,6 +15,7 @@
 
 mod fit_common;
 mod gpu_common;
+mod kernels_on_cpu;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -22,6 +23,7 @@ use std::sync::OnceLock;
 
 use fit_common::{compare, detectors, found_tracks, with_variants};
 use gpu_common::{load, seed};
+use kernels_on_cpu::write_arg;
 use trigd::gpu::tracking_fit::{
     check_batch, pack_hits, unpack_outputs, FitLimits, FitTables, FittedTrack,
 };
@@ -33,25 +35,12 @@ use trigd::tracking::simulate::{Preset, SimConfig};
 fn kernel_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kalman_fit_on_cpu");
-        let status = Command::new(&cxx)
-            .args(["-O2", "-std=c++20", "-ffp-contract=off", "-pthread", "-o"])
-            .arg(&out)
-            .arg(root.join("tests/kernels_on_cpu/kalman_fit.cpp"))
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run {cxx} ({e}): run ./setup.sh"));
-        assert!(status.success(), "{cxx} failed to compile the fit kernel");
-        out
+        kernels_on_cpu::finish(kernels_on_cpu::start(
+            "kalman_fit.cpp",
+            "kalman_fit_on_cpu",
+            &[],
+        ))
     })
-}
-
-fn write<T: Copy>(dir: &Path, name: &str, v: &[T]) {
-    // Plain numbers, written as their little-endian bytes.
-    let bytes =
-        unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) };
-    std::fs::write(dir.join(name), bytes).expect("write an argument");
 }
 
 /// The kernel's fits of `tracks` with `fitter`'s tables, as the engine would return them.
@@ -62,22 +51,22 @@ fn kernel_fits(fitter: &KalmanFitter, tracks: &[&[FitHit]]) -> Vec<FittedTrack> 
     let t = FitTables::new(fitter);
     let dir = tempfile::tempdir().expect("temporary directory");
     let d = dir.path();
-    write(
+    write_arg(
         d,
         "shape",
         &[shape.n as i32, shape.stride as i32, shape.kmax as i32],
     );
-    write(d, "hits", &words);
-    write(d, "rows32", &t.rows32);
-    write(d, "rows64", &t.rows64);
-    write(d, "gap_steps", &t.gap_steps);
-    write(d, "gap_kind", &t.gap_kind);
-    write(d, "gap_slice", &t.gap_slice);
-    write(d, "slices", &t.slices);
-    write(d, "floats", &t.floats);
-    write(d, "doubles", &t.doubles);
-    write(d, "ints", &t.ints);
-    write(d, "nodes", &t.nodes);
+    write_arg(d, "hits", &words);
+    write_arg(d, "rows32", &t.rows32);
+    write_arg(d, "rows64", &t.rows64);
+    write_arg(d, "gap_steps", &t.gap_steps);
+    write_arg(d, "gap_kind", &t.gap_kind);
+    write_arg(d, "gap_slice", &t.gap_slice);
+    write_arg(d, "slices", &t.slices);
+    write_arg(d, "floats", &t.floats);
+    write_arg(d, "doubles", &t.doubles);
+    write_arg(d, "ints", &t.ints);
+    write_arg(d, "nodes", &t.nodes);
     let status = Command::new(kernel_binary())
         .arg(d)
         .status()

@@ -234,7 +234,7 @@ fn forward_disks_in_a_solenoid_simulated_independently_large_sample() {
 /// solenoid_end`): its radial fringe undoes the rotation the axial field gave (Busch's
 /// theorem), so a track's bending reverses along it. The three-hit seed's q/p, the net of
 /// bendings that nearly cancel, is then off by half or more for 40 % of the tracks, and its
-/// prior widens by how far the bending cancels (`kalman::seed_bending_spread`): without it
+/// prior widens by how far the bending cancels (`kalman::seed_fields`): without it
 /// the central events had 97.0 % efficiency and 3.3 % ghosts and the q/p pulls 1.13-1.21.
 /// Every aim holds on the sample of 40-400 particles; on the central events efficiency and
 /// ghosts do, the q/p pull (1.11) is not asserted.

@@ -37,7 +37,8 @@ use crate::tracking::geometry::{Detector, Field};
 #[cfg(target_arch = "x86_64")]
 use crate::tracking::propagate::F32Avx2;
 use crate::tracking::propagate::{
-    propagate, propagate_gap_in, steps_for, GapField, JacobianPacks, Pack, Real, K_GEV_PER_T_MM,
+    bending, propagate, propagate_gap_in, steps_for, GapField, JacobianPacks, Pack, Real,
+    K_GEV_PER_T_MM,
 };
 use crate::tracking::simulate::highland_theta0;
 use crate::tracking::track::{Track, TrackState};
@@ -159,13 +160,9 @@ fn gap_profiles(det: &Detector) -> Vec<bool> {
             // Scattering angle times momentum at plane p (unit charge, beta = 1), GeV.
             let theta_p = highland_theta0(1.0, 1.0, planes[p].x0_fraction);
             let tol = PROFILE_MS_FRACTION * theta_p / (K_GEV_PER_T_MM * (zb - za).max(1e-3));
-            let mut lines = Vec::new();
-            for i in -2..=2 {
-                for j in -2..=2 {
-                    let t = [t_max[0] * i as f64 / 2.0, t_max[1] * j as f64 / 2.0];
-                    lines.push(([t[0] * za, t[1] * za], [t[0] * zb, t[1] * zb]));
-                }
-            }
+            let lines: Vec<_> = acceptance_lines(t_max)
+                .map(|t| ([t[0] * za, t[1] * za], [t[0] * zb, t[1] * zb]))
+                .collect();
             crate::tracking::propagate::profile_is_parabolic(&det.field, za, zb, &lines, tol)
         })
         .collect()
@@ -218,14 +215,11 @@ fn adaptive_steps(
             let tol_mm = 0.1 * sigma.max(theta * dz);
             let tol_slope = 0.1 * if theta > 0.0 { theta } else { sigma / dz };
             let mut probes = Vec::new();
-            for i in -2..=2 {
-                for j in -2..=2 {
-                    let t = [t_max[0] * i as f64 / 2.0, t_max[1] * j as f64 / 2.0];
-                    for q in [-1.0, 1.0] {
-                        let s = [t[0] * za, t[1] * za, t[0], t[1], q / STEP_PROBE_P_GEV];
-                        let fine = propagate(&det.field, za, s, zb, dz / (2 * n_max) as f64).0;
-                        probes.push((s, fine));
-                    }
+            for t in acceptance_lines(t_max) {
+                for q in [-1.0, 1.0] {
+                    let s = [t[0] * za, t[1] * za, t[0], t[1], q / STEP_PROBE_P_GEV];
+                    let fine = propagate(&det.field, za, s, zb, dz / (2 * n_max) as f64).0;
+                    probes.push((s, fine));
                 }
             }
             (1..n_max)
@@ -275,20 +269,26 @@ pub fn seed_field_errors(det: &Detector) -> Vec<f64> {
     for (ni, o) in out.iter_mut().enumerate().skip(1) {
         let (zm, zn) = (planes[ni - 1].z_mm, planes[ni].z_mm);
         let (mut sum, mut lines) = (0.0f64, 0usize);
-        for i in -2..=2 {
-            for j in -2..=2 {
-                let t = [t_max[0] * i as f64 / 2.0, t_max[1] * j as f64 / 2.0];
-                let m = [t[0] * zm, t[1] * zm, zm];
-                let n = [t[0] * zn, t[1] * zn, zn];
-                let coarse = ramp(m, n, SEED_FIELD_SAMPLES);
-                let fine = ramp(m, n, FINE);
-                sum += (0..3).map(|k| (coarse[k] - fine[k]).powi(2)).sum::<f64>();
-                lines += 1;
-            }
+        for t in acceptance_lines(t_max) {
+            let m = [t[0] * zm, t[1] * zm, zm];
+            let n = [t[0] * zn, t[1] * zn, zn];
+            let coarse = ramp(m, n, SEED_FIELD_SAMPLES);
+            let fine = ramp(m, n, FINE);
+            sum += (0..3).map(|k| (coarse[k] - fine[k]).powi(2)).sum::<f64>();
+            lines += 1;
         }
         *o = (sum / lines as f64).sqrt();
     }
     out
+}
+
+/// The slopes of the lines from the origin (z = 0) through the corners, edges and centre
+/// of the acceptance (`t_max` of [`acceptance_slopes`]), in halves of it: 25 lines, x's
+/// slope outermost.
+fn acceptance_lines(t_max: [f64; 2]) -> impl Iterator<Item = [f64; 2]> {
+    (-2..=2).flat_map(move |i| {
+        (-2..=2).map(move |j| [t_max[0] * i as f64 / 2.0, t_max[1] * j as f64 / 2.0])
+    })
 }
 
 /// The largest slopes from the origin (z = 0) to the planes' edges, x and y.
@@ -307,13 +307,13 @@ fn acceptance_slopes(det: &Detector) -> [f64; 2] {
 /// Sagitta of a 100 GeV/c track over the detector (mm), detector length (mm), smallest
 /// hit resolution (mm).
 ///
-/// The field bends a track of slopes `(tx, ty)` by its bending terms `n (Ax, Ay)` (see
-/// [`bending_packs`]), not by its transverse components alone: a field along the beam (a
+/// The field bends a track of slopes `(tx, ty)` by its bending terms `n (Ax, Ay)`
+/// ([`bending`]), not by its transverse components alone: a field along the beam (a
 /// solenoid, or a dipole's fringe) bends every inclined track by `Bz` times its slope. So
 /// the largest bending is taken over the lines from the origin through the corners, edges
-/// and centre of the acceptance (as [`gap_profiles`] reads the field), at every sampled z
-/// from the first plane to the last: a detector in a solenoid measures momenta although
-/// the field on the axis has no transverse component.
+/// and centre of the acceptance ([`acceptance_lines`], as the fit's steps are judged), at
+/// every sampled z from the first plane to the last: a detector in a solenoid measures
+/// momenta although the field on the axis has no transverse component.
 pub fn bending_power(det: &Detector) -> (f64, f64, f64) {
     let planes = &det.planes;
     if planes.len() < 2 {
@@ -324,17 +324,12 @@ pub fn bending_power(det: &Detector) -> (f64, f64, f64) {
     let length = z1 - z0;
     let t_max = acceptance_slopes(det);
     let mut bt = 0.0f64;
-    for i in -2..=2 {
-        for j in -2..=2 {
-            let (tx, ty) = (t_max[0] * i as f64 / 2.0, t_max[1] * j as f64 / 2.0);
-            let n = (1.0 + tx * tx + ty * ty).sqrt();
-            for k in 0..=16 {
-                let z = z0 + length * k as f64 / 16.0;
-                let b = det.field.at([tx * z, ty * z, z]);
-                let ax = tx * ty * b[0] - (1.0 + tx * tx) * b[1] + ty * b[2];
-                let ay = (1.0 + ty * ty) * b[0] - tx * ty * b[1] - tx * b[2];
-                bt = bt.max(n * ax.hypot(ay));
-            }
+    for [tx, ty] in acceptance_lines(t_max) {
+        let n = (1.0 + tx * tx + ty * ty).sqrt();
+        for k in 0..=16 {
+            let z = z0 + length * k as f64 / 16.0;
+            let (ax, ay) = bending(tx, ty, det.field.at([tx * z, ty * z, z]));
+            bt = bt.max(n * ax.hypot(ay));
         }
     }
     let sagitta = K_GEV_PER_T_MM * bt * length * length / 8.0 / 100.0;
@@ -1142,7 +1137,7 @@ impl KalmanFitter {
         }
         let half = P::of(0.5);
         // The fields the seed's two estimates measure (see `seed_fields`): the three-hit
-        // curvature's and the last two hits' bending.
+        // curvature's and the last two hits' bending; and how far the first cancels.
         let (b_mid, b_last, spread) = match &self.field {
             Field::Uniform { b_tesla } => (b_tesla.map(P::of), b_tesla.map(P::of), P::of(1.0)),
             field => {
@@ -1162,12 +1157,12 @@ impl KalmanFitter {
                 let mut fields = [[[0.0f64; 3]; SEED_FIELD_POINTS]; L];
                 field.at_many(points.as_flattened(), fields.as_flattened_mut());
                 for l in 0..L {
-                    let (m, t) = seed_fields_of(field, abn[l], &fields[l]);
+                    let (m, t, spread) = seed_fields_of(field, abn[l], &fields[l]);
                     for k in 0..3 {
                         bm[k].0[l] = T::of(m[k]);
                         bl[k].0[l] = T::of(t[k]);
                     }
-                    sp.0[l] = T::of(seed_bending_spread(abn[l], &fields[l]));
+                    sp.0[l] = T::of(spread);
                 }
                 (bm, bl, sp)
             }
@@ -1426,7 +1421,7 @@ impl KalmanFitter {
     /// Three-hit seed of q/p (general field direction, `b` the field its tent measures) and
     /// its prior variance, per lane; hits at `z`, `x`, `y` from upstream. The prior's width
     /// is `qop_prior_rel` of the estimate times `spread`, how far the bending cancels along
-    /// the tent ([`seed_bending_spread`]; 1 in a uniform field), plus `qop_prior_floor`.
+    /// the tent ([`seed_fields`]; 1 in a uniform field), plus `qop_prior_floor`.
     #[inline(always)]
     fn seed_qop<T: Real, const L: usize>(
         &self,
@@ -1547,8 +1542,22 @@ pub const SEED_FIELD_SAMPLES: usize = 3;
 /// needs only to fall well inside the q/p prior for the filter's linearisation, and more
 /// samples changed the pulls by under 0.05 on that field.
 ///
+/// Third, how far the bending the three-hit seed measures cancels along its tent: the
+/// tent-weighted mean of the bending terms' magnitude at the tent's points over the
+/// magnitude of their mean, all at the chord slopes from the first hit to the last; at
+/// least 1. It is 1 where the field bends one way all along the tent (a uniform field, a
+/// dipole) and large where the bending changes sign between the hits: a field that
+/// reverses, or a solenoid's end, whose radial fringe undoes in a few centimetres the
+/// rotation its axial field gave a track from the axis (Busch's theorem). The seed's q/p
+/// is the net bending of the hits over the net bending of its field model, and the model
+/// (the chord's slopes and positions, the field at a few points) misses a fraction of the
+/// bending at each point, not of the net: relative to the q/p, that error grows by this
+/// ratio, and so does the prior's width ([`KalmanFitter`]'s `seed_qop`). Without it, a
+/// solenoid ending inside the detector left 40 % of the seeds more than half their q/p
+/// off and the q/p pulls 1.13-1.21 wide.
+///
 /// `kernels/kalman_fit.cu` (`seed_fields`) computes the same, in the same order.
-pub fn seed_fields(field: &Field, abn: [[f64; 3]; 3], m: [f64; 3]) -> ([f64; 3], [f64; 3]) {
+pub fn seed_fields(field: &Field, abn: [[f64; 3]; 3], m: [f64; 3]) -> ([f64; 3], [f64; 3], f64) {
     let points = seed_field_points(abn, m);
     let mut fields = [[0.0f64; 3]; SEED_FIELD_POINTS];
     field.at_many(&points, &mut fields);
@@ -1586,17 +1595,30 @@ pub fn seed_fields_of(
     field: &Field,
     abn: [[f64; 3]; 3],
     fields: &[[f64; 3]; SEED_FIELD_POINTS],
-) -> ([f64; 3], [f64; 3]) {
-    let [_, b, _] = abn;
+) -> ([f64; 3], [f64; 3], f64) {
+    let [a, b, n] = abn;
     let ns = SEED_FIELD_SAMPLES as f64;
     let mut tent = [0.0f64; 3];
     let mut tent_w = 0.0f64;
-    for (p, w) in tent_weights(abn) {
-        let bf = fields[p];
-        for k in 0..3 {
-            tent[k] += w * bf[k];
+    // The chord's slopes (not finite for hits on one z, which the spread then ignores).
+    let dz = n[2] - a[2];
+    let (tx, ty) = ((n[0] - a[0]) / dz, (n[1] - a[1]) / dz);
+    let (mut net_x, mut net_y, mut gross) = (0.0f64, 0.0f64, 0.0f64);
+    for (seg, (p0, p1, rising)) in [(a, b, true), (b, n, false)].into_iter().enumerate() {
+        let len = p1[2] - p0[2];
+        for i in 0..SEED_FIELD_SAMPLES {
+            let f = (i as f64 + 0.5) / ns;
+            let w = (if rising { f } else { 1.0 - f }) * len;
+            let bf = fields[seg * SEED_FIELD_SAMPLES + i];
+            for k in 0..3 {
+                tent[k] += w * bf[k];
+            }
+            tent_w += w;
+            let (ax, ay) = bending(tx, ty, bf);
+            net_x += w * ax;
+            net_y += w * ay;
+            gross += w * (ax * ax + ay * ay).sqrt();
         }
-        tent_w += w;
     }
     let mut ramp = [0.0f64; 3];
     let mut ramp_w = 0.0f64;
@@ -1614,72 +1636,15 @@ pub fn seed_fields_of(
     } else {
         field.at(b)
     };
-    (tent, ramp.map(|v| v / ramp_w))
-}
-
-/// The tent's points among [`seed_field_points`] (a -> b, then b -> n) with their weights
-/// by the midpoint rule, rising from `a` to `b` and falling to `n`, in the order
-/// [`seed_fields_of`] and [`seed_bending_spread`] sum them.
-#[inline]
-fn tent_weights(abn: [[f64; 3]; 3]) -> impl Iterator<Item = (usize, f64)> {
-    let [a, b, n] = abn;
-    let ns = SEED_FIELD_SAMPLES as f64;
-    [(a, b, true), (b, n, false)]
-        .into_iter()
-        .enumerate()
-        .flat_map(move |(seg, (p0, p1, rising))| {
-            let len = p1[2] - p0[2];
-            (0..SEED_FIELD_SAMPLES).map(move |i| {
-                let f = (i as f64 + 0.5) / ns;
-                (
-                    seg * SEED_FIELD_SAMPLES + i,
-                    (if rising { f } else { 1.0 - f }) * len,
-                )
-            })
-        })
-}
-
-/// How far the bending that the three-hit seed measures cancels along its tent: the
-/// tent-weighted mean of the bending terms' magnitude at the seed's field points
-/// ([`seed_field_points`]) over the magnitude of their mean, all at the chord slopes from
-/// the first hit to the last; at least 1.
-///
-/// It is 1 where the field bends one way all along the tent (a uniform field, a dipole)
-/// and large where the bending changes sign between the hits: a field that reverses, or a
-/// solenoid's end, whose radial fringe undoes in a few centimetres the rotation its axial
-/// field gave a track from the axis (Busch's theorem). The seed's q/p is the net bending
-/// of the hits over the net bending of its field model, and the model (the chord's slopes
-/// and positions, the field at a few points) misses a fraction of the bending at each
-/// point, not of the net: relative to the q/p, that error grows by this ratio, and so does
-/// the prior's width ([`KalmanFitter`]'s `seed_qop`). Without it, a solenoid ending
-/// inside the detector left 40 % of the seeds more than half their q/p off and the q/p
-/// pulls 1.13-1.21 wide. `kernels/kalman_fit.cu` (`seed_bending_spread`) computes the same,
-/// in the same order.
-pub fn seed_bending_spread(abn: [[f64; 3]; 3], fields: &[[f64; 3]; SEED_FIELD_POINTS]) -> f64 {
-    let [a, _, n] = abn;
-    let dz = n[2] - a[2];
-    if dz <= 0.0 {
-        return 1.0;
-    }
-    let tx = (n[0] - a[0]) / dz;
-    let ty = (n[1] - a[1]) / dz;
-    let (mut net_x, mut net_y, mut gross) = (0.0f64, 0.0f64, 0.0f64);
-    for (p, w) in tent_weights(abn) {
-        let bf = fields[p];
-        let ax = tx * ty * bf[0] - (1.0 + tx * tx) * bf[1] + ty * bf[2];
-        let ay = (1.0 + ty * ty) * bf[0] - tx * ty * bf[1] - tx * bf[2];
-        net_x += w * ax;
-        net_y += w * ay;
-        gross += w * (ax * ax + ay * ay).sqrt();
-    }
     let net = (net_x * net_x + net_y * net_y).sqrt();
     let r = gross / net;
     // No net bending (no field, hits on one z) or a ratio that is not a number: none.
-    if net > 0.0 && r.is_finite() && r > 1.0 {
+    let spread = if dz > 0.0 && net > 0.0 && r.is_finite() && r > 1.0 {
         r
     } else {
         1.0
-    }
+    };
+    (tent, ramp.map(|v| v / ramp_w), spread)
 }
 
 /// Curvature terms `(Ax, Ay)` of the equations of motion per lane (see [`bending`]).
@@ -2194,9 +2159,12 @@ mod tests {
     fn the_seed_prior_widens_where_the_bending_cancels() {
         let abn = [[1.0, 2.0, 300.0], [3.0, 5.0, 600.0], [6.0, 9.0, 1000.0]];
         let k = SEED_FIELD_SAMPLES;
+        let none = Field::Uniform { b_tesla: [0.0; 3] };
+        let spread =
+            |abn, fields: &[[f64; 3]; SEED_FIELD_POINTS]| seed_fields_of(&none, abn, fields).2;
         let with = |f: &dyn Fn(usize) -> [f64; 3]| -> f64 {
             let fields: [[f64; 3]; SEED_FIELD_POINTS] = std::array::from_fn(f);
-            seed_bending_spread(abn, &fields)
+            spread(abn, &fields)
         };
         // Uniform, and a dipole whose strength changes along the tent: one direction.
         assert!((with(&|_| [0.0, 0.9, 0.0]) - 1.0).abs() < 1e-12);
@@ -2219,10 +2187,7 @@ mod tests {
         assert!(fringe > 2.0, "solenoid's end: {fringe}");
         // Hits on one z: no seed, no spread.
         let flat = [[0.0, 0.0, 300.0], [1.0, 1.0, 300.0], [2.0, 2.0, 300.0]];
-        assert_eq!(
-            seed_bending_spread(flat, &[[0.0, 1.0, 0.0]; SEED_FIELD_POINTS]),
-            1.0
-        );
+        assert_eq!(spread(flat, &[[0.0, 1.0, 0.0]; SEED_FIELD_POINTS]), 1.0);
     }
 
     /// A field along the beam (a solenoid) has no transverse component on the axis, yet

@@ -157,20 +157,10 @@ impl LineConfig {
             && (t.chi2_ndf() as f64) <= self.max_chi2_ndf
             && t.hits.len() as u64 >= self.min_hits as u64
             && slope2 <= self.max_slope * self.max_slope
-            && (self.max_dp_over_p == f64::INFINITY || self.measured_to(t))
+            && (self.max_dp_over_p == f64::INFINITY || t.momentum_measured_to(self.max_dp_over_p))
             && self
                 .charge
                 .is_none_or(|c| (t.state.qop > 0.0) == (c > 0) && t.state.qop != 0.0)
-    }
-}
-
-impl LineConfig {
-    /// Whether the fit measured the track's momentum to `max_dp_over_p`: the q/p's error
-    /// at most that fraction of it (a q/p of zero, a NaN or infinite one is not measured).
-    fn measured_to(&self, t: &Track) -> bool {
-        let qop = t.state.qop as f64;
-        let sigma = (t.var(4) as f64).sqrt();
-        qop != 0.0 && qop.is_finite() && sigma <= self.max_dp_over_p * qop.abs()
     }
 }
 

@@ -54,4 +54,12 @@ impl Track {
         let var = self.var(4) as f64;
         qop != 0.0 && qop.is_finite() && (var < 0.81 * qop * qop || var.is_nan())
     }
+    /// Whether the fit measured the momentum to `rel`: q/p finite and not zero, with an
+    /// error at most `rel` of itself (a NaN error is not within any; a trigger line's
+    /// `max_dp_over_p`).
+    pub fn momentum_measured_to(&self, rel: f64) -> bool {
+        let qop = self.state.qop as f64;
+        let sigma = (self.var(4) as f64).sqrt();
+        qop != 0.0 && qop.is_finite() && sigma <= rel * qop.abs()
+    }
 }
