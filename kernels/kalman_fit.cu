@@ -36,6 +36,7 @@
 #define PI_NZ 4
 #define PI_FIELD_MAP 5
 #define PI_SCATTER_QOP 6
+#define PI_SCATTER_QOP_ERROR 7
 #define PF_QOP_FIXED 0
 #define PF_QOP_FIXED_VAR 1
 #define PF_PRIOR_REL 2
@@ -458,9 +459,11 @@ __device__ __forceinline__ void update(float st[5], float c[15], float& chi2, bo
     chi2 += r0 * r0 * inv_s00 + e * e * s00 * inv_det;
 }
 
-// Multiple-scattering noise for crossing x0 radiation lengths (scatter).
+// Multiple-scattering noise for crossing x0 radiation lengths (scatter); with qop_error,
+// of the expectation of (q/p)^2 over the q/p's variance, counted up to the estimate's
+// square (FitConfig::scatters_with_qop_error).
 __device__ __forceinline__ void scatter(float c[15], float tx, float ty, float qop, float x0,
-                                        float ln_x0, float mass2) {
+                                        float ln_x0, float mass2, bool qop_error) {
     const float one = 1.0f, six = 6.0f, four = 4.0f;
     const float u = tx * tx + ty * ty;
     const float n2 = one + u;
@@ -470,7 +473,12 @@ __device__ __forceinline__ void scatter(float c[15], float tx, float ty, float q
     const float pw = w * (six + w), qw = six + four * w;
     const float log_term = ln_x0 + (0.5f * pu * qw + pw * qu) / (qu * qw);
     const float g = one + (float)0.038 * log_term;
-    const float f2 = HIGHLAND2_F * qop * qop * (one + w) * g * g;
+    float f2 = HIGHLAND2_F * qop * qop * (one + w) * g * g;
+    if (qop_error) {
+        const float q2 = qop * qop;
+        const float var = c[tri(4, 4)];
+        f2 = HIGHLAND2_F * (q2 + (q2 < var ? q2 : var)) * (one + w) * g * g;
+    }
     const float th2n = f2 * xr * n2;
     c[tri(2, 2)] += th2n * (one + tx * tx);
     c[tri(3, 3)] += th2n * (one + ty * ty);
@@ -900,6 +908,9 @@ __device__ void kalman_fit_pass(const Hits& h, int n, int kmax, const KalmanTabl
     float chi2 = 0.0f;
     bool untrusted = false;
     const float mass2 = pf[PF_MASS2];
+    // The scattering's expectation over the q/p's error where the seed's prior is as wide
+    // as its estimate (FitConfig::scatters_with_qop_error).
+    const bool qop_error = pi[PI_SCATTER_QOP_ERROR] != 0 && !(pf[PF_PRIOR_REL] * spread < 1.0f);
 
     // Plane by plane upstream: step, transport, update with the hit on the plane (none on
     // the second-to-last hit's plane: the seed used it), scattering in the plane's
@@ -927,7 +938,7 @@ __device__ void kalman_fit_pass(const Hits& h, int n, int kmax, const KalmanTabl
         tx = st[2];
         ty = st[3];
         qop = st[4];
-        scatter(c, tx, ty, qop, x0, r[4], mass2);
+        scatter(c, tx, ty, qop, x0, r[4], mass2, qop_error);
     }
 
     // Not finite anywhere, a variance that is not positive, or a covariance that lost

@@ -222,10 +222,7 @@ impl GpuTracker {
         tables.push(CaTables::new(&geo, cfg, passes.reach));
         let cache = KernelCache::from_env();
         let mut ca = GpuCaEngine::with_tables(device, tables, Some(&fitter), limits.ca, &cache)?;
-        let track_fitter = cfg
-            .fit
-            .estimates_scattering()
-            .then(|| KalmanFitter::new(det, cfg.fit.clone()));
+        let track_fitter = cfg.track_fit().map(|f| KalmanFitter::new(det, f));
         if let Some(f) = &track_fitter {
             ca.set_track_fitter(f)?;
         }

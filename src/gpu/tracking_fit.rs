@@ -72,7 +72,7 @@ const GAP_MAP: i32 = 2;
 const GAP_PROFILE: i32 = 3;
 
 /// Entries of the parameter arrays (PI_*, PF_*, PD_* in kernels/kalman_fit.cu).
-const PARAM_INTS: usize = 7;
+const PARAM_INTS: usize = 8;
 const PARAM_FLOATS: usize = 14;
 const PARAM_DOUBLES: usize = 9 + SCATTER_GRID;
 
@@ -378,6 +378,7 @@ impl FitTables {
         ints[0] = n as i32;
         ints[1] = i32::from(cfg.fit_momentum);
         ints[6] = i32::from(cfg.estimates_scattering());
+        ints[7] = i32::from(cfg.scatters_with_qop_error());
         let nodes = match field {
             Field::Uniform { b_tesla } => {
                 for k in 0..3 {

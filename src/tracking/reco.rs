@@ -124,12 +124,10 @@ impl Reconstructor {
         let geo = FinderGeometry::new(det, &cfg);
         // Without a field and without a given momentum the candidates are fitted, ranked
         // and cut with the scattering of the momentum cut (`scatter_p_min_gev`), and the
-        // accepted tracks fitted again with each one's own (`scattering_qop`).
+        // accepted tracks fitted again with each one's own (`scattering_qop`,
+        // `FinderConfig::track_fit`).
         let fitter = KalmanFitter::new(det, cfg.candidate_fit());
-        let track_fitter = cfg
-            .fit
-            .estimates_scattering()
-            .then(|| KalmanFitter::new(det, cfg.fit.clone()));
+        let track_fitter = cfg.track_fit().map(|f| KalmanFitter::new(det, f));
         let buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
         // The stiff-track pass's rung has its own field tables (as on the GPU); the others
         // share the configuration's, which cover their narrower slopes.

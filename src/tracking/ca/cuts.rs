@@ -436,6 +436,14 @@ impl FinderConfig {
         f
     }
 
+    /// The accepted tracks' fit where it differs from the candidates'
+    /// ([`Self::candidate_fit`]): the finder fits its accepted tracks again with it, and
+    /// tracks its later steps change. Without a field and without a given momentum, each
+    /// track's own scattering ([`FitConfig::estimates_scattering`]).
+    pub fn track_fit(&self) -> Option<FitConfig> {
+        self.fit.estimates_scattering().then(|| self.fit.clone())
+    }
+
     /// The cut on the fitted tracks' momenta ([`Self::keep_tracks_below_min_p`]).
     pub fn momentum_cut(&self) -> MomentumCut {
         MomentumCut {
@@ -698,6 +706,7 @@ pub struct FitOverrides {
     pub qop_prior_floor: Option<f64>,
     pub mass_gev: Option<f64>,
     pub scatter_prior: Option<Vec<f64>>,
+    pub scatter_qop_error: Option<bool>,
 }
 
 impl FinderOverrides {
@@ -760,7 +769,8 @@ impl FinderOverrides {
             scatter_p_min_gev,
             qop_prior_rel,
             qop_prior_floor,
-            mass_gev
+            mass_gev,
+            scatter_qop_error
         );
         if let Some(p) = f.p_no_field_gev {
             c.fit.p_no_field_gev = Some(p);
