@@ -37,6 +37,7 @@
 #define PI_FIELD_MAP 5
 #define PI_SCATTER_QOP 6
 #define PI_SCATTER_QOP_ERROR 7
+#define PI_SCATTER_FLOOR 8
 #define PF_QOP_FIXED 0
 #define PF_QOP_FIXED_VAR 1
 #define PF_PRIOR_REL 2
@@ -45,6 +46,7 @@
 #define PF_B 5
 #define PF_ORIGIN 8
 #define PF_INV_STEP 11
+#define PF_SCATTER_QOP_MAX 14
 #define PD_MASS 0
 #define PD_ORIGIN 1
 #define PD_INV_STEP 4
@@ -911,6 +913,9 @@ __device__ void kalman_fit_pass(const Hits& h, int n, int kmax, const KalmanTabl
     // The scattering's expectation over the q/p's error where the seed's prior is as wide
     // as its estimate (FitConfig::scatters_with_qop_error).
     const bool qop_error = pi[PI_SCATTER_QOP_ERROR] != 0 && !(pf[PF_PRIOR_REL] * spread < 1.0f);
+    // The largest |q/p| whose scattering the planes add (FitConfig::scatter_qop_max).
+    const bool floor = pi[PI_SCATTER_FLOOR] != 0;
+    const float qop_max = pf[PF_SCATTER_QOP_MAX];
 
     // Plane by plane upstream: step, transport, update with the hit on the plane (none on
     // the second-to-last hit's plane: the seed used it), scattering in the plane's
@@ -938,7 +943,12 @@ __device__ void kalman_fit_pass(const Hits& h, int n, int kmax, const KalmanTabl
         tx = st[2];
         ty = st[3];
         qop = st[4];
-        scatter(c, tx, ty, qop, x0, r[4], mass2, qop_error);
+        float q_scatter = qop;
+        if (floor) {
+            const float a = fabsf(qop);
+            q_scatter = a < qop_max ? a : qop_max;
+        }
+        scatter(c, tx, ty, q_scatter, x0, r[4], mass2, qop_error);
     }
 
     // Not finite anywhere, a variance that is not positive, or a covariance that lost

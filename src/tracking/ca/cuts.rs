@@ -290,6 +290,7 @@ impl FinderConfig {
         let momentum_slack = 1.15;
         let mut fit = FitConfig::from_detector(det);
         fit.scatter_p_min_gev = min_p / momentum_slack;
+        fit.scatter_floor = true;
         let b = MomentumBounds::new(det, origin, min_p / momentum_slack);
         let (max_tx, max_ty, cx, cy) = (b.max_t[0], b.max_t[1], b.curvature[0], b.curvature[1]);
         let slope_factor = slope_factor(max_tx, max_ty);
@@ -707,6 +708,7 @@ pub struct FitOverrides {
     pub mass_gev: Option<f64>,
     pub scatter_prior: Option<Vec<f64>>,
     pub scatter_qop_error: Option<bool>,
+    pub scatter_floor: Option<bool>,
 }
 
 impl FinderOverrides {
@@ -770,7 +772,8 @@ impl FinderOverrides {
             qop_prior_rel,
             qop_prior_floor,
             mass_gev,
-            scatter_qop_error
+            scatter_qop_error,
+            scatter_floor
         );
         if let Some(p) = f.p_no_field_gev {
             c.fit.p_no_field_gev = Some(p);
