@@ -25,7 +25,7 @@
 //! | `stiff_pass_p_factor` | the momentum of a first run of each pass (on consecutive planes, then over missing planes) for the stiffer tracks (every momentum-dependent window above at that momentum), whose hits the runs at the minimum momentum no longer see |
 //! | `overflow_p_steps` | the momentum a pass is run again at when its combinations fill a per-event buffer: doubled each time, the windows narrowing with it |
 //! | `max_gap_planes` | the planes in a row a track may cross without a hit (plane inefficiency: two in a row miss at `(1 - eff)^2`), bridged by doublets in the second pass |
-//! | `max_chi2_ndf` | the fit's chi-square per degree of freedom, its scattering at the track's momentum: measured in a field; without one estimated from the track's kinks from the minimum momentum up (`fit.scatter_p_min_gev`), or the one a user gives (`fit.p_no_field_gev`, then widened for the tracks at the minimum momentum) |
+//! | `max_chi2_ndf` | the fit's chi-square per degree of freedom, its scattering at the track's momentum: measured in a field, at most the minimum momentum's over its slack (`fit.scatter_floor`: no track the finder looks for scatters more), and where a seed's bending cancels its expectation over the q/p's error (`fit.scatter_qop_error`); without one estimated from the track's kinks from the minimum momentum up (`fit.scatter_p_min_gev`), or the one a user gives (`fit.p_no_field_gev`, then widened for the tracks at the minimum momentum) |
 
 use crate::tracking::geometry::Detector;
 use crate::tracking::kalman::{FitConfig, MAX_PLANES};
