@@ -103,7 +103,8 @@ pub struct FitConfig {
     /// field hardly bends, such as one near a solenoid's axis, or a candidate with a
     /// foreign hit) takes the scattering of any momentum, and a foreign hit's kink passes
     /// as scattering: at a solenoid's end, 2.3 % ghosts in central events, 0.4 % with it.
-    /// Default: off (the state's own q/p).
+    /// Default: off (the state's own q/p); the finder's is off where it keeps the tracks
+    /// below its minimum momentum (`keep_tracks_below_min_p`).
     pub scatter_floor: bool,
 }
 
@@ -2401,8 +2402,15 @@ mod tests {
             .scatter_qop_max()
             .expect("the finder bounds the scattering");
         assert!((q_max - cfg.momentum_slack).abs() < 1e-12);
+        assert_eq!(cfg.candidate_fit().scatter_qop_max(), Some(q_max));
         let no_field = FinderConfig::from_detector(&detector(8, [0.0; 3], 0.02, 0.012), 1.0);
         assert_eq!(no_field.fit.scatter_qop_max(), None);
+        // Tracks below the cut wanted: fitted with their own scattering.
+        let keep = FinderConfig {
+            keep_tracks_below_min_p: true,
+            ..cfg.clone()
+        };
+        assert_eq!(keep.candidate_fit().scatter_qop_max(), None);
         let off = FitConfig {
             scatter_floor: false,
             ..cfg.fit.clone()

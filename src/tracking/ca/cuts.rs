@@ -264,8 +264,9 @@ pub struct FinderConfig {
     /// the tracks fitted at 0.5-1 GeV/c there, 3.1 % at 1-2). On 102 drawn detectors and
     /// events: ghosts 0.70 -> 0.66 % on average, clones halved, the mean efficiency the
     /// same (three samples lose 0.05-0.06 % of their particles, none gains), one more
-    /// sample meets every aim (`bench/RESULTS.md`). Without a field nothing is cut.
-    /// Default false.
+    /// sample meets every aim (`bench/RESULTS.md`). Without a field nothing is cut. Kept,
+    /// such tracks are fitted with their own scattering: the bound at the minimum
+    /// momentum's (`fit.scatter_floor`) is then off. Default false.
     pub keep_tracks_below_min_p: bool,
     /// Kalman fit settings.
     pub fit: FitConfig,
@@ -434,6 +435,8 @@ impl FinderConfig {
         if f.estimates_scattering() {
             f.p_no_field_gev = Some(f.scatter_p_min_gev);
         }
+        // Tracks below the minimum momentum are wanted: their scattering is their own.
+        f.scatter_floor &= !self.keep_tracks_below_min_p;
         f
     }
 
