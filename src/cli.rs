@@ -517,12 +517,29 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Check(a) => {
             let cfg = Config::from_file(&a.config)?;
+            // A tracking configuration is built as the daemon builds it (the geometry and
+            // its field map read, the finder derived and checked), so that what `run`
+            // would refuse is refused here, and what the finder derived is shown.
+            let tracking = if cfg.daemon.workload == crate::config::WorkloadKind::Tracking
+                || cfg.tracking.is_some()
+            {
+                Some(crate::backend::tracking::TrackingSetup::new(&cfg, None)?)
+            } else {
+                None
+            };
             println!(
                 "{}: ok ({} inputs, workload {})",
                 a.config.display(),
                 cfg.inputs.len(),
                 cfg.daemon.workload.as_str()
             );
+            if let Some(t) = tracking {
+                println!();
+                print!(
+                    "{}",
+                    crate::tracking::ca::summary::summary(&t.detector, &t.finder)
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -326,3 +326,162 @@ fn the_example_configuration_is_valid() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("ok (1 inputs, workload multiplicity)"));
 }
+
+/// `trigd check` on a tracking configuration builds it as `run` does (the geometry and its
+/// field map read, the finder derived with the configuration's overrides and checked) and
+/// prints what the finder derived: the overrides show in the table.
+#[test]
+fn check_builds_a_tracking_configuration_and_shows_its_cuts() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("tracking.toml");
+    let geometry = root().join("fixtures/tracking/dipole/detector_dipole.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[daemon]\nworkload = \"tracking\"\n[tracking]\ngeometry = {:?}\nmin_p_gev = 2.0\n\
+             [tracking.finder]\nn_sigma = 4.0\n",
+            geometry.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(trigd_bin())
+        .args(["check", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "ok (0 inputs, workload tracking)",
+        "tracking: 8 planes from z = 250.0 to 1200.0 mm",
+        "field: map of",
+        "momenta: measured by the fit",
+        "| min_p_gev | 2 (windows at",
+        "| n_sigma | 4 |",
+        "| 7 | 1200.0 | 480.0, 310.0 | 12.0, 12.0 |",
+    ] {
+        assert!(stdout.contains(want), "{want:?} not in\n{stdout}");
+    }
+}
+
+/// What `run` refuses, `check` refuses: a geometry that is not there, a finder override
+/// out of range; each named.
+#[test]
+fn check_refuses_a_tracking_configuration_run_would_refuse() {
+    let dir = tempfile::tempdir().unwrap();
+    let geometry = root().join("fixtures/tracking/dipole/detector_dipole.toml");
+    for (body, want) in [
+        (
+            "[tracking]\ngeometry = \"no/such/detector.toml\"\n".to_string(),
+            "no/such/detector.toml",
+        ),
+        (
+            format!(
+                "[daemon]\nworkload = \"tracking\"\n[tracking]\ngeometry = {:?}\n\
+                 [tracking.finder]\nn_sigma = -1.0\n",
+                geometry.to_str().unwrap()
+            ),
+            "n_sigma",
+        ),
+    ] {
+        let cfg = dir.path().join("bad.toml");
+        std::fs::write(&cfg, &body).unwrap();
+        let out = std::process::Command::new(trigd_bin())
+            .args(["check", "--config", cfg.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{body} was taken");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{want:?} not in {err}");
+    }
+}
+
+/// A field map that ends inside the detector with a field at its edge is warned of, plane
+/// by plane, with the field the tracks get beyond it; one that holds the detector is not.
+#[test]
+fn check_warns_where_a_field_map_ends_inside_the_detector() {
+    let dir = tempfile::tempdir().unwrap();
+    // A uniform 1 T along y on a grid of 25 mm from -`half` to `half` in x and y and from
+    // 0 to 600 mm in z.
+    let write_map = |name: &str, half: f64| {
+        let n = (2.0 * half / 25.0) as usize + 1;
+        let nz = 600 / 25 + 1;
+        let header =
+            format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({n}, {n}, {nz}, 3), }}");
+        let mut h = header.into_bytes();
+        while (10 + h.len() + 1) % 64 != 0 {
+            h.push(b' ');
+        }
+        h.push(b'\n');
+        let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+        bytes.extend_from_slice(&(h.len() as u16).to_le_bytes());
+        bytes.extend_from_slice(&h);
+        for _ in 0..n * n * nz {
+            for v in [0.0f32, 1.0, 0.0] {
+                bytes.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        std::fs::write(dir.path().join(name), bytes).unwrap();
+    };
+    write_map("narrow.npy", 50.0);
+    write_map("wide.npy", 200.0);
+    let check = |map: &str, half: f64| -> String {
+        let mut det = String::new();
+        for z in [100.0, 200.0, 300.0, 400.0, 500.0] {
+            det.push_str(&format!(
+                "[[plane]]\nz_mm = {z}\nhalf_x_mm = {h}\nhalf_y_mm = {h}\nsigma_x_mm = 0.01\n\
+                 sigma_y_mm = 0.01\nx0_fraction = 0.005\nefficiency = 0.98\n\n",
+                h = 0.2 * z + 10.0
+            ));
+        }
+        det.push_str(&format!(
+            "[field]\nkind = \"grid\"\nfile = \"{map}\"\norigin_mm = [{o}, {o}, 0.0]\n\
+             step_mm = [25.0, 25.0, 25.0]\n",
+            o = -half
+        ));
+        let geometry = dir.path().join(format!("{map}.toml"));
+        std::fs::write(&geometry, det).unwrap();
+        let cfg = dir.path().join("c.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[daemon]\nworkload = \"tracking\"\n[tracking]\ngeometry = {:?}\n",
+                geometry.to_str().unwrap()
+            ),
+        )
+        .unwrap();
+        let out = std::process::Command::new(trigd_bin())
+            .args(["check", "--config", cfg.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    // Planes 2 to 4 (half sizes 70 to 110 mm) reach past the narrow map's 50 mm; planes 0
+    // and 1 (30 and 50 mm) do not.
+    let narrow = check("narrow.npy", 50.0);
+    let warning = narrow
+        .lines()
+        .find(|l| l.starts_with("warning: the field map"))
+        .unwrap_or_else(|| panic!("no warning in\n{narrow}"));
+    for want in [
+        "plane 2 (z = 300.0 mm), up to 1.000 T there",
+        "plane 4 (z = 500.0 mm), up to 1.000 T there",
+    ] {
+        assert!(warning.contains(want), "{want:?} not in {warning}");
+    }
+    assert!(
+        !warning.contains("plane 0") && !warning.contains("plane 1 "),
+        "{warning}"
+    );
+    let wide = check("wide.npy", 200.0);
+    assert!(wide.contains("no warnings"), "{wide}");
+}

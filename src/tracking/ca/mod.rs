@@ -58,6 +58,7 @@ pub mod exchange;
 pub mod first_hits;
 pub mod hit_sorting;
 pub mod neighbours;
+pub mod summary;
 pub mod triplets;
 
 use crate::tracking::geometry::{Detector, Field};
