@@ -45,7 +45,7 @@
 // exchange.rs: MIN_GAIN, MAX_ROUNDS, PRE_TEST.
 #define EX_MIN_GAIN 2.0f
 #define EX_MAX_ROUNDS 8
-#define EX_PRE_TEST 20.0
+#define EX_PRE_TEST 10.0
 // MIN_GAIN - FIRST_HIT_SLACK: the least predicted gain of a swap of first hits fitted.
 #define EX_FIRST_HIT_MIN (-5.0)
 // Parameters, floats (GpuExchange::new): the |q/p| the windows are for, then per plane
