@@ -517,9 +517,11 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Check(a) => {
             let cfg = Config::from_file(&a.config)?;
-            // A tracking configuration is built as the daemon builds it (the geometry and
-            // its field map read, the finder derived and checked), so that what `run`
-            // would refuse is refused here, and what the finder derived is shown.
+            // A tracking or EEG configuration is built as the daemon builds it (for
+            // tracking: the geometry and its field map read, the finder derived and
+            // checked; for EEG: the inputs read, the operator built, the region resolved on
+            // the source space), so that what `run` would refuse is refused here, and what
+            // was derived is shown.
             let tracking = if cfg.daemon.workload == crate::config::WorkloadKind::Tracking
                 || cfg.tracking.is_some()
             {
@@ -527,6 +529,12 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             } else {
                 None
             };
+            let eeg =
+                if cfg.daemon.workload == crate::config::WorkloadKind::Eeg || cfg.eeg.is_some() {
+                    Some(crate::backend::eeg::EegSetup::new(&cfg, None)?)
+                } else {
+                    None
+                };
             println!(
                 "{}: ok ({} inputs, workload {})",
                 a.config.display(),
@@ -539,6 +547,10 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     "{}",
                     crate::tracking::ca::summary::summary(&t.detector, &t.finder)
                 );
+            }
+            if let Some(e) = eeg {
+                println!();
+                print!("{}", e.summary());
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -360,3 +360,57 @@ fn two_streams_on_the_gpus_match_the_cpu() {
     );
     assert!(gpus >= 1);
 }
+
+/// `trigd check` on an EEG configuration builds it as `run` does and says what it built:
+/// the operator's channels, sources and method, the filter, the region's sources (resolved
+/// on the fixture's source space: the 7 within 20 mm of the dipole) and its trigger; it
+/// warns where no region is given (nothing is accepted) and refuses inputs that are not
+/// there.
+#[test]
+fn check_builds_an_eeg_configuration_and_says_what_it_built() {
+    let dir = tempfile::tempdir().unwrap();
+    let inputs = format!(
+        "[daemon]\nworkload = \"eeg\"\n[eeg]\nleadfield = {:?}\nsrc = {:?}\nnoise_cov = {:?}\n\
+         channels = {:?}\nmethod = \"dSPM\"\n",
+        fx("leadfield.npy"),
+        fx("source_pos.npy"),
+        fx("noise_cov.npy"),
+        fx("channels.txt")
+    );
+    let check = |body: &str| {
+        let cfg = dir.path().join("eeg.toml");
+        std::fs::write(&cfg, body).unwrap();
+        std::process::Command::new(trigd_bin())
+            .args(["check", "--config", cfg.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let out = check(&format!(
+        "{inputs}[eeg.filter]\nbandpass_hz = [1.0, 40.0]\n[eeg.roi]\n\
+         sphere = {{ centre_mm = [36.0, 0.0, 54.0], radius_mm = 20.0 }}\nwindow_ms = 30.0\n\
+         threshold = 0.75\nrefractory_ms = 100.0\n"
+    ));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "ok (0 inputs, workload eeg)",
+        "eeg: 32 channels, 313 sources, dSPM",
+        "filter: band-pass 1-40 Hz",
+        "region of interest: 7 sources",
+        "no warnings",
+    ] {
+        assert!(stdout.contains(want), "{want:?} not in\n{stdout}");
+    }
+    let out = check(&inputs);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("warning: no [eeg.roi]"), "{stdout}");
+    let out = check(&inputs.replace("leadfield.npy", "no_such_leadfield.npy"));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no_such_leadfield.npy"), "{err}");
+}

@@ -199,6 +199,68 @@ impl EegSetup {
         })
     }
 
+    /// What `trigd check` prints of an EEG configuration: the operator built (channels,
+    /// sources, method, regularisation, precision), the filter, the region of interest and
+    /// its trigger, and a warning where nothing can be accepted (no region).
+    pub fn summary(&self) -> String {
+        use std::fmt::Write;
+        let c = &self.config;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "eeg: {} channels, {} sources, {} with lambda2 = {} in {}",
+            self.kernel.n_channels,
+            self.kernel.n_sources,
+            c.method,
+            c.lambda2,
+            match c.precision {
+                Precision::F32 => "float32",
+                Precision::F64 => "float64",
+            }
+        );
+        let f = &c.filter;
+        let band = match (f.bandpass_hz, f.lowpass_hz, f.highpass_hz) {
+            (Some([lo, hi]), _, _) => format!("band-pass {lo}-{hi} Hz, order {}", f.order),
+            (None, Some(lo), _) => format!("low-pass {lo} Hz, order {}", f.order),
+            (None, None, Some(hi)) => format!("high-pass {hi} Hz, order {}", f.order),
+            _ => "none".to_string(),
+        };
+        let notch = f.notch_hz.map_or(String::new(), |n| {
+            format!(", notch {n} Hz (Q {})", f.notch_q)
+        });
+        let _ = writeln!(s, "filter: {band}{notch}");
+        let _ = writeln!(s, "frames of EDF/BDF files: {} samples", c.block_samples);
+        match &c.roi {
+            Some(r) => {
+                let region = match (&r.sphere, &r.sources) {
+                    (Some(sp), _) => format!(
+                        "the sources within {} mm of ({}, {}, {}) mm",
+                        sp.radius_mm, sp.centre_mm[0], sp.centre_mm[1], sp.centre_mm[2]
+                    ),
+                    _ => "the sources listed".to_string(),
+                };
+                let _ = writeln!(
+                    s,
+                    "region of interest: {} sources ({region}); fires when the mean power over \
+                     {} ms reaches {}, then not for {} ms",
+                    self.roi.indices.len(),
+                    r.window_ms,
+                    r.threshold,
+                    r.refractory_ms
+                );
+                let _ = writeln!(s, "no warnings");
+            }
+            None => {
+                let _ = writeln!(
+                    s,
+                    "warning: no [eeg.roi]: the statistic covers every source and no frame is \
+                     accepted"
+                );
+            }
+        }
+        s
+    }
+
     /// The float32 operator in the CPU layout.
     pub fn packed_f32(&self) -> Arc<PackedInverse<f32>> {
         self.packed_f32
