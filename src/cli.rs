@@ -463,9 +463,12 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             if e.args.tracks.is_none() {
                 // The configuration's finder is refused with its reason, as the daemon's.
                 let det = crate::tracking::geometry::Detector::from_toml_file(&e.args.geometry)?;
-                crate::tracking::reco::FinderConfig::from_detector_with(&det, min_p, &ov)
-                    .validate(&det)
+                let cfg = crate::tracking::reco::FinderConfig::from_detector_with(&det, min_p, &ov);
+                cfg.validate(&det)
                     .map_err(|err| anyhow::anyhow!("[tracking.finder]: {err}"))?;
+                for w in crate::tracking::ca::summary::warnings(&det, &cfg) {
+                    tracing::warn!("{}: {w}", e.args.geometry.display());
+                }
                 origin_from_first_events(&det, &e.args.events, e.args.max_events, min_p, &mut ov)?;
                 spectrum_from_first_events(
                     &det,

@@ -484,4 +484,36 @@ fn check_warns_where_a_field_map_ends_inside_the_detector() {
     );
     let wide = check("wide.npy", 200.0);
     assert!(wide.contains("no warnings"), "{wide}");
+    // `replay` and `eval` say it in their logs, where a run's user reads.
+    let geometry = dir.path().join("narrow.npy.toml");
+    let events = dir.path().join("events");
+    let sim = std::process::Command::new(trigd_bin())
+        .args(["simulate", "tracking", "--events", "1", "--geometry"])
+        .arg(&geometry)
+        .arg("--out")
+        .arg(&events)
+        .output()
+        .unwrap();
+    assert!(
+        sim.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sim.stderr)
+    );
+    for args in [
+        vec!["replay", events.to_str().unwrap(), "--workload", "tracking"],
+        vec!["eval", "tracking", events.to_str().unwrap()],
+    ] {
+        let out = std::process::Command::new(trigd_bin())
+            .args(&args)
+            .arg("--geometry")
+            .arg(&geometry)
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {log}");
+        assert!(
+            log.contains("WARN") && log.contains("the field map") && log.contains("plane 4"),
+            "{args:?}: {log}"
+        );
+    }
 }

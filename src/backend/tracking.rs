@@ -105,6 +105,9 @@ impl TrackingSetup {
         finder
             .validate(&detector)
             .map_err(|e| anyhow::anyhow!("[tracking.finder]: {e}"))?;
+        for w in crate::tracking::ca::summary::warnings(&detector, &finder) {
+            tracing::warn!("{}: {w}", config.geometry.display());
+        }
         let tracks_out = match tracks_out {
             Some(p) => Some(Arc::new(Mutex::new(TracksWriter::create(p)?))),
             None => None,
