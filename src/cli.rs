@@ -532,9 +532,15 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             } else {
                 None
             };
+            // The EEG operator is built without its cache: a check (perhaps by another
+            // user than the daemon's) writes nothing the daemon later reads.
             let eeg =
                 if cfg.daemon.workload == crate::config::WorkloadKind::Eeg || cfg.eeg.is_some() {
-                    Some(crate::backend::eeg::EegSetup::new(&cfg, None)?)
+                    let mut uncached = cfg.clone();
+                    if let Some(t) = uncached.eeg.as_mut() {
+                        t.remove("cache");
+                    }
+                    Some(crate::backend::eeg::EegSetup::new(&uncached, None)?)
                 } else {
                     None
                 };

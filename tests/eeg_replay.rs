@@ -405,10 +405,17 @@ fn check_builds_an_eeg_configuration_and_says_what_it_built() {
     ] {
         assert!(stdout.contains(want), "{want:?} not in\n{stdout}");
     }
-    let out = check(&inputs);
+    // Without a region: a warning. With a cache configured: none written.
+    let cache = dir.path().join("kernel.cache");
+    let out = check(&format!("{inputs}cache = {:?}\n", cache.to_str().unwrap()));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}");
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("warning: no [eeg.roi]"), "{stdout}");
+    assert!(!cache.exists(), "check wrote the operator's cache");
     let out = check(&inputs.replace("leadfield.npy", "no_such_leadfield.npy"));
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
