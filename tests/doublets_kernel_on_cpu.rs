@@ -1,0 +1,242 @@
+//! The GPU doublet step's kernel source (`kernels/ca_doublets.cu` after
+//! `kernels/ca_common.cuh`, as the engine compiles them) run on the CPU
+//! (`tests/kernels_on_cpu/ca_doublets.cpp`) on the CPU finder's own sorted hits of fresh
+//! events, with the tables the engine uploads ([`CaTables`], built from the CPU's
+//! [`PlaneWindows`](trigd::tracking::ca::doublets)): its doublets must be the CPU's
+//! (`find_doublets`), in the same order, to the bit of their slopes, with the same gaps,
+//! on the shipped detectors (a uniform field, the dipole and forward field maps, the field
+//! that reverses, no field) and for both reaches the finder's passes use (consecutive
+//! planes, and over missing planes). This checks the windows' arithmetic and order of
+//! operations (compiled without contraction, as NVRTC's `--fmad=false`), the grid's
+//! cells and the scan of their rows on every CI run, without a GPU; the kernel's later
+//! pass over the free hits (a warp's queue), the device's own sorting and what only a GPU
+//! shows are left to `tests/gpu_tracking.rs`.
+//!
+//! Needs a C++20 compiler (`g++`, installed by `./setup.sh`; `CXX` overrides).
+
+mod kernels_on_cpu;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use kernels_on_cpu::write_arg;
+use trigd::frame::HitRecord;
+use trigd::gpu::tracking_ca::CaTables;
+use trigd::tracking::ca::{self, CaBuffers, FinderGeometry};
+use trigd::tracking::geometry::{Detector, Field};
+use trigd::tracking::reco::FinderConfig;
+use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
+
+/// The kernel on the CPU, compiled once per test run.
+fn kernel_binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        kernels_on_cpu::finish(kernels_on_cpu::start(
+            "ca_doublets.cpp",
+            "ca_doublets_on_cpu",
+            &[],
+        ))
+    })
+}
+
+fn load(name: &str) -> Detector {
+    Detector::from_toml_file(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures")
+            .join(name),
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// A doublet as both sides give it: its hits, its slopes' bits, its gap.
+type Row = (u32, u32, u32, u32, u32);
+
+/// An event's sorted hits as the engine uploads them.
+struct Sorted {
+    x: Vec<f32>,
+    y: Vec<f32>,
+    plane: Vec<u32>,
+    bin_start: Vec<u32>,
+}
+
+/// The kernel's doublets of the events whose sorted hits (the CPU's) are `sorted`, the
+/// events' one after the other.
+fn kernel_doublets(tables: &CaTables, sorted: &[Sorted]) -> Vec<Row> {
+    let (mut sx, mut sy, mut splane) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut hit_start, mut n_sorted, mut bin_start) = (Vec::new(), Vec::new(), Vec::new());
+    for sh in sorted {
+        assert_eq!(sh.bin_start.len(), tables.n_bins + 1);
+        hit_start.push(sx.len() as u32);
+        n_sorted.push(sh.x.len() as u32);
+        sx.extend_from_slice(&sh.x);
+        sy.extend_from_slice(&sh.y);
+        splane.extend_from_slice(&sh.plane);
+        bin_start.extend_from_slice(&sh.bin_start);
+    }
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let d = dir.path();
+    write_arg(d, "sx", &sx);
+    write_arg(d, "sy", &sy);
+    write_arg(d, "splane", &splane);
+    write_arg(d, "hit_start", &hit_start);
+    write_arg(d, "n_sorted", &n_sorted);
+    write_arg(d, "bin_start", &bin_start);
+    write_arg(d, "plf", &tables.plane_f32);
+    write_arg(d, "pli", &tables.plane_i32);
+    write_arg(d, "pld", &tables.plane_f64);
+    write_arg(d, "g", &tables.globals);
+    let out = Command::new(kernel_binary())
+        .arg(d)
+        .output()
+        .expect("the kernel's harness runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let words: Vec<u32> = std::fs::read(d.join("dbl"))
+        .expect("dbl")
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let gaps: Vec<u32> = std::fs::read(d.join("dgap"))
+        .expect("dgap")
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(words.len(), 4 * gaps.len());
+    // The events' doublets one after the other (each event's at its place in the arena).
+    gaps.iter()
+        .enumerate()
+        .map(|(k, &gap)| {
+            let w = &words[4 * k..4 * k + 4];
+            (w[0], w[1], w[2], w[3], gap)
+        })
+        .collect()
+}
+
+/// The CPU finder's sorted hits and doublets of one event for `reach`.
+fn cpu_doublets(
+    geo: &FinderGeometry,
+    cfg: &FinderConfig,
+    reach: usize,
+    hits: &[HitRecord],
+    buf: &mut CaBuffers,
+) -> (Sorted, Vec<Row>) {
+    ca::hit_sorting::sort_hits(geo, hits, cfg.limits.max_hits, buf);
+    ca::doublets::find_doublets(geo, cfg, reach, buf);
+    assert!(
+        !buf.overflow.any(),
+        "the CPU overflowed: {:?}",
+        buf.overflow
+    );
+    let sh = Sorted {
+        x: buf.hits.x_mm.clone(),
+        y: buf.hits.y_mm.clone(),
+        plane: buf.hits.plane.iter().map(|&p| p as u32).collect(),
+        bin_start: buf.hits.bin_start.clone(),
+    };
+    let rows = buf
+        .doublets
+        .iter()
+        .map(|d| {
+            let gap = sh.plane[d.b as usize] - sh.plane[d.a as usize] - 1;
+            (d.a, d.b, d.tx.to_bits(), d.ty.to_bits(), gap)
+        })
+        .collect();
+    (sh, rows)
+}
+
+/// Every event's doublets from the kernel equal the CPU's, for each reach of the passes.
+fn agree(name: &str, det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) -> usize {
+    let cfg = FinderConfig::from_detector(det, 1.0);
+    let geo = FinderGeometry::new(det, &cfg);
+    let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+    let events: Vec<Vec<HitRecord>> = simulate_events(det, sim, seed, 0, n_events)
+        .map(|e| e.hits)
+        .collect();
+    let mut reaches = vec![1];
+    if cfg.allow_missing_plane && cfg.max_gap_planes > 0 {
+        reaches.push((1 + cfg.max_gap_planes).min(ca::MAX_REACH));
+    }
+    let mut total = 0;
+    for reach in reaches {
+        let tables = CaTables::new(&geo, &cfg, reach);
+        let (sorted, cpu): (Vec<_>, Vec<_>) = events
+            .iter()
+            .map(|h| cpu_doublets(&geo, &cfg, reach, h, &mut buf))
+            .unzip();
+        let gpu = kernel_doublets(&tables, &sorted);
+        let all_cpu: Vec<Row> = cpu.iter().flatten().copied().collect();
+        assert_eq!(
+            gpu.len(),
+            all_cpu.len(),
+            "{name}, reach {reach}: {} doublets from the kernel, {} from the CPU",
+            gpu.len(),
+            all_cpu.len()
+        );
+        let mut at = 0;
+        for (e, rows) in cpu.iter().enumerate() {
+            for (k, want) in rows.iter().enumerate() {
+                assert_eq!(
+                    gpu[at + k],
+                    *want,
+                    "{name}, reach {reach}, event {e}, doublet {k}: kernel (a, b, tx, ty, gap) \
+                     against the CPU's"
+                );
+            }
+            at += rows.len();
+        }
+        println!(
+            "{name}, reach {reach}: {} events, {} doublets equal to the bit",
+            events.len(),
+            all_cpu.len()
+        );
+        total += all_cpu.len();
+    }
+    total
+}
+
+#[test]
+fn the_doublet_kernel_gives_the_cpus_doublets_on_every_shipped_detector() {
+    let central = SimConfig::preset(Preset::Central);
+    let minbias = SimConfig::preset(Preset::Minbias);
+    let no_field = {
+        let mut det = load("detector.toml");
+        det.field = Field::Uniform { b_tesla: [0.0; 3] };
+        det
+    };
+    for (name, det, sim, n) in [
+        ("uniform field, central", load("detector.toml"), &central, 2),
+        (
+            "uniform field, minimum bias",
+            load("detector.toml"),
+            &minbias,
+            40,
+        ),
+        (
+            "dipole map, central",
+            load("tracking/dipole/detector_dipole.toml"),
+            &central,
+            2,
+        ),
+        (
+            "forward map, central",
+            load("tracking/forward/detector_forward.toml"),
+            &SimConfig::forward(Preset::Central),
+            2,
+        ),
+        (
+            "reversing field, central",
+            load("tracking/reversing/detector_reversing.toml"),
+            &SimConfig::forward(Preset::Central),
+            2,
+        ),
+        ("no field, central", no_field, &central, 2),
+    ] {
+        let doublets = agree(name, &det, sim, 71, n);
+        // The comparison is not empty: a central event makes tens of thousands.
+        assert!(doublets > 1000, "{name}: only {doublets} doublets");
+    }
+}
