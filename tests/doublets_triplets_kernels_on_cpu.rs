@@ -1,16 +1,19 @@
-//! The GPU doublet step's kernel source (`kernels/ca_doublets.cu` after
-//! `kernels/ca_common.cuh`, as the engine compiles them) run on the CPU
-//! (`tests/kernels_on_cpu/ca_doublets.cpp`) on the CPU finder's own sorted hits of fresh
-//! events, with the tables the engine uploads ([`CaTables`], built from the CPU's
-//! [`PlaneWindows`](trigd::tracking::ca::doublets)): its doublets must be the CPU's
-//! (`find_doublets`), in the same order, to the bit of their slopes, with the same gaps,
-//! on the shipped detectors (a uniform field, the dipole and forward field maps, the field
-//! that reverses, no field) and for both reaches the finder's passes use (consecutive
-//! planes, and over missing planes). This checks the windows' arithmetic and order of
-//! operations (compiled without contraction, as NVRTC's `--fmad=false`), the grid's
-//! cells and the scan of their rows on every CI run, without a GPU; the kernel's later
-//! pass over the free hits (a warp's queue), the device's own sorting and what only a GPU
-//! shows are left to `tests/gpu_tracking.rs`.
+//! The GPU doublet and triplet steps' kernel sources (`kernels/ca_doublets.cu` and
+//! `kernels/ca_triplets.cu` after `kernels/ca_common.cuh`, as the engine compiles them)
+//! run on the CPU (`tests/kernels_on_cpu/ca_doublets_triplets.cpp`) on the CPU finder's
+//! own sorted hits of fresh events, with the tables the engine uploads ([`CaTables`],
+//! built from the CPU's doublet windows, pair lanes and tent tables): the doublets must be
+//! the CPU's (`find_doublets`), in the same order, their slopes to the bit, with the same
+//! gaps, and the triplets made from them the CPU's (`find_triplets`, the full search), in
+//! the same order, their q/p, its error and the kink chi-square to the bit, with their
+//! planes; on the shipped detectors (a uniform field, the dipole and forward field maps,
+//! the field that reverses, no field) and for both reaches the finder's passes use
+//! (consecutive planes, and over missing planes). This checks the windows' and kinks'
+//! arithmetic and order of operations (compiled without contraction, as NVRTC's
+//! `--fmad=false`), the grid's cells, the tent lookups and the triplets' write through
+//! each warp's queue on every CI run, without a GPU; the doublets' later pass over the
+//! free hits, the device's own sorting and what only a GPU shows are left to
+//! `tests/gpu_tracking.rs`.
 //!
 //! Needs a C++20 compiler (`g++`, installed by `./setup.sh`; `CXX` overrides).
 
@@ -33,8 +36,8 @@ fn kernel_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| {
         kernels_on_cpu::finish(kernels_on_cpu::start(
-            "ca_doublets.cpp",
-            "ca_doublets_on_cpu",
+            "ca_doublets_triplets.cpp",
+            "ca_doublets_triplets_on_cpu",
             &[],
         ))
     })
@@ -60,9 +63,13 @@ struct Sorted {
     bin_start: Vec<u32>,
 }
 
-/// The kernel's doublets of the events whose sorted hits (the CPU's) are `sorted`, the
-/// events' one after the other.
-fn kernel_doublets(tables: &CaTables, sorted: &[Sorted]) -> Vec<Row> {
+/// A triplet as both sides give it: its doublets, its q/p, error and chi-square's bits, its
+/// first and last planes (`TPLANE`).
+type TripletRow = (u32, u32, u32, u32, u32, u32);
+
+/// The kernels' doublets and triplets of the events whose sorted hits (the CPU's) are
+/// `sorted`, the events' one after the other.
+fn kernel_steps(tables: &CaTables, sorted: &[Sorted]) -> (Vec<Row>, Vec<TripletRow>) {
     let (mut sx, mut sy, mut splane) = (Vec::new(), Vec::new(), Vec::new());
     let (mut hit_start, mut n_sorted, mut bin_start) = (Vec::new(), Vec::new(), Vec::new());
     for sh in sorted {
@@ -86,6 +93,10 @@ fn kernel_doublets(tables: &CaTables, sorted: &[Sorted]) -> Vec<Row> {
     write_arg(d, "pli", &tables.plane_i32);
     write_arg(d, "pld", &tables.plane_f64);
     write_arg(d, "g", &tables.globals);
+    write_arg(d, "prf", &tables.pair_f32);
+    write_arg(d, "pri", &tables.pair_i32);
+    write_arg(d, "tents", &tables.tents);
+    write_arg(d, "shape", &[tables.n_planes as i32, tables.reach as i32]);
     let out = Command::new(kernel_binary())
         .arg(d)
         .output()
@@ -106,26 +117,39 @@ fn kernel_doublets(tables: &CaTables, sorted: &[Sorted]) -> Vec<Row> {
         .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
         .collect();
     assert_eq!(words.len(), 4 * gaps.len());
-    // The events' doublets one after the other (each event's at its place in the arena).
-    gaps.iter()
+    // The events' doublets and triplets one after the other (each event's at its place in
+    // the arena).
+    let doublets = gaps
+        .iter()
         .enumerate()
         .map(|(k, &gap)| {
             let w = &words[4 * k..4 * k + 4];
             (w[0], w[1], w[2], w[3], gap)
         })
-        .collect()
+        .collect();
+    let trip: Vec<u32> = std::fs::read(d.join("trip"))
+        .expect("trip")
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let triplets = trip
+        .chunks_exact(6)
+        .map(|w| (w[0], w[1], w[2], w[3], w[4], w[5]))
+        .collect();
+    (doublets, triplets)
 }
 
-/// The CPU finder's sorted hits and doublets of one event for `reach`.
-fn cpu_doublets(
+/// The CPU finder's sorted hits, doublets and triplets of one event for `reach`.
+fn cpu_steps(
     geo: &FinderGeometry,
     cfg: &FinderConfig,
     reach: usize,
     hits: &[HitRecord],
     buf: &mut CaBuffers,
-) -> (Sorted, Vec<Row>) {
+) -> (Sorted, Vec<Row>, Vec<TripletRow>) {
     ca::hit_sorting::sort_hits(geo, hits, cfg.limits.max_hits, buf);
     ca::doublets::find_doublets(geo, cfg, reach, buf);
+    ca::triplets::find_triplets(geo, cfg, reach, buf);
     assert!(
         !buf.overflow.any(),
         "the CPU overflowed: {:?}",
@@ -145,12 +169,34 @@ fn cpu_doublets(
             (d.a, d.b, d.tx.to_bits(), d.ty.to_bits(), gap)
         })
         .collect();
-    (sh, rows)
+    let triplets = buf
+        .triplets
+        .iter()
+        .map(|t| {
+            let (l, r) = (
+                buf.doublets[t.left as usize],
+                buf.doublets[t.right as usize],
+            );
+            let planes = sh.plane[l.a as usize] | sh.plane[r.b as usize] << 16;
+            (
+                t.left,
+                t.right,
+                t.qop.to_bits(),
+                t.qop_sigma.to_bits(),
+                t.chi2.to_bits(),
+                planes,
+            )
+        })
+        .collect();
+    (sh, rows, triplets)
 }
 
 /// Every event's doublets from the kernel equal the CPU's, for each reach of the passes.
 fn agree(name: &str, det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) -> usize {
-    let cfg = FinderConfig::from_detector(det, 1.0);
+    let mut cfg = FinderConfig::from_detector(det, 1.0);
+    // The full search over missing planes of a central event in a field map makes some 2
+    // million triplets (the finder itself runs it after a pass has taken most hits).
+    cfg.limits.max_triplets = 4_000_000;
     let geo = FinderGeometry::new(det, &cfg);
     let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
     let events: Vec<Vec<HitRecord>> = simulate_events(det, sim, seed, 0, n_events)
@@ -160,14 +206,18 @@ fn agree(name: &str, det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) 
     if cfg.allow_missing_plane && cfg.max_gap_planes > 0 {
         reaches.push((1 + cfg.max_gap_planes).min(ca::MAX_REACH));
     }
-    let mut total = 0;
+    let (mut total, mut trip_total) = (0, 0);
     for reach in reaches {
         let tables = CaTables::new(&geo, &cfg, reach);
-        let (sorted, cpu): (Vec<_>, Vec<_>) = events
-            .iter()
-            .map(|h| cpu_doublets(&geo, &cfg, reach, h, &mut buf))
-            .unzip();
-        let gpu = kernel_doublets(&tables, &sorted);
+        let mut sorted = Vec::new();
+        let (mut cpu, mut cpu_trip) = (Vec::new(), Vec::new());
+        for h in &events {
+            let (sh, d, t) = cpu_steps(&geo, &cfg, reach, h, &mut buf);
+            sorted.push(sh);
+            cpu.push(d);
+            cpu_trip.push(t);
+        }
+        let (gpu, gpu_trip) = kernel_steps(&tables, &sorted);
         let all_cpu: Vec<Row> = cpu.iter().flatten().copied().collect();
         assert_eq!(
             gpu.len(),
@@ -188,18 +238,41 @@ fn agree(name: &str, det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) 
             }
             at += rows.len();
         }
+        let all_trip: Vec<TripletRow> = cpu_trip.iter().flatten().copied().collect();
+        assert_eq!(
+            gpu_trip.len(),
+            all_trip.len(),
+            "{name}, reach {reach}: {} triplets from the kernel, {} from the CPU",
+            gpu_trip.len(),
+            all_trip.len()
+        );
+        let mut at = 0;
+        for (e, rows) in cpu_trip.iter().enumerate() {
+            for (k, want) in rows.iter().enumerate() {
+                assert_eq!(
+                    gpu_trip[at + k],
+                    *want,
+                    "{name}, reach {reach}, event {e}, triplet {k}: kernel (left, right, q/p, \
+                     sigma, chi2, planes) against the CPU's"
+                );
+            }
+            at += rows.len();
+        }
         println!(
-            "{name}, reach {reach}: {} events, {} doublets equal to the bit",
+            "{name}, reach {reach}: {} events, {} doublets and {} triplets equal to the bit",
             events.len(),
-            all_cpu.len()
+            all_cpu.len(),
+            all_trip.len()
         );
         total += all_cpu.len();
+        trip_total += all_trip.len();
     }
+    assert!(trip_total > 0, "{name}: no triplets");
     total
 }
 
 #[test]
-fn the_doublet_kernel_gives_the_cpus_doublets_on_every_shipped_detector() {
+fn the_doublet_and_triplet_kernels_give_the_cpus_on_every_shipped_detector() {
     let central = SimConfig::preset(Preset::Central);
     let minbias = SimConfig::preset(Preset::Minbias);
     let no_field = {

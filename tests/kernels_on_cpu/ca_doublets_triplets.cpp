@@ -1,0 +1,231 @@
+// kernels/ca_doublets.cu and kernels/ca_triplets.cu (after kernels/ca_common.cuh, as the
+// engine's module) on the CPU (see warp.h): reads a batch of sorted hits (the CPU finder's
+// own sorting, in the layout src/gpu/tracking_ca.rs uploads: sx, sy, splane, each event's
+// first hit, sorted count and cell starts) and the steps' tables as raw little-endian
+// arrays from the directory given, one file per kernel argument, and runs the first pass's
+// full searches on fresh hits as the engine launches them: for each step the count, the
+// per-event scan (here on the host), the write; the triplets from the kernel's own
+// doublets. The doublets' passes and the triplets' count are loops of one thread per item
+// with no barrier and nothing shared, so their threads run one after the other; the
+// triplets' write goes through each warp's queue, so its blocks run warp after warp, a
+// warp's 32 lanes as threads together. The header's kernels that need a block's threads
+// together are not run here (their primitives abort). Writes the doublets to DIR/dbl (a,
+// b, tx, ty bits each), their gaps to DIR/dgap and the triplets to DIR/trip (left and
+// right doublet, q/p, its sigma and the chi-square as bits, the planes' word each), the
+// events' one after the other.
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "warp.h"
+#include "args.h"
+
+#define __launch_bounds__(...)
+inline float __int_as_float(int v) { return std::bit_cast<float>(v); }
+inline unsigned __float_as_uint(float v) { return std::bit_cast<unsigned>(v); }
+inline float __uint_as_float(unsigned v) { return std::bit_cast<float>(v); }
+using std::fmaxf;
+using std::fminf;
+struct uint4 {
+    unsigned x, y, z, w;
+};
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+
+// What only the header's other kernels use: present so that it compiles, fatal if reached.
+[[noreturn]] inline void not_emulated(const char* what) {
+    std::fprintf(stderr, "%s is not emulated by this harness\n", what);
+    std::abort();
+}
+inline void __syncthreads() { not_emulated("__syncthreads"); }
+inline unsigned __shfl_up_sync(unsigned, unsigned, int) { not_emulated("__shfl_up_sync"); }
+inline unsigned __shfl_xor_sync(unsigned, unsigned, int) { not_emulated("__shfl_xor_sync"); }
+inline unsigned long long __ldcg(const unsigned long long*) { not_emulated("__ldcg"); }
+inline void __threadfence() { not_emulated("__threadfence"); }
+template <class T>
+void __stcg(T*, T) {
+    not_emulated("__stcg");
+}
+// Shared memory: one instance, which the kernels run here never touch.
+#define __shared__ static
+template <class T>
+T atomicAdd(T*, T) {
+    not_emulated("atomicAdd");
+}
+template <class T>
+T atomicExch(T*, T) {
+    not_emulated("atomicExch");
+}
+template <class T>
+T atomicMax(T*, T) {
+    not_emulated("atomicMax");
+}
+template <class T>
+T atomicOr(T*, T) {
+    not_emulated("atomicOr");
+}
+
+#include "../../kernels/ca_common.cuh"
+#include "../../kernels/ca_doublets.cu"
+#include "../../kernels/ca_triplets.cu"
+
+// Runs `kernel` on a grid of blocks_x x blocks_y blocks of CA_THREADS threads: each block's
+// warps one after the other, a warp's 32 lanes as threads together (launch_warps).
+template <class F>
+void launch_blocks_by_warps(unsigned blocks_x, unsigned blocks_y, F kernel) {
+    blockDim.x = CA_THREADS;
+    gridDim.x = blocks_x;
+    for (unsigned y = 0; y < blocks_y; ++y) {
+        for (unsigned x = 0; x < blocks_x; ++x) {
+            for (unsigned w = 0; w < CA_THREADS / 32; ++w) {
+                Warp warp;
+                std::vector<std::thread> lanes;
+                for (unsigned l = 0; l < 32; ++l) {
+                    lanes.emplace_back([&, l] {
+                        this_warp = &warp;
+                        threadIdx.x = 32 * w + l;
+                        blockIdx.x = x;
+                        blockIdx.y = y;
+                        kernel();
+                    });
+                }
+                for (auto& t : lanes) {
+                    t.join();
+                }
+            }
+        }
+    }
+}
+
+int main(int argc, char** argv) {
+    if (argc != 2) {
+        std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
+        return 2;
+    }
+    const std::string dir = argv[1];
+    const auto sx = read<float>(dir, "sx");
+    const auto sy = read<float>(dir, "sy");
+    const auto splane = read<unsigned>(dir, "splane");
+    const auto hit_start = read<unsigned>(dir, "hit_start");
+    const auto n_sorted = read<unsigned>(dir, "n_sorted");
+    const auto bin_start = read<unsigned>(dir, "bin_start");
+    const auto plf = read<float>(dir, "plf");
+    const auto pli = read<int>(dir, "pli");
+    const auto pld = read<double>(dir, "pld");
+    const auto g = read<float>(dir, "g");
+    const auto prf = read<float>(dir, "prf");
+    const auto pri = read<int>(dir, "pri");
+    const auto tents = read<float>(dir, "tents");
+    const auto shape = read<int>(dir, "shape");  // n_planes, reach
+    const int n_planes = shape.at(0), reach = shape.at(1);
+    const int n_events = (int)hit_start.size();
+    const int n_bins = (int)(bin_start.size() / n_events) - 1;
+    const size_t n_hits = sx.size();
+    const std::vector<unsigned> failed(n_events, 0u);
+    // Poisoned: every hit's count must be written.
+    std::vector<unsigned> dbl_count(n_hits, 0xdeadbeefu), dbl_off(n_hits, 0u);
+    std::vector<unsigned> dcache(n_hits * DBL_CACHE, 0xdeadbeefu), dbl_base(n_events, 0u);
+    std::vector<uint4> dbl;
+    std::vector<unsigned> dgap;
+    // Two blocks per event: each thread strides over the event's hits as on the GPU.
+    gridDim.x = 2;
+    blockDim.x = CA_THREADS;
+    auto run = [&](int write) {
+        for (int e = 0; e < n_events; ++e) {
+            for (unsigned b = 0; b < gridDim.x; ++b) {
+                for (unsigned t = 0; t < CA_THREADS; ++t) {
+                    blockIdx.x = b;
+                    blockIdx.y = (unsigned)e;
+                    threadIdx.x = t;
+                    ca_doublets(sx.data(), sy.data(), splane.data(), hit_start.data(),
+                                n_sorted.data(), bin_start.data(), nullptr, nullptr, nullptr,
+                                nullptr, nullptr, n_bins, plf.data(), pli.data(), pld.data(),
+                                g.data(), failed.data(), write, dbl_count.data(),
+                                dbl_off.data(), dbl_base.data(), dbl.data(), dgap.data(),
+                                dcache.data());
+                }
+            }
+        }
+    };
+    run(0);
+    // The per-event exclusive scan and the events' places in the arena.
+    unsigned total = 0;
+    for (int e = 0; e < n_events; ++e) {
+        dbl_base[e] = total;
+        unsigned off = 0;
+        for (unsigned a = 0; a < n_sorted[e]; ++a) {
+            dbl_off[hit_start[e] + a] = off;
+            off += dbl_count[hit_start[e] + a];
+        }
+        total += off;
+    }
+    dbl.assign(total, make_uint4(0xdeadbeefu, 0xdeadbeefu, 0xdeadbeefu, 0xdeadbeefu));
+    dgap.assign(total, 0xdeadbeefu);
+    run(1);
+    // Triplets from these doublets.
+    std::vector<unsigned> dbl_n(n_events);
+    for (int e = 0; e < n_events; ++e) {
+        dbl_n[e] = (e + 1 < n_events ? dbl_base[e + 1] : total) - dbl_base[e];
+    }
+    std::vector<unsigned> trip_count(total, 0xdeadbeefu), trip_off(total, 0u);
+    std::vector<unsigned> trip_base(n_events, 0u), end_count(total), end_cursor(total);
+    std::vector<unsigned> tleft, tright, tplane, has_right;
+    std::vector<float> tqop, tsigma, tchi2;
+    auto triplets = [&](int write) {
+        ca_triplets(sx.data(), sy.data(), splane.data(), hit_start.data(), dbl_count.data(),
+                    dbl_off.data(), dbl_base.data(), dbl_n.data(), dbl.data(), dgap.data(),
+                    plf.data(), prf.data(), pri.data(), tents.data(), g.data(), n_planes, reach,
+                    failed.data(), write, trip_count.data(), trip_off.data(), trip_base.data(),
+                    tleft.data(), tright.data(), tqop.data(), tsigma.data(), tchi2.data(),
+                    tplane.data(), has_right.data(), end_count.data(), end_cursor.data());
+    };
+    for (int e = 0; e < n_events; ++e) {
+        for (unsigned b = 0; b < gridDim.x; ++b) {
+            for (unsigned t = 0; t < CA_THREADS; ++t) {
+                blockIdx.x = b;
+                blockIdx.y = (unsigned)e;
+                threadIdx.x = t;
+                triplets(0);
+            }
+        }
+    }
+    unsigned n_trip = 0;
+    for (int e = 0; e < n_events; ++e) {
+        trip_base[e] = n_trip;
+        unsigned off = 0;
+        for (unsigned d = 0; d < dbl_n[e]; ++d) {
+            trip_off[dbl_base[e] + d] = off;
+            off += trip_count[dbl_base[e] + d];
+        }
+        n_trip += off;
+    }
+    tleft.assign(n_trip, 0xdeadbeefu);
+    tright.assign(n_trip, 0xdeadbeefu);
+    tplane.assign(n_trip, 0xdeadbeefu);
+    has_right.assign(n_trip, 0xdeadbeefu);
+    tqop.assign(n_trip, NAN);
+    tsigma.assign(n_trip, NAN);
+    tchi2.assign(n_trip, NAN);
+    launch_blocks_by_warps(gridDim.x, (unsigned)n_events, [&] { triplets(1); });
+    std::vector<unsigned> trip;
+    trip.reserve((size_t)n_trip * 6);
+    for (unsigned t = 0; t < n_trip; ++t) {
+        trip.insert(trip.end(), {tleft[t], tright[t], __float_as_uint(tqop[t]),
+                                 __float_as_uint(tsigma[t]), __float_as_uint(tchi2[t]),
+                                 tplane[t]});
+    }
+    FILE* f = std::fopen((dir + "/dbl").c_str(), "wb");
+    FILE* h = std::fopen((dir + "/dgap").c_str(), "wb");
+    FILE* k = std::fopen((dir + "/trip").c_str(), "wb");
+    if (!f || !h || !k || std::fwrite(dbl.data(), sizeof(uint4), dbl.size(), f) != dbl.size() ||
+        std::fwrite(dgap.data(), sizeof(unsigned), dgap.size(), h) != dgap.size() ||
+        std::fwrite(trip.data(), sizeof(unsigned), trip.size(), k) != trip.size()) {
+        std::fprintf(stderr, "cannot write %s/dbl, dgap and trip\n", dir.c_str());
+        return 2;
+    }
+    std::fclose(f);
+    std::fclose(h);
+    std::fclose(k);
+    return 0;
+}
