@@ -1,18 +1,20 @@
-//! The GPU doublet and triplet steps' kernel sources (`kernels/ca_doublets.cu` and
-//! `kernels/ca_triplets.cu` after `kernels/ca_common.cuh`, as the engine compiles them)
-//! run on the CPU (`tests/kernels_on_cpu/ca_doublets_triplets.cpp`) on the CPU finder's
-//! own sorted hits of fresh events, with the tables the engine uploads ([`CaTables`],
-//! built from the CPU's doublet windows, pair lanes and tent tables): the doublets must be
-//! the CPU's (`find_doublets`), in the same order, their slopes to the bit, with the same
-//! gaps, and the triplets made from them the CPU's (`find_triplets`, the full search), in
-//! the same order, their q/p, its error and the kink chi-square to the bit, with their
-//! planes; on the shipped detectors (a uniform field, the dipole and forward field maps,
-//! the field that reverses, no field) and for both reaches the finder's passes use
-//! (consecutive planes, and over missing planes). This checks the windows' and kinks'
-//! arithmetic and order of operations (compiled without contraction, as NVRTC's
-//! `--fmad=false`), the grid's cells, the tent lookups and the triplets' write through
-//! each warp's queue on every CI run, without a GPU; the doublets' later pass over the
-//! free hits, the device's own sorting and what only a GPU shows are left to
+//! The GPU finder's first-pass kernels (`kernels/ca_doublets.cu`, `ca_triplets.cu`,
+//! `ca_neighbours.cu` and `ca_evolution.cu` after `kernels/ca_common.cuh`, as the engine
+//! compiles them) run on the CPU (`tests/kernels_on_cpu/ca_first_pass.cpp`) on the CPU
+//! finder's own sorted hits of fresh events, with the tables the engine uploads
+//! ([`CaTables`], built from the CPU's doublet windows, pair lanes and tent tables), each
+//! step from the kernels' previous one: the doublets must be the CPU's (`find_doublets`), in
+//! the same order, their slopes to the bit, with the same gaps; the triplets the CPU's
+//! (`find_triplets`, the full search), their q/p, its error and the kink chi-square to the
+//! bit, with their planes; each triplet's left neighbours (`find_neighbours`), whether it
+//! has a right one, and its level in the automaton (`evolve`). On the shipped detectors (a
+//! uniform field, the dipole and forward field maps, the field that reverses, no field) and
+//! for both reaches the finder's passes use (consecutive planes, and over missing planes).
+//! This checks the windows', kinks' and neighbours' arithmetic and order of operations
+//! (compiled without contraction, as NVRTC's `--fmad=false`), the grid's cells, the tent
+//! lookups, the triplets' write through each warp's queue and the evolution plane by plane
+//! on every CI run, without a GPU; the doublets' later pass over the free hits, the device's
+//! own hit sorting, the candidates and what only a GPU shows are left to
 //! `tests/gpu_tracking.rs`.
 //!
 //! Needs a C++20 compiler (`g++`, installed by `./setup.sh`; `CXX` overrides).
@@ -36,8 +38,8 @@ fn kernel_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| {
         kernels_on_cpu::finish(kernels_on_cpu::start(
-            "ca_doublets_triplets.cpp",
-            "ca_doublets_triplets_on_cpu",
+            "ca_first_pass.cpp",
+            "ca_first_pass_on_cpu",
             &[],
         ))
     })
@@ -64,12 +66,13 @@ struct Sorted {
 }
 
 /// A triplet as both sides give it: its doublets, its q/p, error and chi-square's bits, its
-/// first and last planes (`TPLANE`).
-type TripletRow = (u32, u32, u32, u32, u32, u32);
+/// first and last planes (`TPLANE`), its count of left neighbours, whether it has a right
+/// one, its level in the automaton.
+type TripletRow = (u32, u32, u32, u32, u32, u32, u32, u32, u32);
 
 /// The kernels' doublets and triplets of the events whose sorted hits (the CPU's) are
 /// `sorted`, the events' one after the other.
-fn kernel_steps(tables: &CaTables, sorted: &[Sorted]) -> (Vec<Row>, Vec<TripletRow>) {
+fn kernel_steps(tables: &CaTables, sorted: &[Sorted]) -> (Vec<Row>, Vec<TripletRow>, Vec<u32>) {
     let (mut sx, mut sy, mut splane) = (Vec::new(), Vec::new(), Vec::new());
     let (mut hit_start, mut n_sorted, mut bin_start) = (Vec::new(), Vec::new(), Vec::new());
     for sh in sorted {
@@ -97,6 +100,7 @@ fn kernel_steps(tables: &CaTables, sorted: &[Sorted]) -> (Vec<Row>, Vec<TripletR
     write_arg(d, "pri", &tables.pair_i32);
     write_arg(d, "tents", &tables.tents);
     write_arg(d, "shape", &[tables.n_planes as i32, tables.reach as i32]);
+    write_arg(d, "nb_chi2", &[tables.neighbour_chi2_max]);
     let out = Command::new(kernel_binary())
         .arg(d)
         .output()
@@ -133,10 +137,15 @@ fn kernel_steps(tables: &CaTables, sorted: &[Sorted]) -> (Vec<Row>, Vec<TripletR
         .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
         .collect();
     let triplets = trip
-        .chunks_exact(6)
-        .map(|w| (w[0], w[1], w[2], w[3], w[4], w[5]))
+        .chunks_exact(9)
+        .map(|w| (w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8]))
         .collect();
-    (doublets, triplets)
+    let left = std::fs::read(d.join("left"))
+        .expect("left")
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    (doublets, triplets, left)
 }
 
 /// The CPU finder's sorted hits, doublets and triplets of one event for `reach`.
@@ -146,10 +155,12 @@ fn cpu_steps(
     reach: usize,
     hits: &[HitRecord],
     buf: &mut CaBuffers,
-) -> (Sorted, Vec<Row>, Vec<TripletRow>) {
+) -> (Sorted, Vec<Row>, Vec<TripletRow>, Vec<u32>) {
     ca::hit_sorting::sort_hits(geo, hits, cfg.limits.max_hits, buf);
     ca::doublets::find_doublets(geo, cfg, reach, buf);
     ca::triplets::find_triplets(geo, cfg, reach, buf);
+    ca::neighbours::find_neighbours(cfg, buf);
+    ca::evolution::evolve(buf, geo.planes.len());
     assert!(
         !buf.overflow.any(),
         "the CPU overflowed: {:?}",
@@ -172,7 +183,8 @@ fn cpu_steps(
     let triplets = buf
         .triplets
         .iter()
-        .map(|t| {
+        .enumerate()
+        .map(|(k, t)| {
             let (l, r) = (
                 buf.doublets[t.left as usize],
                 buf.doublets[t.right as usize],
@@ -185,10 +197,13 @@ fn cpu_steps(
                 t.qop_sigma.to_bits(),
                 t.chi2.to_bits(),
                 planes,
+                buf.left_start[k + 1] - buf.left_start[k],
+                buf.has_right[k] as u32,
+                buf.level[k] as u32,
             )
         })
         .collect();
-    (sh, rows, triplets)
+    (sh, rows, triplets, buf.left.clone())
 }
 
 /// Every event's doublets from the kernel equal the CPU's, for each reach of the passes.
@@ -210,14 +225,15 @@ fn agree(name: &str, det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) 
     for reach in reaches {
         let tables = CaTables::new(&geo, &cfg, reach);
         let mut sorted = Vec::new();
-        let (mut cpu, mut cpu_trip) = (Vec::new(), Vec::new());
+        let (mut cpu, mut cpu_trip, mut cpu_left) = (Vec::new(), Vec::new(), Vec::new());
         for h in &events {
-            let (sh, d, t) = cpu_steps(&geo, &cfg, reach, h, &mut buf);
+            let (sh, d, t, l) = cpu_steps(&geo, &cfg, reach, h, &mut buf);
             sorted.push(sh);
             cpu.push(d);
             cpu_trip.push(t);
+            cpu_left.extend(l);
         }
-        let (gpu, gpu_trip) = kernel_steps(&tables, &sorted);
+        let (gpu, gpu_trip, gpu_left) = kernel_steps(&tables, &sorted);
         let all_cpu: Vec<Row> = cpu.iter().flatten().copied().collect();
         assert_eq!(
             gpu.len(),
@@ -253,16 +269,26 @@ fn agree(name: &str, det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) 
                     gpu_trip[at + k],
                     *want,
                     "{name}, reach {reach}, event {e}, triplet {k}: kernel (left, right, q/p, \
-                     sigma, chi2, planes) against the CPU's"
+                     sigma, chi2, planes, left neighbours, has a right one, level) against the \
+                     CPU's"
                 );
             }
             at += rows.len();
         }
+        // The left neighbours themselves, triplet after triplet.
+        assert!(
+            gpu_left == cpu_left,
+            "{name}, reach {reach}: the left neighbours differ ({} against {})",
+            gpu_left.len(),
+            cpu_left.len()
+        );
         println!(
-            "{name}, reach {reach}: {} events, {} doublets and {} triplets equal to the bit",
+            "{name}, reach {reach}: {} events, {} doublets, {} triplets, {} neighbour links \
+             and the levels equal to the bit",
             events.len(),
             all_cpu.len(),
-            all_trip.len()
+            all_trip.len(),
+            cpu_left.len()
         );
         total += all_cpu.len();
         trip_total += all_trip.len();
@@ -272,7 +298,7 @@ fn agree(name: &str, det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) 
 }
 
 #[test]
-fn the_doublet_and_triplet_kernels_give_the_cpus_on_every_shipped_detector() {
+fn the_first_pass_kernels_give_the_cpus_steps_on_every_shipped_detector() {
     let central = SimConfig::preset(Preset::Central);
     let minbias = SimConfig::preset(Preset::Minbias);
     let no_field = {

@@ -1,18 +1,20 @@
-// kernels/ca_doublets.cu and kernels/ca_triplets.cu (after kernels/ca_common.cuh, as the
-// engine's module) on the CPU (see warp.h): reads a batch of sorted hits (the CPU finder's
-// own sorting, in the layout src/gpu/tracking_ca.rs uploads: sx, sy, splane, each event's
-// first hit, sorted count and cell starts) and the steps' tables as raw little-endian
-// arrays from the directory given, one file per kernel argument, and runs the first pass's
-// full searches on fresh hits as the engine launches them: for each step the count, the
-// per-event scan (here on the host), the write; the triplets from the kernel's own
-// doublets. The doublets' passes and the triplets' count are loops of one thread per item
-// with no barrier and nothing shared, so their threads run one after the other; the
+// The finder's first-pass kernels on the CPU (see warp.h): kernels/ca_doublets.cu,
+// ca_triplets.cu, ca_neighbours.cu and ca_evolution.cu after kernels/ca_common.cuh, as the
+// engine's module. Reads a batch of sorted hits (the CPU finder's own sorting, in the
+// layout src/gpu/tracking_ca.rs uploads: sx, sy, splane, each event's first hit, sorted
+// count and cell starts) and the steps' tables as raw little-endian arrays from the
+// directory given, one file per kernel argument, and runs the full searches as the engine
+// launches them, each step from the previous one's output: for each the count, the
+// per-event scan (here on the host), the write; then the evolution plane by plane. The
+// loops of one thread per item with no barrier and nothing shared run their threads one
+// after the other (the atomic counts of the neighbours' index are then plain adds); the
 // triplets' write goes through each warp's queue, so its blocks run warp after warp, a
 // warp's 32 lanes as threads together. The header's kernels that need a block's threads
 // together are not run here (their primitives abort). Writes the doublets to DIR/dbl (a,
-// b, tx, ty bits each), their gaps to DIR/dgap and the triplets to DIR/trip (left and
-// right doublet, q/p, its sigma and the chi-square as bits, the planes' word each), the
-// events' one after the other.
+// b, tx, ty bits each), their gaps to DIR/dgap, the triplets to DIR/trip (left and right
+// doublet, q/p, its sigma and the chi-square as bits, the planes' word, the count of left
+// neighbours, has_right, level) and the left neighbours to DIR/left, the events' one after
+// the other.
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -49,9 +51,12 @@ void __stcg(T*, T) {
 }
 // Shared memory: one instance, which the kernels run here never touch.
 #define __shared__ static
+// Only the kernels run one thread after the other use it (the neighbours' index).
 template <class T>
-T atomicAdd(T*, T) {
-    not_emulated("atomicAdd");
+T atomicAdd(T* p, T v) {
+    const T old = *p;
+    *p = old + v;
+    return old;
 }
 template <class T>
 T atomicExch(T*, T) {
@@ -69,6 +74,8 @@ T atomicOr(T*, T) {
 #include "../../kernels/ca_common.cuh"
 #include "../../kernels/ca_doublets.cu"
 #include "../../kernels/ca_triplets.cu"
+#include "../../kernels/ca_neighbours.cu"
+#include "../../kernels/ca_evolution.cu"
 
 // Runs `kernel` on a grid of blocks_x x blocks_y blocks of CA_THREADS threads: each block's
 // warps one after the other, a warp's 32 lanes as threads together (launch_warps).
@@ -119,6 +126,7 @@ int main(int argc, char** argv) {
     const auto tents = read<float>(dir, "tents");
     const auto shape = read<int>(dir, "shape");  // n_planes, reach
     const int n_planes = shape.at(0), reach = shape.at(1);
+    const double nb_chi2_max = read<double>(dir, "nb_chi2").at(0);
     const int n_events = (int)hit_start.size();
     const int n_bins = (int)(bin_start.size() / n_events) - 1;
     const size_t n_hits = sx.size();
@@ -208,24 +216,98 @@ int main(int argc, char** argv) {
     tsigma.assign(n_trip, NAN);
     tchi2.assign(n_trip, NAN);
     launch_blocks_by_warps(gridDim.x, (unsigned)n_events, [&] { triplets(1); });
+    // Neighbours and levels from these triplets, the steps one thread after the other.
+    std::vector<unsigned> trip_n(n_events);
+    for (int e = 0; e < n_events; ++e) {
+        trip_n[e] = (e + 1 < n_events ? trip_base[e + 1] : n_trip) - trip_base[e];
+    }
+    auto each_thread = [&](auto step) {
+        for (int e = 0; e < n_events; ++e) {
+            for (unsigned b = 0; b < gridDim.x; ++b) {
+                for (unsigned t = 0; t < CA_THREADS; ++t) {
+                    blockIdx.x = b;
+                    blockIdx.y = (unsigned)e;
+                    threadIdx.x = t;
+                    step();
+                }
+            }
+        }
+    };
+    std::vector<unsigned> end_off(total, 0u), ending(n_trip, 0xdeadbeefu);
+    each_thread([&] {
+        ca_neighbours_ending(dbl_base.data(), trip_base.data(), trip_n.data(), tright.data(),
+                             failed.data(), 0, end_count.data(), end_off.data(),
+                             end_cursor.data(), ending.data());
+    });
+    for (int e = 0; e < n_events; ++e) {
+        unsigned off = 0;
+        for (unsigned d = 0; d < dbl_n[e]; ++d) {
+            end_off[dbl_base[e] + d] = off;
+            off += end_count[dbl_base[e] + d];
+        }
+    }
+    each_thread([&] {
+        ca_neighbours_ending(dbl_base.data(), trip_base.data(), trip_n.data(), tright.data(),
+                             failed.data(), 1, end_count.data(), end_off.data(),
+                             end_cursor.data(), ending.data());
+    });
+    each_thread([&] {
+        ca_neighbours_sort_ending(dbl_base.data(), dbl_n.data(), trip_base.data(), failed.data(),
+                                  end_count.data(), end_off.data(), ending.data());
+    });
+    std::vector<unsigned> nb_count(n_trip, 0xdeadbeefu), nb_off(n_trip, 0u);
+    std::vector<unsigned> nb_base(n_events, 0u), left;
+    auto neighbours = [&](int write) {
+        each_thread([&] {
+            ca_neighbours(dbl_base.data(), trip_base.data(), trip_n.data(), tleft.data(),
+                          tqop.data(), tsigma.data(), end_count.data(), end_off.data(),
+                          ending.data(), nb_chi2_max, failed.data(), write, nb_count.data(),
+                          nb_off.data(), nb_base.data(), left.data(), has_right.data());
+        });
+    };
+    neighbours(0);
+    unsigned n_left = 0;
+    for (int e = 0; e < n_events; ++e) {
+        nb_base[e] = n_left;
+        unsigned off = 0;
+        for (unsigned t = 0; t < trip_n[e]; ++t) {
+            nb_off[trip_base[e] + t] = off;
+            off += nb_count[trip_base[e] + t];
+        }
+        n_left += off;
+    }
+    left.assign(n_left, 0xdeadbeefu);
+    neighbours(1);
+    std::vector<unsigned> level(n_trip, 0xdeadbeefu);
+    for (int plane = 0; plane < n_planes; ++plane) {
+        each_thread([&] {
+            ca_evolution(trip_base.data(), trip_n.data(), tplane.data(), nb_count.data(),
+                         nb_off.data(), nb_base.data(), left.data(), failed.data(),
+                         (unsigned)plane, level.data());
+        });
+    }
     std::vector<unsigned> trip;
-    trip.reserve((size_t)n_trip * 6);
+    trip.reserve((size_t)n_trip * 9);
     for (unsigned t = 0; t < n_trip; ++t) {
         trip.insert(trip.end(), {tleft[t], tright[t], __float_as_uint(tqop[t]),
                                  __float_as_uint(tsigma[t]), __float_as_uint(tchi2[t]),
-                                 tplane[t]});
+                                 tplane[t], nb_count[t], has_right[t], level[t]});
     }
     FILE* f = std::fopen((dir + "/dbl").c_str(), "wb");
     FILE* h = std::fopen((dir + "/dgap").c_str(), "wb");
     FILE* k = std::fopen((dir + "/trip").c_str(), "wb");
-    if (!f || !h || !k || std::fwrite(dbl.data(), sizeof(uint4), dbl.size(), f) != dbl.size() ||
+    FILE* l = std::fopen((dir + "/left").c_str(), "wb");
+    if (!f || !h || !k || !l ||
+        std::fwrite(dbl.data(), sizeof(uint4), dbl.size(), f) != dbl.size() ||
         std::fwrite(dgap.data(), sizeof(unsigned), dgap.size(), h) != dgap.size() ||
-        std::fwrite(trip.data(), sizeof(unsigned), trip.size(), k) != trip.size()) {
-        std::fprintf(stderr, "cannot write %s/dbl, dgap and trip\n", dir.c_str());
+        std::fwrite(trip.data(), sizeof(unsigned), trip.size(), k) != trip.size() ||
+        std::fwrite(left.data(), sizeof(unsigned), left.size(), l) != left.size()) {
+        std::fprintf(stderr, "cannot write %s/dbl, dgap, trip and left\n", dir.c_str());
         return 2;
     }
     std::fclose(f);
     std::fclose(h);
     std::fclose(k);
+    std::fclose(l);
     return 0;
 }
