@@ -13,7 +13,9 @@
 //! This checks the windows', kinks' and neighbours' arithmetic and order of operations
 //! (compiled without contraction, as NVRTC's `--fmad=false`), the grid's cells, the tent
 //! lookups, the triplets' write through each warp's queue and the evolution plane by plane
-//! on every CI run, without a GPU; the doublets' later pass over the free hits, the device's
+//! on every CI run, without a GPU. A later pass too: with a third of the hits taken by
+//! earlier tracks, the free hits gathered (`ca_free_flags`, `ca_free_hits`) and the
+//! doublets' windows scanning them only, written through each warp's queue. The device's
 //! own hit sorting, the candidates and what only a GPU shows are left to
 //! `tests/gpu_tracking.rs`.
 //!
@@ -57,12 +59,21 @@ fn load(name: &str) -> Detector {
 /// A doublet as both sides give it: its hits, its slopes' bits, its gap.
 type Row = (u32, u32, u32, u32, u32);
 
-/// An event's sorted hits as the engine uploads them.
+/// An event's sorted hits as the engine uploads them, and in a later pass the hits earlier
+/// tracks took (by input hit) with each sorted hit's input index.
 struct Sorted {
     x: Vec<f32>,
     y: Vec<f32>,
     plane: Vec<u32>,
     bin_start: Vec<u32>,
+    input: Vec<u32>,
+    used: Option<Vec<u32>>,
+}
+
+/// The hits a later pass finds taken: every third input hit (the pattern is the test's;
+/// any decides which windows scan which hits the same way on both sides).
+fn taken(input_index: usize) -> bool {
+    input_index % 3 == 0
 }
 
 /// A triplet as both sides give it: its doublets, its q/p, error and chi-square's bits, its
@@ -75,8 +86,16 @@ type TripletRow = (u32, u32, u32, u32, u32, u32, u32, u32, u32);
 fn kernel_steps(tables: &CaTables, sorted: &[Sorted]) -> (Vec<Row>, Vec<TripletRow>, Vec<u32>) {
     let (mut sx, mut sy, mut splane) = (Vec::new(), Vec::new(), Vec::new());
     let (mut hit_start, mut n_sorted, mut bin_start) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut sinput, mut used) = (Vec::new(), Vec::new());
     for sh in sorted {
         assert_eq!(sh.bin_start.len(), tables.n_bins + 1);
+        sinput.extend_from_slice(&sh.input);
+        if let Some(u) = &sh.used {
+            // The engine indexes an event's input hits and its sorted ones from the same
+            // start: every simulated hit is sorted.
+            assert_eq!(u.len(), sh.x.len());
+            used.extend_from_slice(u);
+        }
         hit_start.push(sx.len() as u32);
         n_sorted.push(sh.x.len() as u32);
         sx.extend_from_slice(&sh.x);
@@ -92,6 +111,10 @@ fn kernel_steps(tables: &CaTables, sorted: &[Sorted]) -> (Vec<Row>, Vec<TripletR
     write_arg(d, "hit_start", &hit_start);
     write_arg(d, "n_sorted", &n_sorted);
     write_arg(d, "bin_start", &bin_start);
+    if sorted.iter().any(|s| s.used.is_some()) {
+        write_arg(d, "used", &used);
+        write_arg(d, "sinput", &sinput);
+    }
     write_arg(d, "plf", &tables.plane_f32);
     write_arg(d, "pli", &tables.plane_i32);
     write_arg(d, "pld", &tables.plane_f64);
@@ -153,10 +176,16 @@ fn cpu_steps(
     geo: &FinderGeometry,
     cfg: &FinderConfig,
     reach: usize,
+    later: bool,
     hits: &[HitRecord],
     buf: &mut CaBuffers,
 ) -> (Sorted, Vec<Row>, Vec<TripletRow>, Vec<u32>) {
     ca::hit_sorting::sort_hits(geo, hits, cfg.limits.max_hits, buf);
+    if later {
+        for (u, &i) in buf.hits.used.iter_mut().zip(&buf.hits.input_index) {
+            *u = taken(i as usize);
+        }
+    }
     ca::doublets::find_doublets(geo, cfg, reach, buf);
     ca::triplets::find_triplets(geo, cfg, reach, buf);
     ca::neighbours::find_neighbours(cfg, buf);
@@ -171,6 +200,8 @@ fn cpu_steps(
         y: buf.hits.y_mm.clone(),
         plane: buf.hits.plane.iter().map(|&p| p as u32).collect(),
         bin_start: buf.hits.bin_start.clone(),
+        input: buf.hits.input_index.clone(),
+        used: later.then(|| (0..hits.len()).map(|i| taken(i) as u32).collect()),
     };
     let rows = buf
         .doublets
@@ -207,7 +238,14 @@ fn cpu_steps(
 }
 
 /// Every event's doublets from the kernel equal the CPU's, for each reach of the passes.
-fn agree(name: &str, det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) -> usize {
+fn agree(
+    name: &str,
+    det: &Detector,
+    sim: &SimConfig,
+    seed: u64,
+    n_events: u64,
+    later: bool,
+) -> usize {
     let mut cfg = FinderConfig::from_detector(det, 1.0);
     // The full search over missing planes of a central event in a field map makes some 2
     // million triplets (the finder itself runs it after a pass has taken most hits).
@@ -227,7 +265,7 @@ fn agree(name: &str, det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) 
         let mut sorted = Vec::new();
         let (mut cpu, mut cpu_trip, mut cpu_left) = (Vec::new(), Vec::new(), Vec::new());
         for h in &events {
-            let (sh, d, t, l) = cpu_steps(&geo, &cfg, reach, h, &mut buf);
+            let (sh, d, t, l) = cpu_steps(&geo, &cfg, reach, later, h, &mut buf);
             sorted.push(sh);
             cpu.push(d);
             cpu_trip.push(t);
@@ -334,8 +372,36 @@ fn the_first_pass_kernels_give_the_cpus_steps_on_every_shipped_detector() {
         ),
         ("no field, central", no_field, &central, 2),
     ] {
-        let doublets = agree(name, &det, sim, 71, n);
+        let doublets = agree(name, &det, sim, 71, n, false);
         // The comparison is not empty: a central event makes tens of thousands.
+        assert!(doublets > 1000, "{name}: only {doublets} doublets");
+    }
+}
+
+/// A later pass: a third of the hits taken by earlier tracks, the windows scanning the
+/// free hits only (`ca_free_flags`, `ca_free_hits`, the doublets' write through each
+/// warp's queue), then the triplets, neighbours and levels of those doublets.
+#[test]
+fn a_later_pass_over_the_free_hits_gives_the_cpus_steps() {
+    let central = SimConfig::preset(Preset::Central);
+    for (name, det, sim) in [
+        (
+            "uniform field, central, later pass",
+            load("detector.toml"),
+            &central,
+        ),
+        (
+            "dipole map, central, later pass",
+            load("tracking/dipole/detector_dipole.toml"),
+            &central,
+        ),
+        (
+            "forward map, central, later pass",
+            load("tracking/forward/detector_forward.toml"),
+            &SimConfig::forward(Preset::Central),
+        ),
+    ] {
+        let doublets = agree(name, &det, sim, 72, 2, true);
         assert!(doublets > 1000, "{name}: only {doublets} doublets");
     }
 }

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include "warp.h"
@@ -72,6 +73,7 @@ T atomicOr(T*, T) {
 }
 
 #include "../../kernels/ca_common.cuh"
+#include "../../kernels/ca_hit_sorting.cu"
 #include "../../kernels/ca_doublets.cu"
 #include "../../kernels/ca_triplets.cu"
 #include "../../kernels/ca_neighbours.cu"
@@ -131,29 +133,74 @@ int main(int argc, char** argv) {
     const int n_bins = (int)(bin_start.size() / n_events) - 1;
     const size_t n_hits = sx.size();
     const std::vector<unsigned> failed(n_events, 0u);
-    // Poisoned: every hit's count must be written.
-    std::vector<unsigned> dbl_count(n_hits, 0xdeadbeefu), dbl_off(n_hits, 0u);
-    std::vector<unsigned> dcache(n_hits * DBL_CACHE, 0xdeadbeefu), dbl_base(n_events, 0u);
-    std::vector<uint4> dbl;
-    std::vector<unsigned> dgap;
+    // A later pass where DIR/used marks the hits earlier tracks took (per input hit, with
+    // each sorted hit's input index in DIR/sinput): the windows scan the free hits only.
+    const bool later = std::ifstream(dir + "/used").good();
+    std::vector<float> fx, fy;
+    std::vector<unsigned> fmap, free_start, n_free;
     // Two blocks per event: each thread strides over the event's hits as on the GPU.
     gridDim.x = 2;
     blockDim.x = CA_THREADS;
-    auto run = [&](int write) {
+    auto each_thread = [&](auto step) {
         for (int e = 0; e < n_events; ++e) {
             for (unsigned b = 0; b < gridDim.x; ++b) {
                 for (unsigned t = 0; t < CA_THREADS; ++t) {
                     blockIdx.x = b;
                     blockIdx.y = (unsigned)e;
                     threadIdx.x = t;
-                    ca_doublets(sx.data(), sy.data(), splane.data(), hit_start.data(),
-                                n_sorted.data(), bin_start.data(), nullptr, nullptr, nullptr,
-                                nullptr, nullptr, n_bins, plf.data(), pli.data(), pld.data(),
-                                g.data(), failed.data(), write, dbl_count.data(),
-                                dbl_off.data(), dbl_base.data(), dbl.data(), dgap.data(),
-                                dcache.data());
+                    step();
                 }
             }
+        }
+    };
+    if (later) {
+        const auto used = read<unsigned>(dir, "used");
+        const auto sinput = read<unsigned>(dir, "sinput");
+        std::vector<unsigned> flags(n_hits, 0xdeadbeefu), prefix(n_hits, 0u);
+        each_thread([&] {
+            ca_free_flags(hit_start.data(), n_sorted.data(), sinput.data(), used.data(),
+                          failed.data(), flags.data());
+        });
+        n_free.assign(n_events, 0u);
+        for (int e = 0; e < n_events; ++e) {
+            unsigned w = 0;
+            for (unsigned h = 0; h < n_sorted[e]; ++h) {
+                prefix[hit_start[e] + h] = w;
+                w += flags[hit_start[e] + h];
+            }
+            n_free[e] = w;
+        }
+        fx.assign(n_hits, NAN);
+        fy.assign(n_hits, NAN);
+        fmap.assign(n_hits, 0xdeadbeefu);
+        free_start.assign(bin_start.size(), 0xdeadbeefu);
+        each_thread([&] {
+            ca_free_hits(hit_start.data(), n_sorted.data(), bin_start.data(), n_bins,
+                         failed.data(), flags.data(), prefix.data(), n_free.data(), sx.data(),
+                         sy.data(), fx.data(), fy.data(), fmap.data(), free_start.data());
+        });
+    }
+    // Poisoned: every hit's count must be written (in a later pass the caller zeroes the
+    // used hits' counts).
+    std::vector<unsigned> dbl_count(n_hits, later ? 0u : 0xdeadbeefu), dbl_off(n_hits, 0u);
+    std::vector<unsigned> dcache(n_hits * DBL_CACHE, 0xdeadbeefu), dbl_base(n_events, 0u);
+    std::vector<uint4> dbl;
+    std::vector<unsigned> dgap;
+    auto doublets = [&](int write) {
+        ca_doublets(sx.data(), sy.data(), splane.data(), hit_start.data(), n_sorted.data(),
+                    bin_start.data(), later ? fx.data() : nullptr, later ? fy.data() : nullptr,
+                    later ? fmap.data() : nullptr, later ? free_start.data() : nullptr,
+                    later ? n_free.data() : nullptr, n_bins, plf.data(), pli.data(),
+                    pld.data(), g.data(), failed.data(), write, dbl_count.data(),
+                    dbl_off.data(), dbl_base.data(), dbl.data(), dgap.data(), dcache.data());
+    };
+    // The count (a lane per hit to scan), then the write: on fresh hits a lane per hit
+    // too, in a later pass through each warp's queue.
+    auto run = [&](int write) {
+        if (write && later) {
+            launch_blocks_by_warps(gridDim.x, (unsigned)n_events, [&] { doublets(1); });
+        } else {
+            each_thread([&] { doublets(write); });
         }
     };
     run(0);
@@ -221,18 +268,6 @@ int main(int argc, char** argv) {
     for (int e = 0; e < n_events; ++e) {
         trip_n[e] = (e + 1 < n_events ? trip_base[e + 1] : n_trip) - trip_base[e];
     }
-    auto each_thread = [&](auto step) {
-        for (int e = 0; e < n_events; ++e) {
-            for (unsigned b = 0; b < gridDim.x; ++b) {
-                for (unsigned t = 0; t < CA_THREADS; ++t) {
-                    blockIdx.x = b;
-                    blockIdx.y = (unsigned)e;
-                    threadIdx.x = t;
-                    step();
-                }
-            }
-        }
-    };
     std::vector<unsigned> end_off(total, 0u), ending(n_trip, 0xdeadbeefu);
     each_thread([&] {
         ca_neighbours_ending(dbl_base.data(), trip_base.data(), trip_n.data(), tright.data(),
