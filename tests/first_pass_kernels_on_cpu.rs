@@ -15,9 +15,10 @@
 //! lookups, the triplets' write through each warp's queue and the evolution plane by plane
 //! on every CI run, without a GPU. A later pass too: with a third of the hits taken by
 //! earlier tracks, the free hits gathered (`ca_free_flags`, `ca_free_hits`) and the
-//! doublets' windows scanning them only, written through each warp's queue. The device's
-//! own hit sorting, the candidates and what only a GPU shows are left to
-//! `tests/gpu_tracking.rs`.
+//! doublets' windows scanning them only, written through each warp's queue.
+//! The hits' sorting into the grid by the kernels (`ca_bin_hits`, a block's threads
+//! together, `ca_place_hits`, `ca_rank_hits`) must also be the CPU's (`sort_hits`). The
+//! candidates and what only a GPU shows are left to `tests/gpu_tracking.rs`.
 //!
 //! Needs a C++20 compiler (`g++`, installed by `./setup.sh`; `CXX` overrides).
 
@@ -83,7 +84,12 @@ type TripletRow = (u32, u32, u32, u32, u32, u32, u32, u32, u32);
 
 /// The kernels' doublets and triplets of the events whose sorted hits (the CPU's) are
 /// `sorted`, the events' one after the other.
-fn kernel_steps(tables: &CaTables, sorted: &[Sorted]) -> (Vec<Row>, Vec<TripletRow>, Vec<u32>) {
+fn kernel_steps(
+    tables: &CaTables,
+    max_hits: usize,
+    inputs: &[Vec<HitRecord>],
+    sorted: &[Sorted],
+) -> (Vec<Row>, Vec<TripletRow>, Vec<u32>, Vec<u32>) {
     let (mut sx, mut sy, mut splane) = (Vec::new(), Vec::new(), Vec::new());
     let (mut hit_start, mut n_sorted, mut bin_start) = (Vec::new(), Vec::new(), Vec::new());
     let (mut sinput, mut used) = (Vec::new(), Vec::new());
@@ -111,6 +117,20 @@ fn kernel_steps(tables: &CaTables, sorted: &[Sorted]) -> (Vec<Row>, Vec<TripletR
     write_arg(d, "hit_start", &hit_start);
     write_arg(d, "n_sorted", &n_sorted);
     write_arg(d, "bin_start", &bin_start);
+    // The events' input hits, for the kernels' own sorting.
+    let mut in_start = vec![0u32];
+    let (mut in_x, mut in_y, mut in_plane) = (Vec::new(), Vec::new(), Vec::new());
+    for hits in inputs {
+        in_x.extend(hits.iter().map(|h| h.x_mm));
+        in_y.extend(hits.iter().map(|h| h.y_mm));
+        in_plane.extend(hits.iter().map(|h| h.plane as u32));
+        in_start.push(in_x.len() as u32);
+    }
+    write_arg(d, "in_x", &in_x);
+    write_arg(d, "in_y", &in_y);
+    write_arg(d, "in_plane", &in_plane);
+    write_arg(d, "in_start", &in_start);
+    write_arg(d, "max_hits", &[max_hits as u32]);
     if sorted.iter().any(|s| s.used.is_some()) {
         write_arg(d, "used", &used);
         write_arg(d, "sinput", &sinput);
@@ -168,7 +188,32 @@ fn kernel_steps(tables: &CaTables, sorted: &[Sorted]) -> (Vec<Row>, Vec<TripletR
         .chunks_exact(4)
         .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
         .collect();
-    (doublets, triplets, left)
+    let kernel_sorted = std::fs::read(d.join("sorted"))
+        .expect("sorted")
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    (doublets, triplets, left, kernel_sorted)
+}
+
+/// The CPU's sorting of the events as the kernels' harness writes its own: per event the
+/// sorted count, then per sorted hit x and y bits, plane and input index, then the cells'
+/// starts.
+fn sorting_words(sorted: &[Sorted]) -> Vec<u32> {
+    let mut w = Vec::new();
+    for sh in sorted {
+        w.push(sh.x.len() as u32);
+        for h in 0..sh.x.len() {
+            w.extend([
+                sh.x[h].to_bits(),
+                sh.y[h].to_bits(),
+                sh.plane[h],
+                sh.input[h],
+            ]);
+        }
+        w.extend_from_slice(&sh.bin_start);
+    }
+    w
 }
 
 /// The CPU finder's sorted hits, doublets and triplets of one event for `reach`.
@@ -271,7 +316,13 @@ fn agree(
             cpu_trip.push(t);
             cpu_left.extend(l);
         }
-        let (gpu, gpu_trip, gpu_left) = kernel_steps(&tables, &sorted);
+        let (gpu, gpu_trip, gpu_left, gpu_sorted) =
+            kernel_steps(&tables, cfg.limits.max_hits, &events, &sorted);
+        // The kernels' own sorting of the hits into the grid is the CPU's.
+        assert!(
+            gpu_sorted == sorting_words(&sorted),
+            "{name}, reach {reach}: the kernels' hit sorting differs from the CPU's"
+        );
         let all_cpu: Vec<Row> = cpu.iter().flatten().copied().collect();
         assert_eq!(
             gpu.len(),

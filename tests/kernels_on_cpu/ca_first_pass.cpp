@@ -19,6 +19,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <atomic>
+#include <barrier>
 #include <fstream>
 #include <string>
 
@@ -41,8 +43,20 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return
     std::fprintf(stderr, "%s is not emulated by this harness\n", what);
     std::abort();
 }
-inline void __syncthreads() { not_emulated("__syncthreads"); }
-inline unsigned __shfl_up_sync(unsigned, unsigned, int) { not_emulated("__shfl_up_sync"); }
+// A block's threads together (launch_blocks): its barrier.
+thread_local std::barrier<>* this_block = nullptr;
+inline void __syncthreads() {
+    if (!this_block) not_emulated("__syncthreads outside launch_blocks");
+    this_block->arrive_and_wait();
+}
+inline unsigned __shfl_up_sync(unsigned, unsigned v, int o) {
+    const unsigned lane = threadIdx.x & 31;
+    this_warp->slots[lane] = v;
+    this_warp->bar.arrive_and_wait();
+    const unsigned r = lane >= (unsigned)o ? (unsigned)this_warp->slots[lane - o] : v;
+    this_warp->bar.arrive_and_wait();
+    return r;
+}
 inline unsigned __shfl_xor_sync(unsigned, unsigned, int) { not_emulated("__shfl_xor_sync"); }
 inline unsigned long long __ldcg(const unsigned long long*) { not_emulated("__ldcg"); }
 inline void __threadfence() { not_emulated("__threadfence"); }
@@ -52,12 +66,11 @@ void __stcg(T*, T) {
 }
 // Shared memory: one instance, which the kernels run here never touch.
 #define __shared__ static
-// Only the kernels run one thread after the other use it (the neighbours' index).
+// Atomic where a block's threads run together (the hits' cell counts), and then a plain
+// add where the threads run one after the other.
 template <class T>
 T atomicAdd(T* p, T v) {
-    const T old = *p;
-    *p = old + v;
-    return old;
+    return std::atomic_ref<T>(*p).fetch_add(v);
 }
 template <class T>
 T atomicExch(T*, T) {
@@ -78,6 +91,35 @@ T atomicOr(T*, T) {
 #include "../../kernels/ca_triplets.cu"
 #include "../../kernels/ca_neighbours.cu"
 #include "../../kernels/ca_evolution.cu"
+
+// Runs `kernel` on a grid of blocks_x x blocks_y blocks of CA_THREADS threads, all of a
+// block's threads together (__syncthreads a barrier of them; each warp's 32 for the warp's
+// primitives), the blocks one after the other (so `static` shared memory is the block's).
+template <class F>
+void launch_blocks(unsigned blocks_x, unsigned blocks_y, F kernel) {
+    blockDim.x = CA_THREADS;
+    gridDim.x = blocks_x;
+    for (unsigned y = 0; y < blocks_y; ++y) {
+        for (unsigned x = 0; x < blocks_x; ++x) {
+            std::barrier<> block(CA_THREADS);
+            std::vector<Warp> warps(CA_THREADS / 32);
+            std::vector<std::thread> threads;
+            for (unsigned t = 0; t < CA_THREADS; ++t) {
+                threads.emplace_back([&, t] {
+                    this_block = &block;
+                    this_warp = &warps[t / 32];
+                    threadIdx.x = t;
+                    blockIdx.x = x;
+                    blockIdx.y = y;
+                    kernel();
+                });
+            }
+            for (auto& th : threads) {
+                th.join();
+            }
+        }
+    }
+}
 
 // Runs `kernel` on a grid of blocks_x x blocks_y blocks of CA_THREADS threads: each block's
 // warps one after the other, a warp's 32 lanes as threads together (launch_warps).
@@ -133,6 +175,82 @@ int main(int argc, char** argv) {
     const int n_bins = (int)(bin_start.size() / n_events) - 1;
     const size_t n_hits = sx.size();
     const std::vector<unsigned> failed(n_events, 0u);
+    // The hits sorted into the grid by the kernels (ca_bin_hits with a block per event,
+    // the cells' scan on the host, ca_place_hits, ca_rank_hits) from the events' input hits
+    // (DIR/in_x, in_y, in_plane, and DIR/in_start with a last entry), written to
+    // DIR/sorted for the test to compare with the CPU's sorting (the steps below run on
+    // the CPU's, which the test gives).
+    {
+        const auto in_x = read<float>(dir, "in_x");
+        const auto in_y = read<float>(dir, "in_y");
+        const auto in_plane = read<unsigned>(dir, "in_plane");
+        const auto in_start = read<unsigned>(dir, "in_start");
+        const unsigned max_hits = read<unsigned>(dir, "max_hits").at(0);
+        const size_t n_in = in_x.size();
+        std::vector<unsigned> hit_bin(n_in, 0xdeadbeefu), bin_count(bin_start.size(), 0u);
+        std::vector<unsigned> k_sorted(n_events, 0xdeadbeefu), k_failed(n_events, 0u);
+        std::vector<unsigned> overflow(8, 0u);
+        launch_blocks(1, (unsigned)n_events, [&] {
+            ca_bin_hits(in_x.data(), in_y.data(), in_plane.data(), in_start.data(), plf.data(),
+                        pli.data(), n_planes, n_bins, max_hits, hit_bin.data(),
+                        bin_count.data(), k_sorted.data(), k_failed.data(), overflow.data());
+        });
+        std::vector<unsigned> k_bin_start(bin_start.size(), 0u), cursor(bin_start.size(), 0u);
+        for (int e = 0; e < n_events; ++e) {
+            unsigned off = 0;
+            for (int b = 0; b <= n_bins; ++b) {
+                const size_t i = (size_t)e * (n_bins + 1) + b;
+                k_bin_start[i] = off;
+                off += bin_count[i];
+            }
+        }
+        std::vector<unsigned> scratch(n_in, 0xdeadbeefu), k_splane(n_in, 0xdeadbeefu);
+        std::vector<unsigned> k_sinput(n_in, 0xdeadbeefu);
+        std::vector<float> k_sx(n_in, NAN), k_sy(n_in, NAN);
+        gridDim.x = 2;
+        for (int e = 0; e < n_events; ++e) {
+            for (unsigned b = 0; b < gridDim.x; ++b) {
+                for (unsigned t = 0; t < CA_THREADS; ++t) {
+                    blockIdx.x = b;
+                    blockIdx.y = (unsigned)e;
+                    threadIdx.x = t;
+                    ca_place_hits(in_start.data(), hit_bin.data(), k_bin_start.data(),
+                                  cursor.data(), n_bins, k_failed.data(), scratch.data());
+                }
+            }
+        }
+        for (int e = 0; e < n_events; ++e) {
+            for (unsigned b = 0; b < gridDim.x; ++b) {
+                for (unsigned t = 0; t < CA_THREADS; ++t) {
+                    blockIdx.x = b;
+                    blockIdx.y = (unsigned)e;
+                    threadIdx.x = t;
+                    ca_rank_hits(in_x.data(), in_y.data(), in_plane.data(), in_start.data(),
+                                 hit_bin.data(), k_bin_start.data(), n_bins, k_sorted.data(),
+                                 k_failed.data(), scratch.data(), k_sx.data(), k_sy.data(),
+                                 k_splane.data(), k_sinput.data());
+                }
+            }
+        }
+        // Per event: its sorted count, then per sorted hit x, y bits, plane, input index,
+        // then its cell starts.
+        std::vector<unsigned> out;
+        for (int e = 0; e < n_events; ++e) {
+            out.push_back(k_failed[e] ? 0xffffffffu : k_sorted[e]);
+            for (unsigned h = 0; h < k_sorted[e] && !k_failed[e]; ++h) {
+                const size_t i = in_start[e] + h;
+                out.insert(out.end(), {__float_as_uint(k_sx[i]), __float_as_uint(k_sy[i]),
+                                       k_splane[i], k_sinput[i]});
+            }
+            for (int b = 0; b <= n_bins; ++b) out.push_back(k_bin_start[(size_t)e * (n_bins + 1) + b]);
+        }
+        FILE* f = std::fopen((dir + "/sorted").c_str(), "wb");
+        if (!f || std::fwrite(out.data(), sizeof(unsigned), out.size(), f) != out.size()) {
+            std::fprintf(stderr, "cannot write %s/sorted\n", dir.c_str());
+            return 2;
+        }
+        std::fclose(f);
+    }
     // A later pass where DIR/used marks the hits earlier tracks took (per input hit, with
     // each sorted hit's input index in DIR/sinput): the windows scan the free hits only.
     const bool later = std::ifstream(dir + "/used").good();
