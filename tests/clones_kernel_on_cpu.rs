@@ -24,7 +24,7 @@ use clones_common::{
     constructed_cases, constructed_events, count, found_events, seed, shipped_detectors,
     EventTracks,
 };
-use kernels_on_cpu::write_arg;
+use kernels_on_cpu::{read_words, write_arg};
 use trigd::gpu::tracking_clones::{
     check_batch, pack_batch, BatchArrays, CloneLimits, CloneTables, CloneTrack, FIT_WORDS,
 };
@@ -104,11 +104,11 @@ fn kernel_marks(geo: &FinderGeometry, cfg: &FinderConfig, events: &[EventTracks]
             "kernel on the CPU failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let bytes = std::fs::read(d.join("marks")).expect("the kernel's marks");
-        assert_eq!(bytes.len(), 4 * shape.n_tracks, "one mark per track");
-        let marks: Vec<bool> = bytes
-            .chunks_exact(4)
-            .map(|w| match u32::from_le_bytes([w[0], w[1], w[2], w[3]]) {
+        let words = read_words(d, "marks");
+        assert_eq!(words.len(), shape.n_tracks, "one mark per track");
+        let marks: Vec<bool> = words
+            .into_iter()
+            .map(|w| match w {
                 0 => false,
                 1 => true,
                 m => panic!("mark {m:#x}: not written, or not a mark"),

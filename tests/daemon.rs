@@ -332,28 +332,12 @@ fn the_example_configuration_is_valid() {
 /// prints what the finder derived: the overrides show in the table.
 #[test]
 fn check_builds_a_tracking_configuration_and_shows_its_cuts() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("tracking.toml");
     let geometry = root().join("fixtures/tracking/dipole/detector_dipole.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[daemon]\nworkload = \"tracking\"\n[tracking]\ngeometry = {:?}\nmin_p_gev = 2.0\n\
-             [tracking.finder]\nn_sigma = 4.0\n",
-            geometry.to_str().unwrap()
-        ),
-    )
-    .unwrap();
-    let out = std::process::Command::new(trigd_bin())
-        .args(["check", "--config", cfg.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = stdout_of_success(&trigd_check(&format!(
+        "[daemon]\nworkload = \"tracking\"\n[tracking]\ngeometry = {:?}\nmin_p_gev = 2.0\n\
+         [tracking.finder]\nn_sigma = 4.0\n",
+        geometry.to_str().unwrap()
+    )));
     for want in [
         "ok (0 inputs, workload tracking)",
         "tracking: 8 planes from z = 250.0 to 1200.0 mm",
@@ -371,7 +355,6 @@ fn check_builds_a_tracking_configuration_and_shows_its_cuts() {
 /// out of range; each named.
 #[test]
 fn check_refuses_a_tracking_configuration_run_would_refuse() {
-    let dir = tempfile::tempdir().unwrap();
     let geometry = root().join("fixtures/tracking/dipole/detector_dipole.toml");
     for (body, want) in [
         (
@@ -387,12 +370,7 @@ fn check_refuses_a_tracking_configuration_run_would_refuse() {
             "n_sigma",
         ),
     ] {
-        let cfg = dir.path().join("bad.toml");
-        std::fs::write(&cfg, &body).unwrap();
-        let out = std::process::Command::new(trigd_bin())
-            .args(["check", "--config", cfg.to_str().unwrap()])
-            .output()
-            .unwrap();
+        let out = trigd_check(&body);
         assert!(!out.status.success(), "{body} was taken");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(want), "{want:?} not in {err}");
@@ -444,26 +422,10 @@ fn check_warns_where_a_field_map_ends_inside_the_detector() {
         ));
         let geometry = dir.path().join(format!("{map}.toml"));
         std::fs::write(&geometry, det).unwrap();
-        let cfg = dir.path().join("c.toml");
-        std::fs::write(
-            &cfg,
-            format!(
-                "[daemon]\nworkload = \"tracking\"\n[tracking]\ngeometry = {:?}\n",
-                geometry.to_str().unwrap()
-            ),
-        )
-        .unwrap();
-        let out = std::process::Command::new(trigd_bin())
-            .args(["check", "--config", cfg.to_str().unwrap()])
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "{stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout
+        stdout_of_success(&trigd_check(&format!(
+            "[daemon]\nworkload = \"tracking\"\n[tracking]\ngeometry = {:?}\n",
+            geometry.to_str().unwrap()
+        )))
     };
     // Planes 2 to 4 (half sizes 70 to 110 mm) reach past the narrow map's 50 mm; planes 0
     // and 1 (30 and 50 mm) do not.

@@ -377,25 +377,11 @@ fn check_builds_an_eeg_configuration_and_says_what_it_built() {
         fx("noise_cov.npy"),
         fx("channels.txt")
     );
-    let check = |body: &str| {
-        let cfg = dir.path().join("eeg.toml");
-        std::fs::write(&cfg, body).unwrap();
-        std::process::Command::new(trigd_bin())
-            .args(["check", "--config", cfg.to_str().unwrap()])
-            .output()
-            .unwrap()
-    };
-    let out = check(&format!(
+    let stdout = stdout_of_success(&trigd_check(&format!(
         "{inputs}[eeg.filter]\nbandpass_hz = [1.0, 40.0]\n[eeg.roi]\n\
          sphere = {{ centre_mm = [36.0, 0.0, 54.0], radius_mm = 20.0 }}\nwindow_ms = 30.0\n\
          threshold = 0.75\nrefractory_ms = 100.0\n"
-    ));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    )));
     for want in [
         "ok (0 inputs, workload eeg)",
         "eeg: 32 channels, 313 sources, dSPM",
@@ -407,16 +393,13 @@ fn check_builds_an_eeg_configuration_and_says_what_it_built() {
     }
     // Without a region: a warning. With a cache configured: none written.
     let cache = dir.path().join("kernel.cache");
-    let out = check(&format!("{inputs}cache = {:?}\n", cache.to_str().unwrap()));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = stdout_of_success(&trigd_check(&format!(
+        "{inputs}cache = {:?}\n",
+        cache.to_str().unwrap()
+    )));
     assert!(stdout.contains("warning: no [eeg.roi]"), "{stdout}");
     assert!(!cache.exists(), "check wrote the operator's cache");
-    let out = check(&inputs.replace("leadfield.npy", "no_such_leadfield.npy"));
+    let out = trigd_check(&inputs.replace("leadfield.npy", "no_such_leadfield.npy"));
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no_such_leadfield.npy"), "{err}");

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use kernels_on_cpu::write_arg;
+use kernels_on_cpu::{read_words, write_arg};
 use trigd::frame::HitRecord;
 use trigd::gpu::tracking_ca::CaTables;
 use trigd::tracking::ca::{self, CaBuffers, FinderGeometry};
@@ -153,16 +153,8 @@ fn kernel_steps(
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let words: Vec<u32> = std::fs::read(d.join("dbl"))
-        .expect("dbl")
-        .chunks_exact(4)
-        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    let gaps: Vec<u32> = std::fs::read(d.join("dgap"))
-        .expect("dgap")
-        .chunks_exact(4)
-        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
-        .collect();
+    let words = read_words(d, "dbl");
+    let gaps = read_words(d, "dgap");
     assert_eq!(words.len(), 4 * gaps.len());
     // The events' doublets and triplets one after the other (each event's at its place in
     // the arena).
@@ -174,25 +166,13 @@ fn kernel_steps(
             (w[0], w[1], w[2], w[3], gap)
         })
         .collect();
-    let trip: Vec<u32> = std::fs::read(d.join("trip"))
-        .expect("trip")
-        .chunks_exact(4)
-        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
-        .collect();
+    let trip = read_words(d, "trip");
     let triplets = trip
         .chunks_exact(9)
         .map(|w| (w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8]))
         .collect();
-    let left = std::fs::read(d.join("left"))
-        .expect("left")
-        .chunks_exact(4)
-        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
-        .collect();
-    let kernel_sorted = std::fs::read(d.join("sorted"))
-        .expect("sorted")
-        .chunks_exact(4)
-        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
-        .collect();
+    let left = read_words(d, "left");
+    let kernel_sorted = read_words(d, "sorted");
     (doublets, triplets, left, kernel_sorted)
 }
 

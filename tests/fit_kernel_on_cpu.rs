@@ -23,7 +23,7 @@ use std::sync::OnceLock;
 
 use fit_common::{compare, detectors, found_tracks, with_variants};
 use gpu_common::{load, seed};
-use kernels_on_cpu::write_arg;
+use kernels_on_cpu::{read_words, write_arg};
 use trigd::gpu::tracking_fit::{
     check_batch, pack_hits, unpack_outputs, FitLimits, FitTables, FittedTrack,
 };
@@ -72,11 +72,7 @@ fn kernel_fits(fitter: &KalmanFitter, tracks: &[&[FitHit]]) -> Vec<FittedTrack> 
         .status()
         .expect("run the kernel on the CPU");
     assert!(status.success(), "the fit kernel on the CPU failed");
-    let bytes = std::fs::read(d.join("out")).expect("the kernel's output");
-    let out_words: Vec<u32> = bytes
-        .chunks_exact(4)
-        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect();
+    let out_words = read_words(d, "out");
     assert_eq!(out_words.len(), shape.output_words());
     let mut out = Vec::new();
     unpack_outputs(&out_words, &shape, &mut out);

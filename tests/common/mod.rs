@@ -26,6 +26,30 @@ pub fn root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
+/// `trigd check` on a configuration whose text is `body` (written to a temporary file).
+pub fn trigd_check(body: &str) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("check.toml");
+    std::fs::write(&cfg, body).unwrap();
+    Command::new(trigd_bin())
+        .args(["check", "--config"])
+        .arg(&cfg)
+        .output()
+        .unwrap()
+}
+
+/// The standard output of a command that must have succeeded (else a panic with both
+/// streams).
+pub fn stdout_of_success(out: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// A running daemon with its log lines streamed to a channel.
 pub struct Daemon {
     pub child: Child,

@@ -149,6 +149,59 @@ void launch_blocks_by_warps(unsigned blocks_x, unsigned blocks_y, F kernel) {
     }
 }
 
+// Runs `step` as a launch of two blocks of CA_THREADS per event (blockIdx.y the event),
+// one thread after the other: for the loops of one thread per item with no barrier and
+// nothing shared.
+template <class F>
+void each_thread(int n_events, F step) {
+    blockDim.x = CA_THREADS;
+    gridDim.x = 2;
+    for (int e = 0; e < n_events; ++e) {
+        for (unsigned b = 0; b < gridDim.x; ++b) {
+            for (unsigned t = 0; t < CA_THREADS; ++t) {
+                blockIdx.x = b;
+                blockIdx.y = (unsigned)e;
+                threadIdx.x = t;
+                step();
+            }
+        }
+    }
+}
+
+// The host's per-event scan (the engine's ca_event_scan and ca_event_budget): for each
+// event e, the items first(e) .. first(e) + n(e) of `count` get their exclusive prefix
+// within the event in `off`; the events' bases (their running total) and sizes.
+struct EventScan {
+    std::vector<unsigned> base, n;
+    unsigned total = 0;
+};
+template <class First, class N>
+EventScan scan_events(int n_events, First first, N n, const std::vector<unsigned>& count,
+                      std::vector<unsigned>& off) {
+    EventScan r;
+    for (int e = 0; e < n_events; ++e) {
+        unsigned w = 0;
+        for (unsigned i = 0; i < n(e); ++i) {
+            off[first(e) + i] = w;
+            w += count[first(e) + i];
+        }
+        r.base.push_back(r.total);
+        r.n.push_back(w);
+        r.total += w;
+    }
+    return r;
+}
+
+// Writes `v` raw to DIR/name; false where it cannot.
+template <class T>
+bool write_out(const std::string& dir, const char* name, const std::vector<T>& v) {
+    FILE* f = std::fopen((dir + "/" + name).c_str(), "wb");
+    const bool ok = f && std::fwrite(v.data(), sizeof(T), v.size(), f) == v.size();
+    if (f) std::fclose(f);
+    if (!ok) std::fprintf(stderr, "cannot write %s/%s\n", dir.c_str(), name);
+    return ok;
+}
+
 int main(int argc, char** argv) {
     if (argc != 2) {
         std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
@@ -196,42 +249,23 @@ int main(int argc, char** argv) {
                         bin_count.data(), k_sorted.data(), k_failed.data(), overflow.data());
         });
         std::vector<unsigned> k_bin_start(bin_start.size(), 0u), cursor(bin_start.size(), 0u);
-        for (int e = 0; e < n_events; ++e) {
-            unsigned off = 0;
-            for (int b = 0; b <= n_bins; ++b) {
-                const size_t i = (size_t)e * (n_bins + 1) + b;
-                k_bin_start[i] = off;
-                off += bin_count[i];
-            }
-        }
+        const unsigned cells = (unsigned)n_bins + 1;
+        scan_events(
+            n_events, [&](int e) { return (size_t)e * cells; }, [&](int) { return cells; },
+            bin_count, k_bin_start);
         std::vector<unsigned> scratch(n_in, 0xdeadbeefu), k_splane(n_in, 0xdeadbeefu);
         std::vector<unsigned> k_sinput(n_in, 0xdeadbeefu);
         std::vector<float> k_sx(n_in, NAN), k_sy(n_in, NAN);
-        gridDim.x = 2;
-        for (int e = 0; e < n_events; ++e) {
-            for (unsigned b = 0; b < gridDim.x; ++b) {
-                for (unsigned t = 0; t < CA_THREADS; ++t) {
-                    blockIdx.x = b;
-                    blockIdx.y = (unsigned)e;
-                    threadIdx.x = t;
-                    ca_place_hits(in_start.data(), hit_bin.data(), k_bin_start.data(),
-                                  cursor.data(), n_bins, k_failed.data(), scratch.data());
-                }
-            }
-        }
-        for (int e = 0; e < n_events; ++e) {
-            for (unsigned b = 0; b < gridDim.x; ++b) {
-                for (unsigned t = 0; t < CA_THREADS; ++t) {
-                    blockIdx.x = b;
-                    blockIdx.y = (unsigned)e;
-                    threadIdx.x = t;
-                    ca_rank_hits(in_x.data(), in_y.data(), in_plane.data(), in_start.data(),
-                                 hit_bin.data(), k_bin_start.data(), n_bins, k_sorted.data(),
-                                 k_failed.data(), scratch.data(), k_sx.data(), k_sy.data(),
-                                 k_splane.data(), k_sinput.data());
-                }
-            }
-        }
+        each_thread(n_events, [&] {
+            ca_place_hits(in_start.data(), hit_bin.data(), k_bin_start.data(), cursor.data(),
+                          n_bins, k_failed.data(), scratch.data());
+        });
+        each_thread(n_events, [&] {
+            ca_rank_hits(in_x.data(), in_y.data(), in_plane.data(), in_start.data(),
+                         hit_bin.data(), k_bin_start.data(), n_bins, k_sorted.data(),
+                         k_failed.data(), scratch.data(), k_sx.data(), k_sy.data(),
+                         k_splane.data(), k_sinput.data());
+        });
         // Per event: its sorted count, then per sorted hit x, y bits, plane, input index,
         // then its cell starts.
         std::vector<unsigned> out;
@@ -244,55 +278,30 @@ int main(int argc, char** argv) {
             }
             for (int b = 0; b <= n_bins; ++b) out.push_back(k_bin_start[(size_t)e * (n_bins + 1) + b]);
         }
-        FILE* f = std::fopen((dir + "/sorted").c_str(), "wb");
-        if (!f || std::fwrite(out.data(), sizeof(unsigned), out.size(), f) != out.size()) {
-            std::fprintf(stderr, "cannot write %s/sorted\n", dir.c_str());
-            return 2;
-        }
-        std::fclose(f);
+        if (!write_out(dir, "sorted", out)) return 2;
     }
     // A later pass where DIR/used marks the hits earlier tracks took (per input hit, with
     // each sorted hit's input index in DIR/sinput): the windows scan the free hits only.
     const bool later = std::ifstream(dir + "/used").good();
     std::vector<float> fx, fy;
     std::vector<unsigned> fmap, free_start, n_free;
-    // Two blocks per event: each thread strides over the event's hits as on the GPU.
-    gridDim.x = 2;
-    blockDim.x = CA_THREADS;
-    auto each_thread = [&](auto step) {
-        for (int e = 0; e < n_events; ++e) {
-            for (unsigned b = 0; b < gridDim.x; ++b) {
-                for (unsigned t = 0; t < CA_THREADS; ++t) {
-                    blockIdx.x = b;
-                    blockIdx.y = (unsigned)e;
-                    threadIdx.x = t;
-                    step();
-                }
-            }
-        }
-    };
+    // Per event, the items of each step: the sorted hits from their first.
+    auto hits_from = [&](int e) { return hit_start[e]; };
+    auto sorted_n = [&](int e) { return n_sorted[e]; };
     if (later) {
         const auto used = read<unsigned>(dir, "used");
         const auto sinput = read<unsigned>(dir, "sinput");
         std::vector<unsigned> flags(n_hits, 0xdeadbeefu), prefix(n_hits, 0u);
-        each_thread([&] {
+        each_thread(n_events, [&] {
             ca_free_flags(hit_start.data(), n_sorted.data(), sinput.data(), used.data(),
                           failed.data(), flags.data());
         });
-        n_free.assign(n_events, 0u);
-        for (int e = 0; e < n_events; ++e) {
-            unsigned w = 0;
-            for (unsigned h = 0; h < n_sorted[e]; ++h) {
-                prefix[hit_start[e] + h] = w;
-                w += flags[hit_start[e] + h];
-            }
-            n_free[e] = w;
-        }
+        n_free = scan_events(n_events, hits_from, sorted_n, flags, prefix).n;
         fx.assign(n_hits, NAN);
         fy.assign(n_hits, NAN);
         fmap.assign(n_hits, 0xdeadbeefu);
         free_start.assign(bin_start.size(), 0xdeadbeefu);
-        each_thread([&] {
+        each_thread(n_events, [&] {
             ca_free_hits(hit_start.data(), n_sorted.data(), bin_start.data(), n_bins,
                          failed.data(), flags.data(), prefix.data(), n_free.data(), sx.data(),
                          sy.data(), fx.data(), fy.data(), fmap.data(), free_start.data());
@@ -316,31 +325,23 @@ int main(int argc, char** argv) {
     // too, in a later pass through each warp's queue.
     auto run = [&](int write) {
         if (write && later) {
-            launch_blocks_by_warps(gridDim.x, (unsigned)n_events, [&] { doublets(1); });
+            launch_blocks_by_warps(2, (unsigned)n_events, [&] { doublets(1); });
         } else {
-            each_thread([&] { doublets(write); });
+            each_thread(n_events, [&] { doublets(write); });
         }
     };
     run(0);
     // The per-event exclusive scan and the events' places in the arena.
-    unsigned total = 0;
-    for (int e = 0; e < n_events; ++e) {
-        dbl_base[e] = total;
-        unsigned off = 0;
-        for (unsigned a = 0; a < n_sorted[e]; ++a) {
-            dbl_off[hit_start[e] + a] = off;
-            off += dbl_count[hit_start[e] + a];
-        }
-        total += off;
-    }
+    const EventScan ds = scan_events(n_events, hits_from, sorted_n, dbl_count, dbl_off);
+    const unsigned total = ds.total;
+    dbl_base = ds.base;
     dbl.assign(total, make_uint4(0xdeadbeefu, 0xdeadbeefu, 0xdeadbeefu, 0xdeadbeefu));
     dgap.assign(total, 0xdeadbeefu);
     run(1);
     // Triplets from these doublets.
-    std::vector<unsigned> dbl_n(n_events);
-    for (int e = 0; e < n_events; ++e) {
-        dbl_n[e] = (e + 1 < n_events ? dbl_base[e + 1] : total) - dbl_base[e];
-    }
+    const std::vector<unsigned> dbl_n = ds.n;
+    auto doublets_from = [&](int e) { return dbl_base[e]; };
+    auto doublets_n = [&](int e) { return dbl_n[e]; };
     std::vector<unsigned> trip_count(total, 0xdeadbeefu), trip_off(total, 0u);
     std::vector<unsigned> trip_base(n_events, 0u), end_count(total), end_cursor(total);
     std::vector<unsigned> tleft, tright, tplane, has_right;
@@ -353,26 +354,10 @@ int main(int argc, char** argv) {
                     tleft.data(), tright.data(), tqop.data(), tsigma.data(), tchi2.data(),
                     tplane.data(), has_right.data(), end_count.data(), end_cursor.data());
     };
-    for (int e = 0; e < n_events; ++e) {
-        for (unsigned b = 0; b < gridDim.x; ++b) {
-            for (unsigned t = 0; t < CA_THREADS; ++t) {
-                blockIdx.x = b;
-                blockIdx.y = (unsigned)e;
-                threadIdx.x = t;
-                triplets(0);
-            }
-        }
-    }
-    unsigned n_trip = 0;
-    for (int e = 0; e < n_events; ++e) {
-        trip_base[e] = n_trip;
-        unsigned off = 0;
-        for (unsigned d = 0; d < dbl_n[e]; ++d) {
-            trip_off[dbl_base[e] + d] = off;
-            off += trip_count[dbl_base[e] + d];
-        }
-        n_trip += off;
-    }
+    each_thread(n_events, [&] { triplets(0); });
+    const EventScan ts = scan_events(n_events, doublets_from, doublets_n, trip_count, trip_off);
+    const unsigned n_trip = ts.total;
+    trip_base = ts.base;
     tleft.assign(n_trip, 0xdeadbeefu);
     tright.assign(n_trip, 0xdeadbeefu);
     tplane.assign(n_trip, 0xdeadbeefu);
@@ -380,38 +365,29 @@ int main(int argc, char** argv) {
     tqop.assign(n_trip, NAN);
     tsigma.assign(n_trip, NAN);
     tchi2.assign(n_trip, NAN);
-    launch_blocks_by_warps(gridDim.x, (unsigned)n_events, [&] { triplets(1); });
+    launch_blocks_by_warps(2, (unsigned)n_events, [&] { triplets(1); });
     // Neighbours and levels from these triplets, the steps one thread after the other.
-    std::vector<unsigned> trip_n(n_events);
-    for (int e = 0; e < n_events; ++e) {
-        trip_n[e] = (e + 1 < n_events ? trip_base[e + 1] : n_trip) - trip_base[e];
-    }
+    const std::vector<unsigned> trip_n = ts.n;
     std::vector<unsigned> end_off(total, 0u), ending(n_trip, 0xdeadbeefu);
-    each_thread([&] {
+    each_thread(n_events, [&] {
         ca_neighbours_ending(dbl_base.data(), trip_base.data(), trip_n.data(), tright.data(),
                              failed.data(), 0, end_count.data(), end_off.data(),
                              end_cursor.data(), ending.data());
     });
-    for (int e = 0; e < n_events; ++e) {
-        unsigned off = 0;
-        for (unsigned d = 0; d < dbl_n[e]; ++d) {
-            end_off[dbl_base[e] + d] = off;
-            off += end_count[dbl_base[e] + d];
-        }
-    }
-    each_thread([&] {
+    scan_events(n_events, doublets_from, doublets_n, end_count, end_off);
+    each_thread(n_events, [&] {
         ca_neighbours_ending(dbl_base.data(), trip_base.data(), trip_n.data(), tright.data(),
                              failed.data(), 1, end_count.data(), end_off.data(),
                              end_cursor.data(), ending.data());
     });
-    each_thread([&] {
+    each_thread(n_events, [&] {
         ca_neighbours_sort_ending(dbl_base.data(), dbl_n.data(), trip_base.data(), failed.data(),
                                   end_count.data(), end_off.data(), ending.data());
     });
     std::vector<unsigned> nb_count(n_trip, 0xdeadbeefu), nb_off(n_trip, 0u);
     std::vector<unsigned> nb_base(n_events, 0u), left;
     auto neighbours = [&](int write) {
-        each_thread([&] {
+        each_thread(n_events, [&] {
             ca_neighbours(dbl_base.data(), trip_base.data(), trip_n.data(), tleft.data(),
                           tqop.data(), tsigma.data(), end_count.data(), end_off.data(),
                           ending.data(), nb_chi2_max, failed.data(), write, nb_count.data(),
@@ -419,21 +395,15 @@ int main(int argc, char** argv) {
         });
     };
     neighbours(0);
-    unsigned n_left = 0;
-    for (int e = 0; e < n_events; ++e) {
-        nb_base[e] = n_left;
-        unsigned off = 0;
-        for (unsigned t = 0; t < trip_n[e]; ++t) {
-            nb_off[trip_base[e] + t] = off;
-            off += nb_count[trip_base[e] + t];
-        }
-        n_left += off;
-    }
-    left.assign(n_left, 0xdeadbeefu);
+    const EventScan ns = scan_events(
+        n_events, [&](int e) { return trip_base[e]; }, [&](int e) { return trip_n[e]; },
+        nb_count, nb_off);
+    nb_base = ns.base;
+    left.assign(ns.total, 0xdeadbeefu);
     neighbours(1);
     std::vector<unsigned> level(n_trip, 0xdeadbeefu);
     for (int plane = 0; plane < n_planes; ++plane) {
-        each_thread([&] {
+        each_thread(n_events, [&] {
             ca_evolution(trip_base.data(), trip_n.data(), tplane.data(), nb_count.data(),
                          nb_off.data(), nb_base.data(), left.data(), failed.data(),
                          (unsigned)plane, level.data());
@@ -446,21 +416,7 @@ int main(int argc, char** argv) {
                                  __float_as_uint(tsigma[t]), __float_as_uint(tchi2[t]),
                                  tplane[t], nb_count[t], has_right[t], level[t]});
     }
-    FILE* f = std::fopen((dir + "/dbl").c_str(), "wb");
-    FILE* h = std::fopen((dir + "/dgap").c_str(), "wb");
-    FILE* k = std::fopen((dir + "/trip").c_str(), "wb");
-    FILE* l = std::fopen((dir + "/left").c_str(), "wb");
-    if (!f || !h || !k || !l ||
-        std::fwrite(dbl.data(), sizeof(uint4), dbl.size(), f) != dbl.size() ||
-        std::fwrite(dgap.data(), sizeof(unsigned), dgap.size(), h) != dgap.size() ||
-        std::fwrite(trip.data(), sizeof(unsigned), trip.size(), k) != trip.size() ||
-        std::fwrite(left.data(), sizeof(unsigned), left.size(), l) != left.size()) {
-        std::fprintf(stderr, "cannot write %s/dbl, dgap, trip and left\n", dir.c_str());
-        return 2;
-    }
-    std::fclose(f);
-    std::fclose(h);
-    std::fclose(k);
-    std::fclose(l);
-    return 0;
+    const bool ok = write_out(dir, "dbl", dbl) && write_out(dir, "dgap", dgap) &&
+                    write_out(dir, "trip", trip) && write_out(dir, "left", left);
+    return ok ? 0 : 2;
 }

@@ -2,7 +2,7 @@
 //! `tests/fit_kernel_on_cpu.rs`, `tests/first_pass_kernels_on_cpu.rs`): compiling a harness of this folder with the C++ compiler
 //! (`g++`, installed by `./setup.sh`; `CXX` overrides) without contraction, as NVRTC's
 //! `--fmad=false`, and writing a kernel argument as the raw little-endian array the
-//! harness reads (`args.h`).
+//! harness reads (`args.h`), and reading its outputs back.
 
 #![allow(dead_code)]
 
@@ -43,6 +43,15 @@ pub fn finish((out, mut child): (PathBuf, Child)) -> PathBuf {
         out.display()
     );
     out
+}
+
+/// The harness's output `name` in `dir`, as little-endian 32-bit words.
+pub fn read_words(dir: &Path, name: &str) -> Vec<u32> {
+    std::fs::read(dir.join(name))
+        .unwrap_or_else(|e| panic!("the harness's {name}: {e}"))
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
 }
 
 /// Writes `values` as the harness's argument `name` in `dir`.

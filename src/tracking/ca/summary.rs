@@ -193,13 +193,18 @@ pub fn summary(det: &Detector, cfg: &FinderConfig) -> String {
     s
 }
 
+/// The last node of a map's grid along axis `a`, mm.
+fn grid_end(map: &crate::tracking::field::FieldMap, a: usize) -> f64 {
+    map.origin_mm[a] + map.step_mm[a] * (map.dims[a] - 1) as f64
+}
+
 fn describe_field(field: &Field) -> String {
     match field {
         Field::Uniform { b_tesla } => {
             format!("uniform ({}, {}, {}) T", b_tesla[0], b_tesla[1], b_tesla[2])
         }
         Field::Grid(map) => {
-            let end = |a: usize| map.origin_mm[a] + map.step_mm[a] * (map.dims[a] - 1) as f64;
+            let end = |a: usize| grid_end(map, a);
             format!(
                 "map of {} x {} x {} nodes, x {:.1} to {:.1}, y {:.1} to {:.1}, z {:.1} to {:.1} mm \
                  (steps {}, {}, {} mm), largest |B| {:.3} T",
@@ -232,7 +237,7 @@ fn describe_field(field: &Field) -> String {
 pub fn warnings(det: &Detector, cfg: &FinderConfig) -> Vec<String> {
     let mut out = Vec::new();
     if let Field::Grid(map) = &det.field {
-        let end = |a: usize| map.origin_mm[a] + map.step_mm[a] * (map.dims[a] - 1) as f64;
+        let end = |a: usize| grid_end(map, a);
         let (lo, hi) = (map.origin_mm, [end(0), end(1), end(2)]);
         let largest = map.max_abs_tesla();
         // Each plane's area (and the origin) where it lies outside the grid, sampled every
