@@ -9,81 +9,17 @@
 // loops of one thread per item with no barrier and nothing shared run their threads one
 // after the other (the atomic counts of the neighbours' index are then plain adds); the
 // triplets' write goes through each warp's queue, so its blocks run warp after warp, a
-// warp's 32 lanes as threads together. The header's kernels that need a block's threads
-// together are not run here (their primitives abort). Writes the doublets to DIR/dbl (a,
+// warp's 32 lanes as threads together; the hits' binning, a block's threads together
+// (block.h). Writes the doublets to DIR/dbl (a,
 // b, tx, ty bits each), their gaps to DIR/dgap, the triplets to DIR/trip (left and right
 // doublet, q/p, its sigma and the chi-square as bits, the planes' word, the count of left
 // neighbours, has_right, level) and the left neighbours to DIR/left, the events' one after
 // the other.
-#include <bit>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <atomic>
-#include <barrier>
 #include <fstream>
 #include <string>
 
-#include "warp.h"
+#include "block.h"
 #include "args.h"
-
-#define __launch_bounds__(...)
-inline float __int_as_float(int v) { return std::bit_cast<float>(v); }
-inline unsigned __float_as_uint(float v) { return std::bit_cast<unsigned>(v); }
-inline float __uint_as_float(unsigned v) { return std::bit_cast<float>(v); }
-using std::fmaxf;
-using std::fminf;
-struct uint4 {
-    unsigned x, y, z, w;
-};
-inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
-
-// What only the header's other kernels use: present so that it compiles, fatal if reached.
-[[noreturn]] inline void not_emulated(const char* what) {
-    std::fprintf(stderr, "%s is not emulated by this harness\n", what);
-    std::abort();
-}
-// A block's threads together (launch_blocks): its barrier.
-thread_local std::barrier<>* this_block = nullptr;
-inline void __syncthreads() {
-    if (!this_block) not_emulated("__syncthreads outside launch_blocks");
-    this_block->arrive_and_wait();
-}
-inline unsigned __shfl_up_sync(unsigned, unsigned v, int o) {
-    const unsigned lane = threadIdx.x & 31;
-    this_warp->slots[lane] = v;
-    this_warp->bar.arrive_and_wait();
-    const unsigned r = lane >= (unsigned)o ? (unsigned)this_warp->slots[lane - o] : v;
-    this_warp->bar.arrive_and_wait();
-    return r;
-}
-inline unsigned __shfl_xor_sync(unsigned, unsigned, int) { not_emulated("__shfl_xor_sync"); }
-inline unsigned long long __ldcg(const unsigned long long*) { not_emulated("__ldcg"); }
-inline void __threadfence() { not_emulated("__threadfence"); }
-template <class T>
-void __stcg(T*, T) {
-    not_emulated("__stcg");
-}
-// Shared memory: one instance, which the kernels run here never touch.
-#define __shared__ static
-// Atomic where a block's threads run together (the hits' cell counts), and then a plain
-// add where the threads run one after the other.
-template <class T>
-T atomicAdd(T* p, T v) {
-    return std::atomic_ref<T>(*p).fetch_add(v);
-}
-template <class T>
-T atomicExch(T*, T) {
-    not_emulated("atomicExch");
-}
-template <class T>
-T atomicMax(T*, T) {
-    not_emulated("atomicMax");
-}
-template <class T>
-T atomicOr(T*, T) {
-    not_emulated("atomicOr");
-}
 
 #include "../../kernels/ca_common.cuh"
 #include "../../kernels/ca_hit_sorting.cu"
@@ -91,35 +27,6 @@ T atomicOr(T*, T) {
 #include "../../kernels/ca_triplets.cu"
 #include "../../kernels/ca_neighbours.cu"
 #include "../../kernels/ca_evolution.cu"
-
-// Runs `kernel` on a grid of blocks_x x blocks_y blocks of CA_THREADS threads, all of a
-// block's threads together (__syncthreads a barrier of them; each warp's 32 for the warp's
-// primitives), the blocks one after the other (so `static` shared memory is the block's).
-template <class F>
-void launch_blocks(unsigned blocks_x, unsigned blocks_y, F kernel) {
-    blockDim.x = CA_THREADS;
-    gridDim.x = blocks_x;
-    for (unsigned y = 0; y < blocks_y; ++y) {
-        for (unsigned x = 0; x < blocks_x; ++x) {
-            std::barrier<> block(CA_THREADS);
-            std::vector<Warp> warps(CA_THREADS / 32);
-            std::vector<std::thread> threads;
-            for (unsigned t = 0; t < CA_THREADS; ++t) {
-                threads.emplace_back([&, t] {
-                    this_block = &block;
-                    this_warp = &warps[t / 32];
-                    threadIdx.x = t;
-                    blockIdx.x = x;
-                    blockIdx.y = y;
-                    kernel();
-                });
-            }
-            for (auto& th : threads) {
-                th.join();
-            }
-        }
-    }
-}
 
 // Runs `kernel` on a grid of blocks_x x blocks_y blocks of CA_THREADS threads: each block's
 // warps one after the other, a warp's 32 lanes as threads together (launch_warps).
@@ -149,25 +56,6 @@ void launch_blocks_by_warps(unsigned blocks_x, unsigned blocks_y, F kernel) {
     }
 }
 
-// Runs `step` as a launch of two blocks of CA_THREADS per event (blockIdx.y the event),
-// one thread after the other: for the loops of one thread per item with no barrier and
-// nothing shared.
-template <class F>
-void each_thread(int n_events, F step) {
-    blockDim.x = CA_THREADS;
-    gridDim.x = 2;
-    for (int e = 0; e < n_events; ++e) {
-        for (unsigned b = 0; b < gridDim.x; ++b) {
-            for (unsigned t = 0; t < CA_THREADS; ++t) {
-                blockIdx.x = b;
-                blockIdx.y = (unsigned)e;
-                threadIdx.x = t;
-                step();
-            }
-        }
-    }
-}
-
 // The host's per-event scan (the engine's ca_event_scan and ca_event_budget): for each
 // event e, the items first(e) .. first(e) + n(e) of `count` get their exclusive prefix
 // within the event in `off`; the events' bases (their running total) and sizes.
@@ -190,16 +78,6 @@ EventScan scan_events(int n_events, First first, N n, const std::vector<unsigned
         r.total += w;
     }
     return r;
-}
-
-// Writes `v` raw to DIR/name; false where it cannot.
-template <class T>
-bool write_out(const std::string& dir, const char* name, const std::vector<T>& v) {
-    FILE* f = std::fopen((dir + "/" + name).c_str(), "wb");
-    const bool ok = f && std::fwrite(v.data(), sizeof(T), v.size(), f) == v.size();
-    if (f) std::fclose(f);
-    if (!ok) std::fprintf(stderr, "cannot write %s/%s\n", dir.c_str(), name);
-    return ok;
 }
 
 int main(int argc, char** argv) {
@@ -243,7 +121,7 @@ int main(int argc, char** argv) {
         std::vector<unsigned> hit_bin(n_in, 0xdeadbeefu), bin_count(bin_start.size(), 0u);
         std::vector<unsigned> k_sorted(n_events, 0xdeadbeefu), k_failed(n_events, 0u);
         std::vector<unsigned> overflow(8, 0u);
-        launch_blocks(1, (unsigned)n_events, [&] {
+        launch_blocks(CA_THREADS, 1, (unsigned)n_events, [&] {
             ca_bin_hits(in_x.data(), in_y.data(), in_plane.data(), in_start.data(), plf.data(),
                         pli.data(), n_planes, n_bins, max_hits, hit_bin.data(),
                         bin_count.data(), k_sorted.data(), k_failed.data(), overflow.data());
@@ -256,11 +134,11 @@ int main(int argc, char** argv) {
         std::vector<unsigned> scratch(n_in, 0xdeadbeefu), k_splane(n_in, 0xdeadbeefu);
         std::vector<unsigned> k_sinput(n_in, 0xdeadbeefu);
         std::vector<float> k_sx(n_in, NAN), k_sy(n_in, NAN);
-        each_thread(n_events, [&] {
+        each_thread(CA_THREADS, 2, n_events, [&] {
             ca_place_hits(in_start.data(), hit_bin.data(), k_bin_start.data(), cursor.data(),
                           n_bins, k_failed.data(), scratch.data());
         });
-        each_thread(n_events, [&] {
+        each_thread(CA_THREADS, 2, n_events, [&] {
             ca_rank_hits(in_x.data(), in_y.data(), in_plane.data(), in_start.data(),
                          hit_bin.data(), k_bin_start.data(), n_bins, k_sorted.data(),
                          k_failed.data(), scratch.data(), k_sx.data(), k_sy.data(),
@@ -292,7 +170,7 @@ int main(int argc, char** argv) {
         const auto used = read<unsigned>(dir, "used");
         const auto sinput = read<unsigned>(dir, "sinput");
         std::vector<unsigned> flags(n_hits, 0xdeadbeefu), prefix(n_hits, 0u);
-        each_thread(n_events, [&] {
+        each_thread(CA_THREADS, 2, n_events, [&] {
             ca_free_flags(hit_start.data(), n_sorted.data(), sinput.data(), used.data(),
                           failed.data(), flags.data());
         });
@@ -301,7 +179,7 @@ int main(int argc, char** argv) {
         fy.assign(n_hits, NAN);
         fmap.assign(n_hits, 0xdeadbeefu);
         free_start.assign(bin_start.size(), 0xdeadbeefu);
-        each_thread(n_events, [&] {
+        each_thread(CA_THREADS, 2, n_events, [&] {
             ca_free_hits(hit_start.data(), n_sorted.data(), bin_start.data(), n_bins,
                          failed.data(), flags.data(), prefix.data(), n_free.data(), sx.data(),
                          sy.data(), fx.data(), fy.data(), fmap.data(), free_start.data());
@@ -327,7 +205,7 @@ int main(int argc, char** argv) {
         if (write && later) {
             launch_blocks_by_warps(2, (unsigned)n_events, [&] { doublets(1); });
         } else {
-            each_thread(n_events, [&] { doublets(write); });
+            each_thread(CA_THREADS, 2, n_events, [&] { doublets(write); });
         }
     };
     run(0);
@@ -354,7 +232,7 @@ int main(int argc, char** argv) {
                     tleft.data(), tright.data(), tqop.data(), tsigma.data(), tchi2.data(),
                     tplane.data(), has_right.data(), end_count.data(), end_cursor.data());
     };
-    each_thread(n_events, [&] { triplets(0); });
+    each_thread(CA_THREADS, 2, n_events, [&] { triplets(0); });
     const EventScan ts = scan_events(n_events, doublets_from, doublets_n, trip_count, trip_off);
     const unsigned n_trip = ts.total;
     trip_base = ts.base;
@@ -369,25 +247,25 @@ int main(int argc, char** argv) {
     // Neighbours and levels from these triplets, the steps one thread after the other.
     const std::vector<unsigned> trip_n = ts.n;
     std::vector<unsigned> end_off(total, 0u), ending(n_trip, 0xdeadbeefu);
-    each_thread(n_events, [&] {
+    each_thread(CA_THREADS, 2, n_events, [&] {
         ca_neighbours_ending(dbl_base.data(), trip_base.data(), trip_n.data(), tright.data(),
                              failed.data(), 0, end_count.data(), end_off.data(),
                              end_cursor.data(), ending.data());
     });
     scan_events(n_events, doublets_from, doublets_n, end_count, end_off);
-    each_thread(n_events, [&] {
+    each_thread(CA_THREADS, 2, n_events, [&] {
         ca_neighbours_ending(dbl_base.data(), trip_base.data(), trip_n.data(), tright.data(),
                              failed.data(), 1, end_count.data(), end_off.data(),
                              end_cursor.data(), ending.data());
     });
-    each_thread(n_events, [&] {
+    each_thread(CA_THREADS, 2, n_events, [&] {
         ca_neighbours_sort_ending(dbl_base.data(), dbl_n.data(), trip_base.data(), failed.data(),
                                   end_count.data(), end_off.data(), ending.data());
     });
     std::vector<unsigned> nb_count(n_trip, 0xdeadbeefu), nb_off(n_trip, 0u);
     std::vector<unsigned> nb_base(n_events, 0u), left;
     auto neighbours = [&](int write) {
-        each_thread(n_events, [&] {
+        each_thread(CA_THREADS, 2, n_events, [&] {
             ca_neighbours(dbl_base.data(), trip_base.data(), trip_n.data(), tleft.data(),
                           tqop.data(), tsigma.data(), end_count.data(), end_off.data(),
                           ending.data(), nb_chi2_max, failed.data(), write, nb_count.data(),
@@ -403,7 +281,7 @@ int main(int argc, char** argv) {
     neighbours(1);
     std::vector<unsigned> level(n_trip, 0xdeadbeefu);
     for (int plane = 0; plane < n_planes; ++plane) {
-        each_thread(n_events, [&] {
+        each_thread(CA_THREADS, 2, n_events, [&] {
             ca_evolution(trip_base.data(), trip_n.data(), tplane.data(), nb_count.data(),
                          nb_off.data(), nb_base.data(), left.data(), failed.data(),
                          (unsigned)plane, level.data());

@@ -1,0 +1,394 @@
+//! The GPU finder's candidate step (`kernels/ca_candidates.cu`, with the fit of
+//! `kernels/kalman_fit.cu`, as the engine compiles them) run on the CPU
+//! (`tests/kernels_on_cpu/ca_candidates.cpp`) on the CPU finder's own first pass of fresh
+//! events (the doublets, triplets, neighbours and levels the first-pass kernels give to the
+//! bit, `tests/first_pass_kernels_on_cpu.rs`), laid out as the engine keeps them on the
+//! device, with the fit's tables the engine uploads ([`FitTables`]) and its arenas'
+//! shares ([`CaLimits`]): the order of the end triplets, the chains' walks and forks, the
+//! chunks' fits, the greedy choice with its refits and second chances (those fitted ahead
+//! by the block's other warps included) and, where the finder asks for it, the second
+//! round around the used hits. Every event's accepted tracks must be the CPU's
+//! (`candidates::extract_and_select`): the same hits, in the same order of acceptance,
+//! their fits to the bit (compiled for the CPU, the kernel's arithmetic is the CPU
+//! fitter's), and the same used flags; for a call from scratch and for one appended to it,
+//! in the blocks of 256 threads and in the small ones of 128. On a uniform field, the
+//! dipole and forward field maps and no field, central and minimum-bias events. What only
+//! a GPU shows (NVRTC, the device's scheduling, memory faults) is left to
+//! `tests/gpu_tracking.rs`.
+//!
+//! Needs a C++20 compiler (`g++`, installed by `./setup.sh`; `CXX` overrides).
+
+mod kernels_on_cpu;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use kernels_on_cpu::{read_words, write_arg};
+use trigd::frame::HitRecord;
+use trigd::gpu::tracking_ca::CaLimits;
+use trigd::gpu::tracking_fit::FitTables;
+use trigd::tracking::ca::{self, CaBuffers, FinderGeometry};
+use trigd::tracking::geometry::{Detector, Field};
+use trigd::tracking::kalman::{FitOutput, KalmanFitter};
+use trigd::tracking::reco::FinderConfig;
+use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
+
+/// The kernels on the CPU, compiled once per test run.
+fn kernel_binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        kernels_on_cpu::finish(kernels_on_cpu::start(
+            "ca_candidates.cpp",
+            "ca_candidates_on_cpu",
+            &[],
+        ))
+    })
+}
+
+fn load(name: &str) -> Detector {
+    Detector::from_toml_file(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures")
+            .join(name),
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// Words of a fit in the kernels' fit arena: state, covariance, z, chi-square (floats),
+/// ndf, ok.
+const FIT_WORDS: usize = 24;
+
+/// An accepted track as both sides give it: its hits (the event's input indices, upstream
+/// first) and its fit.
+type Track = (Vec<u32>, FitOutput);
+
+/// One event's accepted tracks and used flags (per input hit) after a call.
+#[derive(Debug, PartialEq)]
+struct Selection {
+    tracks: Vec<Track>,
+    used: Vec<bool>,
+}
+
+/// The CPU's first pass of one event (reach 1), in `buf`.
+fn cpu_pass(geo: &FinderGeometry, cfg: &FinderConfig, hits: &[HitRecord], buf: &mut CaBuffers) {
+    buf.overflow = Default::default();
+    ca::hit_sorting::sort_hits(geo, hits, cfg.limits.max_hits, buf);
+    ca::doublets::find_doublets(geo, cfg, 1, buf);
+    ca::triplets::find_triplets(geo, cfg, 1, buf);
+    ca::neighbours::find_neighbours(cfg, buf);
+    ca::evolution::evolve(buf, geo.planes.len());
+}
+
+/// The CPU's candidate step on `buf` (after [`cpu_pass`]).
+fn cpu_select(
+    cfg: &FinderConfig,
+    fitter: &KalmanFitter,
+    buf: &mut CaBuffers,
+    n_input: usize,
+    append: bool,
+) -> Selection {
+    ca::candidates::extract_and_select(cfg, fitter, buf, cfg.min_hits, append);
+    assert!(
+        !buf.overflow.any(),
+        "the CPU overflowed: {:?}",
+        buf.overflow
+    );
+    let tracks = buf
+        .accepted
+        .iter()
+        .map(|&k| {
+            let c = &buf.candidates[k as usize];
+            let hits = buf.candidate_hits[c.start as usize..c.start as usize + c.len as usize]
+                .iter()
+                .map(|&h| buf.hits.input_index[h as usize])
+                .collect();
+            (hits, buf.fits[c.fit as usize])
+        })
+        .collect();
+    let mut used = vec![false; n_input];
+    for (h, &u) in buf.hits.used.iter().enumerate() {
+        used[buf.hits.input_index[h] as usize] = u;
+    }
+    Selection { tracks, used }
+}
+
+/// The batch's first-pass arrays in the engine's device layout.
+#[derive(Default)]
+struct Batch {
+    in_x: Vec<f32>,
+    in_y: Vec<f32>,
+    in_plane: Vec<u32>,
+    hit_start: Vec<u32>,
+    sinput: Vec<u32>,
+    dbl: Vec<u32>,
+    dbl_base: Vec<u32>,
+    trip_base: Vec<u32>,
+    trip_n: Vec<u32>,
+    tleft: Vec<u32>,
+    tright: Vec<u32>,
+    tchi2: Vec<f32>,
+    tqop: Vec<f32>,
+    tsigma: Vec<f32>,
+    level: Vec<u32>,
+    has_right: Vec<u32>,
+    nb_off: Vec<u32>,
+    nb_count: Vec<u32>,
+    nb_base: Vec<u32>,
+    left: Vec<u32>,
+}
+
+impl Batch {
+    /// Appends an event after [`cpu_pass`] on its hits (before its candidate step).
+    fn push(&mut self, hits: &[HitRecord], buf: &CaBuffers) {
+        let start = self.in_x.len();
+        self.hit_start.push(start as u32);
+        self.in_x.extend(hits.iter().map(|h| h.x_mm));
+        self.in_y.extend(hits.iter().map(|h| h.y_mm));
+        self.in_plane.extend(hits.iter().map(|h| h.plane as u32));
+        // Sorted hits are indexed from the event's first input hit too.
+        assert!(buf.hits.input_index.len() <= hits.len());
+        self.sinput.extend_from_slice(&buf.hits.input_index);
+        self.sinput.resize(start + hits.len(), u32::MAX);
+        self.dbl_base.push((self.dbl.len() / 4) as u32);
+        for d in &buf.doublets {
+            self.dbl.extend([d.a, d.b, d.tx.to_bits(), d.ty.to_bits()]);
+        }
+        self.trip_base.push(self.tleft.len() as u32);
+        self.trip_n.push(buf.triplets.len() as u32);
+        for (k, t) in buf.triplets.iter().enumerate() {
+            self.tleft.push(t.left);
+            self.tright.push(t.right);
+            self.tchi2.push(t.chi2);
+            self.tqop.push(t.qop);
+            self.tsigma.push(t.qop_sigma);
+            self.level.push(u32::from(buf.level[k]));
+            self.has_right.push(u32::from(buf.has_right[k]));
+            self.nb_off.push(buf.left_start[k]);
+            self.nb_count
+                .push(buf.left_start[k + 1] - buf.left_start[k]);
+        }
+        self.nb_base.push(self.left.len() as u32);
+        self.left.extend_from_slice(&buf.left);
+    }
+}
+
+/// Most hits of walked chains of a batch (the engine's `CaLimits::max_chain_hits` is
+/// sized for hundreds of events).
+const CHAIN_HITS: u32 = 1 << 22;
+
+/// The kernels' selections of `batch`, per call of `appends` and per event.
+fn kernel_selections(
+    cfg: &FinderConfig,
+    fitter: &KalmanFitter,
+    batch: &Batch,
+    threads: u32,
+    appends: &[i32],
+) -> Vec<Vec<Selection>> {
+    let n_events = batch.hit_start.len();
+    let (share_cand, share_hits) = CaLimits::default().candidate_share(n_events);
+    let lim = &cfg.limits;
+    let to_u32 = |v: usize| v.min(u32::MAX as usize) as u32;
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let d = dir.path();
+    write_arg(
+        d,
+        "shape",
+        &[
+            n_events as u32,
+            threads,
+            u32::from(cfg.divert_chains),
+            cfg.min_hits as u32,
+            to_u32(lim.max_candidates),
+            to_u32(lim.max_candidates.saturating_mul(16).max(4)),
+            to_u32(lim.max_tracks),
+            share_cand as u32,
+            share_hits as u32,
+            CHAIN_HITS,
+        ],
+    );
+    write_arg(d, "max_chi2_ndf", &[cfg.max_chi2_ndf]);
+    write_arg(d, "appends", appends);
+    write_arg(d, "in_x", &batch.in_x);
+    write_arg(d, "in_y", &batch.in_y);
+    write_arg(d, "in_plane", &batch.in_plane);
+    write_arg(d, "hit_start", &batch.hit_start);
+    write_arg(d, "sinput", &batch.sinput);
+    write_arg(d, "used", &vec![0u32; batch.in_x.len()]);
+    write_arg(d, "dbl", &batch.dbl);
+    write_arg(d, "dbl_base", &batch.dbl_base);
+    write_arg(d, "trip_base", &batch.trip_base);
+    write_arg(d, "trip_n", &batch.trip_n);
+    write_arg(d, "tleft", &batch.tleft);
+    write_arg(d, "tright", &batch.tright);
+    write_arg(d, "tchi2", &batch.tchi2);
+    write_arg(d, "tqop", &batch.tqop);
+    write_arg(d, "tsigma", &batch.tsigma);
+    write_arg(d, "level", &batch.level);
+    write_arg(d, "has_right", &batch.has_right);
+    write_arg(d, "nb_off", &batch.nb_off);
+    write_arg(d, "nb_count", &batch.nb_count);
+    write_arg(d, "nb_base", &batch.nb_base);
+    write_arg(d, "left", &batch.left);
+    let t = FitTables::new(fitter);
+    write_arg(d, "rows32", &t.rows32);
+    write_arg(d, "rows64", &t.rows64);
+    write_arg(d, "gap_steps", &t.gap_steps);
+    write_arg(d, "gap_kind", &t.gap_kind);
+    write_arg(d, "gap_slice", &t.gap_slice);
+    write_arg(d, "slices", &t.slices);
+    write_arg(d, "floats", &t.floats);
+    write_arg(d, "doubles", &t.doubles);
+    write_arg(d, "ints", &t.ints);
+    write_arg(d, "nodes", &t.nodes);
+    let out = Command::new(kernel_binary())
+        .arg(d)
+        .output()
+        .expect("the kernels' harness runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (0..appends.len())
+        .map(|k| {
+            let words = read_words(d, &format!("tracks{k}"));
+            let used = read_words(d, &format!("used{k}"));
+            let mut at = 0;
+            let mut next = || {
+                at += 1;
+                words[at - 1]
+            };
+            (0..n_events)
+                .map(|e| {
+                    let n = next();
+                    assert_ne!(n, u32::MAX, "call {k}: event {e} failed in the kernels");
+                    let tracks = (0..n)
+                        .map(|_| {
+                            let len = next();
+                            let hits: Vec<u32> = (0..len).map(|_| next()).collect();
+                            let w: Vec<u32> = (0..FIT_WORDS).map(|_| next()).collect();
+                            let f = |i: usize| f64::from(f32::from_bits(w[i]));
+                            let fit = FitOutput {
+                                state: std::array::from_fn(f),
+                                cov: std::array::from_fn(|i| f(5 + i)),
+                                z_mm: f(20),
+                                chi2: f(21),
+                                ndf: w[22].min(u32::from(u16::MAX)) as u16,
+                                ok: w[23] != 0,
+                            };
+                            (hits, fit)
+                        })
+                        .collect();
+                    let start = batch.hit_start[e] as usize;
+                    let end = batch
+                        .hit_start
+                        .get(e + 1)
+                        .map_or(batch.in_x.len(), |&s| s as usize);
+                    Selection {
+                        tracks,
+                        used: used[start..end].iter().map(|&u| u != 0).collect(),
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Both block sizes' selections, from scratch and appended, equal the CPU's on every
+/// event; returns the CPU's tracks of the first call and how many of them its second
+/// round chose (those a call without it lacks).
+fn agree(name: &str, det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) -> (usize, usize) {
+    let cfg = FinderConfig::from_detector(det, 1.0);
+    let first_round = FinderConfig {
+        divert_chains: false,
+        ..cfg.clone()
+    };
+    let geo = FinderGeometry::new(det, &cfg);
+    let fitter = KalmanFitter::new(det, cfg.candidate_fit());
+    let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+    let events: Vec<Vec<HitRecord>> = simulate_events(det, sim, seed, 0, n_events)
+        .map(|e| e.hits)
+        .collect();
+    let mut batch = Batch::default();
+    let mut cpu = [Vec::new(), Vec::new()];
+    let mut diverted = 0;
+    for hits in &events {
+        cpu_pass(&geo, &cfg, hits, &mut buf);
+        let one_round = cpu_select(&first_round, &fitter, &mut buf, hits.len(), false);
+        cpu_pass(&geo, &cfg, hits, &mut buf);
+        batch.push(hits, &buf);
+        let first = cpu_select(&cfg, &fitter, &mut buf, hits.len(), false);
+        diverted += first.tracks.len().saturating_sub(one_round.tracks.len());
+        cpu[0].push(first);
+        cpu[1].push(cpu_select(&cfg, &fitter, &mut buf, hits.len(), true));
+    }
+    for threads in [256, 128] {
+        let kernel = kernel_selections(&cfg, &fitter, &batch, threads, &[0, 1]);
+        for (call, (k, c)) in kernel.iter().zip(&cpu).enumerate() {
+            for (e, (k, c)) in k.iter().zip(c).enumerate() {
+                let what = format!("{name}, blocks of {threads}, call {call}, event {e}");
+                assert_eq!(
+                    k.tracks.len(),
+                    c.tracks.len(),
+                    "{what}: tracks from the kernels against the CPU's"
+                );
+                for (i, (kt, ct)) in k.tracks.iter().zip(&c.tracks).enumerate() {
+                    assert_eq!(kt.0, ct.0, "{what}: the hits of track {i}");
+                    assert_eq!(kt.1, ct.1, "{what}: the fit of track {i}");
+                }
+                assert!(k.used == c.used, "{what}: the used flags differ");
+            }
+        }
+    }
+    let tracks: usize = cpu[0].iter().map(|s| s.tracks.len()).sum();
+    let appended: usize = cpu[1].iter().map(|s| s.tracks.len()).sum();
+    println!(
+        "{name}: {} events, {tracks} tracks of the first call ({diverted} of them chosen by \
+         its second round) and {appended} after the appended one, equal to the bit in both \
+         block sizes",
+        events.len()
+    );
+    (tracks, diverted)
+}
+
+#[test]
+fn the_candidate_kernels_give_the_cpus_tracks_on_every_shipped_detector() {
+    let central = SimConfig::preset(Preset::Central);
+    let minbias = SimConfig::preset(Preset::Minbias);
+    let no_field = {
+        let mut det = load("detector.toml");
+        det.field = Field::Uniform { b_tesla: [0.0; 3] };
+        det
+    };
+    let mut diverted = 0;
+    for (name, det, sim, n) in [
+        ("uniform field, central", load("detector.toml"), &central, 2),
+        (
+            "uniform field, minimum bias",
+            load("detector.toml"),
+            &minbias,
+            20,
+        ),
+        (
+            "dipole map, central",
+            load("tracking/dipole/detector_dipole.toml"),
+            &central,
+            2,
+        ),
+        (
+            "forward map, central",
+            load("tracking/forward/detector_forward.toml"),
+            &SimConfig::forward(Preset::Central),
+            2,
+        ),
+        ("no field, central", no_field, &central, 1),
+    ] {
+        let (tracks, d) = agree(name, &det, sim, 73, n);
+        // The comparison is not empty: a central event holds a thousand tracks and more.
+        assert!(tracks > 300, "{name}: only {tracks} tracks");
+        diverted += d;
+    }
+    // The second round's kernels chose tracks the comparison covers.
+    assert!(diverted > 0, "the second round chose no track");
+}

@@ -1,0 +1,162 @@
+// The finder's candidate step on the CPU (see warp.h and block.h): kernels/ca_candidates.cu
+// after kernels/ca_common.cuh and kernels/kalman_fit.cu, as the engine's module. Reads a
+// batch's first-pass arrays in the layout src/gpu/tracking_ca.rs keeps on the device (the
+// events' input hits, each sorted hit's input index, the doublets, triplets, neighbour
+// index and levels, the used flags per input hit), the fit's tables and the limits, as raw
+// little-endian arrays from the directory given, one file per kernel argument, and runs
+// the step as GpuCaEngine::select_candidates launches it, once per entry of DIR/appends
+// (0: from scratch, 1: appended to the call before): ca_candidates_order (a block per
+// event), ca_event_budget, ca_candidates_chains (its threads one after the other), then
+// ca_candidates or ca_candidates_small (a block of 256 or 128 threads per event, all
+// together: the choice's warp, the fits, the second chances fitted ahead by the other
+// warps); with the second round, the chains walked again around the used hits and chosen
+// again. After call k it writes DIR/tracks<k> (per event its accepted count, 0xffffffff
+// where it failed, then per accepted track its hit count, its hits as input indices and
+// its fit's words) and DIR/used<k> (the used flags per input hit).
+#include <climits>
+#include <string>
+
+#include "block.h"
+#include "args.h"
+
+#include "../../kernels/ca_common.cuh"
+#include "../../kernels/kalman_fit.cu"
+#include "../../kernels/ca_candidates.cu"
+
+int main(int argc, char** argv) {
+    if (argc != 2) {
+        std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
+        return 2;
+    }
+    const std::string dir = argv[1];
+    // n_events, threads of the candidate blocks, the second round, min_hits, the CPU's
+    // limits (candidates, candidate hits, tracks), each event's shares of the candidate
+    // and candidate-hit arenas, the chain arena.
+    const auto shape = read<unsigned>(dir, "shape");
+    const unsigned n_events = shape.at(0), threads = shape.at(1), divert = shape.at(2);
+    const unsigned min_hits = shape.at(3), max_cand = shape.at(4), hits_cap = shape.at(5);
+    const unsigned max_tracks = shape.at(6), share_cand = shape.at(7), share_hits = shape.at(8);
+    const unsigned max_chain_hits = shape.at(9);
+    const double max_chi2_ndf = read<double>(dir, "max_chi2_ndf").at(0);
+    const auto appends = read<int>(dir, "appends");
+    const auto in_x = read<float>(dir, "in_x");
+    const auto in_y = read<float>(dir, "in_y");
+    const auto in_plane = read<unsigned>(dir, "in_plane");
+    const auto hit_start = read<unsigned>(dir, "hit_start");
+    const auto sinput = read<unsigned>(dir, "sinput");
+    auto used = read<unsigned>(dir, "used");
+    const auto dbl = read<uint4>(dir, "dbl");
+    const auto dbl_base = read<unsigned>(dir, "dbl_base");
+    const auto trip_base = read<unsigned>(dir, "trip_base");
+    const auto trip_n = read<unsigned>(dir, "trip_n");
+    const auto tleft = read<unsigned>(dir, "tleft");
+    const auto tright = read<unsigned>(dir, "tright");
+    const auto tchi2 = read<float>(dir, "tchi2");
+    const auto tqop = read<float>(dir, "tqop");
+    const auto tsigma = read<float>(dir, "tsigma");
+    const auto level = read<unsigned>(dir, "level");
+    const auto has_right = read<unsigned>(dir, "has_right");
+    const auto nb_off = read<unsigned>(dir, "nb_off");
+    const auto nb_count = read<unsigned>(dir, "nb_count");
+    const auto nb_base = read<unsigned>(dir, "nb_base");
+    const auto left = read<unsigned>(dir, "left");
+    const auto rows32 = read<float>(dir, "rows32");
+    const auto rows64 = read<double>(dir, "rows64");
+    const auto gap_steps = read<int>(dir, "gap_steps");
+    const auto gap_kind = read<int>(dir, "gap_kind");
+    const auto gap_slice = read<int>(dir, "gap_slice");
+    const auto slices = read<float>(dir, "slices");
+    const auto pf = read<float>(dir, "floats");
+    const auto pd = read<double>(dir, "doubles");
+    const auto pi = read<int>(dir, "ints");
+    const auto nodes = read<float>(dir, "nodes");
+    const size_t n_trip = tleft.size();
+    std::vector<unsigned> failed(n_events, FAIL_NONE), overflow(8, 0u);
+    // The order's keys (two per triplet), the chains' places, the arenas: poisoned, so that
+    // what the step reads it must have written.
+    std::vector<unsigned long long> keys(2 * n_trip + 64, 0xdeadbeefdeadbeefull);
+    std::vector<unsigned> n_end(n_events, 0xdeadbeefu), chain_off(n_trip, 0xdeadbeefu);
+    std::vector<unsigned> chain_total(n_events, 0xdeadbeefu), chain_base(n_events, 0xdeadbeefu);
+    std::vector<unsigned> chain_n(n_events, 0xdeadbeefu), chain_fork(n_trip, 0xdeadbeefu);
+    std::vector<unsigned> chain_hits(max_chain_hits, 0xdeadbeefu);
+    const size_t n_share = (size_t)n_events * share_cand;
+    const uint4 poison = make_uint4(0xdeadbeefu, 0xdeadbeefu, 0xdeadbeefu, 0xdeadbeefu);
+    std::vector<uint4> cand(n_share, poison);
+    std::vector<unsigned> chits((size_t)n_events * share_hits, 0xdeadbeefu);
+    std::vector<unsigned> fits(n_share * FIT_WORDS, 0xdeadbeefu), acc(n_share, 0xdeadbeefu);
+    std::vector<unsigned> n_cand(n_events, 0u), n_chits(n_events, 0u), n_acc(n_events, 0u);
+    const unsigned min_level = (min_hits < 3 ? 3 : min_hits) - 2;
+    auto chains = [&](int second) {
+        each_thread(CA_THREADS, 2, (int)n_events, [&] {
+            ca_candidates_chains(hit_start.data(), sinput.data(), dbl.data(), dbl_base.data(),
+                                 trip_base.data(), tleft.data(), tright.data(), tchi2.data(),
+                                 tqop.data(), tsigma.data(), level.data(), nb_off.data(),
+                                 nb_count.data(), nb_base.data(), left.data(), keys.data(),
+                                 n_end.data(), failed.data(), chain_off.data(),
+                                 chain_base.data(), chain_fork.data(), chain_hits.data(),
+                                 used.data(), second);
+        });
+    };
+    auto choose = [&](int append) {
+        launch_blocks(threads, 1, n_events, [&] {
+#define HARNESS_ARGS                                                                          \
+    in_x.data(), in_y.data(), in_plane.data(), hit_start.data(), sinput.data(), dbl.data(),   \
+        dbl_base.data(), trip_base.data(), tleft.data(), tright.data(), tchi2.data(),         \
+        level.data(), nb_off.data(), nb_count.data(), nb_base.data(), left.data(),            \
+        keys.data(), n_end.data(), chain_off.data(), chain_base.data(), chain_fork.data(),    \
+        chain_hits.data(), failed.data(), overflow.data(), used.data(), cand.data(),           \
+        chits.data(), fits.data(), acc.data(), n_cand.data(), n_chits.data(), n_acc.data(),   \
+        share_cand, share_hits, max_cand, hits_cap, max_tracks, min_hits, max_chi2_ndf,       \
+        append, rows32.data(), rows64.data(), gap_steps.data(), gap_kind.data(),              \
+        gap_slice.data(), slices.data(), pf.data(), pd.data(), pi.data(), nodes.data()
+            if (threads == CAND_THREADS) {
+                ca_candidates(HARNESS_ARGS);
+            } else {
+                ca_candidates_small(HARNESS_ARGS);
+            }
+#undef HARNESS_ARGS
+        });
+    };
+    for (size_t k = 0; k < appends.size(); ++k) {
+        launch_blocks(CA_THREADS, 1, n_events, [&] {
+            ca_candidates_order(trip_base.data(), trip_n.data(), level.data(), has_right.data(),
+                                tchi2.data(), failed.data(), overflow.data(), min_level,
+                                keys.data(), n_end.data(), chain_off.data(),
+                                chain_total.data());
+        });
+        launch_blocks(CA_THREADS, 1, 1, [&] {
+            ca_event_budget(chain_total.data(), chain_base.data(), chain_n.data(),
+                            failed.data(), n_events, UINT_MAX, max_chain_hits,
+                            FAIL_CANDIDATES, overflow.data());
+        });
+        chains(0);
+        choose(appends[k]);
+        if (divert) {
+            chains(1);
+            choose(1);
+        }
+        std::vector<unsigned> out;
+        for (unsigned e = 0; e < n_events; ++e) {
+            if (failed[e]) {
+                out.push_back(0xffffffffu);
+                continue;
+            }
+            out.push_back(n_acc[e]);
+            const size_t cb = (size_t)e * share_cand;
+            for (unsigned i = 0; i < n_acc[e]; ++i) {
+                const unsigned c = acc[cb + i];
+                const uint4 r = cand[cb + c];
+                out.push_back(r.y);
+                for (unsigned h = 0; h < r.y; ++h) {
+                    out.push_back(chits[(size_t)e * share_hits + r.x + h]);
+                }
+                for (unsigned w = 0; w < FIT_WORDS; ++w) {
+                    out.push_back(fits[(cb + c) * FIT_WORDS + w]);
+                }
+            }
+        }
+        const std::string t = "tracks" + std::to_string(k), u = "used" + std::to_string(k);
+        if (!write_out(dir, t.c_str(), out) || !write_out(dir, u.c_str(), used)) return 2;
+    }
+    return 0;
+}
