@@ -41,24 +41,6 @@ inline void __syncthreads() {
     }
     this_block->arrive_and_wait();
 }
-template <class T>
-T __shfl_up_sync(unsigned, T v, int o) {
-    const unsigned lane = threadIdx.x & 31;
-    this_warp->slots[lane] = (unsigned long long)v;
-    this_warp->bar.arrive_and_wait();
-    const T r = lane >= (unsigned)o ? (T)this_warp->slots[lane - o] : v;
-    this_warp->bar.arrive_and_wait();
-    return r;
-}
-template <class T>
-T __shfl_xor_sync(unsigned, T v, int o) {
-    const unsigned lane = threadIdx.x & 31;
-    this_warp->slots[lane] = (unsigned long long)v;
-    this_warp->bar.arrive_and_wait();
-    const T r = (T)this_warp->slots[(lane ^ (unsigned)o) & 31];
-    this_warp->bar.arrive_and_wait();
-    return r;
-}
 // Loads and stores past L1, and fences: the CPU's, ordered.
 template <class T>
 T __ldcg(const T* p) {
