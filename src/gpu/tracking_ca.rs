@@ -1095,6 +1095,42 @@ const EXCHANGE_F32_PER_PLANE: usize = 4;
 const EXCHANGE_F64: usize = 3;
 const EXCHANGE_F64_PER_PLANE: usize = 5;
 
+/// The exchange step's parameters as its kernels read them (`kernels/ca_exchange.cu`:
+/// `EXF_*`, `EXD_*`, `EXI_*`): floats, doubles and ints, from its cuts, the momentum cut
+/// and whether the tracks have a fit of their own (the exchanged tracks' final fit).
+pub fn exchange_params(
+    cuts: &ExchangeCuts,
+    cut: MomentumCut,
+    track_fit: bool,
+) -> (Vec<f32>, Vec<f64>, Vec<i32>) {
+    let n = cuts.window_mm.len();
+    let mut f = vec![0.0f32; EXCHANGE_F32 + EXCHANGE_F32_PER_PLANE * n];
+    f[0] = cuts.qop_ref;
+    let mut d = vec![0.0f64; EXCHANGE_F64 + EXCHANGE_F64_PER_PLANE * n];
+    d[0] = cuts.max_chi2_ndf;
+    d[1] = cut.max_qop;
+    d[2] = cut.n_sigma;
+    for p in 0..n {
+        let o = EXCHANGE_F32 + EXCHANGE_F32_PER_PLANE * p;
+        f[o] = cuts.res_mm[p];
+        f[o + 1] = cuts.scatter_mm[p][0];
+        f[o + 2] = cuts.scatter_mm[p][1];
+        f[o + 3] = cuts.window_mm[p];
+        let o = EXCHANGE_F64 + EXCHANGE_F64_PER_PLANE * p;
+        d[o] = cuts.z_mm[p];
+        d[o + 1] = cuts.kink_var[p];
+        d[o + 2] = cuts.res_var[p];
+        d[o + 3] = cuts.hit_var[p][0];
+        d[o + 4] = cuts.hit_var[p][1];
+    }
+    let i = vec![
+        n as i32,
+        cuts.min_hits.min(i32::MAX as usize) as i32,
+        track_fit as i32,
+    ];
+    (f, d, i)
+}
+
 /// The exchange of segments on the device ([`GpuCaEngine::set_exchange`]): its parameters
 /// and scratch, per packed track (its working hit list, chi-square, |q/p|, its fit's x, y
 /// and their covariance at the first hit, flags, its share of pairs and gains) and per hit
@@ -1141,30 +1177,7 @@ impl ExchangeDevice {
         l: &CaLimits,
     ) -> Result<Self, GpuError> {
         let n = cuts.window_mm.len();
-        let mut f = vec![0.0f32; EXCHANGE_F32 + EXCHANGE_F32_PER_PLANE * n];
-        f[0] = cuts.qop_ref;
-        let mut d = vec![0.0f64; EXCHANGE_F64 + EXCHANGE_F64_PER_PLANE * n];
-        d[0] = cuts.max_chi2_ndf;
-        d[1] = cut.max_qop;
-        d[2] = cut.n_sigma;
-        for p in 0..n {
-            let o = EXCHANGE_F32 + EXCHANGE_F32_PER_PLANE * p;
-            f[o] = cuts.res_mm[p];
-            f[o + 1] = cuts.scatter_mm[p][0];
-            f[o + 2] = cuts.scatter_mm[p][1];
-            f[o + 3] = cuts.window_mm[p];
-            let o = EXCHANGE_F64 + EXCHANGE_F64_PER_PLANE * p;
-            d[o] = cuts.z_mm[p];
-            d[o + 1] = cuts.kink_var[p];
-            d[o + 2] = cuts.res_var[p];
-            d[o + 3] = cuts.hit_var[p][0];
-            d[o + 4] = cuts.hit_var[p][1];
-        }
-        let i = [
-            n as i32,
-            cuts.min_hits.min(i32::MAX as usize) as i32,
-            track_fit as i32,
-        ];
+        let (f, d, i) = exchange_params(cuts, cut, track_fit);
         let slots = l.max_candidates;
         let pairs = EXCHANGE_PAIRS_PER_TRACK * slots;
         Ok(ExchangeDevice {

@@ -22,14 +22,19 @@ inline int __float_as_int(float v) { return std::bit_cast<int>(v); }
 inline unsigned __float_as_uint(float v) { return std::bit_cast<unsigned>(v); }
 inline float __uint_as_float(unsigned v) { return std::bit_cast<float>(v); }
 inline double __longlong_as_double(long long v) { return std::bit_cast<double>(v); }
+inline long long __double_as_longlong(double v) { return std::bit_cast<long long>(v); }
 using std::exp;
 using std::fmaxf;
 using std::fmin;
 using std::fminf;
 using std::log;
+struct uint2 {
+    unsigned x, y;
+};
 struct uint4 {
     unsigned x, y, z, w;
 };
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 
 // A block's threads together (launch_blocks): its barrier.
@@ -65,6 +70,10 @@ T atomicAdd(T* p, T v) {
 template <class T>
 T atomicOr(T* p, T v) {
     return std::atomic_ref<T>(*p).fetch_or(v);
+}
+template <class T>
+T atomicAnd(T* p, T v) {
+    return std::atomic_ref<T>(*p).fetch_and(v);
 }
 template <class T>
 T atomicExch(T* p, T v) {

@@ -1,0 +1,322 @@
+//! The GPU finder's exchange of segments between crossing tracks
+//! (`kernels/ca_exchange.cu`, with the module's fit, as the engine compiles them) run on the
+//! CPU (`tests/kernels_on_cpu/ca_exchange.cpp`) on the CPU finder's accepted tracks of
+//! fresh central events, packed as the device packs them (their hits, their fits' words,
+//! the clone step's marks: the kernels' own, to the bit, in
+//! `tests/clones_kernel_on_cpu.rs` and `tests/candidate_kernels_on_cpu.rs`), with the hits
+//! sorted into the grid, the step's parameters ([`exchange_params`]) and the fits' tables
+//! the engine uploads: the tracks the events keep must be the CPU finder's
+//! (`Reconstructor::reconstruct`, whose last step on them is `ca::exchange`), the same hits
+//! in the same order and their fits to the bit, as the GPU tracker writes them
+//! ([`BatchView::write_track`]). Every round's kernels run: the pairs found through the
+//! grid (a thread per hit in the first round, sixteen lanes per hit in the later ones),
+//! the tracks' fits, each pair's two trial fits by two lanes, the choice by the gains'
+//! order, the exchanged tracks' final fits and the events' tracks packed again. On a
+//! uniform field, the dipole and forward field maps and no field. What only a GPU shows
+//! (NVRTC, the device's scheduling, memory faults) is left to
+//! `tests/gpu_tracking_passes.rs`.
+//!
+//! Needs a C++20 compiler (`g++`, installed by `./setup.sh`; `CXX` overrides).
+
+mod kernels_on_cpu;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use kernels_on_cpu::{read_words, write_arg};
+use trigd::frame::HitRecord;
+use trigd::gpu::tracking_ca::{exchange_params, BatchView, CaTables, EXCHANGE_PAIRS_PER_TRACK};
+use trigd::gpu::tracking_fit::FitTables;
+use trigd::tracking::ca::exchange::ExchangeCuts;
+use trigd::tracking::ca::{self, FinderGeometry};
+use trigd::tracking::geometry::{Detector, Field};
+use trigd::tracking::kalman::{FitOutput, KalmanFitter};
+use trigd::tracking::reco::{FinderConfig, Reconstructor};
+use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
+use trigd::tracking::track::Track;
+
+/// The kernels on the CPU, compiled once per test run.
+fn kernel_binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        kernels_on_cpu::finish(kernels_on_cpu::start(
+            "ca_exchange.cpp",
+            "ca_exchange_on_cpu",
+            &[],
+        ))
+    })
+}
+
+fn load(name: &str) -> Detector {
+    Detector::from_toml_file(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures")
+            .join(name),
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// A fit's words as the candidate step stores them (`store_fit` in
+/// `kernels/ca_candidates.cu`): state, covariance, z, chi-square as floats, ndf, ok.
+fn fit_words(f: &FitOutput) -> [u32; 24] {
+    let mut w = [0u32; 24];
+    for i in 0..5 {
+        w[i] = (f.state[i] as f32).to_bits();
+    }
+    for i in 0..15 {
+        w[5 + i] = (f.cov[i] as f32).to_bits();
+    }
+    w[20] = (f.z_mm as f32).to_bits();
+    w[21] = (f.chi2 as f32).to_bits();
+    w[22] = u32::from(f.ndf);
+    w[23] = u32::from(f.ok);
+    w
+}
+
+/// The batch as the device holds it before the exchange.
+#[derive(Default)]
+struct Batch {
+    trk_n: Vec<u32>,
+    trk_base: Vec<u32>,
+    trk_hit_base: Vec<u32>,
+    hit_start: Vec<u32>,
+    in_x: Vec<f32>,
+    in_y: Vec<f32>,
+    in_plane: Vec<u32>,
+    tracks: Vec<[u32; 2]>,
+    fits: Vec<u32>,
+    hits: Vec<u32>,
+    marks: Vec<u32>,
+    sx: Vec<f32>,
+    sinput: Vec<u32>,
+    bin_start: Vec<u32>,
+}
+
+impl Batch {
+    /// Appends an event after `reco.find_tracks` on its hits: its accepted tracks in
+    /// acceptance order, their clone marks, its sorted hits.
+    fn push(&mut self, hits: &[HitRecord], reco: &Reconstructor) {
+        let buf = reco.buffers();
+        let start = self.in_x.len();
+        self.hit_start.push(start as u32);
+        self.in_x.extend(hits.iter().map(|h| h.x_mm));
+        self.in_y.extend(hits.iter().map(|h| h.y_mm));
+        self.in_plane.extend(hits.iter().map(|h| h.plane as u32));
+        // Sorted hits are indexed from the event's first input hit too.
+        assert!(buf.hits.input_index.len() <= hits.len());
+        self.sx.extend_from_slice(&buf.hits.x_mm);
+        self.sx.resize(start + hits.len(), f32::NAN);
+        self.sinput.extend_from_slice(&buf.hits.input_index);
+        self.sinput.resize(start + hits.len(), u32::MAX);
+        self.bin_start.extend_from_slice(&buf.hits.bin_start);
+        let (mut masks, mut marks) = (Vec::new(), Vec::new());
+        ca::clones::mark_clones(reco.geometry(), reco.config(), buf, &mut masks, &mut marks);
+        self.trk_base.push(self.tracks.len() as u32);
+        self.trk_hit_base.push(self.hits.len() as u32);
+        self.trk_n.push(buf.accepted.len() as u32);
+        for (&k, &clone) in buf.accepted.iter().zip(&marks) {
+            let c = &buf.candidates[k as usize];
+            let hit_range = c.start as usize..c.start as usize + c.len as usize;
+            self.tracks.push([self.hits.len() as u32, u32::from(c.len)]);
+            self.hits.extend(
+                buf.candidate_hits[hit_range]
+                    .iter()
+                    .map(|&h| buf.hits.input_index[h as usize]),
+            );
+            self.fits
+                .extend_from_slice(&fit_words(&buf.fits[c.fit as usize]));
+            self.marks.push(u32::from(clone));
+        }
+    }
+}
+
+/// Blocks per event of the step's fits and evaluations, and of its searches (the engine's
+/// depend on the device; the results do not).
+const WIDE: u32 = 2;
+const SEARCH: u32 = 3;
+
+/// Runs the step on `batch`; the events' tracks as the GPU tracker writes them (clones
+/// and tracks below the minimum momentum left out) and the exchanges each event made.
+fn kernel_tracks(
+    det: &Detector,
+    reco: &Reconstructor,
+    batch: &Batch,
+) -> (Vec<Vec<Track>>, Vec<u32>) {
+    let cfg = reco.config();
+    let geo: &FinderGeometry = reco.geometry();
+    let n_events = batch.trk_n.len();
+    let tables = CaTables::new(geo, cfg, 1);
+    let track_fitter = cfg.track_fit().map(|f| KalmanFitter::new(det, f));
+    let (xf, xd, xi) = exchange_params(
+        &ExchangeCuts::new(geo, cfg),
+        cfg.momentum_cut(),
+        track_fitter.is_some(),
+    );
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let d = dir.path();
+    write_arg(d, "shape", &[tables.n_bins as u32, WIDE, SEARCH]);
+    write_arg(d, "pairs_per_track", &[EXCHANGE_PAIRS_PER_TRACK as u32]);
+    write_arg(d, "trk_n", &batch.trk_n);
+    write_arg(d, "trk_base", &batch.trk_base);
+    write_arg(d, "trk_hit_base", &batch.trk_hit_base);
+    let mut hit_start = batch.hit_start.clone();
+    hit_start.push(batch.in_x.len() as u32);
+    write_arg(d, "hit_start", &hit_start);
+    write_arg(d, "in_x", &batch.in_x);
+    write_arg(d, "in_y", &batch.in_y);
+    write_arg(d, "in_plane", &batch.in_plane);
+    write_arg(d, "tracks", batch.tracks.as_flattened());
+    write_arg(d, "fits", &batch.fits);
+    write_arg(d, "hits", &batch.hits);
+    write_arg(d, "marks", &batch.marks);
+    write_arg(d, "xf", &xf);
+    write_arg(d, "xd", &xd);
+    write_arg(d, "xi", &xi);
+    write_arg(d, "sx", &batch.sx);
+    write_arg(d, "sinput", &batch.sinput);
+    write_arg(d, "bin_start", &batch.bin_start);
+    write_arg(d, "plf", &tables.plane_f32);
+    write_arg(d, "pli", &tables.plane_i32);
+    let t = FitTables::new(reco.fitter());
+    write_arg(d, "rows32", &t.rows32);
+    write_arg(d, "rows64", &t.rows64);
+    write_arg(d, "gap_steps", &t.gap_steps);
+    write_arg(d, "gap_kind", &t.gap_kind);
+    write_arg(d, "gap_slice", &t.gap_slice);
+    write_arg(d, "slices", &t.slices);
+    write_arg(d, "floats", &t.floats);
+    write_arg(d, "doubles", &t.doubles);
+    write_arg(d, "ints", &t.ints);
+    write_arg(d, "nodes", &t.nodes);
+    let tt = track_fitter.as_ref().map(FitTables::new);
+    let tt = tt.as_ref().unwrap_or(&t);
+    write_arg(d, "track_floats", &tt.floats);
+    write_arg(d, "track_doubles", &tt.doubles);
+    write_arg(d, "track_ints", &tt.ints);
+    let out = Command::new(kernel_binary())
+        .arg(d)
+        .output()
+        .expect("the kernels' harness runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let failed = read_words(d, "failed");
+    assert!(
+        failed.iter().all(|&f| f == 0),
+        "events beyond the step's limits: {failed:?}"
+    );
+    let words = read_words(d, "tracks");
+    let track_hits: Vec<[u32; 2]> = words.chunks_exact(2).map(|w| [w[0], w[1]]).collect();
+    let (fits, hits, marks) = (
+        read_words(d, "fits"),
+        read_words(d, "hits"),
+        read_words(d, "marks"),
+    );
+    let mut first_track = batch.trk_base.clone();
+    first_track.push(batch.tracks.len() as u32);
+    let view = BatchView {
+        first_track: &first_track,
+        track_hits: &track_hits,
+        fits: &fits,
+        hits: &hits,
+        marks: &marks,
+    };
+    let tracks = (0..n_events)
+        .map(|e| {
+            view.tracks_of(e)
+                .filter(|&t| !view.is_clone(t))
+                .map(|t| {
+                    let mut track = Track::default();
+                    view.write_track(t, &mut track);
+                    track
+                })
+                .collect()
+        })
+        .collect();
+    // Per event its state words (`EX_STATE`): the exchanges made are the fourth.
+    let made = read_words(d, "state")
+        .chunks_exact(8)
+        .map(|s| s[3])
+        .collect();
+    (tracks, made)
+}
+
+/// The kernels' tracks after the exchange equal the CPU finder's on every event; returns
+/// the exchanges the kernels made.
+fn agree(name: &str, det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) -> u32 {
+    // The exchange is the finder's last step where the first hits are not chosen again.
+    let cfg = FinderConfig {
+        first_hits_to_origin: false,
+        ..FinderConfig::from_detector(det, 1.0)
+    };
+    assert!(cfg.exchange_segments, "{name}: the exchange is off");
+    let mut reco = Reconstructor::new(det, cfg.clone());
+    let mut reference = Reconstructor::new(det, cfg);
+    let events: Vec<Vec<HitRecord>> = simulate_events(det, sim, seed, 0, n_events)
+        .map(|e| e.hits)
+        .collect();
+    let mut batch = Batch::default();
+    let mut cpu = Vec::new();
+    for hits in &events {
+        reco.find_tracks(hits);
+        batch.push(hits, &reco);
+        let mut out = Vec::new();
+        reference.reconstruct(hits, &mut out);
+        cpu.push(out);
+    }
+    let (kernel, made) = kernel_tracks(det, &reco, &batch);
+    for (e, (k, c)) in kernel.iter().zip(&cpu).enumerate() {
+        let what = format!("{name}, event {e}");
+        assert_eq!(
+            k.len(),
+            c.len(),
+            "{what}: tracks from the kernels against the CPU's"
+        );
+        for (i, (kt, ct)) in k.iter().zip(c).enumerate() {
+            assert_eq!(kt.hits, ct.hits, "{what}: the hits of track {i}");
+            assert_eq!(kt, ct, "{what}: the fit of track {i}");
+        }
+    }
+    let made: u32 = made.iter().sum();
+    let tracks: usize = cpu.iter().map(Vec::len).sum();
+    println!(
+        "{name}: {} events, {tracks} tracks after {made} exchanges, equal to the bit",
+        events.len()
+    );
+    assert!(tracks > 300, "{name}: only {tracks} tracks");
+    made
+}
+
+#[test]
+fn the_exchange_kernels_give_the_cpus_tracks_on_every_shipped_detector() {
+    let central = SimConfig::preset(Preset::Central);
+    let no_field = {
+        let mut det = load("detector.toml");
+        det.field = Field::Uniform { b_tesla: [0.0; 3] };
+        det
+    };
+    let mut made = 0;
+    for (name, det, sim, n) in [
+        ("uniform field, central", load("detector.toml"), &central, 4),
+        (
+            "dipole map, central",
+            load("tracking/dipole/detector_dipole.toml"),
+            &central,
+            10,
+        ),
+        (
+            "forward map, central",
+            load("tracking/forward/detector_forward.toml"),
+            &SimConfig::forward(Preset::Central),
+            4,
+        ),
+        ("no field, central", no_field, &central, 2),
+    ] {
+        made += agree(name, &det, sim, 74, n);
+    }
+    // The comparison covers exchanges made, not only tracks left as they were.
+    assert!(made > 0, "no exchange was made");
+}
