@@ -61,11 +61,9 @@ fn load(name: &str) -> Detector {
 /// `kernels/ca_candidates.cu`): state, covariance, z, chi-square as floats, ndf, ok.
 fn fit_words(f: &FitOutput) -> [u32; 24] {
     let mut w = [0u32; 24];
-    for i in 0..5 {
-        w[i] = (f.state[i] as f32).to_bits();
-    }
-    for i in 0..15 {
-        w[5 + i] = (f.cov[i] as f32).to_bits();
+    let values = f.state.iter().chain(&f.cov);
+    for (w, v) in w.iter_mut().zip(values) {
+        *w = (*v as f32).to_bits();
     }
     w[20] = (f.z_mm as f32).to_bits();
     w[21] = (f.chi2 as f32).to_bits();
