@@ -984,6 +984,46 @@ const FIRST_HIT_THREADS: u32 = 512;
 /// Most planes the device step takes (`FH_MAX_PLANES`).
 pub const FIRST_HIT_MAX_PLANES: usize = 64;
 
+/// The first-hit step's parameters as its kernel reads them (`kernels/ca_first_hits.cu`:
+/// `FHD_*`, `FHI_*`): doubles and ints, from its cuts, the momentum cut and whether the
+/// changed tracks are fitted last with the tracks' own fit.
+pub fn first_hit_params(
+    cuts: &FirstHitCuts,
+    cut: MomentumCut,
+    track_fit: bool,
+) -> (Vec<f64>, Vec<i32>) {
+    let n = cuts.n_planes();
+    let mut d = vec![0.0f64; FIRST_HIT_PARAMS + FIRST_HIT_PLANE_PARAMS * n];
+    d[0] = cuts.origin_xy_mm[0];
+    d[1] = cuts.origin_xy_mm[1];
+    d[2] = cuts.origin_z_mm;
+    d[3] = cuts.origin_var[0];
+    d[4] = cuts.origin_var[1];
+    d[5] = cuts.mass2;
+    d[6] = cuts.qop_cut;
+    d[7] = cuts.chi2_max;
+    d[8] = cuts.max_chi2_ndf;
+    d[9] = cut.max_qop;
+    d[10] = cut.n_sigma;
+    let b = cuts.uniform_field();
+    d[11..14].copy_from_slice(&b.unwrap_or([0.0; 3]));
+    d[FIRST_HIT_K] = K_GEV_PER_T_MM;
+    for p in 0..n {
+        let o = FIRST_HIT_PARAMS + FIRST_HIT_PLANE_PARAMS * p;
+        d[o] = cuts.z_mm[p];
+        d[o + 1] = cuts.var_hit[p][0];
+        d[o + 2] = cuts.var_hit[p][1];
+        d[o + 3] = cuts.theta2_per_qop2[p];
+    }
+    let i = vec![
+        n as i32,
+        cuts.min_hits.min(i32::MAX as usize) as i32,
+        b.is_some() as i32,
+        track_fit as i32,
+    ];
+    (d, i)
+}
+
 /// The first-hit step on the device ([`GpuCaEngine::set_first_hits`]): its parameters and
 /// scratch, per candidate slot (predictions, changes' fits), per hit (the pool, claims)
 /// and per pair.
@@ -1023,35 +1063,7 @@ impl FirstHitsDevice {
         track_fit: bool,
         l: &CaLimits,
     ) -> Result<Self, GpuError> {
-        let n = cuts.n_planes();
-        let mut d = vec![0.0f64; FIRST_HIT_PARAMS + FIRST_HIT_PLANE_PARAMS * n];
-        d[0] = cuts.origin_xy_mm[0];
-        d[1] = cuts.origin_xy_mm[1];
-        d[2] = cuts.origin_z_mm;
-        d[3] = cuts.origin_var[0];
-        d[4] = cuts.origin_var[1];
-        d[5] = cuts.mass2;
-        d[6] = cuts.qop_cut;
-        d[7] = cuts.chi2_max;
-        d[8] = cuts.max_chi2_ndf;
-        d[9] = cut.max_qop;
-        d[10] = cut.n_sigma;
-        let b = cuts.uniform_field();
-        d[11..14].copy_from_slice(&b.unwrap_or([0.0; 3]));
-        d[FIRST_HIT_K] = K_GEV_PER_T_MM;
-        for p in 0..n {
-            let o = FIRST_HIT_PARAMS + FIRST_HIT_PLANE_PARAMS * p;
-            d[o] = cuts.z_mm[p];
-            d[o + 1] = cuts.var_hit[p][0];
-            d[o + 2] = cuts.var_hit[p][1];
-            d[o + 3] = cuts.theta2_per_qop2[p];
-        }
-        let i = [
-            n as i32,
-            cuts.min_hits.min(i32::MAX as usize) as i32,
-            b.is_some() as i32,
-            track_fit as i32,
-        ];
+        let (d, i) = first_hit_params(cuts, cut, track_fit);
         let slots = l.max_candidates;
         let pairs = FIRST_HIT_PAIRS_PER_SLOT * slots * FIRST_HIT_PAIR_WORDS;
         Ok(FirstHitsDevice {

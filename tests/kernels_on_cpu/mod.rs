@@ -1,8 +1,9 @@
 //! What the tests that run a GPU kernel's source on the CPU share
 //! (`tests/clones_kernel_on_cpu.rs`, `tests/candidate_kernels_on_cpu.rs`,
-//! `tests/fit_kernel_on_cpu.rs`, `tests/first_pass_kernels_on_cpu.rs`): compiling a
-//! harness of this folder with the C++ compiler (`g++`, installed by `./setup.sh`; `CXX`
-//! overrides) without contraction, as NVRTC's
+//! `tests/fit_kernel_on_cpu.rs`, `tests/first_pass_kernels_on_cpu.rs`,
+//! `tests/packed_steps_kernels_on_cpu.rs`): compiling a harness of this folder with the
+//! C++ compiler (`g++`, installed by `./setup.sh`; `CXX` overrides) without contraction,
+//! as NVRTC's
 //! `--fmad=false`, and writing a kernel argument as the raw little-endian array the
 //! harness reads (`args.h`), and reading its outputs back.
 

@@ -1,20 +1,22 @@
-//! The GPU finder's exchange of segments between crossing tracks
-//! (`kernels/ca_exchange.cu`, with the module's fit, as the engine compiles them) run on the
-//! CPU (`tests/kernels_on_cpu/ca_exchange.cpp`) on the CPU finder's accepted tracks of
-//! fresh central events, packed as the device packs them (their hits, their fits' words,
-//! the clone step's marks: the kernels' own, to the bit, in
-//! `tests/clones_kernel_on_cpu.rs` and `tests/candidate_kernels_on_cpu.rs`), with the hits
-//! sorted into the grid, the step's parameters ([`exchange_params`]) and the fits' tables
-//! the engine uploads: the tracks the events keep must be the CPU finder's
-//! (`Reconstructor::reconstruct`, whose last step on them is `ca::exchange`), the same hits
-//! in the same order and their fits to the bit, as the GPU tracker writes them
-//! ([`BatchView::write_track`]). Every round's kernels run: the pairs found through the
-//! grid (a thread per hit in the first round, sixteen lanes per hit in the later ones),
-//! the tracks' fits, each pair's two trial fits by two lanes, the choice by the gains'
-//! order, the exchanged tracks' final fits and the events' tracks packed again. On a
+//! The GPU finder's steps on the packed tracks run on the CPU
+//! (`tests/kernels_on_cpu/ca_packed_steps.cpp`): the exchange of segments between crossing
+//! tracks (`kernels/ca_exchange.cu`) and the first hits chosen again against the origin
+//! (`kernels/ca_first_hits.cu`), with the module's fit, as the engine compiles them. Their
+//! input is the CPU finder's accepted tracks of fresh central events, packed as the device
+//! packs them (their hits, their fits' words, the clone step's marks: the kernels' own, to
+//! the bit, in `tests/clones_kernel_on_cpu.rs` and `tests/candidate_kernels_on_cpu.rs`),
+//! with the hits sorted into the grid, the steps' parameters ([`exchange_params`],
+//! [`first_hit_params`]) and the fits' tables the engine uploads. The tracks the events
+//! keep must be the CPU finder's (`Reconstructor::reconstruct`, whose last steps on them
+//! are `ca::exchange` and `ca::first_hits`), the same hits in the same order and their
+//! fits to the bit, as the GPU tracker writes them ([`BatchView::write_track`]). The
+//! exchange's every round runs: the pairs found through the grid (a thread per hit in the
+//! first round, sixteen lanes per hit in the later ones), the tracks' fits, each pair's two
+//! trial fits by two lanes, the choice by the gains' order, the exchanged tracks' final
+//! fits and the events' tracks packed again; then the first hits' predictions at the
+//! origin, the matching of tracks and free hits, the refits and the changes kept. On a
 //! uniform field, the dipole and forward field maps and no field. What only a GPU shows
-//! (NVRTC, the device's scheduling, memory faults) is left to
-//! `tests/gpu_tracking_passes.rs`.
+//! (NVRTC, the device's scheduling, memory faults) is left to `tests/gpu_tracking_passes.rs`.
 //!
 //! Needs a C++20 compiler (`g++`, installed by `./setup.sh`; `CXX` overrides).
 
@@ -26,9 +28,12 @@ use std::sync::OnceLock;
 
 use kernels_on_cpu::{read_words, write_arg};
 use trigd::frame::HitRecord;
-use trigd::gpu::tracking_ca::{exchange_params, BatchView, CaTables, EXCHANGE_PAIRS_PER_TRACK};
+use trigd::gpu::tracking_ca::{
+    exchange_params, first_hit_params, BatchView, CaTables, EXCHANGE_PAIRS_PER_TRACK,
+};
 use trigd::gpu::tracking_fit::FitTables;
 use trigd::tracking::ca::exchange::ExchangeCuts;
+use trigd::tracking::ca::first_hits::FirstHitCuts;
 use trigd::tracking::ca::{self, FinderGeometry};
 use trigd::tracking::geometry::{Detector, Field};
 use trigd::tracking::kalman::{FitOutput, KalmanFitter};
@@ -41,8 +46,8 @@ fn kernel_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| {
         kernels_on_cpu::finish(kernels_on_cpu::start(
-            "ca_exchange.cpp",
-            "ca_exchange_on_cpu",
+            "ca_packed_steps.cpp",
+            "ca_packed_steps_on_cpu",
             &[],
         ))
     })
@@ -134,12 +139,20 @@ impl Batch {
 const WIDE: u32 = 2;
 const SEARCH: u32 = 3;
 
-/// Runs the step on `batch`; the events' tracks as the GPU tracker writes them (clones
-/// and tracks below the minimum momentum left out) and the exchanges each event made.
+/// Which steps run on the packed tracks, in the engine's order.
+#[derive(Clone, Copy)]
+struct Steps {
+    exchange: bool,
+    first_hits: bool,
+}
+
+/// Runs `steps` on `batch`; the events' tracks as the GPU tracker writes them (clones and
+/// tracks below the minimum momentum left out) and the exchanges each event made.
 fn kernel_tracks(
     det: &Detector,
     reco: &Reconstructor,
     batch: &Batch,
+    steps: Steps,
 ) -> (Vec<Vec<Track>>, Vec<u32>) {
     let cfg = reco.config();
     let geo: &FinderGeometry = reco.geometry();
@@ -153,7 +166,41 @@ fn kernel_tracks(
     );
     let dir = tempfile::tempdir().expect("temporary directory");
     let d = dir.path();
-    write_arg(d, "shape", &[tables.n_bins as u32, WIDE, SEARCH]);
+    // Each event's share of the first-hit step's edges: as many pairs of track and hit per
+    // track as the CPU's step takes.
+    let most_tracks = batch.trk_n.iter().copied().max().unwrap_or(0);
+    let edge_share = most_tracks * ca::first_hits::MAX_PAIRS_PER_TRACK as u32;
+    write_arg(
+        d,
+        "shape",
+        &[
+            tables.n_bins as u32,
+            WIDE,
+            SEARCH,
+            u32::from(steps.exchange),
+            u32::from(steps.first_hits),
+            edge_share,
+        ],
+    );
+    if steps.first_hits {
+        let (fh_d, fh_i) = first_hit_params(
+            &FirstHitCuts::new(geo, cfg),
+            cfg.momentum_cut(),
+            track_fitter.is_some(),
+        );
+        write_arg(d, "fh_d", &fh_d);
+        write_arg(d, "fh_i", &fh_i);
+        // The pointing tents of the last pass's tables (the engine's last pass reaches over
+        // the missing planes).
+        let reach = if cfg.allow_missing_plane {
+            (1 + cfg.max_gap_planes).min(ca::MAX_REACH)
+        } else {
+            1
+        };
+        let last = CaTables::new(geo, cfg, reach);
+        write_arg(d, "pair_i32", &last.pair_i32);
+        write_arg(d, "tents", &last.tents);
+    }
     write_arg(d, "pairs_per_track", &[EXCHANGE_PAIRS_PER_TRACK as u32]);
     write_arg(d, "trk_n", &batch.trk_n);
     write_arg(d, "trk_base", &batch.trk_base);
@@ -201,11 +248,13 @@ fn kernel_tracks(
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let failed = read_words(d, "failed");
-    assert!(
-        failed.iter().all(|&f| f == 0),
-        "events beyond the step's limits: {failed:?}"
-    );
+    for name in ["failed", "fh_failed"] {
+        let failed = read_words(d, name);
+        assert!(
+            failed.iter().all(|&f| f == 0),
+            "events beyond the steps' limits ({name}): {failed:?}"
+        );
+    }
     let words = read_words(d, "tracks");
     let track_hits: Vec<[u32; 2]> = words.chunks_exact(2).map(|w| [w[0], w[1]]).collect();
     let (fits, hits, marks) = (
@@ -242,30 +291,52 @@ fn kernel_tracks(
     (tracks, made)
 }
 
-/// The kernels' tracks after the exchange equal the CPU finder's on every event; returns
-/// the exchanges the kernels made.
-fn agree(name: &str, det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) -> u32 {
-    // The exchange is the finder's last step where the first hits are not chosen again.
+/// The kernels' tracks after `steps` equal the CPU finder's on every event; returns the
+/// exchanges the kernels made and the tracks the first-hit step changed on the CPU.
+fn agree(
+    name: &str,
+    det: &Detector,
+    sim: &SimConfig,
+    seed: u64,
+    n_events: u64,
+    steps: Steps,
+) -> (u32, usize) {
     let cfg = FinderConfig {
-        first_hits_to_origin: false,
+        exchange_segments: steps.exchange,
+        first_hits_to_origin: steps.first_hits,
         ..FinderConfig::from_detector(det, 1.0)
     };
-    assert!(cfg.exchange_segments, "{name}: the exchange is off");
     let mut reco = Reconstructor::new(det, cfg.clone());
-    let mut reference = Reconstructor::new(det, cfg);
+    let mut reference = Reconstructor::new(det, cfg.clone());
+    // The same finder without the first hits chosen again: what that step changed.
+    let mut before = Reconstructor::new(
+        det,
+        FinderConfig {
+            first_hits_to_origin: false,
+            ..cfg
+        },
+    );
     let events: Vec<Vec<HitRecord>> = simulate_events(det, sim, seed, 0, n_events)
         .map(|e| e.hits)
         .collect();
     let mut batch = Batch::default();
     let mut cpu = Vec::new();
+    let mut changed = 0;
     for hits in &events {
         reco.find_tracks(hits);
         batch.push(hits, &reco);
-        let mut out = Vec::new();
+        let (mut out, mut without) = (Vec::new(), Vec::new());
         reference.reconstruct(hits, &mut out);
+        before.reconstruct(hits, &mut without);
+        assert_eq!(
+            out.len(),
+            without.len(),
+            "{name}: the first hits dropped a track"
+        );
+        changed += out.iter().zip(&without).filter(|(a, b)| a != b).count();
         cpu.push(out);
     }
-    let (kernel, made) = kernel_tracks(det, &reco, &batch);
+    let (kernel, made) = kernel_tracks(det, &reco, &batch, steps);
     for (e, (k, c)) in kernel.iter().zip(&cpu).enumerate() {
         let what = format!("{name}, event {e}");
         assert_eq!(
@@ -281,40 +352,70 @@ fn agree(name: &str, det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) 
     let made: u32 = made.iter().sum();
     let tracks: usize = cpu.iter().map(Vec::len).sum();
     println!(
-        "{name}: {} events, {tracks} tracks after {made} exchanges, equal to the bit",
+        "{name}: {} events, {tracks} tracks after {made} exchanges and {changed} tracks' \
+         first hits changed, equal to the bit",
         events.len()
     );
     assert!(tracks > 300, "{name}: only {tracks} tracks");
-    made
+    (made, changed)
 }
 
-#[test]
-fn the_exchange_kernels_give_the_cpus_tracks_on_every_shipped_detector() {
+/// The shipped detectors' central events: name, detector, simulation, events.
+fn detectors() -> Vec<(&'static str, Detector, SimConfig, u64)> {
     let central = SimConfig::preset(Preset::Central);
     let no_field = {
         let mut det = load("detector.toml");
         det.field = Field::Uniform { b_tesla: [0.0; 3] };
         det
     };
-    let mut made = 0;
-    for (name, det, sim, n) in [
-        ("uniform field, central", load("detector.toml"), &central, 4),
+    vec![
+        (
+            "uniform field, central",
+            load("detector.toml"),
+            central.clone(),
+            4,
+        ),
         (
             "dipole map, central",
             load("tracking/dipole/detector_dipole.toml"),
-            &central,
+            central.clone(),
             10,
         ),
         (
             "forward map, central",
             load("tracking/forward/detector_forward.toml"),
-            &SimConfig::forward(Preset::Central),
+            SimConfig::forward(Preset::Central),
             4,
         ),
-        ("no field, central", no_field, &central, 2),
-    ] {
-        made += agree(name, &det, sim, 74, n);
+        ("no field, central", no_field, central, 2),
+    ]
+}
+
+#[test]
+fn the_exchange_kernels_give_the_cpus_tracks_on_every_shipped_detector() {
+    let steps = Steps {
+        exchange: true,
+        first_hits: false,
+    };
+    let mut made = 0;
+    for (name, det, sim, n) in detectors() {
+        made += agree(name, &det, &sim, 74, n, steps).0;
     }
     // The comparison covers exchanges made, not only tracks left as they were.
     assert!(made > 0, "no exchange was made");
+}
+
+/// The first hits chosen again against the origin after the exchange, as the finder runs
+/// them where its first plane is close to the origin (here on every detector).
+#[test]
+fn the_first_hit_kernel_after_the_exchange_gives_the_cpus_tracks() {
+    let steps = Steps {
+        exchange: true,
+        first_hits: true,
+    };
+    let mut changed = 0;
+    for (name, det, sim, n) in detectors() {
+        changed += agree(name, &det, &sim, 75, n.min(4), steps).1;
+    }
+    assert!(changed > 0, "the first-hit step changed no track");
 }
