@@ -98,30 +98,33 @@ T atomicMax(T* p, T v) {
 
 // Runs `kernel` on a grid of blocks_x x blocks_y blocks of `threads` threads, all of a
 // block's threads together (__syncthreads a barrier of them; each warp's 32 for the warp's
-// primitives), the blocks one after the other (so `static` shared memory is the block's).
+// primitives), the blocks one after the other (so `static` shared memory is the block's):
+// the same `threads` threads take every block in turn, all of them done with one before
+// the next starts.
 template <class F>
 void launch_blocks(unsigned threads, unsigned blocks_x, unsigned blocks_y, F kernel) {
     blockDim.x = threads;
     gridDim.x = blocks_x;
-    for (unsigned y = 0; y < blocks_y; ++y) {
-        for (unsigned x = 0; x < blocks_x; ++x) {
-            std::barrier<> block(threads);
-            std::vector<Warp> warps(threads / 32);
-            std::vector<std::thread> team;
-            for (unsigned t = 0; t < threads; ++t) {
-                team.emplace_back([&, t] {
-                    this_block = &block;
-                    this_warp = &warps[t / 32];
-                    threadIdx.x = t;
+    std::barrier<> block(threads), done(threads);
+    std::vector<Warp> warps(threads / 32);
+    std::vector<std::thread> team;
+    for (unsigned t = 0; t < threads; ++t) {
+        team.emplace_back([&, t] {
+            this_block = &block;
+            this_warp = &warps[t / 32];
+            threadIdx.x = t;
+            for (unsigned y = 0; y < blocks_y; ++y) {
+                for (unsigned x = 0; x < blocks_x; ++x) {
                     blockIdx.x = x;
                     blockIdx.y = y;
                     kernel();
-                });
+                    done.arrive_and_wait();
+                }
             }
-            for (auto& th : team) {
-                th.join();
-            }
-        }
+        });
+    }
+    for (auto& th : team) {
+        th.join();
     }
 }
 

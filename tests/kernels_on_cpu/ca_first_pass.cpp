@@ -5,7 +5,8 @@
 // count and cell starts) and the steps' tables as raw little-endian arrays from the
 // directory given, one file per kernel argument, and runs the full searches as the engine
 // launches them, each step from the previous one's output: for each the count, the
-// per-event scan (here on the host), the write; then the evolution plane by plane. The
+// per-event scan (ca_event_scan, ca_event_budget), the write; then the evolution plane
+// by plane. The
 // loops of one thread per item with no barrier and nothing shared run their threads one
 // after the other (the atomic counts of the neighbours' index are then plain adds); the
 // triplets' write goes through each warp's queue, so its blocks run warp after warp, a
@@ -56,27 +57,44 @@ void launch_blocks_by_warps(unsigned blocks_x, unsigned blocks_y, F kernel) {
     }
 }
 
-// The host's per-event scan (the engine's ca_event_scan and ca_event_budget): for each
-// event e, the items first(e) .. first(e) + n(e) of `count` get their exclusive prefix
-// within the event in `off`; the events' bases (their running total) and sizes.
+// The engine's per-event scan: ca_event_scan over SCAN_BLOCKS blocks per event (here one
+// after the other: the first takes every tile's ticket, each tile's look-back finds the one
+// before it published), then ca_event_budget placing the events in order, without a
+// limit. For each event e, the items first(e) .. first(e) + n(e) of `count` get their
+// exclusive prefix within the event in `off`; the events' bases (their running total) and
+// sizes.
 struct EventScan {
     std::vector<unsigned> base, n;
     unsigned total = 0;
 };
+#define SCAN_BLOCKS 3
 template <class First, class N>
 EventScan scan_events(int n_events, First first, N n, const std::vector<unsigned>& count,
                       std::vector<unsigned>& off) {
-    EventScan r;
+    std::vector<unsigned> from(n_events), m(n_events), total(n_events, 0xdeadbeefu);
+    std::vector<unsigned> failed(n_events, 0u);
+    size_t items = 0;
     for (int e = 0; e < n_events; ++e) {
-        unsigned w = 0;
-        for (unsigned i = 0; i < n(e); ++i) {
-            off[first(e) + i] = w;
-            w += count[first(e) + i];
-        }
-        r.base.push_back(r.total);
-        r.n.push_back(w);
-        r.total += w;
+        from[e] = first(e);
+        m[e] = n(e);
+        items = std::max(items, (size_t)from[e] + m[e]);
     }
+    // Status words from base / SCAN_TILE + e, a tile each; a new epoch on cleared words.
+    std::vector<unsigned long long> status(items / SCAN_TILE + n_events + 2, 0ull);
+    std::vector<unsigned long long> tickets(n_events, 0ull);
+    launch_blocks(SCAN_THREADS, SCAN_BLOCKS, (unsigned)n_events, [&] {
+        ca_event_scan(count.data(), off.data(), from.data(), m.data(), 0u, failed.data(),
+                      total.data(), 0, status.data(), tickets.data(), 1u);
+    });
+    EventScan r;
+    r.base.assign(n_events, 0xdeadbeefu);
+    r.n.assign(n_events, 0xdeadbeefu);
+    std::vector<unsigned> overflow(8, 0u);
+    launch_blocks(CA_THREADS, 1, 1, [&] {
+        ca_event_budget(total.data(), r.base.data(), r.n.data(), failed.data(),
+                        (unsigned)n_events, 0xffffffffu, 0xffffffffu, 1u, overflow.data());
+    });
+    for (int e = 0; e < n_events; ++e) r.total += r.n[e];
     return r;
 }
 
