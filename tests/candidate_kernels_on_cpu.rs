@@ -63,6 +63,21 @@ const FIT_WORDS: usize = 24;
 /// first) and its fit.
 type Track = (Vec<u32>, FitOutput);
 
+/// The accepted tracks in `buf` (after the candidate step) as [`Track`]s.
+fn accepted_tracks(buf: &CaBuffers) -> Vec<Track> {
+    buf.accepted
+        .iter()
+        .map(|&k| {
+            let c = &buf.candidates[k as usize];
+            let hits = buf.candidate_hits[c.start as usize..c.start as usize + c.len as usize]
+                .iter()
+                .map(|&h| buf.hits.input_index[h as usize])
+                .collect();
+            (hits, buf.fits[c.fit as usize])
+        })
+        .collect()
+}
+
 /// One event's accepted tracks and used flags (per input hit) after a call.
 #[derive(Debug, PartialEq)]
 struct Selection {
@@ -94,18 +109,7 @@ fn cpu_select(
         "the CPU overflowed: {:?}",
         buf.overflow
     );
-    let tracks = buf
-        .accepted
-        .iter()
-        .map(|&k| {
-            let c = &buf.candidates[k as usize];
-            let hits = buf.candidate_hits[c.start as usize..c.start as usize + c.len as usize]
-                .iter()
-                .map(|&h| buf.hits.input_index[h as usize])
-                .collect();
-            (hits, buf.fits[c.fit as usize])
-        })
-        .collect();
+    let tracks = accepted_tracks(buf);
     let mut used = vec![false; n_input];
     for (h, &u) in buf.hits.used.iter().enumerate() {
         used[buf.hits.input_index[h] as usize] = u;
@@ -177,14 +181,50 @@ impl Batch {
 /// sized for hundreds of events).
 const CHAIN_HITS: u32 = 1 << 22;
 
-/// The kernels' selections of `batch`, per call of `appends` and per event.
+/// Each event's tracks as the harness writes them (its count, 0xffffffff where it failed,
+/// then per track its hit count, its hits and its fit's words), from `words`.
+fn parse_tracks(words: &[u32], n_events: usize, what: &str) -> Vec<Vec<Track>> {
+    let mut at = 0;
+    let mut next = || {
+        at += 1;
+        words[at - 1]
+    };
+    (0..n_events)
+        .map(|e| {
+            let n = next();
+            assert_ne!(n, u32::MAX, "{what}: event {e} failed in the kernels");
+            (0..n)
+                .map(|_| {
+                    let len = next();
+                    let hits: Vec<u32> = (0..len).map(|_| next()).collect();
+                    let w: Vec<u32> = (0..FIT_WORDS).map(|_| next()).collect();
+                    let f = |i: usize| f64::from(f32::from_bits(w[i]));
+                    let fit = FitOutput {
+                        state: std::array::from_fn(f),
+                        cov: std::array::from_fn(|i| f(5 + i)),
+                        z_mm: f(20),
+                        chi2: f(21),
+                        ndf: w[22].min(u32::from(u16::MAX)) as u16,
+                        ok: w[23] != 0,
+                    };
+                    (hits, fit)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The kernels' selections of `batch`, per call of `appends` and per event, and the last
+/// call's tracks as the engine packs them (fitted again with `track_fitter` where there
+/// is one).
 fn kernel_selections(
     cfg: &FinderConfig,
     fitter: &KalmanFitter,
+    track_fitter: Option<&KalmanFitter>,
     batch: &Batch,
     threads: u32,
     appends: &[i32],
-) -> Vec<Vec<Selection>> {
+) -> (Vec<Vec<Selection>>, Vec<Vec<Track>>) {
     let n_events = batch.hit_start.len();
     let (share_cand, share_hits) = CaLimits::default().candidate_share(n_events);
     let lim = &cfg.limits;
@@ -205,6 +245,7 @@ fn kernel_selections(
             share_cand as u32,
             share_hits as u32,
             CHAIN_HITS,
+            u32::from(track_fitter.is_some()),
         ],
     );
     write_arg(d, "max_chi2_ndf", &[cfg.max_chi2_ndf]);
@@ -241,6 +282,13 @@ fn kernel_selections(
     write_arg(d, "doubles", &t.doubles);
     write_arg(d, "ints", &t.ints);
     write_arg(d, "nodes", &t.nodes);
+    // The tracks' own fit (the engine's `set_track_fitter`): its settings with the
+    // candidates' detector tables.
+    let tt = track_fitter.map(FitTables::new);
+    let tt = tt.as_ref().unwrap_or(&t);
+    write_arg(d, "track_floats", &tt.floats);
+    write_arg(d, "track_doubles", &tt.doubles);
+    write_arg(d, "track_ints", &tt.ints);
     let out = Command::new(kernel_binary())
         .arg(d)
         .output()
@@ -250,36 +298,14 @@ fn kernel_selections(
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    (0..appends.len())
+    let calls = (0..appends.len())
         .map(|k| {
-            let words = read_words(d, &format!("tracks{k}"));
+            let tracks = parse_tracks(&read_words(d, &format!("tracks{k}")), n_events, "call");
             let used = read_words(d, &format!("used{k}"));
-            let mut at = 0;
-            let mut next = || {
-                at += 1;
-                words[at - 1]
-            };
-            (0..n_events)
-                .map(|e| {
-                    let n = next();
-                    assert_ne!(n, u32::MAX, "call {k}: event {e} failed in the kernels");
-                    let tracks = (0..n)
-                        .map(|_| {
-                            let len = next();
-                            let hits: Vec<u32> = (0..len).map(|_| next()).collect();
-                            let w: Vec<u32> = (0..FIT_WORDS).map(|_| next()).collect();
-                            let f = |i: usize| f64::from(f32::from_bits(w[i]));
-                            let fit = FitOutput {
-                                state: std::array::from_fn(f),
-                                cov: std::array::from_fn(|i| f(5 + i)),
-                                z_mm: f(20),
-                                chi2: f(21),
-                                ndf: w[22].min(u32::from(u16::MAX)) as u16,
-                                ok: w[23] != 0,
-                            };
-                            (hits, fit)
-                        })
-                        .collect();
+            tracks
+                .into_iter()
+                .enumerate()
+                .map(|(e, tracks)| {
                     let start = batch.hit_start[e] as usize;
                     let end = batch
                         .hit_start
@@ -292,7 +318,9 @@ fn kernel_selections(
                 })
                 .collect()
         })
-        .collect()
+        .collect();
+    let packed = parse_tracks(&read_words(d, "packed"), n_events, "packed");
+    (calls, packed)
 }
 
 /// Both block sizes' selections, from scratch and appended, equal the CPU's on every
@@ -312,6 +340,8 @@ fn agree(name: &str, det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) 
         .collect();
     let mut batch = Batch::default();
     let mut cpu = [Vec::new(), Vec::new()];
+    let mut packed = Vec::new();
+    let track_fitter = cfg.track_fit().map(|f| KalmanFitter::new(det, f));
     let mut diverted = 0;
     for hits in &events {
         cpu_pass(&geo, &cfg, hits, &mut buf);
@@ -322,9 +352,28 @@ fn agree(name: &str, det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) 
         diverted += first.tracks.len().saturating_sub(one_round.tracks.len());
         cpu[0].push(first);
         cpu[1].push(cpu_select(&cfg, &fitter, &mut buf, hits.len(), true));
+        // The tracks as the finder writes them: fitted again with their own fit where it
+        // has one.
+        if let Some(f) = &track_fitter {
+            ca::candidates::refit_accepted(f, &mut buf);
+        }
+        packed.push(accepted_tracks(&buf));
     }
     for threads in [256, 128] {
-        let kernel = kernel_selections(&cfg, &fitter, &batch, threads, &[0, 1]);
+        let (kernel, kernel_packed) = kernel_selections(
+            &cfg,
+            &fitter,
+            track_fitter.as_ref(),
+            &batch,
+            threads,
+            &[0, 1],
+        );
+        for (e, (k, c)) in kernel_packed.iter().zip(&packed).enumerate() {
+            assert!(
+                k == c,
+                "{name}, blocks of {threads}, event {e}: the packed tracks differ"
+            );
+        }
         for (call, (k, c)) in kernel.iter().zip(&cpu).enumerate() {
             for (e, (k, c)) in k.iter().zip(c).enumerate() {
                 let what = format!("{name}, blocks of {threads}, call {call}, event {e}");

@@ -12,7 +12,8 @@
 // warps); with the second round, the chains walked again around the used hits and chosen
 // again. After call k it writes DIR/tracks<k> (per event its accepted count, 0xffffffff
 // where it failed, then per accepted track its hit count, its hits as input indices and
-// its fit's words) and DIR/used<k> (the used flags per input hit).
+// its fit's words) and DIR/used<k> (the used flags per input hit). Then the last call's
+// tracks packed (kernels/ca_tracks.cu), to DIR/packed in the same form.
 #include <climits>
 #include <string>
 
@@ -22,6 +23,7 @@
 #include "../../kernels/ca_common.cuh"
 #include "../../kernels/kalman_fit.cu"
 #include "../../kernels/ca_candidates.cu"
+#include "../../kernels/ca_tracks.cu"
 
 int main(int argc, char** argv) {
     if (argc != 2) {
@@ -36,7 +38,7 @@ int main(int argc, char** argv) {
     const unsigned n_events = shape.at(0), threads = shape.at(1), divert = shape.at(2);
     const unsigned min_hits = shape.at(3), max_cand = shape.at(4), hits_cap = shape.at(5);
     const unsigned max_tracks = shape.at(6), share_cand = shape.at(7), share_hits = shape.at(8);
-    const unsigned max_chain_hits = shape.at(9);
+    const unsigned max_chain_hits = shape.at(9), refit = shape.at(10);
     const double max_chi2_ndf = read<double>(dir, "max_chi2_ndf").at(0);
     const auto appends = read<int>(dir, "appends");
     const auto in_x = read<float>(dir, "in_x");
@@ -158,5 +160,55 @@ int main(int argc, char** argv) {
         const std::string t = "tracks" + std::to_string(k), u = "used" + std::to_string(k);
         if (!write_out(dir, t.c_str(), out) || !write_out(dir, u.c_str(), used)) return 2;
     }
-    return 0;
+    // The last call's accepted tracks packed as GpuCaEngine::read_tracks packs them
+    // (ca_tracks_count, ca_event_budget for the tracks and for their hits,
+    // ca_tracks_pack), fitted again with the tracks' own fit where `refit`; written to
+    // DIR/packed as the calls' tracks are.
+    const auto tpf = read<float>(dir, "track_floats");
+    const auto tpd = read<double>(dir, "track_doubles");
+    const auto tpi = read<int>(dir, "track_ints");
+    std::vector<unsigned> trk_n(n_events, 0xdeadbeefu), trk_hits(n_events, 0xdeadbeefu);
+    std::vector<unsigned> trk_base(n_events, 0xdeadbeefu), trk_hit_base(n_events, 0xdeadbeefu);
+    std::vector<unsigned> total(n_events, 0u);
+    launch_blocks(CA_THREADS, 1, n_events, [&] {
+        ca_tracks_count(failed.data(), n_acc.data(), acc.data(), cand.data(), share_cand,
+                        trk_n.data(), trk_hits.data());
+    });
+    launch_blocks(CA_THREADS, 1, 1, [&] {
+        ca_event_budget(trk_n.data(), trk_base.data(), total.data(), failed.data(), n_events,
+                        UINT_MAX, UINT_MAX, 0u, overflow.data());
+    });
+    launch_blocks(CA_THREADS, 1, 1, [&] {
+        ca_event_budget(trk_hits.data(), trk_hit_base.data(), total.data(), failed.data(),
+                        n_events, UINT_MAX, UINT_MAX, 0u, overflow.data());
+    });
+    size_t n_tracks = 0, n_hits = 0;
+    for (unsigned e = 0; e < n_events; ++e) {
+        n_tracks += trk_n[e];
+        n_hits += trk_hits[e];
+    }
+    std::vector<uint2> out_tracks(n_tracks, make_uint2(0xdeadbeefu, 0xdeadbeefu));
+    std::vector<unsigned> out_fits(FIT_WORDS * n_tracks, 0xdeadbeefu), out_hits(n_hits, 0xdeadbeefu);
+    launch_blocks(CA_THREADS, 1, n_events, [&] {
+        ca_tracks_pack(failed.data(), n_acc.data(), acc.data(), cand.data(), chits.data(),
+                       fits.data(), share_cand, share_hits, trk_base.data(), trk_hit_base.data(),
+                       out_tracks.data(), out_fits.data(), out_hits.data(), (int)refit,
+                       in_x.data(), in_y.data(), in_plane.data(), hit_start.data(),
+                       rows32.data(), rows64.data(), gap_steps.data(), gap_kind.data(),
+                       gap_slice.data(), slices.data(), tpf.data(), tpd.data(), tpi.data(),
+                       nodes.data());
+    });
+    std::vector<unsigned> packed;
+    for (unsigned e = 0; e < n_events; ++e) {
+        packed.push_back(trk_n[e]);
+        for (unsigned k = 0; k < trk_n[e]; ++k) {
+            const uint2 r = out_tracks[trk_base[e] + k];
+            packed.push_back(r.y);
+            for (unsigned h = 0; h < r.y; ++h) packed.push_back(out_hits[r.x + h]);
+            for (unsigned w = 0; w < FIT_WORDS; ++w) {
+                packed.push_back(out_fits[(size_t)(trk_base[e] + k) * FIT_WORDS + w]);
+            }
+        }
+    }
+    return write_out(dir, "packed", packed) ? 0 : 2;
 }
