@@ -89,6 +89,7 @@ fn kernel_steps(
     max_hits: usize,
     inputs: &[Vec<HitRecord>],
     sorted: &[Sorted],
+    dead_ends: Option<usize>,
 ) -> (Vec<Row>, Vec<TripletRow>, Vec<u32>, Vec<u32>) {
     let (mut sx, mut sy, mut splane) = (Vec::new(), Vec::new(), Vec::new());
     let (mut hit_start, mut n_sorted, mut bin_start) = (Vec::new(), Vec::new(), Vec::new());
@@ -144,6 +145,10 @@ fn kernel_steps(
     write_arg(d, "tents", &tables.tents);
     write_arg(d, "shape", &[tables.n_planes as i32, tables.reach as i32]);
     write_arg(d, "nb_chi2", &[tables.neighbour_chi2_max]);
+    if let Some(first_end) = dead_ends {
+        write_arg(d, "dead_ends", &[first_end as u32]);
+        write_arg(d, "exits", &tables.exits);
+    }
     let out = Command::new(kernel_binary())
         .arg(d)
         .output()
@@ -202,6 +207,7 @@ fn cpu_steps(
     cfg: &FinderConfig,
     reach: usize,
     later: bool,
+    dead_ends: Option<usize>,
     hits: &[HitRecord],
     buf: &mut CaBuffers,
 ) -> (Sorted, Vec<Row>, Vec<TripletRow>, Vec<u32>) {
@@ -213,6 +219,11 @@ fn cpu_steps(
     }
     ca::doublets::find_doublets(geo, cfg, reach, buf);
     ca::triplets::find_triplets(geo, cfg, reach, buf);
+    if let Some(first_end) = dead_ends {
+        let removed = ca::triplets::prune_dead_ends(geo, first_end, buf);
+        // The pruning is not empty: a central event's first pass has dead ends.
+        assert!(removed > 100, "only {removed} dead ends pruned");
+    }
     ca::neighbours::find_neighbours(cfg, buf);
     ca::evolution::evolve(buf, geo.planes.len());
     assert!(
@@ -262,7 +273,9 @@ fn cpu_steps(
     (sh, rows, triplets, buf.left.clone())
 }
 
-/// Every event's doublets from the kernel equal the CPU's, for each reach of the passes.
+/// Every event's doublets from the kernel equal the CPU's, for each reach of the passes;
+/// with `dead_ends`, the first pass's (reach 1) with its dead ends pruned, as the engine
+/// runs it for a finder whose first pass runs to the last plane.
 fn agree(
     name: &str,
     det: &Detector,
@@ -270,6 +283,7 @@ fn agree(
     seed: u64,
     n_events: u64,
     later: bool,
+    dead_ends: bool,
 ) -> usize {
     let mut cfg = FinderConfig::from_detector(det, 1.0);
     // The full search over missing planes of a central event in a field map makes some 2
@@ -281,23 +295,36 @@ fn agree(
         .map(|e| e.hits)
         .collect();
     let mut reaches = vec![1];
-    if cfg.allow_missing_plane && cfg.max_gap_planes > 0 {
+    if cfg.allow_missing_plane && cfg.max_gap_planes > 0 && !dead_ends {
         reaches.push((1 + cfg.max_gap_planes).min(ca::MAX_REACH));
     }
+    // The first plane a chain may end on by leaving the detector (the GPU tracker's
+    // `Passes`): the planes before the last `seed_planes`.
+    let n_planes = det.planes.len();
+    let first_end = dead_ends.then(|| {
+        assert!(
+            cfg.allow_missing_plane
+                && cfg.first_pass_min_hits <= n_planes
+                && cfg.first_pass_to_last_plane,
+            "{name}: the first pass does not run to the last plane"
+        );
+        let seed_planes = (n_planes + 1).saturating_sub(cfg.first_pass_min_hits.max(3));
+        n_planes - seed_planes.min(n_planes)
+    });
     let (mut total, mut trip_total) = (0, 0);
     for reach in reaches {
         let tables = CaTables::new(&geo, &cfg, reach);
         let mut sorted = Vec::new();
         let (mut cpu, mut cpu_trip, mut cpu_left) = (Vec::new(), Vec::new(), Vec::new());
         for h in &events {
-            let (sh, d, t, l) = cpu_steps(&geo, &cfg, reach, later, h, &mut buf);
+            let (sh, d, t, l) = cpu_steps(&geo, &cfg, reach, later, first_end, h, &mut buf);
             sorted.push(sh);
             cpu.push(d);
             cpu_trip.push(t);
             cpu_left.extend(l);
         }
         let (gpu, gpu_trip, gpu_left, gpu_sorted) =
-            kernel_steps(&tables, cfg.limits.max_hits, &events, &sorted);
+            kernel_steps(&tables, cfg.limits.max_hits, &events, &sorted, first_end);
         // The kernels' own sorting of the hits into the grid is the CPU's.
         assert!(
             gpu_sorted == sorting_words(&sorted),
@@ -403,7 +430,7 @@ fn the_first_pass_kernels_give_the_cpus_steps_on_every_shipped_detector() {
         ),
         ("no field, central", no_field, &central, 2),
     ] {
-        let doublets = agree(name, &det, sim, 71, n, false);
+        let doublets = agree(name, &det, sim, 71, n, false, false);
         // The comparison is not empty: a central event makes tens of thousands.
         assert!(doublets > 1000, "{name}: only {doublets} doublets");
     }
@@ -432,7 +459,46 @@ fn a_later_pass_over_the_free_hits_gives_the_cpus_steps() {
             &SimConfig::forward(Preset::Central),
         ),
     ] {
-        let doublets = agree(name, &det, sim, 72, 2, true);
+        let doublets = agree(name, &det, sim, 72, 2, true, false);
         assert!(doublets > 1000, "{name}: only {doublets} doublets");
     }
+}
+
+/// The first pass of a finder whose first pass runs to the last plane, as the engine runs
+/// it: its triplets' dead ends pruned (`ca_dead_ends_clear`, `ca_dead_ends` plane by plane,
+/// the per-event scan of the marks, `ca_dead_ends_gather`, `ca_dead_ends_copy_back`), then
+/// the neighbours and levels of the triplets kept: the CPU's `prune_dead_ends` and steps.
+#[test]
+fn the_first_pass_with_its_dead_ends_pruned_gives_the_cpus_steps() {
+    let central = SimConfig::preset(Preset::Central);
+    let mut pruned_any = false;
+    for (name, det, sim) in [
+        (
+            "uniform field, central, dead ends",
+            load("detector.toml"),
+            &central,
+        ),
+        (
+            "dipole map, central, dead ends",
+            load("tracking/dipole/detector_dipole.toml"),
+            &central,
+        ),
+        (
+            "forward map, central, dead ends",
+            load("tracking/forward/detector_forward.toml"),
+            &SimConfig::forward(Preset::Central),
+        ),
+    ] {
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        if !cfg.first_pass_to_last_plane {
+            continue;
+        }
+        let doublets = agree(name, &det, sim, 76, 2, false, true);
+        assert!(doublets > 1000, "{name}: only {doublets} doublets");
+        pruned_any = true;
+    }
+    assert!(
+        pruned_any,
+        "no shipped detector's first pass runs to the last plane"
+    );
 }

@@ -1,6 +1,6 @@
 // The finder's first-pass kernels on the CPU (see warp.h): kernels/ca_doublets.cu,
-// ca_triplets.cu, ca_neighbours.cu and ca_evolution.cu after kernels/ca_common.cuh, as the
-// engine's module. Reads a batch of sorted hits (the CPU finder's own sorting, in the
+// ca_triplets.cu, ca_dead_ends.cu, ca_neighbours.cu and ca_evolution.cu after
+// kernels/ca_common.cuh, as the engine's module. Reads a batch of sorted hits (the CPU finder's own sorting, in the
 // layout src/gpu/tracking_ca.rs uploads: sx, sy, splane, each event's first hit, sorted
 // count and cell starts) and the steps' tables as raw little-endian arrays from the
 // directory given, one file per kernel argument, and runs the full searches as the engine
@@ -26,6 +26,7 @@
 #include "../../kernels/ca_hit_sorting.cu"
 #include "../../kernels/ca_doublets.cu"
 #include "../../kernels/ca_triplets.cu"
+#include "../../kernels/ca_dead_ends.cu"
 #include "../../kernels/ca_neighbours.cu"
 #include "../../kernels/ca_evolution.cu"
 
@@ -262,8 +263,49 @@ int main(int argc, char** argv) {
     tsigma.assign(n_trip, NAN);
     tchi2.assign(n_trip, NAN);
     launch_blocks_by_warps(2, (unsigned)n_events, [&] { triplets(1); });
+    std::vector<unsigned> trip_n = ts.n;
+    // The dead ends pruned where DIR/dead_ends gives the first plane a chain may end on by
+    // leaving the detector (the engine's first pass of a finder whose first pass runs to
+    // the last plane): ca_dead_ends_clear, ca_dead_ends plane by plane downstream first,
+    // the per-event scan of the marks, ca_dead_ends_gather, ca_dead_ends_copy_back.
+    if (std::ifstream(dir + "/dead_ends").good()) {
+        const unsigned first_end = read<unsigned>(dir, "dead_ends").at(0);
+        const auto exits = read<float>(dir, "exits");
+        std::vector<unsigned> continues(total, 0xdeadbeefu), keep(n_trip, 0xdeadbeefu);
+        std::vector<unsigned> koff(n_trip, 0u);
+        each_thread(CA_THREADS, 2, n_events, [&] {
+            ca_dead_ends_clear(dbl_base.data(), dbl_n.data(), failed.data(), continues.data());
+        });
+        for (int plane = n_planes - 1; plane >= 0; --plane) {
+            each_thread(CA_THREADS, 2, n_events, [&] {
+                ca_dead_ends(sx.data(), sy.data(), hit_start.data(), dbl_base.data(), dbl.data(),
+                             trip_base.data(), trip_n.data(), tleft.data(), tright.data(),
+                             tplane.data(), exits.data(), n_planes, first_end, failed.data(),
+                             (unsigned)plane, continues.data(), keep.data());
+            });
+        }
+        const EventScan ks = scan_events(
+            n_events, [&](int e) { return trip_base[e]; }, [&](int e) { return trip_n[e]; },
+            keep, koff);
+        std::vector<unsigned> o_left(n_trip, 0xdeadbeefu), o_right(n_trip, 0xdeadbeefu);
+        std::vector<unsigned> o_plane(n_trip, 0xdeadbeefu);
+        std::vector<float> o_qop(n_trip, NAN), o_sigma(n_trip, NAN), o_chi2(n_trip, NAN);
+        each_thread(CA_THREADS, 2, n_events, [&] {
+            ca_dead_ends_gather(trip_base.data(), trip_n.data(), failed.data(), keep.data(),
+                                koff.data(), tleft.data(), tright.data(), tqop.data(),
+                                tsigma.data(), tchi2.data(), tplane.data(), o_left.data(),
+                                o_right.data(), o_qop.data(), o_sigma.data(), o_chi2.data(),
+                                o_plane.data());
+        });
+        each_thread(CA_THREADS, 2, n_events, [&] {
+            ca_dead_ends_copy_back(trip_base.data(), trip_n.data(), failed.data(), ks.n.data(),
+                                   o_left.data(), o_right.data(), o_qop.data(),
+                                   o_sigma.data(), o_chi2.data(), o_plane.data(), tleft.data(),
+                                   tright.data(), tqop.data(), tsigma.data(), tchi2.data(),
+                                   tplane.data(), has_right.data());
+        });
+    }
     // Neighbours and levels from these triplets, the steps one thread after the other.
-    const std::vector<unsigned> trip_n = ts.n;
     std::vector<unsigned> end_off(total, 0u), ending(n_trip, 0xdeadbeefu);
     each_thread(CA_THREADS, 2, n_events, [&] {
         ca_neighbours_ending(dbl_base.data(), trip_base.data(), trip_n.data(), tright.data(),
@@ -307,10 +349,12 @@ int main(int argc, char** argv) {
     }
     std::vector<unsigned> trip;
     trip.reserve((size_t)n_trip * 9);
-    for (unsigned t = 0; t < n_trip; ++t) {
-        trip.insert(trip.end(), {tleft[t], tright[t], __float_as_uint(tqop[t]),
-                                 __float_as_uint(tsigma[t]), __float_as_uint(tchi2[t]),
-                                 tplane[t], nb_count[t], has_right[t], level[t]});
+    for (int e = 0; e < n_events; ++e) {
+        for (unsigned t = trip_base[e]; t < trip_base[e] + trip_n[e]; ++t) {
+            trip.insert(trip.end(), {tleft[t], tright[t], __float_as_uint(tqop[t]),
+                                     __float_as_uint(tsigma[t]), __float_as_uint(tchi2[t]),
+                                     tplane[t], nb_count[t], has_right[t], level[t]});
+        }
     }
     const bool ok = write_out(dir, "dbl", dbl) && write_out(dir, "dgap", dgap) &&
                     write_out(dir, "trip", trip) && write_out(dir, "left", left);
