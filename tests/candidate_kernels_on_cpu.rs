@@ -18,13 +18,14 @@
 //!
 //! Needs a C++20 compiler (`g++`, installed by `./setup.sh`; `CXX` overrides).
 
+mod gpu_common;
 mod kernels_on_cpu;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
-use kernels_on_cpu::{read_words, write_arg};
+use gpu_common::load;
+use kernels_on_cpu::{read_words, write_arg, InputHits};
 use trigd::frame::HitRecord;
 use trigd::gpu::tracking_ca::CaLimits;
 use trigd::gpu::tracking_fit::FitTables;
@@ -37,22 +38,7 @@ use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
 /// The kernels on the CPU, compiled once per test run.
 fn kernel_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        kernels_on_cpu::finish(kernels_on_cpu::start(
-            "ca_candidates.cpp",
-            "ca_candidates_on_cpu",
-            &[],
-        ))
-    })
-}
-
-fn load(name: &str) -> Detector {
-    Detector::from_toml_file(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("fixtures")
-            .join(name),
-    )
-    .unwrap_or_else(|e| panic!("{name}: {e}"))
+    kernels_on_cpu::compiled(&BINARY, "ca_candidates.cpp", "ca_candidates_on_cpu")
 }
 
 /// Words of a fit in the kernels' fit arena: state, covariance, z, chi-square (floats),
@@ -120,11 +106,7 @@ fn cpu_select(
 /// The batch's first-pass arrays in the engine's device layout.
 #[derive(Default)]
 struct Batch {
-    in_x: Vec<f32>,
-    in_y: Vec<f32>,
-    in_plane: Vec<u32>,
-    hit_start: Vec<u32>,
-    sinput: Vec<u32>,
+    hits: InputHits,
     dbl: Vec<u32>,
     dbl_base: Vec<u32>,
     trip_base: Vec<u32>,
@@ -145,15 +127,7 @@ struct Batch {
 impl Batch {
     /// Appends an event after [`cpu_pass`] on its hits (before its candidate step).
     fn push(&mut self, hits: &[HitRecord], buf: &CaBuffers) {
-        let start = self.in_x.len();
-        self.hit_start.push(start as u32);
-        self.in_x.extend(hits.iter().map(|h| h.x_mm));
-        self.in_y.extend(hits.iter().map(|h| h.y_mm));
-        self.in_plane.extend(hits.iter().map(|h| h.plane as u32));
-        // Sorted hits are indexed from the event's first input hit too.
-        assert!(buf.hits.input_index.len() <= hits.len());
-        self.sinput.extend_from_slice(&buf.hits.input_index);
-        self.sinput.resize(start + hits.len(), u32::MAX);
+        self.hits.push(hits, &buf.hits.input_index);
         self.dbl_base.push((self.dbl.len() / 4) as u32);
         for d in &buf.doublets {
             self.dbl.extend([d.a, d.b, d.tx.to_bits(), d.ty.to_bits()]);
@@ -225,7 +199,7 @@ fn kernel_selections(
     threads: u32,
     appends: &[i32],
 ) -> (Vec<Vec<Selection>>, Vec<Vec<Track>>) {
-    let n_events = batch.hit_start.len();
+    let n_events = batch.hits.hit_start.len();
     let (share_cand, share_hits) = CaLimits::default().candidate_share(n_events);
     let lim = &cfg.limits;
     let to_u32 = |v: usize| v.min(u32::MAX as usize) as u32;
@@ -250,12 +224,8 @@ fn kernel_selections(
     );
     write_arg(d, "max_chi2_ndf", &[cfg.max_chi2_ndf]);
     write_arg(d, "appends", appends);
-    write_arg(d, "in_x", &batch.in_x);
-    write_arg(d, "in_y", &batch.in_y);
-    write_arg(d, "in_plane", &batch.in_plane);
-    write_arg(d, "hit_start", &batch.hit_start);
-    write_arg(d, "sinput", &batch.sinput);
-    write_arg(d, "used", &vec![0u32; batch.in_x.len()]);
+    batch.hits.write(d, false);
+    write_arg(d, "used", &vec![0u32; batch.hits.in_x.len()]);
     write_arg(d, "dbl", &batch.dbl);
     write_arg(d, "dbl_base", &batch.dbl_base);
     write_arg(d, "trip_base", &batch.trip_base);
@@ -272,32 +242,12 @@ fn kernel_selections(
     write_arg(d, "nb_base", &batch.nb_base);
     write_arg(d, "left", &batch.left);
     let t = FitTables::new(fitter);
-    write_arg(d, "rows32", &t.rows32);
-    write_arg(d, "rows64", &t.rows64);
-    write_arg(d, "gap_steps", &t.gap_steps);
-    write_arg(d, "gap_kind", &t.gap_kind);
-    write_arg(d, "gap_slice", &t.gap_slice);
-    write_arg(d, "slices", &t.slices);
-    write_arg(d, "floats", &t.floats);
-    write_arg(d, "doubles", &t.doubles);
-    write_arg(d, "ints", &t.ints);
-    write_arg(d, "nodes", &t.nodes);
+    kernels_on_cpu::write_fit_tables(d, &t);
     // The tracks' own fit (the engine's `set_track_fitter`): its settings with the
     // candidates' detector tables.
     let tt = track_fitter.map(FitTables::new);
-    let tt = tt.as_ref().unwrap_or(&t);
-    write_arg(d, "track_floats", &tt.floats);
-    write_arg(d, "track_doubles", &tt.doubles);
-    write_arg(d, "track_ints", &tt.ints);
-    let out = Command::new(kernel_binary())
-        .arg(d)
-        .output()
-        .expect("the kernels' harness runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    kernels_on_cpu::write_track_fit(d, &t, tt.as_ref());
+    kernels_on_cpu::run(kernel_binary(), d);
     let calls = (0..appends.len())
         .map(|k| {
             let tracks = parse_tracks(&read_words(d, &format!("tracks{k}")), n_events, "call");
@@ -306,11 +256,9 @@ fn kernel_selections(
                 .into_iter()
                 .enumerate()
                 .map(|(e, tracks)| {
-                    let start = batch.hit_start[e] as usize;
-                    let end = batch
-                        .hit_start
-                        .get(e + 1)
-                        .map_or(batch.in_x.len(), |&s| s as usize);
+                    let h = &batch.hits;
+                    let start = h.hit_start[e] as usize;
+                    let end = h.hit_start.get(e + 1).map_or(h.in_x.len(), |&s| s as usize);
                     Selection {
                         tracks,
                         used: used[start..end].iter().map(|&u| u != 0).collect(),

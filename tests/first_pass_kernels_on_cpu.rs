@@ -22,12 +22,13 @@
 //!
 //! Needs a C++20 compiler (`g++`, installed by `./setup.sh`; `CXX` overrides).
 
+mod gpu_common;
 mod kernels_on_cpu;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
+use gpu_common::load;
 use kernels_on_cpu::{read_words, write_arg};
 use trigd::frame::HitRecord;
 use trigd::gpu::tracking_ca::CaTables;
@@ -39,22 +40,7 @@ use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
 /// The kernel on the CPU, compiled once per test run.
 fn kernel_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        kernels_on_cpu::finish(kernels_on_cpu::start(
-            "ca_first_pass.cpp",
-            "ca_first_pass_on_cpu",
-            &[],
-        ))
-    })
-}
-
-fn load(name: &str) -> Detector {
-    Detector::from_toml_file(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("fixtures")
-            .join(name),
-    )
-    .unwrap_or_else(|e| panic!("{name}: {e}"))
+    kernels_on_cpu::compiled(&BINARY, "ca_first_pass.cpp", "ca_first_pass_on_cpu")
 }
 
 /// A doublet as both sides give it: its hits, its slopes' bits, its gap.
@@ -149,15 +135,7 @@ fn kernel_steps(
         write_arg(d, "dead_ends", &[first_end as u32]);
         write_arg(d, "exits", &tables.exits);
     }
-    let out = Command::new(kernel_binary())
-        .arg(d)
-        .output()
-        .expect("the kernel's harness runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    kernels_on_cpu::run(kernel_binary(), d);
     let words = read_words(d, "dbl");
     let gaps = read_words(d, "dgap");
     assert_eq!(words.len(), 4 * gaps.len());

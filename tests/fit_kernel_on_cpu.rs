@@ -18,7 +18,6 @@ mod gpu_common;
 mod kernels_on_cpu;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 use fit_common::{compare, detectors, found_tracks, with_variants};
@@ -34,13 +33,7 @@ use trigd::tracking::simulate::{Preset, SimConfig};
 /// The kernel on the CPU, compiled once per test run.
 fn kernel_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        kernels_on_cpu::finish(kernels_on_cpu::start(
-            "kalman_fit.cpp",
-            "kalman_fit_on_cpu",
-            &[],
-        ))
-    })
+    kernels_on_cpu::compiled(&BINARY, "kalman_fit.cpp", "kalman_fit_on_cpu")
 }
 
 /// The kernel's fits of `tracks` with `fitter`'s tables, as the engine would return them.
@@ -57,21 +50,8 @@ fn kernel_fits(fitter: &KalmanFitter, tracks: &[&[FitHit]]) -> Vec<FittedTrack> 
         &[shape.n as i32, shape.stride as i32, shape.kmax as i32],
     );
     write_arg(d, "hits", &words);
-    write_arg(d, "rows32", &t.rows32);
-    write_arg(d, "rows64", &t.rows64);
-    write_arg(d, "gap_steps", &t.gap_steps);
-    write_arg(d, "gap_kind", &t.gap_kind);
-    write_arg(d, "gap_slice", &t.gap_slice);
-    write_arg(d, "slices", &t.slices);
-    write_arg(d, "floats", &t.floats);
-    write_arg(d, "doubles", &t.doubles);
-    write_arg(d, "ints", &t.ints);
-    write_arg(d, "nodes", &t.nodes);
-    let status = Command::new(kernel_binary())
-        .arg(d)
-        .status()
-        .expect("run the kernel on the CPU");
-    assert!(status.success(), "the fit kernel on the CPU failed");
+    kernels_on_cpu::write_fit_tables(d, &t);
+    kernels_on_cpu::run(kernel_binary(), d);
     let out_words = read_words(d, "out");
     assert_eq!(out_words.len(), shape.output_words());
     let mut out = Vec::new();

@@ -20,13 +20,14 @@
 //!
 //! Needs a C++20 compiler (`g++`, installed by `./setup.sh`; `CXX` overrides).
 
+mod gpu_common;
 mod kernels_on_cpu;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
-use kernels_on_cpu::{read_words, write_arg};
+use gpu_common::load;
+use kernels_on_cpu::{read_words, write_arg, InputHits};
 use trigd::frame::HitRecord;
 use trigd::gpu::tracking_ca::{
     exchange_params, first_hit_params, BatchView, CaTables, EXCHANGE_PAIRS_PER_TRACK,
@@ -44,22 +45,7 @@ use trigd::tracking::track::Track;
 /// The kernels on the CPU, compiled once per test run.
 fn kernel_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        kernels_on_cpu::finish(kernels_on_cpu::start(
-            "ca_packed_steps.cpp",
-            "ca_packed_steps_on_cpu",
-            &[],
-        ))
-    })
-}
-
-fn load(name: &str) -> Detector {
-    Detector::from_toml_file(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("fixtures")
-            .join(name),
-    )
-    .unwrap_or_else(|e| panic!("{name}: {e}"))
+    kernels_on_cpu::compiled(&BINARY, "ca_packed_steps.cpp", "ca_packed_steps_on_cpu")
 }
 
 /// A fit's words as the candidate step stores them (`store_fit` in
@@ -83,16 +69,12 @@ struct Batch {
     trk_n: Vec<u32>,
     trk_base: Vec<u32>,
     trk_hit_base: Vec<u32>,
-    hit_start: Vec<u32>,
-    in_x: Vec<f32>,
-    in_y: Vec<f32>,
-    in_plane: Vec<u32>,
+    inputs: InputHits,
     tracks: Vec<[u32; 2]>,
     fits: Vec<u32>,
     hits: Vec<u32>,
     marks: Vec<u32>,
     sx: Vec<f32>,
-    sinput: Vec<u32>,
     bin_start: Vec<u32>,
 }
 
@@ -101,17 +83,9 @@ impl Batch {
     /// acceptance order, their clone marks, its sorted hits.
     fn push(&mut self, hits: &[HitRecord], reco: &Reconstructor) {
         let buf = reco.buffers();
-        let start = self.in_x.len();
-        self.hit_start.push(start as u32);
-        self.in_x.extend(hits.iter().map(|h| h.x_mm));
-        self.in_y.extend(hits.iter().map(|h| h.y_mm));
-        self.in_plane.extend(hits.iter().map(|h| h.plane as u32));
-        // Sorted hits are indexed from the event's first input hit too.
-        assert!(buf.hits.input_index.len() <= hits.len());
+        let start = self.inputs.push(hits, &buf.hits.input_index);
         self.sx.extend_from_slice(&buf.hits.x_mm);
         self.sx.resize(start + hits.len(), f32::NAN);
-        self.sinput.extend_from_slice(&buf.hits.input_index);
-        self.sinput.resize(start + hits.len(), u32::MAX);
         self.bin_start.extend_from_slice(&buf.hits.bin_start);
         let (mut masks, mut marks) = (Vec::new(), Vec::new());
         ca::clones::mark_clones(reco.geometry(), reco.config(), buf, &mut masks, &mut marks);
@@ -205,12 +179,7 @@ fn kernel_tracks(
     write_arg(d, "trk_n", &batch.trk_n);
     write_arg(d, "trk_base", &batch.trk_base);
     write_arg(d, "trk_hit_base", &batch.trk_hit_base);
-    let mut hit_start = batch.hit_start.clone();
-    hit_start.push(batch.in_x.len() as u32);
-    write_arg(d, "hit_start", &hit_start);
-    write_arg(d, "in_x", &batch.in_x);
-    write_arg(d, "in_y", &batch.in_y);
-    write_arg(d, "in_plane", &batch.in_plane);
+    batch.inputs.write(d, true);
     write_arg(d, "tracks", batch.tracks.as_flattened());
     write_arg(d, "fits", &batch.fits);
     write_arg(d, "hits", &batch.hits);
@@ -219,35 +188,14 @@ fn kernel_tracks(
     write_arg(d, "xd", &xd);
     write_arg(d, "xi", &xi);
     write_arg(d, "sx", &batch.sx);
-    write_arg(d, "sinput", &batch.sinput);
     write_arg(d, "bin_start", &batch.bin_start);
     write_arg(d, "plf", &tables.plane_f32);
     write_arg(d, "pli", &tables.plane_i32);
     let t = FitTables::new(reco.fitter());
-    write_arg(d, "rows32", &t.rows32);
-    write_arg(d, "rows64", &t.rows64);
-    write_arg(d, "gap_steps", &t.gap_steps);
-    write_arg(d, "gap_kind", &t.gap_kind);
-    write_arg(d, "gap_slice", &t.gap_slice);
-    write_arg(d, "slices", &t.slices);
-    write_arg(d, "floats", &t.floats);
-    write_arg(d, "doubles", &t.doubles);
-    write_arg(d, "ints", &t.ints);
-    write_arg(d, "nodes", &t.nodes);
+    kernels_on_cpu::write_fit_tables(d, &t);
     let tt = track_fitter.as_ref().map(FitTables::new);
-    let tt = tt.as_ref().unwrap_or(&t);
-    write_arg(d, "track_floats", &tt.floats);
-    write_arg(d, "track_doubles", &tt.doubles);
-    write_arg(d, "track_ints", &tt.ints);
-    let out = Command::new(kernel_binary())
-        .arg(d)
-        .output()
-        .expect("the kernels' harness runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    kernels_on_cpu::write_track_fit(d, &t, tt.as_ref());
+    kernels_on_cpu::run(kernel_binary(), d);
     for name in ["failed", "fh_failed"] {
         let failed = read_words(d, name);
         assert!(

@@ -25,3 +25,35 @@ static std::vector<T> read(const std::string& dir, const char* name) {
     std::fclose(f);
     return v;
 }
+
+// The fit's tables (src/gpu/tracking_fit.rs, FitTables) as the tests write them: the
+// detector's rows, the gaps' steps and field sources, the field's slices and nodes, and
+// the fit's settings (floats, doubles, ints; with `prefix` "track_", the tracks' own fit's
+// settings where the test writes them).
+struct FitTableArgs {
+    std::vector<float> rows32;
+    std::vector<double> rows64;
+    std::vector<int> gap_steps, gap_kind, gap_slice;
+    std::vector<float> slices;
+    std::vector<float> pf;
+    std::vector<double> pd;
+    std::vector<int> pi;
+    std::vector<float> nodes;
+};
+static FitTableArgs read_fit_tables(const std::string& dir) {
+    return {read<float>(dir, "rows32"),    read<double>(dir, "rows64"),
+            read<int>(dir, "gap_steps"),   read<int>(dir, "gap_kind"),
+            read<int>(dir, "gap_slice"),   read<float>(dir, "slices"),
+            read<float>(dir, "floats"),    read<double>(dir, "doubles"),
+            read<int>(dir, "ints"),        read<float>(dir, "nodes")};
+}
+// The settings of the tracks' own fit (DIR/track_floats, track_doubles, track_ints).
+struct FitSettingArgs {
+    std::vector<float> pf;
+    std::vector<double> pd;
+    std::vector<int> pi;
+};
+static FitSettingArgs read_track_fit(const std::string& dir) {
+    return {read<float>(dir, "track_floats"), read<double>(dir, "track_doubles"),
+            read<int>(dir, "track_ints")};
+}

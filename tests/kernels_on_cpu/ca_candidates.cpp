@@ -62,16 +62,7 @@ int main(int argc, char** argv) {
     const auto nb_count = read<unsigned>(dir, "nb_count");
     const auto nb_base = read<unsigned>(dir, "nb_base");
     const auto left = read<unsigned>(dir, "left");
-    const auto rows32 = read<float>(dir, "rows32");
-    const auto rows64 = read<double>(dir, "rows64");
-    const auto gap_steps = read<int>(dir, "gap_steps");
-    const auto gap_kind = read<int>(dir, "gap_kind");
-    const auto gap_slice = read<int>(dir, "gap_slice");
-    const auto slices = read<float>(dir, "slices");
-    const auto pf = read<float>(dir, "floats");
-    const auto pd = read<double>(dir, "doubles");
-    const auto pi = read<int>(dir, "ints");
-    const auto nodes = read<float>(dir, "nodes");
+    const FitTableArgs ft = read_fit_tables(dir);
     const size_t n_trip = tleft.size();
     std::vector<unsigned> failed(n_events, FAIL_NONE), overflow(8, 0u);
     // The order's keys (two per triplet), the chains' places, the arenas: poisoned, so that
@@ -109,8 +100,9 @@ int main(int argc, char** argv) {
         chain_hits.data(), failed.data(), overflow.data(), used.data(), cand.data(),           \
         chits.data(), fits.data(), acc.data(), n_cand.data(), n_chits.data(), n_acc.data(),   \
         share_cand, share_hits, max_cand, hits_cap, max_tracks, min_hits, max_chi2_ndf,       \
-        append, rows32.data(), rows64.data(), gap_steps.data(), gap_kind.data(),              \
-        gap_slice.data(), slices.data(), pf.data(), pd.data(), pi.data(), nodes.data()
+        append, ft.rows32.data(), ft.rows64.data(), ft.gap_steps.data(), ft.gap_kind.data(),  \
+        ft.gap_slice.data(), ft.slices.data(), ft.pf.data(), ft.pd.data(), ft.pi.data(),      \
+        ft.nodes.data()
             if (threads == CAND_THREADS) {
                 ca_candidates(HARNESS_ARGS);
             } else {
@@ -164,9 +156,7 @@ int main(int argc, char** argv) {
     // (ca_tracks_count, ca_event_budget for the tracks and for their hits,
     // ca_tracks_pack), fitted again with the tracks' own fit where `refit`; written to
     // DIR/packed as the calls' tracks are.
-    const auto tpf = read<float>(dir, "track_floats");
-    const auto tpd = read<double>(dir, "track_doubles");
-    const auto tpi = read<int>(dir, "track_ints");
+    const FitSettingArgs tf = read_track_fit(dir);
     std::vector<unsigned> trk_n(n_events, 0xdeadbeefu), trk_hits(n_events, 0xdeadbeefu);
     std::vector<unsigned> trk_base(n_events, 0xdeadbeefu), trk_hit_base(n_events, 0xdeadbeefu);
     std::vector<unsigned> total(n_events, 0u);
@@ -194,9 +184,9 @@ int main(int argc, char** argv) {
                        fits.data(), share_cand, share_hits, trk_base.data(), trk_hit_base.data(),
                        out_tracks.data(), out_fits.data(), out_hits.data(), (int)refit,
                        in_x.data(), in_y.data(), in_plane.data(), hit_start.data(),
-                       rows32.data(), rows64.data(), gap_steps.data(), gap_kind.data(),
-                       gap_slice.data(), slices.data(), tpf.data(), tpd.data(), tpi.data(),
-                       nodes.data());
+                       ft.rows32.data(), ft.rows64.data(), ft.gap_steps.data(),
+                       ft.gap_kind.data(), ft.gap_slice.data(), ft.slices.data(),
+                       tf.pf.data(), tf.pd.data(), tf.pi.data(), ft.nodes.data());
     });
     std::vector<unsigned> packed;
     for (unsigned e = 0; e < n_events; ++e) {

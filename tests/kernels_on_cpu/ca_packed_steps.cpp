@@ -65,19 +65,8 @@ int main(int argc, char** argv) {
     const auto bin_start = read<unsigned>(dir, "bin_start");
     const auto plf = read<float>(dir, "plf");
     const auto pli = read<int>(dir, "pli");
-    const auto rows32 = read<float>(dir, "rows32");
-    const auto rows64 = read<double>(dir, "rows64");
-    const auto gap_steps = read<int>(dir, "gap_steps");
-    const auto gap_kind = read<int>(dir, "gap_kind");
-    const auto gap_slice = read<int>(dir, "gap_slice");
-    const auto slices = read<float>(dir, "slices");
-    const auto pf = read<float>(dir, "floats");
-    const auto pd = read<double>(dir, "doubles");
-    const auto pi = read<int>(dir, "ints");
-    const auto nodes = read<float>(dir, "nodes");
-    const auto tpf = read<float>(dir, "track_floats");
-    const auto tpd = read<double>(dir, "track_doubles");
-    const auto tpi = read<int>(dir, "track_ints");
+    const FitTableArgs ft = read_fit_tables(dir);
+    const FitSettingArgs tf = read_track_fit(dir);
     const unsigned n_events = (unsigned)trk_n.size();
     const size_t n_tracks = out_tracks.size(), n_planes = (size_t)xi.at(EXI_N_PLANES);
     const std::vector<unsigned> failed(n_events, FAIL_NONE);
@@ -98,10 +87,10 @@ int main(int argc, char** argv) {
                lists.data(), lens.data(), chi2s.data(), qops.data(), firsts.data(),
                flags.data(), owner.data(), sx.data(), sinput.data(), bin_start.data(), n_bins,
                plf.data(), pli.data(), pairs.data(), gains.data(), pairs_per_track,
-               0xffffffffu, state.data(), ex_failed.data(), n_active.data(), rows32.data(),
-               rows64.data(), gap_steps.data(), gap_kind.data(), gap_slice.data(),
-               slices.data(), pf.data(), pd.data(), pi.data(), nodes.data(), tpf.data(),
-               tpd.data(), tpi.data());
+               0xffffffffu, state.data(), ex_failed.data(), n_active.data(), ft.rows32.data(),
+               ft.rows64.data(), ft.gap_steps.data(), ft.gap_kind.data(), ft.gap_slice.data(),
+               ft.slices.data(), ft.pf.data(), ft.pd.data(), ft.pi.data(), ft.nodes.data(),
+               tf.pf.data(), tf.pd.data(), tf.pi.data());
     };
     if (exchange) {
         launch_blocks(EX_THREADS, 1, n_events, [&] { step(ca_exchange_begin); });
@@ -147,10 +136,10 @@ int main(int argc, char** argv) {
                           fh_i.data(), pair_i32.data(), tents.data(), pred_d.data(),
                           pred_u.data(), pool_h.data(), pool_key.data(), claims.data(),
                           edges.data(), contested.data(), edge_share, chg_fit.data(),
-                          fh_failed.data(), rows32.data(), rows64.data(), gap_steps.data(),
-                          gap_kind.data(), gap_slice.data(), slices.data(), pf.data(),
-                          pd.data(), pi.data(), nodes.data(), tpf.data(), tpd.data(),
-                          tpi.data());
+                          fh_failed.data(), ft.rows32.data(), ft.rows64.data(),
+                          ft.gap_steps.data(), ft.gap_kind.data(), ft.gap_slice.data(),
+                          ft.slices.data(), ft.pf.data(), ft.pd.data(), ft.pi.data(),
+                          ft.nodes.data(), tf.pf.data(), tf.pd.data(), tf.pi.data());
         });
     }
     const bool ok = write_out(dir, "tracks", out_tracks) && write_out(dir, "fits", out_fits) &&

@@ -31,16 +31,7 @@ int main(int argc, char** argv) {
     const auto shape = read<int>(dir, "shape");  // n_tracks, stride, kmax
     const int n_tracks = shape.at(0), stride = shape.at(1), kmax = shape.at(2);
     const auto hits = read<unsigned>(dir, "hits");
-    const auto rows32 = read<float>(dir, "rows32");
-    const auto rows64 = read<double>(dir, "rows64");
-    const auto gap_steps = read<int>(dir, "gap_steps");
-    const auto gap_kind = read<int>(dir, "gap_kind");
-    const auto gap_slice = read<int>(dir, "gap_slice");
-    const auto slices = read<float>(dir, "slices");
-    const auto pf = read<float>(dir, "floats");
-    const auto pd = read<double>(dir, "doubles");
-    const auto pi = read<int>(dir, "ints");
-    const auto nodes = read<float>(dir, "nodes");
+    const FitTableArgs t = read_fit_tables(dir);
     // Poisoned: every word of a candidate must be written.
     std::vector<unsigned> out((size_t)OUT_WORDS * stride, 0xdeadbeefu);
     blockDim.x = 128;
@@ -49,9 +40,10 @@ int main(int argc, char** argv) {
         for (unsigned l = 0; l < blockDim.x; ++l) {
             blockIdx.x = b;
             threadIdx.x = l;
-            kalman_fit(hits.data(), n_tracks, stride, kmax, rows32.data(), rows64.data(),
-                       gap_steps.data(), gap_kind.data(), gap_slice.data(), slices.data(),
-                       pf.data(), pd.data(), pi.data(), nodes.data(), out.data());
+            kalman_fit(hits.data(), n_tracks, stride, kmax, t.rows32.data(), t.rows64.data(),
+                       t.gap_steps.data(), t.gap_kind.data(), t.gap_slice.data(),
+                       t.slices.data(), t.pf.data(), t.pd.data(), t.pi.data(), t.nodes.data(),
+                       out.data());
         }
     }
     FILE* f = std::fopen((dir + "/out").c_str(), "wb");

@@ -11,7 +11,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::OnceLock;
 
+use trigd::gpu::tracking_fit::FitTables;
 use zerocopy::{Immutable, IntoBytes};
 
 /// The compiler.
@@ -60,4 +62,89 @@ pub fn read_words(dir: &Path, name: &str) -> Vec<u32> {
 /// Writes `values` as the harness's argument `name` in `dir`.
 pub fn write_arg<T: IntoBytes + Immutable>(dir: &Path, name: &str, values: &[T]) {
     std::fs::write(dir.join(name), values.as_bytes()).unwrap_or_else(|e| panic!("{name}: {e}"));
+}
+
+/// The harness `source` compiled into `name` once per test run (`cell`: the caller's).
+pub fn compiled(cell: &'static OnceLock<PathBuf>, source: &str, name: &str) -> &'static Path {
+    cell.get_or_init(|| finish(start(source, name, &[])))
+}
+
+/// Writes the fit's tables as the harnesses read them (`read_fit_tables` in `args.h`).
+pub fn write_fit_tables(dir: &Path, t: &FitTables) {
+    write_arg(dir, "rows32", &t.rows32);
+    write_arg(dir, "rows64", &t.rows64);
+    write_arg(dir, "gap_steps", &t.gap_steps);
+    write_arg(dir, "gap_kind", &t.gap_kind);
+    write_arg(dir, "gap_slice", &t.gap_slice);
+    write_arg(dir, "slices", &t.slices);
+    write_arg(dir, "floats", &t.floats);
+    write_arg(dir, "doubles", &t.doubles);
+    write_arg(dir, "ints", &t.ints);
+    write_arg(dir, "nodes", &t.nodes);
+}
+
+/// Writes the settings of the tracks' own fit (`read_track_fit` in `args.h`): those of
+/// `track` where there is one, else the candidates' `t`.
+pub fn write_track_fit(dir: &Path, t: &FitTables, track: Option<&FitTables>) {
+    let t = track.unwrap_or(t);
+    write_arg(dir, "track_floats", &t.floats);
+    write_arg(dir, "track_doubles", &t.doubles);
+    write_arg(dir, "track_ints", &t.ints);
+}
+
+/// Runs the harness `binary` on the arguments in `dir`; panics with its error output where
+/// it fails (a crash, a mismatch of the arguments it read, an output it could not write).
+pub fn run(binary: &Path, dir: &Path) {
+    let out = Command::new(binary)
+        .arg(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", binary.display()));
+    assert!(
+        out.status.success(),
+        "{} failed ({}): {}",
+        binary.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The events' input hits as the engine uploads them (each event's from its first), and
+/// each sorted hit's input index from the same first (a sorted hit is one of the event's
+/// inputs, so the events' sorted ranges fit in their input ranges).
+#[derive(Default)]
+pub struct InputHits {
+    pub hit_start: Vec<u32>,
+    pub in_x: Vec<f32>,
+    pub in_y: Vec<f32>,
+    pub in_plane: Vec<u32>,
+    pub sinput: Vec<u32>,
+}
+
+impl InputHits {
+    /// Appends an event's hits and its sorted hits' input indices; the event's first.
+    pub fn push(&mut self, hits: &[trigd::frame::HitRecord], sorted_input: &[u32]) -> usize {
+        let start = self.in_x.len();
+        self.hit_start.push(start as u32);
+        self.in_x.extend(hits.iter().map(|h| h.x_mm));
+        self.in_y.extend(hits.iter().map(|h| h.y_mm));
+        self.in_plane.extend(hits.iter().map(|h| h.plane as u32));
+        assert!(sorted_input.len() <= hits.len());
+        self.sinput.extend_from_slice(sorted_input);
+        self.sinput.resize(start + hits.len(), u32::MAX);
+        start
+    }
+
+    /// Writes them as the harnesses read them: `hit_start` (with the end after the last
+    /// event where `closed`), `in_x`, `in_y`, `in_plane`, `sinput`.
+    pub fn write(&self, dir: &Path, closed: bool) {
+        let mut hit_start = self.hit_start.clone();
+        if closed {
+            hit_start.push(self.in_x.len() as u32);
+        }
+        write_arg(dir, "hit_start", &hit_start);
+        write_arg(dir, "in_x", &self.in_x);
+        write_arg(dir, "in_y", &self.in_y);
+        write_arg(dir, "in_plane", &self.in_plane);
+        write_arg(dir, "sinput", &self.sinput);
+    }
 }
