@@ -28,10 +28,14 @@ use gpu_common::load;
 use kernels_on_cpu::{read_words, write_arg, InputHits};
 use trigd::frame::HitRecord;
 use trigd::gpu::tracking_ca::CaLimits;
+use trigd::gpu::tracking_clones::{
+    check_batch as clone_check_batch, pack_batch, BatchArrays, CloneLimits, CloneTrack,
+    FIT_WORDS as CLONE_FIT_WORDS,
+};
 use trigd::gpu::tracking_fit::FitTables;
 use trigd::tracking::ca::{self, CaBuffers, FinderGeometry};
 use trigd::tracking::geometry::{Detector, Field};
-use trigd::tracking::kalman::{FitOutput, KalmanFitter};
+use trigd::tracking::kalman::{FitHit, FitOutput, KalmanFitter};
 use trigd::tracking::reco::FinderConfig;
 use trigd::tracking::simulate::{simulate_events, Preset, SimConfig};
 
@@ -198,7 +202,7 @@ fn kernel_selections(
     batch: &Batch,
     threads: u32,
     appends: &[i32],
-) -> (Vec<Vec<Selection>>, Vec<Vec<Track>>) {
+) -> (Vec<Vec<Selection>>, Vec<Vec<Track>>, CloneLayout) {
     let n_events = batch.hits.hit_start.len();
     let (share_cand, share_hits) = CaLimits::default().candidate_share(n_events);
     let lim = &cfg.limits;
@@ -268,7 +272,92 @@ fn kernel_selections(
         })
         .collect();
     let packed = parse_tracks(&read_words(d, "packed"), n_events, "packed");
-    (calls, packed)
+    // The packed tracks in the clone step's layout: they must be what its host packer
+    // makes of the same tracks.
+    let clone_layout = read_clone_layout(d);
+    (calls, packed, clone_layout)
+}
+
+/// The clone step's input arrays (`pack_batch`'s `BatchArrays`), owned.
+#[derive(Debug, PartialEq)]
+struct CloneLayout {
+    event_start: Vec<u32>,
+    track_hit_start: Vec<u32>,
+    hit_plane: Vec<u32>,
+    hit_x: Vec<u32>,
+    hit_y: Vec<u32>,
+    fits: Vec<u64>,
+}
+
+fn read_clone_layout(d: &Path) -> CloneLayout {
+    let fits = std::fs::read(d.join("clone_fits")).expect("the harness's clone_fits");
+    CloneLayout {
+        event_start: read_words(d, "clone_event_start"),
+        track_hit_start: read_words(d, "clone_track_hit_start"),
+        hit_plane: read_words(d, "clone_hit_plane"),
+        hit_x: read_words(d, "clone_hit_x"),
+        hit_y: read_words(d, "clone_hit_y"),
+        fits: fits
+            .chunks_exact(8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .collect(),
+    }
+}
+
+/// What the clone engine's host packer (`pack_batch`) makes of the events' `tracks`.
+fn clone_layout(events: &[Vec<HitRecord>], tracks: &[Vec<Track>]) -> CloneLayout {
+    let hits: Vec<Vec<Vec<FitHit>>> = events
+        .iter()
+        .zip(tracks)
+        .map(|(ev, ts)| {
+            ts.iter()
+                .map(|(h, _)| h.iter().map(|&i| FitHit::from(&ev[i as usize])).collect())
+                .collect()
+        })
+        .collect();
+    let clone_tracks: Vec<Vec<CloneTrack>> = hits
+        .iter()
+        .zip(tracks)
+        .map(|(hs, ts)| {
+            hs.iter()
+                .zip(ts)
+                .map(|(h, (_, fit))| CloneTrack { hits: h, fit })
+                .collect()
+        })
+        .collect();
+    let batch: Vec<&[CloneTrack]> = clone_tracks.iter().map(Vec::as_slice).collect();
+    let limits = CloneLimits {
+        max_events: events.len().max(1),
+        max_tracks_per_event: 1 << 14,
+        max_hits_per_track: 64,
+    };
+    let n_planes = 64;
+    let shape = clone_check_batch(&limits, n_planes, &batch).expect("within the limits");
+    let mut event_start = vec![0u32; shape.n_events + 1];
+    let mut track_hit_start = vec![0u32; shape.n_tracks + 1];
+    let mut hit_plane = vec![0u32; shape.n_hits];
+    let (mut hit_x, mut hit_y) = (vec![0f32; shape.n_hits], vec![0f32; shape.n_hits]);
+    let mut fits = vec![0f64; shape.n_tracks * CLONE_FIT_WORDS];
+    pack_batch(
+        &batch,
+        shape,
+        BatchArrays {
+            event_start: &mut event_start,
+            track_hit_start: &mut track_hit_start,
+            hit_plane: &mut hit_plane,
+            hit_x: &mut hit_x,
+            hit_y: &mut hit_y,
+            fits: &mut fits,
+        },
+    );
+    CloneLayout {
+        event_start,
+        track_hit_start,
+        hit_plane,
+        hit_x: hit_x.iter().map(|v| v.to_bits()).collect(),
+        hit_y: hit_y.iter().map(|v| v.to_bits()).collect(),
+        fits: fits.iter().map(|v| v.to_bits()).collect(),
+    }
 }
 
 /// Both block sizes' selections, from scratch and appended, equal the CPU's on every
@@ -308,7 +397,7 @@ fn agree(name: &str, det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) 
         packed.push(accepted_tracks(&buf));
     }
     for threads in [256, 128] {
-        let (kernel, kernel_packed) = kernel_selections(
+        let (kernel, kernel_packed, kernel_clone_layout) = kernel_selections(
             &cfg,
             &fitter,
             track_fitter.as_ref(),
@@ -322,6 +411,10 @@ fn agree(name: &str, det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) 
                 "{name}, blocks of {threads}, event {e}: the packed tracks differ"
             );
         }
+        assert!(
+            kernel_clone_layout == clone_layout(&events, &packed),
+            "{name}, blocks of {threads}: the clone step's input differs from its host packer's"
+        );
         for (call, (k, c)) in kernel.iter().zip(&cpu).enumerate() {
             for (e, (k, c)) in k.iter().zip(c).enumerate() {
                 let what = format!("{name}, blocks of {threads}, call {call}, event {e}");

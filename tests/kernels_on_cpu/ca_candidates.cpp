@@ -13,7 +13,8 @@
 // again. After call k it writes DIR/tracks<k> (per event its accepted count, 0xffffffff
 // where it failed, then per accepted track its hit count, its hits as input indices and
 // its fit's words) and DIR/used<k> (the used flags per input hit). Then the last call's
-// tracks packed (kernels/ca_tracks.cu), to DIR/packed in the same form.
+// tracks packed (kernels/ca_tracks.cu), to DIR/packed in the same form, and copied into
+// the clone step's layout, to DIR/clone_*.
 #include <climits>
 #include <string>
 
@@ -200,5 +201,26 @@ int main(int argc, char** argv) {
             }
         }
     }
-    return write_out(dir, "packed", packed) ? 0 : 2;
+    // The packed tracks copied into the clone step's layout (ca_tracks_clone_input), to
+    // DIR/clone_*.
+    std::vector<unsigned> event_start(n_events + 1, 0xdeadbeefu);
+    std::vector<unsigned> track_hit_start(n_tracks + 1, 0xdeadbeefu);
+    std::vector<unsigned> hit_plane(n_hits, 0xdeadbeefu);
+    std::vector<float> hit_x(n_hits, NAN), hit_y(n_hits, NAN);
+    std::vector<double> clone_fits(CLONE_FIT_WORDS * n_tracks, NAN);
+    launch_blocks(CA_THREADS, 1, n_events, [&] {
+        ca_tracks_clone_input(n_events, failed.data(), trk_n.data(), trk_base.data(),
+                              trk_hits.data(), trk_hit_base.data(), hit_start.data(),
+                              in_x.data(), in_y.data(), in_plane.data(), out_tracks.data(),
+                              out_fits.data(), out_hits.data(), event_start.data(),
+                              track_hit_start.data(), hit_plane.data(), hit_x.data(),
+                              hit_y.data(), clone_fits.data());
+    });
+    const bool ok = write_out(dir, "packed", packed) &&
+                    write_out(dir, "clone_event_start", event_start) &&
+                    write_out(dir, "clone_track_hit_start", track_hit_start) &&
+                    write_out(dir, "clone_hit_plane", hit_plane) &&
+                    write_out(dir, "clone_hit_x", hit_x) && write_out(dir, "clone_hit_y", hit_y) &&
+                    write_out(dir, "clone_fits", clone_fits);
+    return ok ? 0 : 2;
 }
