@@ -28,10 +28,7 @@ use gpu_common::load;
 use kernels_on_cpu::{read_words, write_arg, InputHits};
 use trigd::frame::HitRecord;
 use trigd::gpu::tracking_ca::CaLimits;
-use trigd::gpu::tracking_clones::{
-    check_batch as clone_check_batch, pack_batch, BatchArrays, CloneLimits, CloneTrack,
-    FIT_WORDS as CLONE_FIT_WORDS,
-};
+use trigd::gpu::tracking_clones::CloneTrack;
 use trigd::gpu::tracking_fit::FitTables;
 use trigd::tracking::ca::{self, CaBuffers, FinderGeometry};
 use trigd::tracking::geometry::{Detector, Field};
@@ -305,7 +302,7 @@ fn read_clone_layout(d: &Path) -> CloneLayout {
 }
 
 /// What the clone engine's host packer (`pack_batch`) makes of the events' `tracks`.
-fn clone_layout(events: &[Vec<HitRecord>], tracks: &[Vec<Track>]) -> CloneLayout {
+fn clone_layout(events: &[Vec<HitRecord>], tracks: &[Vec<Track>], n_planes: usize) -> CloneLayout {
     let hits: Vec<Vec<Vec<FitHit>>> = events
         .iter()
         .zip(tracks)
@@ -326,37 +323,15 @@ fn clone_layout(events: &[Vec<HitRecord>], tracks: &[Vec<Track>]) -> CloneLayout
         })
         .collect();
     let batch: Vec<&[CloneTrack]> = clone_tracks.iter().map(Vec::as_slice).collect();
-    let limits = CloneLimits {
-        max_events: events.len().max(1),
-        max_tracks_per_event: 1 << 14,
-        max_hits_per_track: 64,
-    };
-    let n_planes = 64;
-    let shape = clone_check_batch(&limits, n_planes, &batch).expect("within the limits");
-    let mut event_start = vec![0u32; shape.n_events + 1];
-    let mut track_hit_start = vec![0u32; shape.n_tracks + 1];
-    let mut hit_plane = vec![0u32; shape.n_hits];
-    let (mut hit_x, mut hit_y) = (vec![0f32; shape.n_hits], vec![0f32; shape.n_hits]);
-    let mut fits = vec![0f64; shape.n_tracks * CLONE_FIT_WORDS];
-    pack_batch(
-        &batch,
-        shape,
-        BatchArrays {
-            event_start: &mut event_start,
-            track_hit_start: &mut track_hit_start,
-            hit_plane: &mut hit_plane,
-            hit_x: &mut hit_x,
-            hit_y: &mut hit_y,
-            fits: &mut fits,
-        },
-    );
+    let b = kernels_on_cpu::clone_batch(&batch, n_planes);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect();
     CloneLayout {
-        event_start,
-        track_hit_start,
-        hit_plane,
-        hit_x: hit_x.iter().map(|v| v.to_bits()).collect(),
-        hit_y: hit_y.iter().map(|v| v.to_bits()).collect(),
-        fits: fits.iter().map(|v| v.to_bits()).collect(),
+        event_start: b.event_start,
+        track_hit_start: b.track_hit_start,
+        hit_plane: b.hit_plane,
+        hit_x: bits(&b.hit_x),
+        hit_y: bits(&b.hit_y),
+        fits: b.fits.iter().map(|v| v.to_bits()).collect(),
     }
 }
 
@@ -412,7 +387,7 @@ fn agree(name: &str, det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) 
             );
         }
         assert!(
-            kernel_clone_layout == clone_layout(&events, &packed),
+            kernel_clone_layout == clone_layout(&events, &packed, det.planes.len()),
             "{name}, blocks of {threads}: the clone step's input differs from its host packer's"
         );
         for (call, (k, c)) in kernel.iter().zip(&cpu).enumerate() {

@@ -25,9 +25,7 @@ use clones_common::{
     EventTracks,
 };
 use kernels_on_cpu::{read_words, write_arg};
-use trigd::gpu::tracking_clones::{
-    check_batch, pack_batch, BatchArrays, CloneLimits, CloneTables, CloneTrack, FIT_WORDS,
-};
+use trigd::gpu::tracking_clones::{CloneTables, CloneTrack};
 use trigd::tracking::ca::FinderGeometry;
 use trigd::tracking::reco::{FinderConfig, Reconstructor};
 use trigd::tracking::simulate::Preset;
@@ -58,29 +56,7 @@ fn kernel_binaries() -> &'static [PathBuf] {
 fn kernel_marks(geo: &FinderGeometry, cfg: &FinderConfig, events: &[EventTracks]) -> Vec<bool> {
     let tracks: Vec<Vec<CloneTrack>> = events.iter().map(EventTracks::tracks).collect();
     let batch: Vec<&[CloneTrack]> = tracks.iter().map(Vec::as_slice).collect();
-    let limits = CloneLimits {
-        max_events: events.len().max(1),
-        max_tracks_per_event: 1 << 14,
-        max_hits_per_track: 64,
-    };
-    let shape = check_batch(&limits, geo.planes.len(), &batch).expect("batch within limits");
-    let mut event_start = vec![0u32; shape.n_events + 1];
-    let mut track_hit_start = vec![0u32; shape.n_tracks + 1];
-    let mut hit_plane = vec![0u32; shape.n_hits];
-    let (mut hit_x, mut hit_y) = (vec![0f32; shape.n_hits], vec![0f32; shape.n_hits]);
-    let mut fits = vec![0f64; shape.n_tracks * FIT_WORDS];
-    pack_batch(
-        &batch,
-        shape,
-        BatchArrays {
-            event_start: &mut event_start,
-            track_hit_start: &mut track_hit_start,
-            hit_plane: &mut hit_plane,
-            hit_x: &mut hit_x,
-            hit_y: &mut hit_y,
-            fits: &mut fits,
-        },
-    );
+    let b = kernels_on_cpu::clone_batch(&batch, geo.planes.len());
     let tables = CloneTables::new(geo, cfg);
     let dir = tempfile::tempdir().expect("temporary directory");
     let d = dir.path();
@@ -88,12 +64,12 @@ fn kernel_marks(geo: &FinderGeometry, cfg: &FinderConfig, events: &[EventTracks]
     write_arg(d, "doubles", &tables.doubles);
     write_arg(d, "plane_z", &tables.plane_z);
     write_arg(d, "nodes", &tables.nodes);
-    write_arg(d, "event_start", &event_start);
-    write_arg(d, "track_hit_start", &track_hit_start);
-    write_arg(d, "hit_plane", &hit_plane);
-    write_arg(d, "hit_x", &hit_x);
-    write_arg(d, "hit_y", &hit_y);
-    write_arg(d, "fits", &fits);
+    write_arg(d, "event_start", &b.event_start);
+    write_arg(d, "track_hit_start", &b.track_hit_start);
+    write_arg(d, "hit_plane", &b.hit_plane);
+    write_arg(d, "hit_x", &b.hit_x);
+    write_arg(d, "hit_y", &b.hit_y);
+    write_arg(d, "fits", &b.fits);
     let mut variants = kernel_binaries().iter().map(|binary| {
         let out = Command::new(binary)
             .arg(d)
@@ -105,7 +81,11 @@ fn kernel_marks(geo: &FinderGeometry, cfg: &FinderConfig, events: &[EventTracks]
             String::from_utf8_lossy(&out.stderr)
         );
         let words = read_words(d, "marks");
-        assert_eq!(words.len(), shape.n_tracks, "one mark per track");
+        assert_eq!(
+            words.len(),
+            b.track_hit_start.len() - 1,
+            "one mark per track"
+        );
         let marks: Vec<bool> = words
             .into_iter()
             .map(|w| match w {

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::OnceLock;
 
+use trigd::gpu::tracking_clones::{check_batch, pack_batch, BatchArrays, CloneLimits, CloneTrack};
 use trigd::gpu::tracking_fit::FitTables;
 use zerocopy::{Immutable, IntoBytes};
 
@@ -147,4 +148,46 @@ impl InputHits {
         write_arg(dir, "in_plane", &self.in_plane);
         write_arg(dir, "sinput", &self.sinput);
     }
+}
+
+/// The clone step's input arrays as its host packer (`pack_batch`) lays out a batch.
+pub struct CloneBatch {
+    pub event_start: Vec<u32>,
+    pub track_hit_start: Vec<u32>,
+    pub hit_plane: Vec<u32>,
+    pub hit_x: Vec<f32>,
+    pub hit_y: Vec<f32>,
+    pub fits: Vec<f64>,
+}
+
+/// `batch` packed by the clone step's host packer, for a detector of `n_planes` (at most
+/// 16,384 tracks an event, 64 hits a track).
+pub fn clone_batch(batch: &[&[CloneTrack]], n_planes: usize) -> CloneBatch {
+    let limits = CloneLimits {
+        max_events: batch.len().max(1),
+        max_tracks_per_event: 1 << 14,
+        max_hits_per_track: 64,
+    };
+    let shape = check_batch(&limits, n_planes, batch).expect("batch within limits");
+    let mut b = CloneBatch {
+        event_start: vec![0; shape.n_events + 1],
+        track_hit_start: vec![0; shape.n_tracks + 1],
+        hit_plane: vec![0; shape.n_hits],
+        hit_x: vec![0.0; shape.n_hits],
+        hit_y: vec![0.0; shape.n_hits],
+        fits: vec![0.0; shape.n_tracks * trigd::gpu::tracking_clones::FIT_WORDS],
+    };
+    pack_batch(
+        batch,
+        shape,
+        BatchArrays {
+            event_start: &mut b.event_start,
+            track_hit_start: &mut b.track_hit_start,
+            hit_plane: &mut b.hit_plane,
+            hit_x: &mut b.hit_x,
+            hit_y: &mut b.hit_y,
+            fits: &mut b.fits,
+        },
+    );
+    b
 }
