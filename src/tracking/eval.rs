@@ -46,6 +46,10 @@
 //!   1.4826 × MAD, then iterate mean and standard deviation over the values within 3 widths
 //!   until the selection no longer changes; the width is divided by 0.9866 (the standard
 //!   deviation of a unit Gaussian truncated at ±3) so a Gaussian gives its sigma.
+//!   Each comes with its standard error from the values inside the window: the mean's
+//!   their standard deviation over √n, the width's from their fourth moment, √((m4 − s⁴)
+//!   / n) / 2s (√(1/2n) of the width for a Gaussian). A pull's mean of 0.1 over 800
+//!   tracks is 2.8 of its errors from zero: the errors tell a fluctuation from a bias.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -118,6 +122,9 @@ pub enum EvalError {
 pub struct RobustStat {
     pub mean: f64,
     pub width: f64,
+    /// Standard errors of `mean` and `width` (see the module documentation).
+    pub mean_error: f64,
+    pub width_error: f64,
     /// Values inside the final ±3 width window.
     pub n_used: usize,
     pub n_total: usize,
@@ -140,6 +147,7 @@ pub fn robust_stat(values: &[f64]) -> RobustStat {
     let mut mean = median;
     let mut width = 1.4826 * dev[dev.len() / 2];
     let mut used = (0, v.len());
+    let (mut mean_error, mut width_error) = (0.0, 0.0);
     for _ in 0..50 {
         let (lo, hi) = if width > 0.0 {
             (
@@ -157,6 +165,14 @@ pub fn robust_stat(values: &[f64]) -> RobustStat {
         let var = sel.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / sel.len() as f64;
         let w = var.sqrt() / 0.9866;
         let converged = (lo, hi) == used;
+        let n = sel.len() as f64;
+        let m4 = sel.iter().map(|x| (x - m).powi(4)).sum::<f64>() / n;
+        mean_error = (var / n).sqrt();
+        width_error = if var > 0.0 {
+            ((m4 - var * var).max(0.0) / n).sqrt() / (2.0 * var.sqrt()) / 0.9866
+        } else {
+            0.0
+        };
         mean = m;
         width = w;
         used = (lo, hi);
@@ -167,6 +183,8 @@ pub fn robust_stat(values: &[f64]) -> RobustStat {
     RobustStat {
         mean,
         width,
+        mean_error,
+        width_error,
         n_used: used.1 - used.0,
         n_total,
     }
@@ -958,10 +976,11 @@ impl EvalReport {
                 "\n| {title} | mean | width | n |\n| --- | --- | --- | --- |"
             );
             for p in pulls {
+                let t = &p.stat;
                 let _ = writeln!(
                     s,
-                    "| {} | {:.3} | {:.3} | {} |",
-                    p.parameter, p.stat.mean, p.stat.width, p.stat.n_total
+                    "| {} | {:.3} ± {:.3} | {:.3} ± {:.3} | {} |",
+                    p.parameter, t.mean, t.mean_error, t.width, t.width_error, t.n_total
                 );
             }
         }
@@ -1959,6 +1978,45 @@ mod tests {
             "{s:?}"
         );
         assert_eq!(s.n_total, 10_003);
+        // A Gaussian's errors: sigma / sqrt(n) and sigma / sqrt(2 n), within 10 %.
+        let n = s.n_used as f64;
+        assert!(s.n_used > 9_900 && s.n_used <= 10_000, "{s:?}");
+        assert!((s.mean_error / (0.5 / n.sqrt()) - 1.0).abs() < 0.1, "{s:?}");
+        assert!(
+            (s.width_error / (0.5 / (2.0 * n).sqrt()) - 1.0).abs() < 0.1,
+            "{s:?}"
+        );
+    }
+
+    /// The errors say how far a mean or width may stray by chance: over many samples of
+    /// 800 unit Gaussian pulls, about 95 % lie within two errors of 0 and 1, and the
+    /// errors shrink as one over the root of the sample.
+    #[test]
+    fn robust_stat_errors_cover_the_spread_between_samples() {
+        use rand_distr::{Distribution, Normal};
+        let mut rng = event_rng(5, 0);
+        let g = Normal::new(0.0, 1.0).unwrap();
+        let (mut in_mean, mut in_width, trials) = (0, 0, 400);
+        let mut err_800 = 0.0;
+        for _ in 0..trials {
+            let v: Vec<f64> = (0..800).map(|_| g.sample(&mut rng)).collect();
+            let s = robust_stat(&v);
+            in_mean += (s.mean.abs() < 2.0 * s.mean_error) as usize;
+            in_width += ((s.width - 1.0).abs() < 2.0 * s.width_error) as usize;
+            err_800 += s.mean_error / trials as f64;
+        }
+        let (fm, fw) = (
+            in_mean as f64 / trials as f64,
+            in_width as f64 / trials as f64,
+        );
+        assert!((0.91..=0.99).contains(&fm), "mean within 2 errors: {fm}");
+        assert!((0.91..=0.99).contains(&fw), "width within 2 errors: {fw}");
+        let v: Vec<f64> = (0..3200).map(|_| g.sample(&mut rng)).collect();
+        let ratio = err_800 / robust_stat(&v).mean_error;
+        assert!(
+            (1.8..2.2).contains(&ratio),
+            "error ratio 800 / 3200 values: {ratio}"
+        );
     }
 
     #[test]
