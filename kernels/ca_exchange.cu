@@ -42,10 +42,11 @@
 #define EX_MAX_PLANES 63
 #define EX_NAN __int_as_float(0x7fc00000)
 #define EX_NONE 0xffffffffu
-// exchange.rs: MIN_GAIN, MAX_ROUNDS, PRE_TEST.
+// exchange.rs: MIN_GAIN, MAX_ROUNDS, PRE_TEST, RETRY_WITHIN.
 #define EX_MIN_GAIN 2.0f
 #define EX_MAX_ROUNDS 8
 #define EX_PRE_TEST 10.0
+#define EX_RETRY_WITHIN 10.0f
 // MIN_GAIN - FIRST_HIT_SLACK: the least predicted gain of a swap of first hits fitted.
 #define EX_FIRST_HIT_MIN (-5.0)
 // Parameters, floats (GpuExchange::new): the |q/p| the windows are for, then per plane
@@ -544,7 +545,17 @@ extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_evalua
         for (u32 i = 0; i < s_up; i++) trial[i] = up[i];
         for (u32 i = s_down; i < l_down; i++) trial[s_up + i - s_down] = down[i];
         KalmanResult r;
-        ex_fit(trial, n, hx, hy, hp, T, r);
+        {
+            // Exchange::fit_exchanges: the retry only within RETRY_WITHIN times the
+            // pair's room for the gain.
+            CandHits h;
+            h.idx = trial;
+            h.hx = hx;
+            h.hy = hy;
+            h.hp = hp;
+            kalman_fit_track_within(h, (int)n, MAX_CHAIN, T, r,
+                                    (chi2[a] + chi2[b] - EX_MIN_GAIN) * EX_RETRY_WITHIN);
+        }
         const u32 good = ex_good(r, n, min_hits, max_chi2_ndf) ? 1u : 0u;
         const float c_other = __shfl_xor_sync(two, r.chi2, 1);
         const u32 good_other = __shfl_xor_sync(two, good, 1);

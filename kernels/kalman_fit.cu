@@ -730,6 +730,19 @@ __device__ void kalman_fit_track(const Hits& h, int n, int kmax, const KalmanTab
     }
 }
 
+// kalman_fit_track, its retry made only where the first pass failed or ended within
+// `retry_within` (kalman.rs: fit_lanes_retry_within).
+template <class Hits>
+__device__ void kalman_fit_track_within(const Hits& h, int n, int kmax, const KalmanTables& T,
+                                        KalmanResult& res, float retry_within) {
+    kalman_fit_pass(h, n, kmax, T, res, n / 2);
+    if (kalman_retry(n, res) && !(res.ok && res.chi2 > retry_within)) {
+        KalmanResult again;
+        kalman_fit_pass(h, n, kmax, T, again, n / 2 - 1);
+        if (again.ok && (!res.ok || again.chi2 < res.chi2)) res = again;
+    }
+}
+
 // One pass of the fit, the seed's three-hit q/p from hits 0, `mid` and n - 1.
 template <class Hits>
 __device__ void kalman_fit_pass(const Hits& h, int n, int kmax, const KalmanTables& T,

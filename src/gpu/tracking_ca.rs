@@ -3402,13 +3402,16 @@ mod tests {
 
     #[test]
     fn the_exchange_kernels_constants_are_the_cpus() {
-        use crate::tracking::ca::exchange::{FIRST_HIT_SLACK, MAX_ROUNDS, MIN_GAIN, PRE_TEST};
+        use crate::tracking::ca::exchange::{
+            FIRST_HIT_SLACK, MAX_ROUNDS, MIN_GAIN, PRE_TEST, RETRY_WITHIN,
+        };
         let src = include_str!("../../kernels/ca_exchange.cu");
         assert!(STEPS.contains(&src));
         // Float literals without their suffix.
         let def = |name: &str| source_define(src, name).trim_end_matches('f').to_string();
         assert_eq!(def("EX_MIN_GAIN").parse::<f32>().unwrap(), MIN_GAIN);
         assert_eq!(def("EX_PRE_TEST").parse::<f64>().unwrap(), PRE_TEST);
+        assert_eq!(def("EX_RETRY_WITHIN").parse::<f32>().unwrap(), RETRY_WITHIN);
         assert_eq!(def("EX_MAX_ROUNDS"), MAX_ROUNDS.to_string());
         assert_eq!(def("EX_MAX_PLANES"), EXCHANGE_MAX_PLANES.to_string());
         assert_eq!(def("EX_THREADS"), EXCHANGE_THREADS.to_string());

@@ -1045,7 +1045,23 @@ impl KalmanFitter {
     /// Runs the kernel chosen at construction ([`FitKernel`]).
     pub fn fit_lanes<T: Real, const L: usize>(&self, tracks: &[&[FitHit]], out: &mut [FitOutput]) {
         assert!(tracks.len() <= L && out.len() >= tracks.len());
-        self.chunks::<T, L>(tracks, out);
+        self.chunks::<T, L>(tracks, &[], out);
+    }
+
+    /// [`Self::fit_lanes`] where track `i`'s retry ([`RETRY_CHI2_NDF`]) is made only if
+    /// its first attempt failed or ended at a chi-square of at most `retry_within[i]`
+    /// (compared in single precision, as `kernels/kalman_fit.cu`'s
+    /// `kalman_fit_track_within`): for callers to whom a fit far beyond some chi-square
+    /// is as good as failed.
+    pub fn fit_lanes_retry_within<T: Real, const L: usize>(
+        &self,
+        tracks: &[&[FitHit]],
+        retry_within: &[f32],
+        out: &mut [FitOutput],
+    ) {
+        assert!(tracks.len() <= L && out.len() >= tracks.len());
+        assert!(retry_within.len() >= tracks.len());
+        self.chunks::<T, L>(tracks, retry_within, out);
     }
 
     /// The lane kernel compiled for AVX2 and FMA.
@@ -1057,17 +1073,24 @@ impl KalmanFitter {
     unsafe fn fit_lanes_avx2<T: Real, const L: usize>(
         &self,
         tracks: &[&[FitHit]],
+        retry_within: &[f32],
         out: &mut [FitOutput],
     ) {
-        self.fit_lanes_impl::<T, L>(tracks, out);
+        self.fit_lanes_impl::<T, L>(tracks, retry_within, out);
     }
 
     /// The kernel chosen at construction over `tracks` in chunks of `L` (`out[i]` receives
     /// track `i`), one call per chunk (measured faster than the kernel inlined into the loop
     /// over chunks).
     #[inline(always)]
-    fn chunks<T: Real, const L: usize>(&self, tracks: &[&[FitHit]], out: &mut [FitOutput]) {
-        for (chunk, o) in tracks.chunks(L).zip(out.chunks_mut(L)) {
+    fn chunks<T: Real, const L: usize>(
+        &self,
+        tracks: &[&[FitHit]],
+        retry_within: &[f32],
+        out: &mut [FitOutput],
+    ) {
+        for (k, (chunk, o)) in tracks.chunks(L).zip(out.chunks_mut(L)).enumerate() {
+            let w = retry_within.get(k * L..k * L + chunk.len()).unwrap_or(&[]);
             match self.kernel {
                 // SAFETY: `kernel` is only `Avx2Fma` when the CPU reported AVX2 and FMA
                 // (`FitKernel::detect`, `with_kernel`).
@@ -1076,12 +1099,12 @@ impl KalmanFitter {
                     // Eight single-precision lanes compute as `F32Avx2` (explicit 256-bit
                     // instructions); other lane types as they are.
                     if L == LANES && TypeId::of::<T>() == TypeId::of::<f32>() {
-                        self.fit_lanes_avx2::<F32Avx2, LANES>(chunk, o)
+                        self.fit_lanes_avx2::<F32Avx2, LANES>(chunk, w, o)
                     } else {
-                        self.fit_lanes_avx2::<T, L>(chunk, o)
+                        self.fit_lanes_avx2::<T, L>(chunk, w, o)
                     }
                 },
-                _ => self.fit_lanes_portable::<T, L>(chunk, o),
+                _ => self.fit_lanes_portable::<T, L>(chunk, w, o),
             }
         }
     }
@@ -1091,15 +1114,22 @@ impl KalmanFitter {
     fn fit_lanes_portable<T: Real, const L: usize>(
         &self,
         tracks: &[&[FitHit]],
+        retry_within: &[f32],
         out: &mut [FitOutput],
     ) {
-        self.fit_lanes_impl::<T, L>(tracks, out);
+        self.fit_lanes_impl::<T, L>(tracks, retry_within, out);
     }
 
     /// The lane kernel: one pass, then a second one with the seed's other middle hit over
-    /// the lanes that need it ([`RETRY_CHI2_NDF`]), the better fit of each kept.
+    /// the lanes that need it ([`RETRY_CHI2_NDF`]; with `retry_within`, one per track, only
+    /// those whose first pass failed or ended within it), the better fit of each kept.
     #[inline(always)]
-    fn fit_lanes_impl<T: Real, const L: usize>(&self, tracks: &[&[FitHit]], out: &mut [FitOutput]) {
+    fn fit_lanes_impl<T: Real, const L: usize>(
+        &self,
+        tracks: &[&[FitHit]],
+        retry_within: &[f32],
+        out: &mut [FitOutput],
+    ) {
         assert!(tracks.len() <= L && out.len() >= tracks.len());
         let empty: &[FitHit] = &[];
         let mut sub: [&[FitHit]; L] = [empty; L];
@@ -1118,7 +1148,10 @@ impl KalmanFitter {
                 break;
             }
             for (i, t) in tracks.iter().enumerate() {
-                if t.len() >= 4 && fit_needs_retry(&out[i]) {
+                let beyond = retry_within
+                    .get(i)
+                    .is_some_and(|&w| out[i].ok && out[i].chi2 as f32 > w);
+                if t.len() >= 4 && fit_needs_retry(&out[i]) && !beyond {
                     sub[k] = t;
                     again[k] = i;
                     k += 1;
@@ -1594,7 +1627,7 @@ impl KalmanFitter {
         // buffer reused at the same length is not written twice).
         out.truncate(tracks.len());
         out.resize(tracks.len(), FitOutput::default());
-        self.chunks::<f32, LANES>(tracks, out);
+        self.chunks::<f32, LANES>(tracks, &[], out);
     }
 
     /// The fits of [`fit_batch`](Self::fit_batch) of `items` into `out` (one each, at
@@ -1612,6 +1645,26 @@ impl KalmanFitter {
                 *s = hits_of(item);
             }
             self.fit_lanes::<f32, LANES>(&slices[..c.len()], o);
+        }
+    }
+
+    /// [`Self::fit_each`] with each item's retry made only within `retry_within(item)`
+    /// ([`Self::fit_lanes_retry_within`]).
+    pub fn fit_each_retry_within<'h, S>(
+        &self,
+        items: &[S],
+        hits_of: impl Fn(&S) -> &'h [FitHit],
+        retry_within: impl Fn(&S) -> f32,
+        out: &mut [FitOutput],
+    ) {
+        for (c, o) in items.chunks(LANES).zip(out.chunks_mut(LANES)) {
+            let mut slices: [&[FitHit]; LANES] = [&[]; LANES];
+            let mut within = [f32::INFINITY; LANES];
+            for ((s, w), item) in slices.iter_mut().zip(&mut within).zip(c) {
+                *s = hits_of(item);
+                *w = retry_within(item);
+            }
+            self.fit_lanes_retry_within::<f32, LANES>(&slices[..c.len()], &within[..c.len()], o);
         }
     }
 
@@ -2578,6 +2631,58 @@ mod tests {
             }
             assert!((a.chi2 - b.chi2).abs() < 1e-4 * (1.0 + b.chi2));
         }
+    }
+
+    /// A retry made only within a bound: with no bound, the plain fits bit for bit; with
+    /// one, a fit differs from the plain one only where its first attempt ended well
+    /// beyond the bound (then it is that attempt), and the bound does spare retries.
+    #[test]
+    fn retries_made_only_within_a_bound() {
+        let (det, sets) = tracks(grid(), 64);
+        let fitter = KalmanFitter::new(&det, FitConfig::from_detector(&det));
+        // The tracks, and each one's upstream hits joined to another's downstream ones:
+        // mixed tracks, mostly retried.
+        let mut all: Vec<Vec<FitHit>> = sets.clone();
+        for (i, a) in sets.iter().enumerate() {
+            let b = &sets[(i * 7 + 3) % sets.len()];
+            let cut = 3 + (i % 3) as u16;
+            let mut m: Vec<FitHit> = a.iter().filter(|h| h.plane < cut).copied().collect();
+            m.extend(b.iter().filter(|h| h.plane >= cut).copied());
+            all.push(m);
+        }
+        let items: Vec<usize> = (0..all.len()).collect();
+        let bits = |o: &FitOutput| {
+            let mut v: Vec<u64> = o.state.iter().chain(&o.cov).map(|x| x.to_bits()).collect();
+            v.extend([
+                o.chi2.to_bits(),
+                o.ok as u64,
+                o.ndf as u64,
+                o.z_mm.to_bits(),
+            ]);
+            v
+        };
+        let mut plain = vec![FitOutput::default(); all.len()];
+        fitter.fit_each(&items, |&k| &all[k][..], &mut plain);
+        let mut free = vec![FitOutput::default(); all.len()];
+        fitter.fit_each_retry_within(&items, |&k| &all[k][..], |_| f32::INFINITY, &mut free);
+        for (p, w) in plain.iter().zip(&free) {
+            assert_eq!(bits(p), bits(w));
+        }
+        let mut spared = 0;
+        for within in [0.0f32, 5.0, 50.0, 500.0] {
+            let mut gated = vec![FitOutput::default(); all.len()];
+            fitter.fit_each_retry_within(&items, |&k| &all[k][..], |_| within, &mut gated);
+            for (k, (p, g)) in plain.iter().zip(&gated).enumerate() {
+                if bits(p) != bits(g) {
+                    // The retry was not made: the first attempt, beyond the bound and
+                    // worse than the retry the plain fit kept.
+                    assert!(g.ok && g.chi2 as f32 > within, "fit {k} at {within}: {g:?}");
+                    assert!(!p.ok || p.chi2 < g.chi2, "fit {k} at {within}");
+                    spared += 1;
+                }
+            }
+        }
+        assert!(spared > 10, "retries spared: {spared}");
     }
 
     #[test]

@@ -19,7 +19,9 @@
 //! tracks' first hits
 //! alone, which that test hardly ever refuses, is fitted only where the gain its fits'
 //! last updates predict ([`first_hit_gain`]) comes within [`FIRST_HIT_SLACK`] of
-//! [`MIN_GAIN`] (on the drawn central samples, one in eight of those exchanges). The
+//! [`MIN_GAIN`] (on the drawn central samples, one in eight of those exchanges). A trial
+//! fit's retry with another seed is made only where its first attempt comes within
+//! [`RETRY_WITHIN`] times what the exchange can afford. The
 //! exchanges are made in rounds: every pair is evaluated on the tracks as they are, the
 //! exchanges are taken by decreasing gain, each track in at most one per round (ties by
 //! the pair's order), and the pairs that touch a changed track are evaluated again in the
@@ -70,6 +72,16 @@ pub const FIRST_HIT_SLACK: f32 = 7.0;
 /// skipped (29 % on the dipole map's central events, 46 % at a solenoid's end); at 4,
 /// counts begin to differ (`bench/RESULTS.md`).
 pub const PRE_TEST: f64 = 10.0;
+
+/// The fit's retry ([`crate::tracking::kalman::RETRY_CHI2_NDF`]) of an exchange's trial
+/// fit is made only where its first attempt fails or ends within this many times the
+/// pair's chi-square less [`MIN_GAIN`] (the most either new track may have for the
+/// exchange to gain). Nearly every trial fit in a dense core is a mixed track far beyond
+/// it, and its retry, made because its chi-square per degree of freedom exceeds 5, was
+/// 43 % of the trial fits' time on the drawn sample `random:62`; on the drawn samples
+/// the retries that brought a fit within the gain started from within twice it
+/// (`bench/RESULTS.md`).
+pub const RETRY_WITHIN: f32 = 10.0;
 
 /// The cuts of the exchange step, derived from the geometry and the finder's cuts.
 #[derive(Debug, Clone, PartialEq)]
@@ -553,6 +565,23 @@ impl Exchange {
         }
     }
 
+    /// The trials of `evaluate` (their id a pair's index): [`Self::fit_trials`], each
+    /// retry only within [`RETRY_WITHIN`] times its pair's room for the gain.
+    fn fit_exchanges(&mut self, fitter: &KalmanFitter) {
+        self.fits.clear();
+        self.fits.resize(self.trials.len(), FitOutput::default());
+        let (hits, pairs, chi2) = (&self.trial_hits, &self.pairs, &self.chi2);
+        fitter.fit_each_retry_within(
+            &self.trials,
+            |&(_, _, from, len)| &hits[from as usize..(from + len) as usize],
+            |&(k, ..)| {
+                let (a, b, _) = pairs[k as usize];
+                (chi2[a as usize] + chi2[b as usize] - MIN_GAIN) * RETRY_WITHIN
+            },
+            &mut self.fits,
+        );
+    }
+
     /// Fits every trial (`trials`: id, boundary, first hit, hit count in `trial_hits`)
     /// into `fits`, a lane group at a time.
     fn fit_trials(&mut self, fitter: &KalmanFitter) {
@@ -617,7 +646,7 @@ impl Exchange {
                 [ua, db],
             );
         }
-        self.fit_trials(fitter);
+        self.fit_exchanges(fitter);
         // The first fits that leave room for a gain, then their second fits.
         self.firsts.clear();
         for (&(k, _, _, len), f) in self.trials.iter().zip(&self.fits) {
@@ -642,7 +671,7 @@ impl Exchange {
                 [ub, da],
             );
         }
-        self.fit_trials(fitter);
+        self.fit_exchanges(fitter);
         for ((&(k, boundary, _, len), fb), &(_, chi2_a)) in
             self.trials.iter().zip(&self.fits).zip(&self.firsts)
         {
