@@ -27,7 +27,7 @@ use trigd::gpu::tracking_fit::{
     check_batch, pack_hits, unpack_outputs, FitLimits, FitTables, FittedTrack,
 };
 use trigd::tracking::geometry::{Detector, Field};
-use trigd::tracking::kalman::{FitHit, KalmanFitter};
+use trigd::tracking::kalman::{FitHit, FitOutput, KalmanFitter};
 use trigd::tracking::simulate::{Preset, SimConfig};
 
 /// The kernel on the CPU, compiled once per test run.
@@ -38,6 +38,16 @@ fn kernel_binary() -> &'static Path {
 
 /// The kernel's fits of `tracks` with `fitter`'s tables, as the engine would return them.
 fn kernel_fits(fitter: &KalmanFitter, tracks: &[&[FitHit]]) -> Vec<FittedTrack> {
+    kernel_fits_within(fitter, tracks, None)
+}
+
+/// [`kernel_fits`], with `within` each track's retry only within its bound
+/// (`kalman_fit_track_within`, the exchange's trial fits).
+fn kernel_fits_within(
+    fitter: &KalmanFitter,
+    tracks: &[&[FitHit]],
+    within: Option<&[f32]>,
+) -> Vec<FittedTrack> {
     let shape = check_batch(&FitLimits::default(), tracks).expect("within the limits");
     let mut words = vec![0u32; shape.input_words()];
     pack_hits(tracks, &shape, &mut words);
@@ -47,8 +57,16 @@ fn kernel_fits(fitter: &KalmanFitter, tracks: &[&[FitHit]]) -> Vec<FittedTrack> 
     write_arg(
         d,
         "shape",
-        &[shape.n as i32, shape.stride as i32, shape.kmax as i32],
+        &[
+            shape.n as i32,
+            shape.stride as i32,
+            shape.kmax as i32,
+            within.is_some() as i32,
+        ],
     );
+    if let Some(w) = within {
+        write_arg(d, "within", w);
+    }
     write_arg(d, "hits", &words);
     kernels_on_cpu::write_fit_tables(d, &t);
     kernels_on_cpu::run(kernel_binary(), d);
@@ -100,5 +118,50 @@ fn the_fit_kernel_on_the_cpu_gives_the_cpu_fitters_fits() {
             a.ok < all.len(),
             "{name}: the unfittable variants were fitted"
         );
+    }
+}
+
+/// The exchange's trial fits, whose retry is made only within a bound
+/// (`kalman_fit_track_within`): the kernel's fits are the CPU's
+/// (`KalmanFitter::fit_each_retry_within`) to the bit, on found tracks and on mixed ones
+/// (one track's upstream hits joined to another's downstream ones, as an exchange makes
+/// them), with bounds below, about and above their fits' chi-squares, and the bounds do
+/// change fits (retries spared).
+#[test]
+fn the_fit_kernel_retries_within_a_bound_as_the_cpu() {
+    let s = seed();
+    for (name, det, sim) in all_detectors().into_iter().take(3) {
+        let (fitter, found) = found_tracks(&det, &sim, s, 1);
+        let mut all: Vec<Vec<FitHit>> = found.iter().take(400).cloned().collect();
+        let n = all.len();
+        for i in 0..n {
+            let (a, b) = (&all[i], &all[(i * 7 + 3) % n]);
+            let cut = a[a.len() / 2].plane;
+            let mut m: Vec<FitHit> = a.iter().filter(|h| h.plane < cut).copied().collect();
+            m.extend(b.iter().filter(|h| h.plane >= cut).copied());
+            all.push(m);
+        }
+        let refs: Vec<&[FitHit]> = all.iter().map(|v| &v[..]).collect();
+        let mut plain = Vec::new();
+        fitter.fit_batch(&refs, &mut plain);
+        let items: Vec<usize> = (0..refs.len()).collect();
+        let mut changed = 0;
+        for scale in [0.0f32, 0.5, 2.0] {
+            let within: Vec<f32> = plain
+                .iter()
+                .map(|p| if p.ok { p.chi2 as f32 * scale } else { 10.0 })
+                .collect();
+            let mut cpu = vec![FitOutput::default(); refs.len()];
+            fitter.fit_each_retry_within(&items, |&k| refs[k], |&k| within[k], &mut cpu);
+            let kernel = kernel_fits_within(&fitter, &refs, Some(&within));
+            let a = compare(name, &cpu, &kernel);
+            assert_eq!(a.bit_identical, a.ok, "{name} at {scale}: {a:?}");
+            changed += cpu
+                .iter()
+                .zip(&plain)
+                .filter(|(c, p)| c.chi2.to_bits() != p.chi2.to_bits())
+                .count();
+        }
+        assert!(changed > 0, "{name}: no retry was spared");
     }
 }

@@ -22,13 +22,41 @@ using std::log;
 
 #include "../../kernels/kalman_fit.cu"
 
+// The exchange's trial fits (kernels/ca_exchange.cu): kalman_fit_track_within, each
+// track's retry only within its bound, its words written as the kalman_fit kernel writes
+// them.
+static void fit_within(const unsigned* hits, int n_tracks, int stride, int kmax,
+                       const FitTableArgs& a, const std::vector<float>& within,
+                       std::vector<unsigned>& out) {
+    const KalmanTables T = {a.rows32.data(), a.rows64.data(), a.gap_steps.data(),
+                            a.gap_kind.data(), a.gap_slice.data(), a.slices.data(),
+                            a.pf.data(),      a.pd.data(),      a.pi.data(),
+                            a.nodes.data()};
+    for (int t = 0; t < n_tracks; ++t) {
+        BatchHits h;
+        h.hx = hits + stride;
+        h.hy = h.hx + (size_t)kmax * stride;
+        h.hp = h.hy + (size_t)kmax * stride;
+        h.stride = stride;
+        h.t = t;
+        KalmanResult r;
+        kalman_fit_track_within(h, (int)hits[t], kmax, T, r, within.at(t));
+        for (int i = 0; i < 5; ++i) out[i * stride + t] = __float_as_uint(r.st[i]);
+        for (int i = 0; i < 15; ++i) out[(5 + i) * stride + t] = __float_as_uint(r.c[i]);
+        out[20 * stride + t] = __float_as_uint(r.z);
+        out[21 * stride + t] = __float_as_uint(r.chi2);
+        out[22 * stride + t] = (unsigned)r.ndf;
+        out[23 * stride + t] = (unsigned)r.ok;
+    }
+}
+
 int main(int argc, char** argv) {
     if (argc != 2) {
         std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
         return 2;
     }
     const std::string dir = argv[1];
-    const auto shape = read<int>(dir, "shape");  // n_tracks, stride, kmax
+    const auto shape = read<int>(dir, "shape");  // n_tracks, stride, kmax[, within]
     const int n_tracks = shape.at(0), stride = shape.at(1), kmax = shape.at(2);
     const auto hits = read<unsigned>(dir, "hits");
     const FitTableArgs t = read_fit_tables(dir);
@@ -36,6 +64,11 @@ int main(int argc, char** argv) {
     std::vector<unsigned> out((size_t)OUT_WORDS * stride, 0xdeadbeefu);
     blockDim.x = 128;
     gridDim.x = (n_tracks + 127) / 128;
+    if (shape.size() > 3 && shape[3] != 0) {
+        // Each track's retry only within DIR/within's bound.
+        fit_within(hits.data(), n_tracks, stride, kmax, t, read<float>(dir, "within"), out);
+        gridDim.x = 0;
+    }
     for (unsigned b = 0; b < gridDim.x; ++b) {
         for (unsigned l = 0; l < blockDim.x; ++l) {
             blockIdx.x = b;
