@@ -1000,6 +1000,32 @@ struct BatchHits {
     __device__ __forceinline__ float y(int k) const { return __uint_as_float(hy[(size_t)k * stride + t]); }
 };
 
+// Candidate t's hits in a batch of the kalman_fit kernel's layout (count, then x, y and
+// plane words of kmax hits, each array `stride` candidates wide).
+__device__ __forceinline__ BatchHits batch_hits(const unsigned* hits, int stride, int kmax, int t) {
+    BatchHits h;
+    h.hx = hits + stride;
+    h.hy = h.hx + (size_t)kmax * stride;
+    h.hp = h.hy + (size_t)kmax * stride;
+    h.stride = stride;
+    h.t = t;
+    return h;
+}
+
+// Candidate t's fit into the kalman_fit kernel's output words (OUT_WORDS, each `stride`
+// candidates wide).
+__device__ __forceinline__ void store_batch_fit(const KalmanResult& r, unsigned* out, int stride,
+                                                int t) {
+#pragma unroll
+    for (int i = 0; i < 5; ++i) out[i * stride + t] = __float_as_uint(r.st[i]);
+#pragma unroll
+    for (int i = 0; i < 15; ++i) out[(5 + i) * stride + t] = __float_as_uint(r.c[i]);
+    out[20 * stride + t] = __float_as_uint(r.z);
+    out[21 * stride + t] = __float_as_uint(r.chi2);
+    out[22 * stride + t] = (unsigned)r.ndf;
+    out[23 * stride + t] = (unsigned)r.ok;
+}
+
 extern "C" __global__ void kalman_fit(const unsigned* __restrict__ hits, int n_tracks, int stride,
                                       int kmax, const float* __restrict__ rows32,
                                       const double* __restrict__ rows64,
@@ -1014,20 +1040,7 @@ extern "C" __global__ void kalman_fit(const unsigned* __restrict__ hits, int n_t
     if (t >= n_tracks) return;
     const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
                             slices, pf,     pd,        pi,       nodes};
-    BatchHits h;
-    h.hx = hits + stride;
-    h.hy = h.hx + (size_t)kmax * stride;
-    h.hp = h.hy + (size_t)kmax * stride;
-    h.stride = stride;
-    h.t = t;
     KalmanResult r;
-    kalman_fit_track(h, (int)hits[t], kmax, T, r);
-#pragma unroll
-    for (int i = 0; i < 5; ++i) out[i * stride + t] = __float_as_uint(r.st[i]);
-#pragma unroll
-    for (int i = 0; i < 15; ++i) out[(5 + i) * stride + t] = __float_as_uint(r.c[i]);
-    out[20 * stride + t] = __float_as_uint(r.z);
-    out[21 * stride + t] = __float_as_uint(r.chi2);
-    out[22 * stride + t] = (unsigned)r.ndf;
-    out[23 * stride + t] = (unsigned)r.ok;
+    kalman_fit_track(batch_hits(hits, stride, kmax, t), (int)hits[t], kmax, T, r);
+    store_batch_fit(r, out, stride, t);
 }

@@ -33,20 +33,10 @@ static void fit_within(const unsigned* hits, int n_tracks, int stride, int kmax,
                             a.pf.data(),      a.pd.data(),      a.pi.data(),
                             a.nodes.data()};
     for (int t = 0; t < n_tracks; ++t) {
-        BatchHits h;
-        h.hx = hits + stride;
-        h.hy = h.hx + (size_t)kmax * stride;
-        h.hp = h.hy + (size_t)kmax * stride;
-        h.stride = stride;
-        h.t = t;
         KalmanResult r;
-        kalman_fit_track_within(h, (int)hits[t], kmax, T, r, within.at(t));
-        for (int i = 0; i < 5; ++i) out[i * stride + t] = __float_as_uint(r.st[i]);
-        for (int i = 0; i < 15; ++i) out[(5 + i) * stride + t] = __float_as_uint(r.c[i]);
-        out[20 * stride + t] = __float_as_uint(r.z);
-        out[21 * stride + t] = __float_as_uint(r.chi2);
-        out[22 * stride + t] = (unsigned)r.ndf;
-        out[23 * stride + t] = (unsigned)r.ok;
+        kalman_fit_track_within(batch_hits(hits, stride, kmax, t), (int)hits[t], kmax, T, r,
+                                within.at(t));
+        store_batch_fit(r, out.data(), stride, t);
     }
 }
 
