@@ -177,15 +177,21 @@ __device__ __forceinline__ bool ex_good(const KalmanResult& r, u32 n, u32 min_hi
     return n >= min_hits && r.ok != 0 && ndf > 0 && (double)(r.chi2 / (float)ndf) <= max_chi2_ndf;
 }
 
-// A fit of the n hits of `list` (event indices) with tables T.
-__device__ __forceinline__ void ex_fit(const u32* list, u32 n, const float* hx, const float* hy,
-                                       const u32* hp, const KalmanTables& T, KalmanResult& r) {
+// The hits of `list` (event indices) as the fit reads them.
+__device__ __forceinline__ CandHits ex_hits(const u32* list, const float* hx, const float* hy,
+                                            const u32* hp) {
     CandHits h;
     h.idx = list;
     h.hx = hx;
     h.hy = hy;
     h.hp = hp;
-    kalman_fit_track(h, (int)n, MAX_CHAIN, T, r);
+    return h;
+}
+
+// A fit of the n hits of `list` (event indices) with tables T.
+__device__ __forceinline__ void ex_fit(const u32* list, u32 n, const float* hx, const float* hy,
+                                       const u32* hp, const KalmanTables& T, KalmanResult& r) {
+    kalman_fit_track(ex_hits(list, hx, hy, hp), (int)n, MAX_CHAIN, T, r);
 }
 
 // Fit_missing's record of a candidates' fit: chi-square (infinite where the fit failed),
@@ -544,18 +550,11 @@ extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_evalua
         u32 trial[MAX_CHAIN];
         for (u32 i = 0; i < s_up; i++) trial[i] = up[i];
         for (u32 i = s_down; i < l_down; i++) trial[s_up + i - s_down] = down[i];
+        // Exchange::fit_exchanges: the retry only within RETRY_WITHIN times the pair's
+        // room for the gain.
         KalmanResult r;
-        {
-            // Exchange::fit_exchanges: the retry only within RETRY_WITHIN times the
-            // pair's room for the gain.
-            CandHits h;
-            h.idx = trial;
-            h.hx = hx;
-            h.hy = hy;
-            h.hp = hp;
-            kalman_fit_track_within(h, (int)n, MAX_CHAIN, T, r,
-                                    (chi2[a] + chi2[b] - EX_MIN_GAIN) * EX_RETRY_WITHIN);
-        }
+        kalman_fit_track_within(ex_hits(trial, hx, hy, hp), (int)n, MAX_CHAIN, T, r,
+                                (chi2[a] + chi2[b] - EX_MIN_GAIN) * EX_RETRY_WITHIN);
         const u32 good = ex_good(r, n, min_hits, max_chi2_ndf) ? 1u : 0u;
         const float c_other = __shfl_xor_sync(two, r.chi2, 1);
         const u32 good_other = __shfl_xor_sync(two, good, 1);

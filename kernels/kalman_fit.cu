@@ -731,7 +731,7 @@ __device__ void kalman_fit_track(const Hits& h, int n, int kmax, const KalmanTab
 }
 
 // kalman_fit_track, its retry made only where the first pass failed or ended within
-// `retry_within` (kalman.rs: fit_lanes_retry_within).
+// `retry_within` (kalman.rs: fit_each_retry_within).
 template <class Hits>
 __device__ void kalman_fit_track_within(const Hits& h, int n, int kmax, const KalmanTables& T,
                                         KalmanResult& res, float retry_within) {

@@ -147,7 +147,6 @@ pub fn robust_stat(values: &[f64]) -> RobustStat {
     let mut mean = median;
     let mut width = 1.4826 * dev[dev.len() / 2];
     let mut used = (0, v.len());
-    let (mut mean_error, mut width_error) = (0.0, 0.0);
     for _ in 0..50 {
         let (lo, hi) = if width > 0.0 {
             (
@@ -165,14 +164,6 @@ pub fn robust_stat(values: &[f64]) -> RobustStat {
         let var = sel.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / sel.len() as f64;
         let w = var.sqrt() / 0.9866;
         let converged = (lo, hi) == used;
-        let n = sel.len() as f64;
-        let m4 = sel.iter().map(|x| (x - m).powi(4)).sum::<f64>() / n;
-        mean_error = (var / n).sqrt();
-        width_error = if var > 0.0 {
-            ((m4 - var * var).max(0.0) / n).sqrt() / (2.0 * var.sqrt()) / 0.9866
-        } else {
-            0.0
-        };
         mean = m;
         width = w;
         used = (lo, hi);
@@ -180,6 +171,17 @@ pub fn robust_stat(values: &[f64]) -> RobustStat {
             break;
         }
     }
+    // The errors from the values of the final window, about its mean.
+    let sel = &v[used.0..used.1];
+    let n = sel.len().max(1) as f64;
+    let var = sel.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
+    let m4 = sel.iter().map(|x| (x - mean).powi(4)).sum::<f64>() / n;
+    let mean_error = (var / n).sqrt();
+    let width_error = if var > 0.0 {
+        ((m4 - var * var).max(0.0) / n).sqrt() / (2.0 * var.sqrt()) / 0.9866
+    } else {
+        0.0
+    };
     RobustStat {
         mean,
         width,

@@ -1048,22 +1048,6 @@ impl KalmanFitter {
         self.chunks::<T, L>(tracks, &[], out);
     }
 
-    /// [`Self::fit_lanes`] where track `i`'s retry ([`RETRY_CHI2_NDF`]) is made only if
-    /// its first attempt failed or ended at a chi-square of at most `retry_within[i]`
-    /// (compared in single precision, as `kernels/kalman_fit.cu`'s
-    /// `kalman_fit_track_within`): for callers to whom a fit far beyond some chi-square
-    /// is as good as failed.
-    pub fn fit_lanes_retry_within<T: Real, const L: usize>(
-        &self,
-        tracks: &[&[FitHit]],
-        retry_within: &[f32],
-        out: &mut [FitOutput],
-    ) {
-        assert!(tracks.len() <= L && out.len() >= tracks.len());
-        assert!(retry_within.len() >= tracks.len());
-        self.chunks::<T, L>(tracks, retry_within, out);
-    }
-
     /// The lane kernel compiled for AVX2 and FMA.
     ///
     /// # Safety
@@ -1648,8 +1632,11 @@ impl KalmanFitter {
         }
     }
 
-    /// [`Self::fit_each`] with each item's retry made only within `retry_within(item)`
-    /// ([`Self::fit_lanes_retry_within`]).
+    /// [`Self::fit_each`] where an item's retry ([`RETRY_CHI2_NDF`]) is made only if its
+    /// first attempt failed or ended at a chi-square of at most `retry_within(item)`
+    /// (compared in single precision, as `kernels/kalman_fit.cu`'s
+    /// `kalman_fit_track_within`): for callers to whom a fit far beyond some chi-square
+    /// is as good as failed.
     pub fn fit_each_retry_within<'h, S>(
         &self,
         items: &[S],
@@ -1664,7 +1651,7 @@ impl KalmanFitter {
                 *s = hits_of(item);
                 *w = retry_within(item);
             }
-            self.fit_lanes_retry_within::<f32, LANES>(&slices[..c.len()], &within[..c.len()], o);
+            self.chunks::<f32, LANES>(&slices[..c.len()], &within[..c.len()], o);
         }
     }
 
