@@ -827,6 +827,8 @@ pub struct CaBuffers {
     /// The seeded triplet step's pairs of left doublets from back boxes and right
     /// doublets.
     pub seed_pairs: Option<Box<triplets::Pairs>>,
+    /// The seeded step's new left doublets of one middle hit.
+    pub middle_lefts: Vec<triplets::MiddleLeft>,
     /// The seeded triplet step's doublet windows of the hits of a plane, `[x0, x1, y0, y1]`
     /// by quantity.
     pub hit_boxes: [Vec<f32>; 4],

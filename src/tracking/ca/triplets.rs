@@ -158,6 +158,9 @@ enum Search {
     Seeded {
         seed_planes: usize,
         to_last_plane: bool,
+        /// Right doublets of a middle hit from which its left doublets' windows are
+        /// computed once each ([`WINDOW_PER_LEFT_FROM`]).
+        window_per_left_from: usize,
     },
 }
 
@@ -208,7 +211,11 @@ fn search_impl<const AVX2: bool>(
         Search::Seeded {
             seed_planes,
             to_last_plane,
-        } => find_triplets_seeded_impl::<AVX2>(geo, cfg, seed_planes, to_last_plane, buf),
+            window_per_left_from,
+        } => {
+            let from = window_per_left_from;
+            find_triplets_seeded_impl::<AVX2>(geo, cfg, seed_planes, to_last_plane, from, buf)
+        }
     }
 }
 
@@ -686,19 +693,143 @@ fn pair_tests(
                 qop_sigma: res[1][l],
                 chi2: res[2][l],
             };
-            if rights.downstream {
-                let [s, e] = rights.t2[pairs.slot[c0 + l] as usize];
-                let downstream = &triplets[s as usize..e as usize];
-                if !downstream.iter().any(|r| compatible(cfg, &t, r)) {
-                    continue;
+            keep_triplet(cfg, t, pairs.slot[c0 + l], rights, triplets, overflow);
+        }
+    }
+}
+
+/// Appends triplet `t`, whose right doublet is entry `slot` of `rights`, to `triplets`:
+/// where the right doublets start triplets found downstream (`rights.downstream`), only
+/// as the left neighbour of one of them; counted as an overflow beyond the limit.
+#[inline(always)]
+fn keep_triplet(
+    cfg: &FinderConfig,
+    t: Triplet,
+    slot: u32,
+    rights: &Rights,
+    triplets: &mut Vec<Triplet>,
+    overflow: &mut super::Overflow,
+) {
+    if rights.downstream {
+        let [s, e] = rights.t2[slot as usize];
+        let downstream = &triplets[s as usize..e as usize];
+        if !downstream.iter().any(|r| compatible(cfg, &t, r)) {
+            return;
+        }
+    }
+    if triplets.len() == cfg.limits.max_triplets {
+        overflow.triplets += 1;
+        return;
+    }
+    triplets.push(t);
+}
+
+/// Right doublets of a middle hit from which its left doublets' windows are computed once
+/// each ([`middle_hit_tests`]) rather than once per pair ([`pair_tests`]): where a dense
+/// plane or wide windows give a middle hit many right doublets, most of the pairs' time
+/// was the same window computed again for each of them.
+pub const WINDOW_PER_LEFT_FROM: usize = 3;
+
+/// A left doublet of [`middle_hit_tests`]: its index, first hit and slopes.
+#[derive(Debug, Clone, Copy)]
+pub struct MiddleLeft {
+    pub id: u32,
+    pub xa: [f32; 2],
+    pub t1: [f32; 2],
+}
+
+/// The triplets of the left doublets `lefts` (on the plane pair `planes`, in the order
+/// the full search tests them) of one middle hit with the right doublets `s..e` of
+/// `rights`, whose fields there are `field`: what [`pair_tests`] makes of the pairs of
+/// each left doublet with each right doublet, in the same order and with the same
+/// arithmetic, each left doublet's window computed once (lanes of left doublets), every
+/// right doublet compared with it, and the kink test ([`kink_lanes`]) of the pairs inside
+/// it, eight at a time.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn middle_hit_tests(
+    geo: &FinderGeometry,
+    cuts: &Cuts,
+    cfg: &FinderConfig,
+    planes: (usize, usize),
+    lefts: &[MiddleLeft],
+    rights: &Rights,
+    (s, e): (usize, usize),
+    field: [f32; 6],
+    triplets: &mut Vec<Triplet>,
+    overflow: &mut super::Overflow,
+) {
+    if lefts.is_empty() || s == e {
+        return;
+    }
+    let p = &geo.pair_lanes[planes.0 * geo.planes.len() + planes.1];
+    let mut pf = [[0.0f32; LANES]; PF_N];
+    for l in 0..LANES {
+        pair_constants(p, cuts.reach, &mut pf, l);
+    }
+    let tg = [
+        [p.half[0]; LANES],
+        [p.theta2_per_qop2[0]; LANES],
+        [p.var_res[0]; LANES],
+    ];
+    let bd: [[f32; LANES]; 3] = std::array::from_fn(|c| [field[c]; LANES]);
+    let bg: [[f32; LANES]; 3] = std::array::from_fn(|c| [field[3 + c]; LANES]);
+    let bgs = std::array::from_fn(|s| if s == 0 { bg } else { [[0.0; LANES]; 3] });
+    // The pairs inside their windows, waiting for the kink test: left (in `lefts`),
+    // right entry, and the left's largest |q/p|.
+    let mut inside: [(usize, usize, f32); LANES] = [(0, 0, 0.0); LANES];
+    let mut n_inside = 0;
+    let mut kinks = |inside: &[(usize, usize, f32)], triplets: &mut Vec<Triplet>| {
+        let at = |l: usize| inside[l.min(inside.len() - 1)];
+        let t1 = [
+            std::array::from_fn(|l| lefts[at(l).0].t1[0]),
+            std::array::from_fn(|l| lefts[at(l).0].t1[1]),
+        ];
+        let t2 = [
+            std::array::from_fn(|l| rights.lanes.tx[at(l).1]),
+            std::array::from_fn(|l| rights.lanes.ty[at(l).1]),
+        ];
+        let q_hi = std::array::from_fn(|l| at(l).2);
+        let (pass, res) = kink_lanes(cuts, &t1, &t2, &bg, &q_hi, &tg);
+        for (l, &(k, r, _)) in inside.iter().enumerate() {
+            if pass[l] {
+                let t = Triplet {
+                    left: lefts[k].id,
+                    right: rights.ids[r],
+                    qop: res[0][l],
+                    qop_sigma: res[1][l],
+                    chi2: res[2][l],
+                };
+                keep_triplet(cfg, t, r as u32, rights, triplets, overflow);
+            }
+        }
+    };
+    for c0 in (0..lefts.len()).step_by(LANES) {
+        let n = LANES.min(lefts.len() - c0);
+        let at = |l: usize| &lefts[c0 + l.min(n - 1)];
+        let xa = std::array::from_fn(|l| at(l).xa[0]);
+        let ya = std::array::from_fn(|l| at(l).xa[1]);
+        let t1x = std::array::from_fn(|l| at(l).t1[0]);
+        let t1y = std::array::from_fn(|l| at(l).t1[1]);
+        let win = window_lanes::<1>(cuts, &pf, &xa, &ya, &t1x, &t1y, &bd, &bgs);
+        for l in 0..n {
+            for r in s..e {
+                // The window test of `pair_tests`.
+                let hit = (rights.lanes.tx[r] - win[0][l]).abs() <= win[2][l]
+                    && (rights.lanes.ty[r] - win[1][l]).abs() <= win[3][l];
+                if hit {
+                    inside[n_inside] = (c0 + l, r, win[OUT_Q_HI][l]);
+                    n_inside += 1;
+                    if n_inside == LANES {
+                        kinks(&inside, triplets);
+                        n_inside = 0;
+                    }
                 }
             }
-            if triplets.len() == cfg.limits.max_triplets {
-                overflow.triplets += 1;
-                continue;
-            }
-            triplets.push(t);
         }
+    }
+    if n_inside > 0 {
+        kinks(&inside[..n_inside], triplets);
     }
 }
 
@@ -806,9 +937,11 @@ fn left_doublets_outgoing<const AVX2: bool, const R: usize>(
 /// (the window at the largest |q/p| and slope factor the step allows), and which also
 /// pass the doublet step's window. The pairs are then tested with the full search's
 /// window and kink arithmetic: each new left doublet with every right doublet of its
-/// middle hit, eight pairs at a time ([`Pairs`]: a middle hit has about one right doublet
-/// there, so a window per left doublet is not worth storing), or, on a seed plane, through
-/// the full search's phases. The chains that end on a seed plane are those of the full
+/// middle hit, eight pairs at a time ([`Pairs`]: a middle hit mostly has one right
+/// doublet there, so a window per left doublet is not worth storing), or, where a middle
+/// hit has [`WINDOW_PER_LEFT_FROM`] right doublets or more (dense planes, wide windows),
+/// each left doublet's window once for all of them ([`middle_hit_tests`], the same
+/// triplets in the same order), or, on a seed plane, through the full search's phases. The chains that end on a seed plane are those of the full
 /// search; doublets and triplets no such chain reaches are never made. Upstream of the
 /// seed planes, where no chain of the pass can end, in a field that is not uniform, a
 /// triplet is kept only where the neighbour cut ([`super::neighbours::compatible`]) links
@@ -843,6 +976,7 @@ pub fn find_triplets_seeded_with(
     let search = Search::Seeded {
         seed_planes,
         to_last_plane,
+        window_per_left_from: WINDOW_PER_LEFT_FROM,
     };
     dispatch(kernel, geo, cfg, search, buf)
 }
@@ -1319,6 +1453,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
     cfg: &FinderConfig,
     seed_planes: usize,
     to_last_plane: bool,
+    window_per_left_from: usize,
     buf: &mut CaBuffers,
 ) {
     buf.triplets.clear();
@@ -1336,6 +1471,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
     let mut hit_boxes = std::mem::take(&mut buf.hit_boxes);
     let mut marks = std::mem::take(&mut buf.hit_marks);
     let mut pairs = buf.seed_pairs.take().unwrap_or_else(Pairs::new);
+    let mut middle_lefts = std::mem::take(&mut buf.middle_lefts);
     marks.clear();
     marks.resize(n_hits, u32::MAX);
     // Triplets of the step before (the plane after), whose left doublets are this step's
@@ -1474,6 +1610,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                 }
                 let (xb, yb) = (sh.x_mm[b], sh.y_mm[b]);
                 let field = rights.fields[b - fj];
+                middle_lefts.clear();
                 let mut emit = |a: usize| {
                     if marks[a] == b as u32 {
                         return;
@@ -1500,16 +1637,11 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                     if let Some(k) =
                         push_doublet(doublets, dbl_lanes, overflow, max_doublets, d, 0.0)
                     {
-                        let xa = [sh.x_mm[a], sh.y_mm[a]];
-                        for r in s..e {
-                            let t2 = [rights.lanes.tx[r], rights.lanes.ty[r]];
-                            let id = rights.ids[r];
-                            let mut test = |p: &Pairs| {
-                                pair_tests(geo, &cuts, cfg, p, &rights, triplets, overflow);
-                            };
-                            let (k, r) = (k as u32, r as u32);
-                            pairs.push(k, id, r, xa, [tx, ty], t2, field, &mut test);
-                        }
+                        middle_lefts.push(MiddleLeft {
+                            id: k as u32,
+                            xa: [sh.x_mm[a], sh.y_mm[a]],
+                            t1: [tx, ty],
+                        });
                     }
                 };
                 // Only the hits whose doublet window can hold `b`: the back boxes cut to
@@ -1534,6 +1666,37 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                         } else if cut[0] <= cut[1] && cut[2] <= cut[3] {
                             let cells = box_cells(geo, i, cut);
                             scan_cells::<AVX2>(geo, sh, i, cut, cells, &mut emit);
+                        }
+                    }
+                }
+                // The new left doublets' pairs with the middle hit's right doublets, in
+                // the order the full search tests them.
+                if e - s >= window_per_left_from {
+                    pair_tests(geo, &cuts, cfg, &pairs, &rights, triplets, overflow);
+                    pairs.n = 0;
+                    let planes = (i, j);
+                    let (l, r) = (&middle_lefts, &rights);
+                    middle_hit_tests(
+                        geo,
+                        &cuts,
+                        cfg,
+                        planes,
+                        l,
+                        r,
+                        (s, e),
+                        field,
+                        triplets,
+                        overflow,
+                    );
+                } else {
+                    for ml in &middle_lefts {
+                        for r in s..e {
+                            let t2 = [rights.lanes.tx[r], rights.lanes.ty[r]];
+                            let id = rights.ids[r];
+                            let mut test = |p: &Pairs| {
+                                pair_tests(geo, &cuts, cfg, p, &rights, triplets, overflow);
+                            };
+                            pairs.push(ml.id, id, r as u32, ml.xa, ml.t1, t2, field, &mut test);
                         }
                     }
                 }
@@ -1580,6 +1743,7 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
     buf.hit_boxes = hit_boxes;
     buf.hit_marks = marks;
     buf.seed_pairs = Some(pairs);
+    buf.middle_lefts = middle_lefts;
     buf.trip_candidates = cands;
     buf.trip_windows = Some(w);
 }
@@ -2230,6 +2394,67 @@ mod tests {
             assert!(portable.len() > 300, "{} triplets", portable.len());
             assert!(n_doublets > 300, "{n_doublets} doublets");
             assert_eq!(run(Kernel::detect()).0, portable, "reach {reach}");
+        }
+    }
+
+    /// The seeded step's windows computed once per left doublet of a middle hit
+    /// ([`middle_hit_tests`]) give the pairs' triplets ([`pair_tests`]) exactly: the same
+    /// triplets, in the same order, to the bit, on central events of the uniform field,
+    /// the dipole map and the forward tracker's field (where the neighbour test against
+    /// the triplets downstream runs too), whichever middle hits take that way.
+    #[test]
+    fn windows_per_left_doublet_give_the_pairs_triplets() {
+        use crate::tracking::ca::doublets::find_doublets_with;
+        use crate::tracking::simulate::{simulate_events, Preset, SimConfig};
+        for file in [
+            "fixtures/detector.toml",
+            "fixtures/tracking/dipole/detector_dipole.toml",
+            "fixtures/tracking/forward/detector_forward.toml",
+        ] {
+            let det = Detector::from_toml_file(std::path::Path::new(file))
+                .expect("fixtures (tests run from the crate root)");
+            let cfg = FinderConfig::from_detector(&det, 1.0);
+            let geo = FinderGeometry::new(&det, &cfg);
+            let n = det.planes.len();
+            let seed_planes = (n + 1).saturating_sub(cfg.first_pass_min_hits.max(3));
+            let sim = SimConfig::preset(Preset::Central);
+            let ev = simulate_events(&det, &sim, 5, 0, 1)
+                .next()
+                .expect("an event");
+            let kernel = Kernel::detect();
+            let run = |from: usize| {
+                let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+                sort_hits(&geo, &ev.hits, cfg.limits.max_hits, &mut buf);
+                let a_planes = seed_doublet_planes(n, seed_planes);
+                find_doublets_with(kernel, &geo, &cfg, 1, a_planes, &mut buf);
+                let search = Search::Seeded {
+                    seed_planes,
+                    to_last_plane: cfg.first_pass_to_last_plane,
+                    window_per_left_from: from,
+                };
+                dispatch(kernel, &geo, &cfg, search, &mut buf);
+                let bits = |v: f32| v.to_bits();
+                buf.triplets
+                    .iter()
+                    .map(|t| {
+                        (
+                            t.left,
+                            t.right,
+                            bits(t.qop),
+                            bits(t.qop_sigma),
+                            bits(t.chi2),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let pairs = run(usize::MAX);
+            assert!(pairs.len() > 5000, "{file}: {} triplets", pairs.len());
+            for from in [1, 2, WINDOW_PER_LEFT_FROM] {
+                assert!(
+                    run(from) == pairs,
+                    "{file}: windows from {from} right doublets"
+                );
+            }
         }
     }
 
