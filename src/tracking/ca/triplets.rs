@@ -652,16 +652,7 @@ fn pair_tests(
     if n == 0 {
         return;
     }
-    let p = &geo.pair_lanes[pairs.planes.0 * geo.planes.len() + pairs.planes.1];
-    let mut pf = [[0.0f32; LANES]; PF_N];
-    for l in 0..LANES {
-        pair_constants(p, cuts.reach, &mut pf, l);
-    }
-    let tg = [
-        [p.half[0]; LANES],
-        [p.theta2_per_qop2[0]; LANES],
-        [p.var_res[0]; LANES],
-    ];
+    let (pf, tg) = plane_pair_lanes(geo, cuts, pairs.planes);
     // Whole lanes (`PAIRS` is a multiple of `LANES`); those past `n` are not kept.
     for c0 in (0..n).step_by(LANES) {
         let at = |v: &[f32; PAIRS]| -> [f32; LANES] { std::array::from_fn(|l| v[c0 + l]) };
@@ -696,6 +687,28 @@ fn pair_tests(
             keep_triplet(cfg, t, pairs.slot[c0 + l], rights, triplets, overflow);
         }
     }
+}
+
+/// The window's constants of the plane pair `planes` ([`pair_constants`]) and the kink
+/// test's of its plane triple without a gap (half lever arm, scattering per (q/p)^2,
+/// resolution variance), in every lane.
+#[inline(always)]
+fn plane_pair_lanes(
+    geo: &FinderGeometry,
+    cuts: &Cuts,
+    planes: (usize, usize),
+) -> ([[f32; LANES]; PF_N], [[f32; LANES]; 3]) {
+    let p = &geo.pair_lanes[planes.0 * geo.planes.len() + planes.1];
+    let mut pf = [[0.0f32; LANES]; PF_N];
+    for l in 0..LANES {
+        pair_constants(p, cuts.reach, &mut pf, l);
+    }
+    let tg = [
+        [p.half[0]; LANES],
+        [p.theta2_per_qop2[0]; LANES],
+        [p.var_res[0]; LANES],
+    ];
+    (pf, tg)
 }
 
 /// Appends triplet `t`, whose right doublet is entry `slot` of `rights`, to `triplets`:
@@ -762,16 +775,7 @@ fn middle_hit_tests(
     if lefts.is_empty() || s == e {
         return;
     }
-    let p = &geo.pair_lanes[planes.0 * geo.planes.len() + planes.1];
-    let mut pf = [[0.0f32; LANES]; PF_N];
-    for l in 0..LANES {
-        pair_constants(p, cuts.reach, &mut pf, l);
-    }
-    let tg = [
-        [p.half[0]; LANES],
-        [p.theta2_per_qop2[0]; LANES],
-        [p.var_res[0]; LANES],
-    ];
+    let (pf, tg) = plane_pair_lanes(geo, cuts, planes);
     let bd: [[f32; LANES]; 3] = std::array::from_fn(|c| [field[c]; LANES]);
     let bg: [[f32; LANES]; 3] = std::array::from_fn(|c| [field[3 + c]; LANES]);
     let bgs = std::array::from_fn(|s| if s == 0 { bg } else { [[0.0; LANES]; 3] });
