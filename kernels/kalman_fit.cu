@@ -711,27 +711,13 @@ template <class Hits>
 __device__ void kalman_fit_pass(const Hits& h, int n, int kmax, const KalmanTables& T,
                                 KalmanResult& res, int mid);
 
-// The fit of one candidate of n hits (upstream first), read through `h`: h.plane(k),
-// h.x(k), h.y(k). Used by the kalman_fit kernel (hits in its batch layout) and by the
-// candidate step of the CA module (hits of a device-resident candidate).
 // Whether the first pass `res` of a fit of n hits is fitted again (RETRY_CHI2_NDF).
 __device__ __forceinline__ bool kalman_retry(int n, const KalmanResult& res) {
     return n >= 4 && !(res.ok && res.chi2 <= RETRY_CHI2_NDF * (float)res.ndf);
 }
 
-template <class Hits>
-__device__ void kalman_fit_track(const Hits& h, int n, int kmax, const KalmanTables& T,
-                                 KalmanResult& res) {
-    kalman_fit_pass(h, n, kmax, T, res, n / 2);
-    if (kalman_retry(n, res)) {
-        KalmanResult again;
-        kalman_fit_pass(h, n, kmax, T, again, n / 2 - 1);
-        if (again.ok && (!res.ok || again.chi2 < res.chi2)) res = again;
-    }
-}
-
 // kalman_fit_track, its retry made only where the first pass failed or ended within
-// `retry_within` (kalman.rs: fit_each_retry_within).
+// `retry_within` (kalman.rs: fit_each_retry_within; the exchange's trial fits).
 template <class Hits>
 __device__ void kalman_fit_track_within(const Hits& h, int n, int kmax, const KalmanTables& T,
                                         KalmanResult& res, float retry_within) {
@@ -741,6 +727,16 @@ __device__ void kalman_fit_track_within(const Hits& h, int n, int kmax, const Ka
         kalman_fit_pass(h, n, kmax, T, again, n / 2 - 1);
         if (again.ok && (!res.ok || again.chi2 < res.chi2)) res = again;
     }
+}
+
+// The fit of one candidate of n hits (upstream first), read through `h`: h.plane(k),
+// h.x(k), h.y(k). Used by the kalman_fit kernel (hits in its batch layout) and by the
+// candidate step of the CA module (hits of a device-resident candidate): its retry
+// wherever the first pass calls for one (no chi-square exceeds infinity).
+template <class Hits>
+__device__ void kalman_fit_track(const Hits& h, int n, int kmax, const KalmanTables& T,
+                                 KalmanResult& res) {
+    kalman_fit_track_within(h, n, kmax, T, res, __int_as_float(0x7f800000));
 }
 
 // One pass of the fit, the seed's three-hit q/p from hits 0, `mid` and n - 1.

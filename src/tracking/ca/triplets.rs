@@ -1615,6 +1615,9 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                 }
                 let (xb, yb) = (sh.x_mm[b], sh.y_mm[b]);
                 let field = rights.fields[b - fj];
+                // Many right doublets: the left doublets' windows once each, after the
+                // scan; else each new left doublet's pairs as it is made.
+                let per_left = e - s >= window_per_left_from;
                 middle_lefts.clear();
                 let mut emit = |a: usize| {
                     if marks[a] == b as u32 {
@@ -1642,11 +1645,25 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                     if let Some(k) =
                         push_doublet(doublets, dbl_lanes, overflow, max_doublets, d, 0.0)
                     {
-                        middle_lefts.push(MiddleLeft {
-                            id: k as u32,
-                            xa: [sh.x_mm[a], sh.y_mm[a]],
-                            t1: [tx, ty],
-                        });
+                        let xa = [sh.x_mm[a], sh.y_mm[a]];
+                        if per_left {
+                            let id = k as u32;
+                            middle_lefts.push(MiddleLeft {
+                                id,
+                                xa,
+                                t1: [tx, ty],
+                            });
+                            return;
+                        }
+                        for r in s..e {
+                            let t2 = [rights.lanes.tx[r], rights.lanes.ty[r]];
+                            let id = rights.ids[r];
+                            let mut test = |p: &Pairs| {
+                                pair_tests(geo, &cuts, cfg, p, &rights, triplets, overflow);
+                            };
+                            let (k, r) = (k as u32, r as u32);
+                            pairs.push(k, id, r, xa, [tx, ty], t2, field, &mut test);
+                        }
                     }
                 };
                 // Only the hits whose doublet window can hold `b`: the back boxes cut to
@@ -1675,12 +1692,12 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                     }
                 }
                 // The new left doublets' pairs with the middle hit's right doublets, in
-                // the order the full search tests them.
-                if e - s >= window_per_left_from {
+                // the order the full search tests them: those already pending first.
+                if per_left {
                     pair_tests(geo, &cuts, cfg, &pairs, &rights, triplets, overflow);
                     pairs.n = 0;
-                    let planes = (i, j);
                     let (l, r) = (&middle_lefts, &rights);
+                    let planes = (i, j);
                     middle_hit_tests(
                         geo,
                         &cuts,
@@ -1693,17 +1710,6 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                         triplets,
                         overflow,
                     );
-                } else {
-                    for ml in &middle_lefts {
-                        for r in s..e {
-                            let t2 = [rights.lanes.tx[r], rights.lanes.ty[r]];
-                            let id = rights.ids[r];
-                            let mut test = |p: &Pairs| {
-                                pair_tests(geo, &cuts, cfg, p, &rights, triplets, overflow);
-                            };
-                            pairs.push(ml.id, id, r as u32, ml.xa, ml.t1, t2, field, &mut test);
-                        }
-                    }
                 }
             }
         }
