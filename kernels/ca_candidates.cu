@@ -3,8 +3,8 @@
 // greedily, each hit used once, as the CPU does it, for every event of the batch.
 //
 // ca_candidates_order (one block of CA_THREADS per event): the end triplets (nobody's
-// left neighbour, level >= min_level) compacted in index order, then sorted by one 64-bit
-// key (63 - level, total_key(kink chi-square), index): the CPU's order, (level desc,
+// left neighbour, level >= min_level) compacted as the warps find them, then sorted by one
+// 64-bit key (63 - level, total_key(kink chi-square), index): the CPU's order, (level desc,
 // chi2 by total_cmp, index), with no tie left to the order threads arrive in. A bitonic
 // sort of the event's keys (bitonic_sort_block), in shared memory up to ORDER_SHARED_KEYS,
 // else in its slice of the key arena (two keys per triplet of the event: the slice is
@@ -169,24 +169,40 @@ extern "C" __global__ void ca_candidates_order(const u32* __restrict__ trip_base
         return;
     }
     u64* k = keys + 2 * (size_t)tb;
-    u32 count = 0;
-    for (u32 c0 = 0; c0 < nt; c0 += CA_THREADS) {
-        u32 t = c0 + threadIdx.x;
-        u32 lv = 0;
-        bool end = false;
-        if (t < nt) {
-            lv = level[tb + t];
-            end = !has_right[tb + t] && lv >= min_level;
+    // The end triplets' keys, in the order the warps find them (the sort below orders
+    // them: every key holds its triplet's index); four triplets a thread at a time, their
+    // loads independent, each warp's found ones placed by one shared atomic.
+    __shared__ u32 s_count;
+    if (threadIdx.x == 0) s_count = 0;
+    __syncthreads();
+    const u32 lane = threadIdx.x & 31u;
+    for (u32 c0 = 0; c0 < nt; c0 += 4 * CA_THREADS) {
+        u32 lv[4], hr[4];
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const u32 t = c0 + (u32)q * CA_THREADS + threadIdx.x;
+            lv[q] = t < nt ? level[tb + t] : 0u;
+            hr[q] = t < nt ? has_right[tb + t] : 1u;
         }
-        u32 chunk;
-        u32 incl = block_scan_inclusive(end ? 1u : 0u, &chunk);
-        if (end) {
-            u32 l = lv < 63 ? 63 - lv : 0;
-            k[count + incl - 1] =
-                ((u64)l << 58) | ((u64)total_key(tchi2[tb + t]) << KEY_INDEX_BITS) | (u64)t;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            const u32 t = c0 + (u32)q * CA_THREADS + threadIdx.x;
+            const bool end = t < nt && !hr[q] && lv[q] >= min_level;
+            const u32 found = __ballot_sync(0xffffffffu, end);
+            if (found == 0u) continue;
+            const int leader = __ffs((int)found) - 1;
+            u32 at = 0;
+            if ((int)lane == leader) at = atomicAdd(&s_count, (u32)__popc(found));
+            at = __shfl_sync(0xffffffffu, at, leader);
+            if (end) {
+                const u32 l = lv[q] < 63 ? 63 - lv[q] : 0;
+                k[at + (u32)__popc(found & ((1u << lane) - 1u))] =
+                    ((u64)l << 58) | ((u64)total_key(tchi2[tb + t]) << KEY_INDEX_BITS) | (u64)t;
+            }
         }
-        count += chunk;
     }
+    __syncthreads();
+    const u32 count = s_count;
     // The sorted slice: a power of two (none for no end triplet), within the event's 2 nt.
     u32 m = count ? 1u : 0u;
     while (m < count) m <<= 1;

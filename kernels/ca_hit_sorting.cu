@@ -1,41 +1,24 @@
 // Hit sorting into the grid (src/tracking/ca/hit_sorting.rs): per event, its hits by
 // plane, then grid cell, then x (ties in input order), with bin_start per cell.
 //
-// ca_bin_hits (one block per event) counts the event's valid hits (known plane, finite x and y), fails the event
-// when they exceed max_hits (the CPU would drop the excess: the event goes back to it),
-// and counts each hit in its cell; ca_event_scan turns the counts into bin_start;
-// ca_place_hits drops each hit's index into its cell (arrival order, a scratch array);
-// ca_rank_hits gives each its rank in the cell by (x, input index) and writes the sorted
-// arrays, so the order never depends on the arrival.
+// ca_bin_hits (a row of blocks per event) counts each valid hit (known plane, finite x and
+// y) in its cell; ca_event_scan turns the counts into bin_start, whose last entry is the
+// event's count of valid hits; ca_place_hits fails the event when that exceeds max_hits
+// (the CPU would drop the excess: the event goes back to it), and otherwise drops each
+// hit's index into its cell (arrival order, a scratch array); ca_rank_hits gives each its
+// rank in the cell by (x, input index) and writes the sorted arrays, so the order never
+// depends on the arrival.
 
 extern "C" __global__ void ca_bin_hits(const float* __restrict__ in_x, const float* __restrict__ in_y,
                                        const u32* __restrict__ in_plane,
                                        const u32* __restrict__ hit_start,
                                        const float* __restrict__ plf, const int* __restrict__ pli,
-                                       int n_planes, int n_bins, u32 max_hits,
-                                       u32* __restrict__ hit_bin, u32* __restrict__ bin_count,
-                                       u32* __restrict__ n_sorted, u32* __restrict__ failed,
-                                       u32* __restrict__ overflow) {
+                                       int n_planes, int n_bins, u32* __restrict__ hit_bin,
+                                       u32* __restrict__ bin_count) {
     int e = blockIdx.y;
     u32 s = hit_start[e], m = hit_start[e + 1] - s;
-    u32 valid = 0;
-    for (u32 i = threadIdx.x; i < m; i += CA_THREADS) {
-        u32 p = in_plane[s + i];
-        valid += (p < (u32)n_planes && isfinite(in_x[s + i]) && isfinite(in_y[s + i])) ? 1u : 0u;
-    }
-    u32 total;
-    block_scan_inclusive(valid, &total);
-    if (total > max_hits) {
-        if (threadIdx.x == 0) {
-            failed[e] = FAIL_HITS;
-            n_sorted[e] = 0;
-            atomicAdd(&overflow[FAIL_HITS], 1u);
-        }
-        return;
-    }
-    if (threadIdx.x == 0) n_sorted[e] = total;
     u32* counts = bin_count + (size_t)e * (n_bins + 1);
-    for (u32 i = threadIdx.x; i < m; i += CA_THREADS) {
+    for (u32 i = CA_FIRST; i < m; i += CA_STRIDE) {
         u32 p = in_plane[s + i];
         float x = in_x[s + i], y = in_y[s + i];
         u32 b = 0xffffffffu;
@@ -50,14 +33,28 @@ extern "C" __global__ void ca_bin_hits(const float* __restrict__ in_x, const flo
     }
 }
 
+// Every block of the event reads its count of valid hits (bin_start's last entry) and
+// returns where it exceeds max_hits; the event's first block fails it and counts it, or
+// else writes its count.
 extern "C" __global__ void ca_place_hits(const u32* __restrict__ hit_start, const u32* __restrict__ hit_bin,
                                          const u32* __restrict__ bin_start, u32* __restrict__ bin_cursor,
-                                         int n_bins, const u32* __restrict__ failed,
+                                         int n_bins, u32 max_hits, u32* __restrict__ n_sorted,
+                                         u32* __restrict__ failed, u32* __restrict__ overflow,
                                          u32* __restrict__ scratch) {
     int e = blockIdx.y;
     if (failed[e]) return;
     u32 s = hit_start[e], m = hit_start[e + 1] - s;
     const u32* starts = bin_start + (size_t)e * (n_bins + 1);
+    const u32 total = starts[n_bins];
+    if (total > max_hits) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) {
+            failed[e] = FAIL_HITS;
+            n_sorted[e] = 0;
+            atomicAdd(&overflow[FAIL_HITS], 1u);
+        }
+        return;
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) n_sorted[e] = total;
     u32* cursor = bin_cursor + (size_t)e * (n_bins + 1);
     for (u32 i = CA_FIRST; i < m; i += CA_STRIDE) {
         u32 b = hit_bin[s + i];

@@ -4,8 +4,8 @@
 // fit (FIT_WORDS words), and the hits themselves (the event's input indices, upstream
 // first). ca_tracks_count totals each event's tracks and hits; ca_event_budget (with the
 // arenas' own sizes as capacity: the accepted tracks of an event are some of its
-// candidates, so nothing can overflow) places the events; ca_tracks_pack copies, a block
-// per event, each track's hits at its place from a block scan of the lengths.
+// candidates, so nothing can overflow) places the events; ca_tracks_pack copies, a row of
+// blocks per event, each track's hits at its place from a block scan of the lengths.
 
 // Candidate records (ca_candidates.cu): start in the event's candidate hits, length,
 // chi2 bits, ndf.
@@ -61,8 +61,16 @@ extern "C" __global__ void ca_tracks_pack(const u32* __restrict__ failed,
     const uint4* cd = cand + (size_t)e * share_c;
     const u32* ch = cand_hits + (size_t)e * share_h;
     const u32* fw = fits + (size_t)e * share_c * FIT_WORDS;
-    u32 tb = trk_base[e], carry = hit_base[e];
-    for (u32 c0 = 0; c0 < na; c0 += CA_THREADS) {
+    u32 tb = trk_base[e];
+    // The event's tracks in tiles of CA_THREADS, the tiles over the event's blocks; a
+    // tile's first hit is the event's hit base plus the lengths of the tracks before it,
+    // which its block sums itself.
+    for (u32 c0 = blockIdx.x * CA_THREADS; c0 < na; c0 += gridDim.x * CA_THREADS) {
+        u32 before = 0;
+        for (u32 k = threadIdx.x; k < c0; k += CA_THREADS) before += cd[acc[k]].y;
+        u32 carry;
+        block_scan_inclusive(before, &carry);
+        carry += hit_base[e];
         u32 k = c0 + threadIdx.x;
         uint4 c = make_uint4(0, 0, 0, 0);
         u32 cidx = 0;
@@ -94,15 +102,14 @@ extern "C" __global__ void ca_tracks_pack(const u32* __restrict__ failed,
                 for (int w = 0; w < FIT_WORDS; w++) o[w] = fw[(size_t)cidx * FIT_WORDS + w];
             }
         }
-        carry += chunk;
     }
 }
 
 // The packed tracks in the layout of the clone step (kernels/ca_clones.cu): per event its
 // first track, per track its first hit, per hit its plane and position (from the event's
 // input hits), per track its fit in double precision (z, state, covariance: the fit's
-// single-precision values, exact in double, as the CPU's FitOutput holds them). One block
-// per event; the last event's block writes the closing offsets.
+// single-precision values, exact in double, as the CPU's FitOutput holds them). A row of
+// blocks per event; the last event's first block writes the closing offsets.
 #define CLONE_FIT_WORDS 21
 extern "C" __global__ void ca_tracks_clone_input(u32 n_events, const u32* __restrict__ failed,
                                                  const u32* __restrict__ trk_n,
@@ -125,7 +132,7 @@ extern "C" __global__ void ca_tracks_clone_input(u32 n_events, const u32* __rest
     u32 e = blockIdx.y;
     u32 tb = trk_base[e], nt = failed[e] ? 0u : trk_n[e];
     u32 hb = trk_hit_base[e], nh = failed[e] ? 0u : trk_hits[e];
-    if (threadIdx.x == 0) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
         event_start[e] = tb;
         if (e + 1 == n_events) {
             event_start[n_events] = tb + nt;
@@ -133,7 +140,7 @@ extern "C" __global__ void ca_tracks_clone_input(u32 n_events, const u32* __rest
         }
     }
     u32 s = hit_start[e];
-    for (u32 k = threadIdx.x; k < nt; k += CA_THREADS) {
+    for (u32 k = CA_FIRST; k < nt; k += CA_STRIDE) {
         u32 t = tb + k;
         track_hit_start[t] = out_tracks[t].x;
         const u32* w = out_fits + (size_t)t * FIT_WORDS;
@@ -141,7 +148,7 @@ extern "C" __global__ void ca_tracks_clone_input(u32 n_events, const u32* __rest
         f[0] = (double)__uint_as_float(w[20]);
         for (int i = 0; i < 20; i++) f[1 + i] = (double)__uint_as_float(w[i]);
     }
-    for (u32 i = threadIdx.x; i < nh; i += CA_THREADS) {
+    for (u32 i = CA_FIRST; i < nh; i += CA_STRIDE) {
         u32 h = s + out_hits[hb + i];
         hit_plane[hb + i] = in_plane[h];
         hit_x[hb + i] = in_x[h];

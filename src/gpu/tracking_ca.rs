@@ -2161,10 +2161,8 @@ impl GpuCaEngine {
     ) -> Result<(), GpuError> {
         use Arg::{Ptr, I32, U32};
         let e = self.n_events as u32;
-        // Blocks per event for the steps over an event's items: about four per
-        // multiprocessor over the batch (a few busy events or many small ones).
         let sms = self.device.multiprocessors.max(1) as u32;
-        let bpe = (4 * sms).div_ceil(e.max(1)).clamp(1, 64);
+        let bpe = self.blocks_per_event(e);
         // The doublet and triplet kernels, bounded to ITEM_BLOCKS_PER_SM blocks per
         // multiprocessor, in one wave of them: a second, partial wave (five blocks per
         // event where three or four fit) leaves most multiprocessors fewer warps to hide
@@ -2323,9 +2321,8 @@ impl GpuCaEngine {
         if first.is_some() {
             // Hit sorting.
             #[rustfmt::skip]
-            self.launch("ca_bin_hits", (1, e), &[in_x, in_y, in_plane, hit_start, plf, pli,
-                I32(n_planes), I32(n_bins), U32(max_hits), hit_bin, bin_count, n_sorted, failed,
-                overflow])?;
+            self.launch("ca_bin_hits", (bpe, e), &[in_x, in_y, in_plane, hit_start, plf, pli,
+                I32(n_planes), I32(n_bins), hit_bin, bin_count])?;
             mark("hit_sorting: bin", self)?;
             #[rustfmt::skip]
             self.launch_scan(e, [bin_count, bin_start, null, cells_n,
@@ -2333,7 +2330,7 @@ impl GpuCaEngine {
             mark("hit_sorting: scan", self)?;
             #[rustfmt::skip]
             self.launch("ca_place_hits", (bpe, e), &[hit_start, hit_bin, bin_start, bin_cursor,
-                I32(n_bins), failed, scratch])?;
+                I32(n_bins), U32(max_hits), n_sorted, failed, overflow, scratch])?;
             mark("hit_sorting: place", self)?;
             #[rustfmt::skip]
             self.launch("ca_rank_hits", (bpe, e), &[in_x, in_y, in_plane, hit_start, hit_bin,
@@ -2580,7 +2577,7 @@ impl GpuCaEngine {
         let (cand1, cand2) = (cand_args(append), cand_args(true));
         self.mark_if(profile, "start")?;
         let sms = self.device.multiprocessors.max(1) as u32;
-        let bpe = (4 * sms).div_ceil(e as u32).clamp(1, 64);
+        let bpe = self.blocks_per_event(e as u32);
         self.launch("ca_candidates_order", (1, e as u32), &order_args)?;
         self.launch("ca_event_budget", (1, 1), &budget_args)?;
         self.mark_if(profile, "candidates: order")?;
@@ -2658,6 +2655,13 @@ impl GpuCaEngine {
         r
     }
 
+    /// Blocks per event for the steps over an event's items: about four per
+    /// multiprocessor over a launch of `events` (a few busy events or many small ones).
+    fn blocks_per_event(&self, events: u32) -> u32 {
+        let sms = self.device.multiprocessors.max(1) as u32;
+        (4 * sms).div_ceil(events.max(1)).clamp(1, 64)
+    }
+
     fn pack_tracks(
         &mut self,
         clones: Option<&GpuCloneEngine>,
@@ -2726,7 +2730,8 @@ impl GpuCaEngine {
         self.launch("ca_tracks_count", (1, e as u32), &count_args)?;
         self.launch("ca_event_budget", (1, 1), &place_t)?;
         self.launch("ca_event_budget", (1, 1), &place_h)?;
-        self.launch("ca_tracks_pack", (1, e as u32), &pack_args)?;
+        let bpe = self.blocks_per_event(e as u32);
+        self.launch("ca_tracks_pack", (bpe, e as u32), &pack_args)?;
         let h = &mut self.tracks_host;
         for (k, src) in [
             &self.a.trk_n,
@@ -2768,7 +2773,7 @@ impl GpuCaEngine {
                 Ptr(a.out_tracks.ptr()), p(&a.out_fits), p(&a.out_hits), p(&a.cl_event_start),
                 p(&a.cl_track_hit_start), p(&a.cl_plane), pf(&a.cl_x), pf(&a.cl_y),
                 Ptr(a.cl_fits.ptr())];
-            self.launch("ca_tracks_clone_input", (1, e as u32), &args)?;
+            self.launch("ca_tracks_clone_input", (bpe, e as u32), &args)?;
             driver("cuStreamSynchronize", self.stream.synchronize())?;
             let a = &self.a;
             engine.launch(&DeviceCloneBatch {

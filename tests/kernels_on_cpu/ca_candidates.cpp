@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
     }
     std::vector<uint2> out_tracks(n_tracks, make_uint2(0xdeadbeefu, 0xdeadbeefu));
     std::vector<unsigned> out_fits(FIT_WORDS * n_tracks, 0xdeadbeefu), out_hits(n_hits, 0xdeadbeefu);
-    launch_blocks(CA_THREADS, 1, n_events, [&] {
+    launch_blocks(CA_THREADS, 3, n_events, [&] {
         ca_tracks_pack(failed.data(), n_acc.data(), acc.data(), cand.data(), chits.data(),
                        fits.data(), share_cand, share_hits, trk_base.data(), trk_hit_base.data(),
                        out_tracks.data(), out_fits.data(), out_hits.data(), (int)refit,
@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
     std::vector<unsigned> hit_plane(n_hits, 0xdeadbeefu);
     std::vector<float> hit_x(n_hits, NAN), hit_y(n_hits, NAN);
     std::vector<double> clone_fits(CLONE_FIT_WORDS * n_tracks, NAN);
-    launch_blocks(CA_THREADS, 1, n_events, [&] {
+    launch_blocks(CA_THREADS, 3, n_events, [&] {
         ca_tracks_clone_input(n_events, failed.data(), trk_n.data(), trk_base.data(),
                               trk_hits.data(), trk_hit_base.data(), hit_start.data(),
                               in_x.data(), in_y.data(), in_plane.data(), out_tracks.data(),

@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
     const int n_bins = (int)(bin_start.size() / n_events) - 1;
     const size_t n_hits = sx.size();
     const std::vector<unsigned> failed(n_events, 0u);
-    // The hits sorted into the grid by the kernels (ca_bin_hits with a block per event,
+    // The hits sorted into the grid by the kernels (ca_bin_hits with three blocks per event,
     // the cells' scan on the host, ca_place_hits, ca_rank_hits) from the events' input hits
     // (DIR/in_x, in_y, in_plane, and DIR/in_start with a last entry), written to
     // DIR/sorted for the test to compare with the CPU's sorting (the steps below run on
@@ -140,10 +140,9 @@ int main(int argc, char** argv) {
         std::vector<unsigned> hit_bin(n_in, 0xdeadbeefu), bin_count(bin_start.size(), 0u);
         std::vector<unsigned> k_sorted(n_events, 0xdeadbeefu), k_failed(n_events, 0u);
         std::vector<unsigned> overflow(8, 0u);
-        launch_blocks(CA_THREADS, 1, (unsigned)n_events, [&] {
+        launch_blocks(CA_THREADS, 3, (unsigned)n_events, [&] {
             ca_bin_hits(in_x.data(), in_y.data(), in_plane.data(), in_start.data(), plf.data(),
-                        pli.data(), n_planes, n_bins, max_hits, hit_bin.data(),
-                        bin_count.data(), k_sorted.data(), k_failed.data(), overflow.data());
+                        pli.data(), n_planes, n_bins, hit_bin.data(), bin_count.data());
         });
         std::vector<unsigned> k_bin_start(bin_start.size(), 0u), cursor(bin_start.size(), 0u);
         const unsigned cells = (unsigned)n_bins + 1;
@@ -155,7 +154,8 @@ int main(int argc, char** argv) {
         std::vector<float> k_sx(n_in, NAN), k_sy(n_in, NAN);
         each_thread(CA_THREADS, 2, n_events, [&] {
             ca_place_hits(in_start.data(), hit_bin.data(), k_bin_start.data(), cursor.data(),
-                          n_bins, k_failed.data(), scratch.data());
+                          n_bins, max_hits, k_sorted.data(), k_failed.data(), overflow.data(),
+                          scratch.data());
         });
         each_thread(CA_THREADS, 2, n_events, [&] {
             ca_rank_hits(in_x.data(), in_y.data(), in_plane.data(), in_start.data(),
