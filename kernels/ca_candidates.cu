@@ -2,7 +2,7 @@
 // pass ordered longest first, their chains built, Kalman fitted in chunks and chosen
 // greedily, each hit used once, as the CPU does it, for every event of the batch.
 //
-// ca_candidates_order (one block of CA_THREADS per event): the end triplets (nobody's
+// ca_candidates_order (one block of ORDER_THREADS per event): the end triplets (nobody's
 // left neighbour, level >= min_level) compacted as the warps find them, then sorted by one
 // 64-bit key (63 - level, total_key(kink chi-square), index): the CPU's order, (level desc,
 // chi2 by total_cmp, index), with no tie left to the order threads arrive in. A bitonic
@@ -80,6 +80,8 @@ static_assert(CAND_CHUNK < 512 && CHUNK_MAX <= RANK_KEYS, "a chunk's index fits 
 #define FIT_WORDS 24
 // Triplet indices in the order key.
 #define KEY_INDEX_BITS 26
+// Threads of ca_candidates_order's blocks: its sort's steps take a few keys a thread.
+#define ORDER_THREADS 1024
 // Most end triplets of an event sorted in shared memory (32 KB of keys); more are sorted in
 // the key arena. (A smaller power of two, at least 32, given in TRIGD_KERNEL_OPTIONS sends
 // more events to the arena's path, to check it.)
@@ -140,7 +142,7 @@ __device__ __forceinline__ void bitonic_sort_block(u64* a, u32 n) {
     }
 }
 
-extern "C" __global__ void ca_candidates_order(const u32* __restrict__ trip_base,
+extern "C" __global__ void __launch_bounds__(ORDER_THREADS) ca_candidates_order(const u32* __restrict__ trip_base,
                                                const u32* __restrict__ trip_n,
                                                const u32* __restrict__ level,
                                                const u32* __restrict__ has_right,
@@ -176,17 +178,17 @@ extern "C" __global__ void ca_candidates_order(const u32* __restrict__ trip_base
     if (threadIdx.x == 0) s_count = 0;
     __syncthreads();
     const u32 lane = threadIdx.x & 31u;
-    for (u32 c0 = 0; c0 < nt; c0 += 4 * CA_THREADS) {
+    for (u32 c0 = 0; c0 < nt; c0 += 4 * ORDER_THREADS) {
         u32 lv[4], hr[4];
 #pragma unroll
         for (int q = 0; q < 4; q++) {
-            const u32 t = c0 + (u32)q * CA_THREADS + threadIdx.x;
+            const u32 t = c0 + (u32)q * ORDER_THREADS + threadIdx.x;
             lv[q] = t < nt ? level[tb + t] : 0u;
             hr[q] = t < nt ? has_right[tb + t] : 1u;
         }
 #pragma unroll
         for (int q = 0; q < 4; q++) {
-            const u32 t = c0 + (u32)q * CA_THREADS + threadIdx.x;
+            const u32 t = c0 + (u32)q * ORDER_THREADS + threadIdx.x;
             const bool end = t < nt && !hr[q] && lv[q] >= min_level;
             const u32 found = __ballot_sync(0xffffffffu, end);
             if (found == 0u) continue;
@@ -213,20 +215,20 @@ extern "C" __global__ void ca_candidates_order(const u32* __restrict__ trip_base
         // At least a warp's width (bitonic_sort_block).
         const u32 ms = m < 32 ? 32 : m;
         __syncthreads();
-        for (u32 i = threadIdx.x; i < ms; i += CA_THREADS) sk[i] = i < count ? k[i] : ~0ull;
+        for (u32 i = threadIdx.x; i < ms; i += ORDER_THREADS) sk[i] = i < count ? k[i] : ~0ull;
         __syncthreads();
-        bitonic_sort_block<CA_THREADS>(sk, ms);
-        for (u32 i = threadIdx.x; i < m; i += CA_THREADS) k[i] = sk[i];
+        bitonic_sort_block<ORDER_THREADS>(sk, ms);
+        for (u32 i = threadIdx.x; i < m; i += ORDER_THREADS) k[i] = sk[i];
         __syncthreads();
     } else {
-        for (u32 i = count + threadIdx.x; i < m; i += CA_THREADS) k[i] = ~0ull;
+        for (u32 i = count + threadIdx.x; i < m; i += ORDER_THREADS) k[i] = ~0ull;
         __syncthreads();
-        bitonic_sort_block<CA_THREADS>(k, m);
+        bitonic_sort_block<ORDER_THREADS>(k, m);
     }
     // Room for each end triplet's chain and its fork's (the chain of an end triplet of
     // level L has min(L + 2, MAX_CHAIN) hits, whichever neighbours it follows), in order.
     u32 carry = 0;
-    for (u32 c0 = 0; c0 < count; c0 += CA_THREADS) {
+    for (u32 c0 = 0; c0 < count; c0 += ORDER_THREADS) {
         u32 p = c0 + threadIdx.x;
         u32 room = 0;
         if (p < count) {
@@ -234,7 +236,7 @@ extern "C" __global__ void ca_candidates_order(const u32* __restrict__ trip_base
             room = 2 * (lv + 2 < MAX_CHAIN ? lv + 2 : MAX_CHAIN);
         }
         u32 chunk;
-        u32 incl = block_scan_inclusive(room, &chunk);
+        u32 incl = block_scan_inclusive_of<ORDER_THREADS>(room, &chunk);
         if (p < count) chain_off[tb + p] = carry + incl - room;
         carry += chunk;
     }

@@ -272,6 +272,8 @@ pub const DBL_CACHE: usize = 16;
 /// bounded to (`ITEM_MIN_BLOCKS` in `kernels/ca_common.cuh`): their grids are one wave of
 /// them over the batch's events.
 const ITEM_BLOCKS_PER_SM: u32 = 4;
+/// Threads of `ca_candidates_order`'s blocks (ORDER_THREADS in kernels/ca_candidates.cu).
+const ORDER_THREADS: u32 = 1024;
 
 /// The sizes of a batch's arenas.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -2578,7 +2580,12 @@ impl GpuCaEngine {
         self.mark_if(profile, "start")?;
         let sms = self.device.multiprocessors.max(1) as u32;
         let bpe = self.blocks_per_event(e as u32);
-        self.launch("ca_candidates_order", (1, e as u32), &order_args)?;
+        self.launch_block(
+            "ca_candidates_order",
+            (1, e as u32),
+            ORDER_THREADS,
+            &order_args,
+        )?;
         self.launch("ca_event_budget", (1, 1), &budget_args)?;
         self.mark_if(profile, "candidates: order")?;
         self.launch("ca_candidates_chains", (bpe, e as u32), &chains1)?;
@@ -3372,6 +3379,7 @@ mod tests {
         use crate::tracking::ca::candidates::{CHUNK, FORK_CHI2, MAX_CHAIN};
         let def = |name: &str| kernel_define("ca_candidates_order", name);
         assert_eq!(def("CAND_CHUNK"), CHUNK.to_string());
+        assert_eq!(def("ORDER_THREADS"), ORDER_THREADS.to_string());
         assert_eq!(def("MAX_CHAIN"), MAX_CHAIN.to_string());
         assert_eq!(def("FORK_CHI2"), format!("{FORK_CHI2:.1}f"));
         assert_eq!(def("FIT_WORDS"), FIT_WORDS.to_string());

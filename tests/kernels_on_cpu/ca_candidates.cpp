@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
         });
     };
     for (size_t k = 0; k < appends.size(); ++k) {
-        launch_blocks(CA_THREADS, 1, n_events, [&] {
+        launch_blocks(ORDER_THREADS, 1, n_events, [&] {
             ca_candidates_order(trip_base.data(), trip_n.data(), level.data(), has_right.data(),
                                 tchi2.data(), failed.data(), overflow.data(), min_level,
                                 keys.data(), n_end.data(), chain_off.data(),
