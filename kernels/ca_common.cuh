@@ -5,8 +5,8 @@
 //
 // Every step runs a row of blocks per event (blockIdx.y = event; gridDim.x blocks, sized
 // so that a batch fills the GPU whether it holds a few busy events or many small ones),
-// their threads striding over the event's items; ca_bin_hits runs one block per event, the
-// per-event scan a few blocks per event that take its tiles in turn. Items of an event are
+// their threads striding over the event's items; the per-event scan runs a few blocks per
+// event that take its tiles in turn. Items of an event are
 // indexed locally as the CPU indexes them (sorted hit, doublet, triplet), so a step's
 // output for an event is the CPU's arrays for it.
 // Steps that make a variable number of outputs run twice: count per item, scan per event
