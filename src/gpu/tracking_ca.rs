@@ -78,14 +78,15 @@
 //! **Candidates.** The greedy choice is sequential by nature (a track takes hits from the
 //! ones after it), so the choice of an event is one block; what does not depend on it
 //! runs before, for the whole batch. `ca_candidates_order` sorts an event's end triplets
-//! (a block of `ORDER_THREADS` per event) by one 64-bit key (level, kink chi-square by `total_cmp`, index: the CPU's order, no
-//! ties); `ca_candidates_chains` walks every end triplet's chain and its fork (the walk
-//! does not read the used flags), a thread each; then `ca_candidates` works through an
-//! event's end triplets a window of its block's threads at a time: each thread leaves out of one end
-//! triplet's walked chains the hits used as of the window's start (what the CPU sees: the
-//! flags change only in the choice), one thread places them in order with the CPU's
-//! limits until the chunk holds `CHUNK` (256) candidates (the rest of the window is filtered again
-//! after the choice), the chunk is fitted one candidate per thread with the fit of
+//! (a block of `ORDER_THREADS` per event) by one 64-bit key (level, kink chi-square by
+//! `total_cmp`, index: the CPU's order, no ties); `ca_candidates_chains` walks every end
+//! triplet's chain and its fork (the walk does not read the used flags), a thread each;
+//! then `ca_candidates` works through an event's end triplets a window of its block's
+//! threads at a time: each thread leaves out of one end triplet's walked chains the hits
+//! used as of the window's start (what the CPU sees: the flags change only in the
+//! choice), the block places them in order with the CPU's limits until the chunk holds
+//! `CHUNK` (256) candidates (the rest of the window is filtered again after the choice),
+//! the chunk is fitted one candidate per thread with the fit of
 //! `kalman_fit.cu` (a device function, with the fitter's own tables,
 //! [`super::tracking_fit::FitTables`]), staged in shared memory and ranked by the block,
 //! and the block's first warp makes the choice (each candidate's hits checked and taken
