@@ -42,6 +42,19 @@ fn kernel_binary() -> &'static Path {
     kernels_on_cpu::compiled(&BINARY, "ca_candidates.cpp", "ca_candidates_on_cpu")
 }
 
+/// The same, with the end triplets' order sorted in the key arena whenever an event has
+/// more than 64 of them (`ORDER_SHARED_KEYS`; on the device, more than 4,096).
+fn kernel_binary_sorting_in_the_arena() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        kernels_on_cpu::finish(kernels_on_cpu::start(
+            "ca_candidates.cpp",
+            "ca_candidates_arena_sort_on_cpu",
+            &["ORDER_SHARED_KEYS=64".to_string()],
+        ))
+    })
+}
+
 /// Words of a fit in the kernels' fit arena: state, covariance, z, chi-square (floats),
 /// ndf, ok.
 const FIT_WORDS: usize = 24;
@@ -193,6 +206,7 @@ fn parse_tracks(words: &[u32], n_events: usize, what: &str) -> Vec<Vec<Track>> {
 /// call's tracks as the engine packs them (fitted again with `track_fitter` where there
 /// is one).
 fn kernel_selections(
+    binary: &Path,
     cfg: &FinderConfig,
     fitter: &KalmanFitter,
     track_fitter: Option<&KalmanFitter>,
@@ -248,7 +262,7 @@ fn kernel_selections(
     // candidates' detector tables.
     let tt = track_fitter.map(FitTables::new);
     kernels_on_cpu::write_track_fit(d, &t, tt.as_ref());
-    kernels_on_cpu::run(kernel_binary(), d);
+    kernels_on_cpu::run(binary, d);
     let calls = (0..appends.len())
         .map(|k| {
             let tracks = parse_tracks(&read_words(d, &format!("tracks{k}")), n_events, "call");
@@ -338,7 +352,14 @@ fn clone_layout(events: &[Vec<HitRecord>], tracks: &[Vec<Track>], n_planes: usiz
 /// Both block sizes' selections, from scratch and appended, equal the CPU's on every
 /// event; returns the CPU's tracks of the first call and how many of them its second
 /// round chose (those a call without it lacks).
-fn agree(name: &str, det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) -> (usize, usize) {
+fn agree(
+    binary: &Path,
+    name: &str,
+    det: &Detector,
+    sim: &SimConfig,
+    seed: u64,
+    n_events: u64,
+) -> (usize, usize) {
     let cfg = FinderConfig::from_detector(det, 1.0);
     let first_round = FinderConfig {
         divert_chains: false,
@@ -373,6 +394,7 @@ fn agree(name: &str, det: &Detector, sim: &SimConfig, seed: u64, n_events: u64) 
     }
     for threads in [256, 128] {
         let (kernel, kernel_packed, kernel_clone_layout) = kernel_selections(
+            binary,
             &cfg,
             &fitter,
             track_fitter.as_ref(),
@@ -449,11 +471,27 @@ fn the_candidate_kernels_give_the_cpus_tracks_on_every_shipped_detector() {
         ),
         ("no field, central", no_field, &central, 1),
     ] {
-        let (tracks, d) = agree(name, &det, sim, 73, n);
+        let (tracks, d) = agree(kernel_binary(), name, &det, sim, 73, n);
         // The comparison is not empty: a central event holds a thousand tracks and more.
         assert!(tracks > 300, "{name}: only {tracks} tracks");
         diverted += d;
     }
     // The second round's kernels chose tracks the comparison covers.
     assert!(diverted > 0, "the second round chose no track");
+}
+
+/// An event's end triplets sorted in its slice of the key arena (where an event has more
+/// than the shared memory holds) give the same order, so the same tracks.
+#[test]
+fn the_end_triplets_sorted_in_the_key_arena_give_the_cpus_tracks() {
+    let central = SimConfig::preset(Preset::Central);
+    let (tracks, _) = agree(
+        kernel_binary_sorting_in_the_arena(),
+        "uniform field, central, sorted in the arena",
+        &load("detector.toml"),
+        &central,
+        74,
+        1,
+    );
+    assert!(tracks > 300, "only {tracks} tracks");
 }
