@@ -480,3 +480,66 @@ fn the_first_pass_with_its_dead_ends_pruned_gives_the_cpus_steps() {
         "no shipped detector's first pass runs to the last plane"
     );
 }
+
+/// A per-event hit limit between the events' sizes: the kernels fail the events beyond it
+/// (the CPU would drop hits; the engine hands such an event to the CPU path), whichever of
+/// an event's blocks binned its hits, and sort the others as the CPU does.
+#[test]
+fn the_events_beyond_the_hit_limit_fail_and_the_others_are_sorted_as_the_cpus() {
+    let det = load("detector.toml");
+    let cfg = FinderConfig::from_detector(&det, 1.0);
+    let geo = FinderGeometry::new(&det, &cfg);
+    let mut buf = CaBuffers::with_limits(&cfg.limits, geo.n_bins);
+    let mut events: Vec<Vec<HitRecord>> =
+        simulate_events(&det, &SimConfig::preset(Preset::Minbias), 76, 0, 3)
+            .map(|e| e.hits)
+            .collect();
+    let central = SimConfig::preset(Preset::Central);
+    let central = simulate_events(&det, &central, 76, 0, 1).next();
+    events.insert(1, central.expect("a central event").hits);
+    let limit = events
+        .iter()
+        .map(|e| e.len())
+        .filter(|&n| n < 5_000)
+        .max()
+        .unwrap();
+    let sorted: Vec<Sorted> = events
+        .iter()
+        .map(|hits| {
+            ca::hit_sorting::sort_hits(&geo, hits, cfg.limits.max_hits, &mut buf);
+            Sorted {
+                x: buf.hits.x_mm.clone(),
+                y: buf.hits.y_mm.clone(),
+                plane: buf.hits.plane.iter().map(|&p| p as u32).collect(),
+                bin_start: buf.hits.bin_start.clone(),
+                input: buf.hits.input_index.clone(),
+                used: None,
+            }
+        })
+        .collect();
+    let tables = CaTables::new(&geo, &cfg, 1);
+    let (_, _, _, words) = kernel_steps(&tables, limit, &events, &sorted, None);
+    let cells = tables.n_bins + 1;
+    let mut at = 0;
+    let mut failed = Vec::new();
+    for (e, (hits, sh)) in events.iter().zip(&sorted).enumerate() {
+        let dropped = buf.overflow.hits;
+        ca::hit_sorting::sort_hits(&geo, hits, limit, &mut buf);
+        let beyond = buf.overflow.hits > dropped;
+        if words[at] == u32::MAX {
+            failed.push(e);
+            assert!(beyond, "event {e} failed within the limit");
+            at += 1 + cells;
+        } else {
+            assert!(!beyond, "event {e} beyond the limit was sorted");
+            let n = 1 + 4 * sh.x.len() + cells;
+            assert!(
+                words[at..at + n] == sorting_words(std::slice::from_ref(sh)),
+                "event {e}: the kernels' hit sorting differs from the CPU's"
+            );
+            at += n;
+        }
+    }
+    assert_eq!(at, words.len());
+    assert_eq!(failed, [1], "the central event alone fails");
+}
