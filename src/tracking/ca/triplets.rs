@@ -661,7 +661,7 @@ fn pair_tests(
         let t2 = [at(&pairs.t2[0]), at(&pairs.t2[1])];
         let bd = [at(&pairs.b[0]), at(&pairs.b[1]), at(&pairs.b[2])];
         let bg = [at(&pairs.b[3]), at(&pairs.b[4]), at(&pairs.b[5])];
-        let bgs = std::array::from_fn(|s| if s == 0 { bg } else { [[0.0; LANES]; 3] });
+        let bgs = std::array::from_fn(|k| if k == 0 { bg } else { [[0.0; LANES]; 3] });
         let win = window_lanes::<1>(cuts, &pf, &xa, &ya, &t1[0], &t1[1], &bd, &bgs);
         let (pass, res) = kink_lanes(cuts, &t1, &t2, &bg, &win[OUT_Q_HI], &tg);
         let mut bits = 0u32;
@@ -779,7 +779,7 @@ fn middle_hit_tests(
     let (pf, tg) = plane_pair_lanes(geo, cuts, planes);
     let bd: [[f32; LANES]; 3] = std::array::from_fn(|c| [field[c]; LANES]);
     let bg: [[f32; LANES]; 3] = std::array::from_fn(|c| [field[3 + c]; LANES]);
-    let bgs = std::array::from_fn(|s| if s == 0 { bg } else { [[0.0; LANES]; 3] });
+    let bgs = std::array::from_fn(|k| if k == 0 { bg } else { [[0.0; LANES]; 3] });
     // The pairs inside their windows, waiting for the kink test: left (in `lefts`),
     // right entry, and the left's largest |q/p|.
     let mut inside: [(usize, usize, f32); LANES] = [(0, 0, 0.0); LANES];
@@ -1647,9 +1647,8 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                     {
                         let xa = [sh.x_mm[a], sh.y_mm[a]];
                         if per_left {
-                            let id = k as u32;
                             middle_lefts.push(MiddleLeft {
-                                id,
+                                id: k as u32,
                                 xa,
                                 t1: [tx, ty],
                             });
@@ -1696,15 +1695,13 @@ fn find_triplets_seeded_impl<const AVX2: bool>(
                 if per_left {
                     pair_tests(geo, &cuts, cfg, &pairs, &rights, triplets, overflow);
                     pairs.n = 0;
-                    let (l, r) = (&middle_lefts, &rights);
-                    let planes = (i, j);
                     middle_hit_tests(
                         geo,
                         &cuts,
                         cfg,
-                        planes,
-                        l,
-                        r,
+                        (i, j),
+                        &middle_lefts,
+                        &rights,
                         (s, e),
                         field,
                         triplets,
