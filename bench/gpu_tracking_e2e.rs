@@ -15,6 +15,8 @@
 //!              GPU, as the daemon's `gpu_wait`; default auto, the driver's choice)
 //!              --candidate-blocks auto|large|small (the candidate step's blocks,
 //!              `CandidateBlocks`; default auto, chosen per launch)
+//!              --graphs 1|0 (each pass's and candidate step's launches recorded as
+//!              CUDA graphs and replayed, the default, or each kernel launched)
 //!
 //! For central and minimum-bias events of each detector: the CPU finder
 //! (`Reconstructor::reconstruct`, the daemon's CPU path) on one core and on every core of
@@ -174,6 +176,7 @@ fn main() {
             let limits = TrackerLimits::for_batch(&cfg, launch);
             let mut tracker = GpuTracker::new(dev, &det, &cfg, limits).expect("tracker");
             tracker.set_candidate_blocks(candidate_blocks());
+            tracker.set_graphs(arg("--graphs", 1) != 0);
             let (mut out, mut back) = (Vec::new(), Vec::new());
             // Warm-up, and agreement with the CPU on every event.
             let mut reco = Reconstructor::new(&det, cfg.clone());
@@ -211,13 +214,16 @@ fn main() {
                 }
             }
             let gpu = (rounds * events.len()) as f64 / t0.elapsed().as_secs_f64();
+            let mean = |f: fn(&trigd::gpu::tracking::TrackerTimes) -> f64| {
+                stages.iter().map(f).sum::<f64>() / stages.len() as f64
+            };
             let what = format!("{name} {preset:?}");
             if on_all.len() > 1 {
                 // One GPU with `per_gpu` trackers, then every GPU with as many, same run.
-                let (one_k, lat_k) = if per_gpu > 1 {
+                let (one_k, lat_k, enq_k) = if per_gpu > 1 {
                     several_gpus(&on_one, &det, &cfg, &events, launch, rounds)
                 } else {
-                    (gpu, lat.clone())
+                    (gpu, lat.clone(), mean(|t| t.enqueue_ms))
                 };
                 let all_k = if n_gpus > 1 {
                     several_gpus(&on_all, &det, &cfg, &events, launch, rounds).0
@@ -226,7 +232,7 @@ fn main() {
                 };
                 let (p50_k, p99_k) = (quantile(&lat_k, 0.5), quantile(&lat_k, 0.99));
                 println!(
-                    "{what}: 1 GPU x 1 tracker {gpu:.0}, 1 GPU x {per_gpu} {one_k:.0} (launch ms p50 {p50_k:.2}, p99 {p99_k:.2}), {n_gpus} GPU(s) x {per_gpu} {all_k:.0} events/s"
+                    "{what}: 1 GPU x 1 tracker {gpu:.0}, 1 GPU x {per_gpu} {one_k:.0} (launch ms p50 {p50_k:.2}, p99 {p99_k:.2}; host in kernel launches {enq_k:.3} ms a launch), {n_gpus} GPU(s) x {per_gpu} {all_k:.0} events/s"
                 );
                 multi.push(format!(
                     "| {what} | {launch} | {gpu:.0} | {one_k:.0} | {p50_k:.2} / {p99_k:.2} | {all_k:.0} | {:.2}x | {:.2}x | {:.1}x | {:.1}x |",
@@ -243,17 +249,16 @@ fn main() {
                 n_tracks as f64 / (events.len() - handed_back).max(1) as f64,
                 events.len() - handed_back
             );
-            let mean = |f: fn(&trigd::gpu::tracking::TrackerTimes) -> f64| {
-                stages.iter().map(f).sum::<f64>() / stages.len() as f64
-            };
             println!(
-                "{what}: launch of {launch}: stages ms first pass {:.3}, candidates {:.3}, later pass {:.3}, candidates {:.3}, tracks packed, clones marked and read back {:.3}, tracks written {:.3}",
+                "{what}: launch of {launch}: stages ms first pass {:.3}, candidates {:.3}, later pass {:.3}, candidates {:.3}, tracks packed, clones marked and read back {:.3}, tracks written {:.3}; host in kernel launches {:.3} ms for {:.0} kernels",
                 mean(|t| t.first_pass_ms),
                 mean(|t| t.first_candidates_ms),
                 mean(|t| t.later_pass_ms),
                 mean(|t| t.later_candidates_ms),
                 mean(|t| t.readback_ms),
                 mean(|t| t.write_ms),
+                mean(|t| t.enqueue_ms),
+                mean(|t| t.kernels as f64),
             );
             table.push(format!(
                 "| {what} | {launch} | {:.0} | {:.0} | {:.0} | {:.0}x | {:.1}x | {:.2} / {:.2} |",
@@ -296,7 +301,7 @@ fn several_gpus(
     events: &[Vec<HitRecord>],
     launch: usize,
     rounds: usize,
-) -> (f64, Vec<f64>) {
+) -> (f64, Vec<f64>, f64) {
     let chunks: Vec<&[Vec<HitRecord>]> = events.chunks(launch).collect();
     let mut trackers: Vec<GpuTracker> = devices
         .iter()
@@ -304,6 +309,7 @@ fn several_gpus(
             let mut t = GpuTracker::new(d, det, cfg, TrackerLimits::for_batch(cfg, launch))
                 .expect("tracker");
             t.set_candidate_blocks(candidate_blocks());
+            t.set_graphs(arg("--graphs", 1) != 0);
             // Compiled and warm before the clock starts.
             let views: Vec<&[HitRecord]> = chunks[0].iter().map(Vec::as_slice).collect();
             t.reconstruct_batch(&views, &mut Vec::new(), &mut Vec::new())
@@ -336,7 +342,10 @@ fn several_gpus(
                             tracker
                                 .reconstruct_batch(&views, &mut out, &mut back)
                                 .expect("launch");
-                            lat.push(t.elapsed().as_secs_f64() * 1e3);
+                            lat.push((
+                                t.elapsed().as_secs_f64() * 1e3,
+                                tracker.last_times().enqueue_ms,
+                            ));
                         }
                     }
                     lat
@@ -345,12 +354,14 @@ fn several_gpus(
             .collect();
         start.wait();
         let t0 = Instant::now();
-        let lat: Vec<f64> = handles
+        let lat: Vec<(f64, f64)> = handles
             .into_iter()
             .flat_map(|h| h.join().expect("tracker thread"))
             .collect();
         (t0, lat)
     });
     let rate = (rounds * events.len()) as f64 / t0.elapsed().as_secs_f64();
-    (rate, lat)
+    // The mean host time in kernel launches per launch.
+    let enqueue = lat.iter().map(|l| l.1).sum::<f64>() / lat.len().max(1) as f64;
+    (rate, lat.into_iter().map(|l| l.0).collect(), enqueue)
 }

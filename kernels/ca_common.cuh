@@ -243,14 +243,16 @@ __device__ __forceinline__ u32 scan_ticket(unsigned long long* ticket, u32 epoch
 // word; its first warp then adds the published sums of the tiles before it, 32 at a time,
 // back to the nearest one that published its prefix (a decoupled look-back), and
 // publishes its own. The events' status words start at base / SCAN_TILE + e (ranges that
-// do not overlap: the bases grow by at least the items); the host gives each launch a new
-// epoch and clears the words when the epochs wrap.
+// do not overlap: the bases grow by at least the items). Each launch has a new epoch: the
+// host sets `epoch_base` on the stream before a sequence of scans (a recorded graph's
+// included) and numbers them `k` = 1, 2, ...; it clears the words when the epochs wrap.
 extern "C" __global__ void __launch_bounds__(SCAN_THREADS)
 ca_event_scan(const u32* __restrict__ count, u32* __restrict__ offset,
               const u32* __restrict__ base, const u32* __restrict__ n, u32 base_stride,
               const u32* __restrict__ failed, u32* __restrict__ total, int sentinel,
               unsigned long long* __restrict__ status, unsigned long long* __restrict__ tickets,
-              u32 epoch) {
+              const u32* __restrict__ epoch_base, u32 k) {
+    const u32 epoch = *epoch_base + k;
     __shared__ u32 s_tile, s_prefix;
     const int e = blockIdx.y;
     const u32 lane = threadIdx.x & 31u;

@@ -736,3 +736,61 @@ fn each_gpu_wait_is_set_on_the_device_and_gives_the_same_tracks() {
         "the driver's choice again"
     );
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn recorded_graphs_give_the_tracks_of_kernels_launched_one_by_one() {
+    use trigd::gpu::tracking::{GpuTracker, TrackerLimits};
+    let dev = device();
+    let (det, cfg, mut events) = minbias_spectrometer(12);
+    // Two central events among them: every pass and both candidate rounds have work.
+    events.extend(
+        simulate_events(&det, &SimConfig::preset(Preset::Central), seed() + 1, 0, 2)
+            .map(|e| e.hits),
+    );
+    let all: Vec<&[HitRecord]> = events.iter().map(Vec::as_slice).collect();
+    type Keys = Vec<Vec<(Vec<u32>, u32)>>;
+    let keys = |out: &[Vec<trigd::tracking::track::Track>], n: usize| -> Keys {
+        out[..n]
+            .iter()
+            .map(|ts| {
+                ts.iter()
+                    .map(|t| (t.hits.clone(), t.chi2.to_bits()))
+                    .collect()
+            })
+            .collect()
+    };
+    let limits = TrackerLimits::for_batch(&cfg, all.len());
+    let mut direct = GpuTracker::new(&dev, &det, &cfg, limits).expect("tracker");
+    direct.set_graphs(false);
+    let mut graphs = GpuTracker::new(&dev, &det, &cfg, limits).expect("tracker");
+    // Batches of two sizes in turn: each size's sequences recorded once, then replayed,
+    // with the scans' epochs moving on between replays.
+    let batches: [&[&[HitRecord]]; 5] = [&all, &all[4..], &all, &all[4..], &all];
+    let (mut out, mut back) = (Vec::new(), Vec::new());
+    for (i, batch) in batches.iter().enumerate() {
+        direct
+            .reconstruct_batch(batch, &mut out, &mut back)
+            .expect("launch");
+        assert!(back.iter().all(Option::is_none));
+        let want = keys(&out, batch.len());
+        assert!(want.iter().filter(|k| !k.is_empty()).count() >= batch.len() / 2);
+        graphs
+            .reconstruct_batch(batch, &mut out, &mut back)
+            .expect("launch");
+        assert!(back.iter().all(Option::is_none));
+        assert!(
+            keys(&out, batch.len()) == want,
+            "batch {i}: the tracks of the direct launches"
+        );
+        let (d, g) = (direct.last_times(), graphs.last_times());
+        assert_eq!(d.kernels, g.kernels, "batch {i}: the same kernels");
+        println!(
+            "batch {i} of {} events: host in kernel launches {:.3} ms direct, {:.3} ms replayed ({} kernels)",
+            batch.len(),
+            d.enqueue_ms,
+            g.enqueue_ms,
+            g.kernels
+        );
+    }
+}

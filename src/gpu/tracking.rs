@@ -114,6 +114,11 @@ pub struct TrackerTimes {
     pub readback_ms: f64,
     /// The caller's tracks written from them.
     pub write_ms: f64,
+    /// Of the stages' time, the host's in the driver's launches of the finder's kernels
+    /// (the clone step's few not counted), and their number: where several trackers share
+    /// a device, their launches wait for each other in the driver.
+    pub enqueue_ms: f64,
+    pub kernels: u32,
 }
 
 /// How the CPU finder runs its passes, from its configuration (as
@@ -303,6 +308,13 @@ impl GpuTracker {
         self.ca.set_host_threads(threads);
     }
 
+    /// Whether the steps of a pass and the candidate step are recorded once per batch
+    /// size as CUDA graphs and replayed (default), or each kernel launched; the tracks
+    /// are the same either way.
+    pub fn set_graphs(&mut self, on: bool) {
+        self.ca.set_graphs(on);
+    }
+
     /// The blocks the candidate step runs in (default: chosen per launch,
     /// [`CandidateBlocks::Auto`]; the tracks are the same in any).
     pub fn set_candidate_blocks(&mut self, blocks: CandidateBlocks) {
@@ -374,6 +386,7 @@ impl GpuTracker {
         }
         let p = self.passes;
         let mut times = TrackerTimes::default();
+        self.ca.take_enqueue();
         let mut clock = std::time::Instant::now();
         let mut lap = || {
             let now = std::time::Instant::now();
@@ -434,6 +447,7 @@ impl GpuTracker {
         // The accepted tracks packed, their clones marked, both read back.
         self.ca.read_tracks(self.clones.as_ref(), &mut self.batch)?;
         times.readback_ms = lap();
+        (times.enqueue_ms, times.kernels) = self.ca.take_enqueue();
         let b = self.ca.tracks_view(&self.batch);
         for e in 0..n {
             if let Some(step) = summary.failed[e] {

@@ -119,7 +119,7 @@ use std::sync::Arc;
 use cudarc::driver::{result as drv, sys as drv_sys, CudaContext, CudaFunction, CudaStream};
 
 use super::nvrtc::{KernelCache, LoadedModule};
-use super::runtime::{copy_to_device, copy_to_host, DeviceBuffer, PinnedBuffer};
+use super::runtime::{copy_to_device, copy_to_host, DeviceBuffer, Graph, PinnedBuffer};
 use super::tracking_clones::{BatchShape as CloneShape, DeviceCloneBatch, GpuCloneEngine};
 use super::tracking_fit::FitTables;
 use super::{driver, GpuDevice, GpuError, KernelModule};
@@ -184,6 +184,38 @@ const SCAN_BLOCKS_PER_SM: u32 = 4;
 const SCAN_MAX_BLOCKS: u32 = 32;
 /// Epochs of the per-event scan's status words (SCAN_EPOCH_BITS in ca_common.cuh).
 const SCAN_EPOCHS: u32 = 1 << 30;
+/// Most per-event scans in one recorded sequence of launches (a pass has seven).
+const SCAN_SEQUENCE_MAX: u32 = 64;
+/// Recorded sequences kept per engine (one per pass or candidate step and batch size);
+/// the oldest goes first.
+const GRAPH_CACHE: usize = 512;
+
+/// What a recorded sequence of launches was recorded for: every argument of its
+/// launches follows from it (and from the engine, whose arenas and tables stay).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SequenceKey {
+    /// A pass's steps after its copies ([`GpuCaEngine::pass_kernels`]).
+    Pass {
+        events: u32,
+        first: bool,
+        opts: PassOptions,
+    },
+    /// The candidate step ([`GpuCaEngine::candidate_kernels`]).
+    Candidates {
+        events: u32,
+        min_hits: usize,
+        append: bool,
+        small: bool,
+    },
+}
+
+/// A recorded sequence, with the per-event scans and kernels it launches.
+struct Sequence {
+    key: SequenceKey,
+    graph: Graph,
+    scans: u32,
+    kernels: u32,
+}
 /// Threads per event of the candidate step (CAND_THREADS in ca_candidates.cu).
 const CAND_THREADS: u32 = 256;
 /// Threads per event of the candidate step in its smaller blocks, two to a
@@ -1490,6 +1522,10 @@ impl Arenas {
 
 /// The CA steps on one GPU. See the module documentation.
 pub struct GpuCaEngine {
+    /// The sequences of launches recorded as CUDA graphs, replayed with one call each.
+    /// First, so that they are destroyed before the module, the stream and the arenas
+    /// their launches name (fields drop in order).
+    graphs: Vec<Sequence>,
     /// Host threads that lay a large batch's hits out for the copy up (and write the
     /// tracks, [`super::tracking::GpuTracker`]).
     host_threads: usize,
@@ -1534,9 +1570,19 @@ pub struct GpuCaEngine {
     /// Device events of a profiled candidate step.
     marks: Vec<(&'static str, cudarc::driver::CudaEvent)>,
     inject_fault: bool,
+    /// Host time spent in the driver's kernel launches since [`Self::take_enqueue`], ns,
+    /// and their number.
+    enqueue_ns: u64,
+    enqueues: u32,
     /// The per-event scan's epoch of the last launch (0: its status words not yet
     /// cleared).
     scan_epoch: u32,
+    /// The epoch the scans of the sequence on the stream count from (set on the stream
+    /// before each sequence), and the scans of the sequence being launched.
+    scan_base: DeviceBuffer<u32>,
+    scan_k: u32,
+    /// Whether sequences are recorded and replayed ([`Self::set_graphs`]).
+    graphs_enabled: bool,
     pub kernels_from_cache: bool,
     pub kernel_load_ms: f64,
 }
@@ -1853,7 +1899,13 @@ impl GpuCaEngine {
             times: Vec::new(),
             marks: Vec::new(),
             inject_fault: false,
+            enqueue_ns: 0,
+            enqueues: 0,
             scan_epoch: 0,
+            scan_base: DeviceBuffer::new(&ctx, 1)?,
+            scan_k: 0,
+            graphs: Vec::new(),
+            graphs_enabled: true,
             ctx,
         };
         tracing::info!(
@@ -2086,9 +2138,10 @@ impl GpuCaEngine {
         let faulty = std::mem::take(&mut self.inject_fault);
         let block = if faulty { 4096 } else { threads };
         let grid = (grid.0.max(1), grid.1.max(1), 1);
+        let t0 = std::time::Instant::now();
         // SAFETY: the arguments follow the kernel's signature in kernels/ca_*.cu; every
         // pointer is a live arena or table sized for the batch (checked in `run`).
-        driver("cuLaunchKernel", unsafe {
+        let r = driver("cuLaunchKernel", unsafe {
             drv::launch_kernel(
                 func.cu_function(),
                 grid,
@@ -2097,22 +2150,27 @@ impl GpuCaEngine {
                 self.stream.cu_stream(),
                 &mut ptrs[..args.len()],
             )
-        })
+        });
+        self.enqueue_ns += t0.elapsed().as_nanos() as u64;
+        self.enqueues += 1;
+        r
+    }
+
+    /// The host's time in the driver's kernel launches of this engine since the last
+    /// call, milliseconds, and their number; both start again from zero.
+    pub fn take_enqueue(&mut self) -> (f64, u32) {
+        let r = (self.enqueue_ns as f64 * 1e-6, self.enqueues);
+        (self.enqueue_ns, self.enqueues) = (0, 0);
+        r
     }
 
     /// Launches the per-event scan over `e` events (its arguments `args` as
-    /// `ca_event_scan` takes them before the status words), with a new epoch, on
-    /// [`SCAN_BLOCKS_PER_SM`] blocks per multiprocessor over the batch (at most
-    /// [`SCAN_MAX_BLOCKS`] per event).
+    /// `ca_event_scan` takes them before the status words), with the sequence's next
+    /// epoch ([`Self::sequence`]), on [`SCAN_BLOCKS_PER_SM`] blocks per multiprocessor
+    /// over the batch (at most [`SCAN_MAX_BLOCKS`] per event).
     fn launch_scan(&mut self, e: u32, args: [Arg; 8]) -> Result<(), GpuError> {
-        if self.scan_epoch == 0 || self.scan_epoch + 1 >= SCAN_EPOCHS {
-            // The first launch, or the epochs wrap: no word of an earlier epoch may read
-            // as this one's.
-            self.zero(&self.a.scan_status, self.a.scan_status.len())?;
-            self.zero(&self.a.scan_tickets, self.a.scan_tickets.len())?;
-            self.scan_epoch = 0;
-        }
-        self.scan_epoch += 1;
+        self.scan_k += 1;
+        assert!(self.scan_k <= SCAN_SEQUENCE_MAX, "scans of one sequence");
         let sms = self.device.multiprocessors.max(1) as u32;
         let blocks = (SCAN_BLOCKS_PER_SM * sms)
             .div_ceil(e.max(1))
@@ -2120,8 +2178,98 @@ impl GpuCaEngine {
         let [a0, a1, a2, a3, a4, a5, a6, a7] = args;
         #[rustfmt::skip]
         let all = [a0, a1, a2, a3, a4, a5, a6, a7, Arg::Ptr(self.a.scan_status.ptr()),
-            Arg::Ptr(self.a.scan_tickets.ptr()), Arg::U32(self.scan_epoch)];
+            Arg::Ptr(self.a.scan_tickets.ptr()), Arg::Ptr(self.scan_base.ptr()),
+            Arg::U32(self.scan_k)];
         self.launch("ca_event_scan", (blocks, e), &all)
+    }
+
+    /// Records and replays sequences of launches as CUDA graphs (the default), or launches
+    /// each kernel (`false`); the tracks are the same either way.
+    pub fn set_graphs(&mut self, on: bool) {
+        self.graphs_enabled = on;
+        self.graphs.clear();
+    }
+
+    /// Enqueues the launches `launches` makes for `key`: the first time through a
+    /// recording, then by replaying it, in one call; each kernel launched directly where
+    /// `direct` (the profiled runs, which time kernels between them), after an injected
+    /// fault, or where graphs are off or a recording failed. Before it, on the stream:
+    /// the epoch its per-event scans count from, and the scans' status words cleared
+    /// where the epochs would wrap.
+    fn sequence(
+        &mut self,
+        key: SequenceKey,
+        direct: bool,
+        launches: impl Fn(&mut Self) -> Result<(), GpuError>,
+    ) -> Result<(), GpuError> {
+        if self.scan_epoch == 0 || self.scan_epoch + SCAN_SEQUENCE_MAX >= SCAN_EPOCHS {
+            // The first launch, or the epochs wrap: no word of an earlier epoch may read
+            // as a later one's.
+            self.zero(&self.a.scan_status, self.a.scan_status.len())?;
+            self.zero(&self.a.scan_tickets, self.a.scan_tickets.len())?;
+            self.scan_epoch = 0;
+        }
+        // SAFETY: one word of this allocation, on the engine's stream.
+        driver("cuMemsetD32Async", unsafe {
+            drv_sys::cuMemsetD32Async(
+                self.scan_base.ptr(),
+                self.scan_epoch,
+                1,
+                self.stream.cu_stream(),
+            )
+            .result()
+        })?;
+        self.scan_k = 0;
+        if direct || !self.graphs_enabled || self.inject_fault {
+            // The epochs of scans launched before a failed launch are spent all the same.
+            let r = launches(self);
+            self.scan_epoch += self.scan_k;
+            return r;
+        }
+        let at = match self.graphs.iter().position(|g| g.key == key) {
+            Some(i) => i,
+            None => {
+                let stream = self.stream.clone();
+                let before = self.enqueues;
+                let recorded = Graph::capture(&stream, || launches(self));
+                match recorded {
+                    Ok(graph) => {
+                        if self.graphs.len() == GRAPH_CACHE {
+                            self.graphs.remove(0);
+                        }
+                        let kernels = self.enqueues - before;
+                        // Counted when replayed below.
+                        self.enqueues = before;
+                        self.graphs.push(Sequence {
+                            key,
+                            graph,
+                            scans: self.scan_k,
+                            kernels,
+                        });
+                        self.graphs.len() - 1
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            "CUDA graph recording of the tracking steps failed ({e}); launching each kernel from now on"
+                        );
+                        self.graphs_enabled = false;
+                        self.graphs.clear();
+                        self.enqueues = before;
+                        self.scan_k = 0;
+                        let r = launches(self);
+                        self.scan_epoch += self.scan_k;
+                        return r;
+                    }
+                }
+            }
+        };
+        let t0 = std::time::Instant::now();
+        let g = &self.graphs[at];
+        g.graph.launch(&self.stream)?;
+        self.enqueue_ns += t0.elapsed().as_nanos() as u64;
+        self.enqueues += g.kernels;
+        self.scan_epoch += g.scans;
+        Ok(())
     }
 
     /// Clears the first `n` elements of `buf` (of 32 or 64 bits) on the stream.
@@ -2162,6 +2310,58 @@ impl GpuCaEngine {
         opts: PassOptions,
         profile: bool,
     ) -> Result<(), GpuError> {
+        let e = self.n_events as u32;
+        let a = &self.a;
+        let n_bins = self.passes[opts.pass.min(self.passes.len() - 1)]
+            .tables
+            .n_bins;
+        if let Some(n_hits) = first {
+            copy_to_device(&self.host_x.as_slice()[..n_hits], &a.in_x, 0, &self.stream)?;
+            copy_to_device(&self.host_y.as_slice()[..n_hits], &a.in_y, 0, &self.stream)?;
+            copy_to_device(
+                &self.host_plane.as_slice()[..n_hits],
+                &a.in_plane,
+                0,
+                &self.stream,
+            )?;
+            copy_to_device(
+                &self.host_start.as_slice()[..e as usize + 1],
+                &a.hit_start,
+                0,
+                &self.stream,
+            )?;
+            let bins = e as usize * (n_bins + 1);
+            self.zero(&a.bin_count, bins)?;
+            self.zero(&a.bin_cursor, bins)?;
+            self.zero(&a.failed, e as usize)?;
+            self.zero(&a.overflow, 8)?;
+            // Fresh hits: none used, no candidates yet.
+            self.zero(&a.used, n_hits)?;
+            self.zero(&a.n_cand, e as usize)?;
+            self.zero(&a.n_cand_hits, e as usize)?;
+            self.zero(&a.n_accepted, e as usize)?;
+        }
+        if opts.skip_used {
+            // The doublets' count skips the used hits: they make none.
+            self.zero(&a.dbl_count, self.n_hits)?;
+        }
+        let first = first.is_some();
+        let key = SequenceKey::Pass {
+            events: e,
+            first,
+            opts,
+        };
+        self.sequence(key, profile, |s| s.pass_kernels(first, opts, profile))
+    }
+
+    /// The kernels of one pass, after its copies ([`Self::enqueue_pass`]); with `first`
+    /// also the hit sorting.
+    fn pass_kernels(
+        &mut self,
+        first: bool,
+        opts: PassOptions,
+        profile: bool,
+    ) -> Result<(), GpuError> {
         use Arg::{Ptr, I32, U32};
         let e = self.n_events as u32;
         let sms = self.device.multiprocessors.max(1) as u32;
@@ -2183,36 +2383,6 @@ impl GpuCaEngine {
             per_event(lim.max_triplets),
             per_event(lim.max_neighbours),
         );
-        if let Some(n_hits) = first {
-            copy_to_device(&self.host_x.as_slice()[..n_hits], &a.in_x, 0, &self.stream)?;
-            copy_to_device(&self.host_y.as_slice()[..n_hits], &a.in_y, 0, &self.stream)?;
-            copy_to_device(
-                &self.host_plane.as_slice()[..n_hits],
-                &a.in_plane,
-                0,
-                &self.stream,
-            )?;
-            copy_to_device(
-                &self.host_start.as_slice()[..e as usize + 1],
-                &a.hit_start,
-                0,
-                &self.stream,
-            )?;
-            let bins = e as usize * (n_bins as usize + 1);
-            self.zero(&a.bin_count, bins)?;
-            self.zero(&a.bin_cursor, bins)?;
-            self.zero(&a.failed, e as usize)?;
-            self.zero(&a.overflow, 8)?;
-            // Fresh hits: none used, no candidates yet.
-            self.zero(&a.used, n_hits)?;
-            self.zero(&a.n_cand, e as usize)?;
-            self.zero(&a.n_cand_hits, e as usize)?;
-            self.zero(&a.n_accepted, e as usize)?;
-        }
-        if opts.skip_used {
-            // The doublets' count skips the used hits: they make none.
-            self.zero(&a.dbl_count, self.n_hits)?;
-        }
         // Pointers (copied out so `self` can be borrowed mutably for the launches).
         let p = |b: &DeviceBuffer<u32>| Ptr(b.ptr());
         let pf = |b: &DeviceBuffer<f32>| Ptr(b.ptr());
@@ -2321,7 +2491,7 @@ impl GpuCaEngine {
             Ok(())
         };
         mark("start", self)?;
-        if first.is_some() {
+        if first {
             // Hit sorting.
             #[rustfmt::skip]
             self.launch("ca_bin_hits", (bpe, e), &[in_x, in_y, in_plane, hit_start, plf, pli,
@@ -2523,6 +2693,41 @@ impl GpuCaEngine {
         append: bool,
         profile: bool,
     ) -> Result<(), GpuError> {
+        if self.fit.is_none() {
+            return Err(GpuError::Config(
+                "the CA engine was built without a fitter: build it with GpuCaEngine::with_fitter for the candidate step".into(),
+            ));
+        }
+        let e = self.n_events;
+        if e == 0 {
+            return Ok(());
+        }
+        let sms = self.device.multiprocessors.max(1) as usize;
+        let small = match self.candidate_blocks {
+            CandidateBlocks::Auto => e > sms,
+            CandidateBlocks::Large => false,
+            CandidateBlocks::Small => true,
+        };
+        let key = SequenceKey::Candidates {
+            events: e as u32,
+            min_hits,
+            append,
+            small,
+        };
+        self.sequence(key, profile, |s| {
+            s.candidate_kernels(min_hits, append, small, profile)
+        })
+    }
+
+    /// The candidate step's kernels ([`Self::enqueue_candidates`]), in blocks of
+    /// `CAND_THREADS_SMALL` threads where `small`.
+    fn candidate_kernels(
+        &mut self,
+        min_hits: usize,
+        append: bool,
+        small: bool,
+        profile: bool,
+    ) -> Result<(), GpuError> {
         use Arg::{Ptr, F64, I32, U32};
         let Some(fit) = &self.fit else {
             return Err(GpuError::Config(
@@ -2579,7 +2784,6 @@ impl GpuCaEngine {
         let (chains1, chains2) = (chain_args(false), chain_args(true));
         let (cand1, cand2) = (cand_args(append), cand_args(true));
         self.mark_if(profile, "start")?;
-        let sms = self.device.multiprocessors.max(1) as u32;
         let bpe = self.blocks_per_event(e as u32);
         self.launch_block(
             "ca_candidates_order",
@@ -2591,11 +2795,6 @@ impl GpuCaEngine {
         self.mark_if(profile, "candidates: order")?;
         self.launch("ca_candidates_chains", (bpe, e as u32), &chains1)?;
         self.mark_if(profile, "candidates: chains")?;
-        let small = match self.candidate_blocks {
-            CandidateBlocks::Auto => e > sms as usize,
-            CandidateBlocks::Large => false,
-            CandidateBlocks::Small => true,
-        };
         let (cand, threads) = if small {
             ("ca_candidates_small", CAND_THREADS_SMALL)
         } else {

@@ -83,9 +83,11 @@ EventScan scan_events(int n_events, First first, N n, const std::vector<unsigned
     // Status words from base / SCAN_TILE + e, a tile each; a new epoch on cleared words.
     std::vector<unsigned long long> status(items / SCAN_TILE + n_events + 2, 0ull);
     std::vector<unsigned long long> tickets(n_events, 0ull);
+    // The epoch's base as the engine sets it before its first scans, and the first scan.
+    const unsigned epoch_base = 0u;
     launch_blocks(SCAN_THREADS, SCAN_BLOCKS, (unsigned)n_events, [&] {
         ca_event_scan(count.data(), off.data(), from.data(), m.data(), 0u, failed.data(),
-                      total.data(), 0, status.data(), tickets.data(), 1u);
+                      total.data(), 0, status.data(), tickets.data(), &epoch_base, 1u);
     });
     EventScan r;
     r.base.assign(n_events, 0xdeadbeefu);
