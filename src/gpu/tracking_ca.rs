@@ -58,6 +58,14 @@
 //! hit's rank by x and input index; a list sorted by triplet index). No output depends
 //! on the order threads arrive in: repeated runs give the same bytes.
 //!
+//! **Recorded launches.** A pass's kernels (after its copies and clears, which follow the
+//! launch's hits) and a candidate step's are recorded once per batch size and pass as a
+//! CUDA graph and replayed with one call ([`GpuCaEngine::set_graphs`]): a launch of a few
+//! events holds some 170 kernels, and each launch call costs the host microseconds, more
+//! where several trackers share a device. Every argument of a recorded launch follows
+//! from the sequence's key; the per-event scans' epochs, new for every scan, count from a
+//! device word set on the stream before each sequence.
+//!
 //! **Bounded, with overflow handed back.** An event whose hits, doublets, triplets or
 //! neighbour links exceed the CPU finder's own per-event limit ([`Limits`], where the CPU
 //! would drop some) or do not fit in what is left of the batch's arena fails at that step:
