@@ -186,6 +186,9 @@ struct Shape {
 }
 
 struct Slot {
+    /// First, so that they are destroyed before the stream and buffers their launches
+    /// name (fields drop in order).
+    graphs: Vec<(Shape, Graph)>,
     stream: Arc<CudaStream>,
     blas: Blas,
     /// Sample-major `[F*T, C]` staging for the next batch.
@@ -204,7 +207,6 @@ struct Slot {
     amp_host: Option<PinnedBuffer<f32>>,
     done: CudaEvent,
     pending: Option<(u64, Shape)>,
-    graphs: Vec<(Shape, Graph)>,
 }
 
 /// Per-stage device times of one batch, microseconds (from CUDA events).
@@ -222,6 +224,9 @@ pub struct StageTimes {
 
 /// The EEG inverse on one GPU. See the module documentation.
 pub struct GpuEegEngine {
+    /// First, so that their recorded graphs are destroyed before the kernel module
+    /// (fields drop in order).
+    slots: Vec<Slot>,
     ctx: Arc<CudaContext>,
     device: GpuDevice,
     _module: LoadedModule,
@@ -245,7 +250,6 @@ pub struct GpuEegEngine {
     scale_dev: DeviceBuffer<f32>,
     roi_dev: DeviceBuffer<i32>,
     n_roi: usize,
-    slots: Vec<Slot>,
     next_slot: usize,
     next_ticket: u64,
     config: EegEngineConfig,
