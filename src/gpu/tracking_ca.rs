@@ -2273,11 +2273,12 @@ impl GpuCaEngine {
         };
         let t0 = std::time::Instant::now();
         let g = &self.graphs[at];
-        g.graph.launch(&self.stream)?;
-        self.enqueue_ns += t0.elapsed().as_nanos() as u64;
-        self.enqueues += g.kernels;
+        // Its scans' epochs are spent whether the launch succeeds or not.
         self.scan_epoch += g.scans;
-        Ok(())
+        self.enqueues += g.kernels;
+        let r = g.graph.launch(&self.stream);
+        self.enqueue_ns += t0.elapsed().as_nanos() as u64;
+        r
     }
 
     /// Clears the first `n` elements of `buf` (of 32 or 64 bits) on the stream.
