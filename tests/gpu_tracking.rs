@@ -6,7 +6,8 @@
 //! search of the same pass (`find_doublets`, `find_triplets`, `find_neighbours`,
 //! `evolve` with the same reach) element by element, floats to the bit; repeated runs
 //! give the same bytes; an event beyond a limit is counted and handed back; an injected
-//! device error fails the batch and leaves the engine usable.
+//! device error fails the batch and leaves the engine usable; the launches recorded as
+//! CUDA graphs and replayed give the tracks of the kernels launched one by one.
 //!
 //! Needs a CUDA GPU: every test is ignored in CI and runs on the device machine with
 //! `--ignored --test-threads=1`, from the repository root (or with `TRIGD_FIXTURES`
@@ -793,4 +794,7 @@ fn recorded_graphs_give_the_tracks_of_kernels_launched_one_by_one() {
             g.kernels
         );
     }
+    // The second tracker replayed recordings (none failed), the first launched directly.
+    assert!(graphs.recorded_graphs() > 0, "no sequence recorded");
+    assert_eq!(direct.recorded_graphs(), 0);
 }

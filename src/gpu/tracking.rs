@@ -315,6 +315,12 @@ impl GpuTracker {
         self.ca.set_graphs(on);
     }
 
+    /// The sequences of launches recorded as CUDA graphs so far (none where graphs are
+    /// off or a recording failed).
+    pub fn recorded_graphs(&self) -> usize {
+        self.ca.recorded_graphs()
+    }
+
     /// The blocks the candidate step runs in (default: chosen per launch,
     /// [`CandidateBlocks::Auto`]; the tracks are the same in any).
     pub fn set_candidate_blocks(&mut self, blocks: CandidateBlocks) {

@@ -2198,6 +2198,11 @@ impl GpuCaEngine {
         self.graphs.clear();
     }
 
+    /// The sequences of launches recorded as CUDA graphs so far.
+    pub fn recorded_graphs(&self) -> usize {
+        self.graphs.len()
+    }
+
     /// Enqueues the launches `launches` makes for `key`: the first time through a
     /// recording, then by replaying it, in one call; each kernel launched directly where
     /// `direct` (the profiled runs, which time kernels between them), after an injected
