@@ -217,6 +217,13 @@ enum SequenceKey {
     },
 }
 
+/// The candidate step asked of an engine built without the fitter's tables.
+fn no_fitter() -> GpuError {
+    GpuError::Config(
+        "the CA engine was built without a fitter: build it with GpuCaEngine::with_fitter for the candidate step".into(),
+    )
+}
+
 /// A recorded sequence, with the per-event scans and kernels it launches.
 struct Sequence {
     key: SequenceKey,
@@ -2233,48 +2240,16 @@ impl GpuCaEngine {
             .result()
         })?;
         self.scan_k = 0;
-        if direct || !self.graphs_enabled || self.inject_fault {
+        let recorded = if direct || !self.graphs_enabled || self.inject_fault {
+            None
+        } else {
+            self.recorded(key, &launches)
+        };
+        let Some(at) = recorded else {
             // The epochs of scans launched before a failed launch are spent all the same.
             let r = launches(self);
             self.scan_epoch += self.scan_k;
             return r;
-        }
-        let at = match self.graphs.iter().position(|g| g.key == key) {
-            Some(i) => i,
-            None => {
-                let stream = self.stream.clone();
-                let before = self.enqueues;
-                let recorded = Graph::capture(&stream, || launches(self));
-                match recorded {
-                    Ok(graph) => {
-                        if self.graphs.len() == GRAPH_CACHE {
-                            self.graphs.remove(0);
-                        }
-                        let kernels = self.enqueues - before;
-                        // Counted when replayed below.
-                        self.enqueues = before;
-                        self.graphs.push(Sequence {
-                            key,
-                            graph,
-                            scans: self.scan_k,
-                            kernels,
-                        });
-                        self.graphs.len() - 1
-                    }
-                    Err(e) => {
-                        tracing::warn!(
-                            "CUDA graph recording of the tracking steps failed ({e}); launching each kernel from now on"
-                        );
-                        self.graphs_enabled = false;
-                        self.graphs.clear();
-                        self.enqueues = before;
-                        self.scan_k = 0;
-                        let r = launches(self);
-                        self.scan_epoch += self.scan_k;
-                        return r;
-                    }
-                }
-            }
         };
         let t0 = std::time::Instant::now();
         let g = &self.graphs[at];
@@ -2284,6 +2259,50 @@ impl GpuCaEngine {
         let r = g.graph.launch(&self.stream);
         self.enqueue_ns += t0.elapsed().as_nanos() as u64;
         r
+    }
+
+    /// The index of `key`'s recorded sequence, recorded from `launches` where it is not
+    /// yet; `None` where the recording fails, which turns graphs off from then on (with a
+    /// warning), nothing enqueued.
+    fn recorded(
+        &mut self,
+        key: SequenceKey,
+        launches: &impl Fn(&mut Self) -> Result<(), GpuError>,
+    ) -> Option<usize> {
+        if let Some(i) = self.graphs.iter().position(|g| g.key == key) {
+            return Some(i);
+        }
+        let stream = self.stream.clone();
+        let before = self.enqueues;
+        let recorded = Graph::capture(&stream, || launches(self));
+        let kernels = self.enqueues - before;
+        // Counted when replayed.
+        self.enqueues = before;
+        // The scans it numbered; a direct launch after a failure numbers them again.
+        let scans = self.scan_k;
+        self.scan_k = 0;
+        match recorded {
+            Ok(graph) => {
+                if self.graphs.len() == GRAPH_CACHE {
+                    self.graphs.remove(0);
+                }
+                self.graphs.push(Sequence {
+                    key,
+                    graph,
+                    scans,
+                    kernels,
+                });
+                Some(self.graphs.len() - 1)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "CUDA graph recording of the tracking steps failed ({e}); launching each kernel from now on"
+                );
+                self.graphs_enabled = false;
+                self.graphs.clear();
+                None
+            }
+        }
     }
 
     /// Clears the first `n` elements of `buf` (of 32 or 64 bits) on the stream.
@@ -2708,9 +2727,7 @@ impl GpuCaEngine {
         profile: bool,
     ) -> Result<(), GpuError> {
         if self.fit.is_none() {
-            return Err(GpuError::Config(
-                "the CA engine was built without a fitter: build it with GpuCaEngine::with_fitter for the candidate step".into(),
-            ));
+            return Err(no_fitter());
         }
         let e = self.n_events;
         if e == 0 {
@@ -2744,14 +2761,9 @@ impl GpuCaEngine {
     ) -> Result<(), GpuError> {
         use Arg::{Ptr, F64, I32, U32};
         let Some(fit) = &self.fit else {
-            return Err(GpuError::Config(
-                "the CA engine was built without a fitter: build it with GpuCaEngine::with_fitter for the candidate step".into(),
-            ));
+            return Err(no_fitter());
         };
         let e = self.n_events;
-        if e == 0 {
-            return Ok(());
-        }
         // As extract_and_select: at least three hits, end triplets of level min_hits - 2.
         let min_hits = min_hits.clamp(3, u32::MAX as usize);
         let min_level = (min_hits - 2) as u32;
