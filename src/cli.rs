@@ -681,6 +681,25 @@ fn origin_from_first_events(
                 )
             })
         });
+        // A widened box is measured again with itself until it settles: tracks found with a
+        // box wider than the beam's may spread because of it (`settled_origin`).
+        let change = change.map(|(b, why, what, verb)| {
+            if verb != "widened" {
+                return (b, why, what, verb);
+            }
+            match beam_spot::settled_origin(det, &cfg, &events, b) {
+                Some((settled, s)) if settled != b => {
+                    spot = s;
+                    (
+                        settled,
+                        "wider than the default box holds, and measured again with the wider box until it settles",
+                        "set to four spreads of the tracks it finds,",
+                        "settled",
+                    )
+                }
+                _ => (b, why, what, verb),
+            }
+        });
         if let Some(([hx, hy], why, what, verb)) = change {
             tracing::warn!(
                 "the configuration gives no origin box, and the first events' {} tracks spread {:.3} x {:.3} mm about their centre (z = {} mm), {why}: the finder's box is {what} {hx} x {hy} mm; a daemon needs [tracking.finder] origin_half_x_mm = {hx} and origin_half_y_mm = {hy}",

@@ -384,7 +384,7 @@ pub fn measure_origin<E: AsRef<[HitRecord]>>(
     let events: Vec<E> = events.into_iter().take(ORIGIN_EVENTS).collect();
     let views = || events.iter().map(|e| e.as_ref());
     let measure = |half: f64| {
-        let tracks = open_tracks(det, cfg, half, views())?;
+        let tracks = open_tracks(det, cfg, [half; 2], views())?;
         let mut meter = BeamSpotMeter::new(cfg.origin_z_mm, cfg.max_chi2_ndf).stiff(cfg);
         meter.add(&det.field, &tracks);
         meter.finish()
@@ -434,13 +434,13 @@ pub fn inside_the_box(spot: &BeamSpot, cfg: &FinderConfig, half_mm: f64) -> bool
 fn open_tracks<E: AsRef<[HitRecord]>>(
     det: &Detector,
     cfg: &FinderConfig,
-    half_mm: f64,
+    half_mm: [f64; 2],
     events: impl IntoIterator<Item = E>,
 ) -> Option<Vec<Track>> {
     let first = det.planes.first()?.z_mm;
     let mut open = cfg.at_momentum_factor(det, STIFF_FACTOR);
-    open.origin_half_x_mm = half_mm;
-    open.origin_half_y_mm = half_mm;
+    open.origin_half_x_mm = half_mm[0];
+    open.origin_half_y_mm = half_mm[1];
     open.exchange_segments = false;
     open.first_hits_to_origin = false;
     let mut reco = Reconstructor::new(det, open);
@@ -478,7 +478,7 @@ pub fn measure_origin_z<E: AsRef<[HitRecord]>>(
     events: impl IntoIterator<Item = E>,
 ) -> Option<(BeamSpot, BeamSpot)> {
     let (first, last) = (det.planes.first()?.z_mm, det.planes.last()?.z_mm);
-    let all = open_tracks(det, cfg, f64::INFINITY, events)?;
+    let all = open_tracks(det, cfg, [f64::INFINITY; 2], events)?;
     let spot_at = |z: f64| {
         let mut m = BeamSpotMeter::new(z, cfg.max_chi2_ndf).stiff(cfg);
         m.add(&det.field, &all);
@@ -540,6 +540,55 @@ pub fn widened_origin(spot: &BeamSpot, cfg: &FinderConfig) -> Option<[f64; 2]> {
     let half = [cfg.origin_half_x_mm, cfg.origin_half_y_mm];
     let need = box_of(spot, cfg, 4.0);
     Some(std::array::from_fn(|c| need[c].max(half[c])))
+}
+
+/// Most rounds of [`settled_origin`].
+pub const SETTLE_ROUNDS: usize = 6;
+
+/// The box a widened one settles to: the tracks of the first events found again with the
+/// box `half_mm` (the stiff tracks, as [`measure_origin`] finds them), and the box made
+/// their four spreads ([`widened_origin`]'s rule) per axis where that is narrower, until
+/// a round narrows it by less than a tenth on both axes (at most [`SETTLE_ROUNDS`]).
+/// Returns the box and the spot of the last round that kept its tracks, or `None` where
+/// the first round measures nothing.
+///
+/// A box measured from tracks found with a wider one is too wide where the wider box
+/// itself made the spread: in a busy event on a detector that tells the upstream hits
+/// apart poorly (few planes, a field that reverses between them), the open box lets
+/// the stiff tracks take other particles' first hits, their bending-plane points spread
+/// over millimetres, and a box of four such spreads keeps the combinations that made
+/// them. Found again with a box that holds four true spreads, the tracks come from the
+/// beam again and their spread shrinks, round by round, to the beam's and their own
+/// errors': a box of four spreads keeps all but 6e-5 of a Gaussian beam, so the shrinking
+/// stops there. On `random:336`'s central events (5 planes, a field that changes sign
+/// between the second and third) the widened box went from 5.97 mm to
+/// the box the settled tracks need (`bench/RESULTS.md`).
+pub fn settled_origin<E: AsRef<[HitRecord]>>(
+    det: &Detector,
+    cfg: &FinderConfig,
+    events: &[E],
+    half_mm: [f64; 2],
+) -> Option<([f64; 2], BeamSpot)> {
+    let mut half = half_mm;
+    let mut last = None;
+    for _ in 0..SETTLE_ROUNDS {
+        let tracks = open_tracks(det, cfg, half, events.iter().map(|e| e.as_ref()))?;
+        let mut meter = BeamSpotMeter::new(cfg.origin_z_mm, cfg.max_chi2_ndf).stiff(cfg);
+        meter.add(&det.field, &tracks);
+        let Some(spot) = meter.finish() else {
+            break;
+        };
+        let need = box_of(&spot, cfg, 4.0);
+        last = Some((half, spot));
+        // Narrower where the tracks allow; never wider than the box they were found with
+        // (a box that cuts its tracks off would only measure its own width).
+        let next: [f64; 2] = std::array::from_fn(|c| need[c].clamp(1e-2, half[c]));
+        if (0..2).all(|c| next[c] > 0.9 * half[c]) {
+            break;
+        }
+        half = next;
+    }
+    last
 }
 
 /// The origin's half length (`origin_half_z_mm`) the tracks of `spot` need, where the
@@ -679,6 +728,44 @@ mod tests {
             cov,
             chi2: chi2_ndf * 8.0,
             ndf: 8,
+        }
+    }
+
+    /// A widened box settles to the tracks it finds: events of a beam of 0.05 mm, whose
+    /// tracks are first found with a box of 6 mm, give a box of about four of their
+    /// spreads, which holds them (found again with it, they spread as before).
+    #[test]
+    fn a_widened_box_settles_to_four_spreads_of_the_tracks_it_finds() {
+        let det = synthetic::detector(6, [0.0, 0.8, 0.0], 0.01, 0.01);
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let beam = Normal::new(0.0, 0.05).unwrap();
+        let events: Vec<Vec<HitRecord>> = (0..10)
+            .map(|_| {
+                let mut hits = Vec::new();
+                for k in 0..60 {
+                    let q = if k % 2 == 0 { 1.0 } else { -1.0 };
+                    let p = rng.random_range(3.5..20.0);
+                    let start = [
+                        beam.sample(&mut rng),
+                        beam.sample(&mut rng),
+                        rng.random_range(-0.1..0.1),
+                        rng.random_range(-0.1..0.1),
+                        q / p,
+                    ];
+                    synthetic::track(&det, start, true, true, &mut rng, &mut hits);
+                }
+                hits
+            })
+            .collect();
+        let (half, spot) = settled_origin(&det, &cfg, &events, [6.0, 6.0]).expect("measured");
+        for c in 0..2 {
+            assert!(half[c] < 1.0, "axis {c}: box {half:?}");
+            assert!(
+                half[c] >= 3.0 * spot.spread_mm[c],
+                "axis {c}: {half:?} {spot:?}"
+            );
+            assert!(spot.spread_mm[c] < 0.15, "axis {c}: {spot:?}");
         }
     }
 
