@@ -663,13 +663,26 @@ fn origin_from_first_events(
         }
     }
     if free_box {
+        // A widened box is measured again with itself until it settles: tracks found with a
+        // box wider than the beam's may spread because of it (`settled_origin`).
         let wider = beam_spot::widened_origin(&spot, &cfg).map(|b| {
-            (
-                b,
-                "wider than the default box holds",
-                "widened to four spreads,",
-                "widened",
-            )
+            match beam_spot::settled_origin(det, &cfg, &events, b) {
+                Some((settled, s)) if settled != b => {
+                    spot = s;
+                    (
+                        settled,
+                        "wider than the default box holds, and found again with the wider box until it settles",
+                        "set to four spreads of the tracks it finds,",
+                        "settled",
+                    )
+                }
+                _ => (
+                    b,
+                    "wider than the default box holds",
+                    "widened to four spreads,",
+                    "widened",
+                ),
+            }
         });
         let change = wider.or_else(|| {
             beam_spot::narrower_origin(&spot, &cfg).map(|b| {
@@ -680,25 +693,6 @@ fn origin_from_first_events(
                     "narrowed",
                 )
             })
-        });
-        // A widened box is measured again with itself until it settles: tracks found with a
-        // box wider than the beam's may spread because of it (`settled_origin`).
-        let change = change.map(|(b, why, what, verb)| {
-            if verb != "widened" {
-                return (b, why, what, verb);
-            }
-            match beam_spot::settled_origin(det, &cfg, &events, b) {
-                Some((settled, s)) if settled != b => {
-                    spot = s;
-                    (
-                        settled,
-                        "wider than the default box holds, and measured again with the wider box until it settles",
-                        "set to four spreads of the tracks it finds,",
-                        "settled",
-                    )
-                }
-                _ => (b, why, what, verb),
-            }
         });
         if let Some(([hx, hy], why, what, verb)) = change {
             tracing::warn!(

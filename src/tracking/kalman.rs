@@ -242,10 +242,11 @@ fn finest_sigma(a: &crate::tracking::geometry::Plane, b: &crate::tracking::geome
 /// steps half as long as `max_step_mm` allows, for tracks of [`STEP_PROBE_P_GEV`] of
 /// either charge along the lines from the origin through the corners, edges and centre of
 /// the planes, to [`FIELD_MODEL_FRACTION`] of what the hits measure over the gap: in
-/// position, the finest hit resolution `sigma` of the two planes; in slope, `sigma / dz`. The step's error
-/// (from the field's variation along the gap, to first order) scales as 1/p, so the bound
-/// holds at every momentum above the probe's. Where the field is smooth over a gap, a few
-/// long steps are then as exact as many short ones. Gaps spanned by one step take one.
+/// position, the finest hit resolution `sigma` of the two planes; in slope, `sigma / dz`.
+/// The step's error (from the field's variation along the gap, to first order) scales as
+/// 1/p, so the bound holds at every momentum above the probe's. Where the field is smooth
+/// over a gap, a few long steps are then as exact as many short ones. Gaps spanned by one
+/// step take one.
 ///
 /// The bound is the resolution's, not the scattering's, although a track's scattering
 /// over a gap is often much larger: a step's error is the same for every track of a
