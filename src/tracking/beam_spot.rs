@@ -382,13 +382,7 @@ pub fn measure_origin<E: AsRef<[HitRecord]>>(
     events: impl IntoIterator<Item = E>,
 ) -> Option<BeamSpot> {
     let events: Vec<E> = events.into_iter().take(ORIGIN_EVENTS).collect();
-    let views = || events.iter().map(|e| e.as_ref());
-    let measure = |half: f64| {
-        let tracks = open_tracks(det, cfg, [half; 2], views())?;
-        let mut meter = BeamSpotMeter::new(cfg.origin_z_mm, cfg.max_chi2_ndf).stiff(cfg);
-        meter.add(&det.field, &tracks);
-        meter.finish()
-    };
+    let measure = |half: f64| spot_in_box(det, cfg, [half; 2], &events);
     let configured = cfg.origin_half_x_mm.max(cfg.origin_half_y_mm);
     let open = configured.max(OPEN_HALF_MM);
     for half in [configured, WIDEN * configured] {
@@ -400,6 +394,21 @@ pub fn measure_origin<E: AsRef<[HitRecord]>>(
         }
     }
     measure(open)
+}
+
+/// The beam spot on the origin plane of the stiff tracks of `events` found with an origin
+/// box of half sizes `half_mm` ([`open_tracks`]); `None` without planes or with fewer than
+/// [`MIN_TRACKS`] tracks.
+fn spot_in_box<E: AsRef<[HitRecord]>>(
+    det: &Detector,
+    cfg: &FinderConfig,
+    half_mm: [f64; 2],
+    events: &[E],
+) -> Option<BeamSpot> {
+    let tracks = open_tracks(det, cfg, half_mm, events.iter().map(|e| e.as_ref()))?;
+    let mut meter = BeamSpotMeter::new(cfg.origin_z_mm, cfg.max_chi2_ndf).stiff(cfg);
+    meter.add(&det.field, &tracks);
+    meter.finish()
 }
 
 /// How much wider each box [`measure_origin`] tries is than the one before.
@@ -572,10 +581,7 @@ pub fn settled_origin<E: AsRef<[HitRecord]>>(
     let mut half = half_mm;
     let mut last = None;
     for _ in 0..SETTLE_ROUNDS {
-        let tracks = open_tracks(det, cfg, half, events.iter().map(|e| e.as_ref()))?;
-        let mut meter = BeamSpotMeter::new(cfg.origin_z_mm, cfg.max_chi2_ndf).stiff(cfg);
-        meter.add(&det.field, &tracks);
-        let Some(spot) = meter.finish() else {
+        let Some(spot) = spot_in_box(det, cfg, half, events) else {
             break;
         };
         let need = box_of(&spot, cfg, 4.0);

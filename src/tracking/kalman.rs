@@ -33,7 +33,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use crate::tracking::field::FieldSlices;
-use crate::tracking::geometry::{Detector, Field};
+use crate::tracking::geometry::{Detector, Field, Plane};
 #[cfg(target_arch = "x86_64")]
 use crate::tracking::propagate::F32Avx2;
 use crate::tracking::propagate::{
@@ -230,7 +230,7 @@ fn gap_profiles(det: &Detector) -> Vec<bool> {
 pub const STEP_PROBE_P_GEV: f64 = 0.5;
 
 /// The finest hit resolution of two planes, mm.
-fn finest_sigma(a: &crate::tracking::geometry::Plane, b: &crate::tracking::geometry::Plane) -> f64 {
+fn finest_sigma(a: &Plane, b: &Plane) -> f64 {
     a.sigma_x_mm
         .min(a.sigma_y_mm)
         .min(b.sigma_x_mm)
@@ -2117,7 +2117,7 @@ mod tests {
         let det = Detector {
             planes: [322.0, 538.8, 725.3, 908.8, 984.5]
                 .iter()
-                .map(|&z| crate::tracking::geometry::Plane {
+                .map(|&z| Plane {
                     z_mm: z,
                     half_x_mm: 450.0,
                     half_y_mm: 450.0,
