@@ -1409,7 +1409,8 @@ __device__ __forceinline__ void candidates_block(CAND_PARAMS) {
                 if (!copy) {
                     KalmanResult r1;
                     kalman_fit_pass(candidate_hits(ev, a, cd), (int)cd.y, MAX_CHAIN, T, r1,
-                                    (int)cd.y / 2);
+                                    (int)cd.y / 2, __int_as_float(0x7fc00000),
+                                    __int_as_float(0x7fc00000));
                     if (kalman_retry((int)cd.y, r1)) {
                         atomicAdd(&ca_retry_fits, 1u);
                         ca_chunk_has_retry = 1u;

@@ -38,6 +38,7 @@
 #define PI_SCATTER_QOP 6
 #define PI_SCATTER_QOP_ERROR 7
 #define PI_SCATTER_FLOOR 8
+#define PI_SCATTER_AT_PREFIT 9
 #define PF_QOP_FIXED 0
 #define PF_QOP_FIXED_VAR 1
 #define PF_PRIOR_REL 2
@@ -709,7 +710,7 @@ __device__ __forceinline__ void kalman_empty(KalmanResult& r) {
 
 template <class Hits>
 __device__ void kalman_fit_pass(const Hits& h, int n, int kmax, const KalmanTables& T,
-                                KalmanResult& res, int mid);
+                                KalmanResult& res, int mid, float q_ref, float q_scat);
 
 // Whether the first pass `res` of a fit of n hits is fitted again (RETRY_CHI2_NDF).
 __device__ __forceinline__ bool kalman_retry(int n, const KalmanResult& res) {
@@ -721,11 +722,22 @@ __device__ __forceinline__ bool kalman_retry(int n, const KalmanResult& res) {
 template <class Hits>
 __device__ void kalman_fit_track_within(const Hits& h, int n, int kmax, const KalmanTables& T,
                                         KalmanResult& res, float retry_within) {
-    kalman_fit_pass(h, n, kmax, T, res, n / 2);
+    const float none = __int_as_float(0x7fc00000);
+    kalman_fit_pass(h, n, kmax, T, res, n / 2, none, none);
     if (kalman_retry(n, res) && !(res.ok && res.chi2 > retry_within)) {
         KalmanResult again;
-        kalman_fit_pass(h, n, kmax, T, again, n / 2 - 1);
+        kalman_fit_pass(h, n, kmax, T, again, n / 2 - 1, none, none);
         if (again.ok && (!res.ok || again.chi2 < res.chi2)) res = again;
+    }
+    // The fit again, seeded with the first fit's q/p and every plane's scattering at its
+    // expectation over that fit's q/p error (FitConfig::scatter_at_prefit), where the
+    // first fit is ok; the expectation in double precision, as on the CPU.
+    if (T.pi[PI_SCATTER_AT_PREFIT] != 0 && T.pi[PI_FIT_MOMENTUM] != 0 && res.ok) {
+        const double q = (double)res.st[4];
+        const double v = res.c[14] > 0.0f ? (double)res.c[14] : 0.0;
+        KalmanResult fin;
+        kalman_fit_pass(h, n, kmax, T, fin, n / 2, res.st[4], (float)sqrt(q * q + v));
+        if (fin.ok) res = fin;
     }
 }
 
@@ -739,10 +751,12 @@ __device__ void kalman_fit_track(const Hits& h, int n, int kmax, const KalmanTab
     kalman_fit_track_within(h, n, kmax, T, res, __int_as_float(0x7f800000));
 }
 
-// One pass of the fit, the seed's three-hit q/p from hits 0, `mid` and n - 1.
+// One pass of the fit, the seed's three-hit q/p from hits 0, `mid` and n - 1; with a
+// reference q/p `q_ref` (not NaN, where the fit measures momenta), the seed's q/p that
+// instead and every plane's scattering at |q/p| = `q_scat`.
 template <class Hits>
 __device__ void kalman_fit_pass(const Hits& h, int n, int kmax, const KalmanTables& T,
-                                KalmanResult& res, int mid) {
+                                KalmanResult& res, int mid, float q_ref, float q_scat) {
     const float* rows32 = T.rows32;
     const double* rows64 = T.rows64;
     const int* gap_steps = T.gap_steps;
@@ -864,6 +878,13 @@ __device__ void kalman_fit_pass(const Hits& h, int n, int kmax, const KalmanTabl
         qop = q;
         cq = s * s;
     }
+    // A reference q/p: the seed's, with the prior of a three-hit estimate of that value.
+    const bool use_ref = pi[PI_FIT_MOMENTUM] != 0 && q_ref == q_ref;
+    if (use_ref) {
+        const float s = pf[PF_PRIOR_REL] * spread * fabsf(q_ref) + pf[PF_PRIOR_FLOOR];
+        qop = q_ref;
+        cq = s * s;
+    }
 
     // Seed: the last hit, chord slopes corrected by the bending between the last two.
     const float dz = zn - zm;
@@ -952,9 +973,9 @@ __device__ void kalman_fit_pass(const Hits& h, int n, int kmax, const KalmanTabl
         tx = st[2];
         ty = st[3];
         qop = st[4];
-        float q_scatter = qop;
+        float q_scatter = use_ref ? q_scat : qop;
         if (floor) {
-            const float a = fabsf(qop);
+            const float a = fabsf(q_scatter);
             q_scatter = a < qop_max ? a : qop_max;
         }
         scatter(c, tx, ty, q_scatter, x0, r[4], mass2, qop_error);

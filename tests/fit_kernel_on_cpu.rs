@@ -26,6 +26,7 @@ use kernels_on_cpu::{read_words, write_arg};
 use trigd::gpu::tracking_fit::{
     check_batch, pack_hits, unpack_outputs, FitLimits, FitTables, FittedTrack,
 };
+use trigd::tracking::ca::cuts::FinderConfig;
 use trigd::tracking::geometry::{Detector, Field};
 use trigd::tracking::kalman::{FitHit, FitOutput, KalmanFitter};
 use trigd::tracking::simulate::{Preset, SimConfig};
@@ -101,6 +102,7 @@ fn all_detectors() -> Vec<(&'static str, Detector, SimConfig)> {
 #[test]
 fn the_fit_kernel_on_the_cpu_gives_the_cpu_fitters_fits() {
     let s = seed();
+    let mut prefit = 0;
     for (name, det, sim) in all_detectors() {
         let (fitter, found) = found_tracks(&det, &sim, s, 1);
         let all = with_variants(&found, det.planes.len());
@@ -118,7 +120,28 @@ fn the_fit_kernel_on_the_cpu_gives_the_cpu_fitters_fits() {
             a.ok < all.len(),
             "{name}: the unfittable variants were fitted"
         );
+        // The accepted tracks' fit where the field is a map: made again with every
+        // plane's scattering at the first fit's q/p (`FitConfig::scatter_at_prefit`).
+        let cfg = FinderConfig::from_detector(&det, 0.5);
+        if let Some(track_cfg) = cfg.track_fit().filter(|f| f.scatter_at_prefit) {
+            let track_fitter = KalmanFitter::new(&det, track_cfg);
+            let mut again = Vec::new();
+            track_fitter.fit_batch(&refs, &mut again);
+            let kernel = kernel_fits(&track_fitter, &refs);
+            let b = compare(name, &again, &kernel);
+            assert_eq!(b.bit_identical, b.ok, "{name}, the tracks' fit: {b:?}");
+            assert_eq!(b.ok, a.ok, "{name}, the tracks' fit: {b:?}");
+            // Not the candidates' fit: most chi-squares move.
+            let moved = cpu
+                .iter()
+                .zip(&again)
+                .filter(|(c, t)| c.ok && t.ok && c.chi2 != t.chi2)
+                .count();
+            assert!(moved * 2 > b.ok, "{name}: {moved} of {} fits moved", b.ok);
+            prefit += 1;
+        }
     }
+    assert!(prefit >= 2, "{prefit} detectors with a field map");
 }
 
 /// The exchange's trial fits, whose retry is made only within a bound

@@ -72,7 +72,7 @@ const GAP_MAP: i32 = 2;
 const GAP_PROFILE: i32 = 3;
 
 /// Entries of the parameter arrays (PI_*, PF_*, PD_* in kernels/kalman_fit.cu).
-const PARAM_INTS: usize = 9;
+const PARAM_INTS: usize = 10;
 const PARAM_FLOATS: usize = 15;
 const PARAM_DOUBLES: usize = 9 + SCATTER_GRID;
 
@@ -379,6 +379,7 @@ impl FitTables {
         ints[1] = i32::from(cfg.fit_momentum);
         ints[6] = i32::from(cfg.estimates_scattering());
         ints[7] = i32::from(cfg.scatters_with_qop_error());
+        ints[9] = i32::from(cfg.scatter_at_prefit && cfg.fit_momentum);
         if let Some(q) = cfg.scatter_qop_max() {
             ints[8] = 1;
             floats[14] = q as f32;

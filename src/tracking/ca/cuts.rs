@@ -437,15 +437,26 @@ impl FinderConfig {
         }
         // Tracks below the minimum momentum are wanted: their scattering is their own.
         f.scatter_floor &= !self.keep_tracks_below_min_p;
+        // One fit per candidate: the choice ranks them by it.
+        f.scatter_at_prefit = false;
         f
     }
 
     /// The accepted tracks' fit where it differs from the candidates'
     /// ([`Self::candidate_fit`]): the finder fits its accepted tracks again with it, and
     /// tracks its later steps change. Without a field and without a given momentum, each
-    /// track's own scattering ([`FitConfig::estimates_scattering`]).
+    /// track's own scattering ([`FitConfig::estimates_scattering`]); where the field
+    /// measures momenta and `fit.scatter_at_prefit` asks for it, the candidates' fit made
+    /// again with every plane's scattering at the first fit's q/p.
     pub fn track_fit(&self) -> Option<FitConfig> {
-        self.fit.estimates_scattering().then(|| self.fit.clone())
+        if self.fit.estimates_scattering() {
+            return Some(self.fit.clone());
+        }
+        (self.fit.fit_momentum && self.fit.scatter_at_prefit).then(|| {
+            let mut f = self.candidate_fit();
+            f.scatter_at_prefit = true;
+            f
+        })
     }
 
     /// The cut on the fitted tracks' momenta ([`Self::keep_tracks_below_min_p`]).
@@ -712,6 +723,7 @@ pub struct FitOverrides {
     pub scatter_prior: Option<Vec<f64>>,
     pub scatter_qop_error: Option<bool>,
     pub scatter_floor: Option<bool>,
+    pub scatter_at_prefit: Option<bool>,
 }
 
 impl FinderOverrides {
@@ -776,7 +788,8 @@ impl FinderOverrides {
             qop_prior_floor,
             mass_gev,
             scatter_qop_error,
-            scatter_floor
+            scatter_floor,
+            scatter_at_prefit
         );
         if let Some(p) = f.p_no_field_gev {
             c.fit.p_no_field_gev = Some(p);
