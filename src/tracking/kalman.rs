@@ -2161,7 +2161,6 @@ mod tests {
     /// the bending slope about 1 wide (1.3-1.4 before).
     #[test]
     fn a_field_that_changes_sign_over_thick_planes_leaves_no_bias() {
-        use crate::tracking::reco::synthetic::track;
         let field = by_map(
             [21, 3, 41],
             [-500.0, -500.0, -50.0],
@@ -2195,19 +2194,8 @@ mod tests {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(343);
         let (mut signed_qop, mut tx_pulls) = (Vec::new(), Vec::new());
         for k in 0..600 {
+            let (ids, states, hits) = random_track(&det, &mut rng, k, [1.0, 3.0], 0.25);
             let q = if k % 2 == 0 { 1.0 } else { -1.0 };
-            let p = 1.0 + 2.0 * rng.random::<f64>();
-            let phi = std::f64::consts::TAU * rng.random::<f64>();
-            let theta = 0.25 * rng.random::<f64>();
-            let mut hits = Vec::new();
-            let (ids, states) = track(
-                &det,
-                [0.0, 0.0, theta * phi.cos(), theta * phi.sin(), q / p],
-                true,
-                true,
-                &mut rng,
-                &mut hits,
-            );
             if ids.len() < 5 {
                 continue;
             }
@@ -2234,12 +2222,11 @@ mod tests {
     /// last planes at its seed's q/p and takes the magnet's bending at the second plane,
     /// where its q/p can pass near zero; the scattering taken there shrinks the
     /// non-bending slope's error and the slope's pulls grow tails (planes of 90 %
-    /// efficiency, 1-3 GeV/c). Taken at the first fit's q/p
+    /// efficiency, 1-2 GeV/c). Taken at the first fit's q/p
     /// ([`FitConfig::scatter_at_prefit`]), their root mean square is within 0.06 of 1 and
     /// below the one taken at the filter's (1.07-1.09 on three seeds).
     #[test]
     fn scattering_at_the_first_fits_momentum_keeps_the_slopes_errors() {
-        use crate::tracking::reco::synthetic::track;
         let field = by_map(
             [3, 3, 121],
             [-1000.0, -1000.0, -50.0],
@@ -2271,19 +2258,7 @@ mod tests {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(325);
         let (mut with, mut without) = (Vec::new(), Vec::new());
         for k in 0..3000 {
-            let q = if k % 2 == 0 { 1.0 } else { -1.0 };
-            let p = 1.0 + 1.0 * rng.random::<f64>();
-            let phi = std::f64::consts::TAU * rng.random::<f64>();
-            let theta = 0.3 * rng.random::<f64>();
-            let mut hits = Vec::new();
-            let (ids, states) = track(
-                &det,
-                [0.0, 0.0, theta * phi.cos(), theta * phi.sin(), q / p],
-                true,
-                true,
-                &mut rng,
-                &mut hits,
-            );
+            let (ids, states, hits) = random_track(&det, &mut rng, k, [1.0, 2.0], 0.3);
             // Planes of 90 % efficiency: the particle crosses all five.
             let kept: Vec<usize> = (0..ids.len())
                 .filter(|_| rng.random::<f64>() < 0.9)
@@ -2313,6 +2288,33 @@ mod tests {
             b - a > 0.03,
             "non-bending slope pulls {b} wide at the filter's q/p, {a} at the first fit's"
         );
+    }
+
+    /// Track `k` of a test's sample from the origin, scattered and smeared
+    /// ([`crate::tracking::reco::synthetic::track`]): charge alternating with `k`, momentum
+    /// uniform in `p` (GeV/c), polar angle uniform up to `theta_max`; its hit indices, true
+    /// states just after each plane, and hits.
+    fn random_track(
+        det: &Detector,
+        rng: &mut rand_chacha::ChaCha8Rng,
+        k: usize,
+        p: [f64; 2],
+        theta_max: f64,
+    ) -> (Vec<u32>, Vec<[f64; 5]>, Vec<HitRecord>) {
+        let q = if k % 2 == 0 { 1.0 } else { -1.0 };
+        let p = p[0] + (p[1] - p[0]) * rng.random::<f64>();
+        let phi = std::f64::consts::TAU * rng.random::<f64>();
+        let theta = theta_max * rng.random::<f64>();
+        let mut hits = Vec::new();
+        let (ids, states) = crate::tracking::reco::synthetic::track(
+            det,
+            [0.0, 0.0, theta * phi.cos(), theta * phi.sin(), q / p],
+            true,
+            true,
+            rng,
+            &mut hits,
+        );
+        (ids, states, hits)
     }
 
     /// A map of `by(x, z)` (tesla, along y; nothing else) on the nodes of a grid.
