@@ -541,6 +541,16 @@ __device__ __forceinline__ void store_fit(const KalmanResult& r, u32* o) {
     o[23] = (u32)r.ok;
 }
 
+// The fit of FIT_WORDS words `w` (store_fit's layout).
+__device__ __forceinline__ void load_fit(const u32* w, KalmanResult& r) {
+    for (int i = 0; i < 5; ++i) r.st[i] = __uint_as_float(w[i]);
+    for (int i = 0; i < 15; ++i) r.c[i] = __uint_as_float(w[5 + i]);
+    r.z = __uint_as_float(w[20]);
+    r.chi2 = __uint_as_float(w[21]);
+    r.ndf = (int)w[22];
+    r.ok = (int)w[23];
+}
+
 // The hits of candidate record cd for the fit.
 __device__ __forceinline__ CandHits candidate_hits(const CandEvent& ev, const CandArenas& a,
                                                    uint4 cd) {

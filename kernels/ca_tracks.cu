@@ -86,7 +86,8 @@ extern "C" __global__ void ca_tracks_pack(const u32* __restrict__ failed,
             u32* o = out_fits + (size_t)(tb + k) * FIT_WORDS;
             if (refit) {
                 // The accepted track fitted again with the track fit's parameters
-                // (candidates::refit_accepted), in the candidates' layout.
+                // (candidates::refit_accepted), in the candidates' layout: in full
+                // (refit 1), or from the candidate's fit as its first fit (refit 2).
                 const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
                                         slices, pf,     pd,        pi,       nodes};
                 const u32 hs = hit_start[e];
@@ -96,7 +97,12 @@ extern "C" __global__ void ca_tracks_pack(const u32* __restrict__ failed,
                 h.hy = in_y + hs;
                 h.hp = in_plane + hs;
                 KalmanResult r;
-                kalman_fit_track(h, (int)c.y, MAX_CHAIN, T, r);
+                if (refit == 2) {
+                    load_fit(fw + (size_t)cidx * FIT_WORDS, r);
+                    kalman_fit_at_prefit(h, (int)c.y, MAX_CHAIN, T, r);
+                } else {
+                    kalman_fit_track(h, (int)c.y, MAX_CHAIN, T, r);
+                }
                 store_fit(r, o);
             } else {
                 for (int w = 0; w < FIT_WORDS; w++) o[w] = fw[(size_t)cidx * FIT_WORDS + w];

@@ -712,6 +712,10 @@ template <class Hits>
 __device__ void kalman_fit_pass(const Hits& h, int n, int kmax, const KalmanTables& T,
                                 KalmanResult& res, int mid, float q_ref, float q_scat);
 
+template <class Hits>
+__device__ void kalman_fit_at_prefit(const Hits& h, int n, int kmax, const KalmanTables& T,
+                                     KalmanResult& res);
+
 // Whether the first pass `res` of a fit of n hits is fitted again (RETRY_CHI2_NDF).
 __device__ __forceinline__ bool kalman_retry(int n, const KalmanResult& res) {
     return n >= 4 && !(res.ok && res.chi2 <= RETRY_CHI2_NDF * (float)res.ndf);
@@ -729,9 +733,16 @@ __device__ void kalman_fit_track_within(const Hits& h, int n, int kmax, const Ka
         kalman_fit_pass(h, n, kmax, T, again, n / 2 - 1, none, none);
         if (again.ok && (!res.ok || again.chi2 < res.chi2)) res = again;
     }
-    // The fit again, seeded with the first fit's q/p and every plane's scattering at its
-    // expectation over that fit's q/p error (FitConfig::scatter_at_prefit), where the
-    // first fit is ok; the expectation in double precision, as on the CPU.
+    kalman_fit_at_prefit(h, n, kmax, T, res);
+}
+
+// The fit again, seeded with the first fit's q/p (`res`) and every plane's scattering at
+// its expectation over that fit's q/p error (FitConfig::scatter_at_prefit), where the
+// first fit is ok; the expectation in double precision, as on the CPU. From a first fit
+// made elsewhere (the candidates' fit of the same hits), kalman.rs: fit_lanes_from_first.
+template <class Hits>
+__device__ void kalman_fit_at_prefit(const Hits& h, int n, int kmax, const KalmanTables& T,
+                                     KalmanResult& res) {
     if (T.pi[PI_SCATTER_AT_PREFIT] != 0 && T.pi[PI_FIT_MOMENTUM] != 0 && res.ok) {
         const double q = (double)res.st[4];
         const double v = res.c[14] > 0.0f ? (double)res.c[14] : 0.0;

@@ -234,7 +234,12 @@ fn kernel_selections(
             share_cand as u32,
             share_hits as u32,
             CHAIN_HITS,
-            u32::from(track_fitter.is_some()),
+            // The tracks' fit: none, in full, or from the candidates' fits.
+            match track_fitter {
+                None => 0,
+                Some(_) if cfg.track_fit_starts_from_candidate_fit() => 2,
+                Some(_) => 1,
+            },
         ],
     );
     write_arg(d, "max_chi2_ndf", &[cfg.max_chi2_ndf]);
@@ -388,7 +393,7 @@ fn agree(
         // The tracks as the finder writes them: fitted again with their own fit where it
         // has one.
         if let Some(f) = &track_fitter {
-            ca::candidates::refit_accepted(f, &mut buf);
+            ca::candidates::refit_accepted(f, &mut buf, cfg.track_fit_starts_from_candidate_fit());
         }
         packed.push(accepted_tracks(&buf));
     }

@@ -229,7 +229,7 @@ impl GpuTracker {
         let mut ca = GpuCaEngine::with_tables(device, tables, Some(&fitter), limits.ca, &cache)?;
         let track_fitter = cfg.track_fit().map(|f| KalmanFitter::new(det, f));
         if let Some(f) = &track_fitter {
-            ca.set_track_fitter(f)?;
+            ca.set_track_fitter(f, cfg.track_fit_starts_from_candidate_fit())?;
         }
         // Clone suppression compares short tracks (at most n - 3 hits) with longer ones.
         let clones = if n_planes >= 4 {

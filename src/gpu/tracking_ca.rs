@@ -1557,6 +1557,9 @@ pub struct GpuCaEngine {
     /// tracks are fitted again with where it differs from the candidates'
     /// ([`Self::set_track_fitter`]).
     track_fit: Option<(DeviceBuffer<i32>, DeviceBuffer<f32>, DeviceBuffer<f64>)>,
+    /// Whether the tracks' fit starts from the candidates' fits
+    /// ([`Self::set_track_fitter`]).
+    track_fit_from_candidates: bool,
     /// The first-hit step's parameters and scratch, where it runs on the device
     /// ([`Self::set_first_hits`]).
     first_hits: Option<FirstHitsDevice>,
@@ -1605,9 +1608,15 @@ pub struct GpuCaEngine {
 impl GpuCaEngine {
     /// Fits the accepted tracks again, where their tracks are packed, with `fitter`'s
     /// parameters (the detector's tables are the candidates' fitter's: the two fits differ
-    /// only in their settings), as the CPU finder does without a field
-    /// ([`crate::tracking::reco::FinderConfig::candidate_fit`]).
-    pub fn set_track_fitter(&mut self, fitter: &KalmanFitter) -> Result<(), GpuError> {
+    /// only in their settings), as the CPU finder does
+    /// ([`crate::tracking::reco::FinderConfig::track_fit`]); with `from_candidate_fits`
+    /// ([`crate::tracking::reco::FinderConfig::track_fit_starts_from_candidate_fit`]),
+    /// from the candidates' fits as their first fits.
+    pub fn set_track_fitter(
+        &mut self,
+        fitter: &KalmanFitter,
+        from_candidate_fits: bool,
+    ) -> Result<(), GpuError> {
         let t = FitTables::new(fitter);
         let ctx = &self.ctx;
         self.track_fit = Some((
@@ -1615,6 +1624,7 @@ impl GpuCaEngine {
             DeviceBuffer::from_host(ctx, &t.floats)?,
             DeviceBuffer::from_host(ctx, &t.doubles)?,
         ));
+        self.track_fit_from_candidates = from_candidate_fits;
         Ok(())
     }
 
@@ -1882,6 +1892,7 @@ impl GpuCaEngine {
             passes,
             fit,
             track_fit: None,
+            track_fit_from_candidates: false,
             first_hits: None,
             exchange: None,
             candidate_blocks: CandidateBlocks::Auto,
@@ -2907,7 +2918,8 @@ impl GpuCaEngine {
         let p = |b: &DeviceBuffer<u32>| Ptr(b.ptr());
         let pf = |b: &DeviceBuffer<f32>| Ptr(b.ptr());
         // The accepted tracks' fit: the candidates' tables with the track fit's
-        // parameters, where there is one (`refit`).
+        // parameters, where there is one (`refit`: 1 in full, 2 from the candidates'
+        // fits as its first fits).
         let (refit, fit_args) = match (&self.fit, &self.track_fit) {
             (Some(f), t) => {
                 let (ints, floats, doubles) = match t {
@@ -2915,7 +2927,11 @@ impl GpuCaEngine {
                     None => (f.ints.ptr(), f.floats.ptr(), f.doubles.ptr()),
                 };
                 (
-                    t.is_some(),
+                    match t {
+                        None => 0,
+                        Some(_) if self.track_fit_from_candidates => 2,
+                        Some(_) => 1,
+                    },
                     [
                         f.rows32.ptr(),
                         f.rows64.ptr(),
@@ -2931,7 +2947,7 @@ impl GpuCaEngine {
                 )
             }
             // No candidate step without a fitter: nothing to fit (pointers unread).
-            (None, _) => (false, [a.in_x.ptr(); 10]),
+            (None, _) => (0, [a.in_x.ptr(); 10]),
         };
         #[rustfmt::skip]
         let count_args = [p(&a.failed), p(&a.n_accepted), p(&a.accepted), Ptr(a.cand.ptr()),
@@ -2956,7 +2972,7 @@ impl GpuCaEngine {
         let pack_args = [p(&a.failed), p(&a.n_accepted), p(&a.accepted), Ptr(a.cand.ptr()),
             p(&a.cand_hits), p(&a.fits), U32(share_c as u32), U32(share_h as u32),
             p(&a.trk_base), p(&a.trk_hit_base), Ptr(a.out_tracks.ptr()), p(&a.out_fits),
-            p(&a.out_hits), I32(refit as i32), pf(&a.in_x), pf(&a.in_y), p(&a.in_plane),
+            p(&a.out_hits), I32(refit), pf(&a.in_x), pf(&a.in_y), p(&a.in_plane),
             p(&a.hit_start), Ptr(fit_args[0]), Ptr(fit_args[1]), Ptr(fit_args[2]),
             Ptr(fit_args[3]), Ptr(fit_args[4]), Ptr(fit_args[5]), Ptr(fit_args[6]),
             Ptr(fit_args[7]), Ptr(fit_args[8]), Ptr(fit_args[9])];

@@ -1083,7 +1083,22 @@ impl KalmanFitter {
     /// Runs the kernel chosen at construction ([`FitKernel`]).
     pub fn fit_lanes<T: Real, const L: usize>(&self, tracks: &[&[FitHit]], out: &mut [FitOutput]) {
         assert!(tracks.len() <= L && out.len() >= tracks.len());
-        self.chunks::<T, L>(tracks, &[], out);
+        self.chunks::<T, L>(tracks, &[], &[], out);
+    }
+
+    /// What [`Self::fit_lanes`] gives, from the tracks' first fits `first[i]` (what this
+    /// fitter's first pass and its retry give for `tracks[i]`: the fit of the same
+    /// hits with this configuration but [`FitConfig::scatter_at_prefit`]), so that only
+    /// the fit at the first fit's momentum is made; without `scatter_at_prefit` (or
+    /// without a momentum fit), `first` itself.
+    pub fn fit_lanes_from_first<T: Real, const L: usize>(
+        &self,
+        tracks: &[&[FitHit]],
+        first: &[FitOutput],
+        out: &mut [FitOutput],
+    ) {
+        assert!(tracks.len() <= L && out.len() >= tracks.len() && first.len() == tracks.len());
+        self.chunks::<T, L>(tracks, &[], first, out);
     }
 
     /// The lane kernel compiled for AVX2 and FMA.
@@ -1096,23 +1111,26 @@ impl KalmanFitter {
         &self,
         tracks: &[&[FitHit]],
         retry_within: &[f32],
+        first: &[FitOutput],
         out: &mut [FitOutput],
     ) {
-        self.fit_lanes_impl::<T, L>(tracks, retry_within, out);
+        self.fit_lanes_impl::<T, L>(tracks, retry_within, first, out);
     }
 
     /// The kernel chosen at construction over `tracks` in chunks of `L` (`out[i]` receives
-    /// track `i`), one call per chunk (measured faster than the kernel inlined into the loop
-    /// over chunks).
+    /// track `i`; with `first`, from those first fits: [`Self::fit_lanes_from_first`]), one
+    /// call per chunk (measured faster than the kernel inlined into the loop over chunks).
     #[inline(always)]
     fn chunks<T: Real, const L: usize>(
         &self,
         tracks: &[&[FitHit]],
         retry_within: &[f32],
+        first: &[FitOutput],
         out: &mut [FitOutput],
     ) {
         for (k, (chunk, o)) in tracks.chunks(L).zip(out.chunks_mut(L)).enumerate() {
             let w = retry_within.get(k * L..k * L + chunk.len()).unwrap_or(&[]);
+            let f = first.get(k * L..k * L + chunk.len()).unwrap_or(&[]);
             match self.kernel {
                 // SAFETY: `kernel` is only `Avx2Fma` when the CPU reported AVX2 and FMA
                 // (`FitKernel::detect`, `with_kernel`).
@@ -1121,12 +1139,12 @@ impl KalmanFitter {
                     // Eight single-precision lanes compute as `F32Avx2` (explicit 256-bit
                     // instructions); other lane types as they are.
                     if L == LANES && TypeId::of::<T>() == TypeId::of::<f32>() {
-                        self.fit_lanes_avx2::<F32Avx2, LANES>(chunk, w, o)
+                        self.fit_lanes_avx2::<F32Avx2, LANES>(chunk, w, f, o)
                     } else {
-                        self.fit_lanes_avx2::<T, L>(chunk, w, o)
+                        self.fit_lanes_avx2::<T, L>(chunk, w, f, o)
                     }
                 },
-                _ => self.fit_lanes_portable::<T, L>(chunk, w, o),
+                _ => self.fit_lanes_portable::<T, L>(chunk, w, f, o),
             }
         }
     }
@@ -1137,22 +1155,60 @@ impl KalmanFitter {
         &self,
         tracks: &[&[FitHit]],
         retry_within: &[f32],
+        first: &[FitOutput],
         out: &mut [FitOutput],
     ) {
-        self.fit_lanes_impl::<T, L>(tracks, retry_within, out);
+        self.fit_lanes_impl::<T, L>(tracks, retry_within, first, out);
     }
 
     /// The lane kernel: one pass, then a second one with the seed's other middle hit over
     /// the lanes that need it ([`RETRY_CHI2_NDF`]; with `retry_within`, one per track, only
-    /// those whose first pass failed or ended within it), the better fit of each kept.
+    /// those whose first pass failed or ended within it), the better fit of each kept;
+    /// with `first` (one per track), those fits instead. Then, with
+    /// [`FitConfig::scatter_at_prefit`], the pass at their momentum.
     #[inline(always)]
     fn fit_lanes_impl<T: Real, const L: usize>(
         &self,
         tracks: &[&[FitHit]],
         retry_within: &[f32],
+        first: &[FitOutput],
         out: &mut [FitOutput],
     ) {
         assert!(tracks.len() <= L && out.len() >= tracks.len());
+        if first.is_empty() {
+            self.first_fits::<T, L>(tracks, retry_within, out);
+        } else {
+            out[..tracks.len()].copy_from_slice(&first[..tracks.len()]);
+        }
+        if self.cfg.scatter_at_prefit && self.cfg.fit_momentum {
+            // The fit again, seeded with the first fit's q/p and every plane's scattering
+            // at its expectation over that fit's q/p error, in the lanes whose first fit
+            // is ok (the others keep it).
+            let q_ref: [Option<[f64; 2]>; L] = std::array::from_fn(|i| {
+                (i < tracks.len() && out[i].ok).then(|| {
+                    let (q, var) = (out[i].state[4], out[i].cov[14]);
+                    [q, (q * q + var.max(0.0)).sqrt()]
+                })
+            });
+            let mut second = [FitOutput::default(); L];
+            self.fit_lanes_pass::<T, L>(tracks, &mut second[..tracks.len()], false, Some(&q_ref));
+            for (o, s) in out.iter_mut().zip(&second).take(tracks.len()) {
+                if o.ok && s.ok {
+                    *o = *s;
+                }
+            }
+        }
+    }
+
+    /// The first fits of the lane kernel ([`Self::fit_lanes_impl`]): one pass, then a
+    /// second one with the seed's other middle hit where [`RETRY_CHI2_NDF`] asks for it.
+    #[inline(always)]
+    fn first_fits<T: Real, const L: usize>(
+        &self,
+        tracks: &[&[FitHit]],
+        retry_within: &[f32],
+        out: &mut [FitOutput],
+    ) {
         let empty: &[FitHit] = &[];
         let mut sub: [&[FitHit]; L] = [empty; L];
         let mut again = [0usize; L];
@@ -1187,23 +1243,6 @@ impl KalmanFitter {
             let (i, s) = (again[j], &second[j]);
             if s.ok && (!out[i].ok || s.chi2 < out[i].chi2) {
                 out[i] = *s;
-            }
-        }
-        if self.cfg.scatter_at_prefit && self.cfg.fit_momentum {
-            // The fit again, seeded with the first fit's q/p and every plane's scattering
-            // at its expectation over that fit's q/p error, in the lanes whose first fit
-            // is ok (the others keep it).
-            let q_ref: [Option<[f64; 2]>; L] = std::array::from_fn(|i| {
-                (i < tracks.len() && out[i].ok).then(|| {
-                    let (q, var) = (out[i].state[4], out[i].cov[14]);
-                    [q, (q * q + var.max(0.0)).sqrt()]
-                })
-            });
-            self.fit_lanes_pass::<T, L>(tracks, &mut second[..tracks.len()], false, Some(&q_ref));
-            for (o, s) in out.iter_mut().zip(&second).take(tracks.len()) {
-                if o.ok && s.ok {
-                    *o = *s;
-                }
             }
         }
     }
@@ -1688,7 +1727,7 @@ impl KalmanFitter {
         // buffer reused at the same length is not written twice).
         out.truncate(tracks.len());
         out.resize(tracks.len(), FitOutput::default());
-        self.chunks::<f32, LANES>(tracks, &[], out);
+        self.chunks::<f32, LANES>(tracks, &[], &[], out);
     }
 
     /// The fits of [`fit_batch`](Self::fit_batch) of `items` into `out` (one each, at
@@ -1728,7 +1767,7 @@ impl KalmanFitter {
                 *s = hits_of(item);
                 *w = retry_within(item);
             }
-            self.chunks::<f32, LANES>(&slices[..c.len()], &within[..c.len()], o);
+            self.chunks::<f32, LANES>(&slices[..c.len()], &within[..c.len()], &[], o);
         }
     }
 
@@ -2288,6 +2327,56 @@ mod tests {
             b - a > 0.03,
             "non-bending slope pulls {b} wide at the filter's q/p, {a} at the first fit's"
         );
+    }
+
+    /// The tracks' fit made from the candidates' fits of the same hits
+    /// ([`KalmanFitter::fit_lanes_from_first`], as the finder fits its accepted tracks in a
+    /// field map) is the tracks' fit made in full, to the bit, in the finder's lanes; a
+    /// fitter without `scatter_at_prefit` returns the first fits as they are.
+    #[test]
+    fn the_tracks_fit_from_the_candidates_fits_is_the_tracks_fit_in_full() {
+        let det = detector(6, [0.0, 0.8, 0.0], 0.01, 0.02);
+        let field = by_map(
+            [3, 3, 121],
+            [-1000.0, -1000.0, -50.0],
+            [1000.0, 1000.0, 10.0],
+            |_, z| 0.4 * (((z - 150.0) / 30.0).tanh() - ((z - 420.0) / 30.0).tanh()),
+        );
+        let det = Detector { field, ..det };
+        let cfg = crate::tracking::reco::FinderConfig::from_detector(&det, 1.0);
+        assert!(cfg.track_fit_starts_from_candidate_fit());
+        let candidates = KalmanFitter::new(&det, cfg.candidate_fit());
+        let tracks = KalmanFitter::new(&det, cfg.track_fit().unwrap());
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        let sample: Vec<Vec<FitHit>> = (0..203)
+            .map(|k| {
+                let (ids, _, hits) = random_track(&det, &mut rng, k, [0.8, 5.0], 0.25);
+                ids.iter()
+                    .map(|&i| FitHit::from(&hits[i as usize]))
+                    .collect()
+            })
+            .filter(|h: &Vec<FitHit>| h.len() >= 4)
+            .collect();
+        let slices: Vec<&[FitHit]> = sample.iter().map(|h| h.as_slice()).collect();
+        assert!(slices.len() > 150, "{} tracks", slices.len());
+        let (mut first, mut full) = (Vec::new(), Vec::new());
+        candidates.fit_batch(&slices, &mut first);
+        tracks.fit_batch(&slices, &mut full);
+        let mut from = vec![FitOutput::default(); slices.len()];
+        let mut same = vec![FitOutput::default(); slices.len()];
+        for ((t, f), (o, s)) in slices
+            .chunks(LANES)
+            .zip(first.chunks(LANES))
+            .zip(from.chunks_mut(LANES).zip(same.chunks_mut(LANES)))
+        {
+            tracks.fit_lanes_from_first::<f32, LANES>(t, f, o);
+            candidates.fit_lanes_from_first::<f32, LANES>(t, f, s);
+        }
+        assert_eq!(from, full);
+        assert_eq!(same, first);
+        // The two fits differ: the test would not see a pass left out.
+        let differ = (0..full.len()).filter(|&i| full[i] != first[i]).count();
+        assert!(differ * 2 > full.len(), "{differ} of {} differ", full.len());
     }
 
     /// Track `k` of a test's sample from the origin, scattered and smeared

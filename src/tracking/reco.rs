@@ -307,7 +307,8 @@ impl Reconstructor {
             self.run_pass(Pass::Main, reach, self.cfg.min_hits, false, false);
         }
         if let Some(f) = &self.track_fitter {
-            ca::candidates::refit_accepted(f, &mut self.buf);
+            let from_candidates = self.cfg.track_fit_starts_from_candidate_fit();
+            ca::candidates::refit_accepted(f, &mut self.buf, from_candidates);
         }
         let t = &mut self.times;
         t.events += 1;

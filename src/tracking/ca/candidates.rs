@@ -561,10 +561,14 @@ fn take_fit(c: &mut Candidate, f: &FitOutput) {
 /// Fits the accepted candidates again with `fitter`, in place of their fits, from the
 /// hits [`fit_range`] laid out for them, in chunks of the fit's lanes (the fits of
 /// `fit_batch`): without a field, each track with its own scattering after the candidates
-/// were chosen with the momentum cut's (`FinderConfig::candidate_fit`).
-pub fn refit_accepted(fitter: &KalmanFitter, buf: &mut CaBuffers) {
+/// were chosen with the momentum cut's (`FinderConfig::candidate_fit`). With
+/// `from_candidate_fits` (`FinderConfig::track_fit_starts_from_candidate_fit`), the
+/// candidates' fits are the tracks' fit's first fits, and only its pass at their momentum
+/// is made (`KalmanFitter::fit_lanes_from_first`).
+pub fn refit_accepted(fitter: &KalmanFitter, buf: &mut CaBuffers, from_candidate_fits: bool) {
     let n = buf.accepted.len();
     let mut out = [FitOutput::default(); LANES];
+    let mut first = [FitOutput::default(); LANES];
     for c0 in (0..n).step_by(LANES) {
         let m = (n - c0).min(LANES);
         let empty: &[FitHit] = &[];
@@ -572,8 +576,13 @@ pub fn refit_accepted(fitter: &KalmanFitter, buf: &mut CaBuffers) {
         for (j, s) in slices.iter_mut().take(m).enumerate() {
             let c = &buf.candidates[buf.accepted[c0 + j] as usize];
             *s = &buf.fit_hits[c.start as usize..c.start as usize + c.len as usize];
+            first[j] = buf.fits[c.fit as usize];
         }
-        fitter.fit_lanes::<f32, LANES>(&slices[..m], &mut out[..m]);
+        if from_candidate_fits {
+            fitter.fit_lanes_from_first::<f32, LANES>(&slices[..m], &first[..m], &mut out[..m]);
+        } else {
+            fitter.fit_lanes::<f32, LANES>(&slices[..m], &mut out[..m]);
+        }
         for (j, o) in out.iter().take(m).enumerate() {
             let c = &mut buf.candidates[buf.accepted[c0 + j] as usize];
             buf.fits[c.fit as usize] = *o;

@@ -459,6 +459,14 @@ impl FinderConfig {
         })
     }
 
+    /// Whether the tracks' fit ([`Self::track_fit`]) is the candidates' fit made again at
+    /// its momentum: then an accepted candidate's fit is the first fit of its track's, and
+    /// only the fit at that momentum is made
+    /// ([`crate::tracking::kalman::KalmanFitter::fit_lanes_from_first`]).
+    pub fn track_fit_starts_from_candidate_fit(&self) -> bool {
+        !self.fit.estimates_scattering() && self.track_fit().is_some()
+    }
+
     /// The cut on the fitted tracks' momenta ([`Self::keep_tracks_below_min_p`]).
     pub fn momentum_cut(&self) -> MomentumCut {
         MomentumCut {
