@@ -2210,18 +2210,7 @@ mod tests {
             },
         );
         let det = Detector {
-            planes: [322.0, 538.8, 725.3, 908.8, 984.5]
-                .iter()
-                .map(|&z| Plane {
-                    z_mm: z,
-                    half_x_mm: 450.0,
-                    half_y_mm: 450.0,
-                    sigma_x_mm: 0.03,
-                    sigma_y_mm: 0.03,
-                    x0_fraction: 0.0162,
-                    efficiency: 1.0,
-                })
-                .collect(),
+            planes: wide_planes(&[322.0, 538.8, 725.3, 908.8, 984.5], [0.03, 0.03], 0.0162),
             field,
         };
         let fitter = KalmanFitter::new(&det, FitConfig::from_detector(&det));
@@ -2273,18 +2262,7 @@ mod tests {
             |_, z| 0.16 * (((z - 230.0) / 20.0).tanh() - ((z - 550.0) / 20.0).tanh()),
         );
         let det = Detector {
-            planes: [217.2, 409.4, 640.1, 772.9, 890.0]
-                .iter()
-                .map(|&z| Plane {
-                    z_mm: z,
-                    half_x_mm: 450.0,
-                    half_y_mm: 450.0,
-                    sigma_x_mm: 0.045,
-                    sigma_y_mm: 0.034,
-                    x0_fraction: 0.0186,
-                    efficiency: 1.0,
-                })
-                .collect(),
+            planes: wide_planes(&[217.2, 409.4, 640.1, 772.9, 890.0], [0.045, 0.034], 0.0186),
             field,
         };
         let on = FitConfig::from_detector(&det);
@@ -2377,6 +2355,22 @@ mod tests {
         // The two fits differ: the test would not see a pass left out.
         let differ = (0..full.len()).filter(|&i| full[i] != first[i]).count();
         assert!(differ * 2 > full.len(), "{differ} of {} differ", full.len());
+    }
+
+    /// Planes at `z` (mm), 900 mm square, of resolution `sigma` (x, y; mm) and
+    /// `x0` radiation lengths, every hit recorded.
+    fn wide_planes(z: &[f64], sigma: [f64; 2], x0: f64) -> Vec<Plane> {
+        z.iter()
+            .map(|&z| Plane {
+                z_mm: z,
+                half_x_mm: 450.0,
+                half_y_mm: 450.0,
+                sigma_x_mm: sigma[0],
+                sigma_y_mm: sigma[1],
+                x0_fraction: x0,
+                efficiency: 1.0,
+            })
+            .collect()
     }
 
     /// Track `k` of a test's sample from the origin, scattered and smeared

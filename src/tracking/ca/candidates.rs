@@ -576,7 +576,9 @@ pub fn refit_accepted(fitter: &KalmanFitter, buf: &mut CaBuffers, from_candidate
         for (j, s) in slices.iter_mut().take(m).enumerate() {
             let c = &buf.candidates[buf.accepted[c0 + j] as usize];
             *s = &buf.fit_hits[c.start as usize..c.start as usize + c.len as usize];
-            first[j] = buf.fits[c.fit as usize];
+            if from_candidate_fits {
+                first[j] = buf.fits[c.fit as usize];
+            }
         }
         if from_candidate_fits {
             fitter.fit_lanes_from_first::<f32, LANES>(&slices[..m], &first[..m], &mut out[..m]);

@@ -464,7 +464,7 @@ impl FinderConfig {
     /// only the fit at that momentum is made
     /// ([`crate::tracking::kalman::KalmanFitter::fit_lanes_from_first`]).
     pub fn track_fit_starts_from_candidate_fit(&self) -> bool {
-        !self.fit.estimates_scattering() && self.track_fit().is_some()
+        !self.fit.estimates_scattering() && self.fit.fit_momentum && self.fit.scatter_at_prefit
     }
 
     /// The cut on the fitted tracks' momenta ([`Self::keep_tracks_below_min_p`]).
