@@ -36,6 +36,7 @@
 #define FH_SPOT_SAMPLE 512
 #define FH_SPOT_FLOOR 0.25
 #define FH_HOLD 2.0
+#define FH_NEAR_ORIGIN_RATIO 0.45
 #define FH_MAX_WINDOW_ROWS 16
 #define FH_MAX_PAIRS_PER_TRACK 32
 #define FH_NONE 0xffffffffu
@@ -174,11 +175,9 @@ __device__ bool fh_predict(const double* __restrict__ fp, const int* __restrict_
     ms *= theta2;
     const double var_qop = (double)fmaxf(__uint_as_float(fw[5 + 14]), 0.0f);
     const double* v1 = fp + FHD_PLANES + 4 * k1;
-    const double* v0 = fp + FHD_PLANES + 4 * k0;
-    const double var_x =
-        v1[1] * f * f + v0[1] + ms * (1.0 + tx * tx) + lever * lever * ax * ax * var_qop;
-    const double var_y =
-        v1[2] * f * f + v0[2] + ms * (1.0 + ty * ty) + lever * lever * ay * ay * var_qop;
+    // Without the first hit's resolution (added with the track's own point, fh_combine).
+    const double var_x = v1[1] * f * f + ms * (1.0 + tx * tx) + lever * lever * ax * ax * var_qop;
+    const double var_y = v1[2] * f * f + ms * (1.0 + ty * ty) + lever * lever * ay * ay * var_qop;
     if (!(isfinite(px) && isfinite(py) && isfinite(var_x) && isfinite(var_y))) return false;
     p.plane = k0;
     p.x = px;
@@ -190,6 +189,41 @@ __device__ bool fh_predict(const double* __restrict__ fp, const int* __restrict_
     p.own_x = (double)hx[i0];
     p.own_y = (double)hy[i0];
     return true;
+}
+
+// own_axis (first_hits.rs): the track's own point on one axis without its first hit, its
+// variance and its covariance with the origin's point; false where the fit does not hold
+// the hit.
+__device__ bool fh_own_axis(double at, double p, double r, double m, double v, double dz,
+                            double f, double* o) {
+    const double d = v - p;
+    if (!(d > 1e-9 * v && isfinite(at) && isfinite(r))) return false;
+    const double g = v / d;
+    const double x = (v * at - p * m) / d;
+    const double b = p * g;
+    const double c = f * (b + dz * (r * g));
+    if (!(isfinite(x) && isfinite(b) && isfinite(c))) return false;
+    o[0] = x;
+    o[1] = b;
+    o[2] = c;
+    return true;
+}
+
+// combine (first_hits.rs): the origin's point xo (variance a) and the track's own
+// (o: point, variance, covariance) combined, into xo and a.
+__device__ void fh_combine(double* xo, double* a, bool have, const double* o) {
+    if (!have) return;
+    const double xt = o[0], b = o[1], c = o[2];
+    const double den = *a + b - 2.0 * c;
+    const double var = (*a * b - c * c) / den;
+    if (den > 0.0 && var > 0.0 && isfinite(var)) {
+        const double w = (b - c) / den;
+        *xo = xt + w * (*xo - xt);
+        *a = var;
+    } else if (!(*a <= b)) {
+        *xo = xt;
+        *a = b;
+    }
 }
 
 // A bitonic sorting network over n (a power of two) items, the whole block:
@@ -411,7 +445,8 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
                 if (j < m) {
                     const double* d = pd8 + (size_t)(j * every) * 8;
                     const double a = d[4];
-                    key = fh_order64(d[2 + c] / (a * a));
+                    const u32 k0 = pslot[(size_t)(j * every) * 8 + 2];
+                    key = fh_order64((d[2 + c] + fp[FHD_PLANES + 4 * k0 + 1 + c]) / (a * a));
                 }
                 s_key[j] = key;
             }
@@ -432,13 +467,38 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
     const double chi2_max = fp[FHD_CHI2_MAX];
     {
         const double c0 = s_centre[0], c1 = s_centre[1], v0 = s_var[0], v1 = s_var[1];
+        // The points from the origin, combined with the tracks' own.
+        const double oz = fp[FHD_ORIGIN_Z];
         for (u32 r = tid; r < np; r += FH_THREADS) {
             double* d = pd8 + (size_t)r * 8;
+            const u32* u = pslot + (size_t)r * 8;
+            const u32 t = tb + u[0], k0 = u[2];
+            const u32* fw = out_fits + (size_t)t * FIT_WORDS;
+            const u32 k1 = hp[out_hits[out_tracks[t].x + 1]];
+            const double z0 = fp[FHD_PLANES + 4 * k0] - oz;
+            const double z1 = fp[FHD_PLANES + 4 * k1] - oz;
+            const double f = z0 / z1;
+            const double hit_x = fp[FHD_PLANES + 4 * k0 + 1], hit_y = fp[FHD_PLANES + 4 * k0 + 2];
+            double ox[3], oy[3];
+            // The track's own point only where its first hit is not near the origin.
+            const bool far = f > FH_NEAR_ORIGIN_RATIO;
+            const bool hx_own = far && fh_own_axis((double)__uint_as_float(fw[0]),
+                                            (double)__uint_as_float(fw[5 + 0]),
+                                            (double)__uint_as_float(fw[5 + 3]), d[5], hit_x,
+                                            z1 - z0, f, ox);
+            const bool hy_own = far && fh_own_axis((double)__uint_as_float(fw[1]),
+                                            (double)__uint_as_float(fw[5 + 2]),
+                                            (double)__uint_as_float(fw[5 + 7]), d[6], hit_y,
+                                            z1 - z0, f, oy);
             const double a = d[4];
-            d[0] += c0 * a;
-            d[1] += c1 * a;
-            d[2] += v0 * a * a;
-            d[3] += v1 * a * a;
+            double x = d[0] + c0 * a, var_x = d[2] + v0 * a * a;
+            double y = d[1] + c1 * a, var_y = d[3] + v1 * a * a;
+            fh_combine(&x, &var_x, hx_own, ox);
+            fh_combine(&y, &var_y, hy_own, oy);
+            d[0] = x;
+            d[1] = y;
+            d[2] = var_x + hit_x;
+            d[3] = var_y + hit_y;
         }
     }
     __syncthreads();

@@ -360,7 +360,7 @@ fn the_exchange_kernels_give_the_cpus_tracks_on_every_shipped_detector() {
 }
 
 /// The first hits chosen again against the origin after the exchange, as the finder runs
-/// them where its first plane is close to the origin (here on every detector).
+/// them by default (the origin's point combined with the track's own on these detectors).
 #[test]
 fn the_first_hit_kernel_after_the_exchange_gives_the_cpus_tracks() {
     let steps = Steps {

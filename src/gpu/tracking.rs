@@ -28,8 +28,8 @@
 //!    limits is handed back as `exchange`); on the host with the CPU's own step where
 //!    there is no clone step on the device;
 //! 5. where the origin is finite and the configuration asks for it
-//!    ([`FinderConfig::first_hits_to_origin`], by default only where the first plane is
-//!    close to the origin), each track's first hit chosen again against the origin, as
+//!    ([`FinderConfig::first_hits_to_origin`], on by default), each track's first hit
+//!    chosen again against the origin and its own next hits, as
 //!    the CPU does after the exchange ([`crate::tracking::ca::first_hits`]): on the device,
 //!    on the packed tracks after the exchange, before they come back
 //!    ([`GpuCaEngine::set_first_hits`], one block per event; an event beyond its limits is

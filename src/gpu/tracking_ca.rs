@@ -3640,6 +3640,10 @@ mod tests {
         let def = |name: &str| source_define(src, name);
         assert_eq!(def("FH_HOLD").parse::<f64>().unwrap(), HOLD);
         assert_eq!(def("FH_SPOT_FLOOR").parse::<f64>().unwrap(), SPOT_FLOOR);
+        assert_eq!(
+            def("FH_NEAR_ORIGIN_RATIO").parse::<f64>().unwrap(),
+            crate::tracking::ca::first_hits::NEAR_ORIGIN_RATIO
+        );
         assert_eq!(def("FH_MAX_WINDOW_ROWS"), MAX_WINDOW_ROWS.to_string());
         assert_eq!(
             def("FH_MAX_PAIRS_PER_TRACK"),

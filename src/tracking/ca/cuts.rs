@@ -18,7 +18,7 @@
 //! | `triplet_chi2_max` | the breaking angle not explained by the triplet tent's field, in units of scattering and resolution |
 //! | `neighbour_chi2_max` | the q/p difference of neighbouring triplets in units of their errors (also where the seeded step makes a triplet upstream of the seed planes in a field map: kept only as a neighbour of one downstream) |
 //! | exchange windows (`exchange::ExchangeCuts`, with `exchange_segments`) | the displacement over the gap an exchange crosses of an `n_sigma` scatter at the softer track's momentum (the minimum momentum where none is measured), plus resolution: two tracks further apart on the plane cannot exchange segments there without a kink the fit refuses |
-//! | first-hit window (`first_hits::FirstHitCuts`, with `first_hits_to_origin`) | the chi-square of `n_sigma` (two degrees of freedom) about the point where a particle from the origin through the track's second hit crosses the first hit's plane: the origin's size (measured from the event's tracks, at most the configured box) over its arm, both hits' resolution, the scattering of every plane before the second hit at the track's fitted momentum, and the q/p error in the field's sagitta |
+//! | first-hit window (`first_hits::FirstHitCuts`, with `first_hits_to_origin`) | the chi-square of `n_sigma` (two degrees of freedom) about the point where a particle from the origin through the track's second hit crosses the first hit's plane (the origin's size, measured from the event's tracks and at most the configured box, over its arm, the second hit's resolution, the scattering of every plane before the second hit at the track's fitted momentum, and the q/p error in the field's sagitta), combined, where the first plane is not near the origin, with the track's own fitted point there without its first hit (the fit's covariance, correlated with the origin's point through the shared second hit), plus the first hit's resolution |
 //! | tracks kept (`MomentumCut`, unless `keep_tracks_below_min_p`) | the fitted momentum, where a field measures it: a track measured below the minimum momentum by more than `n_sigma` of its own q/p error lies outside what every window above was derived for, and is not output |
 //! | `clone_window_mm` | the scattering displacement over the detector at the minimum momentum |
 //! | exit margins (`may_leave`) | the curvature bound, scattering and resolution over one plane gap |
@@ -246,13 +246,13 @@ pub struct FinderConfig {
     /// with the origin as a measurement ([`super::first_hits`]): the plane nearest the
     /// target is the densest, and there a chain's upstream end often takes a nearby
     /// particle's hit (a quarter of the tracks of the densest drawn samples). Only where
-    /// the origin is finite and thin (`origin_half_z_mm` 0). On the 102 drawn detectors and events it gives back about
-    /// half of the foreign first hits there, mean efficiency 0.9930 -> 0.9935 and ghosts 0.79
-    /// -> 0.73 %, no sample worse; it adds 5-8 % to the finder's time on one core and,
-    /// with `--backend gpu`, where it runs on the host after each launch, it took a third
-    /// of a GPU's central events per second (`bench/RESULTS.md`). Default: where the
-    /// origin tells the first plane's hit much better than the track's own next hits do
-    /// ([`first_plane_near_origin`]), false elsewhere.
+    /// the origin is finite and thin (`origin_half_z_mm` 0). Each track's point on its
+    /// first plane is the origin's through its second hit, combined with the track's own
+    /// from its next hits where the first plane is not near the origin
+    /// ([`super::first_hits::NEAR_ORIGIN_RATIO`]). On the 120 drawn samples it gives mean
+    /// efficiency 0.9944 -> 0.9947 and ghosts 0.407 -> 0.376 %, and more tracks start on
+    /// their own particle's hit on every shipped detector; it adds a few per cent to the
+    /// finder's time on one core (`bench/RESULTS.md`). Default: true.
     pub first_hits_to_origin: bool,
     /// Output the tracks whose fit measures them below the minimum momentum. By default,
     /// where the field measures momenta (`fit.fit_momentum`), a track whose fitted q/p
@@ -329,7 +329,7 @@ impl FinderConfig {
             clone_window_mm: 0.0,
             divert_chains: true,
             exchange_segments: true,
-            first_hits_to_origin: first_plane_near_origin(det, origin[2]),
+            first_hits_to_origin: true,
             keep_tracks_below_min_p: false,
             fit,
             limits: Limits::default(),
@@ -635,35 +635,6 @@ impl FinderConfig {
             );
         }
         Ok(())
-    }
-}
-
-/// The largest ratio of the first plane's distance from the origin to the second
-/// plane's at which [`first_plane_near_origin`] holds.
-pub const NEAR_ORIGIN_RATIO: f64 = 0.45;
-
-/// Whether the first plane lies so close to the origin at `origin_z_mm`, against the
-/// second, that the origin tells where a track crosses it much better than the track's
-/// own next hits do: `(z0 - zo) / (z1 - zo)` at most [`NEAR_ORIGIN_RATIO`].
-///
-/// Carried back from its next hits, a track's point on the first plane is off by the
-/// scattering at the second plane times the gap, `theta (z1 - z0)`; on the line from the
-/// origin through its second hit, by the scattering at the first plane over what is left
-/// of that line, `theta (z1 - z0) (z0 - zo) / (z1 - zo)`: smaller by that ratio, and the
-/// area where another particle's hit can take its place by the ratio squared (at most a
-/// fifth here). There the first hits are matched again against the origin
-/// ([`FinderConfig::first_hits_to_origin`]): on the 15 drawn detectors that close (ratios
-/// 0.18-0.45), up to a third of the central events' tracks had started on a neighbour's
-/// hit, and 9 of their 30 samples had a pull over all matched tracks outside 1.0 +- 0.1
-/// (up to 1.92); matched again, 7 (up to 1.24). The shipped detectors' ratios are
-/// 0.5-0.77.
-pub fn first_plane_near_origin(det: &Detector, origin_z_mm: f64) -> bool {
-    match det.planes.as_slice() {
-        [a, b, ..] => {
-            let (d0, d1) = (a.z_mm - origin_z_mm, b.z_mm - origin_z_mm);
-            d0 > 0.0 && d1 > d0 && d0 <= NEAR_ORIGIN_RATIO * d1
-        }
-        _ => false,
     }
 }
 

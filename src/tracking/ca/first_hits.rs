@@ -21,6 +21,13 @@
 //! is close to the target, this is several times sharper than the extrapolation from the
 //! downstream hits, which carries the scattering at the second plane over the whole gap.
 //!
+//! Further from the target, or where the planes are thin and sharp, the track's own
+//! point tells better: its fitted position at the first plane with the first hit's
+//! update undone ([`own_axis`]), whose error shares the second hit's with the origin's
+//! point. Beyond [`NEAR_ORIGIN_RATIO`] the two are combined as correlated estimates
+//! ([`combine`]): on a telescope's planes of 4 um and 0.075 % X0, the origin's point is off
+//! by 155 um and the track's own by 8 um.
+//!
 //! Per plane, the tracks that start on it and have a hit to spare (more than the finder's
 //! `min_hits`), their first hits and the plane's hits no track uses are matched again:
 //! every track-hit pair within the chi-square of `n_sigma` standard deviations (two
@@ -33,9 +40,8 @@
 //! depends on the tracks and hits only (ties by the track's and the hit's order).
 //!
 //! It runs where the origin is finite ([`FinderConfig::origin_half_x_mm`]) and
-//! [`FinderConfig::first_hits_to_origin`] asks for it (by default only where the first
-//! plane is close to the origin against the second, [`super::cuts::first_plane_near_origin`]:
-//! it adds 5-8 % to the finder's time on one core), on the found tracks of an event after
+//! [`FinderConfig::first_hits_to_origin`] asks for it (by default), on the found tracks
+//! of an event after
 //! clone suppression and the exchange of segments
 //! ([`crate::tracking::reco::Reconstructor::reconstruct`]). On the GPU the same steps run
 //! on the device on the packed tracks (`kernels/ca_first_hits.cu`, one block per event,
@@ -56,6 +62,25 @@ use super::FinderGeometry;
 /// the same distance from its predicted point: a change must make the first hit at least
 /// e (exp of half this) times likelier.
 pub const HOLD: f64 = 2.0;
+
+/// The largest ratio `Z0 / Z1` of a track's first and second hits' distances from the
+/// origin at which its first hit's point is the origin's alone, not combined with the
+/// track's own ([`own_axis`]).
+///
+/// Carried back from its next hits, a track's point on the first plane is off by the
+/// scattering at the second plane times the gap, `theta (Z1 - Z0)`; on the line from the
+/// origin through its second hit, by the scattering at the first plane over what is left
+/// of that line, `theta (Z1 - Z0) Z0 / Z1`: smaller by the ratio, and the area where
+/// another particle's hit can take its place by the ratio squared (at most a fifth here).
+/// There the track's own point adds little, and what it adds is biased: the track's next
+/// hits chose its first hit, a neighbour's hit on their line as readily as its own (on
+/// four drawn samples that close, 4-12 % of the tracks' first hits lie beyond 3 standard
+/// deviations of the origin's point, 1.3-5 times fewer beyond the track's own, though
+/// both points' errors are within 10 % of their spread). Combined there, all 8 such
+/// central samples of the 16 looked at started fewer tracks on their particle's hit
+/// (0.2-1.1 %); beyond the ratio the combination gains on every shipped detector and most
+/// drawn ones (`bench/RESULTS.md`).
+pub const NEAR_ORIGIN_RATIO: f64 = 0.45;
 
 /// A track whose window spans more rows (of the mean window's height) keeps its first
 /// hit ([`FirstHits::run`]).
@@ -216,7 +241,6 @@ impl FirstHitCuts {
         let var_qop = track.var(4).max(0.0) as f64;
         let var = |c: usize, a: f64, slope: f64| {
             self.var_hit[k1][c] * f * f
-                + self.var_hit[k0][c]
                 + ms * (1.0 + slope * slope)
                 + lever * lever * a * a * var_qop
         };
@@ -224,17 +248,79 @@ impl FirstHitCuts {
         if !(px.is_finite() && py.is_finite() && var_x.is_finite() && var_y.is_finite()) {
             return None;
         }
+        let (own_x, own_y) = (h0.x_mm as f64, h0.y_mm as f64);
+        let [hit_x, hit_y] = self.var_hit[k0];
+        // The track's own point without its first hit, per axis (the position's variance
+        // at 0 for x and 2 for y of the covariance's lower triangle, its covariance with
+        // the slope at 3 and 7), where the first hit is not near the origin against the
+        // second ([`NEAR_ORIGIN_RATIO`]: there the origin's point is the sharper, and the
+        // track's own next hits, which chose its first hit, would only add their choice
+        // back).
+        let c = &track.cov;
+        let own_pred = [(s.x_mm, own_x, hit_x, 0, 3), (s.y_mm, own_y, hit_y, 2, 7)].map(
+            |(at, m, v, ip, ir)| {
+                (f > NEAR_ORIGIN_RATIO)
+                    .then(|| own_axis(at as f64, c[ip] as f64, c[ir] as f64, m, v, z1 - z0, f))
+                    .flatten()
+            },
+        );
         Some(Prediction {
             plane: k0 as u16,
             x: px,
             y: py,
             var_x,
             var_y,
+            hit_var: [hit_x, hit_y],
             origin_arm: 1.0 - f,
             own: track.hits[0],
-            own_x: h0.x_mm as f64,
-            own_y: h0.y_mm as f64,
+            own_x,
+            own_y,
+            own_pred,
         })
+    }
+}
+
+/// The track's own prediction of its first hit on one axis: the fitted position `at`
+/// (variance `p`, covariance `r` with the slope) at the first hit's plane with the first
+/// hit `m` (variance `v`) taken out of it (the update undone, in the information form:
+/// the position `(v at - p m) / (v - p)`, its variance and its covariance with the slope
+/// scaled by `v / (v - p)`), and that point's covariance with the origin's prediction
+/// through their shared second hit: the second hit's error moves the origin's point by
+/// `f` of itself (`f = Z0 / Z1`), and the own point, carried from the second plane over
+/// `dz` back, is off from that hit's error by its variance plus `dz` times its covariance
+/// with the slope (a fitted state's error has with a measurement it took in the covariance
+/// of the state with the measured coordinate). `None` where the fit does not hold the hit
+/// (its variance not below the hit's).
+fn own_axis(at: f64, p: f64, r: f64, m: f64, v: f64, dz: f64, f: f64) -> Option<[f64; 3]> {
+    let d = v - p;
+    if !(d > 1e-9 * v && at.is_finite() && r.is_finite()) {
+        return None;
+    }
+    let g = v / d;
+    let x = (v * at - p * m) / d;
+    let b = p * g;
+    let c = f * (b + dz * (r * g));
+    (x.is_finite() && b.is_finite() && c.is_finite()).then_some([x, b, c])
+}
+
+/// The origin's prediction `xo` (variance `a`) and the track's own `[xt, b, c]` (variance
+/// `b`, covariance `c` with the origin's) combined: the correlated estimates' weighted
+/// mean, `xt + w (xo - xt)` with `w = (b - c) / (a + b - 2 c)`, and its variance
+/// `(a b - c^2) / (a + b - 2 c)`; the sharper of the two where those are not a variance
+/// (the covariance as large as the variances allow).
+fn combine(xo: f64, a: f64, own: Option<[f64; 3]>) -> (f64, f64) {
+    let Some([xt, b, c]) = own else {
+        return (xo, a);
+    };
+    let den = a + b - 2.0 * c;
+    let var = (a * b - c * c) / den;
+    if den > 0.0 && var > 0.0 && var.is_finite() {
+        let w = (b - c) / den;
+        (xt + w * (xo - xt), var)
+    } else if a <= b {
+        (xo, a)
+    } else {
+        (xt, b)
     }
 }
 
@@ -273,15 +359,21 @@ struct Prediction {
     /// The point from the origin's centre and the second hit, mm.
     x: f64,
     y: f64,
-    /// Its variances without the origin's size, then with it ([`FirstHits::spot`]).
+    /// Its variances without the origin's size and the first hit's resolution, then
+    /// ([`FirstHits::spot`]) of the point combined with the track's own, with both.
     var_x: f64,
     var_y: f64,
+    /// The first hit's variances in x and y.
+    hit_var: [f64; 2],
     /// How much of an offset of the origin moves the point: `(Z1 - Z0) / Z1`.
     origin_arm: f64,
     /// The track's own first hit and its position.
     own: u32,
     own_x: f64,
     own_y: f64,
+    /// Per axis, the track's own point without its first hit, its variance and its
+    /// covariance with the origin's point ([`own_axis`]).
+    own_pred: [Option<[f64; 3]>; 2],
 }
 
 /// The row of a [`pool_key`].
@@ -647,8 +739,8 @@ impl FirstHits {
                 let a = p.origin_arm;
                 self.scratch[0].push((p.own_x - p.x) / a);
                 self.scratch[1].push((p.own_y - p.y) / a);
-                self.scratch[2].push(p.var_x / (a * a));
-                self.scratch[3].push(p.var_y / (a * a));
+                self.scratch[2].push((p.var_x + p.hit_var[0]) / (a * a));
+                self.scratch[3].push((p.var_y + p.hit_var[1]) / (a * a));
             }
             for c in 0..2 {
                 let (offsets, others) = self.scratch.split_at_mut(2);
@@ -667,12 +759,15 @@ impl FirstHits {
                 }
             }
         }
+        // The points from the origin, combined with the tracks' own.
         for (_, p) in &mut self.preds {
             let a = p.origin_arm;
-            p.x += centre[0] * a;
-            p.y += centre[1] * a;
-            p.var_x += var[0] * a * a;
-            p.var_y += var[1] * a * a;
+            let (x, var_x) = combine(p.x + centre[0] * a, p.var_x + var[0] * a * a, p.own_pred[0]);
+            let (y, var_y) = combine(p.y + centre[1] * a, p.var_y + var[1] * a * a, p.own_pred[1]);
+            p.x = x;
+            p.y = y;
+            p.var_x = var_x + p.hit_var[0];
+            p.var_y = var_y + p.hit_var[1];
         }
     }
 
@@ -701,48 +796,43 @@ impl FirstHits {
 mod tests {
     use super::*;
 
-    /// The step is on by default where the first plane is close to the origin against
-    /// the second (the origin then tells its hit better than the track's next hits), off
-    /// on the shipped detectors and where the origin moves downstream or is long.
+    /// The step is on by default wherever the origin is finite and thin, on every shipped
+    /// detector too; off where the configuration says so, the origin is long or open.
     #[test]
-    fn the_first_hits_are_matched_by_default_where_the_first_plane_is_near_the_origin() {
-        use crate::tracking::ca::cuts::{first_plane_near_origin, FinderOverrides};
+    fn the_first_hits_are_matched_by_default_where_the_origin_is_a_point() {
+        use crate::tracking::ca::cuts::FinderOverrides;
+        use crate::tracking::ca::FinderGeometry;
         use crate::tracking::geometry::Detector;
         use crate::tracking::reco::synthetic::detector;
-        // Planes at 300, 400, ...: 300 / 400 = 0.75 from z = 0.
-        let mut det = detector(6, [0.0, 0.5, 0.0], 0.01, 0.02);
-        assert!(!FinderConfig::from_detector(&det, 1.0).first_hits_to_origin);
-        // The first plane at 50 mm: 50 / 400 = 0.125.
-        det.planes[0].z_mm = 50.0;
-        assert!(first_plane_near_origin(&det, 0.0));
-        assert!(FinderConfig::from_detector(&det, 1.0).first_hits_to_origin);
-        // Seen from an origin at z = -400 mm: 450 / 800 > 0.45.
-        let ov = FinderOverrides {
-            origin_z_mm: Some(-400.0),
-            ..Default::default()
+        let enabled = |det: &Detector, ov: &FinderOverrides| {
+            let cfg = FinderConfig::from_detector_with(det, 1.0, ov);
+            FirstHitCuts::new(&FinderGeometry::new(det, &cfg), &cfg).enabled
         };
-        assert!(!FinderConfig::from_detector_with(&det, 1.0, &ov).first_hits_to_origin);
+        let det = detector(6, [0.0, 0.5, 0.0], 0.01, 0.02);
+        assert!(enabled(&det, &FinderOverrides::default()));
         // Asked for, or not, the configuration decides.
-        let ov = FinderOverrides {
+        let off = FinderOverrides {
             first_hits_to_origin: Some(false),
             ..Default::default()
         };
-        assert!(!FinderConfig::from_detector_with(&det, 1.0, &ov).first_hits_to_origin);
-        // A long origin: the step does not run (its cuts are off).
-        let ov = FinderOverrides {
+        assert!(!enabled(&det, &off));
+        // A long origin, or an open one: the step does not run.
+        let long = FinderOverrides {
             origin_half_z_mm: Some(20.0),
             ..Default::default()
         };
-        let long = FinderConfig::from_detector_with(&det, 1.0, &ov);
-        let geo = crate::tracking::ca::FinderGeometry::new(&det, &long);
-        assert!(!FirstHitCuts::new(&geo, &long).enabled);
-        // A single plane, or the origin on the first plane: never.
-        assert!(!first_plane_near_origin(&det, 50.0));
-        let one = Detector {
-            planes: det.planes[..1].to_vec(),
+        assert!(!enabled(&det, &long));
+        let open = FinderOverrides {
+            origin_half_x_mm: Some(f64::INFINITY),
+            ..Default::default()
+        };
+        assert!(!enabled(&det, &open));
+        // Two planes: never.
+        let two = Detector {
+            planes: det.planes[..2].to_vec(),
             field: det.field.clone(),
         };
-        assert!(!first_plane_near_origin(&one, 0.0));
+        assert!(!enabled(&two, &FinderOverrides::default()));
         // The shipped detectors.
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
         for f in [
@@ -753,10 +843,126 @@ mod tests {
             "tracking/reversing/detector_reversing.toml",
         ] {
             let d = Detector::from_toml_file(root.join(f)).unwrap();
-            assert!(
-                !FinderConfig::from_detector(&d, 1.0).first_hits_to_origin,
-                "{f}"
-            );
+            assert!(enabled(&d, &FinderOverrides::default()), "{f}");
+        }
+    }
+
+    /// Undoing a position measurement gives back the state before it: its point, its
+    /// variance and its covariance with the slope (the last as the covariance with the
+    /// origin's point scales it).
+    #[test]
+    fn the_own_point_is_the_fit_before_its_first_hit() {
+        // Before: x = 1.3 with variance 0.04, slope covariance -2e-4; the hit 1.1, 0.01.
+        let (x, p, r, m, v) = (1.3f64, 0.04f64, -2e-4f64, 1.1f64, 0.01f64);
+        let k = p / (p + v);
+        let (xu, pu, ru) = (x + k * (m - x), (1.0 - k) * p, (1.0 - k) * r);
+        let (dz, f) = (80.0, 0.6);
+        let [xb, b, c] = own_axis(xu, pu, ru, m, v, dz, f).unwrap();
+        assert!((xb - x).abs() < 1e-12 && (b - p).abs() < 1e-15, "{xb} {b}");
+        assert!((c - f * (p + dz * r)).abs() < 1e-12, "{c}");
+        // A fit that did not take the hit (its variance not below the hit's): none.
+        assert!(own_axis(xu, v, ru, m, v, dz, f).is_none());
+        assert!(own_axis(xu, 2.0 * v, ru, m, v, dz, f).is_none());
+        assert!(own_axis(f64::NAN, pu, ru, m, v, dz, f).is_none());
+    }
+
+    /// The combination of two correlated estimates: weights that favour the sharper one
+    /// by the covariance, a variance below both, and the sharper one where the
+    /// covariance allows no combination.
+    #[test]
+    fn correlated_points_combine_to_the_least_variance() {
+        // Independent and equal: the mean, half the variance.
+        let (x, var) = combine(1.0, 2.0, Some([3.0, 2.0, 0.0]));
+        assert!((x - 2.0).abs() < 1e-12 && (var - 1.0).abs() < 1e-12);
+        // Correlated: var = (a b - c^2) / (a + b - 2 c), w = (b - c) / (a + b - 2 c).
+        let (a, b, c) = (4.0, 1.0, 0.5);
+        let (x, var) = combine(0.0, a, Some([1.0, b, c]));
+        let (den, w) = (a + b - 2.0 * c, (b - c) / (a + b - 2.0 * c));
+        assert!((var - (a * b - c * c) / den).abs() < 1e-12 && var < b);
+        assert!((x - (1.0 - w)).abs() < 1e-12);
+        // Fully correlated or beyond: the sharper one.
+        assert_eq!(combine(0.0, 4.0, Some([1.0, 1.0, 2.0])), (1.0, 1.0));
+        assert_eq!(combine(0.0, 1.0, Some([1.0, 4.0, 2.0])), (0.0, 1.0));
+        assert_eq!(combine(0.5, 1.0, None), (0.5, 1.0));
+    }
+
+    /// On drawn tracks (scattering and resolution, a field, the finder's own fit), the
+    /// origin's point, the track's own without its first hit and their combination are
+    /// off from the particle's true crossing by what their variances say, the two points'
+    /// errors correlated as their covariance says, and the combination sharper than either.
+    #[test]
+    fn the_predicted_points_errors_are_their_variances() {
+        use crate::tracking::ca::FinderGeometry;
+        use crate::tracking::reco::synthetic::{detector, track};
+        use rand::{Rng, SeedableRng};
+        // Planes at 300, 400, ...: the first hit's ratio 0.75; 1 % X0, 20 um, 0.5 T.
+        let det = detector(6, [0.0, 0.5, 0.0], 0.01, 0.02);
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let cuts = FirstHitCuts::new(&FinderGeometry::new(&det, &cfg), &cfg);
+        let fitter = KalmanFitter::new(&det, cfg.candidate_fit());
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let mut hits = Vec::new();
+        let mut tracks = Vec::new();
+        let mut truth = Vec::new();
+        for _ in 0..4000 {
+            let p = rng.random_range(1.5..20.0f64);
+            let q = if rng.random::<bool>() { 1.0 } else { -1.0 };
+            let start = [
+                0.0,
+                0.0,
+                rng.random_range(-0.15..0.15),
+                rng.random_range(-0.15..0.15),
+                q / p,
+            ];
+            let (ids, states) = track(&det, start, true, true, &mut rng, &mut hits);
+            truth.push([states[0][0], states[0][1]]);
+            tracks.push(Track {
+                hits: ids,
+                ..Default::default()
+            });
+        }
+        let fit_hits: Vec<FitHit> = hits.iter().map(FitHit::from).collect();
+        let spans: Vec<(usize, usize)> = tracks
+            .iter()
+            .map(|t| (t.hits[0] as usize, t.hits[t.hits.len() - 1] as usize + 1))
+            .collect();
+        let mut fits = vec![FitOutput::default(); tracks.len()];
+        fitter.fit_each(&spans, |&(a, b)| &fit_hits[a..b], &mut fits);
+        // Per axis: the sums of the three pulls' squares, of the two points' pulls'
+        // products, of their errors' squares and the combination's, and of the predicted
+        // correlations.
+        let mut sums = [[0.0f64; 8]; 2];
+        let mut n = 0.0;
+        for ((t, f), tr) in tracks.iter_mut().zip(&fits).zip(&truth) {
+            assert!(f.ok);
+            f.write_track(t);
+            let pr = cuts.predict(t, &hits).expect("a prediction");
+            let points = [
+                (pr.x, pr.var_x, pr.own_pred[0]),
+                (pr.y, pr.var_y, pr.own_pred[1]),
+            ];
+            for (c, (xo, a, own)) in points.into_iter().enumerate() {
+                let [xt, b, cov] = own.expect("the track's own point");
+                let (xc, var) = combine(xo, a, own);
+                let (eo, et, ec) = (xo - tr[c], xt - tr[c], xc - tr[c]);
+                let s = &mut sums[c];
+                s[0] += eo * eo / a;
+                s[1] += et * et / b;
+                s[2] += ec * ec / var;
+                s[3] += eo * et / (a * b).sqrt();
+                s[4] += eo * eo;
+                s[5] += et * et;
+                s[6] += ec * ec;
+                s[7] += cov / (a * b).sqrt();
+            }
+            n += 1.0;
+        }
+        for s in sums {
+            let pulls = [s[0] / n, s[1] / n, s[2] / n].map(f64::sqrt);
+            assert!(pulls.iter().all(|w| (w - 1.0).abs() < 0.1), "{pulls:?}");
+            let corr = s[3] / n;
+            assert!((corr - s[7] / n).abs() < 0.1, "{corr} against {}", s[7] / n);
+            assert!(s[6] < s[4].min(s[5]), "{s:?}");
         }
     }
 
