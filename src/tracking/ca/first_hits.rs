@@ -41,8 +41,7 @@
 //!
 //! It runs where the origin is finite ([`FinderConfig::origin_half_x_mm`]) and
 //! [`FinderConfig::first_hits_to_origin`] asks for it (by default), on the found tracks
-//! of an event after
-//! clone suppression and the exchange of segments
+//! of an event after clone suppression and the exchange of segments
 //! ([`crate::tracking::reco::Reconstructor::reconstruct`]). On the GPU the same steps run
 //! on the device on the packed tracks (`kernels/ca_first_hits.cu`, one block per event,
 //! in the same double-precision arithmetic and order), or, where the exchange runs on the
