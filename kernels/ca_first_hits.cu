@@ -40,6 +40,20 @@
 #define FH_MAX_WINDOW_ROWS 16
 #define FH_MAX_PAIRS_PER_TRACK 32
 #define FH_NONE 0xffffffffu
+// Profiling builds (TRIGD_KERNEL_OPTIONS="-DFH_PHASE_CLOCKS"): thread 0 of each event's
+// block reads clock64() at the end of each step (after a barrier of its own) and the
+// first two events of a launch print their cycles per step.
+#ifdef FH_PHASE_CLOCKS
+#define FH_CLOCK(i)                              \
+    do {                                         \
+        __syncthreads();                         \
+        if (threadIdx.x == 0) fh_clk[i] = clock64(); \
+    } while (0)
+#else
+#define FH_CLOCK(i) \
+    do {            \
+    } while (0)
+#endif
 // Parameters, doubles (GpuFirstHits::new).
 #define FHD_ORIGIN_X 0
 #define FHD_ORIGIN_Y 1
@@ -360,6 +374,10 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
     }
     for (u32 w = tid; w < FH_MAX_PREDS / 32; w += FH_THREADS) s_asg[w] = 0;
     __syncthreads();
+#ifdef FH_PHASE_CLOCKS
+    long long fh_clk[13] = {0};
+#endif
+    FH_CLOCK(0);
     // 1. The tracks kept; their hits used.
     u32 kept_local = 0;
     for (u32 k = tid; k < nt; k += FH_THREADS) {
@@ -377,6 +395,7 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
     fh_scan(kept_local, &kept);
     __syncthreads();
     if (kept < 2) return;
+    FH_CLOCK(1);
     // 2. The predictions, in track order.
     u32 np = 0;
     for (u32 c0 = 0; c0 < nt; c0 += FH_THREADS) {
@@ -413,6 +432,7 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
         if (tid == 0) fh_failed[e] = 1;
         return;
     }
+    FH_CLOCK(2);
     // 3. The origin's centre and size from the tracks.
     if (tid < 2) {
         s_centre[tid] = 0.0;
@@ -502,6 +522,7 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
         }
     }
     __syncthreads();
+    FH_CLOCK(3);
     // 4. The rows of the mean window's height (the heights summed in prediction order).
     {
         double h_sum = 0.0;
@@ -552,6 +573,7 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
         npool += chunk;
         __syncthreads();
     }
+    FH_CLOCK(4);
     {
         u32 n_ps = 1;
         while (n_ps < npool) n_ps <<= 1;
@@ -562,6 +584,7 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
         __syncthreads();
         if (npool > 1) fh_sort_pool(pk, ph, n_ps);
     }
+    FH_CLOCK(5);
     // 5. Every pair within the cut: counted, then written.
     const u32 max_pairs = FH_MAX_PAIRS_PER_TRACK * np;
     u32 n_edges = 0;
@@ -625,6 +648,7 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
             contested += (size_t)e * edge_share;
         }
     }
+    FH_CLOCK(6);
     // 6. The uncontested pairs; the others sorted and matched in order.
     u32 n_cont = 0;
     for (u32 c0 = 0; c0 < np; c0 += FH_THREADS) {
@@ -666,6 +690,7 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
     }
     __syncthreads();
     if (n_cont > 1) fh_sort_edges(contested, n_sort);
+    FH_CLOCK(7);
     // Matched in order by one thread, from pairs (prediction, hit) staged in shared
     // memory by the block.
     for (u32 c0 = 0; c0 < n_cont; c0 += 1024) {
@@ -686,6 +711,7 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
         }
         __syncthreads();
     }
+    FH_CLOCK(8);
     // 7. The changes, in prediction order: a new first hit, or none where another took
     // the own one.
     u32 n_chg = 0;
@@ -711,6 +737,7 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
         __syncthreads();
     }
     if (n_chg == 0) return;
+    FH_CLOCK(9);
     const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
                             slices, pf,     pd,        pi,       nodes};
     for (u32 j = tid; j < n_chg; j += FH_THREADS) {
@@ -726,6 +753,7 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
         fh_fit(out_hits, tr, hx, hy, hp, T, chg_fit + ((size_t)tb + j) * FIT_WORDS);
     }
     __syncthreads();
+    FH_CLOCK(10);
     // Each change that fails the fit's cut undone, in order: its own first hit back if
     // still free, else its second hit first.
     if (tid == 0) {
@@ -753,6 +781,7 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
         s_flag = undone;
     }
     __syncthreads();
+    FH_CLOCK(11);
     // The final fits: the tracks' fit where it differs (or where a change was undone).
     const bool refit = fi[FHI_TRACK_FIT] != 0 || s_flag > 0;
     const KalmanTables TT = {rows32, rows64, gap_steps, gap_kind, gap_slice, slices,
@@ -769,4 +798,17 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
             for (int i = 0; i < FIT_WORDS; i++) o[i] = w[i];
         }
     }
+    FH_CLOCK(12);
+#ifdef FH_PHASE_CLOCKS
+    if (tid == 0 && e < 2) {
+        long long d[12];
+        for (int i = 0; i < 12; i++) d[i] = fh_clk[i + 1] - fh_clk[i];
+        printf("ca_first_hits phases event %u tracks %u predictions %u pool %u pairs %u "
+               "contested %u changes %u: kept %lld predictions %lld spot %lld pool %lld "
+               "pool sort %lld pairs %lld contested sort %lld matching %lld changes %lld "
+               "fits %lld undo %lld final fits %lld\n",
+               e, nt, np, npool, n_edges, n_cont, n_chg, d[0], d[1], d[2], d[3], d[4], d[5],
+               d[6], d[7], d[8], d[9], d[10], d[11]);
+    }
+#endif
 }
