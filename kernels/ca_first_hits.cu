@@ -10,7 +10,11 @@
 // 2. each kept track's predicted point on its first hit's plane (FirstHitCuts::predict),
 //    the predictions in track order;
 // 3. the origin's centre and size from the tracks (FirstHits::spot: medians of a sample
-//    of at most about SPOT_SAMPLE, sorted in shared memory);
+//    of at most about SPOT_SAMPLE, sorted in shared memory), and each track's point from
+//    the origin combined with its own where its first hit is not near the origin (the
+//    own point from the packed fit, as FirstHitCuts::predict makes it: the geometry of
+//    the track's first two hits is read again here, since the predictions' scratch holds
+//    eight doubles each);
 // 4. the pool: each plane's hits that no kept track uses and the predictions' own first
 //    hits, sorted by (plane, row of the mean window's height, x) and hit, as the CPU's;
 // 5. every pair of prediction and pool hit within the cut (each row of the window found
@@ -502,19 +506,19 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
             double ox[3], oy[3];
             // The track's own point only where its first hit is not near the origin.
             const bool far = f > FH_NEAR_ORIGIN_RATIO;
-            const bool hx_own = far && fh_own_axis((double)__uint_as_float(fw[0]),
+            const bool own_x_ok = far && fh_own_axis((double)__uint_as_float(fw[0]),
                                             (double)__uint_as_float(fw[5 + 0]),
                                             (double)__uint_as_float(fw[5 + 3]), d[5], hit_x,
                                             z1 - z0, f, ox);
-            const bool hy_own = far && fh_own_axis((double)__uint_as_float(fw[1]),
+            const bool own_y_ok = far && fh_own_axis((double)__uint_as_float(fw[1]),
                                             (double)__uint_as_float(fw[5 + 2]),
                                             (double)__uint_as_float(fw[5 + 7]), d[6], hit_y,
                                             z1 - z0, f, oy);
             const double a = d[4];
             double x = d[0] + c0 * a, var_x = d[2] + v0 * a * a;
             double y = d[1] + c1 * a, var_y = d[3] + v1 * a * a;
-            fh_combine(&x, &var_x, hx_own, ox);
-            fh_combine(&y, &var_y, hy_own, oy);
+            fh_combine(&x, &var_x, own_x_ok, ox);
+            fh_combine(&y, &var_y, own_y_ok, oy);
             d[0] = x;
             d[1] = y;
             d[2] = var_x + hit_x;

@@ -258,9 +258,11 @@ impl FirstHitCuts {
         let c = &track.cov;
         let own_pred = [(s.x_mm, own_x, hit_x, 0, 3), (s.y_mm, own_y, hit_y, 2, 7)].map(
             |(at, m, v, ip, ir)| {
-                (f > NEAR_ORIGIN_RATIO)
-                    .then(|| own_axis(at as f64, c[ip] as f64, c[ir] as f64, m, v, z1 - z0, f))
-                    .flatten()
+                if f > NEAR_ORIGIN_RATIO {
+                    own_axis(at as f64, c[ip] as f64, c[ir] as f64, m, v, z1 - z0, f)
+                } else {
+                    None
+                }
             },
         );
         Some(Prediction {
