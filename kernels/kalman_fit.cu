@@ -249,23 +249,26 @@ __device__ __forceinline__ void next_stage(float tx, float ty, float a, const St
     nty = ty + a * s.p[1];
 }
 
-// One RK4 step of length h (rk4_step_packs); writes the step's Jacobian.
+// One RK4 step of length h (rk4_step_packs); writes the step's Jacobian. The field is
+// read three times: at the start (`b`, unless `have_b`: the last step's end, read again),
+// once for stages 2 and 3 (the middle of the step reached with the first stage's
+// bending) and at the end, which is left in `b` for the next step.
 __device__ __forceinline__ void rk4_step(const Source& src, const Grid& g, float& z, float& x,
                                          float& y, float& tx, float& ty, float qop, float h,
-                                         float jac[4][3]) {
+                                         float jac[4][3], float b[3], bool have_b) {
     const bool by_only = src.kind == GAP_BY_ONLY;
     const float hh = h * 0.5f;
-    float b[3];
     Stage s1, s2, s3, s4;
     float tx2, ty2, tx3, ty3, tx4, ty4;
     float dtx2[3], dty2[3], dtx3[3], dty3[3], dtx4[3], dty4[3];
-    field_at(src, g, x, y, z, 0, b);
+    if (!have_b) field_at(src, g, x, y, z, 0, b);
     stage(by_only, tx, ty, qop, b, nullptr, nullptr, s1);
     next_stage(tx, ty, hh, s1, tx2, ty2, dtx2, dty2);
     float sp[2] = {s1.p[0], s1.p[1]};
     float sdx[3] = {s1.dpx[0], s1.dpx[1], s1.dpx[2]};
     float sdy[3] = {s1.dpy[0], s1.dpy[1], s1.dpy[2]};
-    field_at(src, g, x + hh * tx, y + hh * ty, z + hh, 1, b);
+    const float h8 = hh * hh * 0.5f;
+    field_at(src, g, x + hh * tx + h8 * s1.p[0], y + hh * ty + h8 * s1.p[1], z + hh, 1, b);
     stage(by_only, tx2, ty2, qop, b, dtx2, dty2, s2);
     next_stage(tx, ty, hh, s2, tx3, ty3, dtx3, dty3);
     float mp[2] = {s2.p[0], s2.p[1]};
@@ -278,7 +281,6 @@ __device__ __forceinline__ void rk4_step(const Source& src, const Grid& g, float
         sdx[c] += s2.dpx[c];
         sdy[c] += s2.dpy[c];
     }
-    field_at(src, g, x + hh * tx2, y + hh * ty2, z + hh, 1, b);
     stage(by_only, tx3, ty3, qop, b, dtx3, dty3, s3);
     next_stage(tx, ty, h, s3, tx4, ty4, dtx4, dty4);
     sp[0] += s3.p[0];
@@ -295,7 +297,8 @@ __device__ __forceinline__ void rk4_step(const Source& src, const Grid& g, float
         mdx[c] += s3.dpx[c];
         mdy[c] += s3.dpy[c];
     }
-    field_at(src, g, x + h * tx3, y + h * ty3, z + h, 2, b);
+    const float h2 = h * hh;
+    field_at(src, g, x + h * tx + h2 * s3.p[0], y + h * ty + h2 * s3.p[1], z + h, 2, b);
     stage(by_only, tx4, ty4, qop, b, dtx4, dty4, s4);
 
     const float h6 = h * (float)(1.0 / 6.0);
@@ -353,11 +356,12 @@ __device__ void propagate_gap(int kind, const float bu[3], const Grid& g, const 
     }
     const int n = n_steps > 1 ? n_steps : 1;
     const float h = (z_to - z) * (float)(1.0 / (double)n);
-    rk4_step(src, g, z, x, y, tx, ty, qop, h, jac);
+    float b[3];
+    rk4_step(src, g, z, x, y, tx, ty, qop, h, jac, b, false);
     for (int s = 1; s < n; ++s) {
         float step[4][3];
         src.k = first + 2 * s;
-        rk4_step(src, g, z, x, y, tx, ty, qop, h, step);
+        rk4_step(src, g, z, x, y, tx, ty, qop, h, step, b, true);
         float prev[4][3];
 #pragma unroll
         for (int r = 0; r < 4; ++r)

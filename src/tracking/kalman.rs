@@ -37,8 +37,8 @@ use crate::tracking::geometry::{Detector, Field, Plane};
 #[cfg(target_arch = "x86_64")]
 use crate::tracking::propagate::F32Avx2;
 use crate::tracking::propagate::{
-    bending, propagate, propagate_gap_in, steps_for, GapField, JacobianPacks, Pack, Real,
-    K_GEV_PER_T_MM,
+    bending, propagate, propagate_gap, propagate_gap_in, steps_for, GapField, JacobianPacks, Pack,
+    Real, K_GEV_PER_T_MM,
 };
 use crate::tracking::track::{Track, TrackState};
 use serde::Deserialize;
@@ -256,8 +256,9 @@ fn finest_sigma(a: &Plane, b: &Plane) -> f64 {
 }
 
 /// Per plane `p`, the Runge-Kutta steps over the gap from plane `p + 1` to `p` in a field
-/// map: the fewest (at most those of `max_step_mm`) whose end states agree with those of
-/// steps half as long as `max_step_mm` allows, for tracks of [`STEP_PROBE_P_GEV`] of
+/// map: the fewest of the fit's steps ([`fit_steps`], at most those of `max_step_mm`) whose
+/// end states agree with those of the reference's classic steps ([`propagate`]) half as
+/// long as `max_step_mm` allows, for tracks of [`STEP_PROBE_P_GEV`] of
 /// either charge along the lines from the origin through the corners, edges and centre of
 /// the planes, to [`FIELD_MODEL_FRACTION`] of what the hits measure over the gap: in
 /// position, the finest hit resolution `sigma` of the two planes; in slope, `sigma / dz`.
@@ -306,7 +307,7 @@ fn adaptive_steps(det: &Detector, cfg: &FitConfig, one_step: bool) -> Vec<usize>
             (1..n_max)
                 .find(|&n| {
                     probes.iter().all(|(s, fine)| {
-                        let e = propagate(&det.field, za, *s, zb, dz / n as f64 * (1.0 + 1e-9)).0;
+                        let e = fit_steps(&det.field, za, *s, zb, n);
                         (0..2).all(|k| (e[k] - fine[k]).abs() <= tol_mm)
                             && (2..4).all(|k| (e[k] - fine[k]).abs() <= tol_slope)
                     })
@@ -314,6 +315,27 @@ fn adaptive_steps(det: &Detector, cfg: &FitConfig, one_step: bool) -> Vec<usize>
                 .unwrap_or(n_max)
         })
         .collect()
+}
+
+/// The state `s` at `za` taken to `zb` in `n` equal steps of the fit's integrator
+/// ([`propagate_gap`], reading the field at its stage points in double precision).
+fn fit_steps(field: &Field, za: f64, s: [f64; 5], zb: f64, n: usize) -> [f64; 5] {
+    let (mut z, mut x, mut y) = (Pack([za]), Pack([s[0]]), Pack([s[1]]));
+    let (mut tx, mut ty) = (Pack([s[2]]), Pack([s[3]]));
+    let mut jac = [[Pack([0.0]); 3]; 4];
+    propagate_gap::<f64, 1>(
+        field,
+        &mut z,
+        &mut x,
+        &mut y,
+        &mut tx,
+        &mut ty,
+        Pack([s[4]]),
+        Pack([zb]),
+        n,
+        &mut jac,
+    );
+    [x.0[0], y.0[0], tx.0[0], ty.0[0], s[4]]
 }
 
 /// Per plane `n`, how far (tesla) the mean field the seed corrects its slope with
