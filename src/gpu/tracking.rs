@@ -493,7 +493,14 @@ impl GpuTracker {
                 tracks.truncate(w);
                 if let Some(x) = host_steps {
                     if let Some(cuts) = &x.exchange {
-                        exchange.run(cuts, &x.fitter, x.track_fitter.as_ref(), events[e], tracks);
+                        exchange.run(
+                            cuts,
+                            &x.fitter,
+                            x.track_fitter.as_ref(),
+                            events[e],
+                            tracks,
+                            None,
+                        );
                     }
                     if let Some(cuts) = &x.first_hits {
                         first_hits.run(cuts, &x.fitter, x.track_fitter.as_ref(), events[e], tracks);

@@ -18,7 +18,7 @@
 use crate::frame::HitRecord;
 use crate::tracking::ca::{self, CaBuffers, FinderGeometry, Overflow};
 use crate::tracking::geometry::Detector;
-use crate::tracking::kalman::KalmanFitter;
+use crate::tracking::kalman::{FitOutput, KalmanFitter};
 use crate::tracking::track::Track;
 use std::time::Instant;
 
@@ -107,6 +107,9 @@ pub struct Reconstructor {
     buf: CaBuffers,
     exchange_cuts: ca::exchange::ExchangeCuts,
     exchange: ca::exchange::Exchange,
+    /// Per written track, its candidates' fit where the tracks' fit replaced it
+    /// (`CaBuffers::candidate_fits`; empty otherwise).
+    candidate_fits: Vec<FitOutput>,
     first_hit_cuts: ca::first_hits::FirstHitCuts,
     first_hits: ca::first_hits::FirstHits,
     spare: Vec<Track>,
@@ -160,6 +163,7 @@ impl Reconstructor {
         Reconstructor {
             exchange_cuts,
             exchange: Default::default(),
+            candidate_fits: Vec::new(),
             first_hit_cuts,
             first_hits: Default::default(),
             cfg,
@@ -225,7 +229,17 @@ impl Reconstructor {
             ca::clones::suppress_clones(&self.geo, &self.cfg, &mut self.buf) as u64;
         self.write_tracks(out);
         let t9 = Instant::now();
-        self.exchange_segments(hits, out);
+        // The tracks as found: their candidates' fits stand for the exchange's first fits.
+        let candidate_fits =
+            (self.candidate_fits.len() == out.len()).then_some(&self.candidate_fits[..]);
+        self.exchange.run(
+            &self.exchange_cuts,
+            &self.fitter,
+            self.track_fitter.as_ref(),
+            hits,
+            out,
+            candidate_fits,
+        );
         let t10 = Instant::now();
         self.choose_first_hits(hits, out);
         let t11 = Instant::now();
@@ -247,6 +261,7 @@ impl Reconstructor {
             self.track_fitter.as_ref(),
             hits,
             tracks,
+            None,
         )
     }
 
@@ -466,12 +481,22 @@ impl Reconstructor {
         }
         let cut = self.cfg.momentum_cut();
         let mut w = 0;
+        // The candidates' fits, in acceptance order as `accepted` (whose clones are gone).
+        let firsts = &self.buf.candidate_fits;
+        let mut next_first = 0;
+        self.candidate_fits.clear();
         for &k in &self.buf.accepted {
             let c = &self.buf.candidates[k as usize];
             let t = &mut out[w];
             self.buf.fits[c.fit as usize].write_track(t);
             if !cut.keeps(t) {
                 continue;
+            }
+            while next_first < firsts.len() && firsts[next_first].0 != k {
+                next_first += 1;
+            }
+            if let Some(&(_, f)) = firsts.get(next_first) {
+                self.candidate_fits.push(f);
             }
             t.hits.clear();
             for &h in &self.buf.candidate_hits[c.start as usize..c.start as usize + c.len as usize]
@@ -1032,6 +1057,51 @@ mod tests {
                         0.0
                     }
             );
+        }
+    }
+
+    /// Where the tracks' fit replaces the candidates' (the field maps), the candidates'
+    /// fits the reconstructor keeps for the exchange of segments are, bit for bit, the
+    /// candidates' fit of each written track's hits: what the exchange would otherwise
+    /// fit again, and not the tracks' own fits. In a uniform field none are kept (the
+    /// tracks' fits are the candidates').
+    #[test]
+    fn the_kept_candidate_fits_are_the_candidates_fits_of_the_tracks_hits() {
+        use crate::tracking::simulate::{simulate_events, Preset, SimConfig};
+        for (file, kept) in [
+            ("fixtures/tracking/dipole/detector_dipole.toml", true),
+            ("fixtures/tracking/forward/detector_forward.toml", true),
+            ("fixtures/detector.toml", false),
+        ] {
+            let det = Detector::from_toml_file(std::path::Path::new(file)).unwrap();
+            let mut reco = Reconstructor::new(&det, FinderConfig::from_detector(&det, 1.0));
+            let sim = SimConfig::preset(Preset::Central);
+            for ev in simulate_events(&det, &sim, 5, 0, 1) {
+                let mut out = Vec::new();
+                reco.find_tracks(&ev.hits);
+                ca::clones::suppress_clones(&reco.geo, &reco.cfg, &mut reco.buf);
+                reco.write_tracks(&mut out);
+                assert!(out.len() > 500, "{file}: {}", out.len());
+                if !kept {
+                    assert!(reco.candidate_fits.is_empty(), "{file}");
+                    continue;
+                }
+                assert_eq!(reco.candidate_fits.len(), out.len(), "{file}");
+                let hits: Vec<Vec<FitHit>> =
+                    out.iter().map(|t| fit_hits(&ev.hits, &t.hits)).collect();
+                let mut fits = vec![FitOutput::default(); out.len()];
+                let ids: Vec<usize> = (0..out.len()).collect();
+                let hits = &hits;
+                reco.fitter().fit_each(&ids, |&i| &hits[i][..], &mut fits);
+                let mut own = 0;
+                for (t, (f, k)) in fits.iter().zip(&reco.candidate_fits).enumerate() {
+                    assert!(f.ok, "{file}: track {t}");
+                    assert_eq!(f, k, "{file}: track {t}");
+                    own += usize::from(f.chi2 as f32 == out[t].chi2);
+                }
+                // The tracks' own fits are another fit's.
+                assert!(own < out.len() / 10, "{file}: {own} of {}", out.len());
+            }
         }
     }
 

@@ -564,9 +564,16 @@ fn take_fit(c: &mut Candidate, f: &FitOutput) {
 /// were chosen with the momentum cut's (`FinderConfig::candidate_fit`). With
 /// `from_candidate_fits` (`FinderConfig::track_fit_starts_from_candidate_fit`), the
 /// candidates' fits are the tracks' fit's first fits, and only its pass at their momentum
-/// is made (`KalmanFitter::fit_lanes_from_first`).
+/// is made (`KalmanFitter::fit_lanes_from_first`). The candidates' fits are kept in
+/// `buf.candidate_fits`.
 pub fn refit_accepted(fitter: &KalmanFitter, buf: &mut CaBuffers, from_candidate_fits: bool) {
     let n = buf.accepted.len();
+    buf.candidate_fits.clear();
+    buf.candidate_fits.extend(
+        buf.accepted
+            .iter()
+            .map(|&k| (k, buf.fits[buf.candidates[k as usize].fit as usize])),
+    );
     let mut out = [FitOutput::default(); LANES];
     let mut first = [FitOutput::default(); LANES];
     for c0 in (0..n).step_by(LANES) {

@@ -42,6 +42,15 @@ use crate::tracking::track::Track;
 use super::cuts::FinderConfig;
 use super::FinderGeometry;
 
+/// Track `t`'s chi-square, q/p bound (its q/p plus three errors) and first point from its
+/// candidates' fit `f`.
+fn take_fit(chi2: &mut [f32], qop: &mut [f32], first: &mut [[f64; 5]], t: u32, f: &FitOutput) {
+    let t = t as usize;
+    chi2[t] = if f.ok { f.chi2 as f32 } else { f32::INFINITY };
+    qop[t] = (f.state[4].abs() + 3.0 * f.cov[14].max(0.0).sqrt()) as f32;
+    first[t] = [f.state[0], f.state[1], f.cov[0], f.cov[1], f.cov[2]];
+}
+
 /// The fall of the pair's summed chi-square an exchange must bring: the exchanged pair
 /// must be e (exp of half this) times likelier than the choice's. Without it, on the 102
 /// drawn detectors and events, pairs of true tracks with a scatter in the tail were
@@ -267,8 +276,10 @@ impl Exchange {
         final_fitter: Option<&KalmanFitter>,
         hits: &[HitRecord],
         tracks: &mut [Track],
+        candidate_fits: Option<&[FitOutput]>,
     ) -> usize {
         let n = tracks.len();
+        let candidate_fits = candidate_fits.filter(|f| f.len() == n);
         if !cuts.enabled || n < 2 {
             return 0;
         }
@@ -306,7 +317,7 @@ impl Exchange {
             self.chi2.resize(n, f32::NAN);
             self.first.resize(n, [f64::NAN; 5]);
         }
-        self.fit_missing(fitter, hits, tracks, false);
+        self.fit_missing(fitter, hits, tracks, false, candidate_fits);
         self.taken.clear();
         self.taken.resize(n, false);
         self.gains.clear();
@@ -353,9 +364,9 @@ impl Exchange {
             self.gains
                 .retain(|g| !changed[g.a as usize] && !changed[g.b as usize]);
             self.pairs.clear();
-            self.fit_missing(fitter, hits, tracks, true);
+            self.fit_missing(fitter, hits, tracks, true, candidate_fits);
             self.find_pairs(cuts, hits);
-            self.fit_missing(fitter, hits, tracks, false);
+            self.fit_missing(fitter, hits, tracks, false, candidate_fits);
         }
         if exchanges > 0 {
             // The exchanged tracks' final fits (a track exchanged twice is fitted once).
@@ -528,13 +539,15 @@ impl Exchange {
     }
 
     /// The candidates' chi-square of the tracks in a pair not fitted yet, into
-    /// `self.chi2`.
+    /// `self.chi2`; `candidate_fits` (one per track, the tracks as found): the fits of
+    /// the tracks not exchanged, made by the candidates' fit on the same hits.
     fn fit_missing(
         &mut self,
         fitter: &KalmanFitter,
         hits: &[HitRecord],
         tracks: &[Track],
         with_changed: bool,
+        candidate_fits: Option<&[FitOutput]>,
     ) {
         self.trial_hits.clear();
         self.trials.clear();
@@ -544,6 +557,16 @@ impl Exchange {
         let paired = self.pairs.iter().flat_map(|&(a, b, _)| [a, b]);
         for t in changed.chain(paired) {
             if !self.chi2[t as usize].is_nan() {
+                continue;
+            }
+            if let Some(f) = candidate_fits.filter(|_| !self.exchanged[t as usize]) {
+                take_fit(
+                    &mut self.chi2,
+                    &mut self.qop,
+                    &mut self.first,
+                    t,
+                    &f[t as usize],
+                );
                 continue;
             }
             // Marked as being fitted (a track in several pairs is fitted once).
@@ -557,11 +580,8 @@ impl Exchange {
             );
         }
         self.fit_trials(fitter);
-        for (k, &(t, ..)) in self.trials.iter().enumerate() {
-            let f = &self.fits[k];
-            self.chi2[t as usize] = if f.ok { f.chi2 as f32 } else { f32::INFINITY };
-            self.qop[t as usize] = (f.state[4].abs() + 3.0 * f.cov[14].max(0.0).sqrt()) as f32;
-            self.first[t as usize] = [f.state[0], f.state[1], f.cov[0], f.cov[1], f.cov[2]];
+        for (&(t, ..), f) in self.trials.iter().zip(&self.fits) {
+            take_fit(&mut self.chi2, &mut self.qop, &mut self.first, t, f);
         }
     }
 
