@@ -249,10 +249,10 @@ __device__ __forceinline__ void next_stage(float tx, float ty, float a, const St
     nty = ty + a * s.p[1];
 }
 
-// One RK4 step of length h (rk4_step_packs); writes the step's Jacobian. The field is
-// read three times: at the start (`b`, unless `have_b`: the last step's end, read again),
-// once for stages 2 and 3 (the middle of the step reached with the first stage's
-// bending) and at the end, which is left in `b` for the next step.
+// One RK4 step of length h (rk4_step_packs, in its Runge-Kutta-Nystrom form); writes the
+// step's Jacobian. The field is read at the start (unless `have_b`: then `b` holds the last
+// step's end field), once for stages 2 and 3 (the middle of the step reached with the first
+// stage's bending) and at the end, which is left in `b` for the next step.
 __device__ __forceinline__ void rk4_step(const Source& src, const Grid& g, float& z, float& x,
                                          float& y, float& tx, float& ty, float qop, float h,
                                          float jac[4][3], float b[3], bool have_b) {

@@ -1789,8 +1789,8 @@ mod tests {
     }
 
     /// In a uniform field the packs' steps are the reference's discrete map (the stages'
-    /// field is the same wherever they read it). In a map they read the field three times
-    /// a step, not four (stages 2 and 3 at one middle point, the end read again as the
+    /// field is the same wherever they read it). In a map they read the field twice a
+    /// step, not four times (stages 2 and 3 at one middle point, the end read again as the
     /// next step's start): against steps of 0.5 mm, their states are as exact as the
     /// reference's steps of the same length (within twice its largest error over the
     /// lanes), and their Jacobian is the reference's to 1e-6 of its entries.
