@@ -18,7 +18,7 @@
 use crate::frame::HitRecord;
 use crate::tracking::ca::{self, CaBuffers, FinderGeometry, Overflow};
 use crate::tracking::geometry::Detector;
-use crate::tracking::kalman::{FitOutput, KalmanFitter};
+use crate::tracking::kalman::KalmanFitter;
 use crate::tracking::track::Track;
 use std::time::Instant;
 
@@ -109,7 +109,7 @@ pub struct Reconstructor {
     exchange: ca::exchange::Exchange,
     /// Per written track, its candidates' fit where the tracks' fit replaced it
     /// (`CaBuffers::candidate_fits`; empty otherwise).
-    candidate_fits: Vec<FitOutput>,
+    candidate_fits: Vec<ca::exchange::CandidateFit>,
     first_hit_cuts: ca::first_hits::FirstHitCuts,
     first_hits: ca::first_hits::FirstHits,
     spare: Vec<Track>,
@@ -1089,14 +1089,14 @@ mod tests {
                 assert_eq!(reco.candidate_fits.len(), out.len(), "{file}");
                 let hits: Vec<Vec<FitHit>> =
                     out.iter().map(|t| fit_hits(&ev.hits, &t.hits)).collect();
-                let mut fits = vec![FitOutput::default(); out.len()];
+                let mut fits = vec![crate::tracking::kalman::FitOutput::default(); out.len()];
                 let ids: Vec<usize> = (0..out.len()).collect();
                 let hits = &hits;
                 reco.fitter().fit_each(&ids, |&i| &hits[i][..], &mut fits);
                 let mut own = 0;
                 for (t, (f, k)) in fits.iter().zip(&reco.candidate_fits).enumerate() {
                     assert!(f.ok, "{file}: track {t}");
-                    assert_eq!(f, k, "{file}: track {t}");
+                    assert_eq!(ca::exchange::CandidateFit::from(f), *k, "{file}: track {t}");
                     own += usize::from(f.chi2 as f32 == out[t].chi2);
                 }
                 // The tracks' own fits are another fit's.

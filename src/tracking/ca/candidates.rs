@@ -569,11 +569,12 @@ fn take_fit(c: &mut Candidate, f: &FitOutput) {
 pub fn refit_accepted(fitter: &KalmanFitter, buf: &mut CaBuffers, from_candidate_fits: bool) {
     let n = buf.accepted.len();
     buf.candidate_fits.clear();
-    buf.candidate_fits.extend(
-        buf.accepted
-            .iter()
-            .map(|&k| (k, buf.fits[buf.candidates[k as usize].fit as usize])),
-    );
+    buf.candidate_fits.extend(buf.accepted.iter().map(|&k| {
+        (
+            k,
+            (&buf.fits[buf.candidates[k as usize].fit as usize]).into(),
+        )
+    }));
     let mut out = [FitOutput::default(); LANES];
     let mut first = [FitOutput::default(); LANES];
     for c0 in (0..n).step_by(LANES) {

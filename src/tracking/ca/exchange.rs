@@ -42,13 +42,30 @@ use crate::tracking::track::Track;
 use super::cuts::FinderConfig;
 use super::FinderGeometry;
 
-/// Track `t`'s chi-square, q/p bound (its q/p plus three errors) and first point from its
-/// candidates' fit `f`.
-fn take_fit(chi2: &mut [f32], qop: &mut [f32], first: &mut [[f64; 5]], t: u32, f: &FitOutput) {
+/// What the exchange reads of a track's candidates' fit: its chi-square (infinite where
+/// the fit failed), its q/p bound (|q/p| plus three errors) and its first point (x, y and
+/// their covariance).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct CandidateFit {
+    pub chi2: f32,
+    pub qop: f32,
+    pub first: [f64; 5],
+}
+
+impl From<&FitOutput> for CandidateFit {
+    fn from(f: &FitOutput) -> Self {
+        CandidateFit {
+            chi2: if f.ok { f.chi2 as f32 } else { f32::INFINITY },
+            qop: (f.state[4].abs() + 3.0 * f.cov[14].max(0.0).sqrt()) as f32,
+            first: [f.state[0], f.state[1], f.cov[0], f.cov[1], f.cov[2]],
+        }
+    }
+}
+
+/// Track `t`'s chi-square, q/p bound and first point from its candidates' fit `f`.
+fn take_fit(chi2: &mut [f32], qop: &mut [f32], first: &mut [[f64; 5]], t: u32, f: CandidateFit) {
     let t = t as usize;
-    chi2[t] = if f.ok { f.chi2 as f32 } else { f32::INFINITY };
-    qop[t] = (f.state[4].abs() + 3.0 * f.cov[14].max(0.0).sqrt()) as f32;
-    first[t] = [f.state[0], f.state[1], f.cov[0], f.cov[1], f.cov[2]];
+    (chi2[t], qop[t], first[t]) = (f.chi2, f.qop, f.first);
 }
 
 /// The fall of the pair's summed chi-square an exchange must bring: the exchanged pair
@@ -276,7 +293,7 @@ impl Exchange {
         final_fitter: Option<&KalmanFitter>,
         hits: &[HitRecord],
         tracks: &mut [Track],
-        candidate_fits: Option<&[FitOutput]>,
+        candidate_fits: Option<&[CandidateFit]>,
     ) -> usize {
         let n = tracks.len();
         let candidate_fits = candidate_fits.filter(|f| f.len() == n);
@@ -547,7 +564,7 @@ impl Exchange {
         hits: &[HitRecord],
         tracks: &[Track],
         with_changed: bool,
-        candidate_fits: Option<&[FitOutput]>,
+        candidate_fits: Option<&[CandidateFit]>,
     ) {
         self.trial_hits.clear();
         self.trials.clear();
@@ -565,7 +582,7 @@ impl Exchange {
                     &mut self.qop,
                     &mut self.first,
                     t,
-                    &f[t as usize],
+                    f[t as usize],
                 );
                 continue;
             }
@@ -581,7 +598,7 @@ impl Exchange {
         }
         self.fit_trials(fitter);
         for (&(t, ..), f) in self.trials.iter().zip(&self.fits) {
-            take_fit(&mut self.chi2, &mut self.qop, &mut self.first, t, f);
+            take_fit(&mut self.chi2, &mut self.qop, &mut self.first, t, f.into());
         }
     }
 

@@ -850,11 +850,11 @@ pub struct CaBuffers {
     pub fit_hits: Vec<FitHit>,
     /// Accepted candidate indices, in acceptance order.
     pub accepted: Vec<u32>,
-    /// The candidates' fits of the accepted candidates (with their index) that the tracks'
-    /// fit replaced in `fits`, in acceptance order ([`candidates::refit_accepted`]; empty
+    /// What the exchange reads of the candidates' fits of the accepted candidates (with
+    /// their index) that the tracks' fit replaced in `fits`, in acceptance order ([`candidates::refit_accepted`]; empty
     /// where the tracks' fit is the candidates'): the exchange of segments compares the
     /// candidates' chi-squares and reads them here instead of fitting the tracks again.
-    pub candidate_fits: Vec<(u32, crate::tracking::kalman::FitOutput)>,
+    pub candidate_fits: Vec<(u32, exchange::CandidateFit)>,
     /// Per doublet: triplets whose right doublet it is, `end_start[d]..end_start[d + 1]` in
     /// `ending`.
     pub end_start: Vec<u32>,
