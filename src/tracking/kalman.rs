@@ -487,6 +487,47 @@ impl From<&crate::frame::HitRecord> for FitHit {
     }
 }
 
+/// The fields a fit's seed measures in a field map, as its pass takes them
+/// ([`seed_fields`]: the three-hit curvature's tent, the last two hits' ramp, how far the
+/// tent's bending cancels). They depend on the seed's hits alone: kept from a track's
+/// first pass ([`KalmanFitter::fit_lanes_keeping_seeds`]), they spare a later pass over
+/// the same hits ([`KalmanFitter::fit_lanes_from_first`]) its nine lookups in the map
+/// per track, and give it the same values.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct SeedFields {
+    pub tent: [f64; 3],
+    pub ramp: [f64; 3],
+    pub spread: f64,
+}
+
+/// What the fits of a call do with their seeds' fields ([`SeedFields`], one per track).
+enum Seeds<'a> {
+    /// Each pass reads the map.
+    None,
+    /// The first passes' are kept here.
+    Keep(&'a mut [SeedFields]),
+    /// These are the first passes' (the call starts from the first fits).
+    Given(&'a [SeedFields]),
+}
+
+impl Seeds<'_> {
+    /// The part for tracks `r` (of those the call fits).
+    fn range(&mut self, r: std::ops::Range<usize>) -> Seeds<'_> {
+        match self {
+            Seeds::None => Seeds::None,
+            Seeds::Keep(k) => Seeds::Keep(&mut k[r]),
+            Seeds::Given(g) => Seeds::Given(&g[r]),
+        }
+    }
+}
+
+/// What one pass does with its lanes' seeds' fields: reads them, or writes those it reads
+/// from the map.
+enum SeedSlot<'a, const L: usize> {
+    Read(&'a [SeedFields; L]),
+    Write(&'a mut [SeedFields; L]),
+}
+
 /// Result of one fit, in the number type of the fit.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct FitOutput {
@@ -1105,22 +1146,44 @@ impl KalmanFitter {
     /// Runs the kernel chosen at construction ([`FitKernel`]).
     pub fn fit_lanes<T: Real, const L: usize>(&self, tracks: &[&[FitHit]], out: &mut [FitOutput]) {
         assert!(tracks.len() <= L && out.len() >= tracks.len());
-        self.chunks::<T, L>(tracks, &[], &[], out);
+        self.chunks::<T, L>(tracks, &[], &[], Seeds::None, out);
+    }
+
+    /// [`Self::fit_lanes`], keeping in `seeds[i]` the fields track `i`'s first pass
+    /// measured for its seed in a field map ([`SeedFields`]; left as they are in a uniform
+    /// field), for [`Self::fit_lanes_from_first`].
+    pub fn fit_lanes_keeping_seeds<T: Real, const L: usize>(
+        &self,
+        tracks: &[&[FitHit]],
+        out: &mut [FitOutput],
+        seeds: &mut [SeedFields],
+    ) {
+        assert!(tracks.len() <= L && out.len() >= tracks.len() && seeds.len() >= tracks.len());
+        self.chunks::<T, L>(tracks, &[], &[], Seeds::Keep(seeds), out);
     }
 
     /// What [`Self::fit_lanes`] gives, from the tracks' first fits `first[i]` (what this
     /// fitter's first pass and its retry give for `tracks[i]`: the fit of the same
     /// hits with this configuration but [`FitConfig::scatter_at_prefit`]), so that only
     /// the fit at the first fit's momentum is made; without `scatter_at_prefit` (or
-    /// without a momentum fit), `first` itself.
+    /// without a momentum fit), `first` itself. With `seeds` (one per track, what
+    /// [`Self::fit_lanes_keeping_seeds`] kept for the same hits with the same field), that
+    /// pass takes its seeds' fields from them instead of the map; empty, it reads the map.
     pub fn fit_lanes_from_first<T: Real, const L: usize>(
         &self,
         tracks: &[&[FitHit]],
         first: &[FitOutput],
+        seeds: &[SeedFields],
         out: &mut [FitOutput],
     ) {
         assert!(tracks.len() <= L && out.len() >= tracks.len() && first.len() == tracks.len());
-        self.chunks::<T, L>(tracks, &[], first, out);
+        assert!(seeds.is_empty() || seeds.len() == tracks.len());
+        let seeds = if seeds.is_empty() {
+            Seeds::None
+        } else {
+            Seeds::Given(seeds)
+        };
+        self.chunks::<T, L>(tracks, &[], first, seeds, out);
     }
 
     /// The lane kernel compiled for AVX2 and FMA.
@@ -1134,25 +1197,29 @@ impl KalmanFitter {
         tracks: &[&[FitHit]],
         retry_within: &[f32],
         first: &[FitOutput],
+        seeds: Seeds<'_>,
         out: &mut [FitOutput],
     ) {
-        self.fit_lanes_impl::<T, L>(tracks, retry_within, first, out);
+        self.fit_lanes_impl::<T, L>(tracks, retry_within, first, seeds, out);
     }
 
     /// The kernel chosen at construction over `tracks` in chunks of `L` (`out[i]` receives
-    /// track `i`; with `first`, from those first fits: [`Self::fit_lanes_from_first`]), one
-    /// call per chunk (measured faster than the kernel inlined into the loop over chunks).
+    /// track `i`; with `first`, from those first fits: [`Self::fit_lanes_from_first`]; the
+    /// seeds' fields as `seeds` says, per track), one call per chunk (measured faster than
+    /// the kernel inlined into the loop over chunks).
     #[inline(always)]
     fn chunks<T: Real, const L: usize>(
         &self,
         tracks: &[&[FitHit]],
         retry_within: &[f32],
         first: &[FitOutput],
+        mut seeds: Seeds<'_>,
         out: &mut [FitOutput],
     ) {
         for (k, (chunk, o)) in tracks.chunks(L).zip(out.chunks_mut(L)).enumerate() {
             let w = retry_within.get(k * L..k * L + chunk.len()).unwrap_or(&[]);
             let f = first.get(k * L..k * L + chunk.len()).unwrap_or(&[]);
+            let s = seeds.range(k * L..k * L + chunk.len());
             match self.kernel {
                 // SAFETY: `kernel` is only `Avx2Fma` when the CPU reported AVX2 and FMA
                 // (`FitKernel::detect`, `with_kernel`).
@@ -1161,12 +1228,12 @@ impl KalmanFitter {
                     // Eight single-precision lanes compute as `F32Avx2` (explicit 256-bit
                     // instructions); other lane types as they are.
                     if L == LANES && TypeId::of::<T>() == TypeId::of::<f32>() {
-                        self.fit_lanes_avx2::<F32Avx2, LANES>(chunk, w, f, o)
+                        self.fit_lanes_avx2::<F32Avx2, LANES>(chunk, w, f, s, o)
                     } else {
-                        self.fit_lanes_avx2::<T, L>(chunk, w, f, o)
+                        self.fit_lanes_avx2::<T, L>(chunk, w, f, s, o)
                     }
                 },
-                _ => self.fit_lanes_portable::<T, L>(chunk, w, f, o),
+                _ => self.fit_lanes_portable::<T, L>(chunk, w, f, s, o),
             }
         }
     }
@@ -1178,29 +1245,43 @@ impl KalmanFitter {
         tracks: &[&[FitHit]],
         retry_within: &[f32],
         first: &[FitOutput],
+        seeds: Seeds<'_>,
         out: &mut [FitOutput],
     ) {
-        self.fit_lanes_impl::<T, L>(tracks, retry_within, first, out);
+        self.fit_lanes_impl::<T, L>(tracks, retry_within, first, seeds, out);
     }
 
     /// The lane kernel: one pass, then a second one with the seed's other middle hit over
     /// the lanes that need it ([`RETRY_CHI2_NDF`]; with `retry_within`, one per track, only
     /// those whose first pass failed or ended within it), the better fit of each kept;
     /// with `first` (one per track), those fits instead. Then, with
-    /// [`FitConfig::scatter_at_prefit`], the pass at their momentum.
+    /// [`FitConfig::scatter_at_prefit`], the pass at their momentum, with the seeds' fields
+    /// of the first pass (made here, or given in `seeds`).
     #[inline(always)]
     fn fit_lanes_impl<T: Real, const L: usize>(
         &self,
         tracks: &[&[FitHit]],
         retry_within: &[f32],
         first: &[FitOutput],
+        mut seeds: Seeds<'_>,
         out: &mut [FitOutput],
     ) {
         assert!(tracks.len() <= L && out.len() >= tracks.len());
+        let n = tracks.len();
+        let mut lane_seeds = [SeedFields::default(); L];
+        let mut have_seeds = false;
         if first.is_empty() {
-            self.first_fits::<T, L>(tracks, retry_within, out);
+            self.first_fits::<T, L>(tracks, retry_within, &mut lane_seeds, out);
+            have_seeds = true;
+            if let Seeds::Keep(k) = &mut seeds {
+                k[..n].copy_from_slice(&lane_seeds[..n]);
+            }
         } else {
-            out[..tracks.len()].copy_from_slice(&first[..tracks.len()]);
+            out[..n].copy_from_slice(&first[..n]);
+            if let Seeds::Given(g) = seeds {
+                lane_seeds[..n].copy_from_slice(&g[..n]);
+                have_seeds = true;
+            }
         }
         if self.cfg.scatter_at_prefit && self.cfg.fit_momentum {
             // The fit again, seeded with the first fit's q/p and every plane's scattering
@@ -1213,7 +1294,8 @@ impl KalmanFitter {
                 })
             });
             let mut second = [FitOutput::default(); L];
-            self.fit_lanes_pass::<T, L>(tracks, &mut second[..tracks.len()], false, Some(&q_ref));
+            let seeds = have_seeds.then_some(SeedSlot::Read(&lane_seeds));
+            self.fit_lanes_pass::<T, L>(tracks, &mut second[..n], false, Some(&q_ref), seeds);
             for (o, s) in out.iter_mut().zip(&second).take(tracks.len()) {
                 if o.ok && s.ok {
                     *o = *s;
@@ -1224,11 +1306,13 @@ impl KalmanFitter {
 
     /// The first fits of the lane kernel ([`Self::fit_lanes_impl`]): one pass, then a
     /// second one with the seed's other middle hit where [`RETRY_CHI2_NDF`] asks for it.
+    /// The first pass's seeds' fields go to `seeds` ([`SeedFields`]).
     #[inline(always)]
     fn first_fits<T: Real, const L: usize>(
         &self,
         tracks: &[&[FitHit]],
         retry_within: &[f32],
+        seeds: &mut [SeedFields; L],
         out: &mut [FitOutput],
     ) {
         let empty: &[FitHit] = &[];
@@ -1243,7 +1327,8 @@ impl KalmanFitter {
             } else {
                 (tracks, &mut *out)
             };
-            self.fit_lanes_pass::<T, L>(lanes, o, retry, None);
+            let keep = (!retry).then_some(SeedSlot::Write(&mut *seeds));
+            self.fit_lanes_pass::<T, L>(lanes, o, retry, None, keep);
             if retry {
                 break;
             }
@@ -1271,7 +1356,10 @@ impl KalmanFitter {
 
     /// One pass of the lane kernel, the seed's middle hit as [`seed_middle`] says. With
     /// `q_ref`, the lanes with a value `[q, s]` take `q` as their seed's q/p and every
-    /// plane's scattering at |q/p| = `s` ([`FitConfig::scatter_at_prefit`]).
+    /// plane's scattering at |q/p| = `s` ([`FitConfig::scatter_at_prefit`]). In a field
+    /// map, the seeds' fields are read from the map, or from `seeds` ([`SeedSlot::Read`]:
+    /// those of a pass over the same hits), and written to `seeds` with
+    /// [`SeedSlot::Write`].
     #[inline(always)]
     fn fit_lanes_pass<T: Real, const L: usize>(
         &self,
@@ -1279,6 +1367,7 @@ impl KalmanFitter {
         out: &mut [FitOutput],
         retry: bool,
         q_ref: Option<&[Option<[f64; 2]>; L]>,
+        seeds: Option<SeedSlot<'_, L>>,
     ) {
         assert!(tracks.len() <= L && out.len() >= tracks.len());
         // Lanes that are empty or unfittable copy a valid track (result discarded) so every
@@ -1355,10 +1444,30 @@ impl KalmanFitter {
         // curvature's and the last two hits' bending; and how far the first cancels.
         let (b_mid, b_last, spread) = match &self.field {
             Field::Uniform { b_tesla } => (b_tesla.map(P::of), b_tesla.map(P::of), P::of(1.0)),
+            _ if matches!(seeds, Some(SeedSlot::Read(_))) => {
+                let Some(SeedSlot::Read(given)) = seeds else {
+                    unreachable!()
+                };
+                let mut bm = [P::of(0.0); 3];
+                let mut bl = bm;
+                let mut sp = P::of(1.0);
+                for (l, g) in given.iter().enumerate() {
+                    for k in 0..3 {
+                        bm[k].0[l] = T::of(g.tent[k]);
+                        bl[k].0[l] = T::of(g.ramp[k]);
+                    }
+                    sp.0[l] = T::of(g.spread);
+                }
+                (bm, bl, sp)
+            }
             field => {
                 let mut bm = [P::of(0.0); 3];
                 let mut bl = bm;
                 let mut sp = P::of(1.0);
+                let mut kept = match seeds {
+                    Some(SeedSlot::Write(w)) => Some(w),
+                    _ => None,
+                };
                 // Every lane's points first, so that the map is read four points at a time.
                 let mut abn = [[[0.0f64; 3]; 3]; L];
                 let mut points = [[[0.0f64; 3]; SEED_FIELD_POINTS]; L];
@@ -1378,6 +1487,13 @@ impl KalmanFitter {
                         bl[k].0[l] = T::of(t[k]);
                     }
                     sp.0[l] = T::of(spread);
+                    if let Some(w) = kept.as_deref_mut() {
+                        w[l] = SeedFields {
+                            tent: m,
+                            ramp: t,
+                            spread,
+                        };
+                    }
                 }
                 (bm, bl, sp)
             }
@@ -1749,7 +1865,7 @@ impl KalmanFitter {
         // buffer reused at the same length is not written twice).
         out.truncate(tracks.len());
         out.resize(tracks.len(), FitOutput::default());
-        self.chunks::<f32, LANES>(tracks, &[], &[], out);
+        self.chunks::<f32, LANES>(tracks, &[], &[], Seeds::None, out);
     }
 
     /// The fits of [`fit_batch`](Self::fit_batch) of `items` into `out` (one each, at
@@ -1789,7 +1905,7 @@ impl KalmanFitter {
                 *s = hits_of(item);
                 *w = retry_within(item);
             }
-            self.chunks::<f32, LANES>(&slices[..c.len()], &within[..c.len()], &[], o);
+            self.chunks::<f32, LANES>(&slices[..c.len()], &within[..c.len()], &[], Seeds::None, o);
         }
     }
 
@@ -2369,11 +2485,50 @@ mod tests {
             .zip(first.chunks(LANES))
             .zip(from.chunks_mut(LANES).zip(same.chunks_mut(LANES)))
         {
-            tracks.fit_lanes_from_first::<f32, LANES>(t, f, o);
-            candidates.fit_lanes_from_first::<f32, LANES>(t, f, s);
+            tracks.fit_lanes_from_first::<f32, LANES>(t, f, &[], o);
+            candidates.fit_lanes_from_first::<f32, LANES>(t, f, &[], s);
         }
         assert_eq!(from, full);
         assert_eq!(same, first);
+        // From the seeds' fields the candidates' fits kept: the same fits, bit for bit, in
+        // chunks laid out differently from those that kept them.
+        let mut kept_fits = vec![FitOutput::default(); slices.len()];
+        let mut kept = vec![SeedFields::default(); slices.len()];
+        for ((t, o), s) in slices
+            .chunks(LANES)
+            .zip(kept_fits.chunks_mut(LANES))
+            .zip(kept.chunks_mut(LANES))
+        {
+            candidates.fit_lanes_keeping_seeds::<f32, LANES>(t, o, s);
+        }
+        assert_eq!(kept_fits, first);
+        assert!(kept.iter().all(|s| s.spread >= 1.0 && s.ramp[1] != 0.0));
+        let mut from_kept = vec![FitOutput::default(); slices.len()];
+        let ranges = std::iter::once(0..3).chain(
+            (3..slices.len())
+                .step_by(LANES)
+                .map(|a| a..(a + LANES).min(slices.len())),
+        );
+        for r in ranges {
+            let (t, f, s) = (&slices[r.clone()], &first[r.clone()], &kept[r.clone()]);
+            tracks.fit_lanes_from_first::<f32, LANES>(t, f, s, &mut from_kept[r]);
+        }
+        assert_eq!(from_kept, full);
+        // Other seeds' fields would change the fits: they are read.
+        let mut wrong = kept.clone();
+        for s in &mut wrong {
+            s.ramp[1] *= 1.5;
+        }
+        let mut from_wrong = vec![FitOutput::default(); slices.len()];
+        for (((t, f), s), o) in slices
+            .chunks(LANES)
+            .zip(first.chunks(LANES))
+            .zip(wrong.chunks(LANES))
+            .zip(from_wrong.chunks_mut(LANES))
+        {
+            tracks.fit_lanes_from_first::<f32, LANES>(t, f, s, o);
+        }
+        assert_ne!(from_wrong, full);
         // The two fits differ: the test would not see a pass left out.
         let differ = (0..full.len()).filter(|&i| full[i] != first[i]).count();
         assert!(differ * 2 > full.len(), "{differ} of {} differ", full.len());
@@ -2633,7 +2788,7 @@ mod tests {
                 continue;
             }
             let mut once = [FitOutput::default()];
-            fitter.fit_lanes_pass::<f64, 1>(&[&fit_hits], &mut once, false, None);
+            fitter.fit_lanes_pass::<f64, 1>(&[&fit_hits], &mut once, false, None, None);
             let o = fitter.fit_reference(&fit_hits);
             assert!(o.ok);
             failed_once += usize::from(once[0].chi2 > 20.0 * f64::from(once[0].ndf));

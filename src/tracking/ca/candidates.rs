@@ -24,7 +24,7 @@
 
 use super::cuts::FinderConfig;
 use super::{CaBuffers, Candidate, Triplet};
-use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter, LANES};
+use crate::tracking::kalman::{FitHit, FitOutput, KalmanFitter, SeedFields, LANES};
 
 /// An unsigned key in the order of [`f32::total_cmp`].
 #[inline]
@@ -61,6 +61,7 @@ pub fn extract_and_select(
         buf.candidate_hits.clear();
         buf.fit_hits.clear();
         buf.fits.clear();
+        buf.seed_fields.clear();
         buf.accepted.clear();
     }
     let min_hits = min_hits.max(3);
@@ -528,6 +529,7 @@ fn fit_range(fitter: &KalmanFitter, buf: &mut CaBuffers, from: usize) {
     }
     let n = buf.candidates.len();
     buf.fits.resize(n, FitOutput::default());
+    buf.seed_fields.resize(n, SeedFields::default());
     let mut i = from;
     while i < n {
         let m = (n - i).min(LANES);
@@ -537,7 +539,11 @@ fn fit_range(fitter: &KalmanFitter, buf: &mut CaBuffers, from: usize) {
             let c = &buf.candidates[i + k];
             slices[k] = &buf.fit_hits[c.start as usize..c.start as usize + c.len as usize];
         }
-        fitter.fit_lanes::<f32, LANES>(&slices[..m], &mut buf.fits[i..i + m]);
+        fitter.fit_lanes_keeping_seeds::<f32, LANES>(
+            &slices[..m],
+            &mut buf.fits[i..i + m],
+            &mut buf.seed_fields[i..i + m],
+        );
         i += m;
     }
     for k in from..n {
@@ -577,6 +583,9 @@ pub fn refit_accepted(fitter: &KalmanFitter, buf: &mut CaBuffers, from_candidate
     }));
     let mut out = [FitOutput::default(); LANES];
     let mut first = [FitOutput::default(); LANES];
+    let mut seeds = [SeedFields::default(); LANES];
+    // The seeds' fields of every fit in `fits` (made by `fit_range`).
+    let seeds_kept = buf.seed_fields.len() == buf.fits.len();
     for c0 in (0..n).step_by(LANES) {
         let m = (n - c0).min(LANES);
         let empty: &[FitHit] = &[];
@@ -586,10 +595,14 @@ pub fn refit_accepted(fitter: &KalmanFitter, buf: &mut CaBuffers, from_candidate
             *s = &buf.fit_hits[c.start as usize..c.start as usize + c.len as usize];
             if from_candidate_fits {
                 first[j] = buf.fits[c.fit as usize];
+                if seeds_kept {
+                    seeds[j] = buf.seed_fields[c.fit as usize];
+                }
             }
         }
         if from_candidate_fits {
-            fitter.fit_lanes_from_first::<f32, LANES>(&slices[..m], &first[..m], &mut out[..m]);
+            let (f, s) = (&first[..m], if seeds_kept { &seeds[..m] } else { &[] });
+            fitter.fit_lanes_from_first::<f32, LANES>(&slices[..m], f, s, &mut out[..m]);
         } else {
             fitter.fit_lanes::<f32, LANES>(&slices[..m], &mut out[..m]);
         }

@@ -847,6 +847,9 @@ pub struct CaBuffers {
     pub candidates: Vec<Candidate>,
     pub candidate_hits: Vec<u32>,
     pub fits: Vec<crate::tracking::kalman::FitOutput>,
+    /// Per fit in `fits` made by the candidates' fit: the fields its seed measured in a
+    /// field map, for the tracks' fit of the same hits ([`candidates::refit_accepted`]).
+    pub seed_fields: Vec<crate::tracking::kalman::SeedFields>,
     pub fit_hits: Vec<FitHit>,
     /// Accepted candidate indices, in acceptance order.
     pub accepted: Vec<u32>,
