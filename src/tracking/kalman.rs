@@ -1442,12 +1442,9 @@ impl KalmanFitter {
         let half = P::of(0.5);
         // The fields the seed's two estimates measure (see `seed_fields`): the three-hit
         // curvature's and the last two hits' bending; and how far the first cancels.
-        let (b_mid, b_last, spread) = match &self.field {
-            Field::Uniform { b_tesla } => (b_tesla.map(P::of), b_tesla.map(P::of), P::of(1.0)),
-            _ if matches!(seeds, Some(SeedSlot::Read(_))) => {
-                let Some(SeedSlot::Read(given)) = seeds else {
-                    unreachable!()
-                };
+        let (b_mid, b_last, spread) = match (&self.field, seeds) {
+            (Field::Uniform { b_tesla }, _) => (b_tesla.map(P::of), b_tesla.map(P::of), P::of(1.0)),
+            (_, Some(SeedSlot::Read(given))) => {
                 let mut bm = [P::of(0.0); 3];
                 let mut bl = bm;
                 let mut sp = P::of(1.0);
@@ -1460,7 +1457,7 @@ impl KalmanFitter {
                 }
                 (bm, bl, sp)
             }
-            field => {
+            (field, seeds) => {
                 let mut bm = [P::of(0.0); 3];
                 let mut bl = bm;
                 let mut sp = P::of(1.0);
