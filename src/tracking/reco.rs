@@ -251,9 +251,10 @@ impl Reconstructor {
         t.tracks += out.len() as u64;
     }
 
-    /// The last step of [`Self::reconstruct`] on an event's tracks after clone
-    /// suppression (as the GPU's tracks come back): [`ca::exchange`]. Returns the number
-    /// of exchanges.
+    /// The exchange step of [`Self::reconstruct`] on an event's tracks after clone
+    /// suppression (as the GPU's tracks come back): [`ca::exchange`], fitting again with
+    /// the candidates' fit the tracks it compares (`reconstruct` hands it the candidates'
+    /// fits it kept instead). Returns the number of exchanges.
     pub fn exchange_segments(&mut self, hits: &[HitRecord], tracks: &mut [Track]) -> usize {
         self.exchange.run(
             &self.exchange_cuts,

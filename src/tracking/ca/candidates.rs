@@ -570,8 +570,8 @@ fn take_fit(c: &mut Candidate, f: &FitOutput) {
 /// were chosen with the momentum cut's (`FinderConfig::candidate_fit`). With
 /// `from_candidate_fits` (`FinderConfig::track_fit_starts_from_candidate_fit`), the
 /// candidates' fits are the tracks' fit's first fits, and only its pass at their momentum
-/// is made (`KalmanFitter::fit_lanes_from_first`). The candidates' fits are kept in
-/// `buf.candidate_fits`.
+/// is made (`KalmanFitter::fit_lanes_from_first`), with the seeds' fields those fits kept
+/// (`buf.seed_fields`). The candidates' fits are kept in `buf.candidate_fits`.
 pub fn refit_accepted(fitter: &KalmanFitter, buf: &mut CaBuffers, from_candidate_fits: bool) {
     let n = buf.accepted.len();
     buf.candidate_fits.clear();
@@ -584,8 +584,6 @@ pub fn refit_accepted(fitter: &KalmanFitter, buf: &mut CaBuffers, from_candidate
     let mut out = [FitOutput::default(); LANES];
     let mut first = [FitOutput::default(); LANES];
     let mut seeds = [SeedFields::default(); LANES];
-    // The seeds' fields of every fit in `fits` (made by `fit_range`).
-    let seeds_kept = buf.seed_fields.len() == buf.fits.len();
     for c0 in (0..n).step_by(LANES) {
         let m = (n - c0).min(LANES);
         let empty: &[FitHit] = &[];
@@ -595,13 +593,11 @@ pub fn refit_accepted(fitter: &KalmanFitter, buf: &mut CaBuffers, from_candidate
             *s = &buf.fit_hits[c.start as usize..c.start as usize + c.len as usize];
             if from_candidate_fits {
                 first[j] = buf.fits[c.fit as usize];
-                if seeds_kept {
-                    seeds[j] = buf.seed_fields[c.fit as usize];
-                }
+                seeds[j] = buf.seed_fields[c.fit as usize];
             }
         }
         if from_candidate_fits {
-            let (f, s) = (&first[..m], if seeds_kept { &seeds[..m] } else { &[] });
+            let (f, s) = (&first[..m], &seeds[..m]);
             fitter.fit_lanes_from_first::<f32, LANES>(&slices[..m], f, s, &mut out[..m]);
         } else {
             fitter.fit_lanes::<f32, LANES>(&slices[..m], &mut out[..m]);
