@@ -49,11 +49,20 @@
 #define EX_RETRY_WITHIN 10.0f
 // MIN_GAIN - FIRST_HIT_SLACK: the least predicted gain of a swap of first hits fitted.
 #define EX_FIRST_HIT_MIN (-5.0)
-// Parameters, floats (GpuExchange::new): the |q/p| the windows are for, then per plane
-// the resolution part of the windows, the scattering parts upstream and downstream, and
-// the window (the larger side's).
+// Parameters, floats (exchange_params): the |q/p| the windows are for; whether the
+// kinks' bending is known (ExchangeCuts::bending) and whether the field is uniform, the
+// uniform field (tesla), the origin's x and y (JunctionBending); then per plane the
+// resolution part of the windows, the scattering parts upstream and downstream, the
+// window (the larger side's) and the bending lever (Bending::inv_lever).
 #define EXF_QOP_REF 0
-#define EXF_PLANES 1
+#define EXF_BEND 1
+#define EXF_UNIFORM 2
+#define EXF_FIELD 3
+#define EXF_ORIGIN 6
+#define EXF_PLANES 8
+#define EXF_PER_PLANE 5
+// The bending constant, GeV/c per tesla and mm (propagate.rs: K_GEV_PER_T_MM).
+#define EX_K 0.299792458e-3
 // Parameters, doubles: the fit's cut, the momentum cut, then per plane (EXD_PER_PLANE)
 // z, the kink's scattering variance and the hit's, and the hit's variances in x and y.
 #define EXD_MAX_CHI2_NDF 0
@@ -93,7 +102,7 @@ __device__ __forceinline__ u32 ex_pair(u32 a, u32 b, u32 boundary) { return (a <
 
 // ExchangeCuts::window_for.
 __device__ __forceinline__ float ex_window(const float* __restrict__ xf, u32 p, u32 side, float q) {
-    const float* w = xf + EXF_PLANES + 4 * p;
+    const float* w = xf + EXF_PLANES + EXF_PER_PLANE * p;
     const float s = w[1 + side];
     const float qref = xf[EXF_QOP_REF];
     if (qref > 0.0f && isfinite(q)) return w[0] + s * fminf(q / qref, 1.0f);
@@ -146,6 +155,131 @@ __device__ double ex_junction(const double* __restrict__ xd, const float* hx, co
     return s;
 }
 
+// A kink of junction_kinks: the change of slope, the scattering's variance at the minimum
+// momentum, the resolution's three terms, the planes, the middle hit, the outer chord's
+// slopes and span.
+struct ExKink {
+    double kx, ky, scatter, r0, r1, r2, tx, ty, span;
+    u32 l, m, r;
+    float x, y;
+};
+
+__device__ __forceinline__ ExKink ex_kink_of(const double* __restrict__ xd, const float* hx,
+                                             const float* hy, const u32* hp, u32 l, u32 m, u32 r) {
+    ExKink k;
+    k.l = hp[l];
+    k.m = hp[m];
+    k.r = hp[r];
+    const double xl = (double)hx[l], yl = (double)hy[l];
+    const double xm = (double)hx[m], ym = (double)hy[m];
+    const double xr = (double)hx[r], yr = (double)hy[r];
+    const double* P = xd + EXD_PLANES;
+    const double g1 = P[EXD_PER_PLANE * k.m] - P[EXD_PER_PLANE * k.l];
+    const double g2 = P[EXD_PER_PLANE * k.r] - P[EXD_PER_PLANE * k.m];
+    k.span = g1 + g2;
+    k.kx = (xr - xm) / g2 - (xm - xl) / g1;
+    k.ky = (yr - ym) / g2 - (ym - yl) / g1;
+    const double s = 1.0 / g1 + 1.0 / g2;
+    k.scatter = P[EXD_PER_PLANE * k.m + 1];
+    k.r0 = P[EXD_PER_PLANE * k.m + 2] * (s * s);
+    k.r1 = P[EXD_PER_PLANE * k.l + 2] / (g1 * g1);
+    k.r2 = P[EXD_PER_PLANE * k.r + 2] / (g2 * g2);
+    k.x = hx[m];
+    k.y = hy[m];
+    k.tx = (xr - xl) / k.span;
+    k.ty = (yr - yl) / k.span;
+    return k;
+}
+
+// Kink::var.
+__device__ __forceinline__ double ex_kink_var(const ExKink& k, double s2) {
+    return k.scatter * s2 + k.r0 + k.r1 + k.r2;
+}
+
+// Kink::bend: the change of slope the field gives per unit q/p (NaN where no table holds
+// the tent).
+__device__ __forceinline__ void ex_kink_bend(const ExKink& k, const float* __restrict__ xf,
+                                             const int* __restrict__ ex_pri,
+                                             const float* __restrict__ ex_tents, u32 n_planes,
+                                             double* bx, double* by) {
+    float f[3];
+    if (xf[EXF_UNIFORM] != 0.0f) {
+        for (int c = 0; c < 3; c++) f[c] = xf[EXF_FIELD + c];
+    } else {
+        int ti = -1;
+        if (k.m > k.l && k.r > k.m && k.r - k.m - 1 < MAX_REACH)
+            ti = ex_pri[(k.l * n_planes + k.m) * PRI + 1 + (k.r - k.m - 1)];
+        if (ti < 0) {
+            *bx = (double)EX_NAN;
+            *by = (double)EX_NAN;
+            return;
+        }
+        const float inv = xf[EXF_PLANES + EXF_PER_PLANE * k.m + 4];
+        tent_at(ex_tents + (size_t)ti * TENT_FLOATS, (k.x - xf[EXF_ORIGIN]) * inv,
+                (k.y - xf[EXF_ORIGIN + 1]) * inv, f);
+    }
+    const double b0 = (double)f[0], b1 = (double)f[1], b2 = (double)f[2];
+    const double tx = k.tx, ty = k.ty;
+    const double ax = tx * ty * b0 - (1.0 + tx * tx) * b1 + ty * b2;
+    const double ay = (1.0 + ty * ty) * b0 - tx * ty * b1 - tx * b2;
+    const double per_qop = EX_K * sqrt(1.0 + tx * tx + ty * ty) * k.span * 0.5;
+    *bx = ax * per_qop;
+    *by = ay * per_qop;
+}
+
+// bent_score (q the track's q/p) and best_bent_score (q NaN: the q/p that explains the
+// kinks best) of the junction of segments up (nu hits) and down (nd hits).
+__device__ double ex_bent(const double* __restrict__ xd, const float* __restrict__ xf,
+                          const int* __restrict__ ex_pri, const float* __restrict__ ex_tents,
+                          u32 n_planes, const float* hx, const float* hy, const u32* hp,
+                          const u32* up, u32 nu, const u32* down, u32 nd, bool best, double q,
+                          double s2) {
+    ExKink ks[2];
+    int n = 0;
+    if (nu >= 2) ks[n++] = ex_kink_of(xd, hx, hy, hp, up[nu - 2], up[nu - 1], down[0]);
+    if (nd >= 2) ks[n++] = ex_kink_of(xd, hx, hy, hp, up[nu - 1], down[0], down[1]);
+    double s = 0.0, kk = 0.0, kb = 0.0, bb = 0.0;
+    for (int i = 0; i < n; i++) {
+        const ExKink& k = ks[i];
+        double bx, by;
+        ex_kink_bend(k, xf, ex_pri, ex_tents, n_planes, &bx, &by);
+        const double v = ex_kink_var(k, s2);
+        if (best) {
+            kk += (k.kx * k.kx + k.ky * k.ky) / v;
+            kb += (k.kx * bx + k.ky * by) / v;
+            bb += (bx * bx + by * by) / v;
+        } else {
+            const double rx = k.kx - q * bx, ry = k.ky - q * by;
+            s += (rx * rx + ry * ry) / v;
+        }
+    }
+    if (!best) return s;
+    if (bb == 0.0) return kk;
+    // (A NaN stays NaN: no exchange is refused on it.)
+    const double r = kk - kb * kb / bb;
+    return r < 0.0 ? 0.0 : r;
+}
+
+// Exchange::measured_score of pair (a, b) whose boundary splits a's sa of la hits and b's
+// sb of lb: NaN where the tracks' momenta are not measured.
+__device__ double ex_measured(const double* __restrict__ xd, const float* __restrict__ xf,
+                              const int* __restrict__ ex_pri, const float* __restrict__ ex_tents,
+                              u32 n_planes, const float* hx, const float* hy, const u32* hp,
+                              const float* qop, const float* sq, u32 a, u32 b, const u32* ta,
+                              u32 sa, u32 la, const u32* tbl, u32 sb, u32 lb) {
+    if (xf[EXF_BEND] == 0.0f) return (double)EX_NAN;
+    const float soft = fmaxf(qop[a], qop[b]);
+    const double s = isfinite(soft) ? fmin((double)soft / (double)xf[EXF_QOP_REF], 1.0) : 1.0;
+    const double s2 = s * s;
+#define EX_BENT(up, nu, down, nd, best, q)                                                    \
+    ex_bent(xd, xf, ex_pri, ex_tents, n_planes, hx, hy, hp, up, nu, down, nd, best, q, s2)
+    return EX_BENT(ta, sa, ta + sa, la - sa, false, (double)sq[a]) +
+           EX_BENT(tbl, sb, tbl + sb, lb - sb, false, (double)sq[b]) -
+           EX_BENT(ta, sa, tbl + sb, lb - sb, true, 0.0) -
+           EX_BENT(tbl, sb, ta + sa, la - sa, true, 0.0);
+#undef EX_BENT
+}
+
 // The rise of a track's last update's chi-square with the hit at (hx, hy) instead of its
 // own (mx, my); f: the fit's x, y and their covariance (xx, yx, yy) at the first hit
 // (first_hit_gain's `rise`).
@@ -194,12 +328,14 @@ __device__ __forceinline__ void ex_fit(const u32* list, u32 n, const float* hx, 
     kalman_fit_track(ex_hits(list, hx, hy, hp), (int)n, MAX_CHAIN, T, r);
 }
 
-// Fit_missing's record of a candidates' fit: chi-square (infinite where the fit failed),
-// the largest |q/p| (fitted plus three standard deviations) and x, y and their covariance
-// at the first hit (Exchange::first).
-__device__ __forceinline__ void ex_note_fit(const KalmanResult& r, float* chi2, float* qop, float* first) {
+// Fit_missing's record of a candidates' fit (TrackFits::take): chi-square (infinite where
+// the fit failed), the largest |q/p| (fitted plus three standard deviations), the q/p and
+// x, y and their covariance at the first hit.
+__device__ __forceinline__ void ex_note_fit(const KalmanResult& r, float* chi2, float* qop, float* sq,
+                                            float* first) {
     *chi2 = r.ok ? r.chi2 : CA_INF;
     *qop = (float)(fabs((double)r.st[4]) + 3.0 * sqrt(fmax((double)r.c[14], 0.0)));
+    *sq = r.st[4];
     first[0] = r.st[0];
     first[1] = r.st[1];
     first[2] = r.c[0];
@@ -230,7 +366,8 @@ __device__ __forceinline__ void ex_note_fit(const KalmanResult& r, float* chi2, 
         const float *__restrict__ pf, const double *__restrict__ pd,                          \
         const int *__restrict__ pi, const float *__restrict__ nodes,                          \
         const float *__restrict__ tpf, const double *__restrict__ tpd,                        \
-        const int *__restrict__ tpi
+        const int *__restrict__ tpi, const int *__restrict__ ex_pri,                          \
+        const float *__restrict__ ex_tents, float *__restrict__ sqops
 
 // The same arguments passed on.
 #define EX_ARGS                                                                                \
@@ -239,7 +376,7 @@ __device__ __forceinline__ void ex_note_fit(const KalmanResult& r, float* chi2, 
         sx,                                                                                    \
         sinput, bin_start, n_bins, plf, pli, pairs, gains, pairs_per_track, pair_limit, state, \
         ex_failed, n_active, rows32, rows64, gap_steps, gap_kind, gap_slice, slices, pf, pd,   \
-        pi, nodes, tpf, tpd, tpi
+        pi, nodes, tpf, tpd, tpi, ex_pri, ex_tents, sqops
 
 // The event's views of the arguments (`e` the event).
 #define EX_EVENT                                                                              \
@@ -256,6 +393,7 @@ __device__ __forceinline__ void ex_note_fit(const KalmanResult& r, float* chi2, 
     u32* len = lens + tb;                                                                     \
     float* chi2 = chi2s + tb;                                                                 \
     float* qop = qops + tb;                                                                   \
+    float* sq = sqops + tb;                                                                   \
     float* fst = firsts + (size_t)tb * 5;                                                     \
     u32* fl = flags + tb;                                                                     \
     u32* own = owner + hs;                                                                    \
@@ -266,7 +404,8 @@ __device__ __forceinline__ void ex_note_fit(const KalmanResult& r, float* chi2, 
     const int track_fit = xi[EXI_TRACK_FIT];                                                  \
     const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,                   \
                             slices, pf,     pd,        pi,       nodes};                      \
-    (void)nh; (void)min_hits; (void)max_chi2_ndf; (void)pair_cap; (void)track_fit; (void)T; (void)fst;
+    (void)nh; (void)min_hits; (void)max_chi2_ndf; (void)pair_cap; (void)track_fit; (void)T; (void)fst; \
+    (void)sq;
 
 // 1. The tracks kept, their working lists, their hits' owners and index.
 extern "C" __global__ void __launch_bounds__(EX_THREADS) ca_exchange_begin(EX_PARAMS) {
@@ -318,6 +457,7 @@ extern "C" __global__ void __launch_bounds__(EX_THREADS) ca_exchange_begin(EX_PA
         chi2[k] = track_fit ? EX_NAN : (ndf > 0 ? __uint_as_float(fw[21]) : CA_INF);
         const float q = __uint_as_float(fw[4]), v = __uint_as_float(fw[5 + 14]);
         qop[k] = fabsf(q) + 3.0f * sqrtf(fmaxf(v, 0.0f));
+        sq[k] = q;
         // The first hit's x, y and covariance (Exchange::first).
         const u32 from[5] = {0, 1, 5, 6, 7};
         for (int i = 0; i < 5; i++) fst[(size_t)5 * k + i] = track_fit ? EX_NAN : __uint_as_float(fw[from[i]]);
@@ -345,7 +485,7 @@ __device__ __forceinline__ void ex_fit_flagged(EX_PARAMS, u32 mask) {
         if (mask == EX_NEED) fl[k] = f & ~EX_NEED;
         KalmanResult r;
         ex_fit(L + (size_t)k * S, len[k], hx, hy, hp, T, r);
-        ex_note_fit(r, &chi2[k], &qop[k], fst + (size_t)5 * k);
+        ex_note_fit(r, &chi2[k], &qop[k], &sq[k], fst + (size_t)5 * k);
     }
 }
 
@@ -428,7 +568,7 @@ __device__ __forceinline__ void ex_pairs(EX_PARAMS) {
         if (i >= na) continue;
         const u32 h = la[i];
         const u32 p = hp[h];
-        const float wp = xfp[4 * p + 3];
+        const float wp = xfp[EXF_PER_PLANE * p + 3];
         const float w = fmaxf(wp, 1e-3f);
         const float x = hx[h], y = hy[h];
         // The cells of the hit grid (ca_hit_sorting.cu: by plane, cell, then x) about the
@@ -470,7 +610,7 @@ __device__ __forceinline__ void ex_pairs(EX_PARAMS) {
                             if (ha != EX_NONE && hb != EX_NONE) {
                                 const float dx1 = fabsf(hx[hb] - hx[ha]);
                                 const float dy1 = fabsf(hy[hb] - hy[ha]);
-                                const float w1 = xfp[4 * (p + 1) + 3];
+                                const float w1 = xfp[EXF_PER_PLANE * (p + 1) + 3];
                                 if (dx1 <= w1 && dy1 <= w1 && fmaxf(dx1, dy1) <= ex_window(xf, p + 1, 0, qq))
                                     continue;
                             }
@@ -540,6 +680,9 @@ extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_evalua
             const double s_new = s_now - ex_junction(xd, hx, hy, hp, ta, sa, tbl + sb, lb - sb) -
                                  ex_junction(xd, hx, hy, hp, tbl, sb, ta + sa, la - sa);
             if (s_new < -EX_PRE_TEST) continue;
+            if (ex_measured(xd, xf, ex_pri, ex_tents, n_planes, hx, hy, hp, qop, sq, a, b, ta, sa, la,
+                            tbl, sb, lb) < -EX_PRE_TEST)
+                continue;
         }
         // (Every test above is the same in both lanes: both reach the exchange below.)
         const u32* up = half ? tbl : ta;

@@ -164,17 +164,17 @@ fn kernel_tracks(
         );
         write_arg(d, "fh_d", &fh_d);
         write_arg(d, "fh_i", &fh_i);
-        // The pointing tents of the last pass's tables (the engine's last pass reaches over
-        // the missing planes).
-        let reach = if cfg.allow_missing_plane {
-            (1 + cfg.max_gap_planes).min(ca::MAX_REACH)
-        } else {
-            1
-        };
-        let last = CaTables::new(geo, cfg, reach);
-        write_arg(d, "pair_i32", &last.pair_i32);
-        write_arg(d, "tents", &last.tents);
     }
+    // The tents of the last pass's tables (the engine's last pass reaches over the missing
+    // planes): the first hits' pointing, the exchange's kinks' bending.
+    let reach = if cfg.allow_missing_plane {
+        (1 + cfg.max_gap_planes).min(ca::MAX_REACH)
+    } else {
+        1
+    };
+    let last = CaTables::new(geo, cfg, reach);
+    write_arg(d, "pair_i32", &last.pair_i32);
+    write_arg(d, "tents", &last.tents);
     write_arg(d, "pairs_per_track", &[EXCHANGE_PAIRS_PER_TRACK as u32]);
     write_arg(d, "trk_n", &batch.trk_n);
     write_arg(d, "trk_base", &batch.trk_base);

@@ -1152,8 +1152,8 @@ pub const EXCHANGE_MAX_PLANES: usize = 63;
 pub const EXCHANGE_PAIRS_PER_TRACK: usize = 32;
 /// Floats and doubles of the exchange step's parameters before the planes'
 /// (`EXF_PLANES`, `EXD_PLANES`), and per plane.
-const EXCHANGE_F32: usize = 1;
-const EXCHANGE_F32_PER_PLANE: usize = 4;
+const EXCHANGE_F32: usize = 8;
+const EXCHANGE_F32_PER_PLANE: usize = 5;
 const EXCHANGE_F64: usize = 3;
 const EXCHANGE_F64_PER_PLANE: usize = 5;
 
@@ -1168,6 +1168,14 @@ pub fn exchange_params(
     let n = cuts.window_mm.len();
     let mut f = vec![0.0f32; EXCHANGE_F32 + EXCHANGE_F32_PER_PLANE * n];
     f[0] = cuts.qop_ref;
+    if let Some(jb) = &cuts.bending {
+        f[1] = 1.0;
+        if let Some(b) = jb.uniform {
+            f[2] = 1.0;
+            f[3..6].copy_from_slice(&b);
+        }
+        f[6..8].copy_from_slice(&jb.origin);
+    }
     let mut d = vec![0.0f64; EXCHANGE_F64 + EXCHANGE_F64_PER_PLANE * n];
     d[0] = cuts.max_chi2_ndf;
     d[1] = cut.max_qop;
@@ -1178,6 +1186,10 @@ pub fn exchange_params(
         f[o + 1] = cuts.scatter_mm[p][0];
         f[o + 2] = cuts.scatter_mm[p][1];
         f[o + 3] = cuts.window_mm[p];
+        f[o + 4] = cuts
+            .bending
+            .as_ref()
+            .map_or(0.0, |jb| jb.tables.inv_lever[p]);
         let o = EXCHANGE_F64 + EXCHANGE_F64_PER_PLANE * p;
         d[o] = cuts.z_mm[p];
         d[o + 1] = cuts.kink_var[p];
@@ -1194,8 +1206,9 @@ pub fn exchange_params(
 }
 
 /// The exchange of segments on the device ([`GpuCaEngine::set_exchange`]): its parameters
-/// and scratch, per packed track (its working hit list, chi-square, |q/p|, its fit's x, y
-/// and their covariance at the first hit, flags, its share of pairs and gains) and per hit
+/// and scratch, per packed track (its working hit list, chi-square, |q/p| bound, q/p, its
+/// fit's x, y and their covariance at the first hit, flags, its share of pairs and gains)
+/// and per hit
 /// (its track); the pairs are found through the grid the hits were sorted into at the
 /// launch's start.
 struct ExchangeDevice {
@@ -1206,6 +1219,7 @@ struct ExchangeDevice {
     lens: DeviceBuffer<u32>,
     chi2: DeviceBuffer<f32>,
     qop: DeviceBuffer<f32>,
+    q: DeviceBuffer<f32>,
     first: DeviceBuffer<f32>,
     owner: DeviceBuffer<u32>,
     pairs: DeviceBuffer<u32>,
@@ -1225,7 +1239,7 @@ struct ExchangeDevice {
 impl ExchangeDevice {
     /// Bytes of its scratch for `limits` and `n_planes`.
     fn scratch_bytes(l: &CaLimits, n_planes: usize) -> usize {
-        let per_track = 4 * (n_planes + 9) + EXCHANGE_PAIRS_PER_TRACK * (4 + 2 * 8);
+        let per_track = 4 * (n_planes + 10) + EXCHANGE_PAIRS_PER_TRACK * (4 + 2 * 8);
         per_track * l.max_candidates
             + 4 * l.max_hits
             + 4 * (1 + EXCHANGE_STATE_WORDS) * l.max_events
@@ -1250,6 +1264,7 @@ impl ExchangeDevice {
             lens: DeviceBuffer::new(ctx, slots)?,
             chi2: DeviceBuffer::new(ctx, slots)?,
             qop: DeviceBuffer::new(ctx, slots)?,
+            q: DeviceBuffer::new(ctx, slots)?,
             first: DeviceBuffer::new(ctx, 5 * slots)?,
             owner: DeviceBuffer::new(ctx, l.max_hits)?,
             pairs: DeviceBuffer::new(ctx, pairs)?,
@@ -3137,6 +3152,8 @@ impl GpuCaEngine {
         // The hits sorted into the grid at the launch's start (every pass has the same
         // grid: the first's tables).
         let grid = &self.passes[0];
+        // The tents of the last pass's tables (the kinks' bending, as the first hits').
+        let last = &self.passes[self.passes.len() - 1];
         let (tpi, tpf, tpd) = match &self.track_fit {
             Some((i, fl, d)) => (i.ptr(), fl.ptr(), d.ptr()),
             None => (f.ints.ptr(), f.floats.ptr(), f.doubles.ptr()),
@@ -3158,7 +3175,8 @@ impl GpuCaEngine {
             Ptr(f.rows32.ptr()), Ptr(f.rows64.ptr()), Ptr(f.gap_steps.ptr()),
             Ptr(f.gap_kind.ptr()), Ptr(f.gap_slice.ptr()), Ptr(f.slices.ptr()),
             Ptr(f.floats.ptr()), Ptr(f.doubles.ptr()), Ptr(f.ints.ptr()), Ptr(f.nodes.ptr()),
-            Ptr(tpf), Ptr(tpd), Ptr(tpi)];
+            Ptr(tpf), Ptr(tpd), Ptr(tpi), Ptr(last.pair_i32.ptr()), Ptr(last.tents.ptr()),
+            Ptr(x.q.ptr())];
         let sms = self.device.multiprocessors.max(1) as u32;
         let wide = (EXCHANGE_BLOCKS_PER_SM * sms)
             .div_ceil(e.max(1) as u32)

@@ -75,6 +75,10 @@ int main(int argc, char** argv) {
     const unsigned pairs_per_track = (unsigned)read<unsigned>(dir, "pairs_per_track").at(0);
     std::vector<unsigned> lists(n_planes * n_tracks, 0xdeadbeefu), lens(n_tracks, 0xdeadbeefu);
     std::vector<float> chi2s(n_tracks, NAN), qops(n_tracks, NAN), firsts(5 * n_tracks, NAN);
+    std::vector<float> sqops(n_tracks, NAN);
+    // The last pass's tents (the kinks' bending and the first hits' pointing).
+    const auto pair_i32 = read<int>(dir, "pair_i32");
+    const auto tents = read<float>(dir, "tents");
     std::vector<unsigned> flags(n_tracks, 0xdeadbeefu), owner(in_x.size(), 0xdeadbeefu);
     std::vector<unsigned> pairs(pairs_per_track * n_tracks, 0xdeadbeefu);
     std::vector<unsigned long long> gains(2 * pairs.size(), 0xdeadbeefdeadbeefull);
@@ -90,7 +94,8 @@ int main(int argc, char** argv) {
                0xffffffffu, state.data(), ex_failed.data(), n_active.data(), ft.rows32.data(),
                ft.rows64.data(), ft.gap_steps.data(), ft.gap_kind.data(), ft.gap_slice.data(),
                ft.slices.data(), ft.pf.data(), ft.pd.data(), ft.pi.data(), ft.nodes.data(),
-               tf.pf.data(), tf.pd.data(), tf.pi.data());
+               tf.pf.data(), tf.pd.data(), tf.pi.data(), pair_i32.data(), tents.data(),
+               sqops.data());
     };
     if (exchange) {
         launch_blocks(EX_THREADS, 1, n_events, [&] { step(ca_exchange_begin); });
@@ -119,8 +124,6 @@ int main(int argc, char** argv) {
     if (first_hits) {
         const auto fh_d = read<double>(dir, "fh_d");
         const auto fh_i = read<int>(dir, "fh_i");
-        const auto pair_i32 = read<int>(dir, "pair_i32");
-        const auto tents = read<float>(dir, "tents");
         const size_t n_hits = in_x.size();
         std::vector<double> pred_d(8 * n_tracks, NAN);
         std::vector<unsigned> pred_u(8 * n_tracks, 0xdeadbeefu), pool_h(2 * n_hits, 0xdeadbeefu);
