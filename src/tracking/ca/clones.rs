@@ -175,8 +175,9 @@ pub fn mark_clones(
     // With up to 64 planes only tracks on planes disjoint from the short track's can be
     // its longer piece: the tracks by mask (ids sorted by mask, then index, after the
     // masks; then the start of each run of one mask), so a short track visits the runs,
-    // not every track, and gathers the ids of the disjoint runs (after the run starts),
-    // then tries them in increasing index as the scan of every track did.
+    // not every track, and tries the tracks of the disjoint runs. The order of the tries
+    // does not matter: a try changes nothing, and the short track is a clone where any
+    // succeeds.
     let grouped = n_planes <= 64;
     let runs_at = 2 * n;
     if grouped {
@@ -267,22 +268,14 @@ pub fn mark_clones(
         };
         let found = if grouped {
             // Planes must be disjoint (most tracks share one with any short track).
-            let gathered = masks.len();
-            let n_runs = gathered - runs_at - 1;
-            for r in 0..n_runs {
-                let (s0, s1) = (masks[runs_at + r] as usize, masks[runs_at + r + 1] as usize);
-                if masks[masks[n + s0] as usize] & mb == 0 {
-                    for j in s0..s1 {
-                        masks.push(masks[n + j]);
-                    }
-                }
-            }
-            masks[gathered..].sort_unstable();
-            let found = masks[gathered..]
-                .iter()
-                .any(|&ia| clone_of(ia as usize, masks[ia as usize], marks));
-            masks.truncate(gathered);
-            found
+            let runs = &masks[runs_at..];
+            runs.windows(2).any(|run| {
+                let ids = &masks[n + run[0] as usize..n + run[1] as usize];
+                masks[ids[0] as usize] & mb == 0
+                    && ids
+                        .iter()
+                        .any(|&ia| clone_of(ia as usize, masks[ia as usize], marks))
+            })
         } else {
             (0..n).any(|ia| clone_of(ia, masks[ia], marks))
         };
