@@ -20,16 +20,16 @@
 //! pair's measured momentum, where no momentum makes the exchanged tracks' junctions as
 //! good ([`Exchange::measured_score`]: in a magnet's gap the straight chords hold the
 //! bending, and the minimum momentum's scattering is many times a fast track's); an
-//! exchange of the two tracks' first hits alone, which those tests hardly ever refuse, is fitted only where the gain its fits'
-//! last updates predict ([`first_hit_gain`]) comes within [`FIRST_HIT_SLACK`] of
-//! [`MIN_GAIN`] (on the drawn central samples, one in eight of those exchanges). A trial
-//! fit's retry with another seed is made only where its first attempt comes within
-//! [`RETRY_WITHIN`] times what the exchange can afford. The
-//! exchanges are made in rounds: every pair is evaluated on the tracks as they are, the
-//! exchanges are taken by decreasing gain, each track in at most one per round (ties by
-//! the pair's order), and the pairs that touch a changed track are evaluated again in the
-//! next round, so a chain of crossings (three tracks whose upstream segments are each
-//! other's) resolves one exchange at a time. The result depends on the tracks and hits
+//! exchange of the two tracks' first hits alone, which those tests hardly ever refuse,
+//! is fitted only where the gain its fits' last updates predict ([`first_hit_gain`])
+//! comes within [`FIRST_HIT_SLACK`] of [`MIN_GAIN`] (on the drawn central samples, one
+//! in eight of those exchanges). A trial fit's retry with another seed is made only
+//! where its first attempt comes within [`RETRY_WITHIN`] times what the exchange can
+//! afford. The exchanges are made in rounds: every pair is evaluated on the tracks as
+//! they are, the exchanges are taken by decreasing gain, each track in at most one per
+//! round (ties by the pair's order), and the pairs that touch a changed track are
+//! evaluated again in the next round, so a chain of crossings (three tracks whose
+//! upstream segments are each other's) resolves one exchange at a time. The result depends on the tracks and hits
 //! only, not on an order of evaluation.
 //!
 //! It runs, where [`FinderConfig::exchange_segments`] asks for it (the default: it adds
@@ -76,7 +76,7 @@ struct TrackFits {
     chi2: Vec<f32>,
     /// Per track: its largest |q/p| (fitted plus three standard deviations).
     qop: Vec<f32>,
-    /// Per track: its q/p (the bending [`measured_score`] takes away).
+    /// Per track: its q/p (the bending [`Exchange::measured_score`] takes away).
     q: Vec<f32>,
     /// Per track: x, y and their covariance (xx, yx, yy) at its first hit, from the fit
     /// whose chi-square is in `chi2` ([`first_hit_gain`]).
@@ -170,8 +170,8 @@ pub struct ExchangeCuts {
     /// Per plane: the variances of a hit's x and y (the fit's measurement).
     pub hit_var: Vec<[f64; 2]>,
     /// The field's bending of a kink, where the tracks' momenta are measured
-    /// ([`measured_score`]): the tent tables of the plane triples, or the uniform field,
-    /// and the origin their lines start from (x, y).
+    /// ([`Exchange::measured_score`]): the tent tables of the plane triples, or the uniform
+    /// field, and the origin their lines start from (x, y).
     pub bending: Option<JunctionBending>,
 }
 
