@@ -127,34 +127,6 @@ __device__ __forceinline__ u32 ex_on_plane(const u32* list, u32 len, const u32* 
     return EX_NONE;
 }
 
-// The squared kink at m between l and r, in units of its scattering and resolution
-// (junction_score's kink).
-__device__ __forceinline__ double ex_kink(const double* __restrict__ xd, const float* hx,
-                                          const float* hy, const u32* hp, u32 l, u32 m, u32 r) {
-    const u32 pl = hp[l], pm = hp[m], pr = hp[r];
-    const double xl = (double)hx[l], yl = (double)hy[l];
-    const double xm = (double)hx[m], ym = (double)hy[m];
-    const double xr = (double)hx[r], yr = (double)hy[r];
-    const double* P = xd + EXD_PLANES;
-    const double g1 = P[EXD_PER_PLANE * pm] - P[EXD_PER_PLANE * pl];
-    const double g2 = P[EXD_PER_PLANE * pr] - P[EXD_PER_PLANE * pm];
-    const double kx = (xr - xm) / g2 - (xm - xl) / g1;
-    const double ky = (yr - ym) / g2 - (ym - yl) / g1;
-    const double s = 1.0 / g1 + 1.0 / g2;
-    const double var = P[EXD_PER_PLANE * pm + 1] + P[EXD_PER_PLANE * pm + 2] * (s * s) +
-                       P[EXD_PER_PLANE * pl + 2] / (g1 * g1) + P[EXD_PER_PLANE * pr + 2] / (g2 * g2);
-    return (kx * kx + ky * ky) / var;
-}
-
-// junction_score of segments up (nu hits) and down (nd hits).
-__device__ double ex_junction(const double* __restrict__ xd, const float* hx, const float* hy,
-                              const u32* hp, const u32* up, u32 nu, const u32* down, u32 nd) {
-    double s = 0.0;
-    if (nu >= 2) s += ex_kink(xd, hx, hy, hp, up[nu - 2], up[nu - 1], down[0]);
-    if (nd >= 2) s += ex_kink(xd, hx, hy, hp, up[nu - 1], down[0], down[1]);
-    return s;
-}
-
 // A kink of junction_kinks: the change of slope, the scattering's variance at the minimum
 // momentum, the resolution's three terms, the planes, the middle hit, the outer chord's
 // slopes and span.
@@ -194,6 +166,23 @@ __device__ __forceinline__ ExKink ex_kink_of(const double* __restrict__ xd, cons
 // Kink::var.
 __device__ __forceinline__ double ex_kink_var(const ExKink& k, double s2) {
     return k.scatter * s2 + k.r0 + k.r1 + k.r2;
+}
+
+// The squared kink at m between l and r, in units of its scattering and resolution
+// (straight_score's term).
+__device__ __forceinline__ double ex_kink(const double* __restrict__ xd, const float* hx,
+                                          const float* hy, const u32* hp, u32 l, u32 m, u32 r) {
+    const ExKink k = ex_kink_of(xd, hx, hy, hp, l, m, r);
+    return (k.kx * k.kx + k.ky * k.ky) / ex_kink_var(k, 1.0);
+}
+
+// straight_score of the junction of segments up (nu hits) and down (nd hits).
+__device__ double ex_junction(const double* __restrict__ xd, const float* hx, const float* hy,
+                              const u32* hp, const u32* up, u32 nu, const u32* down, u32 nd) {
+    double s = 0.0;
+    if (nu >= 2) s += ex_kink(xd, hx, hy, hp, up[nu - 2], up[nu - 1], down[0]);
+    if (nd >= 2) s += ex_kink(xd, hx, hy, hp, up[nu - 1], down[0], down[1]);
+    return s;
 }
 
 // Kink::bend: the change of slope the field gives per unit q/p (NaN where no table holds

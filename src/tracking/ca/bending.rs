@@ -407,9 +407,13 @@ impl Bending {
         self.pointing.get(i * self.n_planes + j)?.as_ref()
     }
 
-    /// The triplet tent's table of planes `(i, j, j + 1 + s)`.
+    /// The triplet tent's table of planes `(i, j, j + 1 + s)` (`None` where there is none:
+    /// `j <= i`, planes further apart than [`MAX_REACH`], or past the last plane).
     #[inline(always)]
     pub fn triple(&self, i: usize, j: usize, s: usize) -> Option<&TentTable> {
+        if j >= self.n_planes || s >= MAX_REACH {
+            return None;
+        }
         self.triple
             .get((i * self.n_planes + j) * MAX_REACH + s)?
             .as_ref()
@@ -541,6 +545,9 @@ mod tests {
         }
         assert_eq!(pairs, 3 + 3 + 2 + 1);
         assert!(b.triple(3, 4, 0).is_none() && b.pair(3, 4).is_some());
+        // No alias of another triple's slot past the reach.
+        assert!(b.triple(0, 1, 1).is_some() && b.triple(0, 2, 0).is_some());
+        assert!(b.triple(0, 1, MAX_REACH).is_none());
     }
 
     #[test]

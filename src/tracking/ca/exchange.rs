@@ -194,10 +194,10 @@ impl JunctionBending {
         if let Some(b) = self.uniform {
             return b;
         }
-        let table = (m > l && r > m && r - m - 1 < super::MAX_REACH)
-            .then(|| self.tables.triple(l, m, r - m - 1))
-            .flatten();
-        match table {
+        match r
+            .checked_sub(m + 1)
+            .and_then(|s| self.tables.triple(l, m, s))
+        {
             Some(t) => {
                 let inv = self.tables.inv_lever[m];
                 t.at((x - self.origin[0]) * inv, (y - self.origin[1]) * inv)
