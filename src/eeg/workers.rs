@@ -1,9 +1,9 @@
 //! A fixed set of helper threads for the EEG product on the CPU, started once with the
 //! backend: the thread that owns a block runs part 0 of it and `n - 1` helpers run the
 //! other parts, so a block on `n` threads costs one wake-up and one wait, and no thread
-//! start or allocation. Helpers spin for a short while after each block (frames of one
-//! stream arrive every few hundred microseconds at kHz rates) and then sleep until the
-//! next one.
+//! start or allocation (the helpers have started when `Workers::new` returns). Helpers
+//! spin for a short while after each block (frames of one stream arrive every few hundred
+//! microseconds at kHz rates) and then sleep until the next one.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
@@ -29,6 +29,8 @@ struct Shared {
     /// A helper's part panicked in the current block.
     panicked: AtomicBool,
     stop: AtomicBool,
+    /// Helpers that have started and wait for blocks.
+    started: AtomicUsize,
 }
 
 /// Helper threads for splitting a block over `threads()` cores.
@@ -51,6 +53,7 @@ impl Workers {
             done: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            started: AtomicUsize::new(0),
         });
         let mut helpers = Vec::with_capacity(threads.saturating_sub(1));
         for part in 1..threads.max(1) {
@@ -66,6 +69,12 @@ impl Workers {
                     return Err(e);
                 }
             }
+        }
+        // A thread allocates as it starts (its name, its thread-locals): wait until every
+        // helper has, so that none of it falls into the first blocks, however late the
+        // scheduler runs the new threads on a busy machine.
+        while shared.started.load(Ordering::Acquire) < helpers.len() {
+            std::thread::yield_now();
         }
         Ok(Self { shared, helpers })
     }
@@ -126,6 +135,7 @@ impl Drop for Wait<'_> {
 }
 
 fn helper(shared: &Shared, part: usize) {
+    shared.started.fetch_add(1, Ordering::Release);
     let mut seen = 0u64;
     loop {
         let idle = Instant::now();
