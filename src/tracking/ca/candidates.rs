@@ -237,6 +237,8 @@ pub(crate) fn lookahead_score(buf: &CaBuffers, link: &ChainQop, l: usize) -> f32
 
 /// Longest chain a candidate can have (one hit per plane).
 pub(crate) const MAX_CHAIN: usize = crate::tracking::kalman::MAX_PLANES;
+// The choice's sort keys hold a candidate's number of hits in 8 bits.
+const _: () = assert!(MAX_CHAIN < 256);
 
 /// Left neighbours whose scores ([`ChainQop::score`]) differ by less than this are as good as each
 /// other (about one standard deviation of the difference of two chi-squares of two degrees
@@ -388,18 +390,29 @@ fn choose(
     fit_ns: &mut u64,
 ) {
     let n = buf.candidates.len();
-    // Order of this chunk: reuse the tail of scratch.
+    // Order of this chunk: longest first, then by chi2/ndf (`total_cmp`), then by index.
+    let key = |c: &Candidate| {
+        if c.ndf > 0 {
+            c.chi2 / c.ndf as f32
+        } else {
+            f32::INFINITY
+        }
+    };
     buf.scratch_u32.clear();
-    buf.scratch_u32.extend(from as u32..n as u32);
-    {
+    if n - from < 1 << 24 {
+        // As one integer per candidate (hits below 256, the chunk's index in 24 bits),
+        // sorted; `order_keys` is free once the end triplets are in `order`.
+        let keys = &mut buf.order_keys;
+        keys.clear();
+        keys.extend(buf.candidates[from..].iter().enumerate().map(|(k, c)| {
+            (255 - c.len as u64) << 56 | (total_key(key(c)) as u64) << 24 | k as u64
+        }));
+        keys.sort_unstable();
+        buf.scratch_u32
+            .extend(keys.iter().map(|&k| from as u32 + (k & 0xff_ffff) as u32));
+    } else {
+        buf.scratch_u32.extend(from as u32..n as u32);
         let cands = &buf.candidates;
-        let key = |c: &Candidate| {
-            if c.ndf > 0 {
-                c.chi2 / c.ndf as f32
-            } else {
-                f32::INFINITY
-            }
-        };
         buf.scratch_u32.sort_unstable_by(|&a, &b| {
             let (ca, cb) = (&cands[a as usize], &cands[b as usize]);
             cb.len
