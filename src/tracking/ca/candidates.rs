@@ -237,8 +237,9 @@ pub(crate) fn lookahead_score(buf: &CaBuffers, link: &ChainQop, l: usize) -> f32
 
 /// Longest chain a candidate can have (one hit per plane).
 pub(crate) const MAX_CHAIN: usize = crate::tracking::kalman::MAX_PLANES;
-// The choice's sort keys hold a candidate's number of hits in 8 bits.
-const _: () = assert!(MAX_CHAIN < 256);
+// The choice's sort keys hold a candidate's number of hits in 8 bits and its index in
+// the chunk in 24.
+const _: () = assert!(MAX_CHAIN < 256 && CHUNK < 1 << 24);
 
 /// Left neighbours whose scores ([`ChainQop::score`]) differ by less than this are as good as each
 /// other (about one standard deviation of the difference of two chi-squares of two degrees
@@ -398,29 +399,22 @@ fn choose(
             f32::INFINITY
         }
     };
+    // As one integer per candidate, sorted: 255 less its hits, chi2/ndf, its index in the
+    // chunk (at most `CHUNK + 1` candidates: 24 bits). `order_keys` is free once the end
+    // triplets are in `order`.
+    debug_assert!(n - from <= CHUNK + 1);
+    let keys = &mut buf.order_keys;
+    keys.clear();
+    keys.extend(
+        buf.candidates[from..]
+            .iter()
+            .enumerate()
+            .map(|(k, c)| (255 - c.len as u64) << 56 | (total_key(key(c)) as u64) << 24 | k as u64),
+    );
+    keys.sort_unstable();
     buf.scratch_u32.clear();
-    if n - from < 1 << 24 {
-        // As one integer per candidate (hits below 256, the chunk's index in 24 bits),
-        // sorted; `order_keys` is free once the end triplets are in `order`.
-        let keys = &mut buf.order_keys;
-        keys.clear();
-        keys.extend(buf.candidates[from..].iter().enumerate().map(|(k, c)| {
-            (255 - c.len as u64) << 56 | (total_key(key(c)) as u64) << 24 | k as u64
-        }));
-        keys.sort_unstable();
-        buf.scratch_u32
-            .extend(keys.iter().map(|&k| from as u32 + (k & 0xff_ffff) as u32));
-    } else {
-        buf.scratch_u32.extend(from as u32..n as u32);
-        let cands = &buf.candidates;
-        buf.scratch_u32.sort_unstable_by(|&a, &b| {
-            let (ca, cb) = (&cands[a as usize], &cands[b as usize]);
-            cb.len
-                .cmp(&ca.len)
-                .then(key(ca).total_cmp(&key(cb)))
-                .then(a.cmp(&b))
-        });
-    }
+    buf.scratch_u32
+        .extend(keys.iter().map(|&k| from as u32 + (k & 0xff_ffff) as u32));
     for i in 0..buf.scratch_u32.len() {
         let k = buf.scratch_u32[i] as usize;
         let c = buf.candidates[k];
