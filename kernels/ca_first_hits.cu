@@ -288,19 +288,90 @@ __device__ void fh_sort_edges(FhEdge* v, u32 n) {
     });
 }
 
-// Sorts the first n (a power of two) pool entries (key, hit) of global arrays by key,
-// then hit.
-__device__ void fh_sort_pool(unsigned long long* key, u32* hit, u32 n) {
-    fh_bitonic(n, [&](u32 i, u32 ixj, bool up) {
-        const unsigned long long ka = key[i], kb = key[ixj];
-        const u32 ha = hit[i], hb = hit[ixj];
-        if ((kb < ka || (kb == ka && hb < ha)) == up) {
-            key[i] = kb;
-            key[ixj] = ka;
-            hit[i] = hb;
-            hit[ixj] = ha;
+// Entries of the pool's sort held in shared memory at once (a power of two, two per
+// thread: a step of the network is one exchange per thread). A smaller value in
+// TRIGD_KERNEL_OPTIONS sorts more pools over several tiles, to check it.
+#ifndef FH_TILE
+#define FH_TILE (2 * FH_THREADS)
+#endif
+static_assert(FH_TILE <= 2 * FH_THREADS && FH_TILE <= 1024 && (FH_TILE & (FH_TILE - 1)) == 0,
+              "a power of two, at most an exchange per thread, its keys held in s_key");
+
+// The exchange of pool entries i < ixj of a tile (key, hit) into ascending order where up.
+__device__ __forceinline__ void fh_pool_exchange(unsigned long long* k, u32* h, u32 i, u32 ixj,
+                                                 bool up) {
+    const unsigned long long ka = k[i], kb = k[ixj];
+    const u32 ha = h[i], hb = h[ixj];
+    if ((kb < ka || (kb == ka && hb < ha)) == up) {
+        k[i] = kb;
+        k[ixj] = ka;
+        h[i] = hb;
+        h[ixj] = ha;
+    }
+}
+
+// The steps j = from, from / 2, ..., 1 of the network's stage k on the tile of entries
+// [t0, t0 + FH_TILE) in shared memory (s_k, s_h): each thread one exchange per step, its
+// pair's first entry at p's place among the pairs with the bits below j as they are.
+__device__ void fh_pool_tile_steps(unsigned long long* s_k, u32* s_h, u32 t0, u32 k, u32 from) {
+    const u32 p = threadIdx.x;
+    for (u32 j = from; j > 0; j >>= 1) {
+        if (p < FH_TILE / 2) {
+            const u32 i = ((p & ~(j - 1)) << 1) | (p & (j - 1));
+            fh_pool_exchange(s_k, s_h, i, i + j, ((t0 + i) & k) == 0);
         }
-    });
+        __syncthreads();
+    }
+}
+
+// Sorts the first n (a power of two) pool entries (key, hit) of global arrays by key,
+// then hit: a bitonic network whose steps within a tile (j < FH_TILE) run on the tile in
+// shared memory (s_k, s_h: FH_TILE entries each), one tile after the other, and the
+// longer steps in global memory. The result is the network's, the sorted entries.
+__device__ void fh_sort_pool(unsigned long long* key, u32* hit, u32 n, unsigned long long* s_k,
+                             u32* s_h) {
+    const u32 tid = threadIdx.x;
+    const u32 tile = n < FH_TILE ? n : FH_TILE;
+    // The tile's entries through shared memory: every stage up to the tile's size, or
+    // (from > 0) the steps below FH_TILE of stage k.
+    auto tiles = [&](u32 k, u32 from) {
+        for (u32 t0 = 0; t0 < n; t0 += tile) {
+            for (u32 i = tid; i < tile; i += FH_THREADS) {
+                s_k[i] = key[t0 + i];
+                s_h[i] = hit[t0 + i];
+            }
+            __syncthreads();
+            if (from == 0) {
+                for (u32 kk = 2; kk <= tile; kk <<= 1) {
+                    for (u32 j = kk >> 1; j > 0; j >>= 1) {
+                        if (tid < tile / 2) {
+                            const u32 i = ((tid & ~(j - 1)) << 1) | (tid & (j - 1));
+                            fh_pool_exchange(s_k, s_h, i, i + j, ((t0 + i) & kk) == 0);
+                        }
+                        __syncthreads();
+                    }
+                }
+            } else {
+                fh_pool_tile_steps(s_k, s_h, t0, k, from);
+            }
+            for (u32 i = tid; i < tile; i += FH_THREADS) {
+                key[t0 + i] = s_k[i];
+                hit[t0 + i] = s_h[i];
+            }
+            __syncthreads();
+        }
+    };
+    tiles(0, 0);
+    for (u32 k = 2 * FH_TILE; k <= n; k <<= 1) {
+        for (u32 j = k >> 1; j >= FH_TILE; j >>= 1) {
+            for (u32 p = tid; p < n / 2; p += FH_THREADS) {
+                const u32 i = ((p & ~(j - 1)) << 1) | (p & (j - 1));
+                fh_pool_exchange(key, hit, i, i + j, (i & k) == 0);
+            }
+            __syncthreads();
+        }
+        tiles(k, FH_TILE / 2);
+    }
 }
 
 // Fits a packed track (tr: its first hit in the packed hits, its length) with tables T.
@@ -350,6 +421,8 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
     __shared__ u32 s_taken[FH_HIT_WORDS];
     __shared__ u32 s_asg[FH_MAX_PREDS / 32];
     __shared__ unsigned long long s_key[1024];
+    // The pool sort's tile: its keys in s_key, its hits here.
+    __shared__ u32 s_pool_hit[FH_TILE];
     __shared__ double s_centre[2], s_var[2], s_row_h;
     __shared__ u32 s_flag;
     const u32 e = blockIdx.y;
@@ -586,7 +659,7 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
             ph[q] = FH_NONE;
         }
         __syncthreads();
-        if (npool > 1) fh_sort_pool(pk, ph, n_ps);
+        if (npool > 1) fh_sort_pool(pk, ph, n_ps, s_key, s_pool_hit);
     }
     FH_CLOCK(5);
     // 5. Every pair within the cut: counted, then written.

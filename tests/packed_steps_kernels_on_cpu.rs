@@ -48,6 +48,20 @@ fn kernel_binary() -> &'static Path {
     kernels_on_cpu::compiled(&BINARY, "ca_packed_steps.cpp", "ca_packed_steps_on_cpu")
 }
 
+/// The same, with the first hits' pool sorted in tiles of 64 entries (`FH_TILE`; on the
+/// device, 1,024), so that every central event's pool takes the sort's steps across tiles
+/// in global memory as well as those within a tile.
+fn kernel_binary_small_tiles() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        kernels_on_cpu::finish(kernels_on_cpu::start(
+            "ca_packed_steps.cpp",
+            "ca_packed_steps_small_tiles_on_cpu",
+            &["FH_TILE=64".to_string()],
+        ))
+    })
+}
+
 /// A fit's words as the candidate step stores them (`store_fit` in
 /// `kernels/ca_candidates.cu`): state, covariance, z, chi-square as floats, ndf, ok.
 fn fit_words(f: &FitOutput) -> [u32; 24] {
@@ -118,6 +132,8 @@ const SEARCH: u32 = 3;
 struct Steps {
     exchange: bool,
     first_hits: bool,
+    /// The first hits' pool sorted in tiles of 64 entries ([`kernel_binary_small_tiles`]).
+    small_tiles: bool,
 }
 
 /// Runs `steps` on `batch`; the events' tracks as the GPU tracker writes them (clones and
@@ -195,7 +211,12 @@ fn kernel_tracks(
     kernels_on_cpu::write_fit_tables(d, &t);
     let tt = track_fitter.as_ref().map(FitTables::new);
     kernels_on_cpu::write_track_fit(d, &t, tt.as_ref());
-    kernels_on_cpu::run(kernel_binary(), d);
+    let binary = if steps.small_tiles {
+        kernel_binary_small_tiles()
+    } else {
+        kernel_binary()
+    };
+    kernels_on_cpu::run(binary, d);
     for name in ["failed", "fh_failed"] {
         let failed = read_words(d, name);
         assert!(
@@ -350,6 +371,7 @@ fn the_exchange_kernels_give_the_cpus_tracks_on_every_shipped_detector() {
     let steps = Steps {
         exchange: true,
         first_hits: false,
+        small_tiles: false,
     };
     let mut made = 0;
     for (name, det, sim, n) in detectors() {
@@ -366,10 +388,28 @@ fn the_first_hit_kernel_after_the_exchange_gives_the_cpus_tracks() {
     let steps = Steps {
         exchange: true,
         first_hits: true,
+        small_tiles: false,
     };
     let mut changed = 0;
     for (name, det, sim, n) in detectors() {
         changed += agree(name, &det, &sim, 75, n.min(4), steps).1;
+    }
+    assert!(changed > 0, "the first-hit step changed no track");
+}
+
+/// The same with the pool sorted over tiles of 64 entries: a central event's pool of
+/// thousands of entries takes the sort's long steps in global memory between the tiles'
+/// steps in shared memory, and the tracks stay the CPU's.
+#[test]
+fn the_first_hit_kernel_sorting_its_pool_over_many_tiles_gives_the_cpus_tracks() {
+    let steps = Steps {
+        exchange: true,
+        first_hits: true,
+        small_tiles: true,
+    };
+    let mut changed = 0;
+    for (name, det, sim, n) in detectors().into_iter().take(2) {
+        changed += agree(name, &det, &sim, 76, n.min(2), steps).1;
     }
     assert!(changed > 0, "the first-hit step changed no track");
 }
