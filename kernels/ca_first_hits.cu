@@ -297,7 +297,7 @@ __device__ void fh_sort_edges(FhEdge* v, u32 n) {
 static_assert(FH_TILE <= 2 * FH_THREADS && FH_TILE <= 1024 && (FH_TILE & (FH_TILE - 1)) == 0,
               "a power of two, at most an exchange per thread, its keys held in s_key");
 
-// The exchange of pool entries i < ixj of a tile (key, hit) into ascending order where up.
+// The exchange of pool entries i < ixj (key, hit arrays) into ascending order where up.
 __device__ __forceinline__ void fh_pool_exchange(unsigned long long* k, u32* h, u32 i, u32 ixj,
                                                  bool up) {
     const unsigned long long ka = k[i], kb = k[ixj];
@@ -310,14 +310,20 @@ __device__ __forceinline__ void fh_pool_exchange(unsigned long long* k, u32* h, 
     }
 }
 
-// The steps j = from, from / 2, ..., 1 of the network's stage k on the tile of entries
-// [t0, t0 + FH_TILE) in shared memory (s_k, s_h): each thread one exchange per step, its
-// pair's first entry at p's place among the pairs with the bits below j as they are.
-__device__ void fh_pool_tile_steps(unsigned long long* s_k, u32* s_h, u32 t0, u32 k, u32 from) {
-    const u32 p = threadIdx.x;
+// The first entry of pair p of a network's step of width j: p's place among the pairs,
+// with the bits below j as they are.
+__device__ __forceinline__ u32 fh_pair(u32 p, u32 j) {
+    return ((p & ~(j - 1)) << 1) | (p & (j - 1));
+}
+
+// The steps j = from, from / 2, ..., 1 of the network's stage k on a tile of 2 * pairs
+// entries, [t0, t0 + 2 * pairs), in shared memory (s_k, s_h): one exchange per thread
+// per step.
+__device__ void fh_pool_tile_steps(unsigned long long* s_k, u32* s_h, u32 t0, u32 k, u32 from,
+                                   u32 pairs) {
     for (u32 j = from; j > 0; j >>= 1) {
-        if (p < FH_TILE / 2) {
-            const u32 i = ((p & ~(j - 1)) << 1) | (p & (j - 1));
+        if (threadIdx.x < pairs) {
+            const u32 i = fh_pair(threadIdx.x, j);
             fh_pool_exchange(s_k, s_h, i, i + j, ((t0 + i) & k) == 0);
         }
         __syncthreads();
@@ -332,27 +338,20 @@ __device__ void fh_sort_pool(unsigned long long* key, u32* hit, u32 n, unsigned 
                              u32* s_h) {
     const u32 tid = threadIdx.x;
     const u32 tile = n < FH_TILE ? n : FH_TILE;
-    // The tile's entries through shared memory: every stage up to the tile's size, or
-    // (from > 0) the steps below FH_TILE of stage k.
-    auto tiles = [&](u32 k, u32 from) {
+    // Each tile through shared memory: every stage up to the tile's size (k = 0), or the
+    // steps below FH_TILE of stage k.
+    auto tiles = [&](u32 k) {
         for (u32 t0 = 0; t0 < n; t0 += tile) {
             for (u32 i = tid; i < tile; i += FH_THREADS) {
                 s_k[i] = key[t0 + i];
                 s_h[i] = hit[t0 + i];
             }
             __syncthreads();
-            if (from == 0) {
-                for (u32 kk = 2; kk <= tile; kk <<= 1) {
-                    for (u32 j = kk >> 1; j > 0; j >>= 1) {
-                        if (tid < tile / 2) {
-                            const u32 i = ((tid & ~(j - 1)) << 1) | (tid & (j - 1));
-                            fh_pool_exchange(s_k, s_h, i, i + j, ((t0 + i) & kk) == 0);
-                        }
-                        __syncthreads();
-                    }
-                }
+            if (k == 0) {
+                for (u32 kk = 2; kk <= tile; kk <<= 1)
+                    fh_pool_tile_steps(s_k, s_h, t0, kk, kk >> 1, tile / 2);
             } else {
-                fh_pool_tile_steps(s_k, s_h, t0, k, from);
+                fh_pool_tile_steps(s_k, s_h, t0, k, FH_TILE / 2, tile / 2);
             }
             for (u32 i = tid; i < tile; i += FH_THREADS) {
                 key[t0 + i] = s_k[i];
@@ -361,16 +360,16 @@ __device__ void fh_sort_pool(unsigned long long* key, u32* hit, u32 n, unsigned 
             __syncthreads();
         }
     };
-    tiles(0, 0);
+    tiles(0);
     for (u32 k = 2 * FH_TILE; k <= n; k <<= 1) {
         for (u32 j = k >> 1; j >= FH_TILE; j >>= 1) {
             for (u32 p = tid; p < n / 2; p += FH_THREADS) {
-                const u32 i = ((p & ~(j - 1)) << 1) | (p & (j - 1));
+                const u32 i = fh_pair(p, j);
                 fh_pool_exchange(key, hit, i, i + j, (i & k) == 0);
             }
             __syncthreads();
         }
-        tiles(k, FH_TILE / 2);
+        tiles(k);
     }
 }
 
