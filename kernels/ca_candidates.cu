@@ -924,6 +924,7 @@ __device__ bool choose_second_chance(const CandEvent& ev, const CandArenas& a,
             const u32 bit = 2u * j + lane;
             const volatile u32* dw = spec.done + (bit >> 5);
             while (!((*dw >> (bit & 31)) & 1u)) {
+                SPIN_PAUSE();
             }
             __threadfence_block();
             take_spec_fit(a, spec.base + bit, base + lane);

@@ -20,6 +20,11 @@
 typedef unsigned int u32;
 
 #define MAX_REACH 3
+// The body of a loop that waits for another thread's write: nothing on the GPU; the CPU
+// harnesses (tests/kernels_on_cpu), whose threads take turns, hand the turn over there.
+#ifndef SPIN_PAUSE
+#define SPIN_PAUSE()
+#endif
 #define CA_THREADS 256
 // Threads of ca_event_scan's blocks (several per event, a tile of SCAN_THREADS *
 // SCAN_ITEMS items each).
@@ -227,6 +232,7 @@ __device__ __forceinline__ u32 scan_ticket(unsigned long long* ticket, u32 epoch
             atomicExch(ticket, (unsigned long long)epoch << 32);
         } else {
             while ((u32)(__ldcg(ticket) >> 32) != epoch) {
+                SPIN_PAUSE();
             }
         }
         *started = true;
@@ -303,7 +309,10 @@ ca_event_scan(const u32* __restrict__ count, u32* __restrict__ offset,
                     // Lanes up to the nearest prefix count (all 32 without one).
                     const u32 stop = prefix ? (u32)__ffs(prefix) - 1u : 31u;
                     const u32 need = stop == 31u ? 0xffffffffu : (2u << stop) - 1u;
-                    if (not_ready & need) continue;
+                    if (not_ready & need) {
+                        SPIN_PAUSE();
+                        continue;
+                    }
                     u32 val = lane <= stop ? (u32)w : 0u;
 #pragma unroll
                     for (int o = 16; o > 0; o >>= 1) val += __shfl_xor_sync(0xffffffffu, val, o);

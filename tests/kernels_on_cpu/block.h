@@ -1,16 +1,14 @@
-// What the harnesses of the finder's kernels share beyond warp.h: a block's threads run
-// together (__syncthreads a barrier of them, `__shared__` one instance per kernel
+// What the harnesses of the finder's kernels share beyond warp.h: a block's threads take
+// turns (__syncthreads a barrier of them, `__shared__` one instance per kernel
 // function, the blocks one after the other), the device's atomics, shuffles and fences
 // as the CPU's, the launches the engine makes, and writing an output.
 #pragma once
 #include <atomic>
-#include <barrier>
 #include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "warp.h"
@@ -37,8 +35,7 @@ struct uint4 {
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 
-// A block's threads together (launch_blocks): its barrier.
-thread_local std::barrier<>* this_block = nullptr;
+// A block's threads (launch_blocks): its barrier, this_block.
 inline void __syncthreads() {
     if (!this_block) {
         std::fprintf(stderr, "__syncthreads outside launch_blocks\n");
@@ -96,8 +93,8 @@ T atomicMax(T* p, T v) {
     return old;
 }
 
-// Runs `kernel` on a grid of blocks_x x blocks_y blocks of `threads` threads, all of a
-// block's threads together (__syncthreads a barrier of them; each warp's 32 for the warp's
+// Runs `kernel` on a grid of blocks_x x blocks_y blocks of `threads` threads, a block's
+// threads taking turns (__syncthreads a barrier of them; each warp's 32 for the warp's
 // primitives), the blocks one after the other (so `static` shared memory is the block's):
 // the same `threads` threads take every block in turn, all of them done with one before
 // the next starts.
@@ -105,27 +102,21 @@ template <class F>
 void launch_blocks(unsigned threads, unsigned blocks_x, unsigned blocks_y, F kernel) {
     blockDim.x = threads;
     gridDim.x = blocks_x;
-    std::barrier<> block(threads), done(threads);
+    Barrier block((int)threads), done((int)threads);
     std::vector<Warp> warps(threads / 32);
-    std::vector<std::thread> team;
-    for (unsigned t = 0; t < threads; ++t) {
-        team.emplace_back([&, t] {
-            this_block = &block;
-            this_warp = &warps[t / 32];
-            threadIdx.x = t;
-            for (unsigned y = 0; y < blocks_y; ++y) {
-                for (unsigned x = 0; x < blocks_x; ++x) {
-                    blockIdx.x = x;
-                    blockIdx.y = y;
-                    kernel();
-                    done.arrive_and_wait();
-                }
+    run_fibers(threads, [&](unsigned t) {
+        this_block = &block;
+        this_warp = &warps[t / 32];
+        threadIdx.x = t;
+        for (unsigned y = 0; y < blocks_y; ++y) {
+            for (unsigned x = 0; x < blocks_x; ++x) {
+                blockIdx.x = x;
+                blockIdx.y = y;
+                kernel();
+                done.arrive_and_wait();
             }
-        });
-    }
-    for (auto& th : team) {
-        th.join();
-    }
+        }
+    });
 }
 
 // Runs `step` as a launch of `blocks` blocks of `threads` threads per event (blockIdx.y

@@ -10,7 +10,7 @@
 // loops of one thread per item with no barrier and nothing shared run their threads one
 // after the other (the atomic counts of the neighbours' index are then plain adds); the
 // triplets' write goes through each warp's queue, so its blocks run warp after warp, a
-// warp's 32 lanes as threads together; the hits' binning, a block's threads together
+// warp's 32 lanes as threads taking turns; the hits' binning, a block's threads taking turns
 // (block.h). Writes the doublets to DIR/dbl (a,
 // b, tx, ty bits each), their gaps to DIR/dgap, the triplets to DIR/trip (left and right
 // doublet, q/p, its sigma and the chi-square as bits, the planes' word, the count of left
@@ -31,7 +31,7 @@
 #include "../../kernels/ca_evolution.cu"
 
 // Runs `kernel` on a grid of blocks_x x blocks_y blocks of CA_THREADS threads: each block's
-// warps one after the other, a warp's 32 lanes as threads together (launch_warps).
+// warps one after the other, a warp's 32 lanes as threads taking turns (launch_warps).
 template <class F>
 void launch_blocks_by_warps(unsigned blocks_x, unsigned blocks_y, F kernel) {
     blockDim.x = CA_THREADS;
@@ -40,19 +40,13 @@ void launch_blocks_by_warps(unsigned blocks_x, unsigned blocks_y, F kernel) {
         for (unsigned x = 0; x < blocks_x; ++x) {
             for (unsigned w = 0; w < CA_THREADS / 32; ++w) {
                 Warp warp;
-                std::vector<std::thread> lanes;
-                for (unsigned l = 0; l < 32; ++l) {
-                    lanes.emplace_back([&, l] {
-                        this_warp = &warp;
-                        threadIdx.x = 32 * w + l;
-                        blockIdx.x = x;
-                        blockIdx.y = y;
-                        kernel();
-                    });
-                }
-                for (auto& t : lanes) {
-                    t.join();
-                }
+                run_fibers(32, [&](unsigned l) {
+                    this_warp = &warp;
+                    threadIdx.x = 32 * w + l;
+                    blockIdx.x = x;
+                    blockIdx.y = y;
+                    kernel();
+                });
             }
         }
     }

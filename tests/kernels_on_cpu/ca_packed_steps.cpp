@@ -13,7 +13,7 @@
 // ca_exchange_pairs_changed, ca_exchange_fit_needed, ca_exchange_evaluate and
 // ca_exchange_choose, then ca_exchange_end), then the first hits (launch_first_hits:
 // ca_first_hits, a block per event). The kernels with barriers or warp primitives run a
-// block's threads together; the fits over a grid-stride loop run their threads one after
+// block's threads taking turns; the fits over a grid-stride loop run their threads one after
 // the other. Writes the packed tracks as the steps leave them to DIR/tracks (first hit,
 // length per track), DIR/fits, DIR/hits, DIR/marks, each event's failures to
 // DIR/failed (the exchange's) and DIR/fh_failed (the first hits'), and the exchange's
