@@ -10,7 +10,7 @@
 // 2. each kept track's predicted point on its first hit's plane (FirstHitCuts::predict),
 //    the predictions in track order;
 // 3. the origin's centre and size from the tracks (FirstHits::spot: medians of a sample
-//    of at most about SPOT_SAMPLE, sorted by the block), and each track's point from
+//    of at most about SPOT_SAMPLE, sorted in shared memory), and each track's point from
 //    the origin combined with its own where its first hit is not near the origin (the
 //    own point from the packed fit, as FirstHitCuts::predict makes it: the geometry of
 //    the track's first two hits is read again here, since the predictions' scratch holds
@@ -23,9 +23,9 @@
 // 6. a prediction with one pair whose hit no other can take gets it; the other pairs
 //    sorted by (rank, prediction, place in the pool) in the event's slice of a global
 //    arena and matched in that order by one thread (the pairs staged in shared memory);
-// 7. the changes applied to the packed hits, fitted with the candidates' fit and, at the
-//    same time on other threads, with the tracks' fit where there is one; the ones that
-//    fail the cut undone in order by one thread, and fitted again.
+// 7. the changes applied to the packed hits, fitted with the candidates' fit, the ones
+//    that fail the cut undone in order by one thread, and the changed tracks fitted with
+//    the tracks' fit where there is one (or where a change was undone).
 //
 // Nothing depends on the order threads arrive in: every order is a key's. An event beyond
 // the step's limits (its hits, predictions, pairs) is marked failed (1: hits or
@@ -260,6 +260,17 @@ __device__ void fh_bitonic(u32 n, Exchange exchange) {
     }
 }
 
+// Sorts n (a power of two, at most 1024) keys of shared memory.
+__device__ void fh_sort_shared(unsigned long long* s, u32 n) {
+    fh_bitonic(n, [&](u32 i, u32 ixj, bool up) {
+        const unsigned long long a = s[i], b = s[ixj];
+        if ((a > b) == up) {
+            s[i] = b;
+            s[ixj] = a;
+        }
+    });
+}
+
 // The pairs' order: rank, prediction, place in the pool (sorted by key and hit).
 __device__ __forceinline__ bool fh_edge_less(const FhEdge& a, const FhEdge& b) {
     if (a.rank != b.rank) return a.rank < b.rank;
@@ -306,127 +317,48 @@ __device__ __forceinline__ u32 fh_pair(u32 p, u32 j) {
     return ((p & ~(j - 1)) << 1) | (p & (j - 1));
 }
 
-// One entry of a pair of a network's step, held in registers, given its partner's: the
-// entry at the pair's lower place keeps the smaller (by key, then hit) where up, the
-// larger otherwise, and the upper the other.
-__device__ __forceinline__ void fh_keep(unsigned long long& k, u32& h, unsigned long long pk,
-                                        u32 ph, bool lower, bool up) {
-    const bool partner_less = pk < k || (pk == k && ph < h);
-    if (partner_less == (lower == up)) {
-        k = pk;
-        h = ph;
-    }
-}
-
-// Steps of the bitonic network on the n entries (a power of two, at most 2 * FH_THREADS)
-// at places t0 .. t0 + n of the whole sequence (t0 a multiple of n): the stages k_first
-// .. k_last, the first from its step j_first, the others from k / 2, each down to 1. The
-// entries are read from key and hit (hit null: every hit 0) and written back there, two
-// per thread (places 2 t and 2 t + 1), held in registers in between: the step of width 1
-// within the thread, the steps up to 32 between the lanes of a warp (shuffles), the wider
-// ones through s_k and s_h (n entries; s_h null with hit), a barrier before and after.
-// key may be s_k. The result is the network's: a step's pairs take the same entries to
-// the same places as fh_pool_exchange.
-__device__ void fh_tile_network(unsigned long long* key, u32* hit, u32 n, u32 t0, u32 k_first,
-                                u32 k_last, u32 j_first, unsigned long long* s_k, u32* s_h) {
-    const u32 tid = threadIdx.x;
-    const u32 e0 = 2 * tid;
-    const bool active = e0 < n;
-    // Whole warps shuffle together: those with an active lane.
-    const bool in_warp = (e0 & ~63u) < n;
-    unsigned long long k0 = ~0ull, k1 = ~0ull;
-    u32 h0 = 0, h1 = 0;
-    if (active) {
-        k0 = key[e0];
-        k1 = key[e0 + 1];
-        if (hit) {
-            h0 = hit[e0];
-            h1 = hit[e0 + 1];
+// The steps j = from, from / 2, ..., 1 of the network's stage k on a tile of 2 * pairs
+// entries, [t0, t0 + 2 * pairs), in shared memory (s_k, s_h): one exchange per thread
+// per step.
+__device__ void fh_pool_tile_steps(unsigned long long* s_k, u32* s_h, u32 t0, u32 k, u32 from,
+                                   u32 pairs) {
+    for (u32 j = from; j > 0; j >>= 1) {
+        if (threadIdx.x < pairs) {
+            const u32 i = fh_pair(threadIdx.x, j);
+            fh_pool_exchange(s_k, s_h, i, i + j, ((t0 + i) & k) == 0);
         }
+        __syncthreads();
     }
-    for (u32 k = k_first; k <= k_last; k <<= 1) {
-        // Both of the thread's entries lie in the same run of k (k >= 4 where j >= 2).
-        const bool up = ((t0 + e0) & k) == 0;
-        for (u32 j = k == k_first ? j_first : k >> 1; j > 0; j >>= 1) {
-            if (j == 1) {
-                if (active && ((k1 < k0 || (k1 == k0 && h1 < h0)) == up)) {
-                    const unsigned long long tk = k0;
-                    const u32 th = h0;
-                    k0 = k1;
-                    h0 = h1;
-                    k1 = tk;
-                    h1 = th;
-                }
-            } else if (j <= 32) {
-                if (in_warp) {
-                    const u32 m = j >> 1;
-                    const unsigned long long p0 = __shfl_xor_sync(0xffffffffu, k0, m);
-                    const unsigned long long p1 = __shfl_xor_sync(0xffffffffu, k1, m);
-                    const u32 q0 = __shfl_xor_sync(0xffffffffu, h0, m);
-                    const u32 q1 = __shfl_xor_sync(0xffffffffu, h1, m);
-                    const bool lower = (e0 & j) == 0;
-                    if (active) {
-                        fh_keep(k0, h0, p0, q0, lower, up);
-                        fh_keep(k1, h1, p1, q1, lower, up);
-                    }
-                }
-            } else {
-                if (active) {
-                    s_k[e0] = k0;
-                    s_k[e0 + 1] = k1;
-                    if (hit) {
-                        s_h[e0] = h0;
-                        s_h[e0 + 1] = h1;
-                    }
-                }
-                __syncthreads();
-                unsigned long long p0 = 0, p1 = 0;
-                u32 q0 = 0, q1 = 0;
-                if (active) {
-                    p0 = s_k[e0 ^ j];
-                    p1 = s_k[(e0 + 1) ^ j];
-                    if (hit) {
-                        q0 = s_h[e0 ^ j];
-                        q1 = s_h[(e0 + 1) ^ j];
-                    }
-                }
-                __syncthreads();
-                if (active) {
-                    const bool lower = (e0 & j) == 0;
-                    fh_keep(k0, h0, p0, q0, lower, up);
-                    fh_keep(k1, h1, p1, q1, lower, up);
-                }
-            }
-        }
-    }
-    if (active) {
-        key[e0] = k0;
-        key[e0 + 1] = k1;
-        if (hit) {
-            hit[e0] = h0;
-            hit[e0 + 1] = h1;
-        }
-    }
-    __syncthreads();
 }
 
 // Sorts the first n (a power of two) pool entries (key, hit) of global arrays by key,
-// then hit: a bitonic network whose steps within a tile (j < FH_TILE) run on the tile
-// (fh_tile_network, with s_k and s_h: FH_TILE entries each), one tile after the other,
-// and the longer steps in global memory. The result is the network's, the sorted entries.
+// then hit: a bitonic network whose steps within a tile (j < FH_TILE) run on the tile in
+// shared memory (s_k, s_h: FH_TILE entries each), one tile after the other, and the
+// longer steps in global memory. The result is the network's, the sorted entries.
 __device__ void fh_sort_pool(unsigned long long* key, u32* hit, u32 n, unsigned long long* s_k,
                              u32* s_h) {
     const u32 tid = threadIdx.x;
     const u32 tile = n < FH_TILE ? n : FH_TILE;
-    // Each tile in registers and shared memory (fh_tile_network): every stage up to the
-    // tile's size (k = 0), or the steps below FH_TILE of stage k.
+    // Each tile through shared memory: every stage up to the tile's size (k = 0), or the
+    // steps below FH_TILE of stage k.
     auto tiles = [&](u32 k) {
         for (u32 t0 = 0; t0 < n; t0 += tile) {
-            if (k == 0) {
-                fh_tile_network(key + t0, hit + t0, tile, t0, 2, tile, 1, s_k, s_h);
-            } else {
-                fh_tile_network(key + t0, hit + t0, tile, t0, k, k, FH_TILE / 2, s_k, s_h);
+            for (u32 i = tid; i < tile; i += FH_THREADS) {
+                s_k[i] = key[t0 + i];
+                s_h[i] = hit[t0 + i];
             }
+            __syncthreads();
+            if (k == 0) {
+                for (u32 kk = 2; kk <= tile; kk <<= 1)
+                    fh_pool_tile_steps(s_k, s_h, t0, kk, kk >> 1, tile / 2);
+            } else {
+                fh_pool_tile_steps(s_k, s_h, t0, k, FH_TILE / 2, tile / 2);
+            }
+            for (u32 i = tid; i < tile; i += FH_THREADS) {
+                key[t0 + i] = s_k[i];
+                hit[t0 + i] = s_h[i];
+            }
+            __syncthreads();
         }
     };
     tiles(0);
@@ -459,7 +391,7 @@ __device__ __forceinline__ void fh_fit(const u32* hits, uint2 tr, const float* h
 // The median of the first m keys of s (sorted, n a power of two >= m; the rest the
 // largest key), as a double.
 __device__ double fh_median(unsigned long long* s, u32 m, u32 n) {
-    fh_tile_network(s, nullptr, n, 0, 2, n, 1, s, nullptr);
+    fh_sort_shared(s, n);
     double v = fh_of_order64(s[m / 2]);
     __syncthreads();
     return v;
@@ -492,6 +424,7 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
     // The pool sort's tile: its keys in s_key, its hits here.
     __shared__ u32 s_pool_hit[FH_TILE];
     __shared__ double s_centre[2], s_var[2], s_row_h;
+    __shared__ u32 s_flag;
     const u32 e = blockIdx.y;
     const u32 tid = threadIdx.x;
     if (tid == 0) fh_failed[e] = 0;
@@ -892,42 +825,24 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
     FH_CLOCK(9);
     const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
                             slices, pf,     pd,        pi,       nodes};
-    const bool track_fit = fi[FHI_TRACK_FIT] != 0;
-    const KalmanTables TT = {rows32, rows64, gap_steps, gap_kind, gap_slice, slices,
-                             track_fit ? tpf : pf, track_fit ? tpd : pd,
-                             track_fit ? tpi : pi, nodes};
-    // The changes applied to the packed hits.
     for (u32 j = tid; j < n_chg; j += FH_THREADS) {
         const u32 r = pslot[(size_t)j * 8 + 6], nw = pslot[(size_t)j * 8 + 7];
         const u32 t = tb + pslot[(size_t)r * 8];
-        const uint2 tr = out_tracks[t];
+        uint2 tr = out_tracks[t];
         if (nw == FH_NONE) {
-            out_tracks[t] = make_uint2(tr.x + 1, tr.y - 1);
+            tr = make_uint2(tr.x + 1, tr.y - 1);
+            out_tracks[t] = tr;
         } else {
             out_hits[tr.x] = nw;
         }
-    }
-    __syncthreads();
-    // The changed tracks fitted with the candidates' fit, for the cut; where there is a
-    // tracks' fit, with it too at once (the final fit of each change kept, which the undo
-    // below leaves as it is): a thread each.
-    const u32 n_fits = track_fit ? 2 * n_chg : n_chg;
-    for (u32 i = tid; i < n_fits; i += FH_THREADS) {
-        const u32 j = i < n_chg ? i : i - n_chg;
-        const u32 r = pslot[(size_t)j * 8 + 6];
-        const u32 t = tb + pslot[(size_t)r * 8];
-        if (i < n_chg) {
-            fh_fit(out_hits, out_tracks[t], hx, hy, hp, T, chg_fit + ((size_t)tb + j) * FIT_WORDS);
-        } else {
-            fh_fit(out_hits, out_tracks[t], hx, hy, hp, TT, out_fits + (size_t)t * FIT_WORDS);
-        }
+        fh_fit(out_hits, tr, hx, hy, hp, T, chg_fit + ((size_t)tb + j) * FIT_WORDS);
     }
     __syncthreads();
     FH_CLOCK(10);
     // Each change that fails the fit's cut undone, in order: its own first hit back if
-    // still free, else its second hit first; marked (its new hit FH_NONE - 1) for the
-    // final fits.
+    // still free, else its second hit first.
     if (tid == 0) {
+        u32 undone = 0;
         const double max_chi2_ndf = fp[FHD_MAX_CHI2_NDF];
         for (u32 j = 0; j < n_chg; j++) {
             const u32* w = chg_fit + ((size_t)tb + j) * FIT_WORDS;
@@ -946,20 +861,24 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
             }
             s_taken[nw >> 5] &= ~(1u << (nw & 31));
             s_taken[own >> 5] |= 1u << (own & 31);
-            pslot[(size_t)j * 8 + 7] = FH_NONE - 1;
+            undone++;
         }
+        s_flag = undone;
     }
     __syncthreads();
     FH_CLOCK(11);
-    // The final fits: a change undone fitted again (with the tracks' fit where there is
-    // one); the others keep the tracks' fit made above, or take the candidates' fit.
+    // The final fits: the tracks' fit where it differs (or where a change was undone).
+    const bool refit = fi[FHI_TRACK_FIT] != 0 || s_flag > 0;
+    const KalmanTables TT = {rows32, rows64, gap_steps, gap_kind, gap_slice, slices,
+                             fi[FHI_TRACK_FIT] ? tpf : pf, fi[FHI_TRACK_FIT] ? tpd : pd,
+                             fi[FHI_TRACK_FIT] ? tpi : pi, nodes};
     for (u32 j = tid; j < n_chg; j += FH_THREADS) {
         const u32 r = pslot[(size_t)j * 8 + 6];
         const u32 t = tb + pslot[(size_t)r * 8];
         u32* o = out_fits + (size_t)t * FIT_WORDS;
-        if (pslot[(size_t)j * 8 + 7] == FH_NONE - 1) {
+        if (refit) {
             fh_fit(out_hits, out_tracks[t], hx, hy, hp, TT, o);
-        } else if (!track_fit) {
+        } else {
             const u32* w = chg_fit + ((size_t)tb + j) * FIT_WORDS;
             for (int i = 0; i < FIT_WORDS; i++) o[i] = w[i];
         }
