@@ -29,7 +29,7 @@ pub fn start(source: &str, name: &str, defines: &[String]) -> (PathBuf, Child) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     let child = Command::new(cxx())
-        .args(["-O2", "-std=c++20", "-ffp-contract=off", "-pthread"])
+        .args(["-O2", "-std=c++20", "-ffp-contract=off"])
         .args(defines.iter().map(|d| format!("-D{d}")))
         .arg("-o")
         .arg(&out)

@@ -63,12 +63,19 @@ struct Fiber {
     Warp* warp = nullptr;
     Barrier* block = nullptr;
 };
-// Stacks of 1 MiB, reserved once and reused (pages are taken as they are touched).
+// Stacks of 1 MiB above a page no access is allowed to (a stack that overflows faults
+// there), reserved once and reused (pages are taken as they are touched).
 constexpr size_t STACK_BYTES = 1u << 20;
-inline std::vector<void*> stacks;
+constexpr size_t GUARD_BYTES = 1u << 16;
+inline std::vector<char*> stacks;
 inline std::vector<Fiber> team;
 inline size_t current = 0;
 inline ucontext_t caller;
+// Turns handed over since a barrier last opened or a thread ended: beyond MAX_IDLE_TURNS
+// every thread left waits for another (a barrier some never reach): the launch aborts
+// instead of turning forever.
+inline unsigned long long idle_turns = 0;
+constexpr unsigned long long MAX_IDLE_TURNS = 100'000'000ull;
 
 inline void save(Fiber& f) {
     f.tid = threadIdx;
@@ -95,6 +102,7 @@ inline void entry() {
     Fiber& f = team[current];
     (*f.body)(f.index);
     f.done = true;
+    idle_turns = 0;
     const size_t i = next_after(current);
     if (i == current) setcontext(&caller);
     current = i;
@@ -108,6 +116,13 @@ inline void entry() {
 inline void fiber_yield() {
     using namespace fibers;
     const size_t from = current, to = next_after(from);
+    if (++idle_turns > MAX_IDLE_TURNS) {
+        std::fprintf(stderr,
+                     "the launch's threads wait for each other forever (thread %u of block "
+                     "(%u, %u) waiting)\n",
+                     threadIdx.x, blockIdx.x, blockIdx.y);
+        std::abort();
+    }
     if (to == from) return;
     save(team[from]);
     current = to;
@@ -121,13 +136,13 @@ inline void run_fibers(unsigned n, const std::function<void(unsigned)>& body) {
     if (n == 0) return;
     team.assign(n, Fiber{});
     while (stacks.size() < n) {
-        void* st = mmap(nullptr, STACK_BYTES, PROT_READ | PROT_WRITE,
+        void* st = mmap(nullptr, GUARD_BYTES + STACK_BYTES, PROT_READ | PROT_WRITE,
                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (st == MAP_FAILED) {
+        if (st == MAP_FAILED || mprotect(st, GUARD_BYTES, PROT_NONE) != 0) {
             std::fprintf(stderr, "cannot map a fiber's stack\n");
             std::abort();
         }
-        stacks.push_back(st);
+        stacks.push_back(static_cast<char*>(st) + GUARD_BYTES);
     }
     for (unsigned i = 0; i < n; ++i) {
         Fiber& f = team[i];
@@ -153,6 +168,7 @@ struct Barrier {
         if (++arrived == expected) {
             arrived = 0;
             ++generation;
+            fibers::idle_turns = 0;
             return;
         }
         while (generation == g) fiber_yield();
