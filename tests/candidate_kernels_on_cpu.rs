@@ -46,13 +46,12 @@ fn kernel_binary() -> &'static Path {
 /// more than 64 of them (`ORDER_SHARED_KEYS`; on the device, more than 4,096).
 fn kernel_binary_sorting_in_the_arena() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        kernels_on_cpu::finish(kernels_on_cpu::start(
-            "ca_candidates.cpp",
-            "ca_candidates_arena_sort_on_cpu",
-            &["ORDER_SHARED_KEYS=64".to_string()],
-        ))
-    })
+    kernels_on_cpu::compiled_with(
+        &BINARY,
+        "ca_candidates.cpp",
+        "ca_candidates_arena_sort_on_cpu",
+        &["ORDER_SHARED_KEYS=64"],
+    )
 }
 
 /// Words of a fit in the kernels' fit arena: state, covariance, z, chi-square (floats),

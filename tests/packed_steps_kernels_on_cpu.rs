@@ -53,13 +53,12 @@ fn kernel_binary() -> &'static Path {
 /// in global memory as well as those within a tile.
 fn kernel_binary_small_tiles() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        kernels_on_cpu::finish(kernels_on_cpu::start(
-            "ca_packed_steps.cpp",
-            "ca_packed_steps_small_tiles_on_cpu",
-            &["FH_TILE=64".to_string()],
-        ))
-    })
+    kernels_on_cpu::compiled_with(
+        &BINARY,
+        "ca_packed_steps.cpp",
+        "ca_packed_steps_small_tiles_on_cpu",
+        &["FH_TILE=64"],
+    )
 }
 
 /// A fit's words as the candidate step stores them (`store_fit` in

@@ -67,7 +67,21 @@ pub fn write_arg<T: IntoBytes + Immutable>(dir: &Path, name: &str, values: &[T])
 
 /// The harness `source` compiled into `name` once per test run (`cell`: the caller's).
 pub fn compiled(cell: &'static OnceLock<PathBuf>, source: &str, name: &str) -> &'static Path {
-    cell.get_or_init(|| finish(start(source, name, &[])))
+    compiled_with(cell, source, name, &[])
+}
+
+/// The same, with the macro definitions `defines` (`-D` each), such as a smaller limit
+/// that sends more events down a kernel's rarer path.
+pub fn compiled_with(
+    cell: &'static OnceLock<PathBuf>,
+    source: &str,
+    name: &str,
+    defines: &[&str],
+) -> &'static Path {
+    cell.get_or_init(|| {
+        let defines: Vec<String> = defines.iter().map(|d| d.to_string()).collect();
+        finish(start(source, name, &defines))
+    })
 }
 
 /// Writes the fit's tables as the harnesses read them (`read_fit_tables` in `args.h`).
