@@ -45,6 +45,8 @@
 #define FH_MAX_WINDOW_ROWS 16
 #define FH_MAX_PAIRS_PER_TRACK 32
 #define FH_NONE 0xffffffffu
+// A change undone after its fit (in its new-hit word; hits are numbered below it).
+#define FH_UNDONE 0xfffffffeu
 // Profiling builds (TRIGD_KERNEL_OPTIONS="-DFH_PHASE_CLOCKS"): thread 0 of each event's
 // block reads clock64() at the end of each step (after a barrier of its own) and the
 // first two events of a launch print their cycles per step.
@@ -424,7 +426,6 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
     // The pool sort's tile: its keys in s_key, its hits here.
     __shared__ u32 s_pool_hit[FH_TILE];
     __shared__ double s_centre[2], s_var[2], s_row_h;
-    __shared__ u32 s_flag;
     const u32 e = blockIdx.y;
     const u32 tid = threadIdx.x;
     if (tid == 0) fh_failed[e] = 0;
@@ -823,26 +824,42 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
     }
     if (n_chg == 0) return;
     FH_CLOCK(9);
-    const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
-                            slices, pf,     pd,        pi,       nodes};
+    // The changes made; then the candidates' fit of the changed tracks (for the cut) on
+    // the block's first threads and, where the tracks' own fit differs, that fit of the
+    // same tracks on the others at once, into the tracks' fits (the changes undone below
+    // fitted again).
     for (u32 j = tid; j < n_chg; j += FH_THREADS) {
         const u32 r = pslot[(size_t)j * 8 + 6], nw = pslot[(size_t)j * 8 + 7];
         const u32 t = tb + pslot[(size_t)r * 8];
-        uint2 tr = out_tracks[t];
+        const uint2 tr = out_tracks[t];
         if (nw == FH_NONE) {
-            tr = make_uint2(tr.x + 1, tr.y - 1);
-            out_tracks[t] = tr;
+            out_tracks[t] = make_uint2(tr.x + 1, tr.y - 1);
         } else {
             out_hits[tr.x] = nw;
         }
-        fh_fit(out_hits, tr, hx, hy, hp, T, chg_fit + ((size_t)tb + j) * FIT_WORDS);
+    }
+    __syncthreads();
+    const bool track_fit = fi[FHI_TRACK_FIT] != 0;
+    const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
+                            slices, pf,     pd,        pi,       nodes};
+    const KalmanTables TT = {rows32, rows64, gap_steps, gap_kind, gap_slice, slices,
+                             track_fit ? tpf : pf, track_fit ? tpd : pd,
+                             track_fit ? tpi : pi, nodes};
+    {
+        const u32 lanes = track_fit ? FH_THREADS / 2 : FH_THREADS;
+        const bool cand = tid < lanes;
+        for (u32 j = cand ? tid : tid - lanes; j < n_chg; j += lanes) {
+            const u32 t = tb + pslot[(size_t)pslot[(size_t)j * 8 + 6] * 8];
+            u32* o = cand ? chg_fit + ((size_t)tb + j) * FIT_WORDS
+                          : out_fits + (size_t)t * FIT_WORDS;
+            fh_fit(out_hits, out_tracks[t], hx, hy, hp, cand ? T : TT, o);
+        }
     }
     __syncthreads();
     FH_CLOCK(10);
     // Each change that fails the fit's cut undone, in order: its own first hit back if
-    // still free, else its second hit first.
+    // still free, else its second hit first; marked for its fit again.
     if (tid == 0) {
-        u32 undone = 0;
         const double max_chi2_ndf = fp[FHD_MAX_CHI2_NDF];
         for (u32 j = 0; j < n_chg; j++) {
             const u32* w = chg_fit + ((size_t)tb + j) * FIT_WORDS;
@@ -861,24 +878,20 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
             }
             s_taken[nw >> 5] &= ~(1u << (nw & 31));
             s_taken[own >> 5] |= 1u << (own & 31);
-            undone++;
+            pslot[(size_t)j * 8 + 7] = FH_UNDONE;
         }
-        s_flag = undone;
     }
     __syncthreads();
     FH_CLOCK(11);
-    // The final fits: the tracks' fit where it differs (or where a change was undone).
-    const bool refit = fi[FHI_TRACK_FIT] != 0 || s_flag > 0;
-    const KalmanTables TT = {rows32, rows64, gap_steps, gap_kind, gap_slice, slices,
-                             fi[FHI_TRACK_FIT] ? tpf : pf, fi[FHI_TRACK_FIT] ? tpd : pd,
-                             fi[FHI_TRACK_FIT] ? tpi : pi, nodes};
+    // The final fits: the undone changes' tracks fitted again with the tracks' fit; the
+    // others' candidates' fit copied where it is the tracks' fit too.
     for (u32 j = tid; j < n_chg; j += FH_THREADS) {
         const u32 r = pslot[(size_t)j * 8 + 6];
         const u32 t = tb + pslot[(size_t)r * 8];
         u32* o = out_fits + (size_t)t * FIT_WORDS;
-        if (refit) {
+        if (pslot[(size_t)j * 8 + 7] == FH_UNDONE) {
             fh_fit(out_hits, out_tracks[t], hx, hy, hp, TT, o);
-        } else {
+        } else if (!track_fit) {
             const u32* w = chg_fit + ((size_t)tb + j) * FIT_WORDS;
             for (int i = 0; i < FIT_WORDS; i++) o[i] = w[i];
         }

@@ -78,19 +78,31 @@ pub struct TrackerLimits {
 }
 
 impl TrackerLimits {
-    /// Arenas for launches of up to `max_events` events (at most 512): those of
-    /// [`CaLimits::default`] with twice the doublets, triplets and neighbour links (the
-    /// later pass over missing planes makes more doublets per event than the first: 128
-    /// central events of the dipole spectrometer need some 17 Mi), about 6.2 GiB whatever
-    /// the events; an event beyond what is left is handed back.
+    /// Arenas for launches of up to `max_events` events (at most 512).
+    ///
+    /// A full launch gets those of [`CaLimits::default`] with twice the doublets,
+    /// triplets and neighbour links (the later pass over missing planes makes more
+    /// doublets per event than the first: 128 central events of the dipole spectrometer
+    /// need some 17 Mi), about 6.2 GiB: room for some 240 central events, half the
+    /// launch. A smaller launch gets the part of them that four times its events would
+    /// have in a full launch, at least an eighth (the part of 64 events): room for
+    /// nearly twice its events, all central, so that a GPU holds many trackers of small launches
+    /// (those of a short deadline). An event beyond what is left is handed back.
     pub fn for_batch(_cfg: &FinderConfig, max_events: usize) -> Self {
+        const FULL: usize = 512;
         let d = CaLimits::default();
+        let max_events = max_events.clamp(1, FULL);
+        let part = (4 * max_events).clamp(FULL / 8, FULL);
+        let scale = |v: usize| (v / FULL) * part;
         let ca = CaLimits {
-            max_events: max_events.clamp(1, 512),
-            max_doublets: 2 * d.max_doublets,
-            max_triplets: 2 * d.max_triplets,
-            max_neighbours: 2 * d.max_neighbours,
-            ..d
+            max_events,
+            max_hits: scale(d.max_hits),
+            max_doublets: scale(2 * d.max_doublets),
+            max_triplets: scale(2 * d.max_triplets),
+            max_neighbours: scale(2 * d.max_neighbours),
+            max_candidates: scale(d.max_candidates),
+            max_candidate_hits: scale(d.max_candidate_hits),
+            max_chain_hits: scale(d.max_chain_hits),
         };
         TrackerLimits {
             max_events: ca.max_events,
@@ -527,5 +539,57 @@ impl GpuTracker {
         times.write_ms = lap();
         self.times = times;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full launch keeps the arenas it always had; a smaller one gets a part of them
+    /// that still holds one and a half times its events, all central (17 k hits, 133 k doublets of the
+    /// dipole map's later pass each), and never less than an eighth.
+    #[test]
+    fn arenas_follow_the_launch_and_hold_its_busiest_events() {
+        let det = Detector::from_toml_file(std::path::Path::new("fixtures/detector.toml")).unwrap();
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        let d = CaLimits::default();
+        let full = TrackerLimits::for_batch(&cfg, 512);
+        assert_eq!(full.max_events, 512);
+        assert_eq!(full.ca.max_hits, d.max_hits);
+        assert_eq!(full.ca.max_doublets, 2 * d.max_doublets);
+        assert_eq!(full.ca.max_neighbours, 2 * d.max_neighbours);
+        assert_eq!(full.ca.max_candidates, d.max_candidates);
+        assert_eq!(
+            TrackerLimits::for_batch(&cfg, 4096),
+            full,
+            "at most 512 events"
+        );
+        let bytes = |l: &TrackerLimits| l.ca.device_bytes(1 << 14) as f64;
+        let mut last = 0.0;
+        for n in [1, 4, 8, 16, 32, 64, 128, 256, 512] {
+            let l = TrackerLimits::for_batch(&cfg, n);
+            assert_eq!(l.max_events, n);
+            assert!(bytes(&l) >= last, "{n} events: arenas grow with the launch");
+            last = bytes(&l);
+            assert!(l.max_hits >= full.max_hits / 8, "{n}: at least an eighth");
+            assert!(l.ca.max_doublets >= full.ca.max_doublets / 8);
+            if n <= 128 {
+                assert!(l.max_hits >= 3 * n * 17_000 / 2, "{n}: hits {}", l.max_hits);
+                assert!(
+                    l.ca.max_doublets >= 3 * n * 133_000 / 2,
+                    "{n}: doublets {}",
+                    l.ca.max_doublets
+                );
+                let (cands, _) = l.ca.candidate_share(n);
+                assert!(cands >= 2 * 2048, "{n}: {cands} candidates an event");
+            }
+        }
+        let small = TrackerLimits::for_batch(&cfg, 8);
+        assert!(
+            bytes(&small) <= bytes(&full) / 8.0 * 1.01,
+            "launches of 8 take an eighth: {:.2} GiB",
+            bytes(&small) / (1u64 << 30) as f64
+        );
     }
 }
