@@ -421,9 +421,10 @@ fn the_first_hit_kernel_sorting_its_pool_over_many_tiles_gives_the_cpus_tracks()
 }
 
 /// The first hits with a chi-square cut tight enough that changed tracks fail their fit
-/// (here on the uniform field, the dipole map's event 2 and the forward map): those
-/// changes undone (the own first hit back, or the track without it) and the track fitted
-/// again, the others keeping the fits made with the change, as on the CPU.
+/// (the dipole map's event 2 has one): those changes undone (the own first hit back, or
+/// the track without it) and the track fitted again with the tracks' fit, the others
+/// keeping the fits made with the change, as on the CPU. With the undone track's fit
+/// left out, the kernel's tracks differ there.
 #[test]
 fn the_first_hit_kernel_undoing_changes_that_fail_the_cut_gives_the_cpus_tracks() {
     let steps = Steps {

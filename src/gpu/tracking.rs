@@ -86,8 +86,8 @@ impl TrackerLimits {
     /// need some 17 Mi), about 6.2 GiB: room for some 240 central events, half the
     /// launch. A smaller launch gets the part of them that four times its events would
     /// have in a full launch, at least an eighth (the part of 64 events): room for
-    /// nearly twice its events, all central, so that a GPU holds many trackers of small launches
-    /// (those of a short deadline). An event beyond what is left is handed back.
+    /// nearly twice its events, all central, so that a GPU holds many trackers of small
+    /// launches (those of a short deadline). An event beyond what is left is handed back.
     pub fn for_batch(_cfg: &FinderConfig, max_events: usize) -> Self {
         const FULL: usize = 512;
         let d = CaLimits::default();
@@ -547,8 +547,8 @@ mod tests {
     use super::*;
 
     /// A full launch keeps the arenas it always had; a smaller one gets a part of them
-    /// that still holds one and a half times its events, all central (17 k hits, 133 k doublets of the
-    /// dipole map's later pass each), and never less than an eighth.
+    /// that still holds one and a half times its events, all central (17 k hits and 133 k
+    /// doublets of the dipole map's later pass each), and never less than an eighth.
     #[test]
     fn arenas_follow_the_launch_and_hold_its_busiest_events() {
         let det = Detector::from_toml_file(std::path::Path::new("fixtures/detector.toml")).unwrap();
