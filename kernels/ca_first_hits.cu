@@ -1,21 +1,25 @@
 // First hits against the origin (src/tracking/ca/first_hits.rs) on the device: each
-// track's most upstream hit chosen again, with the origin as a measurement, on the tracks
-// ca_tracks_pack packed and the clone step marked (and the exchange of segments changed,
-// ca_exchange.cu, which then applied the momentum cut: this step's is then off), one
-// block per event, before they go to the host. The same steps as FirstHits::run, in the same f64 arithmetic and order:
+// track's second hit (where FHI_SECOND_HITS asks for it), then its first, chosen again
+// with the origin as a measurement, on the tracks ca_tracks_pack packed and the clone
+// step marked (and the exchange of segments changed, ca_exchange.cu, which then applied
+// the momentum cut: this step's is then off), one block per event, before they go to the
+// host. The same steps as FirstHits::run, in the same f64 arithmetic and order:
 //
 // 1. the tracks kept: not clones and not below the minimum momentum (MomentumCut::keeps;
-//    a track below it is marked 2 in the clone marks, so the host leaves it out); their
-//    hits are the used ones;
-// 2. each kept track's predicted point on its first hit's plane (FirstHitCuts::predict),
-//    the predictions in track order;
+//    a track below it is marked 2 in the clone marks, so the host leaves it out);
+//
+// then per pass, for the hit `at` of each track (1: the second, 0: the first), with the
+// kept tracks' hits as the last pass left them the used ones:
+//
+// 2. each kept track's predicted point on its hit's plane (FirstHitCuts::predict), the
+//    predictions in track order;
 // 3. the origin's centre and size from the tracks (FirstHits::spot: medians of a sample
 //    of at most about SPOT_SAMPLE, sorted in shared memory), and each track's point from
 //    the origin combined with its own where its first hit is not near the origin (the
 //    own point from the packed fit, as FirstHitCuts::predict makes it: the geometry of
 //    the track's first two hits is read again here, since the predictions' scratch holds
-//    eight doubles each);
-// 4. the pool: each plane's hits that no kept track uses and the predictions' own first
+//    eight doubles each; the second hit's point is the origin's alone);
+// 4. the pool: each plane's hits that no kept track uses and the predictions' own
 //    hits, placed as the warps find them, then sorted by (plane, row of the mean window's
 //    height, x) and hit, as the CPU's;
 // 5. every pair of prediction and pool hit within the cut (each row of the window found
@@ -29,7 +33,8 @@
 //
 // Nothing depends on the order threads arrive in: every order is a key's. An event beyond
 // the step's limits (its hits, predictions, pairs) is marked failed (1: hits or
-// predictions, 2: pairs) with its tracks untouched: the host runs it on the CPU.
+// predictions, 2: pairs), its tracks as the pass before left them: the host runs the
+// whole event on the CPU.
 
 // Threads of the step's block (one block per event).
 #define FH_THREADS 512
@@ -81,6 +86,7 @@
 #define FHI_MIN_HITS 1
 #define FHI_UNIFORM 2
 #define FHI_TRACK_FIT 3
+#define FHI_SECOND_HITS 4
 
 __device__ __forceinline__ u32 fh_scan(u32 v, u32* total) {
     return block_scan_inclusive_of<FH_THREADS>(v, total);
@@ -141,16 +147,16 @@ __device__ __forceinline__ bool fh_keeps(const u32* fw, const double* fp) {
     return !(measured && q - fp[FHD_MC_N_SIGMA] * sigma > fp[FHD_MC_MAX_QOP]);
 }
 
-// FirstHitCuts::predict.
+// FirstHitCuts::predict of the track's hit `at` (0: the first, 1: the second).
 __device__ bool fh_predict(const double* __restrict__ fp, const int* __restrict__ fi,
                            const int* __restrict__ pair_i32, const float* __restrict__ tents,
-                           uint2 tr, const u32* __restrict__ hits, const u32* __restrict__ fw,
-                           const float* __restrict__ hx, const float* __restrict__ hy,
-                           const u32* __restrict__ hp, FhPred& p) {
+                           uint2 tr, u32 at, const u32* __restrict__ hits,
+                           const u32* __restrict__ fw, const float* __restrict__ hx,
+                           const float* __restrict__ hy, const u32* __restrict__ hp, FhPred& p) {
     const u32 n_planes = (u32)fi[FHI_N_PLANES];
-    const u32 need = max((u32)fi[FHI_MIN_HITS], 2u);
+    const u32 need = max((u32)fi[FHI_MIN_HITS], at + 2u);
     if (tr.y <= need) return false;
-    const u32 i0 = hits[tr.x], i1 = hits[tr.x + 1];
+    const u32 i0 = hits[tr.x + at], i1 = hits[tr.x + at + 1];
     const u32 k0 = hp[i0], k1 = hp[i1];
     if (k0 >= k1 || k1 >= n_planes) return false;
     const double oz = fp[FHD_ORIGIN_Z];
@@ -390,6 +396,14 @@ __device__ __forceinline__ void fh_fit(const u32* hits, uint2 tr, const float* h
     store_fit(res, out);
 }
 
+// Drops hit `at` of packed track t: the hits before it move up one place and the track
+// starts one place later (its length one less).
+__device__ __forceinline__ void fh_drop(u32* hits, uint2* tracks, u32 t, u32 at) {
+    const uint2 tr = tracks[t];
+    for (u32 i = at; i > 0; i--) hits[tr.x + i] = hits[tr.x + i - 1];
+    tracks[t] = make_uint2(tr.x + 1, tr.y - 1);
+}
+
 // The median of the first m keys of s (sorted, n a power of two >= m; the rest the
 // largest key), as a double.
 __device__ double fh_median(unsigned long long* s, u32 m, u32 n) {
@@ -445,18 +459,11 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
     u32* pslot = pred_u + (size_t)tb * 8;
     // pred_u per prediction: slot, own, plane, edge start, edge count, assigned, change
     // (prediction or none), new hit.
-    for (u32 w = tid; w < FH_HIT_WORDS; w += FH_THREADS) {
-        s_used[w] = 0;
-        s_start[w] = 0;
-        s_taken[w] = 0;
-    }
-    for (u32 w = tid; w < FH_MAX_PREDS / 32; w += FH_THREADS) s_asg[w] = 0;
-    __syncthreads();
 #ifdef FH_PHASE_CLOCKS
     long long fh_clk[13] = {0};
 #endif
     FH_CLOCK(0);
-    // 1. The tracks kept; their hits used.
+    // 1. The tracks kept.
     u32 kept_local = 0;
     for (u32 k = tid; k < nt; k += FH_THREADS) {
         const u32 t = tb + k;
@@ -466,447 +473,475 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
             continue;
         }
         kept_local++;
-        const uint2 tr = out_tracks[t];
-        for (u32 i = 0; i < tr.y; i++) fh_set(s_used, out_hits[tr.x + i]);
     }
     u32 kept;
     fh_scan(kept_local, &kept);
     __syncthreads();
     if (kept < 2) return;
-    FH_CLOCK(1);
-    // 2. The predictions, in track order.
-    u32 np = 0;
-    for (u32 c0 = 0; c0 < nt; c0 += FH_THREADS) {
-        const u32 k = c0 + tid;
-        FhPred p;
-        bool have = false;
-        if (k < nt && marks[tb + k] == 0) {
+    // The event's share of the pairs' arenas.
+    FhEdge* ev_edges = edges + (size_t)e * edge_share;
+    FhEdge* ev_contested = contested + (size_t)e * edge_share;
+    // Each track's second hit chosen again where the cuts ask for it (at = 1), then its
+    // first (at = 0): FirstHits::run_at. A pass that finds nothing to change goes on to
+    // the next; an event beyond the limits is handed back whole.
+    for (int pass = fi[FHI_SECOND_HITS] ? 1 : 0; pass >= 0; pass--) {
+        const u32 at = (u32)pass;
+        for (u32 w = tid; w < FH_HIT_WORDS; w += FH_THREADS) {
+            s_used[w] = 0;
+            s_start[w] = 0;
+            s_taken[w] = 0;
+        }
+        for (u32 w = tid; w < FH_MAX_PREDS / 32; w += FH_THREADS) s_asg[w] = 0;
+        __syncthreads();
+        // The kept tracks' hits used (as the last pass left them).
+        for (u32 k = tid; k < nt; k += FH_THREADS) {
             const u32 t = tb + k;
-            have = fh_predict(fp, fi, pair_i32, tents, out_tracks[t], out_hits,
-                              out_fits + (size_t)t * FIT_WORDS, hx, hy, hp, p);
-        }
-        u32 chunk;
-        const u32 r = np + fh_scan(have ? 1u : 0u, &chunk) - (have ? 1u : 0u);
-        if (have && r < FH_MAX_PREDS) {
-            double* d = pd8 + (size_t)r * 8;
-            d[0] = p.x;
-            d[1] = p.y;
-            d[2] = p.var_x;
-            d[3] = p.var_y;
-            d[4] = p.arm;
-            d[5] = p.own_x;
-            d[6] = p.own_y;
-            u32* u = pslot + (size_t)r * 8;
-            u[0] = k;
-            u[1] = p.own;
-            u[2] = p.plane;
-            fh_set(s_start, p.own);
-        }
-        np += chunk;
-        __syncthreads();
-    }
-    if (np == 0) return;
-    if (np > FH_MAX_PREDS || n_planes > FH_MAX_PLANES) {
-        if (tid == 0) fh_failed[e] = 1;
-        return;
-    }
-    FH_CLOCK(2);
-    // 3. The origin's centre and size from the tracks.
-    if (tid < 2) {
-        s_centre[tid] = 0.0;
-        s_var[tid] = fp[FHD_ORIGIN_VAR_X + tid];
-    }
-    __syncthreads();
-    if (np >= FH_SPOT_TRACKS) {
-        const u32 every = max(np / FH_SPOT_SAMPLE, 1u);
-        const u32 m = (np + every - 1) / every;
-        u32 n = 1;
-        while (n < m) n <<= 1;
-        for (int c = 0; c < 2; c++) {
-            for (u32 j = tid; j < n; j += FH_THREADS) {
-                unsigned long long key = ~0ull;
-                if (j < m) {
-                    const double* d = pd8 + (size_t)(j * every) * 8;
-                    key = fh_order64((d[5 + c] - d[c]) / d[4]);
-                }
-                s_key[j] = key;
-            }
-            __syncthreads();
-            const double med = fh_median(s_key, m, n);
-            for (u32 j = tid; j < m; j += FH_THREADS) {
-                s_key[j] = fh_order64(fabs(fh_of_order64(s_key[j]) - med));
-            }
-            __syncthreads();
-            const double spread = 1.4826 * fh_median(s_key, m, n);
-            for (u32 j = tid; j < n; j += FH_THREADS) {
-                unsigned long long key = ~0ull;
-                if (j < m) {
-                    const double* d = pd8 + (size_t)(j * every) * 8;
-                    const double a = d[4];
-                    const u32 k0 = pslot[(size_t)(j * every) * 8 + 2];
-                    key = fh_order64((d[2 + c] + fp[FHD_PLANES + 4 * k0 + 1 + c]) / (a * a));
-                }
-                s_key[j] = key;
-            }
-            __syncthreads();
-            const double other = fh_median(s_key, m, n);
-            if (tid == 0) {
-                const double floor_v = FH_SPOT_FLOOR * FH_SPOT_FLOOR * spread * spread;
-                if (isfinite(med) && isfinite(spread)) {
-                    const double ov = fp[FHD_ORIGIN_VAR_X + c];
-                    const double half = 3.0 * sqrt(ov);
-                    s_centre[c] = fmin(fmax(med, -half), half);
-                    s_var[c] = fmin(fmax(spread * spread - other, floor_v), ov);
-                }
-            }
-            __syncthreads();
-        }
-    }
-    const double chi2_max = fp[FHD_CHI2_MAX];
-    {
-        const double c0 = s_centre[0], c1 = s_centre[1], v0 = s_var[0], v1 = s_var[1];
-        // The points from the origin, combined with the tracks' own.
-        const double oz = fp[FHD_ORIGIN_Z];
-        for (u32 r = tid; r < np; r += FH_THREADS) {
-            double* d = pd8 + (size_t)r * 8;
-            const u32* u = pslot + (size_t)r * 8;
-            const u32 t = tb + u[0], k0 = u[2];
-            const u32* fw = out_fits + (size_t)t * FIT_WORDS;
-            const u32 k1 = hp[out_hits[out_tracks[t].x + 1]];
-            const double z0 = fp[FHD_PLANES + 4 * k0] - oz;
-            const double z1 = fp[FHD_PLANES + 4 * k1] - oz;
-            const double f = z0 / z1;
-            const double hit_x = fp[FHD_PLANES + 4 * k0 + 1], hit_y = fp[FHD_PLANES + 4 * k0 + 2];
-            double ox[3], oy[3];
-            // The track's own point only where its first hit is not near the origin.
-            const bool far = f > FH_NEAR_ORIGIN_RATIO;
-            const bool own_x_ok = far && fh_own_axis((double)__uint_as_float(fw[0]),
-                                            (double)__uint_as_float(fw[5 + 0]),
-                                            (double)__uint_as_float(fw[5 + 3]), d[5], hit_x,
-                                            z1 - z0, f, ox);
-            const bool own_y_ok = far && fh_own_axis((double)__uint_as_float(fw[1]),
-                                            (double)__uint_as_float(fw[5 + 2]),
-                                            (double)__uint_as_float(fw[5 + 7]), d[6], hit_y,
-                                            z1 - z0, f, oy);
-            const double a = d[4];
-            double x = d[0] + c0 * a, var_x = d[2] + v0 * a * a;
-            double y = d[1] + c1 * a, var_y = d[3] + v1 * a * a;
-            fh_combine(&x, &var_x, own_x_ok, ox);
-            fh_combine(&y, &var_y, own_y_ok, oy);
-            d[0] = x;
-            d[1] = y;
-            d[2] = var_x + hit_x;
-            d[3] = var_y + hit_y;
-        }
-    }
-    __syncthreads();
-    FH_CLOCK(3);
-    // 4. The rows of the mean window's height (the heights summed in prediction order).
-    {
-        double h_sum = 0.0;
-        for (u32 c0 = 0; c0 < np; c0 += 1024) {
-            const u32 cn = min(np - c0, 1024u);
-            for (u32 j = tid; j < cn; j += FH_THREADS) {
-                const double vy = pd8[(size_t)(c0 + j) * 8 + 3];
-                s_key[j] = (unsigned long long)__double_as_longlong(2.0 * sqrt(chi2_max * vy));
-            }
-            __syncthreads();
-            if (tid == 0) {
-                for (u32 j = 0; j < cn; j++) h_sum += __longlong_as_double((long long)s_key[j]);
-            }
-            __syncthreads();
-        }
-        if (tid == 0) s_row_h = fmax(h_sum / (double)np, 1e-3);
-        __syncthreads();
-    }
-    const double row_h = s_row_h;
-    // The planes a prediction starts on.
-    __shared__ u32 s_with[FH_MAX_PLANES / 32];
-    if (tid < FH_MAX_PLANES / 32) s_with[tid] = 0;
-    __syncthreads();
-    for (u32 r = tid; r < np; r += FH_THREADS) fh_set(s_with, pslot[(size_t)r * 8 + 2]);
-    __syncthreads();
-    // The pool, sorted by (plane, row, x) and hit as the CPU's (room for twice the
-    // event's hits: the sort's power of two). Its entries are placed in the order the
-    // warps reach them (one shared atomic per warp): the sort below orders them by key and
-    // hit, whatever that order.
-    __shared__ u32 s_npool;
-    if (tid == 0) s_npool = 0;
-    __syncthreads();
-    u32* ph = pool_h + 2 * (size_t)hs;
-    unsigned long long* pk = pool_key + 2 * (size_t)hs;
-    u32* cl = claims + hs;
-    const u32 lane = tid & 31u;
-    for (u32 c0 = 0; c0 < nh; c0 += FH_THREADS) {
-        const u32 h = c0 + tid;
-        bool in = false;
-        u32 plane = 0;
-        if (h < nh) {
-            plane = hp[h];
-            in = plane < n_planes && fh_bit(s_with, plane) &&
-                 (!fh_bit(s_used, h) || fh_bit(s_start, h)) && isfinite(hx[h]) && isfinite(hy[h]);
-        }
-        const u32 votes = __ballot_sync(0xffffffffu, in);
-        u32 base = 0;
-        if (lane == 0 && votes != 0u) base = atomicAdd(&s_npool, (u32)__popc(votes));
-        base = __shfl_sync(0xffffffffu, base, 0);
-        if (in) {
-            const u32 q = base + (u32)__popc(votes & ((1u << lane) - 1u));
-            ph[q] = h;
-            pk[q] = fh_pool_key(plane, fh_row((double)hy[h], row_h), hx[h]);
-            cl[q] = 0;
-        }
-    }
-    __syncthreads();
-    const u32 npool = s_npool;
-    FH_CLOCK(4);
-    {
-        u32 n_ps = 1;
-        while (n_ps < npool) n_ps <<= 1;
-        for (u32 q = npool + tid; q < n_ps; q += FH_THREADS) {
-            pk[q] = ~0ull;
-            ph[q] = FH_NONE;
+            if (marks[t] != 0) continue;
+            const uint2 tr = out_tracks[t];
+            for (u32 i = 0; i < tr.y; i++) fh_set(s_used, out_hits[tr.x + i]);
         }
         __syncthreads();
-        if (npool > 1) fh_sort_pool(pk, ph, n_ps, s_key, s_pool_hit);
-    }
-    FH_CLOCK(5);
-    // 5. Every pair within the cut: counted, then written.
-    const u32 max_pairs = FH_MAX_PAIRS_PER_TRACK * np;
-    u32 n_edges = 0;
-    for (int write = 0; write < 2; write++) {
+        FH_CLOCK(1);
+        // 2. The predictions, in track order.
+        u32 np = 0;
+        for (u32 c0 = 0; c0 < nt; c0 += FH_THREADS) {
+            const u32 k = c0 + tid;
+            FhPred p;
+            bool have = false;
+            if (k < nt && marks[tb + k] == 0) {
+                const u32 t = tb + k;
+                have = fh_predict(fp, fi, pair_i32, tents, out_tracks[t], at, out_hits,
+                                  out_fits + (size_t)t * FIT_WORDS, hx, hy, hp, p);
+            }
+            u32 chunk;
+            const u32 r = np + fh_scan(have ? 1u : 0u, &chunk) - (have ? 1u : 0u);
+            if (have && r < FH_MAX_PREDS) {
+                double* d = pd8 + (size_t)r * 8;
+                d[0] = p.x;
+                d[1] = p.y;
+                d[2] = p.var_x;
+                d[3] = p.var_y;
+                d[4] = p.arm;
+                d[5] = p.own_x;
+                d[6] = p.own_y;
+                u32* u = pslot + (size_t)r * 8;
+                u[0] = k;
+                u[1] = p.own;
+                u[2] = p.plane;
+                fh_set(s_start, p.own);
+            }
+            np += chunk;
+            __syncthreads();
+        }
+        if (np == 0) continue;
+        if (np > FH_MAX_PREDS || n_planes > FH_MAX_PLANES) {
+            if (tid == 0) fh_failed[e] = 1;
+            return;
+        }
+        FH_CLOCK(2);
+        // 3. The origin's centre and size from the tracks.
+        if (tid < 2) {
+            s_centre[tid] = 0.0;
+            s_var[tid] = fp[FHD_ORIGIN_VAR_X + tid];
+        }
+        __syncthreads();
+        if (np >= FH_SPOT_TRACKS) {
+            const u32 every = max(np / FH_SPOT_SAMPLE, 1u);
+            const u32 m = (np + every - 1) / every;
+            u32 n = 1;
+            while (n < m) n <<= 1;
+            for (int c = 0; c < 2; c++) {
+                for (u32 j = tid; j < n; j += FH_THREADS) {
+                    unsigned long long key = ~0ull;
+                    if (j < m) {
+                        const double* d = pd8 + (size_t)(j * every) * 8;
+                        key = fh_order64((d[5 + c] - d[c]) / d[4]);
+                    }
+                    s_key[j] = key;
+                }
+                __syncthreads();
+                const double med = fh_median(s_key, m, n);
+                for (u32 j = tid; j < m; j += FH_THREADS) {
+                    s_key[j] = fh_order64(fabs(fh_of_order64(s_key[j]) - med));
+                }
+                __syncthreads();
+                const double spread = 1.4826 * fh_median(s_key, m, n);
+                for (u32 j = tid; j < n; j += FH_THREADS) {
+                    unsigned long long key = ~0ull;
+                    if (j < m) {
+                        const double* d = pd8 + (size_t)(j * every) * 8;
+                        const double a = d[4];
+                        const u32 k0 = pslot[(size_t)(j * every) * 8 + 2];
+                        key = fh_order64((d[2 + c] + fp[FHD_PLANES + 4 * k0 + 1 + c]) / (a * a));
+                    }
+                    s_key[j] = key;
+                }
+                __syncthreads();
+                const double other = fh_median(s_key, m, n);
+                if (tid == 0) {
+                    const double floor_v = FH_SPOT_FLOOR * FH_SPOT_FLOOR * spread * spread;
+                    if (isfinite(med) && isfinite(spread)) {
+                        const double ov = fp[FHD_ORIGIN_VAR_X + c];
+                        const double half = 3.0 * sqrt(ov);
+                        s_centre[c] = fmin(fmax(med, -half), half);
+                        s_var[c] = fmin(fmax(spread * spread - other, floor_v), ov);
+                    }
+                }
+                __syncthreads();
+            }
+        }
+        const double chi2_max = fp[FHD_CHI2_MAX];
+        {
+            const double c0 = s_centre[0], c1 = s_centre[1], v0 = s_var[0], v1 = s_var[1];
+            // The points from the origin, combined with the tracks' own.
+            const double oz = fp[FHD_ORIGIN_Z];
+            for (u32 r = tid; r < np; r += FH_THREADS) {
+                double* d = pd8 + (size_t)r * 8;
+                const u32* u = pslot + (size_t)r * 8;
+                const u32 t = tb + u[0], k0 = u[2];
+                const u32* fw = out_fits + (size_t)t * FIT_WORDS;
+                const u32 k1 = hp[out_hits[out_tracks[t].x + 1]];
+                const double z0 = fp[FHD_PLANES + 4 * k0] - oz;
+                const double z1 = fp[FHD_PLANES + 4 * k1] - oz;
+                const double f = z0 / z1;
+                const double hit_x = fp[FHD_PLANES + 4 * k0 + 1];
+                const double hit_y = fp[FHD_PLANES + 4 * k0 + 2];
+                double ox[3], oy[3];
+                // The track's own point only for its first hit, where that is not near the
+                // origin.
+                const bool far = at == 0 && f > FH_NEAR_ORIGIN_RATIO;
+                const bool own_x_ok = far && fh_own_axis((double)__uint_as_float(fw[0]),
+                                                (double)__uint_as_float(fw[5 + 0]),
+                                                (double)__uint_as_float(fw[5 + 3]), d[5], hit_x,
+                                                z1 - z0, f, ox);
+                const bool own_y_ok = far && fh_own_axis((double)__uint_as_float(fw[1]),
+                                                (double)__uint_as_float(fw[5 + 2]),
+                                                (double)__uint_as_float(fw[5 + 7]), d[6], hit_y,
+                                                z1 - z0, f, oy);
+                const double a = d[4];
+                double x = d[0] + c0 * a, var_x = d[2] + v0 * a * a;
+                double y = d[1] + c1 * a, var_y = d[3] + v1 * a * a;
+                fh_combine(&x, &var_x, own_x_ok, ox);
+                fh_combine(&y, &var_y, own_y_ok, oy);
+                d[0] = x;
+                d[1] = y;
+                d[2] = var_x + hit_x;
+                d[3] = var_y + hit_y;
+            }
+        }
+        __syncthreads();
+        FH_CLOCK(3);
+        // 4. The rows of the mean window's height (the heights summed in prediction order).
+        {
+            double h_sum = 0.0;
+            for (u32 c0 = 0; c0 < np; c0 += 1024) {
+                const u32 cn = min(np - c0, 1024u);
+                for (u32 j = tid; j < cn; j += FH_THREADS) {
+                    const double vy = pd8[(size_t)(c0 + j) * 8 + 3];
+                    s_key[j] = (unsigned long long)__double_as_longlong(2.0 * sqrt(chi2_max * vy));
+                }
+                __syncthreads();
+                if (tid == 0) {
+                    for (u32 j = 0; j < cn; j++) h_sum += __longlong_as_double((long long)s_key[j]);
+                }
+                __syncthreads();
+            }
+            if (tid == 0) s_row_h = fmax(h_sum / (double)np, 1e-3);
+            __syncthreads();
+        }
+        const double row_h = s_row_h;
+        // The planes a prediction starts on.
+        __shared__ u32 s_with[FH_MAX_PLANES / 32];
+        if (tid < FH_MAX_PLANES / 32) s_with[tid] = 0;
+        __syncthreads();
+        for (u32 r = tid; r < np; r += FH_THREADS) fh_set(s_with, pslot[(size_t)r * 8 + 2]);
+        __syncthreads();
+        // The pool, sorted by (plane, row, x) and hit as the CPU's (room for twice the
+        // event's hits: the sort's power of two). Its entries are placed in the order the
+        // warps reach them (one shared atomic per warp): the sort below orders them by key and
+        // hit, whatever that order.
+        __shared__ u32 s_npool;
+        if (tid == 0) s_npool = 0;
+        __syncthreads();
+        u32* ph = pool_h + 2 * (size_t)hs;
+        unsigned long long* pk = pool_key + 2 * (size_t)hs;
+        u32* cl = claims + hs;
+        const u32 lane = tid & 31u;
+        for (u32 c0 = 0; c0 < nh; c0 += FH_THREADS) {
+            const u32 h = c0 + tid;
+            bool in = false;
+            u32 plane = 0;
+            if (h < nh) {
+                plane = hp[h];
+                in = plane < n_planes && fh_bit(s_with, plane) &&
+                     (!fh_bit(s_used, h) || fh_bit(s_start, h)) && isfinite(hx[h]) &&
+                     isfinite(hy[h]);
+            }
+            const u32 votes = __ballot_sync(0xffffffffu, in);
+            u32 base = 0;
+            if (lane == 0 && votes != 0u) base = atomicAdd(&s_npool, (u32)__popc(votes));
+            base = __shfl_sync(0xffffffffu, base, 0);
+            if (in) {
+                const u32 q = base + (u32)__popc(votes & ((1u << lane) - 1u));
+                ph[q] = h;
+                pk[q] = fh_pool_key(plane, fh_row((double)hy[h], row_h), hx[h]);
+                cl[q] = 0;
+            }
+        }
+        __syncthreads();
+        const u32 npool = s_npool;
+        FH_CLOCK(4);
+        {
+            u32 n_ps = 1;
+            while (n_ps < npool) n_ps <<= 1;
+            for (u32 q = npool + tid; q < n_ps; q += FH_THREADS) {
+                pk[q] = ~0ull;
+                ph[q] = FH_NONE;
+            }
+            __syncthreads();
+            if (npool > 1) fh_sort_pool(pk, ph, n_ps, s_key, s_pool_hit);
+        }
+        FH_CLOCK(5);
+        // 5. Every pair within the cut: counted, then written.
+        const u32 max_pairs = FH_MAX_PAIRS_PER_TRACK * np;
+        u32 n_edges = 0;
+        bool too_many = false;
+        for (int write = 0; write < 2 && !too_many; write++) {
+            for (u32 c0 = 0; c0 < np; c0 += FH_THREADS) {
+                const u32 r = c0 + tid;
+                u32 count = 0;
+                if (r < np) {
+                    const double* d = pd8 + (size_t)r * 8;
+                    u32* u = pslot + (size_t)r * 8;
+                    const u32 plane = u[2], own = u[1];
+                    const double px = d[0], py = d[1], vx = d[2], vy = d[3];
+                    const double wx = sqrt(chi2_max * vx) * (1.0 + 1e-6) + 1e-6;
+                    const double wy = sqrt(chi2_max * vy) * (1.0 + 1e-6) + 1e-6;
+                    const int r0 = fh_row(py - wy, row_h), r1 = fh_row(py + wy, row_h);
+                    const u32 lo = fh_order32((float)(px - wx)), hi = fh_order32((float)(px + wx));
+                    const u32 from = write ? u[3] : 0;
+                    for (int row = r0; r1 - r0 <= FH_MAX_WINDOW_ROWS && row <= r1; row++) {
+                        const unsigned long long base =
+                            fh_pool_key(plane, row, 0.0f) & 0xffffffff00000000ull;
+                        const unsigned long long lo_key = base | lo, hi_key = base | hi;
+                        for (u32 q = lower_bound_of(pk, 0u, npool, lo_key);
+                             q < npool && pk[q] <= hi_key; q++) {
+                            const u32 h = ph[q];
+                            const double dx = (double)hx[h] - px, dy = (double)hy[h] - py;
+                            const double chi2 = dx * dx / vx + dy * dy / vy;
+                            if (chi2 <= chi2_max) {
+                                if (write) {
+                                    FhEdge ed;
+                                    ed.rank = fh_order64(h == own ? chi2 - FH_HOLD : chi2);
+                                    ed.r = r;
+                                    ed.q = q;
+                                    ev_edges[(size_t)from + count] = ed;
+                                } else {
+                                    atomicAdd(&cl[q], 1u);
+                                }
+                                count++;
+                            }
+                        }
+                    }
+                    if (!write) u[4] = count;
+                }
+                if (!write) {
+                    u32 chunk;
+                    const u32 start = n_edges + fh_scan(count, &chunk) - count;
+                    if (r < np) pslot[(size_t)r * 8 + 3] = start;
+                    n_edges += chunk;
+                }
+                __syncthreads();
+            }
+            if (!write) {
+                // FirstHits::run leaves the tracks as they are where the pairs of the
+                // predictions before the last exceed the bound.
+                const u32 last = pslot[(size_t)(np - 1) * 8 + 4];
+                too_many = n_edges - last > max_pairs;
+                if (!too_many && n_edges > edge_share) {
+                    if (tid == 0) fh_failed[e] = 2;
+                    return;
+                }
+            }
+        }
+        if (too_many) continue;
+        FH_CLOCK(6);
+        // 6. The uncontested pairs; the others sorted and matched in order.
+        u32 n_cont = 0;
         for (u32 c0 = 0; c0 < np; c0 += FH_THREADS) {
             const u32 r = c0 + tid;
             u32 count = 0;
+            u32 a = 0;
             if (r < np) {
-                const double* d = pd8 + (size_t)r * 8;
                 u32* u = pslot + (size_t)r * 8;
-                const u32 plane = u[2], own = u[1];
-                const double px = d[0], py = d[1], vx = d[2], vy = d[3];
-                const double wx = sqrt(chi2_max * vx) * (1.0 + 1e-6) + 1e-6;
-                const double wy = sqrt(chi2_max * vy) * (1.0 + 1e-6) + 1e-6;
-                const int r0 = fh_row(py - wy, row_h), r1 = fh_row(py + wy, row_h);
-                const u32 lo = fh_order32((float)(px - wx)), hi = fh_order32((float)(px + wx));
-                const u32 at = write ? u[3] : 0;
-                for (int row = r0; r1 - r0 <= FH_MAX_WINDOW_ROWS && row <= r1; row++) {
-                    const unsigned long long base =
-                        fh_pool_key(plane, row, 0.0f) & 0xffffffff00000000ull;
-                    const unsigned long long lo_key = base | lo, hi_key = base | hi;
-                    for (u32 q = lower_bound_of(pk, 0u, npool, lo_key);
-                         q < npool && pk[q] <= hi_key; q++) {
-                        const u32 h = ph[q];
-                        const double dx = (double)hx[h] - px, dy = (double)hy[h] - py;
-                        const double chi2 = dx * dx / vx + dy * dy / vy;
-                        if (chi2 <= chi2_max) {
-                            if (write) {
-                                FhEdge ed;
-                                ed.rank = fh_order64(h == own ? chi2 - FH_HOLD : chi2);
-                                ed.r = r;
-                                ed.q = q;
-                                edges[(size_t)at + count] = ed;
-                            } else {
-                                atomicAdd(&cl[q], 1u);
-                            }
-                            count++;
-                        }
-                    }
+                a = u[3];
+                const u32 b = a + u[4];
+                u[5] = FH_NONE;
+                if (b == a + 1 && cl[ev_edges[a].q] == 1) {
+                    const u32 h = ph[ev_edges[a].q];
+                    u[5] = h;
+                    fh_set(s_taken, h);
+                    fh_set(s_asg, r);
+                } else {
+                    count = b - a;
                 }
-                if (!write) u[4] = count;
             }
-            if (!write) {
-                u32 chunk;
-                const u32 start = n_edges + fh_scan(count, &chunk) - count;
-                if (r < np) pslot[(size_t)r * 8 + 3] = start;
-                n_edges += chunk;
+            u32 chunk;
+            const u32 to = n_cont + fh_scan(count, &chunk) - count;
+            for (u32 i = 0; i < count; i++) ev_contested[to + i] = ev_edges[a + i];
+            n_cont += chunk;
+            __syncthreads();
+        }
+        u32 n_sort = 1;
+        while (n_sort < n_cont) n_sort <<= 1;
+        if (n_cont > 0 && n_sort > edge_share) {
+            if (tid == 0) fh_failed[e] = 2;
+            return;
+        }
+        for (u32 i = n_cont + tid; i < n_sort; i += FH_THREADS) {
+            FhEdge s;
+            s.rank = ~0ull;
+            s.r = FH_NONE;
+            s.q = FH_NONE;
+            ev_contested[i] = s;
+        }
+        __syncthreads();
+        if (n_cont > 1) fh_sort_edges(ev_contested, n_sort);
+        FH_CLOCK(7);
+        // Matched in order by one thread, from pairs (prediction, hit) staged in shared
+        // memory by the block.
+        for (u32 c0 = 0; c0 < n_cont; c0 += 1024) {
+            const u32 cn = min(n_cont - c0, 1024u);
+            for (u32 i = tid; i < cn; i += FH_THREADS) {
+                const FhEdge ed = ev_contested[c0 + i];
+                s_key[i] = ((unsigned long long)ed.r << 32) | ph[ed.q];
+            }
+            __syncthreads();
+            if (tid == 0) {
+                for (u32 i = 0; i < cn; i++) {
+                    const u32 r = (u32)(s_key[i] >> 32), h = (u32)s_key[i];
+                    if (fh_bit(s_asg, r) || fh_bit(s_taken, h)) continue;
+                    s_asg[r >> 5] |= 1u << (r & 31);
+                    s_taken[h >> 5] |= 1u << (h & 31);
+                    pslot[(size_t)r * 8 + 5] = h;
+                }
             }
             __syncthreads();
         }
-        if (!write) {
-            // FirstHits::run leaves the tracks as they are where the pairs of the
-            // predictions before the last exceed the bound.
-            const u32 last = pslot[(size_t)(np - 1) * 8 + 4];
-            if (n_edges - last > max_pairs) return;
-            if (n_edges > edge_share) {
-                if (tid == 0) fh_failed[e] = 2;
-                return;
+        FH_CLOCK(8);
+        // 7. The changes, in prediction order: a new hit, or none where another took the own
+        // one.
+        u32 n_chg = 0;
+        for (u32 c0 = 0; c0 < np; c0 += FH_THREADS) {
+            const u32 r = c0 + tid;
+            bool change = false;
+            u32 nw = FH_NONE;
+            if (r < np) {
+                const u32* u = pslot + (size_t)r * 8;
+                const u32 own = u[1];
+                nw = u[5];
+                if (nw == FH_NONE && !fh_bit(s_taken, own)) nw = own;
+                change = nw != own;
             }
-            edges += (size_t)e * edge_share;
-            contested += (size_t)e * edge_share;
-        }
-    }
-    FH_CLOCK(6);
-    // 6. The uncontested pairs; the others sorted and matched in order.
-    u32 n_cont = 0;
-    for (u32 c0 = 0; c0 < np; c0 += FH_THREADS) {
-        const u32 r = c0 + tid;
-        u32 count = 0;
-        u32 a = 0;
-        if (r < np) {
-            u32* u = pslot + (size_t)r * 8;
-            a = u[3];
-            const u32 b = a + u[4];
-            u[5] = FH_NONE;
-            if (b == a + 1 && cl[edges[a].q] == 1) {
-                const u32 h = ph[edges[a].q];
-                u[5] = h;
-                fh_set(s_taken, h);
-                fh_set(s_asg, r);
-            } else {
-                count = b - a;
+            u32 chunk;
+            const u32 j = n_chg + fh_scan(change ? 1u : 0u, &chunk) - (change ? 1u : 0u);
+            if (change) {
+                // The change's prediction and new hit, at the change's place.
+                pslot[(size_t)j * 8 + 6] = r;
+                pslot[(size_t)j * 8 + 7] = nw;
             }
+            n_chg += chunk;
+            __syncthreads();
         }
-        u32 chunk;
-        const u32 at = n_cont + fh_scan(count, &chunk) - count;
-        for (u32 i = 0; i < count; i++) contested[at + i] = edges[a + i];
-        n_cont += chunk;
-        __syncthreads();
-    }
-    u32 n_sort = 1;
-    while (n_sort < n_cont) n_sort <<= 1;
-    if (n_cont > 0 && n_sort > edge_share) {
-        if (tid == 0) fh_failed[e] = 2;
-        return;
-    }
-    for (u32 i = n_cont + tid; i < n_sort; i += FH_THREADS) {
-        FhEdge s;
-        s.rank = ~0ull;
-        s.r = FH_NONE;
-        s.q = FH_NONE;
-        contested[i] = s;
-    }
-    __syncthreads();
-    if (n_cont > 1) fh_sort_edges(contested, n_sort);
-    FH_CLOCK(7);
-    // Matched in order by one thread, from pairs (prediction, hit) staged in shared
-    // memory by the block.
-    for (u32 c0 = 0; c0 < n_cont; c0 += 1024) {
-        const u32 cn = min(n_cont - c0, 1024u);
-        for (u32 i = tid; i < cn; i += FH_THREADS) {
-            const FhEdge ed = contested[c0 + i];
-            s_key[i] = ((unsigned long long)ed.r << 32) | ph[ed.q];
-        }
-        __syncthreads();
-        if (tid == 0) {
-            for (u32 i = 0; i < cn; i++) {
-                const u32 r = (u32)(s_key[i] >> 32), h = (u32)s_key[i];
-                if (fh_bit(s_asg, r) || fh_bit(s_taken, h)) continue;
-                s_asg[r >> 5] |= 1u << (r & 31);
-                s_taken[h >> 5] |= 1u << (h & 31);
-                pslot[(size_t)r * 8 + 5] = h;
-            }
-        }
-        __syncthreads();
-    }
-    FH_CLOCK(8);
-    // 7. The changes, in prediction order: a new first hit, or none where another took
-    // the own one.
-    u32 n_chg = 0;
-    for (u32 c0 = 0; c0 < np; c0 += FH_THREADS) {
-        const u32 r = c0 + tid;
-        bool change = false;
-        u32 nw = FH_NONE;
-        if (r < np) {
-            const u32* u = pslot + (size_t)r * 8;
-            const u32 own = u[1];
-            nw = u[5];
-            if (nw == FH_NONE && !fh_bit(s_taken, own)) nw = own;
-            change = nw != own;
-        }
-        u32 chunk;
-        const u32 j = n_chg + fh_scan(change ? 1u : 0u, &chunk) - (change ? 1u : 0u);
-        if (change) {
-            // The change's prediction and new hit, at the change's place.
-            pslot[(size_t)j * 8 + 6] = r;
-            pslot[(size_t)j * 8 + 7] = nw;
-        }
-        n_chg += chunk;
-        __syncthreads();
-    }
-    if (n_chg == 0) return;
-    FH_CLOCK(9);
-    // The changes made; then the candidates' fit of the changed tracks (for the cut) on
-    // the block's first threads and, where the tracks' own fit differs, that fit of the
-    // same tracks on the others at once, into the tracks' fits (the changes undone below
-    // fitted again).
-    for (u32 j = tid; j < n_chg; j += FH_THREADS) {
-        const u32 r = pslot[(size_t)j * 8 + 6], nw = pslot[(size_t)j * 8 + 7];
-        const u32 t = tb + pslot[(size_t)r * 8];
-        const uint2 tr = out_tracks[t];
-        if (nw == FH_NONE) {
-            out_tracks[t] = make_uint2(tr.x + 1, tr.y - 1);
-        } else {
-            out_hits[tr.x] = nw;
-        }
-    }
-    __syncthreads();
-    const bool track_fit = fi[FHI_TRACK_FIT] != 0;
-    const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
-                            slices, pf,     pd,        pi,       nodes};
-    const KalmanTables TT = {rows32, rows64, gap_steps, gap_kind, gap_slice, slices,
-                             track_fit ? tpf : pf, track_fit ? tpd : pd,
-                             track_fit ? tpi : pi, nodes};
-    {
-        const u32 lanes = track_fit ? FH_THREADS / 2 : FH_THREADS;
-        const bool cand = tid < lanes;
-        for (u32 j = cand ? tid : tid - lanes; j < n_chg; j += lanes) {
-            const u32 t = tb + pslot[(size_t)pslot[(size_t)j * 8 + 6] * 8];
-            u32* o = cand ? chg_fit + ((size_t)tb + j) * FIT_WORDS
-                          : out_fits + (size_t)t * FIT_WORDS;
-            fh_fit(out_hits, out_tracks[t], hx, hy, hp, cand ? T : TT, o);
-        }
-    }
-    __syncthreads();
-    FH_CLOCK(10);
-    // Each change that fails the fit's cut undone, in order: its own first hit back if
-    // still free, else its second hit first; marked for its fit again.
-    if (tid == 0) {
-        const double max_chi2_ndf = fp[FHD_MAX_CHI2_NDF];
-        for (u32 j = 0; j < n_chg; j++) {
-            const u32* w = chg_fit + ((size_t)tb + j) * FIT_WORDS;
-            const double chi2 = (double)__uint_as_float(w[21]);
-            const u32 ndf = min(w[22], 65535u);
-            const bool pass = w[23] != 0 && ndf > 0 && chi2 / (double)ndf <= max_chi2_ndf;
+        if (n_chg == 0) continue;
+        FH_CLOCK(9);
+        // The changes made; then the candidates' fit of the changed tracks (for the cut) on
+        // the block's first threads and, where the tracks' own fit differs, that fit of the
+        // same tracks on the others at once, into the tracks' fits (the changes undone below
+        // fitted again).
+        for (u32 j = tid; j < n_chg; j += FH_THREADS) {
             const u32 r = pslot[(size_t)j * 8 + 6], nw = pslot[(size_t)j * 8 + 7];
-            if (pass || nw == FH_NONE) continue;
-            const u32 own = pslot[(size_t)r * 8 + 1];
             const u32 t = tb + pslot[(size_t)r * 8];
             const uint2 tr = out_tracks[t];
-            if (!fh_bit(s_taken, own)) {
-                out_hits[tr.x] = own;
+            if (nw == FH_NONE) {
+                fh_drop(out_hits, out_tracks, t, at);
             } else {
-                out_tracks[t] = make_uint2(tr.x + 1, tr.y - 1);
+                out_hits[tr.x + at] = nw;
             }
-            s_taken[nw >> 5] &= ~(1u << (nw & 31));
-            s_taken[own >> 5] |= 1u << (own & 31);
-            pslot[(size_t)j * 8 + 7] = FH_UNDONE;
         }
-    }
-    __syncthreads();
-    FH_CLOCK(11);
-    // The final fits: the undone changes' tracks fitted again with the tracks' fit; the
-    // others' candidates' fit copied where it is the tracks' fit too.
-    for (u32 j = tid; j < n_chg; j += FH_THREADS) {
-        const u32 r = pslot[(size_t)j * 8 + 6];
-        const u32 t = tb + pslot[(size_t)r * 8];
-        u32* o = out_fits + (size_t)t * FIT_WORDS;
-        if (pslot[(size_t)j * 8 + 7] == FH_UNDONE) {
-            fh_fit(out_hits, out_tracks[t], hx, hy, hp, TT, o);
-        } else if (!track_fit) {
-            const u32* w = chg_fit + ((size_t)tb + j) * FIT_WORDS;
-            for (int i = 0; i < FIT_WORDS; i++) o[i] = w[i];
+        __syncthreads();
+        const bool track_fit = fi[FHI_TRACK_FIT] != 0;
+        const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,
+                                slices, pf,     pd,        pi,       nodes};
+        const KalmanTables TT = {rows32, rows64, gap_steps, gap_kind, gap_slice, slices,
+                                 track_fit ? tpf : pf, track_fit ? tpd : pd,
+                                 track_fit ? tpi : pi, nodes};
+        {
+            const u32 lanes = track_fit ? FH_THREADS / 2 : FH_THREADS;
+            const bool cand = tid < lanes;
+            for (u32 j = cand ? tid : tid - lanes; j < n_chg; j += lanes) {
+                const u32 t = tb + pslot[(size_t)pslot[(size_t)j * 8 + 6] * 8];
+                u32* o = cand ? chg_fit + ((size_t)tb + j) * FIT_WORDS
+                              : out_fits + (size_t)t * FIT_WORDS;
+                fh_fit(out_hits, out_tracks[t], hx, hy, hp, cand ? T : TT, o);
+            }
         }
-    }
-    FH_CLOCK(12);
+        __syncthreads();
+        FH_CLOCK(10);
+        // Each change that fails the fit's cut undone, in order: its own hit back if still
+        // free, else none there; marked for its fit again.
+        if (tid == 0) {
+            const double max_chi2_ndf = fp[FHD_MAX_CHI2_NDF];
+            for (u32 j = 0; j < n_chg; j++) {
+                const u32* w = chg_fit + ((size_t)tb + j) * FIT_WORDS;
+                const double chi2 = (double)__uint_as_float(w[21]);
+                const u32 ndf = min(w[22], 65535u);
+                const bool pass = w[23] != 0 && ndf > 0 && chi2 / (double)ndf <= max_chi2_ndf;
+                const u32 r = pslot[(size_t)j * 8 + 6], nw = pslot[(size_t)j * 8 + 7];
+                if (pass || nw == FH_NONE) continue;
+                const u32 own = pslot[(size_t)r * 8 + 1];
+                const u32 t = tb + pslot[(size_t)r * 8];
+                const uint2 tr = out_tracks[t];
+                if (!fh_bit(s_taken, own)) {
+                    out_hits[tr.x + at] = own;
+                } else {
+                    fh_drop(out_hits, out_tracks, t, at);
+                }
+                s_taken[nw >> 5] &= ~(1u << (nw & 31));
+                s_taken[own >> 5] |= 1u << (own & 31);
+                pslot[(size_t)j * 8 + 7] = FH_UNDONE;
+            }
+        }
+        __syncthreads();
+        FH_CLOCK(11);
+        // The final fits: the undone changes' tracks fitted again with the tracks' fit; the
+        // others' candidates' fit copied where it is the tracks' fit too.
+        for (u32 j = tid; j < n_chg; j += FH_THREADS) {
+            const u32 r = pslot[(size_t)j * 8 + 6];
+            const u32 t = tb + pslot[(size_t)r * 8];
+            u32* o = out_fits + (size_t)t * FIT_WORDS;
+            if (pslot[(size_t)j * 8 + 7] == FH_UNDONE) {
+                fh_fit(out_hits, out_tracks[t], hx, hy, hp, TT, o);
+            } else if (!track_fit) {
+                const u32* w = chg_fit + ((size_t)tb + j) * FIT_WORDS;
+                for (int i = 0; i < FIT_WORDS; i++) o[i] = w[i];
+            }
+        }
+        FH_CLOCK(12);
 #ifdef FH_PHASE_CLOCKS
-    if (tid == 0 && e < 2) {
-        long long d[12];
-        for (int i = 0; i < 12; i++) d[i] = fh_clk[i + 1] - fh_clk[i];
-        printf("ca_first_hits phases event %u tracks %u predictions %u pool %u pairs %u "
-               "contested %u changes %u: kept %lld predictions %lld spot %lld pool %lld "
-               "pool sort %lld pairs %lld contested sort %lld matching %lld changes %lld "
-               "fits %lld undo %lld final fits %lld\n",
-               e, nt, np, npool, n_edges, n_cont, n_chg, d[0], d[1], d[2], d[3], d[4], d[5],
-               d[6], d[7], d[8], d[9], d[10], d[11]);
-    }
+        if (tid == 0 && e < 2) {
+            long long d[12];
+            for (int i = 0; i < 12; i++) d[i] = fh_clk[i + 1] - fh_clk[i];
+            printf("ca_first_hits hit %u phases event %u tracks %u predictions %u pool %u pairs %u "
+                   "contested %u changes %u: kept %lld predictions %lld spot %lld pool %lld "
+                   "pool sort %lld pairs %lld contested sort %lld matching %lld changes %lld "
+                   "fits %lld undo %lld final fits %lld\n",
+                   at, e, nt, np, npool, n_edges, n_cont, n_chg, d[0], d[1], d[2], d[3], d[4],
+                   d[5], d[6], d[7], d[8], d[9], d[10], d[11]);
+        }
 #endif
+        // The pass's tracks and fits complete before the next pass reads them.
+        __syncthreads();
+        FH_CLOCK(0);
+    }
 }

@@ -1070,6 +1070,7 @@ pub fn first_hit_params(
         cuts.min_hits.min(i32::MAX as usize) as i32,
         b.is_some() as i32,
         track_fit as i32,
+        cuts.second_hits as i32,
     ];
     (d, i)
 }

@@ -267,7 +267,8 @@ impl Reconstructor {
     }
 
     /// The step of [`Self::reconstruct`] after the exchange (as the GPU's tracks come
-    /// back): [`ca::first_hits`]. Returns the number of tracks whose first hit changed.
+    /// back): [`ca::first_hits`]. Returns the number of tracks whose second hit changed
+    /// plus the number whose first hit changed.
     pub fn choose_first_hits(&mut self, hits: &[HitRecord], tracks: &mut [Track]) -> usize {
         self.first_hits.run(
             &self.first_hit_cuts,
@@ -1268,6 +1269,66 @@ mod tests {
             assert_eq!(reco.choose_first_hits(&hits, &mut tracks), 0);
             assert_eq!(tracks[0].hits, mixed[0]);
         }
+    }
+
+    /// Two particles of the same momentum whose directions differ by 0.5 mrad in y (0.15
+    /// mm apart on the first plane, 0.2 mm on the second): tracks that took each other's
+    /// first two hits get both back where the second hits are chosen again first. The
+    /// first-hit step alone leaves them: each chord runs through the other particle's
+    /// second hit and points at its first.
+    #[test]
+    fn first_two_hits_taken_from_a_neighbour_are_given_back() {
+        use rand::Rng;
+        let det = detector(8, [0.0, 0.8, 0.0], 0.004, 0.016);
+        let mut rng = ChaCha8Rng::seed_from_u64(6);
+        let mut hits = Vec::new();
+        let mut starts = Vec::new();
+        for k in 0..30 {
+            let tx: f64 = rng.random_range(-0.15..0.15);
+            let ty: f64 = rng.random_range(-0.15..0.15);
+            let q = if k % 2 == 0 { 1.0 } else { -1.0 };
+            starts.push([0.0, 0.0, tx, ty, q * rng.random_range(0.2..0.6)]);
+        }
+        let s0 = [0.0, 0.0, starts[0][2], starts[0][3], 0.3];
+        starts[0] = s0;
+        starts[1] = [0.0, 0.0, s0[2], s0[3] + 0.15 / det.planes[0].z_mm, s0[4]];
+        let own: Vec<Vec<u32>> = starts
+            .iter()
+            .map(|&s| track(&det, s, true, true, &mut rng, &mut hits).0)
+            .collect();
+        let fitted = |reco: &Reconstructor, ids: &[u32]| {
+            let o = reco.fitter().fit_reference(&fit_hits(&hits, ids));
+            let mut t = Track {
+                hits: ids.to_vec(),
+                ..Track::default()
+            };
+            o.write_track(&mut t);
+            t
+        };
+        let mut mixed = own.clone();
+        for i in 0..2 {
+            (mixed[0][i], mixed[1][i]) = (own[1][i], own[0][i]);
+        }
+        let cfg = FinderConfig::from_detector(&det, 1.0);
+        assert!(cfg.first_hits_to_origin && cfg.second_hits_to_origin);
+        let mut reco = Reconstructor::new(&det, cfg.clone());
+        let mut tracks: Vec<Track> = mixed.iter().map(|ids| fitted(&reco, ids)).collect();
+        // Both tracks' second hits, then both first hits.
+        assert_eq!(reco.choose_first_hits(&hits, &mut tracks), 4);
+        for (t, ids) in tracks.iter().zip(&own) {
+            assert_eq!(&t.hits, ids);
+        }
+        let mut first_only = Reconstructor::new(
+            &det,
+            FinderConfig {
+                second_hits_to_origin: false,
+                ..cfg
+            },
+        );
+        let mut tracks: Vec<Track> = mixed.iter().map(|ids| fitted(&first_only, ids)).collect();
+        assert_eq!(first_only.choose_first_hits(&hits, &mut tracks), 0);
+        assert_eq!(tracks[0].hits, mixed[0]);
+        assert_eq!(tracks[1].hits, mixed[1]);
     }
 
     #[test]

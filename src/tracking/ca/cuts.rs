@@ -255,6 +255,12 @@ pub struct FinderConfig {
     /// their own particle's hit on every shipped detector; it adds a few per cent to the
     /// finder's time on one core (`bench/RESULTS.md`). Default: true.
     pub first_hits_to_origin: bool,
+    /// Before the first hits, each track's second hit is chosen again in the same way,
+    /// against the origin through its third hit (the origin's point alone): in the
+    /// densest cores a track often takes a nearby particle's first two hits, and the first
+    /// hit's chord through a wrong second hit points at the wrong particle
+    /// ([`super::first_hits`]). Only where `first_hits_to_origin` runs. Default: true.
+    pub second_hits_to_origin: bool,
     /// Output the tracks whose fit measures them below the minimum momentum. By default,
     /// where the field measures momenta (`fit.fit_momentum`), a track whose fitted q/p
     /// exceeds `1 / min_p_gev` by more than `n_sigma` of its own q/p error is not output
@@ -331,6 +337,7 @@ impl FinderConfig {
             divert_chains: true,
             exchange_segments: true,
             first_hits_to_origin: true,
+            second_hits_to_origin: true,
             keep_tracks_below_min_p: false,
             fit,
             limits: Limits::default(),
@@ -684,6 +691,7 @@ pub struct FinderOverrides {
     pub divert_chains: Option<bool>,
     pub exchange_segments: Option<bool>,
     pub first_hits_to_origin: Option<bool>,
+    pub second_hits_to_origin: Option<bool>,
     pub keep_tracks_below_min_p: Option<bool>,
     pub fit: FitOverrides,
     pub limits: Option<Limits>,
@@ -750,6 +758,7 @@ impl FinderOverrides {
             divert_chains,
             exchange_segments,
             first_hits_to_origin,
+            second_hits_to_origin,
             keep_tracks_below_min_p
         );
         if self.first_pass_min_hits.is_none() {

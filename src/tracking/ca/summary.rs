@@ -158,14 +158,15 @@ pub fn summary(det: &Detector, cfg: &FinderConfig) -> String {
     );
     let on = |b: bool| if b { "on" } else { "off" };
     row(
-        "exchange_segments, first_hits_to_origin",
+        "exchange_segments, first_hits_to_origin, second_hits_to_origin",
         format!(
-            "{}, {}",
+            "{}, {}, {}",
             on(cfg.exchange_segments),
-            on(cfg.first_hits_to_origin)
+            on(cfg.first_hits_to_origin),
+            on(cfg.second_hits_to_origin)
         ),
-        "the exchange of segments between crossing tracks; the first hits chosen again with \
-         the origin as a measurement",
+        "the exchange of segments between crossing tracks; the first hits, and before them \
+         the second hits, chosen again with the origin as a measurement",
     );
     row(
         "keep_tracks_below_min_p",
