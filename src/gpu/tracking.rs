@@ -28,9 +28,10 @@
 //!    limits is handed back as `exchange`); on the host with the CPU's own step where
 //!    there is no clone step on the device;
 //! 5. where the origin is finite and the configuration asks for it
-//!    ([`FinderConfig::first_hits_to_origin`], on by default), each track's first hit
-//!    chosen again against the origin and its own next hits, as
-//!    the CPU does after the exchange ([`crate::tracking::ca::first_hits`]): on the device,
+//!    ([`FinderConfig::first_hits_to_origin`], on by default), each track's second hit
+//!    (where [`FinderConfig::second_hits_to_origin`] asks for it) and then its first hit
+//!    chosen again against the origin and its own next hits, as the CPU does after the
+//!    exchange ([`crate::tracking::ca::first_hits`]): on the device,
 //!    on the packed tracks after the exchange, before they come back
 //!    ([`GpuCaEngine::set_first_hits`], one block per event; an event beyond its limits is
 //!    handed back as `first_hits`); where the exchange runs on the host, on the host
