@@ -50,8 +50,10 @@
 #define FH_MAX_WINDOW_ROWS 16
 #define FH_MAX_PAIRS_PER_TRACK 32
 #define FH_NONE 0xffffffffu
-// A change undone after its fit (in its new-hit word; hits are numbered below it).
+// A change undone after its fit to a hit dropped (in its new-hit word; hits are numbered
+// below it), and one undone to the track as it was (its fit given back).
 #define FH_UNDONE 0xfffffffeu
+#define FH_RESTORED 0xfffffffdu
 // Profiling builds (TRIGD_KERNEL_OPTIONS="-DFH_PHASE_CLOCKS"): thread 0 of each event's
 // block reads clock64() at the end of each step (after a barrier of its own) and the
 // first two events of a launch print their cycles per step.
@@ -855,14 +857,19 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
         }
         if (n_chg == 0) continue;
         FH_CLOCK(9);
-        // The changes made; then the candidates' fit of the changed tracks (for the cut) on
-        // the block's first threads and, where the tracks' own fit differs, that fit of the
-        // same tracks on the others at once, into the tracks' fits (the changes undone below
+        // The changes made, each track's fit kept (chg_fit: per change, the candidates' fit
+        // of the changed track, then the track's fit before the change); then the
+        // candidates' fit of the changed tracks (for the cut) on the block's first threads
+        // and, where the tracks' own fit differs, that fit of the same tracks on the others
+        // at once, into the tracks' fits (the changes undone below given back their fits, or
         // fitted again).
         for (u32 j = tid; j < n_chg; j += FH_THREADS) {
             const u32 r = pslot[(size_t)j * 8 + 6], nw = pslot[(size_t)j * 8 + 7];
             const u32 t = tb + pslot[(size_t)r * 8];
             const uint2 tr = out_tracks[t];
+            const u32* was = out_fits + (size_t)t * FIT_WORDS;
+            u32* keep = chg_fit + (2 * ((size_t)tb + j) + 1) * FIT_WORDS;
+            for (int i = 0; i < FIT_WORDS; i++) keep[i] = was[i];
             if (nw == FH_NONE) {
                 fh_drop(out_hits, out_tracks, t, at);
             } else {
@@ -881,7 +888,7 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
             const bool cand = tid < lanes;
             for (u32 j = cand ? tid : tid - lanes; j < n_chg; j += lanes) {
                 const u32 t = tb + pslot[(size_t)pslot[(size_t)j * 8 + 6] * 8];
-                u32* o = cand ? chg_fit + ((size_t)tb + j) * FIT_WORDS
+                u32* o = cand ? chg_fit + 2 * ((size_t)tb + j) * FIT_WORDS
                               : out_fits + (size_t)t * FIT_WORDS;
                 fh_fit(out_hits, out_tracks[t], hx, hy, hp, cand ? T : TT, o);
             }
@@ -889,11 +896,11 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
         __syncthreads();
         FH_CLOCK(10);
         // Each change that fails the fit's cut undone, in order: its own hit back if still
-        // free, else none there; marked for its fit again.
+        // free (marked for its fit back), else none there (marked for its fit again).
         if (tid == 0) {
             const double max_chi2_ndf = fp[FHD_MAX_CHI2_NDF];
             for (u32 j = 0; j < n_chg; j++) {
-                const u32* w = chg_fit + ((size_t)tb + j) * FIT_WORDS;
+                const u32* w = chg_fit + 2 * ((size_t)tb + j) * FIT_WORDS;
                 const double chi2 = (double)__uint_as_float(w[21]);
                 const u32 ndf = min(w[22], 65535u);
                 const bool pass = w[23] != 0 && ndf > 0 && chi2 / (double)ndf <= max_chi2_ndf;
@@ -902,28 +909,31 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
                 const u32 own = pslot[(size_t)r * 8 + 1];
                 const u32 t = tb + pslot[(size_t)r * 8];
                 const uint2 tr = out_tracks[t];
-                if (!fh_bit(s_taken, own)) {
+                const bool back = !fh_bit(s_taken, own);
+                if (back) {
                     out_hits[tr.x + at] = own;
                 } else {
                     fh_drop(out_hits, out_tracks, t, at);
                 }
                 s_taken[nw >> 5] &= ~(1u << (nw & 31));
                 s_taken[own >> 5] |= 1u << (own & 31);
-                pslot[(size_t)j * 8 + 7] = FH_UNDONE;
+                pslot[(size_t)j * 8 + 7] = back ? FH_RESTORED : FH_UNDONE;
             }
         }
         __syncthreads();
         FH_CLOCK(11);
-        // The final fits: the undone changes' tracks fitted again with the tracks' fit; the
-        // others' candidates' fit copied where it is the tracks' fit too.
+        // The final fits: the tracks given back their hits given back their fits, those
+        // that lost the hit fitted again with the tracks' fit; the others' candidates' fit
+        // copied where it is the tracks' fit too.
         for (u32 j = tid; j < n_chg; j += FH_THREADS) {
             const u32 r = pslot[(size_t)j * 8 + 6];
             const u32 t = tb + pslot[(size_t)r * 8];
+            const u32 how = pslot[(size_t)j * 8 + 7];
             u32* o = out_fits + (size_t)t * FIT_WORDS;
-            if (pslot[(size_t)j * 8 + 7] == FH_UNDONE) {
+            if (how == FH_UNDONE) {
                 fh_fit(out_hits, out_tracks[t], hx, hy, hp, TT, o);
-            } else if (!track_fit) {
-                const u32* w = chg_fit + ((size_t)tb + j) * FIT_WORDS;
+            } else if (how == FH_RESTORED || !track_fit) {
+                const u32* w = chg_fit + (2 * ((size_t)tb + j) + (how == FH_RESTORED)) * FIT_WORDS;
                 for (int i = 0; i < FIT_WORDS; i++) o[i] = w[i];
             }
         }

@@ -1100,8 +1100,10 @@ struct FirstHitsDevice {
 impl FirstHitsDevice {
     /// Bytes of its scratch for `limits`.
     fn scratch_bytes(l: &CaLimits) -> usize {
-        let per_slot =
-            8 * 8 + 8 * 4 + FIT_WORDS * 4 + 2 * FIRST_HIT_PAIRS_PER_SLOT * FIRST_HIT_PAIR_WORDS * 4;
+        let per_slot = 8 * 8
+            + 8 * 4
+            + 2 * FIT_WORDS * 4
+            + 2 * FIRST_HIT_PAIRS_PER_SLOT * FIRST_HIT_PAIR_WORDS * 4;
         per_slot * l.max_candidates + 28 * l.max_hits + 4 * l.max_events
     }
 
@@ -1128,7 +1130,8 @@ impl FirstHitsDevice {
             claims: DeviceBuffer::new(ctx, l.max_hits)?,
             edges: DeviceBuffer::new(ctx, pairs)?,
             contested: DeviceBuffer::new(ctx, pairs)?,
-            chg_fit: DeviceBuffer::new(ctx, FIT_WORDS * slots)?,
+            // Per change, its candidates' fit and its track's fit before the change.
+            chg_fit: DeviceBuffer::new(ctx, 2 * FIT_WORDS * slots)?,
             failed: DeviceBuffer::new(ctx, l.max_events)?,
             failed_host: PinnedBuffer::new(ctx, l.max_events)?,
             pair_limit: usize::MAX,

@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
         std::vector<double> pred_d(8 * n_tracks, NAN);
         std::vector<unsigned> pred_u(8 * n_tracks, 0xdeadbeefu), pool_h(2 * n_hits, 0xdeadbeefu);
         std::vector<unsigned long long> pool_key(2 * n_hits, 0xdeadbeefdeadbeefull);
-        std::vector<unsigned> claims(n_hits, 0xdeadbeefu), chg_fit(FIT_WORDS * n_tracks, 0xdeadbeefu);
+        std::vector<unsigned> claims(n_hits, 0xdeadbeefu), chg_fit(2 * FIT_WORDS * n_tracks, 0xdeadbeefu);
         const FhEdge poison = {0xdeadbeefdeadbeefull, 0xdeadbeefu, 0xdeadbeefu};
         std::vector<FhEdge> edges((size_t)n_events * edge_share, poison);
         std::vector<FhEdge> contested((size_t)n_events * edge_share, poison);

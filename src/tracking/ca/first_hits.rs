@@ -453,12 +453,41 @@ pub struct FirstHits {
     changes: Vec<(u32, u32)>,
     /// The changed tracks' hits before the change.
     original: Vec<Vec<u32>>,
+    /// The changed tracks' fits before the change, given back to a change undone to them.
+    original_fit: Vec<Fitted>,
     /// The changed tracks' hits laid out for the fit, each track's span of them.
     fit_hits: Vec<FitHit>,
     spans: Vec<(usize, usize)>,
     fits: Vec<FitOutput>,
     /// The spot's offsets and other errors, per axis.
     scratch: [Vec<f64>; 4],
+}
+
+/// A track's fitted parameters (its state, covariance, chi-square and degrees of freedom).
+#[derive(Debug, Clone, Copy)]
+struct Fitted {
+    state: crate::tracking::track::TrackState,
+    cov: [f32; 15],
+    chi2: f32,
+    ndf: u16,
+}
+
+impl Fitted {
+    fn of(t: &Track) -> Self {
+        Fitted {
+            state: t.state,
+            cov: t.cov,
+            chi2: t.chi2,
+            ndf: t.ndf,
+        }
+    }
+
+    fn write(&self, t: &mut Track) {
+        t.state = self.state;
+        t.cov = self.cov;
+        t.chi2 = self.chi2;
+        t.ndf = self.ndf;
+    }
 }
 
 /// The median of `v` (reordered), NaN when empty.
@@ -647,10 +676,12 @@ impl FirstHits {
         while self.original.len() < self.changes.len() {
             self.original.push(Vec::new());
         }
+        self.original_fit.clear();
         for (k, &(t, new)) in self.changes.iter().enumerate() {
             let track = &mut tracks[t as usize];
             self.original[k].clear();
             self.original[k].extend_from_slice(&track.hits);
+            self.original_fit.push(Fitted::of(track));
             if new == u32::MAX {
                 track.hits.remove(at);
             } else {
@@ -658,9 +689,9 @@ impl FirstHits {
             }
         }
         // Each changed track fitted with the finder's fit; where it fails the cut, its own
-        // hit back if still free, else none there.
+        // hit back if still free (the track as it was, with its fit), else none there.
         self.fit_changed(fitter, hits, tracks);
-        let mut undone = 0;
+        let mut dropped = 0;
         for (k, &(t, new)) in self.changes.iter().enumerate() {
             let f = &self.fits[k];
             let pass = f.ok && f.ndf > 0 && f.chi2 / f.ndf as f64 <= cuts.max_chi2_ndf;
@@ -674,14 +705,14 @@ impl FirstHits {
                 track.hits.extend_from_slice(&self.original[k]);
             } else {
                 track.hits.remove(at);
+                dropped += 1;
             }
             self.taken[new as usize] = false;
             self.taken[own as usize] = true;
-            undone += 1;
         }
         // The final fits of the tracks that changed (the finder's where they are the
-        // final ones and no change was undone).
-        if final_fitter.is_some() || undone > 0 {
+        // final ones and no change was undone to a hit dropped).
+        if final_fitter.is_some() || dropped > 0 {
             self.fit_changed(final_fitter.unwrap_or(fitter), hits, tracks);
         }
         let mut changed = 0;
@@ -689,8 +720,10 @@ impl FirstHits {
             let track = &mut tracks[t as usize];
             if track.hits[..] != self.original[k][..] {
                 changed += 1;
+                self.fits[k].write_track(track);
+            } else {
+                self.original_fit[k].write(track);
             }
-            self.fits[k].write_track(track);
         }
         changed
     }
