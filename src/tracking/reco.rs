@@ -1179,23 +1179,41 @@ mod tests {
         assert_eq!(off.exchange_segments(&hits, &mut tracks), 0);
     }
 
+    /// Thirty particles' states at the origin: slopes within 0.15, q/p 0.2-0.6 of
+    /// alternating charge.
+    fn origin_starts(rng: &mut ChaCha8Rng) -> Vec<[f64; 5]> {
+        use rand::Rng;
+        (0..30)
+            .map(|k| {
+                let tx: f64 = rng.random_range(-0.15..0.15);
+                let ty: f64 = rng.random_range(-0.15..0.15);
+                let q = if k % 2 == 0 { 1.0 } else { -1.0 };
+                [0.0, 0.0, tx, ty, q * rng.random_range(0.2..0.6)]
+            })
+            .collect()
+    }
+
+    /// The track of hits `ids` with `reco`'s reference fit.
+    fn fitted_track(reco: &Reconstructor, hits: &[HitRecord], ids: &[u32]) -> Track {
+        let o = reco.fitter().fit_reference(&fit_hits(hits, ids));
+        let mut t = Track {
+            hits: ids.to_vec(),
+            ..Track::default()
+        };
+        o.write_track(&mut t);
+        t
+    }
+
     /// Thirty particles from the origin, two of them close on the first plane: tracks that
     /// took each other's first hit get their own back, a track that took a nearby free hit
     /// (its own left free) gets its own back, the particles' own tracks are left as they
     /// are, and without an origin (infinite box) or switched off nothing changes.
     #[test]
     fn first_hits_taken_from_a_neighbour_are_given_back() {
-        use rand::Rng;
         let det = detector(8, [0.0, 0.8, 0.0], 0.004, 0.016);
         let mut rng = ChaCha8Rng::seed_from_u64(5);
         let mut hits = Vec::new();
-        let mut starts = Vec::new();
-        for k in 0..30 {
-            let tx: f64 = rng.random_range(-0.15..0.15);
-            let ty: f64 = rng.random_range(-0.15..0.15);
-            let q = if k % 2 == 0 { 1.0 } else { -1.0 };
-            starts.push([0.0, 0.0, tx, ty, q * rng.random_range(0.2..0.6)]);
-        }
+        let mut starts = origin_starts(&mut rng);
         // Particle 1, softer than particle 0, leaves the origin in the direction that
         // brings it 0.07 mm from particle 0 in x on the first plane (then they part).
         let z0 = det.planes[0].z_mm;
@@ -1224,15 +1242,7 @@ mod tests {
             ..FinderConfig::from_detector(&det, 1.0)
         };
         let mut reco = Reconstructor::new(&det, cfg.clone());
-        let fitted = |reco: &Reconstructor, ids: &[u32]| {
-            let o = reco.fitter().fit_reference(&fit_hits(&hits, ids));
-            let mut t = Track {
-                hits: ids.to_vec(),
-                ..Track::default()
-            };
-            o.write_track(&mut t);
-            t
-        };
+        let fitted = |reco: &Reconstructor, ids: &[u32]| fitted_track(reco, &hits, ids);
         let truth: Vec<Track> = own.iter().map(|ids| fitted(&reco, ids)).collect();
         let mut tracks = truth.clone();
         assert_eq!(reco.choose_first_hits(&hits, &mut tracks), 0);
@@ -1278,17 +1288,10 @@ mod tests {
     /// second hit and points at its first.
     #[test]
     fn first_two_hits_taken_from_a_neighbour_are_given_back() {
-        use rand::Rng;
         let det = detector(8, [0.0, 0.8, 0.0], 0.004, 0.016);
         let mut rng = ChaCha8Rng::seed_from_u64(6);
         let mut hits = Vec::new();
-        let mut starts = Vec::new();
-        for k in 0..30 {
-            let tx: f64 = rng.random_range(-0.15..0.15);
-            let ty: f64 = rng.random_range(-0.15..0.15);
-            let q = if k % 2 == 0 { 1.0 } else { -1.0 };
-            starts.push([0.0, 0.0, tx, ty, q * rng.random_range(0.2..0.6)]);
-        }
+        let mut starts = origin_starts(&mut rng);
         let s0 = [0.0, 0.0, starts[0][2], starts[0][3], 0.3];
         starts[0] = s0;
         starts[1] = [0.0, 0.0, s0[2], s0[3] + 0.15 / det.planes[0].z_mm, s0[4]];
@@ -1296,15 +1299,7 @@ mod tests {
             .iter()
             .map(|&s| track(&det, s, true, true, &mut rng, &mut hits).0)
             .collect();
-        let fitted = |reco: &Reconstructor, ids: &[u32]| {
-            let o = reco.fitter().fit_reference(&fit_hits(&hits, ids));
-            let mut t = Track {
-                hits: ids.to_vec(),
-                ..Track::default()
-            };
-            o.write_track(&mut t);
-            t
-        };
+        let fitted = |reco: &Reconstructor, ids: &[u32]| fitted_track(reco, &hits, ids);
         let mut mixed = own.clone();
         for i in 0..2 {
             (mixed[0][i], mixed[1][i]) = (own[1][i], own[0][i]);
