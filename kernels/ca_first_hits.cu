@@ -922,9 +922,9 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
         }
         __syncthreads();
         FH_CLOCK(11);
-        // The final fits: the tracks given back their hits given back their fits, those
-        // that lost the hit fitted again with the tracks' fit; the others' candidates' fit
-        // copied where it is the tracks' fit too.
+        // The final fits: a track whose change was undone to its own hit gets back the fit
+        // it had, one that lost the hit is fitted again with the tracks' fit; the others'
+        // candidates' fit is copied where it is the tracks' fit too.
         for (u32 j = tid; j < n_chg; j += FH_THREADS) {
             const u32 r = pslot[(size_t)j * 8 + 6];
             const u32 t = tb + pslot[(size_t)r * 8];
