@@ -74,6 +74,7 @@
 #define EXI_N_PLANES 0
 #define EXI_MIN_HITS 1
 #define EXI_TRACK_FIT 2
+#define EXI_EVIDENCE 3
 // Failures (ex_failed): tracks, planes or a track's hits beyond the step's, pairs beyond
 // the event's share.
 #define EX_FAIL_SIZE 1
@@ -391,10 +392,11 @@ __device__ __forceinline__ void ex_note_fit(const KalmanResult& r, float* chi2, 
     unsigned long long* G = gains + 2 * (size_t)tb * pairs_per_track;                         \
     u32* st = state + (size_t)e * EX_STATE;                                                   \
     const int track_fit = xi[EXI_TRACK_FIT];                                                  \
+    const int evidence = xi[EXI_EVIDENCE];                                                    \
     const KalmanTables T = {rows32, rows64, gap_steps, gap_kind, gap_slice,                   \
                             slices, pf,     pd,        pi,       nodes};                      \
     (void)nh; (void)min_hits; (void)max_chi2_ndf; (void)pair_cap; (void)track_fit; (void)T; (void)fst; \
-    (void)sq;
+    (void)sq; (void)evidence;
 
 // 1. The tracks kept, their working lists, their hits' owners and index.
 extern "C" __global__ void __launch_bounds__(EX_THREADS) ca_exchange_begin(EX_PARAMS) {
@@ -682,6 +684,33 @@ extern "C" __global__ void __launch_bounds__(EX_WIDE_THREADS) ca_exchange_evalua
         u32 trial[MAX_CHAIN];
         for (u32 i = 0; i < s_up; i++) trial[i] = up[i];
         for (u32 i = s_down; i < l_down; i++) trial[s_up + i - s_down] = down[i];
+        if (evidence) {
+            // Exchange::evidence_gain: each lane the evidence of its own track (a, b) and
+            // of its new one, summed as the CPU sums them; then both new tracks fitted
+            // (Exchange::fit_weighed) where the pair gains.
+            const double mass = T.pd[PD_MASS], q_max = T.pd[PD_SCATTER_Q_MAX];
+            const double* prior = T.pd + PD_SCATTER_PRIOR;
+            const int fit_planes = T.pi[PI_N_PLANES];
+            const double e_own = scatter_evidence(ex_hits(half ? tbl : ta, hx, hy, hp),
+                                                  (int)(half ? lb : la), rows64, fit_planes, mass,
+                                                  q_max, prior);
+            const double e_new = scatter_evidence(ex_hits(trial, hx, hy, hp), (int)n, rows64,
+                                                  fit_planes, mass, q_max, prior);
+            const double o_own = __shfl_xor_sync(two, e_own, 1);
+            const double o_new = __shfl_xor_sync(two, e_new, 1);
+            const double ea = half ? o_own : e_own, eb = half ? e_own : o_own;
+            const double na = half ? o_new : e_new, nb = half ? e_new : o_new;
+            const double g = ea + eb - na - nb;
+            if (!(g > (double)EX_MIN_GAIN)) continue;
+            KalmanResult r;
+            kalman_fit_track(ex_hits(trial, hx, hy, hp), (int)n, MAX_CHAIN, T, r);
+            const u32 good = ex_good(r, n, min_hits, max_chi2_ndf) ? 1u : 0u;
+            const u32 good_other = __shfl_xor_sync(two, good, 1);
+            if (half || !good || !good_other) continue;
+            const u32 at = atomicAdd(&st[EX_N_GAINS], 1u);
+            G[at] = ((unsigned long long)~fh_order32((float)g) << 32) | (unsigned long long)P[j];
+            continue;
+        }
         // Exchange::fit_exchanges: the retry only within RETRY_WITHIN times the pair's
         // room for the gain.
         KalmanResult r;

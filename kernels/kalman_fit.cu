@@ -568,20 +568,20 @@ __device__ double theta0_sq(const double* row, double mass, double qop, double t
 // Points of q/p at which scattering_qop weighs the kinks (SCATTER_GRID in kalman.rs).
 #define SCATTER_GRID 16
 
-// The q/p of a track no field bends, from the scattering its hits show
-// (KalmanFitter::scattering_qop, the same sums in the same order): the kinks' likelihood
-// on a grid of q/p over (0, q_max], a prior (the run's spectrum, or proportional to
-// 1 / sqrt(q): FitConfig::scatter_weights), and the root of the posterior mean of q^2.
-// Not inlined, its loops not unrolled: only fits without a field take it, and the
-// arrays stay out of the registers of the fit.
+// The kinks' log-likelihood at each of SCATTER_GRID points of q/p over (0, q_max], up to
+// a constant (KalmanFitter::scatter_log_likelihood_with, the same sums in the same order),
+// into logl, the points' q^2 into q2s; the constant it leaves out (the sum over the kinks
+// of ln(mx my)) added to *ln_res. False where the CPU gives none (fewer than three hits, a
+// plane the fit does not know). Not inlined, its loops not unrolled: only fits without a
+// field and the exchange without one take it, and the arrays stay out of their registers.
 template <class Hits>
-__device__ __noinline__ double scattering_qop(const Hits& h, int n, const double* rows64,
-                                              int n_planes, double mass, double q_min,
-                                              double q_max, const double* prior) {
-    if (n < 3) return q_min;
+__device__ __noinline__ bool scatter_log_likelihood(const Hits& h, int n, const double* rows64,
+                                                    int n_planes, double mass, double q_max,
+                                                    double* logl, double* q2s, double* ln_res) {
+    if (n < 3) return false;
 #pragma unroll 1
     for (int k = 0; k < n; ++k) {
-        if (h.plane(k) < 0 || h.plane(k) >= n_planes) return q_min;
+        if (h.plane(k) < 0 || h.plane(k) >= n_planes) return false;
     }
     const double* first = rows64 + ROW * h.plane(0);
     const double* last = rows64 + ROW * h.plane(n - 1);
@@ -593,7 +593,7 @@ __device__ __noinline__ double scattering_qop(const Hits& h, int n, const double
     const double root_n2 = sqrt(n2);
     const double fx = (1.0 + tx * tx) * n2, fy = (1.0 + ty * ty) * n2;
     const double m2 = mass * mass;
-    double logl[SCATTER_GRID], det[SCATTER_GRID], q2s[SCATTER_GRID], us[SCATTER_GRID];
+    double det[SCATTER_GRID], us[SCATTER_GRID];
 #pragma unroll 1
     for (int g = 0; g < SCATTER_GRID; ++g) {
         const double q = q_max * ((double)g + 0.5) / (double)SCATTER_GRID;
@@ -628,6 +628,7 @@ __device__ __noinline__ double scattering_qop(const Hits& h, int n, const double
             c += f * f * r[3] * root_n2 * w * w;
         }
         const double kx2 = kx * kx, ky2 = ky * ky, cx = c * fx, cy = c * fy;
+        *ln_res += log(mx * my);
         const double inv_m = 1.0 / (mx * my);
         const double top = us[SCATTER_GRID - 1];
         bound *= (mx + cx * top) * (my + cy * top) * inv_m;
@@ -647,12 +648,30 @@ __device__ __noinline__ double scattering_qop(const Hits& h, int n, const double
             det[g] *= vx * vy * inv_m;
         }
     }
+#pragma unroll 1
+    for (int g = 0; g < SCATTER_GRID; ++g) logl[g] = -0.5 * (logl[g] + log(det[g]));
+    return true;
+}
+
+// The largest of the log-likelihoods.
+__device__ __forceinline__ double scatter_top(const double* logl) {
     double top = -__longlong_as_double(0x7ff0000000000000LL);
 #pragma unroll 1
-    for (int g = 0; g < SCATTER_GRID; ++g) {
-        logl[g] = -0.5 * (logl[g] + log(det[g]));
-        top = fmax(top, logl[g]);
-    }
+    for (int g = 0; g < SCATTER_GRID; ++g) top = fmax(top, logl[g]);
+    return top;
+}
+
+// The q/p of a track no field bends, from the scattering its hits show
+// (KalmanFitter::scattering_qop, the same sums in the same order): the kinks' likelihood
+// on a grid of q/p over (0, q_max], a prior (the run's spectrum, or proportional to
+// 1 / sqrt(q): FitConfig::scatter_weights), and the root of the posterior mean of q^2.
+template <class Hits>
+__device__ __noinline__ double scattering_qop(const Hits& h, int n, const double* rows64,
+                                              int n_planes, double mass, double q_min,
+                                              double q_max, const double* prior) {
+    double logl[SCATTER_GRID], q2s[SCATTER_GRID], ln_res = 0.0;
+    if (!scatter_log_likelihood(h, n, rows64, n_planes, mass, q_max, logl, q2s, &ln_res)) return q_min;
+    const double top = scatter_top(logl);
     double sw = 0.0, sq = 0.0;
 #pragma unroll 1
     for (int g = 0; g < SCATTER_GRID; ++g) {
@@ -664,6 +683,26 @@ __device__ __noinline__ double scattering_qop(const Hits& h, int n, const double
     }
     // fmax/fmin return the number where the root is not one, as the CPU's max/min.
     return fmin(fmax(sqrt(sq / sw), q_min), q_max);
+}
+
+// -2 ln of the kinks' likelihood averaged over the prior, with the resolution's
+// normalisation (KalmanFitter::scatter_evidence, in the same order); infinite where the
+// CPU gives none.
+template <class Hits>
+__device__ __noinline__ double scatter_evidence(const Hits& h, int n, const double* rows64,
+                                                int n_planes, double mass, double q_max,
+                                                const double* prior) {
+    double logl[SCATTER_GRID], q2s[SCATTER_GRID], ln_res = 0.0;
+    const double inf = __longlong_as_double(0x7ff0000000000000LL);
+    if (!scatter_log_likelihood(h, n, rows64, n_planes, mass, q_max, logl, q2s, &ln_res)) return inf;
+    const double top = scatter_top(logl);
+    double z = 0.0;
+#pragma unroll 1
+    for (int g = 0; g < SCATTER_GRID; ++g) {
+        if (logl[g] - top > -40.0) z += exp(logl[g] - top) * prior[g];
+    }
+    const double e = -2.0 * (top + log(z)) + ln_res;
+    return isfinite(e) ? e : inf;
 }
 
 __device__ __forceinline__ void fit_bending(float tx, float ty, const float b[3], float& ax, float& ay) {

@@ -1205,6 +1205,7 @@ pub fn exchange_params(
         n as i32,
         cuts.min_hits.min(i32::MAX as usize) as i32,
         track_fit as i32,
+        cuts.evidence as i32,
     ];
     (f, d, i)
 }

@@ -1048,9 +1048,46 @@ impl KalmanFitter {
         l.iter().all(|v| v.is_finite()).then_some(l)
     }
 
+    /// -2 ln of the likelihood of a track's kinks ([`Self::scattering_qop`]'s model:
+    /// Gaussian kinks of the resolution and of the scattering at q/p) averaged over the
+    /// spectrum (the prior of [`FitConfig::scatter_weights`]), with the resolution's
+    /// normalisation, so that the values of different sets of hits on the same planes
+    /// compare: how well some momentum of the run's spectrum explains the hits as one
+    /// particle. `None` as for [`Self::scatter_likelihood`].
+    ///
+    /// A chi-square at one momentum does not tell two hypotheses apart where each may
+    /// have its own: the kink of a track made of two particles' segments reads, to the
+    /// scattering estimate, as a lower momentum, whose scattering then absorbs it. The
+    /// evidence charges that lower momentum its wider spread (the determinant) and its
+    /// place in the spectrum. `kernels/kalman_fit.cu` (`scatter_evidence`) computes the
+    /// same, in the same order.
+    pub fn scatter_evidence(&self, hits: &[FitHit]) -> Option<f64> {
+        let mut ln_res = 0.0;
+        let logl = self.scatter_log_likelihood_with(hits, &mut ln_res)?;
+        let top = logl.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let mut z = 0.0;
+        for (&l, &w) in logl.iter().zip(&self.scatter_prior) {
+            if l - top > -40.0 {
+                z += (l - top).exp() * w;
+            }
+        }
+        let e = -2.0 * (top + z.ln()) + ln_res;
+        e.is_finite().then_some(e)
+    }
+
     /// The log-likelihood of a track's kinks at each point of q/p, up to a constant
     /// ([`Self::scattering_qop`]).
     fn scatter_log_likelihood(&self, hits: &[FitHit]) -> Option<[f64; SCATTER_GRID]> {
+        self.scatter_log_likelihood_with(hits, &mut 0.0)
+    }
+
+    /// [`Self::scatter_log_likelihood`], adding to `ln_res` the constant it leaves out:
+    /// the sum over the kinks of ln(mx my), the logarithm of their resolution variances.
+    fn scatter_log_likelihood_with(
+        &self,
+        hits: &[FitHit],
+        ln_res: &mut f64,
+    ) -> Option<[f64; SCATTER_GRID]> {
         let q_max = 1.0 / self.cfg.scatter_p_min_gev;
         let n = hits.len();
         if n < 3 || hits.iter().any(|h| h.plane as usize >= self.planes.len()) {
@@ -1117,6 +1154,7 @@ impl KalmanFitter {
         }
         for k in 1..n - 1 {
             let (kx2, mx, cx, ky2, my, cy) = kink(k);
+            *ln_res += (mx * my).ln();
             let inv_m = 1.0 / (mx * my);
             let top = us[SCATTER_GRID - 1];
             bound *= (mx + cx * top) * (my + cy * top) * inv_m;
