@@ -118,6 +118,23 @@ __device__ __forceinline__ u32 ex_split(const u32* list, u32 len, const u32* hp,
     return len;
 }
 
+// The first plane after p on which both tracks have a hit, or `none` (next_common_plane).
+__device__ __forceinline__ u32 ex_next_common(const u32* a, u32 na, const u32* b, u32 nb, const u32* hp,
+                                              u32 p, u32 none) {
+    u32 i = 0, j = 0;
+    while (i < na && j < nb) {
+        const u32 pa = hp[a[i]], pb = hp[b[j]];
+        if (pa <= p || pa < pb) {
+            i++;
+        } else if (pb <= p || pb < pa) {
+            j++;
+        } else {
+            return pa;
+        }
+    }
+    return none;
+}
+
 // The track's hit on plane p, or EX_NONE.
 __device__ __forceinline__ u32 ex_on_plane(const u32* list, u32 len, const u32* hp, u32 p) {
     for (u32 i = 0; i < len; i++) {
@@ -588,28 +605,34 @@ __device__ __forceinline__ void ex_pairs(EX_PARAMS) {
                     const float d = fmaxf(dx, dy);
                     const float qq = fmaxf(qop[k], qop[b]);
                     const u32 lo_t = min(k, b), hi_t = max(k, b);
+                    // Side 0: the boundary before plane p; side 1: the boundary after it,
+                    // and where the gain is the kinks' evidence those up to the next
+                    // plane both tracks cross (past the last plane where there is none:
+                    // Exchange::find_pairs).
+                    const u32* lb_ = L + (size_t)b * S;
+                    const u32 nb = len[b];
                     for (u32 side = 0; side < 2; side++) {
+                        if (!(d <= ex_window(xf, p, side, qq))) continue;
+                        const u32 last = side == 0 ? p : evidence ? ex_next_common(la, na, lb_, nb, hp, p, S) : p + 1;
                         // At the detector's ends (boundary 0 or n_planes) an exchange
                         // changes nothing, but the pair's tracks are fitted as the CPU's.
-                        const u32 boundary = p + side;
-                        if (!(d <= ex_window(xf, p, side, qq))) continue;
-                        if (side == 1) {
-                            // The same boundary from the plane downstream, where the two
-                            // tracks are close there too.
-                            const u32 ha = ex_on_plane(la, na, hp, p + 1);
-                            const u32 hb = ex_on_plane(L + (size_t)b * S, len[b], hp, p + 1);
-                            if (ha != EX_NONE && hb != EX_NONE) {
+                        for (u32 boundary = p + side; boundary <= last; boundary++) {
+                            const u32 ha = side == 1 && boundary == last && last < S ? ex_on_plane(la, na, hp, last) : EX_NONE;
+                            const u32 hb = ha != EX_NONE ? ex_on_plane(lb_, nb, hp, last) : EX_NONE;
+                            if (hb != EX_NONE) {
+                                // The same boundary from that plane, where the two tracks
+                                // are close there too.
                                 const float dx1 = fabsf(hx[hb] - hx[ha]);
                                 const float dy1 = fabsf(hy[hb] - hy[ha]);
-                                const float w1 = xfp[EXF_PER_PLANE * (p + 1) + 3];
-                                if (dx1 <= w1 && dy1 <= w1 && fmaxf(dx1, dy1) <= ex_window(xf, p + 1, 0, qq))
+                                const float w1 = xfp[EXF_PER_PLANE * last + 3];
+                                if (dx1 <= w1 && dy1 <= w1 && fmaxf(dx1, dy1) <= ex_window(xf, last, 0, qq))
                                     continue;
                             }
+                            const u32 at = atomicAdd(&st[EX_N_PAIRS], 1u);
+                            if (at < pair_cap) P[at] = ex_pair(lo_t, hi_t, boundary);
+                            if (isnan(chi2[k])) atomicOr(&fl[k], EX_NEED);
+                            if (isnan(chi2[b])) atomicOr(&fl[b], EX_NEED);
                         }
-                        const u32 at = atomicAdd(&st[EX_N_PAIRS], 1u);
-                        if (at < pair_cap) P[at] = ex_pair(lo_t, hi_t, boundary);
-                        if (isnan(chi2[k])) atomicOr(&fl[k], EX_NEED);
-                        if (isnan(chi2[b])) atomicOr(&fl[b], EX_NEED);
                     }
                 }
             }

@@ -383,6 +383,23 @@ fn the_exchange_kernels_give_the_cpus_tracks_on_every_shipped_detector() {
     }
     // The comparison covers exchanges made, not only tracks left as they were.
     assert!(made > 0, "no exchange was made");
+    // Without a field and with planes that miss a hit in ten, where the pairs' boundaries
+    // reach past the planes one of the two tracks misses (Exchange::find_pairs).
+    let mut det = load("detector.toml");
+    det.field = Field::Uniform { b_tesla: [0.0; 3] };
+    for p in &mut det.planes {
+        p.efficiency = 0.9;
+    }
+    let sim = SimConfig::preset(Preset::Central);
+    let (made, _) = agree(
+        "no field, 90 % efficient planes, central",
+        &det,
+        &sim,
+        75,
+        3,
+        steps,
+    );
+    assert!(made > 0, "no exchange was made");
 }
 
 /// The first hits chosen again against the origin after the exchange, as the finder runs
