@@ -19,11 +19,14 @@
 //    which one track changed in the round before (all in the first), found through the
 //    grid the hits were sorted into at the launch's start (ca_hit_sorting.cu), each pair once
 //    (from the changed track of lower index; the boundary shared by two planes from the
-//    plane downstream of it); the tracks in a pair whose candidates' chi-square is not
-//    known fitted (after the tracks changed in the round before, whose |q/p| set the
-//    pairs' windows);
+//    plane downstream of it; where the gain is the kinks' evidence, also the boundaries
+//    past a plane one of the two misses, up to the next both cross); the tracks in a
+//    pair whose candidates' chi-square is not known fitted (after the tracks changed in
+//    the round before, whose |q/p| set the pairs' windows);
 // 3. every pair's exchange tested by the kinks around its junction and its two new
-//    tracks fitted at once by two lanes, the gain kept under Exchange::run's tests; the
+//    tracks fitted at once by two lanes, the gain kept under Exchange::run's tests
+//    (where no field measures momenta, the gain of the kinks' evidence, the lanes each
+//    taking two of its four terms, and both new tracks fitted where it gains); the
 //    gains sorted by (gain descending, pair, boundary) and taken in that order by one
 //    thread, each track once per round; the exchanges applied to the working lists;
 // 4. after the last round, the exchanged tracks fitted with the tracks' fit (the

@@ -8,37 +8,38 @@
 //!
 //! This step weighs the two tracks of such a crossing together, as the choice cannot: for
 //! every pair of tracks whose hits on some plane lie within the plane's window of each
-//! other ([`ExchangeCuts::window_for`]: scattering at the softer track's measured
-//! momentum, resolution), it tries exchanging their upstream segments, just before and
-//! just after that plane (without a field, where one of them misses the next plane,
-//! also before each plane up to the next both cross), and keeps an exchange where both new tracks pass the fit's cut
-//! and the pair's summed chi-square falls by more than [`MIN_GAIN`]: the pair of
+//! other ([`ExchangeCuts::window_for`]: scattering at the softer track's measured momentum,
+//! resolution), it tries exchanging their upstream segments, just before and just after
+//! that plane (without a field, where one of them misses the next plane, also before each
+//! plane up to the next both cross), and keeps an exchange where both new tracks pass the
+//! fit's cut and the pair's summed chi-square falls by more than [`MIN_GAIN`]: the pair of
 //! trajectories that explains both sets of hits best. An exchange whose straight-chord
-//! kinks around the junction grow by more than [`PRE_TEST`] squared standard deviations
-//! is not fitted (on the 132 drawn and independent samples that skips most of the fits
-//! and changes no sample's found particles, ghosts or clones), nor one whose kinks grow
-//! by as much with the field's bending taken away and in units of the scattering at the
-//! pair's measured momentum, where no momentum makes the exchanged tracks' junctions as
-//! good ([`Exchange::measured_score`]: in a magnet's gap the straight chords hold the
-//! bending, and the minimum momentum's scattering is many times a fast track's); an
-//! exchange of the two tracks' first hits alone, which those tests hardly ever refuse,
-//! is fitted only where the gain its fits' last updates predict ([`first_hit_gain`])
-//! comes within [`FIRST_HIT_SLACK`] of [`MIN_GAIN`] (on the drawn central samples, one
-//! in eight of those exchanges). A trial fit's retry with another seed is made only
-//! where its first attempt comes within [`RETRY_WITHIN`] times what the exchange can
-//! afford.
+//! kinks around the junction grow by more than [`PRE_TEST`] squared standard deviations is
+//! not fitted (on the 132 drawn and independent samples that skips most of the fits and
+//! changes no sample's found particles, ghosts or clones), nor one whose kinks grow by as
+//! much with the field's bending taken away and in units of the scattering at the pair's
+//! measured momentum, where no momentum makes the exchanged tracks' junctions as good
+//! ([`Exchange::measured_score`]: in a magnet's gap the straight chords hold the bending,
+//! and the minimum momentum's scattering is many times a fast track's); an exchange of the
+//! two tracks' first hits alone, which those tests hardly ever refuse, is fitted only where
+//! the gain its fits' last updates predict ([`first_hit_gain`]) comes within
+//! [`FIRST_HIT_SLACK`] of [`MIN_GAIN`] (on the drawn central samples, one in eight of those
+//! exchanges). A trial fit's retry with another seed is made only where its first attempt
+//! comes within [`RETRY_WITHIN`] times what the exchange can afford.
 //!
 //! Where no field measures the momenta and none is given
 //! ([`crate::tracking::kalman::FitConfig::estimates_scattering`]), the candidates' fit
 //! scatters every track at the minimum momentum, at which a junction of two particles
 //! costs hardly more than a scatter: an exchange is then weighed by the kinks' evidence
 //! instead ([`ExchangeCuts::evidence`], [`KalmanFitter::scatter_evidence`]), and taken
-//! where it gains [`MIN_GAIN`] and both new tracks pass the fit. The exchanges are made in rounds: every pair is evaluated on the tracks as
-//! they are, the exchanges are taken by decreasing gain, each track in at most one per
-//! round (ties by the pair's order), and the pairs that touch a changed track are
-//! evaluated again in the next round, so a chain of crossings (three tracks whose
-//! upstream segments are each other's) resolves one exchange at a time. The result depends on the tracks and hits
-//! only, not on an order of evaluation.
+//! where it gains [`MIN_GAIN`] and both new tracks pass the fit.
+//!
+//! The exchanges are made in rounds: every pair is evaluated on the tracks as they are, the
+//! exchanges are taken by decreasing gain, each track in at most one per round (ties by the
+//! pair's order), and the pairs that touch a changed track are evaluated again in the next
+//! round, so a chain of crossings (three tracks whose upstream segments are each other's)
+//! resolves one exchange at a time. The result depends on the tracks and hits only, not on
+//! an order of evaluation.
 //!
 //! It runs, where [`FinderConfig::exchange_segments`] asks for it (the default: it adds
 //! 10-16 % to the finder's time on central events), on the found tracks of an event after clone
@@ -373,7 +374,8 @@ pub struct Exchange {
 
 impl Exchange {
     /// Exchanges segments between `tracks` (an event's, hits as indices into `hits`,
-    /// upstream first) where it lowers a pair's chi-square by more than [`MIN_GAIN`]
+    /// upstream first) where it lowers a pair's chi-square (or, without a field, its
+    /// kinks' evidence: [`ExchangeCuts::evidence`]) by more than [`MIN_GAIN`]
     /// (`fitter`: the candidates' fit, whose chi-square the choice ranked by); the
     /// exchanged tracks are written with `final_fitter`'s fit where given (the accepted
     /// tracks' own), else `fitter`'s. Returns the number of exchanges.
@@ -741,8 +743,8 @@ impl Exchange {
     /// Evaluates the pairs that touch a changed track, at both boundaries of their plane,
     /// adding the exchanges that gain to `gains`. Where the gain is the kinks' evidence
     /// ([`ExchangeCuts::evidence`]), the exchanges that gain by it are fitted, both new
-    /// tracks at once ([`Self::fit_weighed`]). Otherwise the first new track of every exchange
-    /// (`a`'s upstream segment, `b`'s downstream one) is fitted first; the second only
+    /// tracks at once ([`Self::fit_weighed`]). Otherwise the first new track of every
+    /// exchange (`a`'s upstream segment, `b`'s downstream one) is fitted first; the second only
     /// where the first passes the cut and leaves room for the gain (a chi-square is not
     /// negative), which on the drawn samples spares four of five second fits and changes
     /// no outcome.
@@ -1174,8 +1176,8 @@ fn exchange(a: &mut Track, b: &mut Track, hits: &[HitRecord], boundary: u16, tmp
 }
 
 /// How much smaller the summed kink evidence ([`KalmanFitter::scatter_evidence`]) of
-/// the exchanged tracks is than that of the pair (`buf`: scratch; `parts`: a's upstream and
-/// downstream segments, then b's); NaN or infinite where a set of hits has none.
+/// the exchanged tracks is than that of the pair (`buf`: scratch; `parts`: a's upstream
+/// and downstream segments, then b's); NaN or infinite where a set of hits has none.
 fn evidence_gain(
     buf: &mut Vec<FitHit>,
     fitter: &KalmanFitter,
