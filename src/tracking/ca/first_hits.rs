@@ -37,8 +37,8 @@
 //! other took it, and else starts at its second hit. A changed track is fitted again
 //! and keeps the change only where the fit passes the finder's cut (else it goes back to
 //! its own first hit when that is still free, with the fit it had, and else starts at its
-//! second). The result
-//! depends on the tracks and hits only (ties by the track's and the hit's order).
+//! second). The result depends on the tracks and hits only (ties by the track's and the
+//! hit's order).
 //!
 //! Before the first hits, each track's second hit is chosen again in the same way
 //! ([`FinderConfig::second_hits_to_origin`]): its point on the second hit's plane is the
