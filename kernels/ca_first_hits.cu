@@ -299,6 +299,176 @@ __device__ void fh_sort_edges(FhEdge* v, u32 n) {
     });
 }
 
+// Most tracks and hits of one group of contested pairs matched at the least summed
+// chi-square (MATCH_ROWS and MATCH_COLS in first_hits.rs).
+#define FH_MATCH_ROWS 32
+#define FH_MATCH_COLS 64
+#define FH_MATCH_M (FH_MATCH_ROWS + FH_MATCH_COLS)
+// A pool place's column in its group, in the claims' word: flag, root, column.
+#define FH_COL_FLAG 0x80000000u
+static_assert(FH_MATCH_COLS <= 256 && FH_MAX_PREDS <= (1 << 23), "the column's word");
+
+// The contested pairs' groups matched at their least summed chi-square, by one thread
+// (LeastCost::run in first_hits.rs, the same steps in the same order): `cont` the
+// n_cont contested pairs in prediction order, prediction r's pairs edges[u[3]..u[3] +
+// u[4]] (u = pslot + 8 r). The union-find's parents are pslot[8 r + 6] for the
+// predictions and cl[q] (the claims, read before) for the pool places; each group's
+// predictions chained from its root through pslot[8 r + 7]; then cl[q] holds a place's
+// column in its group. A group matched marks its predictions in s_asg (the ordered
+// matching passes them by), their hits in s_taken and in pslot[8 r + 5]. `scratch`: 8 KB
+// of shared memory.
+__device__ u32 fh_find(u32* pslot, u32* cl, u32 np, u32 x) {
+    auto par = [&](u32 y) -> u32& { return y < np ? pslot[(size_t)y * 8 + 6] : cl[y - np]; };
+    while (par(x) != x) {
+        const u32 g = par(par(x));
+        par(x) = g;
+        x = g;
+    }
+    return x;
+}
+
+__device__ void fh_least_cost(const FhEdge* cont, u32 n_cont, const FhEdge* edges, u32* pslot,
+                              u32* cl, const u32* ph, u32 np, double none, u32* s_asg,
+                              u32* s_taken, unsigned long long* scratch) {
+    for (u32 k = 0; k < n_cont; k++) {
+        const u32 r = cont[k].r, q = cont[k].q;
+        pslot[(size_t)r * 8 + 6] = r;
+        pslot[(size_t)r * 8 + 7] = FH_NONE;
+        cl[q] = np + q;
+    }
+    for (u32 k = 0; k < n_cont; k++) {
+        const u32 a = fh_find(pslot, cl, np, cont[k].r);
+        const u32 b = fh_find(pslot, cl, np, np + cont[k].q);
+        // The larger root under the smaller: a group's root is its least node.
+        if (a < b) {
+            if (b < np) pslot[(size_t)b * 8 + 6] = a; else cl[b - np] = a;
+        } else if (b < a) {
+            if (a < np) pslot[(size_t)a * 8 + 6] = b; else cl[a - np] = b;
+        }
+    }
+    // Each group's predictions chained from its root in increasing order.
+    u32 last = FH_NONE;
+    for (u32 k = n_cont; k-- > 0;) {
+        const u32 i = cont[k].r;
+        if (i == last) continue;
+        last = i;
+        const u32 r = fh_find(pslot, cl, np, i);
+        if (r != i) {
+            pslot[(size_t)i * 8 + 7] = pslot[(size_t)r * 8 + 7];
+            pslot[(size_t)r * 8 + 7] = i;
+        }
+    }
+    // A prediction's root never passes through a pool place (a prediction's parent is a
+    // smaller node, so a prediction): the places' words now hold their columns.
+    double* u = (double*)scratch;
+    double* v = u + (FH_MATCH_ROWS + 1);
+    double* minv = v + (FH_MATCH_M + 1);
+    u32* row_of = (u32*)(minv + (FH_MATCH_M + 1));
+    u32* way = row_of + (FH_MATCH_M + 1);
+    u32* rows = way + (FH_MATCH_M + 1);
+    u32* cols = rows + FH_MATCH_ROWS;
+    u32* used = cols + FH_MATCH_COLS;
+    const double inf = __longlong_as_double(0x7ff0000000000000ll);
+    last = FH_NONE;
+    for (u32 k = 0; k < n_cont; k++) {
+        const u32 root = cont[k].r;
+        if (root == last) continue;
+        last = root;
+        if (fh_find(pslot, cl, np, root) != root) continue;
+        // The group's rows and columns, where it is small enough.
+        const u32 stamp = FH_COL_FLAG | (root << 8);
+        u32 n = 0, nc = 0;
+        bool small = true;
+        for (u32 i = root; i != FH_NONE && small; i = pslot[(size_t)i * 8 + 7]) {
+            if (n == FH_MATCH_ROWS) {
+                small = false;
+                break;
+            }
+            rows[n++] = i;
+            const u32 a = pslot[(size_t)i * 8 + 3], b = a + pslot[(size_t)i * 8 + 4];
+            for (u32 x = a; x < b; x++) {
+                const u32 q = edges[x].q;
+                if ((cl[q] & 0xffffff00u) != stamp) {
+                    if (nc == FH_MATCH_COLS) {
+                        small = false;
+                        break;
+                    }
+                    cl[q] = stamp | nc;
+                    cols[nc++] = q;
+                }
+            }
+        }
+        if (!small) continue;
+        const u32 m = nc + n;
+        for (u32 j = 0; j <= n; j++) u[j] = 0.0;
+        for (u32 j = 0; j <= m; j++) {
+            v[j] = 0.0;
+            row_of[j] = 0;
+            way[j] = 0;
+        }
+        for (u32 kr = 1; kr <= n; kr++) {
+            row_of[0] = kr;
+            u32 j0 = 0;
+            for (u32 j = 0; j <= m; j++) {
+                minv[j] = inf;
+                used[j] = 0;
+            }
+            for (;;) {
+                used[j0] = 1;
+                const u32 i0 = row_of[j0];
+                const double ui = u[i0];
+                const u32 p = rows[i0 - 1];
+                const u32 a = pslot[(size_t)p * 8 + 3], b = a + pslot[(size_t)p * 8 + 4];
+                for (u32 x = a; x <= b; x++) {
+                    // The row's pairs, then its "no hit".
+                    const u32 j = x < b ? (cl[edges[x].q] & 0xffu) + 1 : nc + i0;
+                    const double cost = x < b ? fh_of_order64(edges[x].rank) : none;
+                    if (!used[j]) {
+                        const double cur = cost - ui - v[j];
+                        if (cur < minv[j]) {
+                            minv[j] = cur;
+                            way[j] = j0;
+                        }
+                    }
+                }
+                double delta = inf;
+                u32 j1 = 0;
+                for (u32 j = 1; j <= m; j++) {
+                    if (!used[j] && minv[j] < delta) {
+                        delta = minv[j];
+                        j1 = j;
+                    }
+                }
+                for (u32 j = 0; j <= m; j++) {
+                    if (used[j]) {
+                        u[row_of[j]] += delta;
+                        v[j] -= delta;
+                    } else {
+                        minv[j] -= delta;
+                    }
+                }
+                j0 = j1;
+                if (row_of[j0] == 0) break;
+            }
+            for (;;) {
+                const u32 j1 = way[j0];
+                row_of[j0] = row_of[j1];
+                j0 = j1;
+                if (j0 == 0) break;
+            }
+        }
+        for (u32 k2 = 0; k2 < n; k2++) fh_set(s_asg, rows[k2]);
+        for (u32 j = 1; j <= nc; j++) {
+            const u32 kr = row_of[j];
+            if (kr != 0) {
+                const u32 h = ph[cols[j - 1]];
+                pslot[(size_t)rows[kr - 1] * 8 + 5] = h;
+                fh_set(s_taken, h);
+            }
+        }
+    }
+}
+
 // Entries of the pool's sort held in shared memory at once (a power of two, two per
 // thread: a step of the network is one exchange per thread). A smaller value in
 // TRIGD_KERNEL_OPTIONS sorts more pools over several tiles, to check it.
@@ -792,6 +962,14 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
             const u32 to = n_cont + fh_scan(count, &chunk) - count;
             for (u32 i = 0; i < count; i++) ev_contested[to + i] = ev_edges[a + i];
             n_cont += chunk;
+            __syncthreads();
+        }
+        // The groups of contested pairs matched at their least summed chi-square where
+        // small enough (one thread); the pairs of the others sorted and taken in order.
+        if (n_cont > 0) {
+            if (tid == 0)
+                fh_least_cost(ev_contested, n_cont, ev_edges, pslot, cl, ph, np, chi2_max, s_asg,
+                              s_taken, s_key);
             __syncthreads();
         }
         u32 n_sort = 1;

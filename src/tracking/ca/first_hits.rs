@@ -31,9 +31,12 @@
 //! Per plane, the tracks that start on it and have a hit to spare (more than the finder's
 //! `min_hits`), their first hits and the plane's hits no track uses are matched again:
 //! every track-hit pair within the chi-square of `n_sigma` standard deviations (two
-//! degrees of freedom) of the track's predicted point, the pairs taken by increasing
-//! chi-square, each track and hit once; a track's own first hit counts [`HOLD`] less, so a
-//! hit only as close does not move it. A track left without a hit keeps its own where no
+//! degrees of freedom) of the track's predicted point, each track and hit once; a track's
+//! own first hit counts [`HOLD`] less, so a hit only as close does not move it. The
+//! pairs that share tracks or hits are matched at the least summed chi-square, the most
+//! likely assignment of the group ([`LeastCost`]), a track left without a hit counting
+//! the cut's chi-square; groups beyond [`MATCH_ROWS`] tracks or [`MATCH_COLS`] hits take
+//! their pairs by increasing chi-square. A track left without a hit keeps its own where no
 //! other took it, and else starts at its second hit. A changed track is fitted again
 //! and keeps the change only where the fit passes the finder's cut (else it goes back to
 //! its own first hit when that is still free, with the fit it had, and else starts at its
@@ -94,6 +97,14 @@ pub const NEAR_ORIGIN_RATIO: f64 = 0.45;
 /// A track whose window spans more rows (of the mean window's height) keeps its first
 /// hit ([`FirstHits::run`]).
 pub const MAX_WINDOW_ROWS: i32 = 16;
+
+/// Most tracks of one group of contested pairs ([`LeastCost`]) matched at the least
+/// summed chi-square; a larger group (hits piled up far beyond the shipped detectors' and
+/// most drawn ones' cores) is matched by increasing chi-square.
+pub const MATCH_ROWS: usize = 32;
+
+/// Most hits of one group of contested pairs matched at the least summed chi-square.
+pub const MATCH_COLS: usize = 64;
 
 /// More pairs of tracks and hits than this per track leave the event's tracks as they are
 /// (hits piled up far beyond any detector's density).
@@ -448,6 +459,8 @@ pub struct FirstHits {
     claims: Vec<u16>,
     /// The pairs of the predictions that need the ordered matching.
     contested: Vec<(f64, u32, u32)>,
+    /// The groups' matching at the least summed chi-square.
+    least_cost: LeastCost,
     assigned: Vec<u32>,
     taken: Vec<bool>,
     /// Changed tracks: (track, new first hit or `u32::MAX` for none).
@@ -462,6 +475,225 @@ pub struct FirstHits {
     fits: Vec<FitOutput>,
     /// The spot's offsets and other errors, per axis.
     scratch: [Vec<f64>; 4],
+}
+
+/// The contested pairs' matching at the least summed chi-square, group by group.
+///
+/// A group is a connected set of tracks and hits (two tracks whose windows share a hit are
+/// in one group). Within one, the assignment of each track to at most one hit and each
+/// hit to at most one track with the least sum of the pairs' ranks (chi-square, less
+/// [`HOLD`] for a track's own hit), a track without a hit counting the cut's chi-square,
+/// is the most likely one: the tracks' points are independent Gaussians, and a hit at the
+/// cut is as likely as none. Taking the pairs by increasing chi-square instead gives the
+/// closest pair its hit even where that leaves its neighbour only a worse one, or none,
+/// and the error runs on down a row of close particles.
+///
+/// The assignment is the Hungarian method's (shortest augmenting paths with potentials,
+/// one track after the other in prediction order, a column for each hit in the order the
+/// tracks' pairs first name it and one for each track's "no hit"; ties to the first
+/// column), on the group's pairs only: `kernels/ca_first_hits.cu` (`fh_least_cost`) runs
+/// the same steps in the same order. Groups of more than [`MATCH_ROWS`] tracks or
+/// [`MATCH_COLS`] hits are left out (not `decided`).
+#[derive(Debug, Default)]
+struct LeastCost {
+    /// Per prediction: whether its group was matched here, and the pool place of its hit.
+    decided: Vec<bool>,
+    matched: Vec<Option<u32>>,
+    /// Union-find over the predictions, then the pool places (at `n_preds + q`), each
+    /// root the group's least node: its first prediction.
+    parent: Vec<u32>,
+    /// Per prediction: the next of its group (`u32::MAX`: the last), from its root.
+    next: Vec<u32>,
+    /// Per pool place: the group's root and the hit's column, where it has one.
+    col_of: Vec<(u32, u32)>,
+    rows: Vec<u32>,
+    cols: Vec<u32>,
+    u: Vec<f64>,
+    v: Vec<f64>,
+    minv: Vec<f64>,
+    /// Per column: its row (1-based, 0 for none) and the previous column of its path.
+    row_of: Vec<u32>,
+    way: Vec<u32>,
+    used: Vec<bool>,
+}
+
+impl LeastCost {
+    fn find(parent: &mut [u32], mut x: u32) -> u32 {
+        while parent[x as usize] != x {
+            let g = parent[parent[x as usize] as usize];
+            parent[x as usize] = g;
+            x = g;
+        }
+        x
+    }
+
+    /// Matches the groups of `contested` (the pairs `(rank, prediction, pool place)` of
+    /// the predictions that need it, in prediction order; each prediction's pairs are
+    /// `edges[edge_start[i]..edge_start[i + 1]]`), `none` the rank of a track without a
+    /// hit.
+    fn run(
+        &mut self,
+        contested: &[(f64, u32, u32)],
+        edges: &[(f64, u32, u32)],
+        edge_start: &[u32],
+        n_pool: usize,
+        none: f64,
+    ) {
+        let n_preds = edge_start.len() - 1;
+        self.decided.clear();
+        self.decided.resize(n_preds, false);
+        self.matched.clear();
+        self.matched.resize(n_preds, None);
+        self.parent.clear();
+        self.parent.extend(0..(n_preds + n_pool) as u32);
+        self.next.clear();
+        self.next.resize(n_preds, u32::MAX);
+        self.col_of.clear();
+        self.col_of.resize(n_pool, (u32::MAX, 0));
+        for &(_, i, q) in contested {
+            let a = Self::find(&mut self.parent, i);
+            let b = Self::find(&mut self.parent, n_preds as u32 + q);
+            // The larger root under the smaller: a group's root is its least node.
+            if a < b {
+                self.parent[b as usize] = a;
+            } else if b < a {
+                self.parent[a as usize] = b;
+            }
+        }
+        // Each group's predictions chained from its root in increasing order (the last
+        // pairs' prediction first, each put in front of its root's chain).
+        let mut last = u32::MAX;
+        for k in (0..contested.len()).rev() {
+            let i = contested[k].1;
+            if i == last {
+                continue;
+            }
+            last = i;
+            let r = Self::find(&mut self.parent, i);
+            if r != i {
+                self.next[i as usize] = self.next[r as usize];
+                self.next[r as usize] = i;
+            }
+        }
+        let mut last = u32::MAX;
+        for k in 0..contested.len() {
+            let r = contested[k].1;
+            if r == last {
+                continue;
+            }
+            last = r;
+            if Self::find(&mut self.parent, r) == r {
+                self.group(r, edges, edge_start, none);
+            }
+        }
+    }
+
+    /// Matches the group rooted at prediction `root`, where it is small enough.
+    fn group(&mut self, root: u32, edges: &[(f64, u32, u32)], edge_start: &[u32], none: f64) {
+        self.rows.clear();
+        self.cols.clear();
+        let mut i = root;
+        while i != u32::MAX {
+            if self.rows.len() == MATCH_ROWS {
+                return;
+            }
+            self.rows.push(i);
+            let (a, b) = (
+                edge_start[i as usize] as usize,
+                edge_start[i as usize + 1] as usize,
+            );
+            for &(_, _, q) in &edges[a..b] {
+                if self.col_of[q as usize].0 != root {
+                    if self.cols.len() == MATCH_COLS {
+                        return;
+                    }
+                    self.col_of[q as usize] = (root, self.cols.len() as u32);
+                    self.cols.push(q);
+                }
+            }
+            i = self.next[i as usize];
+        }
+        let (n, nc) = (self.rows.len(), self.cols.len());
+        let m = nc + n;
+        self.u.clear();
+        self.u.resize(n + 1, 0.0);
+        self.v.clear();
+        self.v.resize(m + 1, 0.0);
+        self.row_of.clear();
+        self.row_of.resize(m + 1, 0);
+        self.way.clear();
+        self.way.resize(m + 1, 0);
+        for k in 1..=n {
+            self.row_of[0] = k as u32;
+            let mut j0 = 0usize;
+            self.minv.clear();
+            self.minv.resize(m + 1, f64::INFINITY);
+            self.used.clear();
+            self.used.resize(m + 1, false);
+            loop {
+                self.used[j0] = true;
+                let i0 = self.row_of[j0] as usize;
+                let ui = self.u[i0];
+                // The row's pairs and its "no hit" (every other column is out of reach).
+                let p = self.rows[i0 - 1] as usize;
+                let (a, b) = (edge_start[p] as usize, edge_start[p + 1] as usize);
+                for &(rank, _, q) in &edges[a..b] {
+                    let j = self.col_of[q as usize].1 as usize + 1;
+                    self.relax(j, rank, ui, j0);
+                }
+                self.relax(nc + i0, none, ui, j0);
+                let (mut delta, mut j1) = (f64::INFINITY, 0usize);
+                for j in 1..=m {
+                    if !self.used[j] && self.minv[j] < delta {
+                        delta = self.minv[j];
+                        j1 = j;
+                    }
+                }
+                for j in 0..=m {
+                    if self.used[j] {
+                        self.u[self.row_of[j] as usize] += delta;
+                        self.v[j] -= delta;
+                    } else {
+                        self.minv[j] -= delta;
+                    }
+                }
+                j0 = j1;
+                if self.row_of[j0] == 0 {
+                    break;
+                }
+            }
+            loop {
+                let j1 = self.way[j0] as usize;
+                self.row_of[j0] = self.row_of[j1];
+                j0 = j1;
+                if j0 == 0 {
+                    break;
+                }
+            }
+        }
+        for &r in &self.rows {
+            self.decided[r as usize] = true;
+        }
+        for j in 1..=nc {
+            let k = self.row_of[j] as usize;
+            if k != 0 {
+                self.matched[self.rows[k - 1] as usize] = Some(self.cols[j - 1]);
+            }
+        }
+    }
+
+    /// The reduced cost of column `j` from the row of potential `ui` at `cost`, taken
+    /// where it is below the column's least so far (reached from column `j0`).
+    #[inline]
+    fn relax(&mut self, j: usize, cost: f64, ui: f64, j0: usize) {
+        if !self.used[j] {
+            let cur = cost - ui - self.v[j];
+            if cur < self.minv[j] {
+                self.minv[j] = cur;
+                self.way[j] = j0 as u32;
+            }
+        }
+    }
 }
 
 /// A track's fitted parameters (its state, covariance, chi-square and degrees of freedom).
@@ -648,11 +880,30 @@ impl FirstHits {
                 self.contested.extend_from_slice(&self.edges[a..b]);
             }
         }
+        // The groups of pairs that share tracks or hits, each matched at its least summed
+        // chi-square where small enough; the pairs of the others by increasing chi-square.
+        self.least_cost.run(
+            &self.contested,
+            &self.edges,
+            &self.edge_start,
+            self.pool.len(),
+            cuts.chi2_max,
+        );
+        for (i, m) in self.least_cost.matched.iter().enumerate() {
+            if let Some(q) = m {
+                let h = self.pool[*q as usize].1;
+                self.assigned[i] = h;
+                self.taken[h as usize] = true;
+            }
+        }
         self.contested
             .sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
         for &(_, i, q) in &self.contested {
             let h = self.pool[q as usize].1;
-            if self.assigned[i as usize] != u32::MAX || self.taken[h as usize] {
+            if self.least_cost.decided[i as usize]
+                || self.assigned[i as usize] != u32::MAX
+                || self.taken[h as usize]
+            {
                 continue;
             }
             self.assigned[i as usize] = h;
@@ -1112,5 +1363,107 @@ mod tests {
         assert_eq!(key_row(pool_key(3, -17, 2.0)), -17);
         assert_eq!(row_of(-0.5, 1.0), -1);
         assert_eq!(row_of(1e300, 1.0), (1 << 23) - 1);
+    }
+
+    /// Random groups of contested pairs: the matching's summed rank is the least of every
+    /// assignment (each track one of its hits or none, each hit once), where taking the
+    /// pairs by increasing rank often is not; groups beyond the bound are left out.
+    #[test]
+    fn contested_pairs_are_matched_at_their_least_summed_chi_square() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let none = 11.8;
+        // The least summed rank over every assignment of tracks `t..` given the hits used.
+        fn best(t: usize, rows: &[Vec<(f64, u32)>], used: &mut Vec<bool>, none: f64) -> f64 {
+            if t == rows.len() {
+                return 0.0;
+            }
+            let mut b = none + best(t + 1, rows, used, none);
+            for &(c, q) in &rows[t] {
+                if !used[q as usize] {
+                    used[q as usize] = true;
+                    b = b.min(c + best(t + 1, rows, used, none));
+                    used[q as usize] = false;
+                }
+            }
+            b
+        }
+        let mut lc = LeastCost::default();
+        let mut greedy_worse = 0;
+        for _ in 0..2000 {
+            let (n, n_pool) = (rng.random_range(2..7usize), rng.random_range(2..8usize));
+            let mut edges = Vec::new();
+            let mut edge_start = Vec::new();
+            let mut rows = Vec::new();
+            for i in 0..n {
+                edge_start.push(edges.len() as u32);
+                let mut row = Vec::new();
+                for q in 0..n_pool as u32 {
+                    if rng.random_bool(0.5) {
+                        let c = rng.random_range(-2.0..none);
+                        edges.push((c, i as u32, q));
+                        row.push((c, q));
+                    }
+                }
+                rows.push(row);
+            }
+            edge_start.push(edges.len() as u32);
+            lc.run(&edges, &edges, &edge_start, n_pool, none);
+            let mut hit_used = vec![false; n_pool];
+            let mut sum = 0.0;
+            for (i, m) in lc.matched.iter().enumerate() {
+                let with_pairs = !rows[i].is_empty();
+                assert_eq!(lc.decided[i], with_pairs, "a track with pairs is decided");
+                match m {
+                    Some(q) => {
+                        assert!(!std::mem::replace(&mut hit_used[*q as usize], true));
+                        sum += rows[i].iter().find(|e| e.1 == *q).expect("its own pair").0;
+                    }
+                    None if with_pairs => sum += none,
+                    None => {}
+                }
+            }
+            let pairs: Vec<_> = rows.iter().filter(|r| !r.is_empty()).cloned().collect();
+            let least = best(0, &pairs, &mut vec![false; n_pool], none);
+            assert!(
+                (sum - least).abs() < 1e-9,
+                "{sum} against the least {least}: {rows:?}"
+            );
+            // Pairs by increasing rank.
+            let mut sorted = edges.clone();
+            sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let (mut t_done, mut q_done) = (vec![false; n], vec![false; n_pool]);
+            let mut g = 0.0;
+            for &(c, i, q) in &sorted {
+                if !t_done[i as usize] && !q_done[q as usize] {
+                    t_done[i as usize] = true;
+                    q_done[q as usize] = true;
+                    g += c;
+                }
+            }
+            g += none
+                * (0..n)
+                    .filter(|&i| !t_done[i] && !rows[i].is_empty())
+                    .count() as f64;
+            if g > least + 1e-9 {
+                greedy_worse += 1;
+            }
+        }
+        assert!(greedy_worse > 100, "{greedy_worse}");
+        // A group of more tracks than the bound is left to the ordered matching.
+        let n = MATCH_ROWS + 1;
+        let edges: Vec<_> = (0..n as u32).map(|i| (1.0, i, 0)).collect();
+        let edge_start: Vec<_> = (0..=n as u32).collect();
+        lc.run(&edges, &edges, &edge_start, 1, none);
+        assert!(lc.decided.iter().all(|d| !d) && lc.matched.iter().all(Option::is_none));
+        lc.run(
+            &edges[..MATCH_ROWS],
+            &edges[..MATCH_ROWS],
+            &edge_start[..=MATCH_ROWS],
+            1,
+            none,
+        );
+        assert!(lc.decided.iter().all(|&d| d));
+        assert_eq!(lc.matched.iter().flatten().count(), 1);
     }
 }
