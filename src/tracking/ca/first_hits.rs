@@ -576,8 +576,7 @@ impl LeastCost {
             }
         }
         let mut last = u32::MAX;
-        for k in 0..contested.len() {
-            let r = contested[k].1;
+        for &(_, r, _) in contested {
             if r == last {
                 continue;
             }
