@@ -24,9 +24,13 @@
 //    height, x) and hit, as the CPU's;
 // 5. every pair of prediction and pool hit within the cut (each row of the window found
 //    by a binary search; counted, scanned, written in pool order per prediction);
-// 6. a prediction with one pair whose hit no other can take gets it; the other pairs
-//    sorted by (rank, prediction, place in the pool) in the event's slice of a global
-//    arena and matched in that order by one thread (the pairs staged in shared memory);
+// 6. a prediction with one pair whose hit no other can take gets it; the groups of the
+//    other pairs (predictions linked by shared hits) matched at their least summed rank
+//    by one thread (fh_least_cost: union-find, then the Hungarian method per group of up
+//    to FH_MATCH_ROWS predictions and FH_MATCH_COLS hits, its scratch in shared memory);
+//    the pairs of larger groups sorted by (rank, prediction, place in the pool) in the
+//    event's slice of a global arena and matched in that order by one thread (the pairs
+//    staged in shared memory);
 // 7. the changes applied to the packed hits, fitted with the candidates' fit, the ones
 //    that fail the cut undone in order by one thread, and the changed tracks fitted with
 //    the tracks' fit where there is one (or where a change was undone).
@@ -938,7 +942,8 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
         }
         if (too_many) continue;
         FH_CLOCK(6);
-        // 6. The uncontested pairs; the others sorted and matched in order.
+        // 6. The uncontested pairs; the others' groups matched at their least summed rank,
+        // the larger groups' pairs sorted and matched in order.
         u32 n_cont = 0;
         for (u32 c0 = 0; c0 < np; c0 += FH_THREADS) {
             const u32 r = c0 + tid;

@@ -862,8 +862,9 @@ impl FirstHits {
         }
         self.edge_start.push(self.edges.len() as u32);
         // A track with one pair whose hit no other track can take gets it whatever the
-        // order; the others are matched by increasing chi-square (ties by the track, then
-        // by the hit's place in the pool).
+        // order; the others' groups at their least summed chi-square, and those of the
+        // larger groups by increasing chi-square (ties by the track, then by the hit's
+        // place in the pool).
         self.assigned.clear();
         self.assigned.resize(self.preds.len(), u32::MAX);
         self.taken.clear();
