@@ -25,9 +25,9 @@
 // 5. every pair of prediction and pool hit within the cut (each row of the window found
 //    by a binary search; counted, scanned, written in pool order per prediction);
 // 6. a prediction with one pair whose hit no other can take gets it; the groups of the
-//    other pairs (predictions linked by shared hits) matched at their least summed rank
-//    by one thread (fh_least_cost: union-find, then the Hungarian method per group of up
-//    to FH_MATCH_ROWS predictions and FH_MATCH_COLS hits, its scratch in shared memory);
+//    other pairs (predictions linked by shared hits, found by lowering labels) matched
+//    at their least summed rank, each group by one thread (fh_solve_group: the Hungarian
+//    method, for groups of up to FH_MATCH_ROWS predictions and FH_MATCH_COLS hits);
 //    the pairs of larger groups sorted by (rank, prediction, place in the pool) in the
 //    event's slice of a global arena and matched in that order by one thread (the pairs
 //    staged in shared memory);
@@ -310,165 +310,112 @@ __device__ void fh_sort_edges(FhEdge* v, u32 n) {
 #define FH_MATCH_M (FH_MATCH_ROWS + FH_MATCH_COLS)
 // A pool place's column in its group, in the claims' word: flag, root, column.
 #define FH_COL_FLAG 0x80000000u
-static_assert(FH_MATCH_COLS <= 256 && FH_MAX_PREDS <= (1 << 23), "the column's word");
+static_assert(FH_MATCH_M < 256 && FH_MAX_PREDS < (1u << 31), "a column in a byte; a root without the flag");
 
-// The contested pairs' groups matched at their least summed chi-square, by one thread
-// (LeastCost::run in first_hits.rs, the same steps in the same order): `cont` the
-// n_cont contested pairs in prediction order, prediction r's pairs edges[u[3]..u[3] +
-// u[4]] (u = pslot + 8 r). The union-find's parents are pslot[8 r + 6] for the
-// predictions and cl[q] (the claims, read before) for the pool places; each group's
-// predictions chained from its root through pslot[8 r + 7]; then cl[q] holds a place's
-// column in its group. A group matched marks its predictions in s_asg (the ordered
-// matching passes them by), their hits in s_taken and in pslot[8 r + 5]. `scratch`: 8 KB
-// of shared memory.
-__device__ u32 fh_find(u32* pslot, u32* cl, u32 np, u32 x) {
-    auto par = [&](u32 y) -> u32& { return y < np ? pslot[(size_t)y * 8 + 6] : cl[y - np]; };
-    while (par(x) != x) {
-        const u32 g = par(par(x));
-        par(x) = g;
-        x = g;
+// One group of contested pairs matched at its least summed rank, by the thread of its
+// root (its least prediction): LeastCost::group in first_hits.rs, the same rows (in
+// increasing order), columns (in the order the rows' pairs first name them) and steps.
+// `m` the group's other predictions (linked from the root's scratch words, in any order),
+// prediction r's pairs edges[u[3]..u[3] + u[4]] (u = pslot + 8 r), cl[q] the pool place's
+// group (its root) and then its column. The group's predictions are marked in s_asg (the
+// ordered matching passes them by), their hits in s_taken and in pslot[8 r + 5]. Groups
+// beyond FH_MATCH_ROWS predictions or FH_MATCH_COLS hits are left as they are.
+__device__ void fh_solve_group(u32 root, const FhEdge* edges, u32* pslot, u32* cl,
+                               const u32* ph, const u32* words, double none, u32* s_asg,
+                               u32* s_taken) {
+    u32 rows[FH_MATCH_ROWS], cols[FH_MATCH_COLS];
+    double u[FH_MATCH_ROWS + 1], v[FH_MATCH_M + 1], minv[FH_MATCH_M + 1];
+    unsigned char row_of[FH_MATCH_M + 1], way[FH_MATCH_M + 1], used[FH_MATCH_M + 1];
+    if (words[(size_t)root * 16 + 2] + 1 > FH_MATCH_ROWS) return;
+    u32 n = 0;
+    rows[n++] = root;
+    for (u32 i = words[(size_t)root * 16]; i != FH_NONE; i = words[(size_t)i * 16 + 1]) {
+        // In increasing order (insertion).
+        u32 k = n++;
+        while (k > 0 && rows[k - 1] > i) {
+            rows[k] = rows[k - 1];
+            k--;
+        }
+        rows[k] = i;
     }
-    return x;
-}
-
-__device__ void fh_least_cost(const FhEdge* cont, u32 n_cont, const FhEdge* edges, u32* pslot,
-                              u32* cl, const u32* ph, u32 np, double none, u32* s_asg,
-                              u32* s_taken, unsigned long long* scratch) {
-    for (u32 k = 0; k < n_cont; k++) {
-        const u32 r = cont[k].r, q = cont[k].q;
-        pslot[(size_t)r * 8 + 6] = r;
-        pslot[(size_t)r * 8 + 7] = FH_NONE;
-        cl[q] = np + q;
-    }
-    for (u32 k = 0; k < n_cont; k++) {
-        const u32 a = fh_find(pslot, cl, np, cont[k].r);
-        const u32 b = fh_find(pslot, cl, np, np + cont[k].q);
-        // The larger root under the smaller: a group's root is its least node.
-        if (a < b) {
-            if (b < np) pslot[(size_t)b * 8 + 6] = a; else cl[b - np] = a;
-        } else if (b < a) {
-            if (a < np) pslot[(size_t)a * 8 + 6] = b; else cl[a - np] = b;
+    u32 nc = 0;
+    for (u32 k = 0; k < n; k++) {
+        const u32 a = pslot[(size_t)rows[k] * 8 + 3], b = a + pslot[(size_t)rows[k] * 8 + 4];
+        for (u32 x = a; x < b; x++) {
+            const u32 q = edges[x].q;
+            if (!(cl[q] & FH_COL_FLAG)) {
+                if (nc == FH_MATCH_COLS) return;
+                cl[q] = FH_COL_FLAG | nc;
+                cols[nc++] = q;
+            }
         }
     }
-    // Each group's predictions chained from its root in increasing order.
-    u32 last = FH_NONE;
-    for (u32 k = n_cont; k-- > 0;) {
-        const u32 i = cont[k].r;
-        if (i == last) continue;
-        last = i;
-        const u32 r = fh_find(pslot, cl, np, i);
-        if (r != i) {
-            pslot[(size_t)i * 8 + 7] = pslot[(size_t)r * 8 + 7];
-            pslot[(size_t)r * 8 + 7] = i;
-        }
-    }
-    // A prediction's root never passes through a pool place (a prediction's parent is a
-    // smaller node, so a prediction): the places' words now hold their columns.
-    double* u = (double*)scratch;
-    double* v = u + (FH_MATCH_ROWS + 1);
-    double* minv = v + (FH_MATCH_M + 1);
-    u32* row_of = (u32*)(minv + (FH_MATCH_M + 1));
-    u32* way = row_of + (FH_MATCH_M + 1);
-    u32* rows = way + (FH_MATCH_M + 1);
-    u32* cols = rows + FH_MATCH_ROWS;
-    u32* used = cols + FH_MATCH_COLS;
     const double inf = __longlong_as_double(0x7ff0000000000000ll);
-    last = FH_NONE;
-    for (u32 k = 0; k < n_cont; k++) {
-        const u32 root = cont[k].r;
-        if (root == last) continue;
-        last = root;
-        if (fh_find(pslot, cl, np, root) != root) continue;
-        // The group's rows and columns, where it is small enough.
-        const u32 stamp = FH_COL_FLAG | (root << 8);
-        u32 n = 0, nc = 0;
-        bool small = true;
-        for (u32 i = root; i != FH_NONE && small; i = pslot[(size_t)i * 8 + 7]) {
-            if (n == FH_MATCH_ROWS) {
-                small = false;
-                break;
-            }
-            rows[n++] = i;
-            const u32 a = pslot[(size_t)i * 8 + 3], b = a + pslot[(size_t)i * 8 + 4];
-            for (u32 x = a; x < b; x++) {
-                const u32 q = edges[x].q;
-                if ((cl[q] & 0xffffff00u) != stamp) {
-                    if (nc == FH_MATCH_COLS) {
-                        small = false;
-                        break;
-                    }
-                    cl[q] = stamp | nc;
-                    cols[nc++] = q;
-                }
-            }
-        }
-        if (!small) continue;
-        const u32 m = nc + n;
-        for (u32 j = 0; j <= n; j++) u[j] = 0.0;
+    const u32 m = nc + n;
+    for (u32 j = 0; j <= n; j++) u[j] = 0.0;
+    for (u32 j = 0; j <= m; j++) {
+        v[j] = 0.0;
+        row_of[j] = 0;
+        way[j] = 0;
+    }
+    for (u32 kr = 1; kr <= n; kr++) {
+        row_of[0] = (unsigned char)kr;
+        u32 j0 = 0;
         for (u32 j = 0; j <= m; j++) {
-            v[j] = 0.0;
-            row_of[j] = 0;
-            way[j] = 0;
+            minv[j] = inf;
+            used[j] = 0;
         }
-        for (u32 kr = 1; kr <= n; kr++) {
-            row_of[0] = kr;
-            u32 j0 = 0;
+        for (;;) {
+            used[j0] = 1;
+            const u32 i0 = row_of[j0];
+            const double ui = u[i0];
+            const u32 p = rows[i0 - 1];
+            const u32 a = pslot[(size_t)p * 8 + 3], b = a + pslot[(size_t)p * 8 + 4];
+            for (u32 x = a; x <= b; x++) {
+                // The row's pairs, then its "no hit".
+                const u32 j = x < b ? (cl[edges[x].q] & 0xffu) + 1 : nc + i0;
+                const double cost = x < b ? fh_of_order64(edges[x].rank) : none;
+                if (!used[j]) {
+                    const double cur = cost - ui - v[j];
+                    if (cur < minv[j]) {
+                        minv[j] = cur;
+                        way[j] = (unsigned char)j0;
+                    }
+                }
+            }
+            double delta = inf;
+            u32 j1 = 0;
+            for (u32 j = 1; j <= m; j++) {
+                if (!used[j] && minv[j] < delta) {
+                    delta = minv[j];
+                    j1 = j;
+                }
+            }
             for (u32 j = 0; j <= m; j++) {
-                minv[j] = inf;
-                used[j] = 0;
-            }
-            for (;;) {
-                used[j0] = 1;
-                const u32 i0 = row_of[j0];
-                const double ui = u[i0];
-                const u32 p = rows[i0 - 1];
-                const u32 a = pslot[(size_t)p * 8 + 3], b = a + pslot[(size_t)p * 8 + 4];
-                for (u32 x = a; x <= b; x++) {
-                    // The row's pairs, then its "no hit".
-                    const u32 j = x < b ? (cl[edges[x].q] & 0xffu) + 1 : nc + i0;
-                    const double cost = x < b ? fh_of_order64(edges[x].rank) : none;
-                    if (!used[j]) {
-                        const double cur = cost - ui - v[j];
-                        if (cur < minv[j]) {
-                            minv[j] = cur;
-                            way[j] = j0;
-                        }
-                    }
+                if (used[j]) {
+                    u[row_of[j]] += delta;
+                    v[j] -= delta;
+                } else {
+                    minv[j] -= delta;
                 }
-                double delta = inf;
-                u32 j1 = 0;
-                for (u32 j = 1; j <= m; j++) {
-                    if (!used[j] && minv[j] < delta) {
-                        delta = minv[j];
-                        j1 = j;
-                    }
-                }
-                for (u32 j = 0; j <= m; j++) {
-                    if (used[j]) {
-                        u[row_of[j]] += delta;
-                        v[j] -= delta;
-                    } else {
-                        minv[j] -= delta;
-                    }
-                }
-                j0 = j1;
-                if (row_of[j0] == 0) break;
             }
-            for (;;) {
-                const u32 j1 = way[j0];
-                row_of[j0] = row_of[j1];
-                j0 = j1;
-                if (j0 == 0) break;
-            }
+            j0 = j1;
+            if (row_of[j0] == 0) break;
         }
-        for (u32 k2 = 0; k2 < n; k2++) fh_set(s_asg, rows[k2]);
-        for (u32 j = 1; j <= nc; j++) {
-            const u32 kr = row_of[j];
-            if (kr != 0) {
-                const u32 h = ph[cols[j - 1]];
-                pslot[(size_t)rows[kr - 1] * 8 + 5] = h;
-                fh_set(s_taken, h);
-            }
+        for (;;) {
+            const u32 j1 = way[j0];
+            row_of[j0] = row_of[j1];
+            j0 = j1;
+            if (j0 == 0) break;
+        }
+    }
+    for (u32 k = 0; k < n; k++) fh_set(s_asg, rows[k]);
+    for (u32 j = 1; j <= nc; j++) {
+        const u32 kr = row_of[j];
+        if (kr != 0) {
+            const u32 h = ph[cols[j - 1]];
+            pslot[(size_t)rows[kr - 1] * 8 + 5] = h;
+            fh_set(s_taken, h);
         }
     }
 }
@@ -962,6 +909,8 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
                 } else {
                     count = b - a;
                 }
+                // The prediction's group label (itself to start with; none uncontested).
+                u[6] = count > 0 ? r : FH_NONE;
             }
             u32 chunk;
             const u32 to = n_cont + fh_scan(count, &chunk) - count;
@@ -969,12 +918,60 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
             n_cont += chunk;
             __syncthreads();
         }
-        // The groups of contested pairs matched at their least summed chi-square where
-        // small enough (one thread); the pairs of the others sorted and taken in order.
+        // The groups of contested pairs (predictions linked by the hits their windows
+        // share): each prediction's label lowered to the least of its group's (through
+        // the pool places' labels in the claims' words, free once read) until no label
+        // changes; each group's predictions then linked from its root (the prediction that
+        // is its own label; three scratch words each in the predictions' doubles, free
+        // once the pairs are written), and each group matched at its least summed rank by
+        // its root's thread where small enough. The pairs of the others are sorted and
+        // taken in order below.
         if (n_cont > 0) {
-            if (tid == 0)
-                fh_least_cost(ev_contested, n_cont, ev_edges, pslot, cl, ph, np, chi2_max, s_asg,
-                              s_taken, s_key);
+            __shared__ u32 s_changed;
+            u32* words = (u32*)pd8;
+            for (u32 r = tid; r < np; r += FH_THREADS) {
+                const u32* u = pslot + (size_t)r * 8;
+                if (u[6] == FH_NONE) continue;
+                for (u32 x = u[3]; x < u[3] + u[4]; x++) cl[ev_edges[x].q] = FH_NONE;
+                words[(size_t)r * 16] = FH_NONE;
+                words[(size_t)r * 16 + 2] = 0;
+            }
+            __syncthreads();
+            for (;;) {
+                for (u32 r = tid; r < np; r += FH_THREADS) {
+                    const u32* u = pslot + (size_t)r * 8;
+                    if (u[6] == FH_NONE) continue;
+                    for (u32 x = u[3]; x < u[3] + u[4]; x++) atomicMin(&cl[ev_edges[x].q], u[6]);
+                }
+                __syncthreads();
+                if (tid == 0) s_changed = 0;
+                __syncthreads();
+                for (u32 r = tid; r < np; r += FH_THREADS) {
+                    u32* u = pslot + (size_t)r * 8;
+                    if (u[6] == FH_NONE) continue;
+                    u32 low = u[6];
+                    for (u32 x = u[3]; x < u[3] + u[4]; x++) low = min(low, cl[ev_edges[x].q]);
+                    if (low < u[6]) {
+                        u[6] = low;
+                        s_changed = 1;
+                    }
+                }
+                __syncthreads();
+                const bool more = s_changed != 0;
+                __syncthreads();
+                if (!more) break;
+            }
+            for (u32 r = tid; r < np; r += FH_THREADS) {
+                const u32 root = pslot[(size_t)r * 8 + 6];
+                if (root == FH_NONE || root == r) continue;
+                words[(size_t)r * 16 + 1] = atomicExch(&words[(size_t)root * 16], r);
+                atomicAdd(&words[(size_t)root * 16 + 2], 1u);
+            }
+            __syncthreads();
+            for (u32 r = tid; r < np; r += FH_THREADS) {
+                if (pslot[(size_t)r * 8 + 6] == r)
+                    fh_solve_group(r, ev_edges, pslot, cl, ph, words, chi2_max, s_asg, s_taken);
+            }
             __syncthreads();
         }
         u32 n_sort = 1;

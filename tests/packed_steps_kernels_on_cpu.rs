@@ -456,3 +456,28 @@ fn the_first_hit_kernel_undoing_changes_that_fail_the_cut_gives_the_cpus_tracks(
     }
     assert!(changed > 0, "the first-hit step changed no track");
 }
+
+/// The first hits in a dense core: the spectrometer with its planes five times nearer the
+/// target and three times as thick (without the exchange, whose pairs' arena such a core
+/// outgrows), so the tracks' windows on the first planes overlap in groups of up to 31
+/// tracks, and two groups beyond the least-cost matching's bound take their pairs in
+/// order. The kernel's groups (found by lowering labels, each matched by its root's
+/// thread) and its tracks are the CPU's; with the groups left unmatched in the kernel,
+/// they are not.
+#[test]
+fn the_first_hit_kernel_in_a_dense_core_gives_the_cpus_tracks() {
+    let steps = Steps {
+        exchange: false,
+        first_hits: true,
+        small_tiles: false,
+        max_chi2_ndf: None,
+    };
+    let mut det = load("detector.toml");
+    for p in &mut det.planes {
+        p.z_mm *= 0.2;
+        p.x0_fraction *= 3.0;
+    }
+    let sim = SimConfig::preset(Preset::Central);
+    let (_, changed) = agree("dense core", &det, &sim, 91, 2, steps);
+    assert!(changed > 0, "the first-hit step changed no track");
+}

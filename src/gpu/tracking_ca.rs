@@ -3656,7 +3656,8 @@ mod tests {
     #[test]
     fn the_first_hit_kernels_constants_are_the_cpus() {
         use crate::tracking::ca::first_hits::{
-            HOLD, MAX_PAIRS_PER_TRACK, MAX_WINDOW_ROWS, SPOT_FLOOR, SPOT_SAMPLE, SPOT_TRACKS,
+            HOLD, MATCH_COLS, MATCH_ROWS, MAX_PAIRS_PER_TRACK, MAX_WINDOW_ROWS, SPOT_FLOOR,
+            SPOT_SAMPLE, SPOT_TRACKS,
         };
         let src = include_str!("../../kernels/ca_first_hits.cu");
         assert!(STEPS.contains(&src));
@@ -3673,6 +3674,8 @@ mod tests {
             MAX_PAIRS_PER_TRACK.to_string()
         );
         assert_eq!(def("FH_SPOT_TRACKS"), SPOT_TRACKS.to_string());
+        assert_eq!(def("FH_MATCH_ROWS"), MATCH_ROWS.to_string());
+        assert_eq!(def("FH_MATCH_COLS"), MATCH_COLS.to_string());
         assert_eq!(def("FH_SPOT_SAMPLE"), SPOT_SAMPLE.to_string());
         assert_eq!(def("FH_MAX_PLANES"), FIRST_HIT_MAX_PLANES.to_string());
         assert_eq!(def("FHD_PLANES"), FIRST_HIT_PARAMS.to_string());
