@@ -315,9 +315,10 @@ static_assert(FH_MATCH_M < 256 && FH_MAX_PREDS < (1u << 31), "a column in a byte
 // One group of contested pairs matched at its least summed rank, by the thread of its
 // root (its least prediction): LeastCost::group in first_hits.rs, the same rows (in
 // increasing order), columns (in the order the rows' pairs first name them) and steps.
-// `m` the group's other predictions (linked from the root's scratch words, in any order),
-// prediction r's pairs edges[u[3]..u[3] + u[4]] (u = pslot + 8 r), cl[q] the pool place's
-// group (its root) and then its column. The group's predictions are marked in s_asg (the
+// The group's other predictions are linked from the root's scratch words (words + 16 r:
+// the first, the next, the count of the others; in any order), prediction r's pairs are
+// edges[u[3]..u[3] + u[4]] (u = pslot + 8 r), cl[q] holds the pool place's group (its
+// root) and then its column. The group's predictions are marked in s_asg (the
 // ordered matching passes them by), their hits in s_taken and in pslot[8 r + 5]. Groups
 // beyond FH_MATCH_ROWS predictions or FH_MATCH_COLS hits are left as they are.
 __device__ void fh_solve_group(u32 root, const FhEdge* edges, u32* pslot, u32* cl,

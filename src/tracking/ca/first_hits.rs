@@ -491,9 +491,11 @@ pub struct FirstHits {
 /// The assignment is the Hungarian method's (shortest augmenting paths with potentials,
 /// one track after the other in prediction order, a column for each hit in the order the
 /// tracks' pairs first name it and one for each track's "no hit"; ties to the first
-/// column), on the group's pairs only: `kernels/ca_first_hits.cu` (`fh_least_cost`) runs
-/// the same steps in the same order. Groups of more than [`MATCH_ROWS`] tracks or
-/// [`MATCH_COLS`] hits are left out (not `decided`).
+/// column), on the group's pairs only. Groups of more than [`MATCH_ROWS`] tracks or
+/// [`MATCH_COLS`] hits are left out (not `decided`). `kernels/ca_first_hits.cu` finds the
+/// same groups in parallel (labels lowered to the group's least prediction, its root
+/// here too) and solves each on its root's thread with the same steps in the same order
+/// (`fh_solve_group`).
 #[derive(Debug, Default)]
 struct LeastCost {
     /// Per prediction: whether its group was matched here, and the pool place of its hit.
