@@ -1358,10 +1358,6 @@ mod tests {
         }
     }
 
-    /// A swap of two tracks' first hits changes each one's chi-square by its fit's last
-    /// update alone where the first hit does not move the fit's start: without a field
-    /// (no three-hit q/p), [`first_hit_gain`] is the gain the two tracks' refits give; in a
-    /// field, where the first hit enters the seed's q/p, it is near it.
     /// The next plane two tracks both cross: past the plane given, skipping the planes
     /// only one of them has a hit on; none where they share no later plane.
     #[test]
@@ -1456,6 +1452,10 @@ mod tests {
         assert_eq!(own(false, false), n);
     }
 
+    /// A swap of two tracks' first hits changes each one's chi-square by its fit's last
+    /// update alone where the first hit does not move the fit's start: without a field
+    /// (no three-hit q/p), [`first_hit_gain`] is the gain the two tracks' refits give; in a
+    /// field, where the first hit enters the seed's q/p, it is near it.
     #[test]
     fn first_hit_gain_is_the_refits_gain() {
         use crate::tracking::reco::synthetic::{detector, track};

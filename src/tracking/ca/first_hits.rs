@@ -898,14 +898,13 @@ impl FirstHits {
                 self.taken[h as usize] = true;
             }
         }
+        let decided = &self.least_cost.decided;
+        self.contested.retain(|e| !decided[e.1 as usize]);
         self.contested
             .sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
         for &(_, i, q) in &self.contested {
             let h = self.pool[q as usize].1;
-            if self.least_cost.decided[i as usize]
-                || self.assigned[i as usize] != u32::MAX
-                || self.taken[h as usize]
-            {
+            if self.assigned[i as usize] != u32::MAX || self.taken[h as usize] {
                 continue;
             }
             self.assigned[i as usize] = h;
