@@ -298,7 +298,7 @@ impl FinderConfig {
             1.0
         };
         let momentum_slack = 1.15;
-        let mut fit = FitConfig::from_detector(det);
+        let mut fit = FitConfig::from_detector_at(det, min_p / momentum_slack);
         fit.scatter_p_min_gev = min_p / momentum_slack;
         fit.scatter_floor = true;
         let b = MomentumBounds::new(det, origin, min_p / momentum_slack);

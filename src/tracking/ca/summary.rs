@@ -27,24 +27,25 @@ pub fn summary(det: &Detector, cfg: &FinderConfig) -> String {
         z.last().copied().unwrap_or(0.0)
     );
     let _ = writeln!(s, "field: {}", describe_field(&det.field));
-    let (sagitta, length, sigma) = bending_power(det);
+    let (per_qop, length, sigma) = bending_power(det);
     let measured = cfg.fit.fit_momentum;
+    let p_win = cfg.min_p_gev / cfg.momentum_slack;
     let _ = writeln!(
         s,
-        "momenta: {} (a 100 GeV/c track bends by {:.3} mm over the {:.0} mm of the detector; \
-         the finest resolution is {:.3} mm)",
+        "momenta: {} (a track of {:.2} GeV/c bends by {:.3} mm over the {:.0} mm of the \
+         detector; the finest resolution is {:.3} mm)",
         if measured {
             "measured by the fit"
         } else {
             "not measured: the fit takes the scattering of the momentum cut and of the \
              tracks' kinks"
         },
-        sagitta,
+        p_win,
+        per_qop / p_win,
         length,
         sigma
     );
     let _ = writeln!(s);
-    let p_win = cfg.min_p_gev / cfg.momentum_slack;
     let _ = writeln!(
         s,
         "| plane | z (mm) | half x, y (mm) | sigma x, y (um) | x/X0 | efficiency | scattering at {:.2} GeV/c (mrad) |",
@@ -313,11 +314,14 @@ pub fn warnings(det: &Detector, cfg: &FinderConfig) -> Vec<String> {
         Field::Grid(map) => map.max_abs_tesla() > 0.0,
     };
     if !cfg.fit.fit_momentum && has_field {
-        let (sagitta, _, sigma) = bending_power(det);
+        let (per_qop, _, sigma) = bending_power(det);
+        let p_win = cfg.min_p_gev / cfg.momentum_slack;
         out.push(format!(
-            "the field bends a 100 GeV/c track by {sagitta:.4} mm, less than the finest \
-             resolution ({sigma:.4} mm): momenta are not measured, and the momentum cut \
-             ({} GeV/c) only sets the scattering the windows allow",
+            "the field bends a track of {p_win:.2} GeV/c (the momentum cut less its slack) by \
+             {:.4} mm, less than the finest resolution ({sigma:.4} mm): momenta are not \
+             measured, and the momentum cut ({} GeV/c) only sets the scattering the windows \
+             allow",
+            per_qop / p_win,
             cfg.min_p_gev
         ));
     }
