@@ -274,17 +274,6 @@ __device__ void fh_bitonic(u32 n, Exchange exchange) {
     }
 }
 
-// Sorts n (a power of two, at most 1024) keys of shared memory.
-__device__ void fh_sort_shared(unsigned long long* s, u32 n) {
-    fh_bitonic(n, [&](u32 i, u32 ixj, bool up) {
-        const unsigned long long a = s[i], b = s[ixj];
-        if ((a > b) == up) {
-            s[i] = b;
-            s[ixj] = a;
-        }
-    });
-}
-
 // The pairs' order: rank, prediction, place in the pool (sorted by key and hit).
 __device__ __forceinline__ bool fh_edge_less(const FhEdge& a, const FhEdge& b) {
     if (a.rank != b.rank) return a.rank < b.rank;
@@ -528,13 +517,26 @@ __device__ __forceinline__ void fh_drop(u32* hits, uint2* tracks, u32 t, u32 at)
     tracks[t] = make_uint2(tr.x + 1, tr.y - 1);
 }
 
-// The median of the first m keys of s (sorted, n a power of two >= m; the rest the
-// largest key), as a double.
-__device__ double fh_median(unsigned long long* s, u32 m, u32 n) {
-    fh_sort_shared(s, n);
-    double v = fh_of_order64(s[m / 2]);
+// The medians of the first m keys of s0 and of s1 (n a power of two >= m; the rest the
+// largest key), sorted together by one network, as doubles in out[0] and out[1].
+__device__ void fh_medians2(unsigned long long* s0, unsigned long long* s1, u32 m, u32 n,
+                            double* out) {
+    fh_bitonic(n, [&](u32 i, u32 ixj, bool up) {
+        unsigned long long a = s0[i], b = s0[ixj];
+        if ((a > b) == up) {
+            s0[i] = b;
+            s0[ixj] = a;
+        }
+        a = s1[i];
+        b = s1[ixj];
+        if ((a > b) == up) {
+            s1[i] = b;
+            s1[ixj] = a;
+        }
+    });
+    out[0] = fh_of_order64(s0[m / 2]);
+    out[1] = fh_of_order64(s1[m / 2]);
     __syncthreads();
-    return v;
 }
 
 extern "C" __global__ void __launch_bounds__(FH_THREADS)
@@ -561,6 +563,8 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
     __shared__ u32 s_taken[FH_HIT_WORDS];
     __shared__ u32 s_asg[FH_MAX_PREDS / 32];
     __shared__ unsigned long long s_key[1024];
+    // The origin's spot: the second axis's keys beside s_key's.
+    __shared__ unsigned long long s_key2[1024];
     // The pool sort's tile: its keys in s_key, its hits here.
     __shared__ u32 s_pool_hit[FH_TILE];
     __shared__ double s_centre[2], s_var[2], s_row_h;
@@ -674,23 +678,29 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
             const u32 m = (np + every - 1) / every;
             u32 n = 1;
             while (n < m) n <<= 1;
-            for (int c = 0; c < 2; c++) {
-                for (u32 j = tid; j < n; j += FH_THREADS) {
+            // Both axes at once: x's keys in s_key, y's in s_key2, sorted by one network.
+            unsigned long long* ks[2] = {s_key, s_key2};
+            for (u32 j = tid; j < n; j += FH_THREADS) {
+                for (int c = 0; c < 2; c++) {
                     unsigned long long key = ~0ull;
                     if (j < m) {
                         const double* d = pd8 + (size_t)(j * every) * 8;
                         key = fh_order64((d[5 + c] - d[c]) / d[4]);
                     }
-                    s_key[j] = key;
+                    ks[c][j] = key;
                 }
-                __syncthreads();
-                const double med = fh_median(s_key, m, n);
-                for (u32 j = tid; j < m; j += FH_THREADS) {
-                    s_key[j] = fh_order64(fabs(fh_of_order64(s_key[j]) - med));
-                }
-                __syncthreads();
-                const double spread = 1.4826 * fh_median(s_key, m, n);
-                for (u32 j = tid; j < n; j += FH_THREADS) {
+            }
+            __syncthreads();
+            double med[2], spread[2], other[2];
+            fh_medians2(s_key, s_key2, m, n, med);
+            for (u32 j = tid; j < m; j += FH_THREADS) {
+                for (int c = 0; c < 2; c++)
+                    ks[c][j] = fh_order64(fabs(fh_of_order64(ks[c][j]) - med[c]));
+            }
+            __syncthreads();
+            fh_medians2(s_key, s_key2, m, n, spread);
+            for (u32 j = tid; j < n; j += FH_THREADS) {
+                for (int c = 0; c < 2; c++) {
                     unsigned long long key = ~0ull;
                     if (j < m) {
                         const double* d = pd8 + (size_t)(j * every) * 8;
@@ -698,21 +708,24 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
                         const u32 k0 = pslot[(size_t)(j * every) * 8 + 2];
                         key = fh_order64((d[2 + c] + fp[FHD_PLANES + 4 * k0 + 1 + c]) / (a * a));
                     }
-                    s_key[j] = key;
+                    ks[c][j] = key;
                 }
-                __syncthreads();
-                const double other = fh_median(s_key, m, n);
-                if (tid == 0) {
-                    const double floor_v = FH_SPOT_FLOOR * FH_SPOT_FLOOR * spread * spread;
-                    if (isfinite(med) && isfinite(spread)) {
+            }
+            __syncthreads();
+            fh_medians2(s_key, s_key2, m, n, other);
+            if (tid == 0) {
+                for (int c = 0; c < 2; c++) {
+                    const double sp = 1.4826 * spread[c];
+                    const double floor_v = FH_SPOT_FLOOR * FH_SPOT_FLOOR * sp * sp;
+                    if (isfinite(med[c]) && isfinite(sp)) {
                         const double ov = fp[FHD_ORIGIN_VAR_X + c];
                         const double half = 3.0 * sqrt(ov);
-                        s_centre[c] = fmin(fmax(med, -half), half);
-                        s_var[c] = fmin(fmax(spread * spread - other, floor_v), ov);
+                        s_centre[c] = fmin(fmax(med[c], -half), half);
+                        s_var[c] = fmin(fmax(sp * sp - other[c], floor_v), ov);
                     }
                 }
-                __syncthreads();
             }
+            __syncthreads();
         }
         const double chi2_max = fp[FHD_CHI2_MAX];
         {
@@ -974,6 +987,25 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
                     fh_solve_group(r, ev_edges, pslot, cl, ph, words, chi2_max, s_asg, s_taken);
             }
             __syncthreads();
+            // Only the pairs of the groups left unmatched go on to the ordered matching
+            // (a matched group's predictions are all assigned, and its hits are no other
+            // group's): compacted in place, in their order, before the sort.
+            u32 n_left = 0;
+            for (u32 c0 = 0; c0 < n_cont; c0 += FH_THREADS) {
+                const u32 i = c0 + tid;
+                FhEdge ed;
+                bool keep = false;
+                if (i < n_cont) {
+                    ed = ev_contested[i];
+                    keep = !fh_bit(s_asg, ed.r);
+                }
+                u32 chunk;
+                const u32 to = n_left + fh_scan(keep ? 1u : 0u, &chunk) - (keep ? 1u : 0u);
+                if (keep) ev_contested[to] = ed;
+                n_left += chunk;
+                __syncthreads();
+            }
+            n_cont = n_left;
         }
         u32 n_sort = 1;
         while (n_sort < n_cont) n_sort <<= 1;
@@ -1124,7 +1156,7 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
             long long d[12];
             for (int i = 0; i < 12; i++) d[i] = fh_clk[i + 1] - fh_clk[i];
             printf("ca_first_hits hit %u phases event %u tracks %u predictions %u pool %u pairs %u "
-                   "contested %u changes %u: kept %lld predictions %lld spot %lld pool %lld "
+                   "contested left unmatched %u changes %u: kept %lld predictions %lld spot %lld pool %lld "
                    "pool sort %lld pairs %lld contested sort %lld matching %lld changes %lld "
                    "fits %lld undo %lld final fits %lld\n",
                    at, e, nt, np, npool, n_edges, n_cont, n_chg, d[0], d[1], d[2], d[3], d[4],
