@@ -3068,30 +3068,45 @@ mod tests {
         );
         assert!(!FitConfig::from_detector(&detector(8, [0.0; 3], 0.005, 0.012)).fit_momentum);
         let fitter = KalmanFitter::new(&det, cfg);
-        let mut rng = ChaCha8Rng::seed_from_u64(11);
-        let mut pulls = Vec::new();
+        // Slopes of 0.1-0.3 in every direction about the beam.
+        let [.., pulls] = fit_pulls(&det, &fitter, 11, 0.1, 0.2);
+        let mean = pulls.iter().sum::<f64>() / pulls.len() as f64;
+        let width = mad_width(&pulls);
+        assert!(mean.abs() < 0.15, "q/p pull mean {mean}");
+        assert!((0.85..1.15).contains(&width), "q/p pull width {width}");
+    }
+
+    /// The pulls (x, y, tx, ty, q/p at the first plane) of `fitter`'s fits of 600 tracks
+    /// of 1-5 GeV/c of either charge from the origin, with slopes of `t0` to `t0 + dt` in
+    /// every direction about the beam, scattered and smeared by `det`.
+    fn fit_pulls(
+        det: &Detector,
+        fitter: &KalmanFitter,
+        seed: u64,
+        t0: f64,
+        dt: f64,
+    ) -> [Vec<f64>; 5] {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut pulls: [Vec<f64>; 5] = Default::default();
         for k in 0..600 {
             let mut hits: Vec<HitRecord> = Vec::new();
             let q = if k % 2 == 0 { 1.0 } else { -1.0 };
             let p = 1.0 + 0.01 * (k % 400) as f64;
-            // Slopes of 0.1-0.3 in every direction about the beam.
             let phi = 0.37 * k as f64;
-            let t = 0.1 + 0.2 * rng.random::<f64>();
+            let t = t0 + dt * rng.random::<f64>();
             let start = [0.0, 0.0, t * phi.cos(), t * phi.sin(), q / p];
-            let (ids, states) = track(&det, start, true, true, &mut rng, &mut hits);
+            let (ids, states) = track(det, start, true, true, &mut rng, &mut hits);
             let fit_hits: Vec<FitHit> = ids
                 .iter()
                 .map(|&i| FitHit::from(&hits[i as usize]))
                 .collect();
             let o = fitter.fit_reference(&fit_hits);
             assert!(o.ok, "track {k}");
-            let truth = states[0][4];
-            pulls.push((o.state[4] - truth) / o.cov[tri(4, 4)].sqrt());
+            for (i, v) in pulls.iter_mut().enumerate() {
+                v.push((o.state[i] - states[0][i]) / o.cov[tri(i, i)].sqrt());
+            }
         }
-        let mean = pulls.iter().sum::<f64>() / pulls.len() as f64;
-        let width = mad_width(&pulls);
-        assert!(mean.abs() < 0.15, "q/p pull mean {mean}");
-        assert!((0.85..1.15).contains(&width), "q/p pull width {width}");
+        pulls
     }
 
     /// A weak field that still bends the tracks the finder looks for by more than the
@@ -3114,26 +3129,7 @@ mod tests {
             "the field bends 1 GeV/c tracks measurably"
         );
         let fitter = KalmanFitter::new(&det, cfg.track_fit().unwrap_or(cfg.fit.clone()));
-        let mut rng = ChaCha8Rng::seed_from_u64(5);
-        let (mut ty, mut qop) = (Vec::new(), Vec::new());
-        for k in 0..600 {
-            let mut hits: Vec<HitRecord> = Vec::new();
-            let q = if k % 2 == 0 { 1.0 } else { -1.0 };
-            let p = 1.0 + 0.01 * (k % 400) as f64;
-            let phi = 0.37 * k as f64;
-            let t = 0.02 + 0.1 * rng.random::<f64>();
-            let start = [0.0, 0.0, t * phi.cos(), t * phi.sin(), q / p];
-            let (ids, states) = track(&det, start, true, true, &mut rng, &mut hits);
-            let fit_hits: Vec<FitHit> = ids
-                .iter()
-                .map(|&i| FitHit::from(&hits[i as usize]))
-                .collect();
-            let o = fitter.fit_reference(&fit_hits);
-            assert!(o.ok, "track {k}");
-            let s = states[0];
-            ty.push((o.state[3] - s[3]) / o.cov[tri(3, 3)].sqrt());
-            qop.push((o.state[4] - s[4]) / o.cov[tri(4, 4)].sqrt());
-        }
+        let [_, _, _, ty, qop] = fit_pulls(&det, &fitter, 5, 0.02, 0.1);
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
         // 600 pulls: a mean's error is 0.04.
         assert!(mean(&ty).abs() < 0.12, "ty pull mean {}", mean(&ty));
