@@ -233,11 +233,11 @@ impl FitConfig {
 /// Per plane `p`, whether the gap from plane `p + 1` to `p` has a parabolic field profile
 /// along the lines from the origin (z = 0) through the corners, edges and centre of the
 /// planes, to the field error whose deflection over the gap, for a track of
-/// [`STEP_PROBE_P_GEV`], is [`FIELD_MODEL_FRACTION`] of the slope the finest hit resolution
+/// `probe_p_gev` ([`step_probe_p_gev`]), is [`FIELD_MODEL_FRACTION`] of the slope the finest hit resolution
 /// of the two planes measures over the gap (`sigma / dz`; see [`adaptive_steps`] for why
 /// the resolution and not the scattering) ([`KalmanFitter`]'s `profile`, which also needs
 /// the gap to take one step); false in a uniform field (nothing to gain).
-fn gap_profiles(det: &Detector) -> Vec<bool> {
+fn gap_profiles(det: &Detector, probe_p_gev: f64) -> Vec<bool> {
     let planes = &det.planes;
     if det.field.is_uniform() || planes.len() < 2 {
         return vec![false; planes.len()];
@@ -251,7 +251,7 @@ fn gap_profiles(det: &Detector) -> Vec<bool> {
             let (za, zb) = (planes[p].z_mm, next.z_mm);
             let dz = (zb - za).max(1e-3);
             // A field error dB deflects a track of the probe's momentum by K dB dz / p.
-            let tol = FIELD_MODEL_FRACTION * finest_sigma(&planes[p], next) / dz * STEP_PROBE_P_GEV
+            let tol = FIELD_MODEL_FRACTION * finest_sigma(&planes[p], next) / dz * probe_p_gev
                 / (K_GEV_PER_T_MM * dz);
             let lines: Vec<_> = acceptance_lines(t_max)
                 .map(|t| ([t[0] * za, t[1] * za], [t[0] * zb, t[1] * zb]))
@@ -262,10 +262,25 @@ fn gap_profiles(det: &Detector) -> Vec<bool> {
 }
 
 /// The softest tracks whose steps through a field map [`adaptive_steps`] keeps exact,
-/// GeV/c: below the 1 GeV/c that the shipped finders are run with and the 0.6 GeV/c where
+/// GeV/c, at least: below the 1 GeV/c of the finders' default cut and the 0.6 GeV/c where
 /// the forward tracker's spectra start (a Runge-Kutta step's error grows with the
-/// curvature, so harder tracks are followed more exactly).
+/// curvature, so harder tracks are followed more exactly). A fit for softer tracks
+/// (`scatter_p_min_gev`, the finder's cut less its slack) probes at their momentum
+/// instead ([`step_probe_p_gev`]).
 pub const STEP_PROBE_P_GEV: f64 = 0.5;
+
+/// The momentum the steps and the parabolic profiles are judged at ([`adaptive_steps`],
+/// [`gap_profiles`]): [`STEP_PROBE_P_GEV`], or the softest momentum the fit scatters at
+/// (`scatter_p_min_gev`) where that is lower, so that a finder looking for tracks of
+/// 0.3 GeV/c follows them as exactly as one of 1 GeV/c follows its own.
+pub fn step_probe_p_gev(cfg: &FitConfig) -> f64 {
+    let p = cfg.scatter_p_min_gev;
+    if p.is_finite() && p > 0.0 {
+        p.min(STEP_PROBE_P_GEV)
+    } else {
+        STEP_PROBE_P_GEV
+    }
+}
 
 /// The finest hit resolution of two planes, mm.
 fn finest_sigma(a: &Plane, b: &Plane) -> f64 {
@@ -278,7 +293,7 @@ fn finest_sigma(a: &Plane, b: &Plane) -> f64 {
 /// Per plane `p`, the Runge-Kutta steps over the gap from plane `p + 1` to `p` in a field
 /// map: the fewest of the fit's steps ([`fit_steps`], at most those of `max_step_mm`) whose
 /// end states agree with those of the reference's classic steps ([`propagate`]) half as
-/// long as `max_step_mm` allows, for tracks of [`STEP_PROBE_P_GEV`] of
+/// long as `max_step_mm` allows, for tracks of [`step_probe_p_gev`] of
 /// either charge along the lines from the origin through the corners, edges and centre of
 /// the planes, to [`FIELD_MODEL_FRACTION`] of what the hits measure over the gap: in
 /// position, the finest hit resolution `sigma` of the two planes; in slope, `sigma / dz`.
@@ -299,6 +314,7 @@ fn finest_sigma(a: &Plane, b: &Plane) -> f64 {
 fn adaptive_steps(det: &Detector, cfg: &FitConfig, one_step: bool) -> Vec<usize> {
     let planes = &det.planes;
     let t_max = acceptance_slopes(det);
+    let probe_p = step_probe_p_gev(cfg);
     (0..planes.len())
         .map(|p| {
             let Some(next) = planes.get(p + 1) else {
@@ -319,7 +335,7 @@ fn adaptive_steps(det: &Detector, cfg: &FitConfig, one_step: bool) -> Vec<usize>
             let mut probes = Vec::new();
             for t in acceptance_lines(t_max) {
                 for q in [-1.0, 1.0] {
-                    let s = [t[0] * za, t[1] * za, t[0], t[1], q / STEP_PROBE_P_GEV];
+                    let s = [t[0] * za, t[1] * za, t[0], t[1], q / probe_p];
                     let fine = propagate(&det.field, za, s, zb, dz / (2 * n_max) as f64).0;
                     probes.push((s, fine));
                 }
@@ -673,7 +689,7 @@ pub struct KalmanFitter {
 }
 
 /// The largest error the fit's model of the field may make over a gap for a track of
-/// [`STEP_PROBE_P_GEV`], as a fraction of what the hits measure there: in position, the
+/// [`step_probe_p_gev`], as a fraction of what the hits measure there: in position, the
 /// finest hit resolution of the gap's planes; in slope, that over the gap. It bounds the
 /// Runge-Kutta steps ([`adaptive_steps`]) and the parabolic profiles ([`gap_profiles`]:
 /// a field error `dB` over a gap of length `L` deflects by `K dB L q/p`). Both errors
@@ -908,7 +924,7 @@ impl KalmanFitter {
             Field::Uniform { .. } => (None, vec![0; planes.len()]),
         };
         // A parabolic profile stands in for the map over a gap of one step only.
-        let profile: Vec<bool> = gap_profiles(det)
+        let profile: Vec<bool> = gap_profiles(det, step_probe_p_gev(&cfg))
             .into_iter()
             .zip(&steps)
             .map(|(parabolic, &n)| parabolic && n == 1)
@@ -3545,7 +3561,7 @@ mod profile_tests {
             ("fixtures/detector.toml", false),
         ] {
             let det = Detector::from_toml_file(std::path::Path::new(file)).unwrap();
-            let p = gap_profiles(&det);
+            let p = gap_profiles(&det, STEP_PROBE_P_GEV);
             assert_eq!(p.iter().any(|&b| b), expect_some, "{file}: {p:?}");
         }
     }
@@ -3594,6 +3610,64 @@ mod profile_tests {
             if file.contains("forward") {
                 assert!(fewer >= 3, "{file}");
             }
+        }
+    }
+
+    /// A fit for tracks softer than [`STEP_PROBE_P_GEV`] (a finder's cut of 0.23 GeV/c:
+    /// `scatter_p_min_gev` 0.2) takes the steps its own tracks need: over the forward
+    /// tracker's map, a track of 0.2 GeV/c along the acceptance's lines stepped as one of
+    /// 0.5 GeV/c is followed across some gap with an error beyond [`FIELD_MODEL_FRACTION`]
+    /// of the resolution, and with its own steps within it everywhere.
+    #[test]
+    fn soft_tracks_take_the_steps_their_momentum_needs() {
+        let file = "fixtures/tracking/forward/detector_forward.toml";
+        let det = Detector::from_toml_file(std::path::Path::new(file)).unwrap();
+        let default = KalmanFitter::new(&det, FitConfig::from_detector(&det));
+        let soft_cfg = FitConfig {
+            scatter_p_min_gev: 0.2,
+            ..FitConfig::from_detector(&det)
+        };
+        assert_eq!(step_probe_p_gev(&soft_cfg), 0.2);
+        let soft_cfg_max_step = soft_cfg.max_step_mm;
+        let soft = KalmanFitter::new(&det, soft_cfg);
+        let t_max = acceptance_slopes(&det);
+        // The largest error, in units of the gap's bound, of 0.2 GeV/c tracks stepped `n`.
+        let worst = |steps: &[usize]| {
+            let mut worst = 0.0f64;
+            for p in 0..det.planes.len() - 1 {
+                let (za, zb) = (det.planes[p + 1].z_mm, det.planes[p].z_mm);
+                let dz = (zb - f64::from(za as f32)).abs();
+                let sigma = finest_sigma(&det.planes[p], &det.planes[p + 1]);
+                for t in acceptance_lines(t_max) {
+                    for q in [-1.0, 1.0] {
+                        let s = [t[0] * za, t[1] * za, t[0], t[1], q / 0.2];
+                        // The reference of `adaptive_steps`: classic steps half as long as
+                        // `max_step_mm` allows.
+                        let h = dz / (2 * steps_for(dz, soft_cfg_max_step)) as f64;
+                        let fine = propagate(&det.field, za, s, zb, h).0;
+                        let e = fit_steps(&det.field, za, s, zb, steps[p]);
+                        for k in 0..4 {
+                            let tol = FIELD_MODEL_FRACTION * if k < 2 { sigma } else { sigma / dz };
+                            worst = worst.max((e[k] - fine[k]).abs() / tol);
+                        }
+                    }
+                }
+            }
+            worst
+        };
+        let (before, after) = (worst(default.gap_steps()), worst(soft.gap_steps()));
+        eprintln!(
+            "steps {:?} -> {:?}; worst error {before:.2} -> {after:.2} of the bound",
+            default.gap_steps(),
+            soft.gap_steps()
+        );
+        assert!(
+            before > 1.0,
+            "0.5 GeV/c steps follow 0.2 GeV/c tracks within {before:.2}"
+        );
+        assert!(after <= 1.05, "its own steps follow them within {after:.2}");
+        for (a, b) in default.gap_steps().iter().zip(soft.gap_steps()) {
+            assert!(b >= a);
         }
     }
 
