@@ -232,11 +232,12 @@ impl FitConfig {
 
 /// Per plane `p`, whether the gap from plane `p + 1` to `p` has a parabolic field profile
 /// along the lines from the origin (z = 0) through the corners, edges and centre of the
-/// planes, to the field error whose deflection over the gap, for a track of
-/// `probe_p_gev` ([`step_probe_p_gev`]), is [`FIELD_MODEL_FRACTION`] of the slope the finest hit resolution
-/// of the two planes measures over the gap (`sigma / dz`; see [`adaptive_steps`] for why
-/// the resolution and not the scattering) ([`KalmanFitter`]'s `profile`, which also needs
-/// the gap to take one step); false in a uniform field (nothing to gain).
+/// planes, to the field error whose deflection over the gap, for a track of `probe_p_gev`
+/// ([`step_probe_p_gev`]), is [`FIELD_MODEL_FRACTION`] of the slope the finest hit
+/// resolution of the two planes measures over the gap (`sigma / dz`; see
+/// [`adaptive_steps`] for why the resolution and not the scattering) ([`KalmanFitter`]'s
+/// `profile`, which also needs the gap to take one step); false in a uniform field
+/// (nothing to gain).
 fn gap_profiles(det: &Detector, probe_p_gev: f64) -> Vec<bool> {
     let planes = &det.planes;
     if det.field.is_uniform() || planes.len() < 2 {
