@@ -909,10 +909,9 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
         for (u32 c0 = 0; c0 < np; c0 += FH_THREADS) {
             const u32 r = c0 + tid;
             u32 count = 0;
-            u32 a = 0;
             if (r < np) {
                 u32* u = pslot + (size_t)r * 8;
-                a = u[3];
+                const u32 a = u[3];
                 const u32 b = a + u[4];
                 u[5] = FH_NONE;
                 if (b == a + 1 && cl[ev_edges[a].q] == 1) {
@@ -927,8 +926,7 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
                 u[6] = count > 0 ? r : FH_NONE;
             }
             u32 chunk;
-            const u32 to = n_cont + fh_scan(count, &chunk) - count;
-            for (u32 i = 0; i < count; i++) ev_contested[to + i] = ev_edges[a + i];
+            fh_scan(count, &chunk);
             n_cont += chunk;
             __syncthreads();
         }
@@ -989,19 +987,18 @@ ca_first_hits(const u32* __restrict__ failed, const u32* __restrict__ trk_n,
             __syncthreads();
             // Only the pairs of the groups left unmatched go on to the ordered matching
             // (a matched group's predictions are all assigned, and its hits are no other
-            // group's): compacted in place, in their order, before the sort.
+            // group's), gathered in prediction order for the sort.
             u32 n_left = 0;
-            for (u32 c0 = 0; c0 < n_cont; c0 += FH_THREADS) {
-                const u32 i = c0 + tid;
-                FhEdge ed;
-                bool keep = false;
-                if (i < n_cont) {
-                    ed = ev_contested[i];
-                    keep = !fh_bit(s_asg, ed.r);
+            for (u32 c0 = 0; c0 < np; c0 += FH_THREADS) {
+                const u32 r = c0 + tid;
+                u32 count = 0, a = 0;
+                if (r < np && pslot[(size_t)r * 8 + 6] != FH_NONE && !fh_bit(s_asg, r)) {
+                    a = pslot[(size_t)r * 8 + 3];
+                    count = pslot[(size_t)r * 8 + 4];
                 }
                 u32 chunk;
-                const u32 to = n_left + fh_scan(keep ? 1u : 0u, &chunk) - (keep ? 1u : 0u);
-                if (keep) ev_contested[to] = ed;
+                const u32 to = n_left + fh_scan(count, &chunk) - count;
+                for (u32 i = 0; i < count; i++) ev_contested[to + i] = ev_edges[a + i];
                 n_left += chunk;
                 __syncthreads();
             }
