@@ -738,11 +738,26 @@ pub const SCATTER_PRIOR_MIN_TRACKS: usize = 50;
 /// share: no momentum the kinks could show is ruled out by the sample.
 const SCATTER_PRIOR_FLOOR: f64 = 1e-3;
 
+/// How far each round of [`learn_scatter_prior`] spreads the weights between neighbouring
+/// points of q/p: a variance in ln q. The weights that make a sample most likely are a few
+/// spikes with empty points between them. Where the kinks tell a track's q/p to within a
+/// point or two (many planes, and material whose scattering exceeds the resolution: the
+/// soft tracks), a track whose momentum lies between two spikes is given the one below
+/// it, and its errors are too small: the slope pulls of twelve-plane telescopes with a
+/// soft spectrum were 1.08-1.12 wide (`random:418`, `random:420` of `bench/RESULTS.md`).
+/// The kinks tell q/p to a relative precision, so the spread is even in ln q: the stiffest
+/// points, whose kinks tell nothing beyond the resolution and which lie far apart in ln q,
+/// keep their weights (an even spread in q moved the stiffest point's weight to its
+/// neighbour, of nine times its q^2, and narrowed thick planes' pulls to 0.89).
+pub const SCATTER_PRIOR_SPREAD: f64 = 0.003;
+
 /// The spectrum of a sample of tracks on the scattering estimate's points of q/p, from
 /// each track's kink likelihood ([`KalmanFitter::scatter_likelihood`]): the weights that
-/// make the sample most likely (the nonparametric maximum likelihood mixing distribution,
-/// found by [`SCATTER_PRIOR_ROUNDS`] rounds of expectation-maximisation from the default
-/// prior; each round gives every point the mean over the tracks of its posterior weight).
+/// make the sample most likely (the nonparametric maximum likelihood mixing distribution),
+/// smoothed in ln q ([`SCATTER_PRIOR_SPREAD`]), found by [`SCATTER_PRIOR_ROUNDS`] rounds of
+/// expectation-maximisation from the default prior, each round giving every point the
+/// mean over the tracks of its posterior weight and then spreading the weights (the EMS
+/// algorithm of Silverman, Jones, Wilson and Nychka, 1990).
 ///
 /// One track of five or eight hits hardly tells its momentum where the resolution is as
 /// large as the scattering, so its estimate leans on the prior, and a fixed prior gives
@@ -751,6 +766,16 @@ const SCATTER_PRIOR_FLOOR: f64 = 1e-3;
 /// together tell the spectrum well. Each point keeps at least [`SCATTER_PRIOR_FLOOR`] of
 /// an even share. `None` with fewer than [`SCATTER_PRIOR_MIN_TRACKS`] tracks.
 pub fn learn_scatter_prior(likelihoods: &[[f64; SCATTER_GRID]]) -> Option<[f64; SCATTER_GRID]> {
+    learn_scatter_prior_spread(likelihoods, SCATTER_PRIOR_SPREAD)
+}
+
+/// [`learn_scatter_prior`] with the weights spread by `spread` (a variance in ln q) each
+/// round: each pair of neighbouring points, `ln q` apart by `d`, evens out `spread / d^2`
+/// (at most a quarter) of their difference.
+fn learn_scatter_prior_spread(
+    likelihoods: &[[f64; SCATTER_GRID]],
+    spread: f64,
+) -> Option<[f64; SCATTER_GRID]> {
     if likelihoods.len() < SCATTER_PRIOR_MIN_TRACKS {
         return None;
     }
@@ -778,6 +803,13 @@ pub fn learn_scatter_prior(likelihoods: &[[f64; SCATTER_GRID]]) -> Option<[f64; 
         }
         for g in 0..SCATTER_GRID {
             w[g] = (next[g] / n as f64).max(floor) / sum;
+        }
+        let was = w;
+        for g in 0..SCATTER_GRID - 1 {
+            let d = ((g as f64 + 1.5) / (g as f64 + 0.5)).ln();
+            let moved = (spread / (d * d)).min(0.25) * (was[g] - was[g + 1]);
+            w[g] -= moved;
+            w[g + 1] += moved;
         }
     }
     Some(w)
@@ -2361,6 +2393,42 @@ mod tests {
         assert!(!valid_scatter_prior(&[f64::NAN; SCATTER_GRID]));
         assert!(!valid_scatter_prior(&[f64::MAX; SCATTER_GRID]));
     }
+    /// Soft tracks whose kinks tell their q/p to half a point, at two momenta: the weights
+    /// that make the sample most likely are spikes at the two points, with nothing
+    /// between (where a track of a momentum between them would take the lower one's
+    /// scattering); spread in ln q, the spikes' neighbours hold a share, the stiff points
+    /// (far apart in ln q, where the kinks tell nothing) keep the stiff tracks' weight.
+    #[test]
+    fn the_learned_spectrum_spreads_its_spikes_in_ln_q() {
+        let likelihoods: Vec<[f64; SCATTER_GRID]> = (0..1000)
+            .map(|i| {
+                if i % 5 == 0 {
+                    return std::array::from_fn(|g| if g < 2 { 1.0 } else { 1e-3 });
+                }
+                let centre = if i % 2 == 1 { 8.0 } else { 15.0 };
+                std::array::from_fn(|g| {
+                    let d = (g as f64 - centre) / 0.5;
+                    (-0.5 * d * d).exp()
+                })
+            })
+            .collect();
+        let spiked = learn_scatter_prior_spread(&likelihoods, 0.0).unwrap();
+        let spread = learn_scatter_prior(&likelihoods).unwrap();
+        for w in [&spiked, &spread] {
+            assert!((w.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+            assert!((w[0] + w[1] - 0.2).abs() < 0.01, "{w:?}");
+        }
+        assert!(
+            spiked[7] < 1e-3 && spiked[9] < 1e-3 && spiked[14] < 1e-3,
+            "{spiked:?}"
+        );
+        assert!(
+            spread[7] > 0.05 && spread[9] > 0.05 && spread[14] > 0.05,
+            "{spread:?}"
+        );
+        assert!(spread[8] > spread[7] && spread[8] > spread[9], "{spread:?}");
+    }
+
     use crate::tracking::geometry::FieldMap;
     use crate::tracking::reco::synthetic::{detector, track};
     use rand::{Rng, SeedableRng};
