@@ -748,7 +748,7 @@ const SCATTER_PRIOR_FLOOR: f64 = 1e-3;
 /// The kinks tell q/p to a relative precision, so the spread is even in ln q: the stiffest
 /// points, whose kinks tell nothing beyond the resolution and which lie far apart in ln q,
 /// keep their weights (an even spread in q moved the stiffest point's weight to its
-/// neighbour, of nine times its q^2, and narrowed thick planes' pulls to 0.89).
+/// neighbour, of nine times its q^2, and narrowed thick planes' pulls to 0.85-0.89).
 pub const SCATTER_PRIOR_SPREAD: f64 = 0.003;
 
 /// The spectrum of a sample of tracks on the scattering estimate's points of q/p, from
@@ -2393,6 +2393,7 @@ mod tests {
         assert!(!valid_scatter_prior(&[f64::NAN; SCATTER_GRID]));
         assert!(!valid_scatter_prior(&[f64::MAX; SCATTER_GRID]));
     }
+
     /// Soft tracks whose kinks tell their q/p to half a point, at two momenta: the weights
     /// that make the sample most likely are spikes at the two points, with nothing
     /// between (where a track of a momentum between them would take the lower one's
