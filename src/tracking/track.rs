@@ -54,6 +54,20 @@ impl Track {
         let var = self.var(4) as f64;
         qop != 0.0 && qop.is_finite() && (var < 0.81 * qop * qop || var.is_nan())
     }
+    /// Whether the fit took q/p from the hits: q/p finite and not zero, with a variance
+    /// other than its square. A fit in a detector without field reports the q/p it
+    /// assumes (a given momentum, or the scattering's estimate) with exactly that
+    /// variance, up to the rounding of single precision (a relative 1e-7; the test allows
+    /// 1e-4); a fit in a field has a variance from the bending its hits show, however
+    /// poorly they measure it. Unlike [`Self::momentum_measured`], this does not look at
+    /// how large the error is against the fitted value, so it selects tracks without
+    /// regard to how far their fit fell from the truth (the q/p pulls of
+    /// `trigd eval tracking`).
+    pub fn momentum_fitted(&self) -> bool {
+        let qop = self.state.qop as f64;
+        let var = self.var(4) as f64;
+        qop != 0.0 && qop.is_finite() && (var - qop * qop).abs() > 1e-4 * qop * qop
+    }
     /// Whether the fit measured the momentum to `rel`: q/p finite and not zero, with an
     /// error at most `rel` of itself (a NaN error is not within any; a trigger line's
     /// `max_dp_over_p`).
