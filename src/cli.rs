@@ -459,7 +459,7 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             } else {
                 crate::backend::tracking::DEFAULT_MIN_P_GEV
             });
-            let mut beam_min_p_gev = 0.0;
+            let (mut beam_min_p_gev, mut qop_assumed) = (0.0, false);
             if e.args.tracks.is_none() {
                 // The configuration's finder is refused with its reason, as the daemon's.
                 let det = crate::tracking::geometry::Detector::from_toml_file(&e.args.geometry)?;
@@ -479,15 +479,17 @@ fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                 )?;
                 // The report's beam spot from the tracks the first events' measurement and
                 // the daemon's watch take.
-                beam_min_p_gev = crate::tracking::beam_spot::stiff_p_gev(
-                    &crate::tracking::reco::FinderConfig::from_detector_with(&det, min_p, &ov),
-                );
+                let finder =
+                    crate::tracking::reco::FinderConfig::from_detector_with(&det, min_p, &ov);
+                beam_min_p_gev = crate::tracking::beam_spot::stiff_p_gev(&finder);
+                qop_assumed = !finder.fit.fit_momentum;
             }
             let mut reco: Option<crate::tracking::reco::Reconstructor> = None;
             let mut finder = None;
             let args = crate::tracking::cli::EvalTrackingArgs {
                 origin_z_mm: ov.origin_z_mm.unwrap_or(0.0),
                 beam_min_p_gev,
+                qop_assumed,
                 ..e.args.clone()
             };
             let report = crate::tracking::cli::run_eval(&args, |det, hits| {

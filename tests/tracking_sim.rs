@@ -174,6 +174,7 @@ fn evaluation_with_the_cpu_reconstruction() {
         max_events: None,
         origin_z_mm: 0.0,
         beam_min_p_gev: 0.0,
+        qop_assumed: false,
     };
     let mut reco: Option<Reconstructor> = None;
     let report = run_eval(&args, |det, hits| {
@@ -280,6 +281,56 @@ fn a_wide_test_beam_is_found_with_the_origin_box_widened() {
     assert!(eff >= 0.99, "efficiency {eff}");
     let spread = r["beam_spot"]["spread_mm"][0].as_f64().unwrap();
     assert!((spread - 5.0).abs() < 0.6, "spread {spread}");
+}
+
+/// A telescope in a stray field too weak to bend its tracks beyond the resolution (1e-4 T
+/// across it: 3.5 um at the momentum cut against 4 um): its fit assumes each track's q/p
+/// (the scattering's estimate) but the field still moves that q/p's variance, by up to a
+/// tenth. The evaluation, told by the finder's configuration that the fit does not
+/// measure momenta, gives no q/p pull; the other four stand.
+#[test]
+fn a_telescope_in_a_stray_field_gives_no_q_over_p_pull() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(fixture("telescope.toml"))
+        .unwrap()
+        .replace("b_tesla = [0.0, 0.0, 0.0]", "b_tesla = [0.0, 1e-4, 0.0]");
+    assert!(text.contains("1e-4"));
+    let geometry = dir.path().join("telescope.toml");
+    std::fs::write(&geometry, text).unwrap();
+    let events = simulate_cli(
+        dir.path(),
+        &geometry,
+        &[
+            "--preset",
+            "minbias",
+            "--events",
+            "20",
+            "--seed",
+            "72",
+            "--spectrum",
+            "exponential",
+            "--theta-sigma-rad",
+            "0.05",
+            "--p-min-gev",
+            "4",
+            "--p-mean-gev",
+            "16",
+        ],
+    );
+    let (r, log) = eval_cli(dir.path(), &events, &geometry, &[]);
+    assert!(log.contains("momenta are not measured"), "{log}");
+    let pulls = r["pulls"].as_array().unwrap();
+    assert!(
+        pulls[0]["stat"]["n_total"].as_u64().unwrap() > 200,
+        "{}",
+        pulls[0]
+    );
+    assert_eq!(
+        pulls[4]["stat"]["n_total"].as_u64(),
+        Some(0),
+        "{}",
+        pulls[4]
+    );
 }
 
 /// A telescope without a field in a hard spectrum (from 4 GeV/c, mean 16), evaluated with

@@ -261,6 +261,9 @@ pub struct EvalTrackingArgs {
     /// Fitted momentum from which tracks measure the report's beam spot, GeV/c (0: all).
     #[arg(skip)]
     pub beam_min_p_gev: f64,
+    /// Whether the finder's fit assumes q/p instead of measuring it (no q/p pulls).
+    #[arg(skip)]
+    pub qop_assumed: bool,
 }
 
 /// Groups submission rows into per-event tracks (indices into the event's hits).
@@ -333,6 +336,7 @@ pub fn run_eval(
         min_planes: args.min_planes,
         origin_z_mm: args.origin_z_mm,
         beam_min_p_gev: args.beam_min_p_gev,
+        qop_assumed: args.qop_assumed,
         ..EvalConfig::default()
     };
     let submission = args.tracks.as_deref().map(submission_tracks).transpose()?;
@@ -451,6 +455,7 @@ mod tests {
             max_events: None,
             origin_z_mm: 0.0,
             beam_min_p_gev: 0.0,
+            qop_assumed: false,
         };
         let report = run_eval(&eval_args, |_, _| {
             panic!("must not reconstruct with --tracks")

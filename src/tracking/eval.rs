@@ -42,7 +42,8 @@
 //!   tracks with a positive, finite covariance diagonal are used (a submission file carries
 //!   no fit, so it gives no pulls or resolution). The q/p pull is taken for every track
 //!   whose fit took q/p from its hits ([`Track::momentum_fitted`]: not the q/p a fit
-//!   without field assumes), however large its error: a cut on the error against the
+//!   without field assumes; none where the configuration says the fit assumes it,
+//!   [`EvalConfig::qop_assumed`]), however large its error: a cut on the error against the
 //!   fitted q/p keeps the tracks whose fit strayed away from zero and drops those whose
 //!   fit strayed towards it, and narrows the pulls where the error is half the q/p or
 //!   more (a drawn detector of five thick planes in a weak dipole, `random:327`: 0.85 with
@@ -88,6 +89,12 @@ pub struct EvalConfig {
     /// Fitted momentum from which tracks measure the beam spot, GeV/c (0: every track;
     /// [`crate::tracking::beam_spot::stiff_p_gev`] of the finder).
     pub beam_min_p_gev: f64,
+    /// Whether the tracks' fit assumes q/p instead of measuring it (the finder's
+    /// `fit.fit_momentum` off: no field, or one too weak to bend its tracks beyond the
+    /// resolution): then no track gives a q/p pull. In a weak field such a fit still
+    /// moves the assumed q/p's variance by a few per cent, so the tracks alone
+    /// ([`Track::momentum_fitted`]) cannot tell it.
+    pub qop_assumed: bool,
 }
 
 impl Default for EvalConfig {
@@ -101,6 +108,7 @@ impl Default for EvalConfig {
             ],
             origin_z_mm: 0.0,
             beam_min_p_gev: 0.0,
+            qop_assumed: false,
         }
     }
 }
@@ -682,7 +690,8 @@ impl<'d> Evaluator<'d> {
         ];
         let truth_v = [s.x_mm, s.y_mm, s.tx, s.ty, s.qop];
         let measured = track.momentum_measured();
-        for k in 0..if track.momentum_fitted() { 5 } else { 4 } {
+        let fitted = !self.cfg.qop_assumed && track.momentum_fitted();
+        for k in 0..if fitted { 5 } else { 4 } {
             let pull = (fit[k] - truth_v[k]) / var[k].sqrt();
             self.pulls[k].push(pull);
             if pure {
@@ -1973,6 +1982,39 @@ mod tests {
         assert_eq!(r.pulls[4].stat.n_total, n / 2);
         assert_eq!(r.momentum_resolution.n_total, n / 2);
         assert_eq!(r.n_tracks_unmeasured, n.div_ceil(2));
+    }
+
+    #[test]
+    fn a_fit_that_assumes_q_over_p_in_a_weak_field_gives_no_q_over_p_pull() {
+        // A fit without a momentum measurement in a field too weak to bend the tracks
+        // beyond the resolution: its assumed q/p's variance moves by a few per cent.
+        let det = detector();
+        let ev = simulate_event(
+            &det,
+            &SimConfig::preset(Preset::Minbias),
+            &mut event_rng(8, 0),
+        );
+        let mut tracks = perfect_tracks(&ev);
+        for t in &mut tracks {
+            t.state.qop = 0.2;
+            t.cov[14] = 0.95 * 0.04;
+        }
+        assert!(tracks.iter().all(|t| t.momentum_fitted()));
+        for (qop_assumed, q_pulls) in [(false, tracks.len()), (true, 0)] {
+            let cfg = EvalConfig {
+                qop_assumed,
+                ..EvalConfig::default()
+            };
+            let mut e = Evaluator::new(cfg, Some(&det));
+            e.add_event(0, &ev.hits, &ev.truth, Some(&ev.particles), &tracks)
+                .unwrap();
+            let r = e.finish();
+            assert_eq!(r.pulls[0].stat.n_total, tracks.len());
+            assert_eq!(
+                r.pulls[4].stat.n_total, q_pulls,
+                "qop_assumed {qop_assumed}"
+            );
+        }
     }
 
     #[test]
