@@ -190,7 +190,7 @@ fn evaluation_with_the_cpu_reconstruction() {
 
 /// `trigd simulate tracking --geometry GEOMETRY ARGS --out DIR/events`: the events'
 /// directory.
-fn simulate_cli(dir: &Path, geometry: &Path, args: &[&str]) -> PathBuf {
+fn simulate_cli<S: AsRef<std::ffi::OsStr>>(dir: &Path, geometry: &Path, args: &[S]) -> PathBuf {
     let events = dir.join("events");
     let sim = std::process::Command::new(env!("CARGO_BIN_EXE_trigd"))
         .args(["simulate", "tracking", "--geometry"])
@@ -206,6 +206,31 @@ fn simulate_cli(dir: &Path, geometry: &Path, args: &[&str]) -> PathBuf {
         String::from_utf8_lossy(&sim.stderr)
     );
     events
+}
+
+/// `trigd simulate tracking`'s arguments for `events` minimum-bias events of seed `seed`
+/// in a telescope's hard spectrum: exponential from 4 GeV/c with a mean of 16, polar
+/// angles of 0.05.
+fn telescope_events(events: u32, seed: u64) -> Vec<String> {
+    let (events, seed) = (events.to_string(), seed.to_string());
+    [
+        "--preset",
+        "minbias",
+        "--events",
+        &events,
+        "--seed",
+        &seed,
+        "--spectrum",
+        "exponential",
+        "--theta-sigma-rad",
+        "0.05",
+        "--p-min-gev",
+        "4",
+        "--p-mean-gev",
+        "16",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 /// `trigd eval tracking EVENTS --geometry GEOMETRY ARGS --json DIR/report.json`: the
@@ -297,26 +322,7 @@ fn a_telescope_in_a_stray_field_gives_no_q_over_p_pull() {
     assert!(text.contains("1e-4"));
     let geometry = dir.path().join("telescope.toml");
     std::fs::write(&geometry, text).unwrap();
-    let events = simulate_cli(
-        dir.path(),
-        &geometry,
-        &[
-            "--preset",
-            "minbias",
-            "--events",
-            "20",
-            "--seed",
-            "72",
-            "--spectrum",
-            "exponential",
-            "--theta-sigma-rad",
-            "0.05",
-            "--p-min-gev",
-            "4",
-            "--p-mean-gev",
-            "16",
-        ],
-    );
+    let events = simulate_cli(dir.path(), &geometry, &telescope_events(20, 72)[..]);
     let (r, log) = eval_cli(dir.path(), &events, &geometry, &[]);
     assert!(log.contains("momenta are not measured"), "{log}");
     let pulls = r["pulls"].as_array().unwrap();
@@ -341,26 +347,7 @@ fn a_telescope_in_a_stray_field_gives_no_q_over_p_pull() {
 fn a_telescopes_spectrum_is_learned_by_the_evaluation() {
     let dir = tempfile::tempdir().unwrap();
     let geometry = fixture("telescope.toml");
-    let events = simulate_cli(
-        dir.path(),
-        &geometry,
-        &[
-            "--preset",
-            "minbias",
-            "--events",
-            "40",
-            "--seed",
-            "71",
-            "--spectrum",
-            "exponential",
-            "--theta-sigma-rad",
-            "0.05",
-            "--p-min-gev",
-            "4",
-            "--p-mean-gev",
-            "16",
-        ],
-    );
+    let events = simulate_cli(dir.path(), &geometry, &telescope_events(40, 71)[..]);
     let (r, log) = eval_cli(dir.path(), &events, &geometry, &[]);
     assert!(log.contains("scattering spectrum measured"), "{log}");
     assert!(log.contains("scatter_prior = ["), "{log}");

@@ -1683,12 +1683,17 @@ mod tests {
         .unwrap()
     }
 
-    fn event() -> simulate::SimEvent {
+    /// A minimum-bias event of `det`, the `i`th of random stream `stream`.
+    fn minbias_event(det: &Detector, stream: u64, i: u64) -> simulate::SimEvent {
         simulate_event(
-            &detector(),
+            det,
             &SimConfig::preset(Preset::Minbias),
-            &mut event_rng(21, 0),
+            &mut event_rng(stream, i),
         )
+    }
+
+    fn event() -> simulate::SimEvent {
+        minbias_event(&detector(), 21, 0)
     }
 
     /// Perfect tracks: every particle with hits on >= 4 planes, its hits, exact truth state
@@ -1842,11 +1847,7 @@ mod tests {
         let mut rng = event_rng(99, 0);
         let mut e = Evaluator::new(EvalConfig::default(), Some(&det));
         for i in 0..30 {
-            let ev = simulate_event(
-                &det,
-                &SimConfig::preset(Preset::Minbias),
-                &mut event_rng(500, i),
-            );
+            let ev = minbias_event(&det, 500, i);
             let mut tracks = perfect_tracks(&ev);
             for t in &mut tracks {
                 let g = |rng: &mut rand_chacha::ChaCha8Rng| {
@@ -1898,11 +1899,7 @@ mod tests {
         let mut e = Evaluator::new(EvalConfig::default(), Some(&det));
         let (mut n, mut contaminated) = (0, 0);
         for i in 0..30 {
-            let ev = simulate_event(
-                &det,
-                &SimConfig::preset(Preset::Minbias),
-                &mut event_rng(600, i),
-            );
+            let ev = minbias_event(&det, 600, i);
             let mut tracks = perfect_tracks(&ev);
             tracks.retain(|t| t.hits.len() >= 4);
             for t in &mut tracks {
@@ -1958,11 +1955,7 @@ mod tests {
     #[test]
     fn tracks_whose_fit_did_not_measure_the_momentum_give_no_q_over_p_pull() {
         let det = detector();
-        let ev = simulate_event(
-            &det,
-            &SimConfig::preset(Preset::Minbias),
-            &mut event_rng(7, 0),
-        );
+        let ev = minbias_event(&det, 7, 0);
         let mut tracks = perfect_tracks(&ev);
         let n = tracks.len();
         assert!(n > 20);
@@ -1989,11 +1982,7 @@ mod tests {
         // A fit without a momentum measurement in a field too weak to bend the tracks
         // beyond the resolution: its assumed q/p's variance moves by a few per cent.
         let det = detector();
-        let ev = simulate_event(
-            &det,
-            &SimConfig::preset(Preset::Minbias),
-            &mut event_rng(8, 0),
-        );
+        let ev = minbias_event(&det, 8, 0);
         let mut tracks = perfect_tracks(&ev);
         for t in &mut tracks {
             t.state.qop = 0.2;
@@ -2029,11 +2018,7 @@ mod tests {
         let mut e = Evaluator::new(EvalConfig::default(), Some(&det));
         let (mut n, mut n_measured) = (0, 0);
         for i in 0..30 {
-            let ev = simulate_event(
-                &det,
-                &SimConfig::preset(Preset::Minbias),
-                &mut event_rng(600, i),
-            );
+            let ev = minbias_event(&det, 600, i);
             let mut tracks = perfect_tracks(&ev);
             for t in &mut tracks {
                 let sigma = 0.6 * t.state.qop.abs();
