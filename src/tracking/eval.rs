@@ -2011,7 +2011,8 @@ mod tests {
         // A q/p error of 0.6 of the q/p (a field that hardly bends the tracks): the fitted
         // q/p often lands within 0.9 of its error from zero. A cut on the error against
         // the fitted q/p would drop those tracks, whose pulls lean towards zero, and keep
-        // the ones that lean away: a pull width of about 0.8. Every one counts.
+        // the ones that lean away: a pull width of about 0.7 (a unit Gaussian cut below
+        // -0.56). Every one counts.
         use rand_distr::{Distribution, StandardNormal};
         let det = detector();
         let mut rng = event_rng(98, 0);

@@ -57,12 +57,14 @@ impl Track {
     /// Whether the fit took q/p from the hits: q/p finite and not zero, with a variance
     /// other than its square. A fit in a detector without field reports the q/p it
     /// assumes (a given momentum, or the scattering's estimate) with exactly that
-    /// variance, up to the rounding of single precision (a relative 1e-7; the test allows
+    /// variance, up to the rounding of single precision (a relative 1e-7; the threshold is
     /// 1e-4); a fit in a field has a variance from the bending its hits show, however
     /// poorly they measure it. Unlike [`Self::momentum_measured`], this does not look at
     /// how large the error is against the fitted value, so it selects tracks without
     /// regard to how far their fit fell from the truth (the q/p pulls of
-    /// `trigd eval tracking`).
+    /// `trigd eval tracking`). A fit that assumes q/p in a stray field, too weak to
+    /// measure momenta, still moves the variance by a few per cent and passes this test:
+    /// only the fit's configuration tells it (`EvalConfig::qop_assumed`).
     pub fn momentum_fitted(&self) -> bool {
         let qop = self.state.qop as f64;
         let var = self.var(4) as f64;
